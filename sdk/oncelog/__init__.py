@@ -1,0 +1,1 @@
+"""oncelog: a transactional, partitioned log with exactly-once semantics."""

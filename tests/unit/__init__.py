@@ -1,0 +1,1 @@
+"""Unit tests of the pure cores and codecs."""
