@@ -1,0 +1,29 @@
+"""Every bound in one place. Relationships between them are checked at import."""
+
+from __future__ import annotations
+
+from services.common.errors import invariant
+
+# gRPC messages: a produce or fetch request/response may carry this much.
+MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+# Default and ceiling for a topic's max.message.bytes (one encoded batch).
+DEFAULT_MAX_BATCH_BYTES = 1024 * 1024
+MAX_BATCH_BYTES_CEILING = 16 * 1024 * 1024
+# Default and ceiling for one fetch response.
+DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+# Longest a fetch may long-poll.
+MAX_FETCH_WAIT_MS = 30_000
+MAX_PARTITIONS_PER_TOPIC = 10_000
+MAX_TOPIC_NAME_LENGTH = 249
+# How many of a producer's most recent batches per partition are kept for
+# deduplication; also the most batches a producer may have in flight per partition.
+MAX_IN_FLIGHT_BATCHES = 5
+# Graceful shutdown: how long in-flight RPCs get to finish.
+SHUTDOWN_GRACE_S = 5.0
+
+invariant(DEFAULT_MAX_BATCH_BYTES <= MAX_BATCH_BYTES_CEILING, "default batch limit over ceiling")
+invariant(
+    MAX_BATCH_BYTES_CEILING * 2 <= MAX_GRPC_MESSAGE_BYTES,
+    "a gRPC message must hold at least two of the largest batches",
+)
+invariant(DEFAULT_FETCH_MAX_BYTES <= MAX_GRPC_MESSAGE_BYTES, "fetch limit over gRPC limit")
