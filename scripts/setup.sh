@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates .venv and installs oncelog with its development tools into it.
+# Safe to run again: it reinstalls only when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON_BIN="${PYTHON_BIN:-python3}"
+if ! "$PYTHON_BIN" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "oncelog needs Python 3.11 or newer as '$PYTHON_BIN'" >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  if ! "$PYTHON_BIN" -m venv .venv 2>/dev/null; then
+    # Debian splits venv out of the interpreter package.
+    if command -v apt-get >/dev/null; then
+      apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+    fi
+    "$PYTHON_BIN" -m venv .venv
+  fi
+fi
+stamp=".venv/.oncelog-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "== installing oncelog and its tools into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c 'import oncelog, services, rocksdict, grpc' 
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,279 @@
+"""A whole oncelog cluster on this machine, each service its own OS process.
+
+    with LocalCluster(data_dir) as cluster:
+        producer = Producer(bootstrap=cluster.bootstrap)
+        cluster.kill("partition_store", 0)      # SIGKILL
+        cluster.restart("partition_store", 0)   # same data dir, same address
+
+Used by the tests, the demo, and `oncelog cluster up`. Addresses are chosen
+once (free loopback ports) and kept across restarts, as a Kubernetes
+StatefulSet keeps its DNS names. Children die with the process that started
+them (PR_SET_PDEATHSIG), so a crashed test run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+KINDS = ("partition_store", "coordinator", "group_coordinator")
+# How long a started process may take to answer its health check.
+READY_TIMEOUT_S = 60.0
+# How long a graceful stop (SIGTERM: drain, snapshot) may take before SIGKILL.
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # prctl(PR_SET_PDEATHSIG, SIGKILL): the child is killed when its parent exits.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+@dataclass
+class ServiceProcess:
+    kind: str
+    node_id: int
+    address: str
+    metrics_port: int
+    data_dir: Path
+    log_path: Path
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class LocalCluster:
+    """Partition stores, transaction coordinators and group coordinators as
+    separate processes on 127.0.0.1."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        partition_stores: int = 1,
+        coordinators: int = 1,
+        group_coordinators: int = 1,
+        *,
+        extra_args: dict[str, list[str]] | None = None,
+        env: dict[str, str] | None = None,
+        transaction_state_partitions: int = 4,
+        consumer_offsets_partitions: int = 4,
+        start: bool = True,
+    ) -> None:
+        if partition_stores < 1:
+            raise ValueError("a cluster needs at least one partition store")
+        self.data_dir = Path(data_dir).resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "logs").mkdir(exist_ok=True)
+        self._extra_args = extra_args or {}
+        self._env = {**os.environ, **(env or {})}
+        counts = {
+            "partition_store": partition_stores,
+            "coordinator": coordinators,
+            "group_coordinator": group_coordinators,
+        }
+        # Services that this version does not ship yet are left out of the
+        # layout (clients then see "no group coordinator" errors, not hangs).
+        self.missing_kinds = {
+            kind for kind in KINDS
+            if counts[kind] and importlib.util.find_spec(f"services.{kind}.__main__") is None
+        }
+        self.processes: dict[str, list[ServiceProcess]] = {}
+        for kind in KINDS:
+            count = 0 if kind in self.missing_kinds else counts[kind]
+            self.processes[kind] = [
+                ServiceProcess(
+                    kind=kind,
+                    node_id=i,
+                    address=f"127.0.0.1:{free_port()}",
+                    metrics_port=free_port(),
+                    data_dir=self.data_dir / f"{kind}-{i}",
+                    log_path=self.data_dir / "logs" / f"{kind}-{i}.log",
+                    argv=[],
+                )
+                for i in range(count)
+            ]
+        layout_args = [
+            "--stores", ",".join(p.address for p in self.processes["partition_store"]),
+            "--coordinators", ",".join(p.address for p in self.processes["coordinator"]),
+            "--group-coordinators",
+            ",".join(p.address for p in self.processes["group_coordinator"]),
+            "--transaction-state-partitions", str(transaction_state_partitions),
+            "--consumer-offsets-partitions", str(consumer_offsets_partitions),
+        ]
+        for kind, procs in self.processes.items():
+            for proc in procs:
+                proc.argv = [
+                    sys.executable, "-m", f"services.{kind}",
+                    "--node-id", str(proc.node_id),
+                    "--listen", proc.address,
+                    "--metrics-port", str(proc.metrics_port),
+                    *layout_args,
+                ]
+                if kind == "partition_store":
+                    proc.argv += ["--data-dir", str(proc.data_dir)]
+                proc.argv += self._extra_args.get(kind, [])
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def bootstrap(self) -> str:
+        return self.processes["partition_store"][0].address
+
+    def address(self, kind: str, index: int = 0) -> str:
+        return self._proc(kind, index).address
+
+    def metrics_url(self, kind: str, index: int = 0) -> str:
+        return f"http://127.0.0.1:{self._proc(kind, index).metrics_port}/metrics"
+
+    def _proc(self, kind: str, index: int) -> ServiceProcess:
+        if kind not in self.processes:
+            raise ValueError(f"unknown service kind {kind!r}; expected one of {KINDS}")
+        procs = self.processes[kind]
+        if not 0 <= index < len(procs):
+            raise ValueError(f"{kind} {index} does not exist; the cluster has {len(procs)}")
+        return procs[index]
+
+    # ------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        for procs in self.processes.values():
+            for proc in procs:
+                self._spawn(proc)
+        for procs in self.processes.values():
+            for proc in procs:
+                self.wait_ready(proc.kind, proc.node_id)
+
+    def _spawn(self, proc: ServiceProcess) -> None:
+        if proc.alive():
+            raise RuntimeError(f"{proc.kind} {proc.node_id} is already running")
+        proc.data_dir.mkdir(parents=True, exist_ok=True)
+        log_file = open(proc.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc.process = subprocess.Popen(
+                proc.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self._env, preexec_fn=_die_with_parent,
+            )
+        finally:
+            log_file.close()
+
+    def wait_ready(self, kind: str, index: int = 0, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Blocks until the process answers its gRPC health check with SERVING."""
+        proc = self._proc(kind, index)
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if not proc.alive():
+                    raise RuntimeError(
+                        f"{kind} {index} exited with {proc.process and proc.process.returncode}; "
+                        f"see {proc.log_path}:\n{self.log_tail(kind, index)}"
+                    )
+                try:
+                    resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{kind} {index} at {proc.address} not ready after {timeout_s}s; "
+                        f"see {proc.log_path}:\n{self.log_tail(kind, index)}"
+                    )
+                time.sleep(0.05)
+
+    def log_tail(self, kind: str, index: int = 0, lines: int = 30) -> str:
+        path = self._proc(kind, index).log_path
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self, kind: str, index: int = 0) -> None:
+        """SIGKILL: no drain, no snapshot — a crash."""
+        proc = self._proc(kind, index)
+        if proc.process is not None and proc.alive():
+            proc.process.send_signal(signal.SIGCONT)  # a paused process must die too
+            proc.process.kill()
+            proc.process.wait()
+
+    def terminate(self, kind: str, index: int = 0, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM and wait: a graceful shutdown. Returns the exit code."""
+        proc = self._proc(kind, index)
+        if proc.process is None:
+            return 0
+        if proc.alive():
+            proc.process.send_signal(signal.SIGCONT)
+            proc.process.terminate()
+            try:
+                proc.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.process.kill()
+                proc.process.wait()
+        return int(proc.process.returncode)
+
+    def restart(self, kind: str, index: int = 0, *, wait: bool = True) -> None:
+        """Starts the process again (after kill or terminate; kills it first if
+        still running) with the same data directory and address."""
+        proc = self._proc(kind, index)
+        if proc.alive():
+            self.kill(kind, index)
+        self._spawn(proc)
+        if wait:
+            self.wait_ready(kind, index)
+
+    def pause(self, kind: str, index: int = 0) -> None:
+        """SIGSTOP: the process stops answering but keeps its sockets (a GC pause,
+        a partitioned zombie)."""
+        proc = self._proc(kind, index)
+        if proc.process is not None and proc.alive():
+            proc.process.send_signal(signal.SIGSTOP)
+
+    def resume(self, kind: str, index: int = 0) -> None:
+        proc = self._proc(kind, index)
+        if proc.process is not None and proc.alive():
+            proc.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Graceful stop of every process (coordinators first, stores last, so
+        coordinators can still write their final state)."""
+        for kind in ("group_coordinator", "coordinator", "partition_store"):
+            for proc in self.processes[kind]:
+                self.terminate(kind, proc.node_id)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

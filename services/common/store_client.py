@@ -1,0 +1,152 @@
+"""The services' own client of the partition store, for internal topics.
+
+Coordinators keep no disk: their state is records in internal topics, read and
+appended through this client. It talks to the store node that owns each
+partition (placement comes from the shared ClusterLayout, not from Metadata, so
+it works while the cluster is still starting).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from oncelog import records
+from oncelog._status import error_from_rpc
+from oncelog.errors import ErrorCode
+from oncelog.v1 import partition_store_pb2 as ps
+from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
+from oncelog.v1 import records_pb2
+from services.common.cluster import ClusterLayout
+from services.common.errors import ServiceError
+from services.common.server_base import GRPC_OPTIONS
+
+# A single RPC to a store should not take longer than this; the caller retries.
+STORE_RPC_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One record of an internal topic."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    entries: list[LogEntry]
+    # Where the next read should start (past filtered and control batches).
+    next_offset: int
+    high_watermark: int
+
+
+class StoreClient:
+    def __init__(self, layout: ClusterLayout) -> None:
+        self._layout = layout
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, topic: str, partition: int) -> ps_grpc.PartitionStoreAsyncStub:
+        address = self._layout.stores[self._layout.store_for(topic, partition)]
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=list(GRPC_OPTIONS))
+            self._channels[address] = channel
+        return ps_grpc.PartitionStoreStub(channel)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()
+
+    async def append(
+        self,
+        topic: str,
+        partition: int,
+        entries: Sequence[tuple[bytes | None, bytes | None]],
+        *,
+        expected_log_end_offset: int | None = None,
+        now_ms: int | None = None,
+    ) -> int:
+        """Appends (key, value) records as one batch; returns its base offset.
+
+        Raises ServiceError with the store's code (LOG_END_OFFSET_MISMATCH when
+        the condition did not hold; a retriable code when the store is away).
+        """
+        ts = int(time.time() * 1000) if now_ms is None else now_ms
+        batch = records.encode_batch([(k, v, None, ts) for k, v in entries])
+        pb = ps.PartitionBatch(topic=topic, partition=partition, batch=batch)
+        if expected_log_end_offset is not None:
+            pb.expected_log_end_offset = expected_log_end_offset
+        try:
+            resp = await self._stub(topic, partition).Produce(
+                ps.ProduceRequest(batches=[pb], timeout_ms=int(STORE_RPC_TIMEOUT_S * 1000)),
+                timeout=STORE_RPC_TIMEOUT_S,
+            )
+        except grpc.RpcError as exc:
+            err = error_from_rpc(exc)
+            raise ServiceError(ErrorCode.from_wire(err.code), err.message) from exc
+        result = resp.results[0]
+        if result.error.code != 0:
+            raise ServiceError(ErrorCode.from_wire(result.error.code), result.error.message)
+        return result.base_offset
+
+    async def read(
+        self, topic: str, partition: int, from_offset: int, *, max_bytes: int = 8 << 20
+    ) -> ReadResult:
+        """Reads committed records from an offset (no waiting)."""
+        req = ps.FetchRequest(
+            partitions=[ps.FetchPartition(
+                topic=topic, partition=partition, fetch_offset=from_offset, max_bytes=max_bytes
+            )],
+            max_wait_ms=0,
+            max_bytes=max_bytes,
+            isolation_level=records_pb2.READ_COMMITTED,
+        )
+        try:
+            resp = await self._stub(topic, partition).Fetch(req, timeout=STORE_RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            err = error_from_rpc(exc)
+            raise ServiceError(ErrorCode.from_wire(err.code), err.message) from exc
+        result = resp.results[0]
+        if result.error.code != 0:
+            raise ServiceError(ErrorCode.from_wire(result.error.code), result.error.message)
+        entries = [
+            LogEntry(r.offset, r.key, r.value, r.timestamp_ms)
+            for batch in result.batches
+            for r in records.iter_records(batch, min_offset=from_offset)
+        ]
+        next_offset = max(result.next_fetch_offset, from_offset)
+        return ReadResult(entries, next_offset, result.high_watermark)
+
+    async def read_to_end(self, topic: str, partition: int, from_offset: int = 0) -> ReadResult:
+        """Reads everything from an offset up to the high watermark at the time of the call."""
+        entries: list[LogEntry] = []
+        offset = from_offset
+        while True:
+            result = await self.read(topic, partition, offset)
+            entries.extend(result.entries)
+            if result.next_offset <= offset or result.next_offset >= result.high_watermark:
+                return ReadResult(entries, max(result.next_offset, offset), result.high_watermark)
+            offset = result.next_offset
+
+    async def log_end_offset(self, topic: str, partition: int) -> int:
+        req = ps.ListOffsetsRequest(
+            partitions=[ps.ListOffsetsPartition(topic=topic, partition=partition, timestamp_ms=-1)],
+            isolation_level=records_pb2.READ_UNCOMMITTED,
+        )
+        try:
+            resp = await self._stub(topic, partition).ListOffsets(req, timeout=STORE_RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            err = error_from_rpc(exc)
+            raise ServiceError(ErrorCode.from_wire(err.code), err.message) from exc
+        result = resp.results[0]
+        if result.error.code != 0:
+            raise ServiceError(ErrorCode.from_wire(result.error.code), result.error.message)
+        return result.offset
+

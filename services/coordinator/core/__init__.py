@@ -1,0 +1,1 @@
+"""Pure logic of the transaction coordinator: no I/O, clocks or randomness."""

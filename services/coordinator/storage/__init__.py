@@ -1,0 +1,1 @@
+"""The coordinator's ports to durable state (internal topics on the partition store)."""
