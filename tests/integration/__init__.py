@@ -1,0 +1,1 @@
+"""Integration tests: real service processes, real RocksDB, real gRPC on loopback."""
