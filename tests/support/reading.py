@@ -1,0 +1,30 @@
+"""Reading a topic back in tests."""
+
+from __future__ import annotations
+
+import time
+
+from oncelog import Consumer, ConsumerRecord, TopicPartition
+
+
+def read_all(bootstrap: str, topic: str, partitions: int, *, expected: int | None = None,
+             isolation_level: str = "read_uncommitted", deadline_s: float = 60.0
+             ) -> list[ConsumerRecord]:
+    """Every record of a topic up to its end offsets (taken at the start), or
+    until `expected` records arrived; bounded by deadline_s so a bug fails
+    the test instead of hanging it."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    out: list[ConsumerRecord] = []
+    with Consumer(bootstrap=bootstrap, isolation_level=isolation_level) as consumer:
+        consumer.assign(tps)
+        consumer.seek_to_beginning(tps)
+        ends = consumer.end_offsets(tps)
+        stop_at = time.monotonic() + deadline_s
+        while time.monotonic() < stop_at:
+            out.extend(consumer.poll(timeout=0.5))
+            if expected is not None:
+                if len(out) >= expected:
+                    break
+            elif all(consumer.position(tp) >= ends[tp] for tp in tps):
+                break
+    return out
