@@ -1,13 +1,17 @@
-"""Framing for records the services persist in internal topics and snapshots.
+"""The envelope of every durable value the services write, besides record
+batches (which carry their own CRC): snapshots, internal-topic records,
+catalog entries.
 
-Every durable value carries a format version and a CRC32C of its payload, so a
-reader can tell a torn or foreign value from a good one and fall back
-(STYLE.md: "Durable bytes"). Payloads are JSON: small, rare, and readable in a
-debugger; the hot path (record batches) never goes through here.
+Every value carries a format version and a CRC32C of its payload, so a reader
+can tell a torn or foreign value from a good one and fall back (an older
+snapshot, a replay of the log) — STYLE.md "Durable bytes".
 
     byte 0     format version
     bytes 1-4  CRC32C of the payload, big-endian
-    bytes 5-   payload (UTF-8 JSON)
+    bytes 5-   payload
+
+`encode`/`decode` put JSON in the envelope: for small, rare values that are
+worth reading in a debugger; the hot path never goes through here.
 """
 
 from __future__ import annotations
@@ -18,29 +22,44 @@ from typing import Any
 
 from oncelog.records import crc32c
 
-_FRAME = struct.Struct(">BI")
+_ENVELOPE = struct.Struct(">BI")
+ENVELOPE_SIZE_BYTES = _ENVELOPE.size
 
 
 class CorruptValueError(ValueError):
-    """A durable value failed its version or checksum check."""
+    """A durable value failed its version or CRC check, or did not parse."""
+
+
+def seal(version: int, payload: bytes) -> bytes:
+    return _ENVELOPE.pack(version, crc32c(payload)) + payload
+
+
+def unseal(data: bytes, *, version: int, what: str) -> bytes:
+    """The payload of a sealed value; raises CorruptValueError naming `what`."""
+    if len(data) < ENVELOPE_SIZE_BYTES:
+        raise CorruptValueError(
+            f"{what}: {len(data)} bytes, shorter than the {ENVELOPE_SIZE_BYTES}-byte envelope"
+        )
+    found_version, expected_crc = _ENVELOPE.unpack_from(data, 0)
+    if found_version != version:
+        raise CorruptValueError(f"{what}: version {found_version}, expected {version}")
+    payload = data[ENVELOPE_SIZE_BYTES:]
+    actual_crc = crc32c(payload)
+    if actual_crc != expected_crc:
+        raise CorruptValueError(
+            f"{what}: CRC32C {actual_crc:#010x}, envelope says {expected_crc:#010x}"
+        )
+    return payload
 
 
 def encode(version: int, payload: Any) -> bytes:
-    body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-    return _FRAME.pack(version, crc32c(body)) + body
+    """JSON in the envelope."""
+    return seal(version, json.dumps(payload, separators=(",", ":"), sort_keys=True).encode())
 
 
-def decode(data: bytes, *, expected_version: int) -> Any:
-    if len(data) < _FRAME.size:
-        raise CorruptValueError(f"durable value is {len(data)} bytes, shorter than its frame")
-    version, crc = _FRAME.unpack_from(data)
-    if version != expected_version:
-        raise CorruptValueError(f"durable value has version {version}, expected {expected_version}")
-    body = data[_FRAME.size :]
-    actual = crc32c(body)
-    if actual != crc:
-        raise CorruptValueError(f"durable value CRC32C is {actual:#010x}, frame says {crc:#010x}")
+def decode(data: bytes, *, expected_version: int, what: str = "durable value") -> Any:
+    body = unseal(data, version=expected_version, what=what)
     try:
         return json.loads(body)
     except ValueError as exc:
-        raise CorruptValueError(f"durable value payload is not JSON: {exc}") from exc
+        raise CorruptValueError(f"{what}: payload is not JSON: {exc}") from exc

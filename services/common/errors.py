@@ -9,7 +9,6 @@ the value received and the value expected.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NoReturn
 
 import grpc
@@ -20,32 +19,14 @@ from grpc_status import rpc_status
 from oncelog._status import error_proto
 from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2
+from services.common.invariants import InvariantViolation, invariant
+from services.common.service_error import ServiceError
 
 OK = errors_pb2.Error()
-__all__ = ["OK", "ServiceError", "abort_with", "error_proto", "invariant", "to_grpc_status"]
-
-
-class ServiceError(Exception):
-    """An expected failure with an error code; never a broken invariant."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-    def to_proto(self) -> errors_pb2.Error:
-        return error_proto(self.code, self.message)
-
-
-class InvariantViolation(RuntimeError):
-    """A broken internal invariant: a bug, never an expected outcome."""
-
-
-def invariant(condition: bool, message: str | Callable[[], str]) -> None:
-    """Crashes loudly when a condition we rely on does not hold (unlike assert,
-    it survives `python -O`)."""
-    if not condition:
-        raise InvariantViolation(message() if callable(message) else message)
+__all__ = [
+    "OK", "InvariantViolation", "ServiceError", "abort_with", "error_proto", "invariant",
+    "to_grpc_status",
+]
 
 
 # Which gRPC status code a request-level error travels with. Everything not

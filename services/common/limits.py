@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.errors import invariant
+from services.common.invariants import invariant
 
 # gRPC messages: a produce or fetch request/response may carry this much.
 MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024

@@ -400,9 +400,14 @@ class PartitionBatch(_message.Message):
     ignored on produce; the store assigns offsets.
     """
     expected_log_end_offset: _builtins.int
-    """Conditional append: when set (>= 0), append only if the partition's log
-    end offset equals this value, else LOG_END_OFFSET_MISMATCH. Lets a single
-    logical writer of an internal topic detect a competing writer.
+    """Conditional append: when present and >= 0, append only if the
+    partition's log end offset equals this value, else
+    LOG_END_OFFSET_MISMATCH. Lets a single logical writer of an internal topic
+    detect a competing writer. `optional` so that 0 ("the log is still
+    empty") differs from "no condition"; absent (or negative) means
+    unconditional. A retry that the store recognizes as a duplicate of one of
+    the producer's last five batches answers `duplicate` before the condition
+    is checked.
     """
     def __init__(
         self,
@@ -410,13 +415,15 @@ class PartitionBatch(_message.Message):
         topic: _builtins.str = ...,
         partition: _builtins.int = ...,
         batch: _builtins.bytes = ...,
-        expected_log_end_offset: _builtins.int = ...,
+        expected_log_end_offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_log_end_offset", b"_expected_log_end_offset", "expected_log_end_offset", b"expected_log_end_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "expected_log_end_offset", b"expected_log_end_offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_log_end_offset", b"_expected_log_end_offset", "batch", b"batch", "expected_log_end_offset", b"expected_log_end_offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__expected_log_end_offset: _TypeAlias = _typing.Literal["expected_log_end_offset"]  # noqa: Y015
+    _WhichOneofArgType__expected_log_end_offset: _TypeAlias = _typing.Literal["_expected_log_end_offset", b"_expected_log_end_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_log_end_offset) -> _WhichOneofReturnType__expected_log_end_offset | None: ...
 
 Global___PartitionBatch: _TypeAlias = PartitionBatch  # noqa: Y015
 

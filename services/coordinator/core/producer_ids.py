@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common import durable
-from services.common.errors import invariant
+from services.common.invariants import invariant
 
 BLOCK_RECORD_VERSION = 1
 DEFAULT_BLOCK_SIZE = 1000

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oncelog.errors import ErrorCode
-from services.common.errors import ServiceError, invariant
+from services.common.invariants import invariant
+from services.common.service_error import ServiceError
 
 # Epochs are int16 on the wire. The last usable value is kept free so that an
 # epoch bump for fencing is always possible; at it, the producer id rotates.

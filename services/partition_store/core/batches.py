@@ -1,0 +1,65 @@
+"""The checks a produced batch passes before the append rules see it.
+
+Order and codes (every message names the partition and the sizes or fields):
+* zero bytes, or a well-formed batch with record_count 0: INVALID_RECORD
+  (an empty batch is a client bug, not damaged bytes);
+* more bytes than the topic's max.message.bytes: MESSAGE_TOO_LARGE;
+* anything records.validate_batch refuses (short header, wrong magic, length
+  field, CRC, counts, sequence fields): CORRUPT_MESSAGE;
+* a control batch: INVALID_RECORD (markers come only through WriteTxnMarkers).
+"""
+
+from __future__ import annotations
+
+from oncelog.errors import ErrorCode
+from oncelog.records import (
+    CRC_START,
+    HEADER_SIZE_BYTES,
+    BatchFormatError,
+    BatchHeader,
+    crc32c,
+    read_header,
+    validate_batch,
+)
+from services.partition_store.core.outcomes import Rejection
+
+
+def check_produce_batch(
+    batch: bytes, *, topic_partition: str, max_message_bytes: int
+) -> BatchHeader | Rejection:
+    size = len(batch)
+    if size == 0:
+        return Rejection(
+            ErrorCode.INVALID_RECORD, f"{topic_partition}: the batch is empty (0 bytes)"
+        )
+    if size > max_message_bytes:
+        return Rejection(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"{topic_partition}: the batch is {size} bytes, over the topic's "
+            f"max.message.bytes of {max_message_bytes}",
+        )
+    try:
+        header = validate_batch(batch, max_size_bytes=max_message_bytes)
+    except BatchFormatError as exc:
+        if _is_intact_but_empty(batch):
+            return Rejection(
+                ErrorCode.INVALID_RECORD, f"{topic_partition}: the batch has no records"
+            )
+        return Rejection(ErrorCode.CORRUPT_MESSAGE, f"{topic_partition}: {exc}")
+    if header.is_control:
+        return Rejection(
+            ErrorCode.INVALID_RECORD,
+            f"{topic_partition}: control batches are written only through WriteTxnMarkers",
+        )
+    return header
+
+
+def _is_intact_but_empty(batch: bytes) -> bool:
+    if len(batch) < HEADER_SIZE_BYTES:
+        return False
+    header = read_header(batch)
+    return (
+        header.record_count <= 0
+        and header.batch_length == len(batch) - 12
+        and crc32c(memoryview(batch)[CRC_START:]) == header.crc
+    )

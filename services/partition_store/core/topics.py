@@ -1,0 +1,234 @@
+"""Topics: name and configuration rules (Kafka's), the catalog record, and its
+encoding.
+
+Names: 1..249 characters from [a-zA-Z0-9._-], not "." or "..". Names starting
+with "__" are internal: the store creates them itself (the layout's internal
+topics) and users cannot.
+
+Configuration keys (anything else is INVALID_CONFIG naming the key):
+  retention.ms       -1 (forever) or >= 0; default 7 days
+  retention.bytes    -1 (no limit) or >= 0; default -1
+  max.message.bytes  the largest encoded batch accepted, HEADER_SIZE_BYTES ..
+                     limits.MAX_BATCH_BYTES_CEILING; default limits.DEFAULT_MAX_BATCH_BYTES
+  cleanup.policy     delete | compact | compact,delete; default delete.
+                     Compaction is not implemented yet: "compact" alone keeps
+                     everything (no time or size deletion), like a Kafka topic
+                     that is compacted and never deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from oncelog.errors import ErrorCode
+from oncelog.records import HEADER_SIZE_BYTES
+from services.common import limits
+from services.common.cluster import INTERNAL_PREFIX
+from services.partition_store.core.codec import CorruptValueError, seal, unseal
+from services.partition_store.core.outcomes import Rejection
+
+RETENTION_MS = "retention.ms"
+RETENTION_BYTES = "retention.bytes"
+MAX_MESSAGE_BYTES = "max.message.bytes"
+CLEANUP_POLICY = "cleanup.policy"
+CONFIG_KEYS = (RETENTION_MS, RETENTION_BYTES, MAX_MESSAGE_BYTES, CLEANUP_POLICY)
+
+DEFAULT_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
+POLICY_DELETE = "delete"
+POLICY_COMPACT = "compact"
+
+# Internal topics hold the coordinators' state; nothing may age out of them.
+INTERNAL_TOPIC_CONFIG: Mapping[str, str] = {
+    RETENTION_MS: "-1",
+    RETENTION_BYTES: "-1",
+    CLEANUP_POLICY: POLICY_COMPACT,
+}
+
+_LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+_ILLEGAL_CHAR = re.compile(r"[^a-zA-Z0-9._-]")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """A topic's effective configuration (overrides applied to defaults)."""
+
+    retention_ms: int = DEFAULT_RETENTION_MS
+    retention_bytes: int = -1
+    max_message_bytes: int = limits.DEFAULT_MAX_BATCH_BYTES
+    cleanup_policy: frozenset[str] = frozenset({POLICY_DELETE})
+
+    @property
+    def deletes(self) -> bool:
+        """Whether retention deletes old batches of this topic at all."""
+        return POLICY_DELETE in self.cleanup_policy
+
+    def as_strings(self) -> dict[str, str]:
+        return {
+            RETENTION_MS: str(self.retention_ms),
+            RETENTION_BYTES: str(self.retention_bytes),
+            MAX_MESSAGE_BYTES: str(self.max_message_bytes),
+            CLEANUP_POLICY: ",".join(sorted(self.cleanup_policy)),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """One topic in the catalog. A deleted and re-created topic gets a new
+    topic_id, and stored data is keyed by topic_id, so the two never mix."""
+
+    name: str
+    topic_id: int
+    partitions: int
+    # The overrides the creator gave (sorted key/value pairs).
+    config_overrides: tuple[tuple[str, str], ...]
+    internal: bool
+    config: TopicConfig
+
+    @staticmethod
+    def build(
+        *, name: str, topic_id: int, partitions: int, overrides: Mapping[str, str],
+        internal: bool,
+    ) -> TopicRecord:
+        """A record from overrides that validate_config has accepted."""
+        parsed = parse_config(overrides)
+        if isinstance(parsed, Rejection):
+            raise CorruptValueError(f"topic {name!r}: {parsed.message}")
+        return TopicRecord(
+            name=name, topic_id=topic_id, partitions=partitions,
+            config_overrides=tuple(sorted(overrides.items())), internal=internal,
+            config=parsed,
+        )
+
+    def topic_partition(self, partition: int) -> str:
+        return f"{self.name}-{partition}"
+
+
+def validate_topic_name(name: str, *, allow_internal: bool = False) -> Rejection | None:
+    def bad(why: str) -> Rejection:
+        return Rejection(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic name {name!r} {why}")
+
+    if not name:
+        return Rejection(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name is empty")
+    if len(name) > limits.MAX_TOPIC_NAME_LENGTH:
+        return bad(
+            f"is {len(name)} characters long, over the limit of {limits.MAX_TOPIC_NAME_LENGTH}"
+        )
+    if name in (".", ".."):
+        return bad("is not allowed")
+    if not _LEGAL_NAME.fullmatch(name):
+        found = _ILLEGAL_CHAR.search(name)
+        char = found.group(0) if found else "?"
+        return bad(
+            f"contains {char!r}; only ASCII letters, digits, '.', '_' and '-' are allowed"
+        )
+    if name.startswith(INTERNAL_PREFIX) and not allow_internal:
+        return bad(f"starts with {INTERNAL_PREFIX!r}, which is reserved for internal topics")
+    return None
+
+
+def validate_partitions(name: str, partitions: int) -> Rejection | None:
+    if not 1 <= partitions <= limits.MAX_PARTITIONS_PER_TOPIC:
+        return Rejection(
+            ErrorCode.INVALID_PARTITIONS,
+            f"topic {name!r}: partitions must be 1..{limits.MAX_PARTITIONS_PER_TOPIC}, "
+            f"got {partitions}",
+        )
+    return None
+
+
+def parse_config(overrides: Mapping[str, str]) -> TopicConfig | Rejection:
+    """The effective configuration, or INVALID_CONFIG naming the key and value."""
+    values: dict[str, int] = {}
+    policy = frozenset({POLICY_DELETE})
+    for key in sorted(overrides):
+        value = overrides[key]
+        if key not in CONFIG_KEYS:
+            return Rejection(
+                ErrorCode.INVALID_CONFIG,
+                f"unknown config key {key!r}; known keys: {', '.join(CONFIG_KEYS)}",
+            )
+        if key == CLEANUP_POLICY:
+            parts = [p.strip() for p in value.split(",")]
+            if not parts or any(p not in (POLICY_DELETE, POLICY_COMPACT) for p in parts) or (
+                len(set(parts)) != len(parts)
+            ):
+                return Rejection(
+                    ErrorCode.INVALID_CONFIG,
+                    f"{key}={value!r}: expected 'delete', 'compact' or 'compact,delete'",
+                )
+            policy = frozenset(parts)
+            continue
+        try:
+            number = int(value.strip())
+        except ValueError:
+            return Rejection(ErrorCode.INVALID_CONFIG, f"{key}={value!r}: not an integer")
+        if key in (RETENTION_MS, RETENTION_BYTES) and number < -1:
+            return Rejection(
+                ErrorCode.INVALID_CONFIG, f"{key}={number}: must be -1 (no limit) or >= 0"
+            )
+        if key == MAX_MESSAGE_BYTES and not (
+            HEADER_SIZE_BYTES <= number <= limits.MAX_BATCH_BYTES_CEILING
+        ):
+            return Rejection(
+                ErrorCode.INVALID_CONFIG,
+                f"{key}={number}: must be {HEADER_SIZE_BYTES}.."
+                f"{limits.MAX_BATCH_BYTES_CEILING} bytes",
+            )
+        values[key] = number
+    return TopicConfig(
+        retention_ms=values.get(RETENTION_MS, DEFAULT_RETENTION_MS),
+        retention_bytes=values.get(RETENTION_BYTES, -1),
+        max_message_bytes=values.get(MAX_MESSAGE_BYTES, limits.DEFAULT_MAX_BATCH_BYTES),
+        cleanup_policy=policy,
+    )
+
+
+def validate_new_topic(
+    name: str, partitions: int, overrides: Mapping[str, str], *, allow_internal: bool = False
+) -> Rejection | TopicConfig:
+    """Checks a CreateTopics entry: name, then partitions, then config."""
+    rejection = validate_topic_name(name, allow_internal=allow_internal) or (
+        validate_partitions(name, partitions)
+    )
+    if rejection is not None:
+        return rejection
+    parsed = parse_config(overrides)
+    if isinstance(parsed, Rejection):
+        return Rejection(parsed.code, f"topic {name!r}: {parsed.message}")
+    return parsed
+
+
+CATALOG_VERSION = 1
+
+
+def encode_topic_record(record: TopicRecord) -> bytes:
+    payload = {
+        "name": record.name,
+        "topic_id": record.topic_id,
+        "partitions": record.partitions,
+        "config": dict(record.config_overrides),
+        "internal": record.internal,
+    }
+    return seal(CATALOG_VERSION, json.dumps(payload, sort_keys=True).encode())
+
+
+def decode_topic_record(data: bytes) -> TopicRecord:
+    payload = unseal(data, version=CATALOG_VERSION, what="topic catalog record")
+    try:
+        doc = json.loads(payload)
+        name, topic_id, partitions = doc["name"], doc["topic_id"], doc["partitions"]
+        config, internal = doc["config"], doc["internal"]
+        if not (
+            isinstance(name, str) and isinstance(topic_id, int) and isinstance(partitions, int)
+            and isinstance(config, dict) and isinstance(internal, bool)
+        ):
+            raise TypeError("a field has the wrong type")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptValueError(f"topic catalog record does not parse: {exc}") from exc
+    return TopicRecord.build(
+        name=name, topic_id=topic_id, partitions=partitions,
+        overrides={str(k): str(v) for k, v in config.items()}, internal=internal,
+    )

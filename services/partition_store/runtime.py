@@ -1,0 +1,913 @@
+"""The partition manager of one store node.
+
+* Start: load the topic catalog, recover every local partition (newest good
+  snapshot + replay), create the internal topics (controller only), start the
+  group-commit writer and the housekeeping task.
+* Produce: resolve partitions, then check and append every batch
+  synchronously on the event loop (per-partition order is the call order),
+  queue the writes, and answer once the group commit is durable.
+* Fetch: read whole batches below the HW (LSO under read_committed); long-poll
+  on the partitions' high-watermark waiters up to max_wait_ms.
+* Catalog: node `layout.controller_node_id` owns it. Other nodes forward
+  CreateTopics/DeleteTopics there, learn topics by asking it (ListTopics) on a
+  miss and periodically, keep a copy on disk, and delete the data of topics
+  that disappeared. Placement is `layout.store_for(topic, partition)`.
+* Housekeeping: snapshots every N batches / T ms, retention, producer-id
+  expiry, catalog refresh.
+* Shutdown: refuse new writes, snapshot every partition, drain the writer.
+
+Nothing here speaks gRPC: the servicer maps protos to these calls, and the
+controller is reached through the ControllerLink port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from oncelog.errors import ErrorCode
+from services.common import limits
+from services.common.cluster import ClusterLayout
+from services.common.errors import ServiceError, invariant
+from services.partition_store import metrics
+from services.partition_store.core.codec import CorruptValueError, decode_offset, encode_offset
+from services.partition_store.core.outcomes import Rejection
+from services.partition_store.core.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    Duplicate,
+    ProducerEntry,
+)
+from services.partition_store.core.topics import (
+    INTERNAL_TOPIC_CONFIG,
+    TopicRecord,
+    decode_topic_record,
+    encode_topic_record,
+    validate_new_topic,
+    validate_topic_name,
+)
+from services.partition_store.partition import Appended, Isolation, PartitionRuntime
+from services.partition_store.storage import keys
+from services.partition_store.storage.port import KeyValueStore, WriteGroup
+from services.partition_store.writer import GroupCommitWriter
+
+log = logging.getLogger("oncelog.partition_store")
+
+DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
+# Per-partition fetch limit when the request leaves it at 0 (Kafka's
+# max.partition.fetch.bytes default).
+DEFAULT_PARTITION_FETCH_MAX_BYTES = 1024 * 1024
+# A non-controller node asks the controller for the whole catalog at most this
+# often when answering "every topic" (Metadata/ListTopics with no names).
+CATALOG_CACHE_MS = 1_000
+# How long DeleteTopics waits for other store nodes to drop the topic.
+PEER_NOTIFY_WAIT_MS = 2_000
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    node_id: int
+    layout: ClusterLayout
+    fsync: bool = False
+    snapshot_interval_batches: int = 1000
+    snapshot_interval_ms: int = 60_000
+    retention_check_interval_ms: int = 300_000
+    producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
+    catalog_refresh_interval_ms: int = 10_000
+    retention_max_batches_per_run: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.node_id < len(self.layout.stores):
+            raise ValueError(
+                f"node id {self.node_id} is not in the layout's {len(self.layout.stores)} stores"
+            )
+        for name in (
+            "snapshot_interval_batches", "snapshot_interval_ms", "retention_check_interval_ms",
+            "producer_id_expiration_ms", "catalog_refresh_interval_ms",
+            "retention_max_batches_per_run",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def is_controller(self) -> bool:
+        return self.node_id == self.layout.controller_node_id
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicOutcome:
+    name: str
+    error: ServiceError | None = None
+    topic_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLookup:
+    name: str
+    record: TopicRecord | None = None
+    error: ServiceError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceItem:
+    topic: str
+    partition: int
+    batch: bytes
+    expected_log_end_offset: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceOutcome:
+    topic: str
+    partition: int
+    error: ServiceError | None = None
+    base_offset: int = -1
+    duplicate: bool = False
+    log_start_offset: int = -1
+    log_append_time_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchItem:
+    topic: str
+    partition: int
+    fetch_offset: int
+    max_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOutcome:
+    topic: str
+    partition: int
+    error: ServiceError | None = None
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    batches: tuple[bytes, ...] = ()
+    next_fetch_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetQuery:
+    topic: str
+    partition: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetOutcome:
+    topic: str
+    partition: int
+    error: ServiceError | None = None
+    offset: int = -1
+    timestamp_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ProducersOutcome:
+    topic: str
+    partition: int
+    error: ServiceError | None = None
+    producers: tuple[ProducerEntry, ...] = ()
+
+
+class ControllerLink(Protocol):
+    """How a non-controller node reaches the catalog owner."""
+
+    async def list_topics(self) -> list[TopicRecord]: ...
+
+    async def create_topics(
+        self, specs: Sequence[TopicSpec], *, validate_only: bool
+    ) -> list[TopicOutcome]: ...
+
+    async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]: ...
+
+    async def notify_catalog_changed(self, node_id: int) -> None:
+        """Tells another store node to refresh its catalog now (best effort)."""
+
+    async def close(self) -> None: ...
+
+
+# ------------------------------------------------------------------ runtime
+
+
+class StoreRuntime:
+    def __init__(
+        self,
+        store: KeyValueStore,
+        config: StoreConfig,
+        *,
+        controller: ControllerLink | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        if not config.is_controller and controller is None:
+            raise ValueError("a non-controller store node needs a ControllerLink")
+        self.config = config
+        self.layout = config.layout
+        self._store = store
+        self._controller = controller
+        self._clock_ms = clock_ms
+        self._writer = GroupCommitWriter(store, fsync=config.fsync)
+        self._catalog: dict[str, TopicRecord] = {}
+        self._partitions: dict[tuple[str, int], PartitionRuntime] = {}
+        self._next_topic_id = 1
+        self._refresh: asyncio.Future[None] | None = None
+        self._last_refresh_ms: int | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
+        self._closing = False
+        self._closed_event = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+        self._last_retention_ms = 0
+        self.recovery_replayed_batches = 0
+        self.started = False
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Loads the catalog and recovers every local partition, then starts
+        the writer and the housekeeping task."""
+        now_ms = self._clock_ms()
+        for key, value in self._store.scan(keys.CATALOG_START, keys.CATALOG_END):
+            try:
+                record = decode_topic_record(value)
+            except CorruptValueError as exc:
+                # Not guessing: a topic we cannot read stays unavailable here
+                # until the controller's catalog (or an operator) replaces it.
+                log.error("catalog entry %r unreadable: %s", keys.catalog_key_name(key), exc)
+                continue
+            self._catalog[record.name] = record
+            self._next_topic_id = max(self._next_topic_id, record.topic_id + 1)
+        counter = self._store.get(keys.TOPIC_ID_COUNTER)
+        if counter is not None:
+            self._next_topic_id = max(
+                self._next_topic_id, decode_offset(counter, what="topic id counter")
+            )
+        for record in self._catalog.values():
+            self._open_local_partitions(record, now_ms)
+        self.recovery_replayed_batches = sum(
+            p.recovery_replayed_batches for p in self._partitions.values()
+        )
+        metrics.RECOVERY_REPLAYED_BATCHES.set(self.recovery_replayed_batches)
+        self._writer.start()
+        self._last_retention_ms = now_ms
+        if self.config.is_controller:
+            await self._create_internal_topics()
+        else:
+            self._spawn(self._refresh_quietly())
+        self._housekeeping = asyncio.get_running_loop().create_task(
+            self._run_housekeeping(), name="store-housekeeping"
+        )
+        self.started = True
+        log.info(
+            "store node %d recovered %d partitions of %d topics, replayed %d batches",
+            self.config.node_id, len(self._partitions), len(self._catalog),
+            self.recovery_replayed_batches,
+        )
+
+    async def close(self, *, take_snapshots: bool = True) -> None:
+        """Graceful shutdown: refuse new writes, wake long-polls, snapshot
+        every partition, drain the writer, close storage. Without
+        take_snapshots the next start recovers as after a crash (tests)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._closed_event.set()
+        for part in self._partitions.values():
+            part.wake_waiters()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+        for task in list(self._background):
+            task.cancel()
+        if self.started and self._writer.failure is None:
+            now_ms = self._clock_ms()
+            for part in self._partitions.values() if take_snapshots else ():
+                group = part.build_snapshot(now_ms=now_ms)
+                if group is not None:
+                    self._writer.submit(group)
+            await self._writer.close()
+        if self._controller is not None:
+            await self._controller.close()
+        self._store.close()
+
+    def partition(self, topic: str, partition: int) -> PartitionRuntime:
+        """The local runtime of a partition (tests and admin tools)."""
+        return self._resolve(topic, partition)
+
+    @property
+    def partitions(self) -> list[PartitionRuntime]:
+        return list(self._partitions.values())
+
+    @property
+    def group_commits(self) -> int:
+        """Group commits written since start (each one RocksDB write)."""
+        return self._writer.group_commits
+
+    def _check_accepting(self) -> None:
+        if self._closing:
+            raise ServiceError(
+                ErrorCode.SHUTTING_DOWN,
+                f"store node {self.config.node_id} is shutting down; retry later",
+            )
+        self._writer.check_healthy()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _link(self) -> ControllerLink:
+        controller = self._controller
+        invariant(controller is not None, "a non-controller node without a ControllerLink")
+        return controller  # type: ignore[return-value]  # checked just above
+
+    # --------------------------------------------------------------- catalog
+
+    def _open_local_partitions(self, record: TopicRecord, now_ms: int) -> None:
+        for p in range(record.partitions):
+            if self.layout.store_for(record.name, p) != self.config.node_id:
+                continue
+            self._partitions[(record.name, p)] = PartitionRuntime.recover(
+                record, p, self._store, now_ms=now_ms,
+                producer_id_expiration_ms=self.config.producer_id_expiration_ms,
+            )
+
+    def _drop_topic(self, record: TopicRecord, group: WriteGroup) -> None:
+        """Forgets a topic here and queues the deletion of its data."""
+        self._catalog.pop(record.name, None)
+        for p in range(record.partitions):
+            part = self._partitions.pop((record.name, p), None)
+            if part is not None:
+                part.close()
+        group.delete(keys.catalog_key(record.name))
+        for start, end in keys.topic_ranges(record.topic_id):
+            group.delete_range(start, end)
+
+    async def _create_internal_topics(self) -> None:
+        now_ms = self._clock_ms()
+        group = WriteGroup()
+        for name, partitions in self.layout.internal_topics().items():
+            existing = self._catalog.get(name)
+            if existing is not None:
+                if existing.partitions != partitions:
+                    log.warning(
+                        "internal topic %s has %d partitions; the layout asks for %d "
+                        "(keeping %d: changing it would move keys between partitions)",
+                        name, existing.partitions, partitions, existing.partitions,
+                    )
+                continue
+            record = self._new_topic_record(name, partitions, dict(INTERNAL_TOPIC_CONFIG), True)
+            self._add_topic(record, group, now_ms)
+            log.info("created internal topic %s (%d partitions)", name, partitions)
+        if group.ops:
+            await self._writer.submit(group)
+
+    def _new_topic_record(
+        self, name: str, partitions: int, overrides: dict[str, str], internal: bool
+    ) -> TopicRecord:
+        record = TopicRecord.build(
+            name=name, topic_id=self._next_topic_id, partitions=partitions,
+            overrides=overrides, internal=internal,
+        )
+        self._next_topic_id += 1
+        return record
+
+    def _add_topic(self, record: TopicRecord, group: WriteGroup, now_ms: int) -> None:
+        invariant(record.name not in self._catalog, lambda: f"topic {record.name} added twice")
+        self._catalog[record.name] = record
+        group.put(keys.catalog_key(record.name), encode_topic_record(record))
+        if self.config.is_controller:
+            group.put(keys.TOPIC_ID_COUNTER, encode_offset(self._next_topic_id))
+        self._open_local_partitions(record, now_ms)
+
+    async def create_topics(
+        self, specs: Sequence[TopicSpec], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        if not self.config.is_controller:
+            return await self._forward_create(specs, validate_only=validate_only)
+        self._check_accepting()
+        counts: dict[str, int] = {}
+        for spec in specs:
+            counts[spec.name] = counts.get(spec.name, 0) + 1
+        now_ms = self._clock_ms()
+        group = WriteGroup()
+        outcomes = []
+        for spec in specs:
+            if counts[spec.name] > 1:
+                outcomes.append(TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"topic {spec.name!r} appears {counts[spec.name]} times in one request",
+                )))
+                continue
+            checked = validate_new_topic(spec.name, spec.partitions, spec.config)
+            if isinstance(checked, Rejection):
+                outcomes.append(
+                    TopicOutcome(spec.name, ServiceError(checked.code, checked.message))
+                )
+                continue
+            existing = self._catalog.get(spec.name)
+            if existing is not None:
+                outcomes.append(TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.TOPIC_ALREADY_EXISTS,
+                    f"topic {spec.name!r} already exists (topic id {existing.topic_id}, "
+                    f"{existing.partitions} partitions)",
+                ), existing.topic_id))
+                continue
+            if validate_only:
+                outcomes.append(TopicOutcome(spec.name))
+                continue
+            # Applied to memory now, like an append: a concurrent request for
+            # the same name sees it; the reply waits for durability below.
+            record = self._new_topic_record(spec.name, spec.partitions, dict(spec.config), False)
+            self._add_topic(record, group, now_ms)
+            outcomes.append(TopicOutcome(spec.name, None, record.topic_id))
+            log.info(
+                "created topic %s (id %d, %d partitions, config %s)",
+                record.name, record.topic_id, record.partitions, dict(record.config_overrides),
+            )
+        if group.ops:
+            await self._writer.submit(group)
+        return outcomes
+
+    async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]:
+        if not self.config.is_controller:
+            return await self._forward_delete(names)
+        self._check_accepting()
+        counts: dict[str, int] = {}
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+        group = WriteGroup()
+        outcomes = []
+        for name in names:
+            record = self._catalog.get(name)
+            if counts[name] > 1:
+                error = ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"topic {name!r} appears {counts[name]} times in one request",
+                )
+            elif record is None:
+                error = ServiceError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                )
+            elif record.internal:
+                error = ServiceError(
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    f"topic {name!r} is internal and cannot be deleted",
+                )
+            else:
+                self._drop_topic(record, group)
+                outcomes.append(TopicOutcome(name, None, record.topic_id))
+                log.info("deleted topic %s (id %d)", name, record.topic_id)
+                continue
+            outcomes.append(TopicOutcome(name, error))
+        if group.ops:
+            await self._writer.submit(group)
+            await self._notify_peers()
+        return outcomes
+
+    async def _notify_peers(self) -> None:
+        """Tells the other store nodes to refresh their catalog, waiting up to
+        PEER_NOTIFY_WAIT_MS so that reachable peers have dropped a deleted
+        topic when DeleteTopics answers; slow ones finish in the background
+        (and every node also refreshes on a miss and periodically)."""
+        if self._controller is None:
+            return
+        tasks = []
+        for node_id in range(len(self.layout.stores)):
+            if node_id != self.config.node_id:
+                task = asyncio.get_running_loop().create_task(
+                    self._controller.notify_catalog_changed(node_id)
+                )
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                tasks.append(task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=PEER_NOTIFY_WAIT_MS / 1000)
+
+    async def _forward_create(
+        self, specs: Sequence[TopicSpec], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        try:
+            outcomes = await self._link().create_topics(specs, validate_only=validate_only)
+        except ServiceError as exc:
+            return [TopicOutcome(s.name, exc) for s in specs]
+        if not validate_only:
+            await self.refresh_catalog()
+        return outcomes
+
+    async def _forward_delete(self, names: Sequence[str]) -> list[TopicOutcome]:
+        try:
+            outcomes = await self._link().delete_topics(names)
+        except ServiceError as exc:
+            return [TopicOutcome(n, exc) for n in names]
+        await self.refresh_catalog()
+        return outcomes
+
+    async def refresh_catalog(self) -> None:
+        """Non-controller nodes: replace the cached catalog by the
+        controller's, deleting local data of topics that are gone or were
+        re-created under a new id. One refresh at a time; concurrent callers
+        share it. Raises ServiceError when the controller is unreachable."""
+        if self.config.is_controller:
+            return
+        if self._refresh is not None:
+            await asyncio.shield(self._refresh)
+            return
+        self._refresh = asyncio.get_running_loop().create_future()
+        try:
+            records = await self._link().list_topics()
+            await self._apply_catalog(records)
+            self._last_refresh_ms = self._clock_ms()
+            self._refresh.set_result(None)
+        except BaseException as exc:
+            self._refresh.set_exception(exc)
+            self._refresh.exception()  # retrieved: callers re-raise it themselves
+            raise
+        finally:
+            self._refresh = None
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh_catalog()
+        except ServiceError as exc:
+            log.warning("catalog refresh from the controller failed: %s", exc.message)
+
+    async def _apply_catalog(self, records: Iterable[TopicRecord]) -> None:
+        if self._closing:
+            return
+        fresh = {r.name: r for r in records}
+        now_ms = self._clock_ms()
+        group = WriteGroup()
+        for name, record in list(self._catalog.items()):
+            if name not in fresh or fresh[name].topic_id != record.topic_id:
+                log.info("topic %s (id %d) is gone; deleting its local data", name, record.topic_id)
+                self._drop_topic(record, group)
+        for name, record in fresh.items():
+            current = self._catalog.get(name)
+            if current is None:
+                self._add_topic(record, group, now_ms)
+            elif current != record:
+                # Same topic id, new configuration or partition count.
+                self._catalog[name] = record
+                group.put(keys.catalog_key(name), encode_topic_record(record))
+                for p in range(record.partitions):
+                    part = self._partitions.get((name, p))
+                    if part is not None:
+                        part.topic = record
+                    elif self.layout.store_for(name, p) == self.config.node_id:
+                        self._partitions[(name, p)] = PartitionRuntime.recover(
+                            record, p, self._store, now_ms=now_ms,
+                            producer_id_expiration_ms=self.config.producer_id_expiration_ms,
+                        )
+        if group.ops:
+            await self._writer.submit(group)
+
+    async def _ensure_known(self, names: Iterable[str]) -> None:
+        """On a non-controller node, asks the controller once when a topic is
+        not in the cached catalog. Returns without awaiting anything when all
+        are known, so callers keep their synchronous ordering."""
+        if self.config.is_controller:
+            return
+        if all(name in self._catalog for name in names):
+            return
+        await self._refresh_quietly()
+
+    async def _ensure_fresh_listing(self) -> None:
+        if self.config.is_controller:
+            return
+        now_ms = self._clock_ms()
+        if self._last_refresh_ms is None or now_ms - self._last_refresh_ms >= CATALOG_CACHE_MS:
+            await self._refresh_quietly()
+
+    def topics(self, *, include_internal: bool) -> list[TopicRecord]:
+        return [
+            r for name, r in sorted(self._catalog.items()) if include_internal or not r.internal
+        ]
+
+    async def list_topics(self, *, include_internal: bool) -> list[TopicRecord]:
+        await self._ensure_fresh_listing()
+        return self.topics(include_internal=include_internal)
+
+    async def metadata(self, names: Sequence[str], *, include_internal: bool) -> list[TopicLookup]:
+        if not names:
+            await self._ensure_fresh_listing()
+            return [TopicLookup(r.name, r) for r in self.topics(include_internal=include_internal)]
+        await self._ensure_known(names)
+        lookups = []
+        for name in names:
+            record = self._catalog.get(name)
+            if record is not None:
+                lookups.append(TopicLookup(name, record))
+                continue
+            bad = validate_topic_name(name, allow_internal=True)
+            error = (
+                ServiceError(bad.code, bad.message) if bad is not None
+                else ServiceError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                )
+            )
+            lookups.append(TopicLookup(name, None, error))
+        return lookups
+
+    def _resolve(self, topic: str, partition: int) -> PartitionRuntime:
+        record = self._catalog.get(topic)
+        if record is None:
+            raise ServiceError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist"
+            )
+        if not 0 <= partition < record.partitions:
+            raise ServiceError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"topic {topic!r} has partitions 0..{record.partitions - 1}; "
+                f"partition {partition} does not exist",
+            )
+        part = self._partitions.get((topic, partition))
+        if part is None:
+            owner = self.layout.store_for(topic, partition)
+            raise ServiceError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"partition {topic}-{partition} is on store node {owner} "
+                f"({self.layout.stores[owner]}), not on node {self.config.node_id}",
+            )
+        return part
+
+    # --------------------------------------------------------------- produce
+
+    async def produce(
+        self, items: Sequence[ProduceItem], *, timeout_ms: int = 0
+    ) -> list[ProduceOutcome]:
+        """Appends one batch per item. Checks and offsets happen synchronously,
+        in item order; the answer waits until every append is durable or
+        timeout_ms (0: the default) passes."""
+        await self._ensure_known({item.topic for item in items})
+        now_ms = self._clock_ms()
+        outcomes: list[ProduceOutcome] = []
+        waits: dict[int, asyncio.Future[None]] = {}
+        for index, item in enumerate(items):
+            try:
+                self._check_accepting()
+                part = self._resolve(item.topic, item.partition)
+                result = part.append(
+                    item.batch, expected_log_end_offset=item.expected_log_end_offset,
+                    now_ms=now_ms,
+                )
+            except ServiceError as exc:
+                outcomes.append(ProduceOutcome(item.topic, item.partition, exc))
+                continue
+            if isinstance(result, Appended):
+                future = self._writer.submit(
+                    result.group,
+                    on_durable=_durable_callback(part, result.base_offset, result.next_offset),
+                )
+                part.track_pending(result.base_offset, future)
+                waits[index] = future
+                outcomes.append(ProduceOutcome(
+                    item.topic, item.partition, None, result.base_offset, False,
+                    part.log.log_start_offset, now_ms,
+                ))
+                self._maybe_snapshot(part, now_ms)
+            else:
+                pending = part.pending_future(result.base_offset)
+                if pending is not None:
+                    waits[index] = pending
+                outcomes.append(ProduceOutcome(
+                    item.topic, item.partition, None, result.base_offset, True,
+                    part.log.log_start_offset, -1,
+                ))
+        if waits:
+            timeout_s = (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+            await asyncio.wait([asyncio.shield(f) for f in waits.values()], timeout=timeout_s)
+            for index, future in waits.items():
+                item = items[index]
+                error: ServiceError | None = None
+                if not future.done():
+                    error = ServiceError(
+                        ErrorCode.REQUEST_TIMED_OUT,
+                        f"{item.topic}-{item.partition}: the append at offset "
+                        f"{outcomes[index].base_offset} was not durable within "
+                        f"{timeout_s * 1000:.0f} ms; retry (the retry is deduplicated)",
+                    )
+                elif future.exception() is not None:
+                    failure = future.exception()
+                    error = failure if isinstance(failure, ServiceError) else ServiceError(
+                        ErrorCode.STORAGE_ERROR, repr(failure)
+                    )
+                if error is not None:
+                    outcomes[index] = ProduceOutcome(item.topic, item.partition, error)
+        return outcomes
+
+    def _maybe_snapshot(self, part: PartitionRuntime, now_ms: int) -> None:
+        if part.snapshot_due(
+            now_ms=now_ms, every_batches=self.config.snapshot_interval_batches,
+            every_ms=self.config.snapshot_interval_ms,
+        ):
+            group = part.build_snapshot(now_ms=now_ms)
+            if group is not None:
+                self._writer.submit(group)
+
+    # ----------------------------------------------------------------- reads
+
+    async def fetch(
+        self,
+        items: Sequence[FetchItem],
+        *,
+        max_wait_ms: int = 0,
+        min_bytes: int = 0,
+        max_bytes: int = 0,
+        isolation: Isolation = Isolation.READ_UNCOMMITTED,
+    ) -> list[FetchOutcome]:
+        """Reads every item; when fewer than min_bytes are available, waits up
+        to max_wait_ms for any of the partitions' HW to move and reads again."""
+        await self._ensure_known({item.topic for item in items})
+        loop = asyncio.get_running_loop()
+        wait_s = min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
+        deadline = loop.time() + wait_s
+        budget = max_bytes or limits.DEFAULT_FETCH_MAX_BYTES
+        while True:
+            outcomes, size, parts, failed = self._fetch_once(items, budget, isolation)
+            remaining_s = deadline - loop.time()
+            if size >= min_bytes or failed or remaining_s <= 0 or self._closing:
+                return outcomes
+            waiter: asyncio.Future[None] = loop.create_future()
+            for part in parts:
+                part.add_waiter(waiter)
+            try:
+                await asyncio.wait_for(waiter, remaining_s)
+            except TimeoutError:
+                pass
+            finally:
+                for part in parts:
+                    part.remove_waiter(waiter)
+
+    def _fetch_once(
+        self, items: Sequence[FetchItem], budget_bytes: int, isolation: Isolation
+    ) -> tuple[list[FetchOutcome], int, list[PartitionRuntime], bool]:
+        outcomes = []
+        parts = []
+        total = 0
+        failed = False
+        for item in items:
+            try:
+                part = self._resolve(item.topic, item.partition)
+                parts.append(part)
+                limit = min(item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
+                            budget_bytes - total)
+                read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation)
+            except ServiceError as exc:
+                failed = True
+                outcomes.append(FetchOutcome(
+                    item.topic, item.partition, exc, next_fetch_offset=item.fetch_offset
+                ))
+                continue
+            total += read.size_bytes
+            outcomes.append(FetchOutcome(
+                item.topic, item.partition, None,
+                high_watermark=part.log.high_watermark,
+                last_stable_offset=part.log.last_stable_offset,
+                log_start_offset=part.log.log_start_offset,
+                batches=tuple(read.batches),
+                next_fetch_offset=read.next_fetch_offset,
+            ))
+        return outcomes, total, parts, failed
+
+    async def list_offsets(
+        self, queries: Sequence[OffsetQuery], *, isolation: Isolation
+    ) -> list[OffsetOutcome]:
+        await self._ensure_known({q.topic for q in queries})
+        outcomes = []
+        for q in queries:
+            try:
+                offset, ts = self._resolve(q.topic, q.partition).list_offset(
+                    q.timestamp_ms, isolation
+                )
+            except ServiceError as exc:
+                outcomes.append(OffsetOutcome(q.topic, q.partition, exc))
+                continue
+            outcomes.append(OffsetOutcome(q.topic, q.partition, None, offset, ts))
+        return outcomes
+
+    async def describe_producers(
+        self, partitions: Sequence[tuple[str, int]]
+    ) -> list[ProducersOutcome]:
+        await self._ensure_known({t for t, _p in partitions})
+        outcomes = []
+        for topic, p in partitions:
+            try:
+                part = self._resolve(topic, p)
+            except ServiceError as exc:
+                outcomes.append(ProducersOutcome(topic, p, exc))
+                continue
+            outcomes.append(ProducersOutcome(topic, p, None, tuple(part.producers.entries())))
+        return outcomes
+
+    # ---------------------------------------------------------- housekeeping
+
+    async def snapshot_all(self, *, force: bool = False) -> int:
+        """Snapshots every partition with changes (all with force); waits
+        until durable. Returns how many were written."""
+        now_ms = self._clock_ms()
+        futures = []
+        for part in self._partitions.values():
+            group = part.build_snapshot(now_ms=now_ms, force=force)
+            if group is not None:
+                futures.append(self._writer.submit(group))
+        for future in futures:
+            await future
+        return len(futures)
+
+    async def run_retention_once(self) -> int:
+        """Expires idle producers and deletes batches due for retention in
+        every partition; waits until durable. Returns the batches deleted."""
+        now_ms = self._clock_ms()
+        self._last_retention_ms = now_ms
+        futures = []
+        deleted = 0
+        for part in list(self._partitions.values()):
+            part.expire_producers(
+                now_ms=now_ms, expiration_ms=self.config.producer_id_expiration_ms
+            )
+            plan = part.plan_retention(
+                now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
+            )
+            if plan.needs_snapshot:
+                # Producer state must outlive the batches it came from: a
+                # snapshot at the log end goes first (the writer keeps order),
+                # then the plan can reach further.
+                snapshot = part.build_snapshot(now_ms=now_ms, force=True)
+                if snapshot is not None:
+                    futures.append(self._writer.submit(snapshot))
+                plan = part.plan_retention(
+                    now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
+                )
+            if plan.deletes_anything:
+                futures.append(self._writer.submit(part.apply_retention(plan)))
+                deleted += plan.batch_count
+                log.info(
+                    "%s: retention deleted %d batches (%d bytes); log start offset now %d",
+                    part.topic_partition, plan.batch_count, plan.deleted_bytes,
+                    plan.new_log_start_offset,
+                )
+        for future in futures:
+            await future
+        return deleted
+
+    async def _run_housekeeping(self) -> None:
+        config = self.config
+        tick_ms = min(
+            1000, config.snapshot_interval_ms, config.retention_check_interval_ms,
+            config.catalog_refresh_interval_ms,
+        )
+        while not self._closing:
+            try:
+                await asyncio.wait_for(self._closed_event.wait(), tick_ms / 1000)
+                return
+            except TimeoutError:
+                pass
+            try:
+                now_ms = self._clock_ms()
+                for part in list(self._partitions.values()):
+                    self._maybe_snapshot(part, now_ms)
+                if now_ms - self._last_retention_ms >= config.retention_check_interval_ms:
+                    await self.run_retention_once()
+                if not config.is_controller and (
+                    self._last_refresh_ms is None
+                    or now_ms - self._last_refresh_ms >= config.catalog_refresh_interval_ms
+                ):
+                    await self._refresh_quietly()
+            except ServiceError as exc:
+                log.warning("housekeeping: %s", exc)
+
+
+def _durable_callback(
+    part: PartitionRuntime, base_offset: int, next_offset: int
+) -> Callable[[], None]:
+    def on_durable() -> None:
+        part.on_durable(base_offset, next_offset)
+
+    return on_durable
+
+
+__all__ = [
+    "Duplicate", "FetchItem", "FetchOutcome", "Isolation", "OffsetOutcome", "OffsetQuery",
+    "ProduceItem", "ProduceOutcome", "ProducersOutcome", "StoreConfig", "StoreRuntime",
+    "TopicLookup", "TopicOutcome", "TopicSpec",
+]

@@ -1,0 +1,124 @@
+"""Wiring of a partition store process: flags and environment, RocksDB,
+recovery, the gRPC server (health, reflection), metrics, graceful shutdown.
+
+    python -m services.partition_store --node-id 0 --stores 127.0.0.1:7000,... \\
+        --data-dir DIR [--fsync]
+
+Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
+  --data-dir                      where RocksDB lives (required)
+  --fsync                         fsync the WAL once per group commit before
+                                  acknowledging (survives power loss, not just kill -9)
+  --snapshot-interval-batches     producer-state snapshot every N appended batches
+  --snapshot-interval-ms          ... or every T ms with changes
+  --retention-check-interval-ms   how often retention and producer expiry run
+  --producer-id-expiration-ms     idle producers' dedup state is dropped after this
+  --catalog-refresh-interval-ms   non-controller nodes re-read the catalog this often
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from oncelog.v1 import partition_store_pb2_grpc
+from services.common.server_base import (
+    add_common_arguments,
+    configure_logging,
+    env_default,
+    layout_from_args,
+    run,
+    serve,
+)
+from services.partition_store.controller_link import GrpcControllerLink
+from services.partition_store.core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from services.partition_store.runtime import StoreConfig, StoreRuntime
+from services.partition_store.servicer import SERVICE_NAME, PartitionStoreServicer
+from services.partition_store.storage.rocksdb import RocksStore
+
+log = logging.getLogger("oncelog.partition_store")
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(env_default(name, str(default)) or default)
+
+
+def _env_flag(name: str) -> bool:
+    return (env_default(name, "") or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.partition_store", description="oncelog partition store"
+    )
+    add_common_arguments(parser)
+    add = parser.add_argument
+    add("--data-dir", default=env_default("data-dir"),
+        help="directory of this node's RocksDB (env ONCELOG_DATA_DIR)")
+    add("--fsync", action="store_true", default=_env_flag("fsync"),
+        help="fsync the write-ahead log once per group commit before acknowledging")
+    add("--snapshot-interval-batches", type=int,
+        default=_env_int("snapshot-interval-batches", 1000))
+    add("--snapshot-interval-ms", type=int, default=_env_int("snapshot-interval-ms", 60_000))
+    add("--retention-check-interval-ms", type=int,
+        default=_env_int("retention-check-interval-ms", 300_000))
+    add("--producer-id-expiration-ms", type=int,
+        default=_env_int("producer-id-expiration-ms", DEFAULT_PRODUCER_ID_EXPIRATION_MS))
+    add("--catalog-refresh-interval-ms", type=int,
+        default=_env_int("catalog-refresh-interval-ms", 10_000))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> StoreConfig:
+    return StoreConfig(
+        node_id=args.node_id,
+        layout=layout_from_args(args),
+        fsync=args.fsync,
+        snapshot_interval_batches=args.snapshot_interval_batches,
+        snapshot_interval_ms=args.snapshot_interval_ms,
+        retention_check_interval_ms=args.retention_check_interval_ms,
+        producer_id_expiration_ms=args.producer_id_expiration_ms,
+        catalog_refresh_interval_ms=args.catalog_refresh_interval_ms,
+    )
+
+
+async def main_async(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.data_dir:
+        parser.error("--data-dir (or ONCELOG_DATA_DIR) is required")
+    configure_logging(args.log_format, args.log_level, f"partition_store[{args.node_id}]")
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    layout = config.layout
+    listen = args.listen or args.advertised or layout.stores[config.node_id]
+    store = RocksStore(Path(args.data_dir) / "rocksdb")
+    runtime = StoreRuntime(store, config, controller=GrpcControllerLink(layout))
+    try:
+        await runtime.start()
+
+        def register(server: grpc.aio.Server) -> None:
+            partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(
+                PartitionStoreServicer(runtime), server
+            )
+
+        await serve(
+            service_name="partition_store",
+            full_service_names=[SERVICE_NAME],
+            listen=listen,
+            register=register,
+            metrics_port=args.metrics_port,
+            on_shutdown=runtime.close,
+        )
+    finally:
+        # After serve() this is a no-op; it matters when start or serve failed.
+        await runtime.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(lambda: main_async(argv))

@@ -1,0 +1,275 @@
+"""The PartitionStore gRPC servicer: proto -> runtime call -> proto.
+
+Per-partition and per-topic failures go into the results' `error` fields.
+A malformed request as a whole (nothing in it, negative sizes, the same
+partition twice) ends the call with a gRPC status carrying our Error
+(INVALID_REQUEST / INVALID_FETCH_SIZE) and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+
+from oncelog.errors import ErrorCode
+from oncelog.v1 import partition_store_pb2 as pb
+from oncelog.v1 import partition_store_pb2_grpc, records_pb2
+from services.common.errors import ServiceError, abort_with, error_proto
+from services.partition_store.controller_link import CATALOG_CHANGED_METADATA
+from services.partition_store.convert import error_to_proto, topic_metadata
+from services.partition_store.partition import Isolation
+from services.partition_store.runtime import (
+    FetchItem,
+    OffsetQuery,
+    ProduceItem,
+    StoreRuntime,
+    TopicSpec,
+)
+
+SERVICE_NAME = "oncelog.v1.PartitionStore"
+
+
+def _isolation(value: int) -> Isolation:
+    if value == records_pb2.READ_COMMITTED:
+        return Isolation.READ_COMMITTED
+    if value == records_pb2.READ_UNCOMMITTED:
+        return Isolation.READ_UNCOMMITTED
+    raise ServiceError(ErrorCode.INVALID_REQUEST, f"unknown isolation level {value}")
+
+
+def _bad_request(message: str) -> ServiceError:
+    return ServiceError(ErrorCode.INVALID_REQUEST, message)
+
+
+def _check_unique(pairs: Iterable[tuple[str, int]], what: str) -> None:
+    seen: set[tuple[str, int]] = set()
+    for topic, partition in pairs:
+        if (topic, partition) in seen:
+            raise _bad_request(f"{what} names partition {topic}-{partition} more than once")
+        seen.add((topic, partition))
+
+
+class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
+    def __init__(self, runtime: StoreRuntime) -> None:
+        self._runtime = runtime
+        layout = runtime.layout
+        self._stores = [
+            records_pb2.Node(node_id=i, address=a) for i, a in enumerate(layout.stores)
+        ]
+        self._coordinators = [
+            records_pb2.Node(node_id=i, address=a) for i, a in enumerate(layout.coordinators)
+        ]
+        self._group_coordinators = [
+            records_pb2.Node(node_id=i, address=a)
+            for i, a in enumerate(layout.group_coordinators)
+        ]
+
+    async def Metadata(
+        self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MetadataResponse:
+        try:
+            lookups = await self._runtime.metadata(
+                list(request.topics), include_internal=request.include_internal
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        layout = self._runtime.layout
+        response = pb.MetadataResponse(
+            stores=self._stores, coordinators=self._coordinators,
+            group_coordinators=self._group_coordinators,
+            controller_node_id=layout.controller_node_id,
+        )
+        for lookup in lookups:
+            if lookup.record is not None:
+                response.topics.append(topic_metadata(lookup.record, layout))
+            else:
+                response.topics.append(
+                    pb.TopicMetadata(name=lookup.name, error=error_to_proto(lookup.error))
+                )
+        return response
+
+    async def CreateTopics(
+        self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTopicsResponse:
+        try:
+            if not request.topics:
+                raise _bad_request("CreateTopics names no topic")
+            outcomes = await self._runtime.create_topics(
+                [TopicSpec(t.name, t.partitions, dict(t.config)) for t in request.topics],
+                validate_only=request.validate_only,
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.CreateTopicsResponse(results=[
+            pb.TopicResult(name=o.name, error=error_to_proto(o.error), topic_id=o.topic_id)
+            for o in outcomes
+        ])
+
+    async def DeleteTopics(
+        self, request: pb.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteTopicsResponse:
+        metadata = dict(context.invocation_metadata() or ())
+        if metadata.get(CATALOG_CHANGED_METADATA):
+            # The controller telling this node that topics were deleted.
+            try:
+                await self._runtime.refresh_catalog()
+            except ServiceError as exc:
+                await abort_with(context, exc)
+            return pb.DeleteTopicsResponse()
+        try:
+            if not request.names:
+                raise _bad_request("DeleteTopics names no topic")
+            outcomes = await self._runtime.delete_topics(list(request.names))
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.DeleteTopicsResponse(results=[
+            pb.TopicResult(name=o.name, error=error_to_proto(o.error), topic_id=o.topic_id)
+            for o in outcomes
+        ])
+
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTopicsResponse:
+        try:
+            records = await self._runtime.list_topics(include_internal=request.include_internal)
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        layout = self._runtime.layout
+        return pb.ListTopicsResponse(topics=[topic_metadata(r, layout) for r in records])
+
+    async def Produce(
+        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProduceResponse:
+        try:
+            if not request.batches:
+                raise _bad_request("ProduceRequest carries no batch")
+            if request.timeout_ms < 0:
+                raise _bad_request(f"timeout_ms is {request.timeout_ms}; it must be >= 0")
+            _check_unique(((b.topic, b.partition) for b in request.batches), "ProduceRequest")
+            items = [
+                ProduceItem(
+                    b.topic, b.partition, b.batch,
+                    b.expected_log_end_offset
+                    if b.HasField("expected_log_end_offset") and b.expected_log_end_offset >= 0
+                    else None,
+                )
+                for b in request.batches
+            ]
+            outcomes = await self._runtime.produce(items, timeout_ms=request.timeout_ms)
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.ProduceResponse(results=[
+            pb.PartitionProduceResult(
+                topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
+                base_offset=o.base_offset, duplicate=o.duplicate,
+                log_start_offset=o.log_start_offset, log_append_time_ms=o.log_append_time_ms,
+            )
+            for o in outcomes
+        ])
+
+    async def Fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FetchResponse:
+        try:
+            if not request.partitions:
+                raise _bad_request("FetchRequest names no partition")
+            if request.max_bytes < 0 or request.min_bytes < 0:
+                raise ServiceError(
+                    ErrorCode.INVALID_FETCH_SIZE,
+                    f"max_bytes ({request.max_bytes}) and min_bytes ({request.min_bytes}) "
+                    "must be >= 0",
+                )
+            if request.max_wait_ms < 0:
+                raise _bad_request(f"max_wait_ms is {request.max_wait_ms}; it must be >= 0")
+            for p in request.partitions:
+                if p.max_bytes < 0:
+                    raise ServiceError(
+                        ErrorCode.INVALID_FETCH_SIZE,
+                        f"max_bytes of {p.topic}-{p.partition} is {p.max_bytes}; "
+                        "it must be >= 0",
+                    )
+            _check_unique(((p.topic, p.partition) for p in request.partitions), "FetchRequest")
+            outcomes = await self._runtime.fetch(
+                [FetchItem(p.topic, p.partition, p.fetch_offset, p.max_bytes)
+                 for p in request.partitions],
+                max_wait_ms=request.max_wait_ms, min_bytes=request.min_bytes,
+                max_bytes=request.max_bytes, isolation=_isolation(request.isolation_level),
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.FetchResponse(results=[
+            pb.PartitionFetchResult(
+                topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
+                high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,
+                log_start_offset=o.log_start_offset, batches=o.batches,
+                next_fetch_offset=o.next_fetch_offset,
+            )
+            for o in outcomes
+        ])
+
+    async def ListOffsets(
+        self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListOffsetsResponse:
+        try:
+            if not request.partitions:
+                raise _bad_request("ListOffsetsRequest names no partition")
+            outcomes = await self._runtime.list_offsets(
+                [OffsetQuery(p.topic, p.partition, p.timestamp_ms) for p in request.partitions],
+                isolation=_isolation(request.isolation_level),
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.ListOffsetsResponse(results=[
+            pb.ListOffsetsResult(
+                topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
+                offset=o.offset, timestamp_ms=o.timestamp_ms,
+            )
+            for o in outcomes
+        ])
+
+    async def WriteTxnMarkers(
+        self, request: pb.WriteTxnMarkersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WriteTxnMarkersResponse:
+        if not request.markers:
+            await abort_with(context, _bad_request("WriteTxnMarkersRequest carries no marker"))
+        error = error_proto(
+            ErrorCode.UNSUPPORTED_VERSION,
+            "this partition store does not write transaction markers yet; transactions "
+            "land in the next version",
+        )
+        return pb.WriteTxnMarkersResponse(results=[
+            pb.MarkerPartitionResult(
+                producer_id=m.producer_id, topic=tp.topic, partition=tp.partition,
+                error=error, offset=-1,
+            )
+            for m in request.markers
+            for tp in m.partitions
+        ])
+
+    async def DescribeProducers(
+        self, request: pb.DescribeProducersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeProducersResponse:
+        try:
+            if not request.partitions:
+                raise _bad_request("DescribeProducersRequest names no partition")
+            outcomes = await self._runtime.describe_producers(
+                [(p.topic, p.partition) for p in request.partitions]
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.DescribeProducersResponse(results=[
+            pb.DescribeProducersResult(
+                topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
+                producers=[
+                    pb.ProducerStateView(
+                        producer_id=e.producer_id, producer_epoch=e.producer_epoch,
+                        last_sequence=e.last_sequence, last_timestamp_ms=e.last_timestamp_ms,
+                        coordinator_epoch=e.coordinator_epoch,
+                        current_txn_start_offset=e.current_txn_first_offset,
+                    )
+                    for e in o.producers
+                ],
+            )
+            for o in outcomes
+        ])

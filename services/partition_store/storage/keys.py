@@ -1,0 +1,125 @@
+"""The RocksDB key layout of the partition store, written down once.
+
+Every integer is big-endian and unsigned-encoded so keys sort numerically.
+topic_id (8 bytes) is the catalog's id, never the name, so a deleted and
+re-created topic never sees the old topic's data.
+
+  L | topic_id(8) | partition(4) | base_offset(8)  -> an encoded batch (base_offset set)
+  S | topic_id(8) | partition(4) | offset(8)       -> producer-state snapshot as of offset
+  M | topic_id(8) | partition(4)                   -> partition meta: log start offset
+                                                      and stored size (core/codec.py)
+  T | topic_id(8) | partition(4) | max_ts(8)       -> base offset of the batch that raised
+                                                      the partition's running max timestamp
+                                                      to max_ts (sign bit flipped so
+                                                      negative timestamps sort first)
+  C | topic name (utf-8)                           -> topic catalog record (core/topics.py)
+  N                                                -> next topic id (controller only)
+
+Values other than batches are sealed (version byte + CRC32C, core/codec.py).
+ListOffsets by timestamp seeks to the first T key >= ts: every batch before
+that entry's batch has only records older than ts, so the answer lies in that
+batch or after it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+LOG = b"L"
+SNAPSHOT = b"S"
+META = b"M"
+TIME_INDEX = b"T"
+CATALOG = b"C"
+TOPIC_ID_COUNTER = b"N"
+
+_TOPIC = struct.Struct(">Q")
+_PARTITION = struct.Struct(">QI")
+_TAIL = struct.Struct(">Q")
+_SIGN_BIT = 1 << 63
+_MAX_U64 = (1 << 64) - 1
+PARTITION_KEY_SIZE = 1 + _PARTITION.size
+ENTRY_KEY_SIZE = PARTITION_KEY_SIZE + _TAIL.size
+
+
+def next_prefix(prefix: bytes) -> bytes:
+    """The smallest key greater than every key that starts with prefix."""
+    data = bytearray(prefix)
+    while data and data[-1] == 0xFF:
+        data.pop()
+    if not data:
+        raise ValueError("no key follows a prefix of only 0xff bytes")
+    data[-1] += 1
+    return bytes(data)
+
+
+def partition_prefix(kind: bytes, topic_id: int, partition: int) -> bytes:
+    return kind + _PARTITION.pack(topic_id, partition)
+
+
+def topic_prefix(kind: bytes, topic_id: int) -> bytes:
+    return kind + _TOPIC.pack(topic_id)
+
+
+def topic_ranges(topic_id: int) -> list[tuple[bytes, bytes]]:
+    """[start, end) of every key that holds data of a topic (for deletion)."""
+    ranges = []
+    for kind in (LOG, SNAPSHOT, META, TIME_INDEX):
+        prefix = topic_prefix(kind, topic_id)
+        ranges.append((prefix, next_prefix(prefix)))
+    return ranges
+
+
+def _entry(kind: bytes, topic_id: int, partition: int, tail: int) -> bytes:
+    return kind + _PARTITION.pack(topic_id, partition) + _TAIL.pack(tail)
+
+
+def _tail(key: bytes) -> int:
+    return int(_TAIL.unpack_from(key, PARTITION_KEY_SIZE)[0])
+
+
+def log_key(topic_id: int, partition: int, base_offset: int) -> bytes:
+    return _entry(LOG, topic_id, partition, base_offset)
+
+
+def log_key_end(topic_id: int, partition: int) -> bytes:
+    return next_prefix(partition_prefix(LOG, topic_id, partition))
+
+
+def log_key_offset(key: bytes) -> int:
+    return _tail(key)
+
+
+def snapshot_key(topic_id: int, partition: int, offset: int) -> bytes:
+    return _entry(SNAPSHOT, topic_id, partition, offset)
+
+
+def snapshot_key_offset(key: bytes) -> int:
+    return _tail(key)
+
+
+def meta_key(topic_id: int, partition: int) -> bytes:
+    return partition_prefix(META, topic_id, partition)
+
+
+def encode_timestamp(timestamp_ms: int) -> int:
+    return (timestamp_ms + _SIGN_BIT) & _MAX_U64
+
+
+def time_index_key(topic_id: int, partition: int, max_timestamp_ms: int) -> bytes:
+    return _entry(TIME_INDEX, topic_id, partition, encode_timestamp(max_timestamp_ms))
+
+
+def time_index_key_timestamp(key: bytes) -> int:
+    return _tail(key) - _SIGN_BIT
+
+
+def catalog_key(name: str) -> bytes:
+    return CATALOG + name.encode()
+
+
+def catalog_key_name(key: bytes) -> str:
+    return key[len(CATALOG):].decode()
+
+
+CATALOG_START = CATALOG
+CATALOG_END = next_prefix(CATALOG)

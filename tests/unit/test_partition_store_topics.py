@@ -1,0 +1,143 @@
+"""Topic names and configuration, and the checks on produced batches.
+
+Goal: Kafka's topic-name rules, the config keys and value ranges, and the
+order and codes of the store's batch checks (empty -> INVALID_RECORD, too
+large -> MESSAGE_TOO_LARGE, damaged -> CORRUPT_MESSAGE), each with a message
+naming what was wrong.
+
+Method: tables over the pure validators.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from oncelog.errors import ErrorCode
+from oncelog.records import (
+    CRC_START,
+    MARKER_ABORT,
+    crc32c,
+    encode_batch,
+    encode_control_batch,
+)
+from services.partition_store.core.batches import check_produce_batch
+from services.partition_store.core.outcomes import Rejection
+from services.partition_store.core.topics import (
+    TopicConfig,
+    TopicRecord,
+    decode_topic_record,
+    encode_topic_record,
+    parse_config,
+    validate_new_topic,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "partitions", "config", "code", "fragment"),
+    [
+        ("ok.topic_name-1", 3, {}, None, ""),
+        ("a" * 249, 1, {}, None, ""),
+        ("", 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "empty"),
+        ("a" * 250, 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "250 characters"),
+        (".", 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "not allowed"),
+        ("..", 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "not allowed"),
+        ("has space", 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "' '"),
+        ("slash/topic", 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "'/'"),
+        ("ünïcode", 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "'ü'"),
+        ("__internal", 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "reserved"),
+        ("t", 0, {}, ErrorCode.INVALID_PARTITIONS, "got 0"),
+        ("t", -2, {}, ErrorCode.INVALID_PARTITIONS, "got -2"),
+        ("t", 10_001, {}, ErrorCode.INVALID_PARTITIONS, "got 10001"),
+        ("t", 1, {"retention.ms": "-1", "retention.bytes": "0", "max.message.bytes": "57",
+                  "cleanup.policy": "compact,delete"}, None, ""),
+        ("t", 1, {"segment.ms": "1"}, ErrorCode.INVALID_CONFIG, "'segment.ms'"),
+        ("t", 1, {"retention.ms": "soon"}, ErrorCode.INVALID_CONFIG, "not an integer"),
+        ("t", 1, {"retention.ms": "-2"}, ErrorCode.INVALID_CONFIG, "retention.ms=-2"),
+        ("t", 1, {"retention.bytes": "-5"}, ErrorCode.INVALID_CONFIG, "retention.bytes=-5"),
+        ("t", 1, {"max.message.bytes": "56"}, ErrorCode.INVALID_CONFIG, "max.message.bytes=56"),
+        ("t", 1, {"max.message.bytes": str(16 * 1024 * 1024 + 1)}, ErrorCode.INVALID_CONFIG,
+         "max.message.bytes"),
+        ("t", 1, {"cleanup.policy": "shred"}, ErrorCode.INVALID_CONFIG, "cleanup.policy"),
+        ("t", 1, {"cleanup.policy": "delete,delete"}, ErrorCode.INVALID_CONFIG,
+         "cleanup.policy"),
+    ],
+)
+def test_validate_new_topic(
+    name: str, partitions: int, config: dict[str, str], code: ErrorCode | None, fragment: str
+) -> None:
+    result = validate_new_topic(name, partitions, config)
+    if code is None:
+        assert isinstance(result, TopicConfig)
+    else:
+        assert isinstance(result, Rejection)
+        assert result.code == code
+        assert fragment in result.message
+
+
+def test_internal_names_allowed_for_the_store_itself() -> None:
+    assert isinstance(validate_new_topic("__consumer_offsets", 8, {}, allow_internal=True),
+                      TopicConfig)
+
+
+def test_config_defaults_and_record_round_trip() -> None:
+    config = parse_config({})
+    assert isinstance(config, TopicConfig)
+    assert config.retention_ms == 7 * 24 * 3600 * 1000
+    assert config.deletes
+    compact = parse_config({"cleanup.policy": "compact"})
+    assert isinstance(compact, TopicConfig) and not compact.deletes
+    record = TopicRecord.build(name="t", topic_id=9, partitions=4,
+                               overrides={"retention.ms": "5"}, internal=False)
+    assert decode_topic_record(encode_topic_record(record)) == record
+    assert record.config.retention_ms == 5
+
+
+def _batch(count: int = 2) -> bytes:
+    return encode_batch([(b"k", b"v" * 10, None, 1) for _ in range(count)],
+                        producer_id=4, producer_epoch=0, base_sequence=0)
+
+
+def _with_zero_records() -> bytes:
+    raw = bytearray(_batch(1))
+    struct.pack_into(">i", raw, 19, -1)   # last_offset_delta
+    struct.pack_into(">i", raw, 53, 0)    # record_count
+    struct.pack_into(">I", raw, 13, crc32c(bytes(raw[CRC_START:])))
+    return bytes(raw)
+
+
+def _bad_crc() -> bytes:
+    raw = bytearray(_batch())
+    raw[-1] ^= 0xFF
+    return bytes(raw)
+
+
+@pytest.mark.parametrize(
+    ("name", "batch", "limit", "code", "fragment"),
+    [
+        ("empty bytes", b"", 1000, ErrorCode.INVALID_RECORD, "empty"),
+        ("zero records", _with_zero_records(), 1000, ErrorCode.INVALID_RECORD, "no records"),
+        ("too large", _batch(), 60, ErrorCode.MESSAGE_TOO_LARGE, "max.message.bytes of 60"),
+        ("short", b"\x00" * 10, 1000, ErrorCode.CORRUPT_MESSAGE, "shorter"),
+        ("bad crc", _bad_crc(), 1000, ErrorCode.CORRUPT_MESSAGE, "CRC32C"),
+        ("truncated", _batch()[:-4], 1000, ErrorCode.CORRUPT_MESSAGE, "length"),
+        ("control batch", encode_control_batch(marker=MARKER_ABORT, coordinator_epoch=0,
+                                               producer_id=4, producer_epoch=1, timestamp_ms=1),
+         1000, ErrorCode.INVALID_RECORD, "WriteTxnMarkers"),
+    ],
+)
+def test_check_produce_batch(
+    name: str, batch: bytes, limit: int, code: ErrorCode, fragment: str
+) -> None:
+    result = check_produce_batch(batch, topic_partition="t-1", max_message_bytes=limit)
+    assert isinstance(result, Rejection), name
+    assert result.code == code
+    assert fragment in result.message
+    assert "t-1" in result.message
+
+
+def test_check_produce_batch_accepts_a_good_batch() -> None:
+    result = check_produce_batch(_batch(3), topic_partition="t-1", max_message_bytes=1000)
+    assert not isinstance(result, Rejection)
+    assert result.record_count == 3
