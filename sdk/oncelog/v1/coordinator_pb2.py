@@ -26,15 +26,15 @@ from oncelog.v1 import errors_pb2 as oncelog_dot_v1_dot_errors__pb2
 from oncelog.v1 import records_pb2 as oncelog_dot_v1_dot_records__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1concelog/v1/coordinator.proto\x12\noncelog.v1\x1a\x17oncelog/v1/errors.proto\x1a\x18oncelog/v1/records.proto\"P\n\x16\x46indCoordinatorRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.oncelog.v1.CoordinatorType\"p\n\x17\x46indCoordinatorResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x0f\n\x07node_id\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\"~\n\x15InitProducerIdRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x16transaction_timeout_ms\x18\x02 \x01(\x05\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"g\n\x16InitProducerIdResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"\x92\x01\n\x19\x41\x64\x64PartitionsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12.\n\npartitions\x18\x04 \x03(\x0b\x32\x1a.oncelog.v1.TopicPartition\"k\n\x18\x41\x64\x64PartitionsToTxnResult\x12-\n\tpartition\x18\x01 \x01(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.oncelog.v1.Error\"u\n\x1a\x41\x64\x64PartitionsToTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x35\n\x07results\x18\x02 \x03(\x0b\x32$.oncelog.v1.AddPartitionsToTxnResult\"q\n\x16\x41\x64\x64OffsetsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x10\n\x08group_id\x18\x04 \x01(\t\";\n\x17\x41\x64\x64OffsetsToTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\"f\n\rEndTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x0e\n\x06\x63ommit\x18\x04 \x01(\x08\"_\n\x0e\x45ndTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"?\n\x17ListTransactionsRequest\x12\x0e\n\x06states\x18\x01 \x03(\t\x12\x14\n\x0cproducer_ids\x18\x02 \x03(\x03\"R\n\x12TransactionListing\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\"r\n\x18ListTransactionsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x34\n\x0ctransactions\x18\x02 \x03(\x0b\x32\x1e.oncelog.v1.TransactionListing\"8\n\x1b\x44\x65scribeTransactionsRequest\x12\x19\n\x11transactional_ids\x18\x01 \x03(\t\"\x9e\x02\n\x16TransactionDescription\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\r\n\x05state\x18\x03 \x01(\t\x12\x13\n\x0bproducer_id\x18\x04 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x05 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x06 \x01(\x05\x12!\n\x19transaction_start_time_ms\x18\x07 \x01(\x03\x12.\n\npartitions\x18\x08 \x03(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12\x19\n\x11\x63oordinator_epoch\x18\t \x01(\x05\"X\n\x1c\x44\x65scribeTransactionsResponse\x12\x38\n\x0ctransactions\x18\x01 \x03(\x0b\x32\".oncelog.v1.TransactionDescription*-\n\x0f\x43oordinatorType\x12\x0f\n\x0bTRANSACTION\x10\x00\x12\t\n\x05GROUP\x10\x01\x32\x99\x05\n\x16TransactionCoordinator\x12Z\n\x0f\x46indCoordinator\x12\".oncelog.v1.FindCoordinatorRequest\x1a#.oncelog.v1.FindCoordinatorResponse\x12W\n\x0eInitProducerId\x12!.oncelog.v1.InitProducerIdRequest\x1a\".oncelog.v1.InitProducerIdResponse\x12\x63\n\x12\x41\x64\x64PartitionsToTxn\x12%.oncelog.v1.AddPartitionsToTxnRequest\x1a&.oncelog.v1.AddPartitionsToTxnResponse\x12Z\n\x0f\x41\x64\x64OffsetsToTxn\x12\".oncelog.v1.AddOffsetsToTxnRequest\x1a#.oncelog.v1.AddOffsetsToTxnResponse\x12?\n\x06\x45ndTxn\x12\x19.oncelog.v1.EndTxnRequest\x1a\x1a.oncelog.v1.EndTxnResponse\x12]\n\x10ListTransactions\x12#.oncelog.v1.ListTransactionsRequest\x1a$.oncelog.v1.ListTransactionsResponse\x12i\n\x14\x44\x65scribeTransactions\x12\'.oncelog.v1.DescribeTransactionsRequest\x1a(.oncelog.v1.DescribeTransactionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1concelog/v1/coordinator.proto\x12\noncelog.v1\x1a\x17oncelog/v1/errors.proto\x1a\x18oncelog/v1/records.proto\"P\n\x16\x46indCoordinatorRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.oncelog.v1.CoordinatorType\"p\n\x17\x46indCoordinatorResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x0f\n\x07node_id\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\"~\n\x15InitProducerIdRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x16transaction_timeout_ms\x18\x02 \x01(\x05\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"g\n\x16InitProducerIdResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"\xa7\x01\n\x19\x41\x64\x64PartitionsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12.\n\npartitions\x18\x04 \x03(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12\x13\n\x0bverify_only\x18\x05 \x01(\x08\"k\n\x18\x41\x64\x64PartitionsToTxnResult\x12-\n\tpartition\x18\x01 \x01(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.oncelog.v1.Error\"u\n\x1a\x41\x64\x64PartitionsToTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x35\n\x07results\x18\x02 \x03(\x0b\x32$.oncelog.v1.AddPartitionsToTxnResult\"q\n\x16\x41\x64\x64OffsetsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x10\n\x08group_id\x18\x04 \x01(\t\";\n\x17\x41\x64\x64OffsetsToTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\"f\n\rEndTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x0e\n\x06\x63ommit\x18\x04 \x01(\x08\"_\n\x0e\x45ndTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"?\n\x17ListTransactionsRequest\x12\x0e\n\x06states\x18\x01 \x03(\t\x12\x14\n\x0cproducer_ids\x18\x02 \x03(\x03\"R\n\x12TransactionListing\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\"r\n\x18ListTransactionsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x34\n\x0ctransactions\x18\x02 \x03(\x0b\x32\x1e.oncelog.v1.TransactionListing\"8\n\x1b\x44\x65scribeTransactionsRequest\x12\x19\n\x11transactional_ids\x18\x01 \x03(\t\"\x9e\x02\n\x16TransactionDescription\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\r\n\x05state\x18\x03 \x01(\t\x12\x13\n\x0bproducer_id\x18\x04 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x05 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x06 \x01(\x05\x12!\n\x19transaction_start_time_ms\x18\x07 \x01(\x03\x12.\n\npartitions\x18\x08 \x03(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12\x19\n\x11\x63oordinator_epoch\x18\t \x01(\x05\"X\n\x1c\x44\x65scribeTransactionsResponse\x12\x38\n\x0ctransactions\x18\x01 \x03(\x0b\x32\".oncelog.v1.TransactionDescription*-\n\x0f\x43oordinatorType\x12\x0f\n\x0bTRANSACTION\x10\x00\x12\t\n\x05GROUP\x10\x01\x32\x99\x05\n\x16TransactionCoordinator\x12Z\n\x0f\x46indCoordinator\x12\".oncelog.v1.FindCoordinatorRequest\x1a#.oncelog.v1.FindCoordinatorResponse\x12W\n\x0eInitProducerId\x12!.oncelog.v1.InitProducerIdRequest\x1a\".oncelog.v1.InitProducerIdResponse\x12\x63\n\x12\x41\x64\x64PartitionsToTxn\x12%.oncelog.v1.AddPartitionsToTxnRequest\x1a&.oncelog.v1.AddPartitionsToTxnResponse\x12Z\n\x0f\x41\x64\x64OffsetsToTxn\x12\".oncelog.v1.AddOffsetsToTxnRequest\x1a#.oncelog.v1.AddOffsetsToTxnResponse\x12?\n\x06\x45ndTxn\x12\x19.oncelog.v1.EndTxnRequest\x1a\x1a.oncelog.v1.EndTxnResponse\x12]\n\x10ListTransactions\x12#.oncelog.v1.ListTransactionsRequest\x1a$.oncelog.v1.ListTransactionsResponse\x12i\n\x14\x44\x65scribeTransactions\x12\'.oncelog.v1.DescribeTransactionsRequest\x1a(.oncelog.v1.DescribeTransactionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'oncelog.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COORDINATORTYPE']._serialized_start=1980
-  _globals['_COORDINATORTYPE']._serialized_end=2025
+  _globals['_COORDINATORTYPE']._serialized_start=2001
+  _globals['_COORDINATORTYPE']._serialized_end=2046
   _globals['_FINDCOORDINATORREQUEST']._serialized_start=95
   _globals['_FINDCOORDINATORREQUEST']._serialized_end=175
   _globals['_FINDCOORDINATORRESPONSE']._serialized_start=177
@@ -44,31 +44,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INITPRODUCERIDRESPONSE']._serialized_start=419
   _globals['_INITPRODUCERIDRESPONSE']._serialized_end=522
   _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_start=525
-  _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_end=671
-  _globals['_ADDPARTITIONSTOTXNRESULT']._serialized_start=673
-  _globals['_ADDPARTITIONSTOTXNRESULT']._serialized_end=780
-  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_start=782
-  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_end=899
-  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_start=901
-  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_end=1014
-  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_start=1016
-  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_end=1075
-  _globals['_ENDTXNREQUEST']._serialized_start=1077
-  _globals['_ENDTXNREQUEST']._serialized_end=1179
-  _globals['_ENDTXNRESPONSE']._serialized_start=1181
-  _globals['_ENDTXNRESPONSE']._serialized_end=1276
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=1278
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=1341
-  _globals['_TRANSACTIONLISTING']._serialized_start=1343
-  _globals['_TRANSACTIONLISTING']._serialized_end=1425
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=1427
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=1541
-  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_start=1543
-  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_end=1599
-  _globals['_TRANSACTIONDESCRIPTION']._serialized_start=1602
-  _globals['_TRANSACTIONDESCRIPTION']._serialized_end=1888
-  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_start=1890
-  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_end=1978
-  _globals['_TRANSACTIONCOORDINATOR']._serialized_start=2028
-  _globals['_TRANSACTIONCOORDINATOR']._serialized_end=2693
+  _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_end=692
+  _globals['_ADDPARTITIONSTOTXNRESULT']._serialized_start=694
+  _globals['_ADDPARTITIONSTOTXNRESULT']._serialized_end=801
+  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_start=803
+  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_end=920
+  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_start=922
+  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_end=1035
+  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_start=1037
+  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_end=1096
+  _globals['_ENDTXNREQUEST']._serialized_start=1098
+  _globals['_ENDTXNREQUEST']._serialized_end=1200
+  _globals['_ENDTXNRESPONSE']._serialized_start=1202
+  _globals['_ENDTXNRESPONSE']._serialized_end=1297
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=1299
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=1362
+  _globals['_TRANSACTIONLISTING']._serialized_start=1364
+  _globals['_TRANSACTIONLISTING']._serialized_end=1446
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=1448
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=1562
+  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_start=1564
+  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_end=1620
+  _globals['_TRANSACTIONDESCRIPTION']._serialized_start=1623
+  _globals['_TRANSACTIONDESCRIPTION']._serialized_end=1909
+  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_start=1911
+  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_end=1999
+  _globals['_TRANSACTIONCOORDINATOR']._serialized_start=2049
+  _globals['_TRANSACTIONCOORDINATOR']._serialized_end=2714
 # @@protoc_insertion_point(module_scope)

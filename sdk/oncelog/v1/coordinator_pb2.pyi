@@ -158,9 +158,17 @@ class AddPartitionsToTxnRequest(_message.Message):
     PRODUCER_ID_FIELD_NUMBER: _builtins.int
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    VERIFY_ONLY_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     producer_id: _builtins.int
     producer_epoch: _builtins.int
+    verify_only: _builtins.bool
+    """Sent by a partition store before a producer's first transactional write to
+    a partition: adds nothing, only answers per partition whether it is in the
+    producer's open transaction (NONE) or not (INVALID_TXN_STATE,
+    PRODUCER_FENCED, INVALID_PRODUCER_ID_MAPPING). Closes the hole where a
+    write lands on a partition the coordinator will never send a marker to.
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]: ...
     def __init__(
@@ -170,10 +178,11 @@ class AddPartitionsToTxnRequest(_message.Message):
         producer_id: _builtins.int = ...,
         producer_epoch: _builtins.int = ...,
         partitions: _abc.Iterable[_records_pb2.TopicPartition] | None = ...,
+        verify_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id", "verify_only", b"verify_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
