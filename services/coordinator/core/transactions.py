@@ -406,3 +406,17 @@ def plan_expire(md: TxnMetadata, *, now_ms: int, expiration_ms: int) -> bool:
     """Whether an idle transactional id has expired (its record becomes a tombstone)."""
     idle = md.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
     return idle and now_ms - md.last_update_ms >= expiration_ms
+
+
+def marker_target(md: TxnMetadata) -> tuple[int, int]:
+    """The producer id and epoch the markers of a Prepare* transaction carry.
+
+    Normally the bumped epoch. When EndTxn rotated the producer id (epoch
+    exhaustion), the transaction's data was written under the previous id, so
+    the markers go to that id with an epoch one above its last one.
+    """
+    invariant(md.state.is_prepare, lambda: f"markers for a {md.state.value} transaction")
+    if md.producer_id != md.previous_producer_id and md.previous_producer_id != NO_PRODUCER_ID \
+            and md.producer_epoch == 0:
+        return md.previous_producer_id, md.previous_producer_epoch + 1
+    return md.producer_id, md.producer_epoch

@@ -1,0 +1,112 @@
+"""Sending transaction markers to the partition stores.
+
+The port the coordinator runtime needs, its gRPC adapter (one WriteTxnMarkers
+call per store node, all of that node's partitions in it), and a fake for
+tests. Results are per partition; the runtime retries what did not land.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from oncelog._status import error_from_rpc
+from oncelog.errors import ErrorCode
+from oncelog.v1 import partition_store_pb2 as ps
+from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
+from oncelog.v1 import records_pb2
+from services.common.cluster import ClusterLayout
+from services.common.server_base import GRPC_OPTIONS
+
+MARKER_RPC_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerSpec:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    coordinator_epoch: int
+
+
+class MarkerSender(Protocol):
+    async def write(
+        self, spec: MarkerSpec, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """Writes the marker to each partition; returns each partition's result."""
+        ...
+
+
+class GrpcMarkerSender:
+    def __init__(self, layout: ClusterLayout) -> None:
+        self._layout = layout
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> ps_grpc.PartitionStoreAsyncStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=list(GRPC_OPTIONS))
+            self._channels[address] = channel
+        return ps_grpc.PartitionStoreStub(channel)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()
+
+    async def write(
+        self, spec: MarkerSpec, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], ErrorCode]:
+        by_node: dict[int, list[tuple[str, int]]] = {}
+        for topic, partition in partitions:
+            by_node.setdefault(self._layout.store_for(topic, partition), []).append(
+                (topic, partition)
+            )
+        results: dict[tuple[str, int], ErrorCode] = {}
+        for node, tps in by_node.items():
+            marker = ps.TxnMarker(
+                producer_id=spec.producer_id,
+                producer_epoch=spec.producer_epoch,
+                type=ps.COMMIT if spec.commit else ps.ABORT,
+                coordinator_epoch=spec.coordinator_epoch,
+                partitions=[records_pb2.TopicPartition(topic=t, partition=p) for t, p in tps],
+                transactional_id=spec.transactional_id,
+            )
+            try:
+                resp = await self._stub(self._layout.stores[node]).WriteTxnMarkers(
+                    ps.WriteTxnMarkersRequest(markers=[marker]), timeout=MARKER_RPC_TIMEOUT_S
+                )
+            except grpc.RpcError as exc:
+                code = ErrorCode.from_wire(error_from_rpc(exc).code)
+                for tp in tps:
+                    results[tp] = code
+                continue
+            for r in resp.results:
+                results[(r.topic, r.partition)] = ErrorCode.from_wire(r.error.code)
+            for tp in tps:
+                results.setdefault(tp, ErrorCode.UNKNOWN_SERVER_ERROR)
+        return results
+
+
+class FakeMarkerSender:
+    """Records markers; answers from `outcomes` (default NONE)."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[MarkerSpec, tuple[str, int]]] = []
+        self.outcomes: dict[tuple[str, int], list[ErrorCode]] = {}
+
+    async def write(
+        self, spec: MarkerSpec, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], ErrorCode]:
+        results = {}
+        for tp in partitions:
+            queue = self.outcomes.get(tp)
+            code = queue.pop(0) if queue else ErrorCode.NONE
+            if code is ErrorCode.NONE:
+                self.written.append((spec, tp))
+            results[tp] = code
+        return results

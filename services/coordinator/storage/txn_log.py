@@ -1,0 +1,71 @@
+"""Where the transaction log lives: the port, the partition-store adapter, and
+an in-memory adapter with the same conditional-append semantics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from oncelog.errors import ErrorCode
+from services.common.cluster import TRANSACTION_STATE_TOPIC
+from services.common.service_error import ServiceError
+from services.common.store_client import StoreClient
+
+Entry = tuple[bytes | None, bytes | None]
+
+
+class TxnLog(Protocol):
+    async def read_all(self, partition: int) -> tuple[list[Entry], int]:
+        """Every record of a partition in order, and the log end offset after them."""
+        ...
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        """Appends if the log still ends at expected_log_end_offset (else
+        ServiceError LOG_END_OFFSET_MISMATCH); returns the new log end offset."""
+        ...
+
+
+class StoreTxnLog:
+    def __init__(self, client: StoreClient) -> None:
+        self._client = client
+
+    async def read_all(self, partition: int) -> tuple[list[Entry], int]:
+        result = await self._client.read_to_end(TRANSACTION_STATE_TOPIC, partition)
+        return [(e.key, e.value) for e in result.entries], result.high_watermark
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        base = await self._client.append(
+            TRANSACTION_STATE_TOPIC, partition, entries,
+            expected_log_end_offset=expected_log_end_offset,
+        )
+        return base + len(entries)
+
+
+class MemoryTxnLog:
+    def __init__(self) -> None:
+        self.partitions: dict[int, list[Entry]] = {}
+        # Test hooks: fail the next appends with this error, after (True) or
+        # before (False) the records land — a lost reply vs a failed write.
+        self.fail_next: list[tuple[ServiceError, bool]] = []
+
+    async def read_all(self, partition: int) -> tuple[list[Entry], int]:
+        entries = list(self.partitions.get(partition, []))
+        return entries, len(entries)
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        log = self.partitions.setdefault(partition, [])
+        if expected_log_end_offset != len(log):
+            raise ServiceError(
+                ErrorCode.LOG_END_OFFSET_MISMATCH,
+                f"log ends at {len(log)}, expected {expected_log_end_offset}",
+            )
+        if self.fail_next:
+            error, landed = self.fail_next.pop(0)
+            if landed:
+                log.extend(entries)
+            raise error
+        log.extend(entries)
+        return len(log)

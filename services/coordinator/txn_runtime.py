@@ -1,0 +1,465 @@
+"""The transaction coordinator's runtime: owned `__transaction_state`
+partitions, the two-phase commit, timers.
+
+For each request: the pure core plans a new TxnMetadata; the runtime appends
+it to the partition's log (a conditional append on the log end offset this
+coordinator knows, so a coordinator that lost ownership, or whose earlier
+write's outcome is unknown, cannot write past what it has seen); only then is
+the record replayed into memory and the reply sent. Any write whose outcome is
+uncertain makes the runtime reload the partition from the log, which is the
+only source of truth.
+
+Taking over a partition appends a coordinator-epoch record; markers carry that
+epoch and the partition stores refuse lower ones, so a zombie coordinator can
+neither write the transaction log nor markers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from oncelog.errors import ErrorCode
+from services.common.cluster import ClusterLayout
+from services.common.crashpoints import crash_point
+from services.common.invariants import invariant
+from services.common.service_error import ServiceError
+from services.coordinator.core import transactions as txn
+from services.coordinator.core.txn_log import (
+    TxnPartitionState,
+    encode_epoch,
+    encode_tombstone,
+    encode_txn,
+)
+from services.coordinator.markers import MarkerSender, MarkerSpec
+from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.storage.txn_log import Entry, TxnLog
+
+log = logging.getLogger(__name__)
+
+# Marker results after which a partition needs no more markers: it landed, or
+# the partition is gone (a deleted topic gets no marker, as in Kafka).
+_MARKER_DONE = {ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TxnConfig:
+    max_txn_timeout_ms: int = 900_000
+    # Idle transactional ids are forgotten after this (Kafka: 7 days).
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
+    # How often timeouts and expirations are checked.
+    check_interval_ms: int = 1000
+    max_partitions_per_txn: int = 1000
+    marker_retry_backoff_ms_max: int = 1000
+
+
+@dataclass
+class OwnedPartition:
+    partition: int
+    state: TxnPartitionState = field(default_factory=TxnPartitionState)
+    log_end_offset: int = 0
+    loaded: bool = False
+    # Another coordinator took the partition over: this one must not touch it.
+    fenced: bool = False
+    # The coordinator epoch this process claimed (-1: not yet).
+    my_epoch: int = -1
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    marker_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+
+class TxnCoordinatorRuntime:
+    def __init__(
+        self,
+        *,
+        layout: ClusterLayout,
+        node_id: int,
+        txn_log: TxnLog,
+        markers: MarkerSender,
+        producer_ids: ProducerIdManager,
+        now_ms: Callable[[], int],
+        config: TxnConfig,
+    ) -> None:
+        self._layout = layout
+        self._node_id = node_id
+        self._log = txn_log
+        self._markers = markers
+        self._producer_ids = producer_ids
+        self._now_ms = now_ms
+        self.config = config
+        self.partitions = {
+            p: OwnedPartition(p)
+            for p in range(layout.transaction_state_partitions)
+            if layout.coordinator_for_partition(p) == node_id
+        }
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Loads every owned partition in the background (the store may still
+        be starting) and starts the timer."""
+        for owned in self.partitions.values():
+            self._spawn(self._load_until_done(owned))
+        self._spawn(self._timer_loop())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        tasks = list(self._tasks)
+        for owned in self.partitions.values():
+            tasks.extend(owned.marker_tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load_until_done(self, owned: OwnedPartition) -> None:
+        backoff_s = 0.05
+        while not self._stopping and not owned.loaded and not owned.fenced:
+            try:
+                async with owned.lock:
+                    await self._load(owned)
+            except ServiceError as exc:
+                log.info("loading __transaction_state-%d: %s; retrying", owned.partition, exc)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 1.0)
+
+    async def _load(self, owned: OwnedPartition) -> None:
+        """Replays the partition, then claims it with a higher coordinator epoch
+        (a reload after an uncertain write keeps the epoch this process claimed,
+        unless another coordinator has claimed a newer one: then it is fenced)."""
+        entries, log_end = await self._log.read_all(owned.partition)
+        state = TxnPartitionState()
+        for key, value in entries:
+            state.replay(key, value)
+        if owned.my_epoch >= 0:
+            if state.coordinator_epoch != owned.my_epoch:
+                log.warning("__transaction_state-%d: coordinator epoch %d superseded by %d; "
+                            "this coordinator is fenced", owned.partition, owned.my_epoch,
+                            state.coordinator_epoch)
+                owned.fenced = True
+                return
+            owned.state = state
+            owned.log_end_offset = log_end
+            owned.loaded = True
+            self._resume_markers(owned)
+            return
+        epoch_record = encode_epoch(state.coordinator_epoch + 1, self._node_id)
+        try:
+            owned.log_end_offset = await self._log.append(
+                owned.partition, [epoch_record], expected_log_end_offset=log_end
+            )
+        except ServiceError as exc:
+            if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH:
+                raise ServiceError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                   "the log moved while loading") from exc
+            raise
+        state.replay(*epoch_record)
+        owned.state = state
+        owned.my_epoch = state.coordinator_epoch
+        owned.loaded = True
+        log.info("loaded __transaction_state-%d: coordinator epoch %d, %d transactional ids",
+                 owned.partition, state.coordinator_epoch, len(state.transactions))
+        self._resume_markers(owned)
+
+    def _resume_markers(self, owned: OwnedPartition) -> None:
+        """Prepare* transactions are decided: their markers go out again."""
+        for md in owned.state.transactions.values():
+            if md.state.is_prepare:
+                self._start_markers(owned, md.transactional_id)
+
+    def _unload(self, owned: OwnedPartition) -> None:
+        """Forgets memory that may be behind the log; a reload follows."""
+        owned.loaded = False
+        for task in owned.marker_tasks.values():
+            task.cancel()
+        owned.marker_tasks.clear()
+        self._spawn(self._load_until_done(owned))
+
+    # ------------------------------------------------------------- plumbing
+
+    def owned_for(self, transactional_id: str) -> OwnedPartition:
+        partition = self._layout.transaction_state_partition(transactional_id)
+        owned = self.partitions.get(partition)
+        if owned is None or owned.fenced:
+            raise ServiceError(
+                ErrorCode.NOT_COORDINATOR,
+                f"transactional id {transactional_id!r} belongs to __transaction_state-"
+                f"{partition}, which coordinator {self._node_id} does not own",
+            )
+        if not owned.loaded:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                f"__transaction_state-{partition} is still loading",
+            )
+        return owned
+
+    async def _persist(self, owned: OwnedPartition, records: Sequence[Entry]) -> None:
+        """Appends records and then replays them; the caller holds owned.lock."""
+        try:
+            owned.log_end_offset = await self._log.append(
+                owned.partition, records, expected_log_end_offset=owned.log_end_offset
+            )
+        except ServiceError as exc:
+            # The outcome is unknown (a lost reply) or the log moved under us
+            # (a newer coordinator): memory may be behind the log. Reload.
+            self._unload(owned)
+            code = (ErrorCode.NOT_COORDINATOR if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH
+                    else ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            raise ServiceError(code, f"transaction log write failed: {exc.message}") from exc
+        for key, value in records:
+            owned.state.replay(key, value)
+
+    async def _fresh_id_if_needed(self, md: txn.TxnMetadata | None) -> int | None:
+        if txn.needs_fresh_producer_id(md):
+            return await self._producer_ids.next_producer_id()
+        return None
+
+    # ------------------------------------------------------------- requests
+
+    async def init_producer_id(self, transactional_id: str, txn_timeout_ms: int) -> tuple[int, int]:
+        owned = self.owned_for(transactional_id)
+        async with owned.lock:
+            self._check_loaded(owned)
+            md = owned.state.transactions.get(transactional_id)
+            plan = txn.plan_init_producer_id(
+                md, transactional_id=transactional_id, txn_timeout_ms=txn_timeout_ms,
+                max_txn_timeout_ms=self.config.max_txn_timeout_ms, now_ms=self._now_ms(),
+                fresh_producer_id=await self._fresh_id_if_needed(md),
+            )
+            await self._persist(owned, [encode_txn(plan.to_persist)])
+            if plan.abort_started:
+                self._start_markers(owned, transactional_id)
+                raise ServiceError(
+                    ErrorCode.CONCURRENT_TRANSACTIONS,
+                    f"transactional id {transactional_id!r}: aborting the previous "
+                    "instance's open transaction; retry",
+                )
+            return plan.to_persist.producer_id, plan.to_persist.producer_epoch
+
+    async def add_partitions(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: frozenset[tuple[str, int]],
+    ) -> None:
+        owned = self.owned_for(transactional_id)
+        async with owned.lock:
+            self._check_loaded(owned)
+            planned = txn.plan_add_partitions(
+                owned.state.transactions.get(transactional_id),
+                transactional_id=transactional_id, producer_id=producer_id,
+                producer_epoch=producer_epoch, partitions=partitions,
+                max_partitions=self.config.max_partitions_per_txn, now_ms=self._now_ms(),
+            )
+            if planned is not None:
+                await self._persist(owned, [encode_txn(planned)])
+
+    def verify_partitions(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: Sequence[tuple[str, int]],
+    ) -> dict[tuple[str, int], ServiceError | None]:
+        """For a partition store: is each partition in this producer's open transaction?"""
+        owned = self.owned_for(transactional_id)
+        md = owned.state.transactions.get(transactional_id)
+        out: dict[tuple[str, int], ServiceError | None] = {}
+        for tp in partitions:
+            error: ServiceError | None = None
+            if md is None or md.state is txn.TxnState.DEAD or md.producer_id != producer_id:
+                error = ServiceError(
+                    ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                    f"transactional id {transactional_id!r} does not map to producer {producer_id}",
+                )
+            elif md.producer_epoch != producer_epoch:
+                error = ServiceError(
+                    ErrorCode.PRODUCER_FENCED,
+                    f"producer {producer_id} epoch {producer_epoch} is fenced; current epoch "
+                    f"{md.producer_epoch}",
+                )
+            elif md.state is not txn.TxnState.ONGOING or tp not in md.partitions:
+                error = ServiceError(
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"partition {tp[0]}-{tp[1]} is not in an open transaction of "
+                    f"{transactional_id!r} (state {md.state.value}); call AddPartitionsToTxn "
+                    "before writing",
+                )
+            out[tp] = error
+        return out
+
+    async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                      commit: bool) -> tuple[int, int]:
+        owned = self.owned_for(transactional_id)
+        async with owned.lock:
+            self._check_loaded(owned)
+            md = owned.state.transactions.get(transactional_id)
+            plan = txn.plan_end_txn(
+                md, transactional_id=transactional_id, producer_id=producer_id,
+                producer_epoch=producer_epoch, commit=commit, now_ms=self._now_ms(),
+                fresh_producer_id=await self._fresh_id_if_needed(md) if md else None,
+            )
+            if plan.to_persist is not None:
+                await self._persist(owned, [encode_txn(plan.to_persist)])
+                # The outcome is decided and durable from here on.
+                crash_point("coordinator.after_prepare")
+                self._start_markers(owned, transactional_id)
+            return plan.producer_id, plan.producer_epoch
+
+    def _check_loaded(self, owned: OwnedPartition) -> None:
+        if not owned.loaded:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                f"__transaction_state-{owned.partition} is reloading",
+            )
+
+    def list_transactions(self) -> list[txn.TxnMetadata]:
+        return [
+            md
+            for owned in self.partitions.values() if owned.loaded and not owned.fenced
+            for md in owned.state.transactions.values()
+        ]
+
+    def describe(self, transactional_id: str) -> tuple[txn.TxnMetadata | None, int]:
+        owned = self.owned_for(transactional_id)
+        return owned.state.transactions.get(transactional_id), owned.state.coordinator_epoch
+
+    async def force_abort(self, transactional_id: str) -> txn.TxnMetadata:
+        """The hanging-transaction tool: abort an open transaction now, fencing its
+        producer (as a new instance's InitProducerId would)."""
+        owned = self.owned_for(transactional_id)
+        async with owned.lock:
+            self._check_loaded(owned)
+            md = owned.state.transactions.get(transactional_id)
+            if md is None or md.state is not txn.TxnState.ONGOING:
+                raise ServiceError(
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"transactional id {transactional_id!r} has no open transaction "
+                    f"({md.state.value if md else 'unknown'})",
+                )
+            planned = txn.plan_timeout_abort(
+                md, now_ms=max(self._now_ms(), md.txn_start_ms + md.txn_timeout_ms),
+                fresh_producer_id=await self._fresh_id_if_needed(md),
+            )
+            # At or past its deadline an Ongoing transaction always has an abort plan.
+            invariant(planned is not None, "no abort plan for an Ongoing transaction")
+            assert planned is not None  # for the type checker; invariant() guards at runtime
+            await self._persist(owned, [encode_txn(planned)])
+            self._start_markers(owned, transactional_id)
+            return planned
+
+    # --------------------------------------------------------------- markers
+
+    def _start_markers(self, owned: OwnedPartition, transactional_id: str) -> None:
+        if transactional_id in owned.marker_tasks:
+            return
+        task = asyncio.ensure_future(self._complete_with_markers(owned, transactional_id))
+        owned.marker_tasks[transactional_id] = task
+
+        def forget(_t: asyncio.Task[None]) -> None:
+            if owned.marker_tasks.get(transactional_id) is task:
+                del owned.marker_tasks[transactional_id]
+
+        task.add_done_callback(forget)
+
+    async def _complete_with_markers(self, owned: OwnedPartition, transactional_id: str) -> None:
+        """Writes markers to every partition of a Prepare* transaction until all
+        landed, then persists Complete*."""
+        md = owned.state.transactions.get(transactional_id)
+        if md is None or not md.state.is_prepare:
+            return
+        producer_id, producer_epoch = txn.marker_target(md)
+        spec = MarkerSpec(
+            transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, commit=md.state is txn.TxnState.PREPARE_COMMIT,
+            coordinator_epoch=owned.state.coordinator_epoch,
+        )
+        remaining = set(md.partitions)
+        backoff_s = 0.02
+        first_round = True
+        while remaining:
+            results = await self._markers.write(spec, sorted(remaining))
+            for tp, code in results.items():
+                if code in _MARKER_DONE:
+                    remaining.discard(tp)
+                elif code is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                    log.warning("__transaction_state-%d: a newer coordinator owns it; fenced",
+                                owned.partition)
+                    owned.fenced = True
+                    return
+                elif not code.retriable:
+                    # A marker the store refuses for good (e.g. its epoch is not
+                    # above the producer's) cannot become acceptable by retrying;
+                    # it means the store already saw a later marker. Log loudly.
+                    log.error("marker for %r on %s-%d refused: %s", transactional_id,
+                              tp[0], tp[1], code.name)
+                    remaining.discard(tp)
+            if first_round and remaining != set(md.partitions):
+                crash_point("coordinator.after_some_markers")
+            first_round = False
+            if remaining:
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, self.config.marker_retry_backoff_ms_max / 1000)
+        crash_point("coordinator.before_complete")
+        async with owned.lock:
+            current = owned.state.transactions.get(transactional_id)
+            # Re-check: the partition may have been reloaded or the state moved.
+            if (not owned.loaded or current is None or current.state != md.state
+                    or current.producer_epoch != md.producer_epoch):
+                return
+            try:
+                await self._persist(
+                    owned, [encode_txn(txn.plan_complete(current, now_ms=self._now_ms()))]
+                )
+            except ServiceError as exc:
+                # The reload resumes the markers (they are idempotent) and completes.
+                log.info("completing %r failed: %s; will resume after reload",
+                         transactional_id, exc)
+
+    # ----------------------------------------------------------------- timer
+
+    async def _timer_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.config.check_interval_ms / 1000)
+            for owned in self.partitions.values():
+                if owned.loaded and not owned.fenced:
+                    try:
+                        await self._check_timeouts(owned)
+                    except ServiceError as exc:
+                        log.info("timeout check of __transaction_state-%d: %s",
+                                 owned.partition, exc)
+
+    async def _check_timeouts(self, owned: OwnedPartition) -> None:
+        now_ms = self._now_ms()
+        for transactional_id, md in list(owned.state.transactions.items()):
+            if md.state is txn.TxnState.ONGOING and now_ms >= md.txn_start_ms + md.txn_timeout_ms:
+                async with owned.lock:
+                    current = owned.state.transactions.get(transactional_id)
+                    if current is None or not owned.loaded:
+                        continue
+                    planned = txn.plan_timeout_abort(
+                        current, now_ms=self._now_ms(),
+                        fresh_producer_id=await self._fresh_id_if_needed(current),
+                    )
+                    if planned is None:
+                        continue
+                    log.info("transaction of %r timed out after %d ms: aborting",
+                             transactional_id, current.txn_timeout_ms)
+                    await self._persist(owned, [encode_txn(planned)])
+                    self._start_markers(owned, transactional_id)
+            elif txn.plan_expire(md, now_ms=now_ms,
+                                 expiration_ms=self.config.transactional_id_expiration_ms):
+                async with owned.lock:
+                    current = owned.state.transactions.get(transactional_id)
+                    if current is None or not owned.loaded or not txn.plan_expire(
+                        current, now_ms=self._now_ms(),
+                        expiration_ms=self.config.transactional_id_expiration_ms,
+                    ):
+                        continue
+                    await self._persist(owned, [encode_tombstone(transactional_id)])

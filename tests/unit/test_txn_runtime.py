@@ -1,0 +1,218 @@
+"""The transaction coordinator runtime on in-memory storage.
+
+Method: a TxnCoordinatorRuntime over MemoryTxnLog (conditional appends, with
+injectable failures) and FakeMarkerSender; drive init / add / commit / abort /
+timeout / fencing, and check what the log holds, which markers were sent (with
+which epochs), and that a second runtime replaying the same log — a restarted
+or replacement coordinator — ends in the same state and resumes unfinished
+markers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from oncelog.errors import ErrorCode
+from services.common.cluster import ClusterLayout
+from services.common.service_error import ServiceError
+from services.coordinator.core.transactions import TxnState
+from services.coordinator.markers import FakeMarkerSender
+from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
+from services.coordinator.storage.txn_log import MemoryTxnLog
+from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
+
+LAYOUT = ClusterLayout(stores=("s0",), coordinators=("c0",), transaction_state_partitions=2)
+TID = "copier-0"
+T = TypeVar("T")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def fresh() -> tuple[MemoryTxnLog, FakeMarkerSender, Clock, MemoryProducerIdLog]:
+    return MemoryTxnLog(), FakeMarkerSender(), Clock(), MemoryProducerIdLog()
+
+
+def make(log: MemoryTxnLog, markers: FakeMarkerSender, clock: Clock,
+         ids: MemoryProducerIdLog) -> TxnCoordinatorRuntime:
+    return TxnCoordinatorRuntime(
+        layout=LAYOUT, node_id=0, txn_log=log, markers=markers,
+        producer_ids=ProducerIdManager(ids, node_id=0, block_size=10), now_ms=clock,
+        config=TxnConfig(check_interval_ms=10, max_txn_timeout_ms=60_000),
+    )
+
+
+async def settle(runtime: TxnCoordinatorRuntime) -> None:
+    """Lets background loads and marker tasks run to completion."""
+    for _ in range(200):
+        await asyncio.sleep(0)
+        busy = any(not o.loaded or o.marker_tasks for o in runtime.partitions.values())
+        if not busy:
+            return
+    await asyncio.sleep(0.05)
+
+
+def run(scenario: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(scenario())  # type: ignore[arg-type]
+
+
+def test_commit_writes_markers_with_the_bumped_epoch_and_completes() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0), ("b", 1)}))
+        new_pid, new_epoch = await rt.end_txn(TID, pid, epoch, commit=True)
+        assert (new_pid, new_epoch) == (pid, epoch + 1)
+        await settle(rt)
+        sent = sorted(tp for _, tp in markers.written)
+        assert sent == [("a", 0), ("b", 1)]
+        assert all(spec.commit and spec.producer_epoch == epoch + 1 for spec, _ in markers.written)
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_COMMIT
+        # Retried EndTxn(commit) after a lost reply: same answer, nothing new.
+        assert await rt.end_txn(TID, pid, epoch, commit=True) == (pid, epoch + 1)
+        with pytest.raises(ServiceError) as err:
+            await rt.end_txn(TID, pid, epoch, commit=False)
+        assert err.value.code is ErrorCode.INVALID_TXN_STATE
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_restart_after_prepare_resumes_markers_and_completes() -> None:
+    async def scenario() -> None:
+        log, clock, ids = MemoryTxnLog(), Clock(), MemoryProducerIdLog()
+        first_markers = FakeMarkerSender()
+        first_markers.outcomes[("a", 0)] = [ErrorCode.NETWORK_EXCEPTION] * 1000
+        rt = make(log, first_markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        await rt.end_txn(TID, pid, epoch, commit=False)
+        await asyncio.sleep(0.05)
+        await rt.stop()  # the coordinator dies with the marker not yet written
+
+        second_markers = FakeMarkerSender()
+        rt2 = make(log, second_markers, clock, ids)
+        await rt2.start()
+        await settle(rt2)
+        assert [(s.commit, s.producer_epoch, tp) for s, tp in second_markers.written] == [
+            (False, epoch + 1, ("a", 0))
+        ]
+        md, coordinator_epoch = rt2.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_ABORT
+        assert coordinator_epoch == 1  # the takeover bumped it
+        assert second_markers.written[0][0].coordinator_epoch == 1
+        await rt2.stop()
+
+    run(scenario)
+
+
+def test_new_instance_fences_and_aborts_the_open_transaction() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        with pytest.raises(ServiceError) as err:
+            await rt.init_producer_id(TID, 30_000)
+        assert err.value.code is ErrorCode.CONCURRENT_TRANSACTIONS
+        await settle(rt)
+        new_pid, new_epoch = await rt.init_producer_id(TID, 30_000)
+        assert new_pid == pid and new_epoch == epoch + 2
+        assert [(s.commit, tp) for s, tp in markers.written] == [(False, ("a", 0))]
+        for call in (
+            rt.add_partitions(TID, pid, epoch, frozenset({("a", 1)})),
+            rt.end_txn(TID, pid, epoch, commit=True),
+        ):
+            with pytest.raises(ServiceError) as err:
+                await call
+            assert err.value.code is ErrorCode.PRODUCER_FENCED
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_timeout_aborts_and_fences() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch = await rt.init_producer_id(TID, 5_000)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        clock.now_ms += 5_000
+        await asyncio.sleep(0.05)
+        await settle(rt)
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_ABORT
+        with pytest.raises(ServiceError) as err:
+            await rt.end_txn(TID, pid, epoch, commit=True)
+        assert err.value.code is ErrorCode.PRODUCER_FENCED
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_lost_reply_of_a_log_write_reloads_and_stays_consistent() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        # The AddPartitions record lands, but its reply is lost.
+        log.fail_next.append((ServiceError(ErrorCode.NETWORK_EXCEPTION, "lost"), True))
+        with pytest.raises(ServiceError) as err:
+            await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        assert err.value.code.retriable
+        await settle(rt)
+        # The client retries: the partition is already in the transaction.
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        md, _ = rt.describe(TID)
+        assert md is not None and md.partitions == frozenset({("a", 0)})
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_a_newer_coordinator_fences_the_old_one() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        old = make(log, markers, clock, ids)
+        await old.start()
+        await settle(old)
+        pid, epoch = await old.init_producer_id(TID, 30_000)
+        new = make(log, markers, clock, ids)
+        await new.start()
+        await settle(new)
+        with pytest.raises(ServiceError) as err:
+            await old.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        await settle(old)
+        assert all(o.fenced for o in old.partitions.values() if o.my_epoch >= 0 and
+                   o.partition == LAYOUT.transaction_state_partition(TID))
+        with pytest.raises(ServiceError) as err:
+            await old.init_producer_id(TID, 30_000)
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        await new.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        await old.stop()
+        await new.stop()
+
+    run(scenario)
