@@ -1,1 +1,43 @@
-"""oncelog: a transactional, partitioned log with exactly-once semantics."""
+"""oncelog: a transactional, partitioned log with exactly-once semantics.
+
+    from oncelog import Admin, Producer, Consumer, TopicPartition
+    from oncelog import errors
+
+docs/sdk.md describes what the SDK does: batching, retries, ordering and the
+idempotence guarantees.
+"""
+
+from __future__ import annotations
+
+from oncelog import errors
+from oncelog.admin import Admin
+from oncelog.consumer import Consumer
+from oncelog.producer import Producer
+from oncelog.types import (
+    ConsumerRecord,
+    GroupMetadata,
+    NewTopic,
+    OffsetAndTimestamp,
+    PartitionDescription,
+    RecordMetadata,
+    TopicDescription,
+    TopicPartition,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Admin",
+    "Consumer",
+    "ConsumerRecord",
+    "GroupMetadata",
+    "NewTopic",
+    "OffsetAndTimestamp",
+    "PartitionDescription",
+    "Producer",
+    "RecordMetadata",
+    "TopicDescription",
+    "TopicPartition",
+    "__version__",
+    "errors",
+]

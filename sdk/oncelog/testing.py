@@ -13,15 +13,16 @@ them (PR_SET_PDEATHSIG), so a crashed test run leaves nothing behind.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import importlib.util
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -43,10 +44,51 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    # prctl(PR_SET_PDEATHSIG, SIGKILL): the child is killed when its parent exits.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+class _Spawner:
+    """Starts every child from one thread that lives as long as the process.
+
+    The children arm PR_SET_PDEATHSIG (see oncelog._child), which fires when
+    the *thread* that spawned them ends; spawning from a short-lived thread
+    (a test's chaos thread, say) would kill the child when that thread ends.
+    """
+
+    _lock = threading.Lock()
+    _instance: _Spawner | None = None
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[Callable[[], subprocess.Popen[bytes]],
+                                          queue.Queue[object]]] = queue.Queue()
+        threading.Thread(target=self._run, name="oncelog-spawner", daemon=True).start()
+
+    @classmethod
+    def get(cls) -> _Spawner:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = _Spawner()
+            return cls._instance
+
+    def _run(self) -> None:
+        while True:
+            start, reply = self._requests.get()
+            try:
+                reply.put(start())
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                reply.put(exc)
+
+    def spawn(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        reply: queue.Queue[object] = queue.Queue()
+        self._requests.put((start, reply))
+        result = reply.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[return-value]
+
+
+def _service_available(kind: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"services.{kind}.__main__") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 @dataclass
@@ -100,8 +142,7 @@ class LocalCluster:
         # Services that this version does not ship yet are left out of the
         # layout (clients then see "no group coordinator" errors, not hangs).
         self.missing_kinds = {
-            kind for kind in KINDS
-            if counts[kind] and importlib.util.find_spec(f"services.{kind}.__main__") is None
+            kind for kind in KINDS if counts[kind] and not _service_available(kind)
         }
         self.processes: dict[str, list[ServiceProcess]] = {}
         for kind in KINDS:
@@ -175,14 +216,16 @@ class LocalCluster:
         if proc.alive():
             raise RuntimeError(f"{proc.kind} {proc.node_id} is already running")
         proc.data_dir.mkdir(parents=True, exist_ok=True)
-        log_file = open(proc.log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            proc.process = subprocess.Popen(
-                proc.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self._env, preexec_fn=_die_with_parent,
-            )
-        finally:
-            log_file.close()
+        argv = [sys.executable, "-m", "oncelog._child", str(os.getpid()), *proc.argv]
+
+        def start() -> subprocess.Popen[bytes]:
+            with open(proc.log_path, "ab") as log_file:
+                return subprocess.Popen(
+                    argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=self._env,
+                )
+
+        proc.process = _Spawner.get().spawn(start)
 
     def wait_ready(self, kind: str, index: int = 0, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Blocks until the process answers its gRPC health check with SERVING."""

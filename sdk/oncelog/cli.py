@@ -1,0 +1,379 @@
+"""The `oncelog` command: a local cluster, topics, and producing/consuming lines.
+
+    oncelog cluster up --data-dir ./data            # prints the bootstrap address
+    export ONCELOG_BOOTSTRAP=127.0.0.1:PORT
+    oncelog topics create payments --partitions 3 --config retention.ms=86400000
+    oncelog topics list | describe payments | delete payments
+    printf 'a\\nb\\n' | oncelog produce payments
+    oncelog consume payments --from-beginning
+
+Every command that talks to a cluster takes --bootstrap (default: the
+ONCELOG_BOOTSTRAP environment variable, else 127.0.0.1:9092, Kafka's usual
+port). A failure prints one line naming the problem to stderr and exits 1
+(2 for bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from typing import BinaryIO
+
+from oncelog import __version__, errors
+from oncelog.admin import Admin
+from oncelog.consumer import Consumer
+from oncelog.producer import Producer
+from oncelog.types import RecordMetadata, TopicPartition
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
+# How long a command waits for the cluster before giving up.
+DEFAULT_TIMEOUT_MS = 15_000
+
+
+class CliError(Exception):
+    """A problem to report in one line and exit 1."""
+
+
+def _add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """--bootstrap and --timeout-ms, accepted before or after the subcommand:
+    the subcommand's copies have no defaults, so they override the top-level
+    ones only when given."""
+    bootstrap_default = os.environ.get(BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP)
+    parser.add_argument(
+        "--bootstrap", default=bootstrap_default if defaults else argparse.SUPPRESS,
+        help=f"host:port of a partition store (env {BOOTSTRAP_ENV}; "
+             f"default {bootstrap_default})",
+    )
+    parser.add_argument(
+        "--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS if defaults else argparse.SUPPRESS,
+        help=f"how long to keep trying to reach the cluster (default {DEFAULT_TIMEOUT_MS})",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _add_connection_options(common, defaults=False)
+
+    parser = argparse.ArgumentParser(
+        prog="oncelog", description="oncelog: a transactional, partitioned log.",
+    )
+    parser.add_argument("--version", action="version", version=f"oncelog {__version__}")
+    _add_connection_options(parser, defaults=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cluster = commands.add_parser("cluster", help="run a local cluster")
+    cluster_cmds = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = cluster_cmds.add_parser(
+        "up", help="start a cluster on this machine in the foreground (Ctrl-C stops it)"
+    )
+    up.add_argument("--data-dir", required=True, help="where the services keep their data")
+    up.add_argument("--partition-stores", type=int, default=1)
+    up.add_argument("--coordinators", type=int, default=1)
+    up.add_argument("--group-coordinators", type=int, default=1)
+
+    topics = commands.add_parser("topics", help="create, list, describe, delete topics")
+    topic_cmds = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = topic_cmds.add_parser("create", parents=[common], help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument(
+        "--config", action="append", default=[], metavar="KEY=VALUE",
+        help="topic configuration, e.g. retention.ms=86400000 (repeatable)",
+    )
+    topic_cmds.add_parser("list", parents=[common], help="list user topics")
+    describe = topic_cmds.add_parser(
+        "describe", parents=[common], help="partitions, stores, offsets, configuration"
+    )
+    describe.add_argument("name")
+    delete = topic_cmds.add_parser("delete", parents=[common], help="delete a topic")
+    delete.add_argument("name")
+
+    produce = commands.add_parser(
+        "produce", parents=[common], help="send lines (stdin or --file) as records",
+    )
+    produce.add_argument("topic")
+    produce.add_argument("--file", help="read lines from this file instead of stdin")
+    produce.add_argument(
+        "--key-separator", metavar="SEP",
+        help="each line is KEY<SEP>VALUE (split at the first SEP)",
+    )
+    produce.add_argument("--partition", type=int, help="send every record to this partition")
+
+    consume = commands.add_parser(
+        "consume", parents=[common], help="print record values, one per line",
+        description=(
+            "Prints record values, one per line. Without --from-beginning or --offset it "
+            "starts at the beginning, or with --follow at the end (new records only). "
+            "Without --follow it stops at the end offsets it saw when it started."
+        ),
+    )
+    consume.add_argument("topic")
+    where = consume.add_mutually_exclusive_group()
+    where.add_argument("--from-beginning", action="store_true")
+    where.add_argument("--offset", type=int, help="start every partition read at this offset")
+    consume.add_argument("--partition", type=int, help="read only this partition")
+    consume.add_argument("--follow", action="store_true", help="keep waiting for new records")
+    consume.add_argument("--max-records", type=int, help="stop after this many records")
+    consume.add_argument(
+        "--isolation-level", choices=("read_committed", "read_uncommitted"),
+        default="read_committed",
+    )
+    consume.add_argument("--print-key", action="store_true", help="print KEY<SEP>VALUE")
+    consume.add_argument("--key-separator", default="\t", metavar="SEP",
+                         help="separator for --print-key (default: tab)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "cluster":
+            return _cluster_up(args)
+        if args.command == "topics":
+            return _topics(args)
+        if args.command == "produce":
+            return _produce(args)
+        return _consume(args)
+    except errors.OncelogError as exc:
+        _fail(f"{type(exc).__name__}: {exc.message or exc.code.name}")
+    except CliError as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # bad option values the SDK refuses (bootstrap, sizes)
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): not an error of ours.
+        _silence_stdout()
+        return 0
+    return 1  # pragma: no cover - _fail exits
+
+
+def _fail(message: str) -> None:
+    print(f"oncelog: error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit; to a closed pipe that fails again.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+# --------------------------------------------------------------------- cluster
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    from oncelog.testing import LocalCluster  # lazily: it pulls in process management
+
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        cluster = LocalCluster(
+            args.data_dir, partition_stores=args.partition_stores,
+            coordinators=args.coordinators, group_coordinators=args.group_coordinators,
+        )
+    except (RuntimeError, TimeoutError) as exc:
+        raise CliError(f"the cluster did not start: {exc}") from exc
+    try:
+        print(f"oncelog cluster up; bootstrap {cluster.bootstrap}", flush=True)
+        print(f"export {BOOTSTRAP_ENV}={cluster.bootstrap}", flush=True)
+        for kind in sorted(cluster.missing_kinds):
+            print(f"note: this version has no {kind} service; left out", flush=True)
+        print("Ctrl-C stops it.", flush=True)
+        stop.wait()
+    finally:
+        print("stopping...", file=sys.stderr, flush=True)
+        cluster.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+# --------------------------------------------------------------------- topics
+
+def _topics(args: argparse.Namespace) -> int:
+    with Admin(
+        bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
+        default_api_timeout_ms=args.timeout_ms,
+    ) as admin:
+        if args.action == "create":
+            config = _parse_config(args.config)
+            admin.create_topic(args.name, partitions=args.partitions, config=config)
+            print(f"created topic {args.name} with {args.partitions} partitions")
+        elif args.action == "list":
+            for name, partitions in sorted(admin.list_topics().items()):
+                print(f"{name}\t{partitions}")
+        elif args.action == "describe":
+            d = admin.describe_topic(args.name)
+            print(f"topic {d.name}  id {d.topic_id}  partitions {len(d.partitions)}")
+            print("config " + " ".join(f"{k}={v}" for k, v in sorted(d.config.items())))
+            rows = [("partition", "store", "address", "earliest", "high_watermark",
+                     "last_stable")]
+            rows += [
+                (str(p.partition), str(p.leader_node_id), p.leader_address,
+                 str(p.earliest_offset), str(p.high_watermark), str(p.last_stable_offset))
+                for p in d.partitions
+            ]
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            for r in rows:
+                print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+        else:
+            admin.delete_topic(args.name)
+            print(f"deleted topic {args.name}")
+    return 0
+
+
+def _parse_config(items: list[str]) -> dict[str, str]:
+    config: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--config takes KEY=VALUE, got {item!r}")
+        config[key] = value
+    return config
+
+
+# --------------------------------------------------------------------- produce
+
+def _lines(stream: BinaryIO) -> Iterator[bytes]:
+    for line in stream:
+        yield line[:-1] if line.endswith(b"\n") else line
+
+
+def _produce(args: argparse.Namespace) -> int:
+    separator = None if args.key_separator is None else args.key_separator.encode()
+    if separator == b"":
+        raise CliError("--key-separator must not be empty")
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def on_done(fut: Future[RecordMetadata]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            with lock:
+                failures.append(exc)
+
+    count = 0
+    stream: BinaryIO
+    if args.file:
+        try:
+            stream = open(args.file, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise CliError(f"cannot read {args.file}: {exc.strerror}") from exc
+    else:
+        stream = sys.stdin.buffer
+    try:
+        with Producer(
+            bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
+            delivery_timeout_ms=max(args.timeout_ms, 1_000), max_block_ms=args.timeout_ms,
+        ) as producer:
+            for number, line in enumerate(_lines(stream), start=1):
+                key = None
+                value = line
+                if separator is not None:
+                    key, sep, value = line.partition(separator)
+                    if not sep:
+                        producer.flush()
+                        raise CliError(
+                            f"line {number} has no key separator {args.key_separator!r}; "
+                            f"{count - len(failures)} records were produced before it"
+                        )
+                producer.send(args.topic, value=value, key=key,
+                              partition=args.partition).add_done_callback(on_done)
+                count += 1
+                if failures:
+                    break
+            producer.flush()
+    finally:
+        if args.file:
+            stream.close()
+    if failures:
+        first = failures[0]
+        name = type(first).__name__
+        detail = first.message if isinstance(first, errors.OncelogError) else str(first)
+        raise CliError(
+            f"{len(failures)} of {count} records failed; first: {name}: {detail}"
+        )
+    print(f"{count} records produced to {args.topic}")
+    return 0
+
+
+# --------------------------------------------------------------------- consume
+
+def _consume(args: argparse.Namespace) -> int:
+    if args.max_records is not None and args.max_records < 0:
+        raise CliError("--max-records must be >= 0")
+    if args.offset is not None and args.offset < 0:
+        raise CliError("--offset must be >= 0")
+    out = sys.stdout.buffer
+    key_separator = args.key_separator.encode()
+    printed = 0
+    with Consumer(
+        bootstrap=args.bootstrap, isolation_level=args.isolation_level,
+        request_timeout_ms=args.timeout_ms, default_api_timeout_ms=args.timeout_ms,
+        # An --offset outside the log is an error to report, not a silent jump.
+        auto_offset_reset="none" if args.offset is not None else "earliest",
+    ) as consumer:
+        partitions = consumer.partitions_for_topic(args.topic)
+        if args.partition is not None:
+            if args.partition not in partitions:
+                raise CliError(
+                    f"topic {args.topic} has partitions 0..{len(partitions) - 1}, "
+                    f"no partition {args.partition}"
+                )
+            partitions = {args.partition}
+        tps = [TopicPartition(args.topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        if args.offset is not None:
+            earliest = consumer.beginning_offsets(tps)
+            latest = consumer.end_offsets(tps)
+            for tp in tps:
+                if not earliest[tp] <= args.offset <= latest[tp]:
+                    raise CliError(
+                        f"offset {args.offset} is outside partition {tp.partition} of "
+                        f"{args.topic}, which holds offsets {earliest[tp]}..{latest[tp] - 1}"
+                    )
+                consumer.seek(tp, args.offset)
+        elif args.from_beginning or not args.follow:
+            consumer.seek_to_beginning(tps)
+        else:
+            consumer.seek_to_end(tps)
+        ends = None if args.follow else consumer.end_offsets(tps)
+        try:
+            while args.max_records is None or printed < args.max_records:
+                if ends is not None and all(consumer.position(tp) >= ends[tp] for tp in tps):
+                    break
+                for record in consumer.poll(timeout=0.5):
+                    if ends is not None and record.offset >= ends[
+                        TopicPartition(record.topic, record.partition)
+                    ]:
+                        continue
+                    value = b"null" if record.value is None else record.value
+                    if args.print_key:
+                        key = b"null" if record.key is None else record.key
+                        out.write(key + key_separator + value + b"\n")
+                    else:
+                        out.write(value + b"\n")
+                    printed += 1
+                    if args.max_records is not None and printed >= args.max_records:
+                        break
+                out.flush()
+        except KeyboardInterrupt:
+            if not args.follow:
+                raise
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

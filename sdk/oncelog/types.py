@@ -1,0 +1,103 @@
+"""The SDK's value types: what callers pass in and get back.
+
+Frozen and slotted: cheap to create (the producer and consumer make one per
+record) and safe to share between threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    """One partition of a topic."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a produced record landed.
+
+    `offset` is -1 when the store reported the batch as an old duplicate
+    without its original offset (DUPLICATE_SEQUENCE_NUMBER): written once, at
+    an offset the store no longer remembers.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRecord:
+    """One record as a consumer reads it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMetadata:
+    """A consumer's group membership, as a transactional producer needs it to
+    commit offsets (filled in once consumer groups exist)."""
+
+    group_id: str
+    generation_id: int
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndTimestamp:
+    """The answer of Consumer.offsets_for_times for one partition."""
+
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    """A topic to create with Admin.create_topics."""
+
+    name: str
+    partitions: int = 1
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDescription:
+    """One partition of Admin.describe_topic: its store and its offsets.
+
+    `high_watermark` is the end of the log; `last_stable_offset` is where a
+    read_committed consumer stops (the first offset of the oldest open
+    transaction, or the high watermark when none is open).
+    """
+
+    partition: int
+    leader_node_id: int
+    leader_address: str
+    earliest_offset: int
+    high_watermark: int
+    last_stable_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """The answer of Admin.describe_topic."""
+
+    name: str
+    topic_id: int
+    internal: bool
+    partitions: tuple[PartitionDescription, ...]
+    config: Mapping[str, str]

@@ -1,0 +1,151 @@
+"""The `oncelog` command line, as a user runs it.
+
+Goal: `oncelog cluster up` starts a cluster in the foreground and prints its
+bootstrap address; topics can be created, listed, described and deleted;
+lines go in with `produce` (optionally KEY<SEP>VALUE) and come back out with
+`consume`; a failure prints one line naming the problem and exits non-zero;
+SIGTERM stops the cluster.
+
+Method: the CLI runs as subprocesses (`python -m oncelog.cli`), against a
+cluster started by `oncelog cluster up` in another subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "oncelog.cli"]
+
+
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data_dir = tmp_path_factory.mktemp("cli") / "cluster"
+    proc = subprocess.Popen(
+        [*CLI, "cluster", "up", "--data-dir", str(data_dir), "--group-coordinators", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        address = None
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        lines = []
+        while address is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("export ONCELOG_BOOTSTRAP="):
+                address = line.strip().split("=", 1)[1]
+        assert address, f"cluster up printed no bootstrap address: {''.join(lines)}"
+        yield address
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    assert code == 0
+
+
+def run(bootstrap: str, *args: str, stdin: bytes | None = None,
+        check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "ONCELOG_BOOTSTRAP": bootstrap}
+    result = subprocess.run([*CLI, *args], input=stdin, capture_output=True, env=env,
+                            timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr.decode()
+    return result
+
+
+def test_topics_produce_consume_round_trip(bootstrap: str, tmp_path: Path) -> None:
+    out = run(bootstrap, "topics", "create", "pay", "--partitions", "2",
+              "--config", "retention.ms=86400000")
+    assert b"created topic pay" in out.stdout
+    assert b"pay\t2" in run(bootstrap, "topics", "list").stdout
+    # --bootstrap also goes before the subcommand (and beats the environment).
+    assert b"pay\t2" in run("127.0.0.1:1", "--bootstrap", bootstrap, "topics", "list").stdout
+
+    produced = run(bootstrap, "produce", "pay", "--partition", "0",
+                   stdin=b"first\nsecond\n\nlast-without-newline")
+    assert produced.stdout.strip() == b"4 records produced to pay"
+    lines = tmp_path / "keyed.txt"
+    lines.write_bytes(b"k1:one\nk2:two:with:colons\n")
+    keyed = run(bootstrap, "produce", "pay", "--file", str(lines), "--key-separator", ":")
+    assert keyed.stdout.strip() == b"2 records produced to pay"
+
+    p0 = run(bootstrap, "consume", "pay", "--partition", "0", "--from-beginning")
+    assert p0.stdout.split(b"\n")[:4] == [b"first", b"second", b"", b"last-without-newline"]
+    everything = run(bootstrap, "consume", "pay", "--print-key").stdout.splitlines()
+    assert sorted(everything) == sorted([
+        b"null\tfirst", b"null\tsecond", b"null\t", b"null\tlast-without-newline",
+        b"k1\tone", b"k2\ttwo:with:colons",
+    ])
+    limited = run(bootstrap, "consume", "pay", "--partition", "0", "--offset", "1",
+                  "--max-records", "2")
+    assert limited.stdout.splitlines() == [b"second", b""]
+
+    described = run(bootstrap, "topics", "describe", "pay").stdout.decode()
+    assert "retention.ms=86400000" in described
+    assert "high_watermark" in described
+    run(bootstrap, "topics", "delete", "pay")
+    assert b"pay\t" not in run(bootstrap, "topics", "list").stdout
+
+
+def test_follow_prints_new_records_until_interrupted(bootstrap: str) -> None:
+    run(bootstrap, "topics", "create", "live")
+    env = {**os.environ, "ONCELOG_BOOTSTRAP": bootstrap}
+    follower = subprocess.Popen([*CLI, "consume", "live", "--follow"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env)
+    try:
+        assert follower.stdout is not None
+        # Keep producing until the follower has printed a line: it starts at the
+        # end, so records sent before it is ready are not expected.
+        deadline = time.monotonic() + 60
+        os.set_blocking(follower.stdout.fileno(), False)
+        seen = b""
+        while b"ping" not in seen and time.monotonic() < deadline:
+            run(bootstrap, "produce", "live", stdin=b"ping\n")
+            time.sleep(0.3)
+            seen += follower.stdout.read() or b""
+        assert b"ping" in seen
+    finally:
+        follower.send_signal(signal.SIGINT)
+        code = follower.wait(timeout=60)
+    assert code == 0
+
+
+def test_errors_are_one_line_and_nonzero(bootstrap: str) -> None:
+    missing = run(bootstrap, "consume", "no-such-topic", check=False)
+    assert missing.returncode == 1
+    assert missing.stderr.decode().strip() == (
+        "oncelog: error: UnknownTopicOrPartitionError: topic 'no-such-topic' does not exist"
+    )
+    run(bootstrap, "topics", "create", "dup")
+    again = run(bootstrap, "topics", "create", "dup", check=False)
+    assert again.returncode == 1
+    assert again.stderr.decode().startswith("oncelog: error: TopicAlreadyExistsError")
+    assert len(again.stderr.decode().strip().splitlines()) == 1
+    bad_line = run(bootstrap, "produce", "dup", "--key-separator", "=", stdin=b"a=1\nnokey\n",
+                   check=False)
+    assert bad_line.returncode == 1
+    assert b"line 2 has no key separator" in bad_line.stderr
+    bad_config = run(bootstrap, "topics", "create", "x", "--config", "novalue", check=False)
+    assert bad_config.returncode == 1 and b"KEY=VALUE" in bad_config.stderr
+    past_end = run(bootstrap, "consume", "dup", "--offset", "5", check=False)
+    assert past_end.returncode == 1
+    assert b"offset 5 is outside partition 0 of dup, which holds offsets 0..0" in past_end.stderr
+    unreachable = run("127.0.0.1:1", "topics", "list", "--timeout-ms", "1000", check=False)
+    assert unreachable.returncode == 1
+    assert b"127.0.0.1:1" in unreachable.stderr
+    usage = run(bootstrap, "topics", check=False)
+    assert usage.returncode == 2

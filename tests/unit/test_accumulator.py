@@ -1,0 +1,328 @@
+"""Batching and record futures, without any network.
+
+Goal: records gather into batches by size and linger as configured; a record
+larger than batch_size gets a batch of its own; keyless records stick to one
+partition until its batch closes; flush and close make everything sendable;
+queued batches expire at their delivery deadline; and the cheap record
+futures behave like any concurrent.futures.Future (result, exception,
+callbacks, wait, as_completed, asyncio) although they are completed a batch
+at a time.
+
+Method: a RecordAccumulator with an injected clock and a seeded sticky
+partitioner, driven by hand; batches are finished directly as the sender
+thread would finish them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import random
+import threading
+
+import pytest
+
+from oncelog import errors
+from oncelog._batching import (
+    BATCH_OVERHEAD_BYTES,
+    ProducerBatch,
+    RecordAccumulator,
+    RecordFuture,
+    failed_future,
+    record_size_bytes,
+)
+from oncelog._partitioner import StickyPartitioner
+from oncelog.records import iter_records, read_header
+from oncelog.types import RecordMetadata
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_ms = 1_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def make_acc(
+    clock: Clock, *, batch_size: int = 1_000, linger_ms: int = 5, delivery_ms: int = 10_000
+) -> RecordAccumulator:
+    return RecordAccumulator(
+        batch_size_bytes=batch_size, linger_ms=linger_ms, delivery_timeout_ms=delivery_ms,
+        buffer_memory_bytes=1 << 30, sticky=StickyPartitioner(random.Random(0)),
+        clock_ms=clock,
+    )
+
+
+def append(
+    acc: RecordAccumulator, value: bytes, *, partition: int | None = 0, partitions: int = 1,
+    max_message_bytes: int = 1 << 20, ts: int = 7,
+) -> RecordFuture:
+    size = record_size_bytes(None, value, None)
+    with acc.lock:
+        return acc.append("t", partition, partitions, (None, value, None, ts), size,
+                          max_message_bytes)
+
+
+def test_batches_close_at_batch_size() -> None:
+    clock = Clock()
+    acc = make_acc(clock, batch_size=500)
+    per_record = record_size_bytes(None, b"x" * 72, None)  # 100 bytes
+    for _ in range(10):
+        append(acc, b"x" * 72)
+    # 57 + 4 * 100 <= 500 < 57 + 5 * 100: four records per batch.
+    assert per_record == 100
+    ready, _ = acc.ready_partitions(clock.now_ms)
+    assert ready == [("t", 0)]
+    first = acc.pop(("t", 0), clock.now_ms, 1)
+    second = acc.pop(("t", 0), clock.now_ms, 1)
+    assert first is not None and second is not None
+    assert (first.record_count, second.record_count) == (4, 4)
+    assert first.size_bytes == BATCH_OVERHEAD_BYTES + 400
+    # The third batch (2 records) is still open and waits for its linger.
+    assert acc.pop(("t", 0), clock.now_ms, 1) is None
+    clock.now_ms += 5
+    third = acc.pop(("t", 0), clock.now_ms, 1)
+    assert third is not None and third.record_count == 2
+
+
+def test_linger_makes_an_open_batch_ready() -> None:
+    clock = Clock()
+    acc = make_acc(clock, linger_ms=20)
+    append(acc, b"a")
+    ready, next_ms = acc.ready_partitions(clock.now_ms)
+    assert ready == [] and next_ms == 1_020
+    clock.now_ms = 1_019
+    assert acc.ready_partitions(clock.now_ms)[0] == []
+    clock.now_ms = 1_020
+    assert acc.ready_partitions(clock.now_ms)[0] == [("t", 0)]
+
+
+def test_a_record_larger_than_batch_size_gets_its_own_batch() -> None:
+    clock = Clock()
+    acc = make_acc(clock, batch_size=200)
+    append(acc, b"small")
+    append(acc, b"L" * 1_000)
+    append(acc, b"after")
+    batches = [acc.pop(("t", 0), clock.now_ms + 10, 1) for _ in range(3)]
+    assert [b.record_count for b in batches if b is not None] == [1, 1, 1]
+
+
+def test_batch_size_is_capped_by_max_message_bytes() -> None:
+    clock = Clock()
+    acc = make_acc(clock, batch_size=1 << 20)
+    for _ in range(3):
+        append(acc, b"x" * 72, max_message_bytes=300)  # 57 + 2 * 100 fits, 3 do not
+    batch = acc.pop(("t", 0), clock.now_ms, 1)
+    assert batch is not None and batch.record_count == 2
+
+
+def test_keyless_records_stick_to_a_partition_until_its_batch_closes() -> None:
+    clock = Clock()
+    acc = make_acc(clock, batch_size=BATCH_OVERHEAD_BYTES + 300)
+    futures = [append(acc, b"x" * 72, partition=None, partitions=8) for _ in range(9)]
+    partitions = [f._batch.partition for f in futures]
+    # Three records fill a batch; then the sticky partition moves on.
+    assert len(set(partitions[:3])) == 1
+    assert partitions[3] != partitions[0]
+    assert len(set(partitions[3:6])) == 1
+
+
+def test_linger_pop_moves_the_sticky_partition() -> None:
+    clock = Clock()
+    acc = make_acc(clock)
+    first = append(acc, b"a", partition=None, partitions=4)._batch.partition
+    clock.now_ms += 5
+    batch = acc.pop(("t", first), clock.now_ms, 4)
+    assert batch is not None
+    assert append(acc, b"b", partition=None, partitions=4)._batch.partition != first
+
+
+def test_flush_and_close_make_open_batches_ready() -> None:
+    clock = Clock()
+    acc = make_acc(clock, linger_ms=10_000)
+    append(acc, b"a")
+    assert acc.ready_partitions(clock.now_ms)[0] == []
+    pending = acc.begin_flush()
+    assert len(pending) == 1
+    assert acc.ready_partitions(clock.now_ms)[0] == [("t", 0)]
+    acc.end_flush()
+    assert acc.ready_partitions(clock.now_ms)[0] == []
+    acc.closing = True
+    assert acc.pop(("t", 0), clock.now_ms, 1) is not None
+
+
+def test_queued_batches_expire_at_their_delivery_deadline() -> None:
+    clock = Clock()
+    acc = make_acc(clock, batch_size=200, delivery_ms=100)
+    append(acc, b"x" * 100)
+    clock.now_ms += 50
+    append(acc, b"y" * 100)
+    assert acc.expire(clock.now_ms + 49) == []
+    expired = acc.expire(clock.now_ms + 50)
+    assert [b.created_ms for b in expired] == [1_000]
+    assert [b.created_ms for b in acc.expire(clock.now_ms + 100)] == [1_050]
+    assert acc.drain_all() == []
+
+
+def test_buffered_bytes_are_released_when_batches_complete() -> None:
+    clock = Clock()
+    acc = make_acc(clock)
+    append(acc, b"x" * 72)
+    append(acc, b"x" * 72)
+    assert acc.buffered_bytes == 200
+    batch = acc.pop(("t", 0), clock.now_ms + 5, 1)
+    assert batch is not None
+    batch.finish(base_offset=0)
+    acc.completed([batch])
+    assert acc.buffered_bytes == 0
+    assert acc.incomplete_count == 0
+
+
+def test_encode_once_then_records_are_dropped() -> None:
+    clock = Clock()
+    acc = make_acc(clock)
+    append(acc, b"a", ts=11)
+    append(acc, b"b", ts=12)
+    batch = acc.pop(("t", 0), clock.now_ms + 5, 1)
+    assert batch is not None
+    batch.encode(producer_id=9, producer_epoch=2, base_sequence=100)
+    assert batch.records is None and batch.data is not None
+    header = read_header(batch.data)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (9, 2, 100)
+    assert [r.value for r in iter_records(batch.data)] == [b"a", b"b"]
+    assert batch.last_sequence == 101
+    with pytest.raises(RuntimeError):
+        batch.encode(producer_id=9, producer_epoch=2, base_sequence=100)
+
+
+# ------------------------------------------------------------------ futures
+
+def _batch_with_futures(n: int) -> tuple[ProducerBatch, list[RecordFuture]]:
+    clock = Clock()
+    acc = make_acc(clock, batch_size=1 << 20)
+    futures = [append(acc, b"v%d" % i, ts=100 + i) for i in range(n)]
+    batch = futures[0]._batch
+    assert all(f._batch is batch for f in futures)
+    return batch, futures
+
+
+def test_futures_resolve_with_their_own_offsets_and_timestamps() -> None:
+    batch, futures = _batch_with_futures(3)
+    assert not any(f.done() for f in futures)
+    assert all(f.running() for f in futures)
+    batch.finish(base_offset=40)
+    assert [f.result() for f in futures] == [
+        RecordMetadata("t", 0, 40 + i, 100 + i) for i in range(3)
+    ]
+    assert all(f.done() and f.exception() is None for f in futures)
+
+
+def test_futures_fail_with_their_own_exception_instance() -> None:
+    batch, futures = _batch_with_futures(2)
+    batch.finish(error=errors.KafkaTimeoutError("gone"))
+    excs = [f.exception() for f in futures]
+    assert all(isinstance(e, errors.KafkaTimeoutError) for e in excs)
+    assert excs[0] is not excs[1]  # raising one shared instance would grow its traceback
+    with pytest.raises(errors.KafkaTimeoutError, match="gone"):
+        futures[0].result()
+    assert futures[0].exception() is excs[0]
+
+
+def test_cannot_be_cancelled_or_completed_by_callers() -> None:
+    _batch, futures = _batch_with_futures(1)
+    assert futures[0].cancel() is False
+    assert futures[0].cancelled() is False
+    with pytest.raises(RuntimeError):
+        futures[0].set_result(RecordMetadata("t", 0, 0, 0))
+
+
+def test_result_waits_and_times_out() -> None:
+    batch, futures = _batch_with_futures(2)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        futures[0].result(timeout=0.01)
+    got: list[RecordMetadata] = []
+    waiter = threading.Thread(target=lambda: got.append(futures[1].result(timeout=30)))
+    waiter.start()
+    batch.finish(base_offset=7)
+    waiter.join(30)
+    assert got == [RecordMetadata("t", 0, 8, 101)]
+
+
+def test_callbacks_before_and_after_completion_run_once() -> None:
+    batch, futures = _batch_with_futures(2)
+    calls: list[int] = []
+    futures[0].add_done_callback(lambda f: calls.append(f.result().offset))
+    assert calls == []
+    batch.finish(base_offset=3)
+    assert calls == [3]
+    futures[1].add_done_callback(lambda f: calls.append(f.result().offset))
+    assert calls == [3, 4]
+
+
+def test_a_failing_callback_does_not_stop_the_others() -> None:
+    batch, futures = _batch_with_futures(1)
+    calls: list[str] = []
+
+    def bad(_f: object) -> None:
+        raise ValueError("callback bug")
+
+    futures[0].add_done_callback(bad)
+    futures[0].add_done_callback(lambda _f: calls.append("ok"))
+    batch.finish(base_offset=0)
+    assert calls == ["ok"]
+
+
+def test_concurrent_futures_wait_and_as_completed() -> None:
+    batch, futures = _batch_with_futures(3)
+    other_batch, other = _batch_with_futures(1)
+    done, not_done = concurrent.futures.wait(futures, timeout=0.01)
+    assert not done and len(not_done) == 3
+    threading.Timer(0.05, lambda: batch.finish(base_offset=0)).start()
+    done, not_done = concurrent.futures.wait(futures + other, return_when="FIRST_COMPLETED",
+                                             timeout=30)
+    assert done == set(futures) and not_done == set(other)
+    threading.Timer(0.05, lambda: other_batch.finish(error=errors.KafkaTimeoutError("x"))).start()
+    as_futures: list[concurrent.futures.Future[RecordMetadata]] = list(other)
+    completed = list(concurrent.futures.as_completed(as_futures, timeout=30))
+    assert completed == other
+
+
+def test_asyncio_can_await_a_record_future() -> None:
+    batch, futures = _batch_with_futures(1)
+
+    async def main() -> RecordMetadata:
+        asyncio.get_running_loop().call_later(0.01, lambda: batch.finish(base_offset=5))
+        return await asyncio.wrap_future(futures[0])
+
+    assert asyncio.run(main()) == RecordMetadata("t", 0, 5, 100)
+
+
+def test_many_threads_waiting_while_the_batch_completes() -> None:
+    """Stress the lazy Condition: waiters register while the batch finishes."""
+    def wait(f: RecordFuture, results: list[int], lock: threading.Lock) -> None:
+        offset = f.result(timeout=30).offset
+        with lock:
+            results.append(offset)
+
+    for round_ in range(20):
+        batch, futures = _batch_with_futures(50)
+        results: list[int] = []
+        lock = threading.Lock()
+        threads = [threading.Thread(target=wait, args=(f, results, lock)) for f in futures]
+        for t in threads[:25]:
+            t.start()
+        batch.finish(base_offset=round_)
+        for t in threads[25:]:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(results) == list(range(round_, round_ + 50))
+
+
+def test_failed_future_is_done_at_once() -> None:
+    fut = failed_future("t", 3, errors.error_for(errors.ErrorCode.MESSAGE_TOO_LARGE, "big"))
+    assert fut.done()
+    with pytest.raises(errors.OncelogError, match="big") as info:
+        fut.result()
+    assert info.value.code is errors.ErrorCode.MESSAGE_TOO_LARGE

@@ -1,0 +1,154 @@
+"""The consumer's fetch loop against an in-process store.
+
+Goal: poll() hands out records in offset order from the position on,
+skipping records of a first batch that starts before it; moves past batches
+the store filtered out (aborted transactions, control batches) using
+next_fetch_offset, also when nothing at all is returned; keeps what it did not
+hand out for the next poll (max_poll_records); drops an answer for a
+partition whose position moved by seek() meanwhile; survives a failing fetch;
+refuses corrupt batches.
+
+Method: tests/support/fake_store.FakeStore, whose Fetch honours max_bytes,
+long polls, and leaves out batches appended with filtered=True.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from oncelog import Consumer, ConsumerRecord, TopicPartition, errors
+from oncelog import records as codec
+from tests.support.fake_store import FakeStore
+
+TP = TopicPartition("t", 0)
+
+
+@pytest.fixture
+def store() -> Iterator[FakeStore]:
+    with FakeStore(workers=4) as s:
+        s.create_topic("t", 1)
+        yield s
+
+
+def batch(*values: bytes) -> bytes:
+    return codec.encode_batch([(None, v, None, 100 + i) for i, v in enumerate(values)])
+
+
+def drain(consumer: Consumer, *, polls: int = 400) -> list[ConsumerRecord]:
+    """Polls until the position reaches the end of the log (bounded)."""
+    out: list[ConsumerRecord] = []
+    end = consumer.end_offsets([TP])[TP]
+    for _ in range(polls):
+        out.extend(consumer.poll(timeout=0.05))
+        if consumer.position(TP) >= end:
+            break
+    return out
+
+
+def consumer_for(store: FakeStore, **kwargs: int | str) -> Consumer:
+    consumer = Consumer(bootstrap=store.address, fetch_max_wait_ms=50, **kwargs)  # type: ignore[arg-type]
+    consumer.assign([TP])
+    return consumer
+
+
+def test_filtered_and_control_batches_are_skipped(store: FakeStore) -> None:
+    store.append_raw("t", 0, batch(b"a", b"b", b"c"))                     # 0..2
+    store.append_raw("t", 0, batch(b"aborted1", b"aborted2"), filtered=True)  # 3..4
+    store.append_raw("t", 0, codec.encode_control_batch(
+        marker=codec.MARKER_ABORT, coordinator_epoch=0, producer_id=1, producer_epoch=0,
+        timestamp_ms=1))                                                  # 5
+    store.append_raw("t", 0, batch(b"d", b"e"))                           # 6..7
+    store.append_raw("t", 0, batch(b"aborted3"), filtered=True)           # 8
+    with consumer_for(store) as consumer:
+        got = drain(consumer)
+        assert [(r.offset, r.value) for r in got] == [
+            (0, b"a"), (1, b"b"), (2, b"c"), (6, b"d"), (7, b"e"),
+        ]
+        # Past the trailing filtered batch too, though no record came from it.
+        assert consumer.position(TP) == 9
+
+
+def test_a_first_batch_starting_before_the_position_is_trimmed(store: FakeStore) -> None:
+    store.append_raw("t", 0, batch(b"a", b"b", b"c", b"d"))
+    with consumer_for(store) as consumer:
+        consumer.seek(TP, 2)
+        assert [r.value for r in drain(consumer)] == [b"c", b"d"]
+
+
+def test_records_not_handed_out_wait_for_the_next_poll(store: FakeStore) -> None:
+    for i in range(5):
+        store.append_raw("t", 0, batch(*[b"%d" % (i * 4 + j) for j in range(4)]))
+    with consumer_for(store, max_poll_records=3) as consumer:
+        sizes: list[int] = []
+        values: list[bytes | None] = []
+        while len(values) < 20:
+            got = consumer.poll(timeout=5)
+            assert got, "records were fetched and must come out"
+            sizes.append(len(got))
+            values.extend(r.value for r in got)
+            assert consumer.position(TP) == got[-1].offset + 1
+    assert all(size <= 3 for size in sizes)
+    assert values == [b"%d" % i for i in range(20)]
+
+
+def test_small_fetch_sizes_still_make_progress(store: FakeStore) -> None:
+    for i in range(10):
+        store.append_raw("t", 0, batch(b"x" * 500, b"%d" % i))
+    with consumer_for(store, max_partition_fetch_bytes=1, fetch_max_bytes=1) as consumer:
+        got = drain(consumer, polls=100)
+    assert [r.value for r in got if r.value != b"x" * 500] == [b"%d" % i for i in range(10)]
+
+
+def test_seek_discards_data_fetched_for_the_old_position(store: FakeStore) -> None:
+    store.append_raw("t", 0, batch(*[b"%d" % i for i in range(10)]))
+    with consumer_for(store, max_poll_records=2) as consumer:
+        assert [r.offset for r in consumer.poll(timeout=5)] == [0, 1]
+        consumer.seek(TP, 7)
+        assert [r.offset for r in drain(consumer)] == [7, 8, 9]
+
+
+def test_a_failed_fetch_is_retried_quietly(store: FakeStore) -> None:
+    store.append_raw("t", 0, batch(b"a", b"b"))
+    store.fetch_fault = lambda n: grpc.StatusCode.UNAVAILABLE if n <= 2 else None
+    with consumer_for(store, retry_backoff_ms=10) as consumer:
+        assert [r.value for r in drain(consumer)] == [b"a", b"b"]
+    assert store.fetch_calls >= 3
+
+
+def test_a_long_poll_waits_at_the_store(store: FakeStore) -> None:
+    with consumer_for(store) as consumer:
+        consumer.seek_to_end()
+        assert consumer.poll(timeout=0.1) == []
+        calls = store.fetch_calls
+        store.append_raw("t", 0, batch(b"late"))
+        assert [r.value for r in consumer.poll(timeout=30)] == [b"late"]
+        assert store.fetch_calls >= calls
+
+
+def test_corrupt_batches_are_refused(store: FakeStore) -> None:
+    good = bytearray(batch(b"a"))
+    good[-1] ^= 0xFF
+    store.append_raw("t", 0, bytes(good))
+    with consumer_for(store) as consumer, pytest.raises(errors.CorruptRecordError, match="CRC"):
+        drain(consumer)
+
+
+def test_poll_needs_an_assignment_and_an_open_consumer(store: FakeStore) -> None:
+    consumer = Consumer(bootstrap=store.address)
+    with pytest.raises(errors.IllegalStateError, match="assign"):
+        consumer.poll(timeout=0)
+    consumer.close()
+    with pytest.raises(errors.IllegalStateError, match="closed"):
+        consumer.assign([TP])
+
+
+def test_option_checks() -> None:
+    with pytest.raises(ValueError, match="isolation_level"):
+        Consumer(bootstrap="127.0.0.1:1", isolation_level="serializable")
+    with pytest.raises(ValueError, match="auto_offset_reset"):
+        Consumer(bootstrap="127.0.0.1:1", auto_offset_reset="smallest")
+    with pytest.raises(errors.UnsupportedVersionError, match="consumer groups"):
+        Consumer(bootstrap="127.0.0.1:1", group_id="g", enable_auto_commit=True)

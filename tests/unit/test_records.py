@@ -1,0 +1,161 @@
+"""The record batch codec round-trips what producers write and rejects what a
+store must not accept.
+
+Method: encode batches (null keys and values, empty values, headers with
+unicode keys and null values, large batches, producer fields), decode them
+with iter_records and read_header, and compare; then corrupt one field at a
+time of a valid batch and check that validate_batch names the problem.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from oncelog import records as codec
+from oncelog._batching import record_size_bytes, restamp_batch
+
+
+def roundtrip(
+    rows: list[tuple[bytes | None, bytes | None, list[codec.Header] | None, int]],
+) -> list[codec.Record]:
+    batch = codec.encode_batch(rows)
+    header = codec.validate_batch(batch, max_size_bytes=len(batch))
+    assert header.record_count == len(rows)
+    return list(codec.iter_records(batch))
+
+
+def test_null_key_and_value_and_empty_value() -> None:
+    got = roundtrip([(None, None, None, 10), (b"", b"", None, 11), (b"k", None, None, 12)])
+    assert [(r.key, r.value) for r in got] == [(None, None), (b"", b""), (b"k", None)]
+    assert [r.offset for r in got] == [0, 1, 2]
+    assert [r.timestamp_ms for r in got] == [10, 11, 12]
+    assert all(r.headers == () for r in got)
+
+
+def test_headers_with_unicode_keys_and_null_values() -> None:
+    headers: list[codec.Header] = [("trace-id", b"abc"), ("clé-ü-日本", None), ("", b"")]
+    got = roundtrip([(b"k", b"v", headers, 5)])
+    assert got[0].headers == tuple(headers)
+
+
+def test_timestamps_out_of_order_keep_their_values() -> None:
+    got = roundtrip([(None, b"a", None, 500), (None, b"b", None, 100), (None, b"c", None, 300)])
+    assert [r.timestamp_ms for r in got] == [500, 100, 300]
+
+
+def test_large_batch_and_min_offset() -> None:
+    rows: list[tuple[bytes | None, bytes | None, list[codec.Header] | None, int]] = [
+        (b"key-%d" % i, b"x" * (i % 300), None, 1_000 + i) for i in range(20_000)
+    ]
+    batch = codec.with_base_offset(codec.encode_batch(rows), 1_000_000)
+    header = codec.validate_batch(batch, max_size_bytes=len(batch))
+    assert header.base_offset == 1_000_000
+    assert header.last_offset == 1_000_000 + 19_999
+    got = list(codec.iter_records(batch, min_offset=1_019_990))
+    assert [r.offset for r in got] == list(range(1_019_990, 1_020_000))
+    assert got[-1].value == b"x" * (19_999 % 300)
+
+
+def test_producer_fields_and_sequence_wrap() -> None:
+    batch = codec.encode_batch(
+        [(None, b"a", None, 1), (None, b"b", None, 2), (None, b"c", None, 3)],
+        producer_id=77, producer_epoch=3, base_sequence=codec.MAX_SEQUENCE - 1,
+        transactional=True,
+    )
+    header = codec.validate_batch(batch, max_size_bytes=len(batch))
+    assert (header.producer_id, header.producer_epoch) == (77, 3)
+    assert header.is_transactional and not header.is_control
+    # Sequences 2^31 - 2, 2^31 - 1, then 0: they wrap after 2^31 - 1.
+    assert header.last_sequence == 0
+
+
+def test_record_size_bytes_is_exact() -> None:
+    cases: list[tuple[bytes | None, bytes | None, list[codec.Header] | None]] = [
+        (None, None, None), (b"key", b"value" * 10, None),
+        (b"", b"", [("h", b"v"), ("ü", None)]),
+    ]
+    for key, value, headers in cases:
+        one = codec.encode_batch([(key, value, headers, 0)])
+        assert len(one) == codec.HEADER_SIZE_BYTES + record_size_bytes(key, value, headers)
+
+
+def test_restamp_changes_identity_and_keeps_a_valid_crc() -> None:
+    batch = codec.encode_batch([(None, b"a", None, 1), (None, b"b", None, 2)],
+                               producer_id=5, producer_epoch=0, base_sequence=40)
+    again = restamp_batch(batch, producer_id=5, producer_epoch=1, base_sequence=0)
+    header = codec.validate_batch(again, max_size_bytes=len(again))
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (5, 1, 0)
+    assert again[codec.HEADER_SIZE_BYTES:] == batch[codec.HEADER_SIZE_BYTES:]
+    assert again == codec.encode_batch([(None, b"a", None, 1), (None, b"b", None, 2)],
+                                       producer_id=5, producer_epoch=1, base_sequence=0)
+
+
+def _valid() -> bytes:
+    return codec.encode_batch([(b"k", b"v", None, 1), (b"k2", b"v2", None, 2)],
+                              producer_id=1, producer_epoch=0, base_sequence=0)
+
+
+def _with_crc(buf: bytearray) -> bytes:
+    struct.pack_into(">I", buf, 13, codec.crc32c(memoryview(buf)[codec.CRC_START:]))
+    return bytes(buf)
+
+
+def test_validate_rejects_bad_magic() -> None:
+    buf = bytearray(_valid())
+    buf[12] = 1
+    with pytest.raises(codec.BatchFormatError, match="magic is 1"):
+        codec.validate_batch(bytes(buf), max_size_bytes=1 << 20)
+
+
+def test_validate_rejects_bad_crc() -> None:
+    buf = bytearray(_valid())
+    buf[-1] ^= 0xFF
+    with pytest.raises(codec.BatchFormatError, match="CRC32C"):
+        codec.validate_batch(bytes(buf), max_size_bytes=1 << 20)
+
+
+def test_validate_rejects_wrong_length_field() -> None:
+    buf = bytearray(_valid())
+    struct.pack_into(">i", buf, 8, len(buf))  # should be len - 12
+    with pytest.raises(codec.BatchFormatError, match="length field"):
+        codec.validate_batch(bytes(buf), max_size_bytes=1 << 20)
+
+
+def test_validate_rejects_truncated_and_oversized() -> None:
+    batch = _valid()
+    with pytest.raises(codec.BatchFormatError, match="shorter than"):
+        codec.validate_batch(batch[:20], max_size_bytes=1 << 20)
+    with pytest.raises(codec.BatchFormatError, match="over the limit"):
+        codec.validate_batch(batch, max_size_bytes=len(batch) - 1)
+
+
+def test_validate_rejects_inconsistent_counts() -> None:
+    buf = bytearray(_valid())
+    struct.pack_into(">i", buf, 19, 5)  # last_offset_delta != record_count - 1
+    with pytest.raises(codec.BatchFormatError, match="last_offset_delta"):
+        codec.validate_batch(_with_crc(buf), max_size_bytes=1 << 20)
+    buf = bytearray(_valid())
+    struct.pack_into(">i", buf, 53, 0)  # record_count 0
+    with pytest.raises(codec.BatchFormatError, match="0 records"):
+        codec.validate_batch(_with_crc(buf), max_size_bytes=1 << 20)
+
+
+def test_validate_rejects_producer_without_sequence() -> None:
+    buf = bytearray(_valid())
+    struct.pack_into(">i", buf, 49, -1)
+    with pytest.raises(codec.BatchFormatError, match="no base_sequence"):
+        codec.validate_batch(_with_crc(buf), max_size_bytes=1 << 20)
+
+
+def test_iter_records_rejects_a_record_running_past_the_batch() -> None:
+    buf = bytearray(_valid())
+    struct.pack_into(">i", buf, codec.HEADER_SIZE_BYTES, 10_000)  # first record's length
+    with pytest.raises(codec.BatchFormatError, match="runs past"):
+        list(codec.iter_records(bytes(buf)))
+
+
+def test_encode_refuses_an_empty_batch() -> None:
+    with pytest.raises(codec.BatchFormatError):
+        codec.encode_batch([])
