@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 import grpc
 
@@ -10,9 +11,12 @@ from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc
 from services.common import server_base
 from services.common.store_client import StoreClient
 from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
+from services.coordinator.markers import GrpcMarkerSender
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.servicer import TransactionCoordinatorServicer
 from services.coordinator.storage.producer_id_log import StoreProducerIdLog
+from services.coordinator.storage.txn_log import StoreTxnLog
+from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,6 +30,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     or DEFAULT_BLOCK_SIZE),
         help="producer ids claimed per durable block",
     )
+    defaults = TxnConfig()
+    for flag, default, help_text in (
+        ("max-transaction-timeout-ms", defaults.max_txn_timeout_ms,
+         "the longest transaction timeout a producer may ask for"),
+        ("transactional-id-expiration-ms", defaults.transactional_id_expiration_ms,
+         "an idle transactional id is forgotten after this"),
+        ("transaction-check-interval-ms", defaults.check_interval_ms,
+         "how often transaction timeouts and expirations are checked"),
+    ):
+        parser.add_argument(f"--{flag}", type=int,
+                            default=int(server_base.env_default(flag, str(default)) or default),
+                            help=help_text)
     return parser.parse_args(argv)
 
 
@@ -38,7 +54,24 @@ async def main(argv: list[str] | None = None) -> None:
     producer_ids = ProducerIdManager(
         StoreProducerIdLog(store), node_id=args.node_id, block_size=args.producer_id_block_size
     )
-    servicer = TransactionCoordinatorServicer(layout=layout, producer_ids=producer_ids)
+    markers = GrpcMarkerSender(layout)
+    transactions = TxnCoordinatorRuntime(
+        layout=layout, node_id=args.node_id, txn_log=StoreTxnLog(store), markers=markers,
+        producer_ids=producer_ids, now_ms=lambda: int(time.time() * 1000),
+        config=TxnConfig(
+            max_txn_timeout_ms=args.max_transaction_timeout_ms,
+            transactional_id_expiration_ms=args.transactional_id_expiration_ms,
+            check_interval_ms=args.transaction_check_interval_ms,
+        ),
+    )
+    servicer = TransactionCoordinatorServicer(
+        layout=layout, producer_ids=producer_ids, transactions=transactions
+    )
+
+    async def shutdown() -> None:
+        await transactions.stop()
+        await markers.close()
+        await store.close()
 
     def register(server: grpc.aio.Server) -> None:
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(servicer, server)
@@ -51,5 +84,6 @@ async def main(argv: list[str] | None = None) -> None:
         listen=args.listen or advertised,
         register=register,
         metrics_port=args.metrics_port,
-        on_shutdown=store.close,
+        on_started=transactions.start,
+        on_shutdown=shutdown,
     )

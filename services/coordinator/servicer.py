@@ -2,22 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
-
 import grpc
 
 from oncelog.errors import ErrorCode
 from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
-from services.common.cluster import ClusterLayout
+from oncelog.v1 import records_pb2
+from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.errors import ServiceError, abort_with
+from services.coordinator.core.transactions import TxnMetadata
 from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.txn_runtime import TxnCoordinatorRuntime
+
+
+def _tp(p: records_pb2.TopicPartition) -> tuple[str, int]:
+    return p.topic, p.partition
+
+
+def _describe(md: TxnMetadata, coordinator_epoch: int) -> pb.TransactionDescription:
+    return pb.TransactionDescription(
+        transactional_id=md.transactional_id,
+        state=md.state.value,
+        producer_id=md.producer_id,
+        producer_epoch=md.producer_epoch,
+        transaction_timeout_ms=md.txn_timeout_ms,
+        transaction_start_time_ms=md.txn_start_ms,
+        partitions=[records_pb2.TopicPartition(topic=t, partition=p)
+                    for t, p in sorted(md.partitions)],
+        coordinator_epoch=coordinator_epoch,
+    )
 
 
 class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
-    def __init__(self, *, layout: ClusterLayout, producer_ids: ProducerIdManager) -> None:
+    """Request-level failures travel as a gRPC status carrying our Error; the
+    responses' own `error` fields are left NONE. Per-partition failures (of
+    AddPartitionsToTxn) are in the per-partition results."""
+
+    def __init__(self, *, layout: ClusterLayout, producer_ids: ProducerIdManager,
+                 transactions: TxnCoordinatorRuntime) -> None:
         self._layout = layout
         self._producer_ids = producer_ids
+        self._txns = transactions
 
     async def FindCoordinator(  # noqa: N802 - gRPC method name
         self, request: pb.FindCoordinatorRequest, context: grpc.aio.ServicerContext
@@ -49,11 +74,14 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> pb.InitProducerIdResponse:
         if request.transactional_id:
-            await abort_with(context, ServiceError(
-                ErrorCode.UNSUPPORTED_VERSION,
-                f"transactional id {request.transactional_id!r}: transactions are not "
-                "available in this version of the coordinator",
-            ))
+            try:
+                producer_id, producer_epoch = await self._txns.init_producer_id(
+                    request.transactional_id, request.transaction_timeout_ms
+                )
+            except ServiceError as exc:
+                await abort_with(context, exc)
+            return pb.InitProducerIdResponse(producer_id=producer_id,
+                                             producer_epoch=producer_epoch)
         try:
             producer_id = await self._producer_ids.next_producer_id()
         except ServiceError as exc:
@@ -63,25 +91,95 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
             await abort_with(context, exc)
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
 
-    # Transactions proper (the state machine, markers, admin) are not in this
-    # version; these answer with a clear error instead of gRPC's bare UNIMPLEMENTED.
-    async def _transactions_unavailable(self, context: grpc.aio.ServicerContext) -> NoReturn:
-        await abort_with(context, ServiceError(
-            ErrorCode.UNSUPPORTED_VERSION,
-            "transactions are not available in this version of the coordinator",
-        ))
 
-    async def AddPartitionsToTxn(self, request: Any, context: Any) -> Any:  # noqa: N802
-        await self._transactions_unavailable(context)
+    async def AddPartitionsToTxn(  # noqa: N802 - gRPC method name
+        self, request: pb.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddPartitionsToTxnResponse:
+        partitions = [_tp(p) for p in request.partitions]
+        try:
+            if not request.transactional_id or not partitions:
+                raise ServiceError(ErrorCode.INVALID_REQUEST,
+                                   "AddPartitionsToTxn needs a transactional id and partitions")
+            for topic, partition in partitions:
+                if not topic or partition < 0:
+                    raise ServiceError(ErrorCode.INVALID_REQUEST,
+                                       f"invalid partition {topic!r}-{partition}")
+            if request.verify_only:
+                verdicts = self._txns.verify_partitions(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    partitions,
+                )
+                return pb.AddPartitionsToTxnResponse(results=[
+                    pb.AddPartitionsToTxnResult(
+                        partition=records_pb2.TopicPartition(topic=t, partition=p),
+                        error=err.to_proto() if err else None,
+                    )
+                    for (t, p), err in verdicts.items()
+                ])
+            await self._txns.add_partitions(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+                frozenset(partitions),
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.AddPartitionsToTxnResponse(results=[
+            pb.AddPartitionsToTxnResult(partition=p) for p in request.partitions
+        ])
 
-    async def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:  # noqa: N802
-        await self._transactions_unavailable(context)
+    async def AddOffsetsToTxn(  # noqa: N802 - gRPC method name
+        self, request: pb.AddOffsetsToTxnRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddOffsetsToTxnResponse:
+        try:
+            if not request.group_id:
+                raise ServiceError(ErrorCode.INVALID_GROUP_ID, "AddOffsetsToTxn needs a group id")
+            # The group's __consumer_offsets partition joins the transaction, so
+            # it gets the marker that makes the group's pending offsets visible.
+            partition = self._layout.consumer_offsets_partition(request.group_id)
+            await self._txns.add_partitions(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+                frozenset({(CONSUMER_OFFSETS_TOPIC, partition)}),
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.AddOffsetsToTxnResponse()
 
-    async def EndTxn(self, request: Any, context: Any) -> Any:  # noqa: N802
-        await self._transactions_unavailable(context)
+    async def EndTxn(  # noqa: N802 - gRPC method name
+        self, request: pb.EndTxnRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EndTxnResponse:
+        try:
+            producer_id, producer_epoch = await self._txns.end_txn(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+                request.commit,
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.EndTxnResponse(producer_id=producer_id, producer_epoch=producer_epoch)
 
-    async def ListTransactions(self, request: Any, context: Any) -> Any:  # noqa: N802
-        await self._transactions_unavailable(context)
+    async def ListTransactions(  # noqa: N802 - gRPC method name
+        self, request: pb.ListTransactionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTransactionsResponse:
+        states = set(request.states)
+        producer_ids = set(request.producer_ids)
+        return pb.ListTransactionsResponse(transactions=[
+            pb.TransactionListing(transactional_id=md.transactional_id,
+                                  producer_id=md.producer_id, state=md.state.value)
+            for md in sorted(self._txns.list_transactions(), key=lambda m: m.transactional_id)
+            if (not states or md.state.value in states)
+            and (not producer_ids or md.producer_id in producer_ids)
+        ])
 
-    async def DescribeTransactions(self, request: Any, context: Any) -> Any:  # noqa: N802
-        await self._transactions_unavailable(context)
+    async def DescribeTransactions(  # noqa: N802 - gRPC method name
+        self, request: pb.DescribeTransactionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeTransactionsResponse:
+        out = []
+        for transactional_id in request.transactional_ids:
+            try:
+                md, coordinator_epoch = self._txns.describe(transactional_id)
+                if md is None:
+                    raise ServiceError(ErrorCode.TRANSACTIONAL_ID_NOT_FOUND,
+                                       f"transactional id {transactional_id!r} is not known")
+                out.append(_describe(md, coordinator_epoch))
+            except ServiceError as exc:
+                out.append(pb.TransactionDescription(transactional_id=transactional_id,
+                                                     error=exc.to_proto()))
+        return pb.DescribeTransactionsResponse(transactions=out)
