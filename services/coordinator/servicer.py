@@ -183,3 +183,13 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                 out.append(pb.TransactionDescription(transactional_id=transactional_id,
                                                      error=exc.to_proto()))
         return pb.DescribeTransactionsResponse(transactions=out)
+
+    async def AbortTransaction(  # noqa: N802 - gRPC method name
+        self, request: pb.AbortTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortTransactionResponse:
+        try:
+            md = await self._txns.force_abort(request.transactional_id)
+            _, coordinator_epoch = self._txns.describe(request.transactional_id)
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.AbortTransactionResponse(transaction=_describe(md, coordinator_epoch))

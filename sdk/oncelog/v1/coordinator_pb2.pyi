@@ -500,3 +500,48 @@ class DescribeTransactionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeTransactionsResponse: _TypeAlias = DescribeTransactionsResponse  # noqa: Y015
+
+@_typing.final
+class AbortTransactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortTransactionRequest: _TypeAlias = AbortTransactionRequest  # noqa: Y015
+
+@_typing.final
+class AbortTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    TRANSACTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error: ...
+    @_builtins.property
+    def transaction(self) -> Global___TransactionDescription:
+        """The transaction as it is after the abort was decided (PrepareAbort)."""
+
+    def __init__(
+        self,
+        *,
+        error: _errors_pb2.Error | None = ...,
+        transaction: Global___TransactionDescription | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "transaction", b"transaction"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "transaction", b"transaction"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortTransactionResponse: _TypeAlias = AbortTransactionResponse  # noqa: Y015

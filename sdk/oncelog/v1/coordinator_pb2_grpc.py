@@ -69,6 +69,11 @@ class TransactionCoordinatorStub:
                 request_serializer=oncelog_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.FromString,
                 _registered_method=True)
+        self.AbortTransaction = channel.unary_unary(
+                '/oncelog.v1.TransactionCoordinator/AbortTransaction',
+                request_serializer=oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.FromString,
+                _registered_method=True)
 
 
 class TransactionCoordinatorServicer:
@@ -116,6 +121,14 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AbortTransaction(self, request, context):
+        """Admin: aborts the open transaction of a transactional id now, bumping the
+        epoch so its producer is fenced (the hanging-transaction tool).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransactionCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +166,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.DescribeTransactions,
                     request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.SerializeToString,
+            ),
+            'AbortTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransaction,
+                    request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +362,33 @@ class TransactionCoordinator:
             '/oncelog.v1.TransactionCoordinator/DescribeTransactions',
             oncelog_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.SerializeToString,
             oncelog_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.TransactionCoordinator/AbortTransaction',
+            oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.SerializeToString,
+            oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,

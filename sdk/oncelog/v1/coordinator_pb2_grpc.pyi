@@ -41,6 +41,10 @@ class TransactionCoordinatorStub:
     EndTxn: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EndTxnRequest, _coordinator_pb2.EndTxnResponse]
     ListTransactions: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListTransactionsRequest, _coordinator_pb2.ListTransactionsResponse]
     DescribeTransactions: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTransactionsRequest, _coordinator_pb2.DescribeTransactionsResponse]
+    AbortTransaction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AbortTransactionRequest, _coordinator_pb2.AbortTransactionResponse]
+    """Admin: aborts the open transaction of a transactional id now, bumping the
+    epoch so its producer is fenced (the hanging-transaction tool).
+    """
 
 @_typing.type_check_only
 class TransactionCoordinatorAsyncStub(TransactionCoordinatorStub):
@@ -52,6 +56,10 @@ class TransactionCoordinatorAsyncStub(TransactionCoordinatorStub):
     EndTxn: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EndTxnRequest, _coordinator_pb2.EndTxnResponse]  # type: ignore[assignment]
     ListTransactions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListTransactionsRequest, _coordinator_pb2.ListTransactionsResponse]  # type: ignore[assignment]
     DescribeTransactions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTransactionsRequest, _coordinator_pb2.DescribeTransactionsResponse]  # type: ignore[assignment]
+    AbortTransaction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AbortTransactionRequest, _coordinator_pb2.AbortTransactionResponse]  # type: ignore[assignment]
+    """Admin: aborts the open transaction of a transactional id now, bumping the
+    epoch so its producer is fenced (the hanging-transaction tool).
+    """
 
 class TransactionCoordinatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -102,5 +110,15 @@ class TransactionCoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.DescribeTransactionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.DescribeTransactionsResponse, _abc.Awaitable[_coordinator_pb2.DescribeTransactionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AbortTransaction(
+        self,
+        request: _coordinator_pb2.AbortTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AbortTransactionResponse, _abc.Awaitable[_coordinator_pb2.AbortTransactionResponse]]:
+        """Admin: aborts the open transaction of a transactional id now, bumping the
+        epoch so its producer is fenced (the hanging-transaction tool).
+        """
 
 def add_TransactionCoordinatorServicer_to_server(servicer: TransactionCoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
