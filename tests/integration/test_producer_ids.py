@@ -8,6 +8,7 @@ too; every id handed out must be distinct.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -21,8 +22,9 @@ def _init_producer_id(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
         stub = co_grpc.TransactionCoordinatorStub(channel)
         # The coordinator answers COORDINATOR_NOT_AVAILABLE while the store
-        # restarts; a real client retries, so this helper does too.
-        for _ in range(200):
+        # restarts; a real client retries with a backoff, so this helper does too.
+        give_up_at = time.monotonic() + 60
+        while time.monotonic() < give_up_at:
             try:
                 resp = stub.InitProducerId(co.InitProducerIdRequest(), timeout=10)
                 return resp.producer_id
@@ -30,7 +32,8 @@ def _init_producer_id(address: str) -> int:
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE,
                                       grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
-        raise AssertionError(f"no producer id from {address}")
+            time.sleep(0.05)
+        raise AssertionError(f"no producer id from {address} within 60 s")
 
 
 def test_ids_unique_across_coordinators_and_crashes(tmp_path: Path) -> None:
