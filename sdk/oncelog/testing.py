@@ -212,7 +212,7 @@ class LocalCluster:
             for proc in procs:
                 self.wait_ready(proc.kind, proc.node_id)
 
-    def _spawn(self, proc: ServiceProcess) -> None:
+    def _spawn(self, proc: ServiceProcess, env: dict[str, str] | None = None) -> None:
         if proc.alive():
             raise RuntimeError(f"{proc.kind} {proc.node_id} is already running")
         proc.data_dir.mkdir(parents=True, exist_ok=True)
@@ -222,7 +222,7 @@ class LocalCluster:
             with open(proc.log_path, "ab") as log_file:
                 return subprocess.Popen(
                     argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=self._env,
+                    env={**self._env, **(env or {})},
                 )
 
         proc.process = _Spawner.get().spawn(start)
@@ -281,15 +281,25 @@ class LocalCluster:
                 proc.process.wait()
         return int(proc.process.returncode)
 
-    def restart(self, kind: str, index: int = 0, *, wait: bool = True) -> None:
+    def restart(self, kind: str, index: int = 0, *, wait: bool = True,
+                env: dict[str, str] | None = None) -> None:
         """Starts the process again (after kill or terminate; kills it first if
-        still running) with the same data directory and address."""
+        still running) with the same data directory and address. `env` adds to
+        or overrides the cluster's environment for this start only."""
         proc = self._proc(kind, index)
         if proc.alive():
             self.kill(kind, index)
-        self._spawn(proc)
+        self._spawn(proc, env)
         if wait:
             self.wait_ready(kind, index)
+
+    def wait_exit(self, kind: str, index: int = 0, timeout_s: float = 60.0) -> int:
+        """Waits for a process to exit on its own (a crash point, say); returns
+        its exit code (negative: the signal that ended it)."""
+        proc = self._proc(kind, index)
+        if proc.process is None:
+            raise RuntimeError(f"{kind} {index} was never started")
+        return int(proc.process.wait(timeout_s))
 
     def pause(self, kind: str, index: int = 0) -> None:
         """SIGSTOP: the process stops answering but keeps its sockets (a GC pause,

@@ -19,6 +19,7 @@ from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
 from services.common.cluster import ClusterLayout
+from services.common.crashpoints import crash_point
 from services.common.server_base import GRPC_OPTIONS
 
 MARKER_RPC_TIMEOUT_S = 10.0
@@ -67,7 +68,10 @@ class GrpcMarkerSender:
                 (topic, partition)
             )
         results: dict[tuple[str, int], ErrorCode] = {}
-        for node, tps in by_node.items():
+        for index, (node, tps) in enumerate(sorted(by_node.items())):
+            if index > 0:
+                # Some stores have the marker, others not yet.
+                crash_point("coordinator.after_some_markers")
             marker = ps.TxnMarker(
                 producer_id=spec.producer_id,
                 producer_epoch=spec.producer_epoch,

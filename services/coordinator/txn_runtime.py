@@ -382,7 +382,6 @@ class TxnCoordinatorRuntime:
         )
         remaining = set(md.partitions)
         backoff_s = 0.02
-        first_round = True
         while remaining:
             results = await self._markers.write(spec, sorted(remaining))
             for tp, code in results.items():
@@ -400,9 +399,6 @@ class TxnCoordinatorRuntime:
                     log.error("marker for %r on %s-%d refused: %s", transactional_id,
                               tp[0], tp[1], code.name)
                     remaining.discard(tp)
-            if first_round and remaining != set(md.partitions):
-                crash_point("coordinator.after_some_markers")
-            first_round = False
             if remaining:
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, self.config.marker_retry_backoff_ms_max / 1000)
