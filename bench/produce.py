@@ -98,7 +98,17 @@ def run_raw(bootstrap: str, topic: str, *, value_bytes: int, partitions: int,
     store = ps_grpc.PartitionStoreStub(channel)
     meta = store.Metadata(ps.MetadataRequest())
     coord = co_grpc.TransactionCoordinatorStub(grpc.insecure_channel(meta.coordinators[0].address))
-    producer_id = coord.InitProducerId(co.InitProducerIdRequest()).producer_id
+    # The coordinator answers UNAVAILABLE while it cannot reach the store yet.
+    for _ in range(100):
+        try:
+            producer_id = coord.InitProducerId(co.InitProducerIdRequest(), timeout=10).producer_id
+            break
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            time.sleep(0.1)
+    else:
+        raise RuntimeError("no producer id from the coordinator")
     value = b"v" * value_bytes
     now_ms = int(time.time() * 1000)
     rows = [(None, value, None, now_ms)] * records_per_batch

@@ -20,9 +20,9 @@ from oncelog.errors import ErrorCode
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
+from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
-from services.common.server_base import GRPC_OPTIONS
 
 # A single RPC to a store should not take longer than this; the caller retries.
 STORE_RPC_TIMEOUT_S = 10.0
@@ -49,20 +49,14 @@ class ReadResult:
 class StoreClient:
     def __init__(self, layout: ClusterLayout) -> None:
         self._layout = layout
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool()
 
     def _stub(self, topic: str, partition: int) -> ps_grpc.PartitionStoreAsyncStub:
         address = self._layout.stores[self._layout.store_for(topic, partition)]
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=list(GRPC_OPTIONS))
-            self._channels[address] = channel
-        return ps_grpc.PartitionStoreStub(channel)
+        return ps_grpc.PartitionStoreStub(self._channels.get(address))
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
+        await self._channels.close()
 
     async def append(
         self,

@@ -18,9 +18,9 @@ from oncelog.errors import ErrorCode
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
+from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
-from services.common.server_base import GRPC_OPTIONS
 
 MARKER_RPC_TIMEOUT_S = 10.0
 
@@ -45,19 +45,13 @@ class MarkerSender(Protocol):
 class GrpcMarkerSender:
     def __init__(self, layout: ClusterLayout) -> None:
         self._layout = layout
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool()
 
     def _stub(self, address: str) -> ps_grpc.PartitionStoreAsyncStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=list(GRPC_OPTIONS))
-            self._channels[address] = channel
-        return ps_grpc.PartitionStoreStub(channel)
+        return ps_grpc.PartitionStoreStub(self._channels.get(address))
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
+        await self._channels.close()
 
     async def write(
         self, spec: MarkerSpec, partitions: Iterable[tuple[str, int]]
