@@ -57,3 +57,30 @@ RECOVERY_REPLAYED_BATCHES = Gauge(
 CORRUPT_SNAPSHOTS = Counter(
     "oncelog_store_corrupt_snapshots_total", "Snapshots skipped during recovery as unreadable"
 )
+LAST_STABLE_OFFSET = Gauge(
+    "oncelog_store_last_stable_offset", "Last stable offset (LSO) per partition",
+    ["topic", "partition"],
+)
+UNSTABLE_OFFSETS = Gauge(
+    "oncelog_store_unstable_offsets",
+    "High watermark minus LSO per partition: offsets read_committed readers cannot see yet",
+    ["topic", "partition"],
+)
+OPEN_TRANSACTIONS = Gauge(
+    "oncelog_store_open_transactions", "Transactions open per partition", ["topic", "partition"]
+)
+OLDEST_OPEN_TXN_AGE_SECONDS = Gauge(
+    "oncelog_store_oldest_open_txn_age_seconds",
+    "Age of the oldest open transaction per partition, by the store's clock (0: none); "
+    "a hanging transaction keeps growing it",
+    ["topic", "partition"],
+)
+TXN_MARKERS_WRITTEN = Counter(
+    "oncelog_store_txn_markers_written_total",
+    "COMMIT/ABORT markers written (identical retries excluded)", ["topic", "type"],
+)
+TXN_VERIFICATIONS = Counter(
+    "oncelog_store_txn_verifications_total",
+    "Questions to the transaction coordinator before a producer's first transactional "
+    "write to a partition, by outcome (the error code name, or NONE)", ["outcome"],
+)

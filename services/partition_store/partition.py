@@ -2,12 +2,19 @@
 I/O around them (recovery, reads, snapshots, retention), and the futures that
 wait on its high watermark.
 
-Changes go through the core's replay methods. A live append is replayed into
-memory when it is accepted (so the next batch of a pipelining producer is
-checked against it, and the log end offset includes it), persisted by the
-group-commit writer, and acknowledged only when `on_durable` has moved the
-high watermark past it. Recovery runs the same replay over the stored batches
-after the newest good snapshot.
+Changes go through `_replay`, for data batches and markers alike. A live
+append or marker is replayed into memory when it is accepted (so the next
+batch of a pipelining producer is checked against it, and the log end offset
+includes it), persisted by the group-commit writer, and acknowledged only when
+`on_durable` has moved the high watermark past it. Recovery runs the same
+`_replay` over the stored batches after the newest good snapshot.
+
+Transactions: the producer table tracks open transactions, the aborted index
+(core/txn_index.py) the aborted ones, and the LSO follows from both (see
+core/log_state.py). A producer's first transactional batch on the partition
+waits for the coordinator's verification; while it waits, the producer's
+later batches on this partition wait behind a per-producer gate (see
+`append`), so they are checked against state that includes it.
 """
 
 from __future__ import annotations
@@ -21,7 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from oncelog.errors import ErrorCode
-from oncelog.records import BatchHeader, iter_records, read_header, with_base_offset
+from oncelog.records import (
+    BatchHeader,
+    control_marker,
+    encode_control_batch,
+    iter_records,
+    read_header,
+    with_base_offset,
+)
 from services.common.errors import ServiceError, invariant
 from services.partition_store import metrics
 from services.partition_store.core.batches import check_produce_batch
@@ -32,6 +46,7 @@ from services.partition_store.core.codec import (
     encode_offset,
     encode_partition_meta,
 )
+from services.partition_store.core.fetch_filter import select_batches
 from services.partition_store.core.log_state import (
     BatchInfo,
     LogState,
@@ -40,8 +55,12 @@ from services.partition_store.core.log_state import (
 )
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.producer_state import (
+    MARKER_NAMES,
     Duplicate,
+    DuplicateMarker,
+    NeedsVerification,
     ProducerStateManager,
+    TxnMarker,
 )
 from services.partition_store.core.snapshot import (
     SnapshotError,
@@ -49,6 +68,12 @@ from services.partition_store.core.snapshot import (
     encode_snapshot,
 )
 from services.partition_store.core.topics import TopicRecord
+from services.partition_store.core.txn_index import (
+    AbortedIndex,
+    AbortedTxn,
+    decode_aborted_txn,
+    encode_aborted_txn,
+)
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import KeyValueStore, WriteGroup
 
@@ -68,7 +93,7 @@ class Isolation(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Appended:
-    """An accepted batch: persist `group`, then call on_durable."""
+    """An accepted batch or marker: persist `group`, then call on_durable."""
 
     base_offset: int
     next_offset: int
@@ -78,17 +103,36 @@ class Appended:
 
 
 @dataclass(frozen=True, slots=True)
+class VerifyFirst:
+    """The batch would open a transaction here: the coordinator must confirm
+    the partition is in it; then `append` again with txn_verified=True."""
+
+    producer_id: int
+    producer_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForGate:
+    """An earlier batch of the same producer on this partition is waiting for
+    verification: wait for `gate`, then `append` again."""
+
+    gate: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
 class FetchRead:
     batches: list[bytes]
     size_bytes: int
     next_fetch_offset: int
+    # Bytes covered: returned plus filtered (control and aborted batches).
+    scanned_bytes: int = 0
 
 
 class PartitionRuntime:
     def __init__(
         self, topic: TopicRecord, partition: int, store: KeyValueStore, *,
         producers: ProducerStateManager, log_state: LogState,
-        snapshot_offsets: list[int],
+        snapshot_offsets: list[int], aborted: AbortedIndex | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -96,6 +140,8 @@ class PartitionRuntime:
         self._store = store
         self.producers = producers
         self.log = log_state
+        self.aborted = aborted if aborted is not None else AbortedIndex(self.topic_partition)
+        self.log.first_unstable_offset = producers.first_unstable_offset
         self.snapshot_offsets = snapshot_offsets
         self.batches_since_snapshot = 0
         self.last_snapshot_ms = 0
@@ -107,6 +153,11 @@ class PartitionRuntime:
         # base_offset -> the future of its group commit, until durable.
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._hw_waiters: set[asyncio.Future[None]] = set()
+        # read_committed long-polls wait for the LSO, not the HW.
+        self._lso_waiters: set[asyncio.Future[None]] = set()
+        # producer id -> the verification its first transactional batch here
+        # is waiting for; that producer's later appends wait for it.
+        self._gates: dict[int, asyncio.Future[None]] = {}
         self.closed = False
         self._log_prefix = keys.partition_prefix(keys.LOG, topic.topic_id, partition)
         self._log_end_key = keys.log_key_end(topic.topic_id, partition)
@@ -117,6 +168,10 @@ class PartitionRuntime:
         self._records_counter = metrics.PRODUCE_RECORDS.labels(topic.name)
         self._bytes_counter = metrics.PRODUCE_BYTES.labels(topic.name)
         self._duplicates_counter = metrics.PRODUCE_DUPLICATES.labels(topic.name)
+        self._lso_gauge = metrics.LAST_STABLE_OFFSET.labels(*labels)
+        self._unstable_gauge = metrics.UNSTABLE_OFFSETS.labels(*labels)
+        self._open_txns_gauge = metrics.OPEN_TRANSACTIONS.labels(*labels)
+        self._txn_age_gauge = metrics.OLDEST_OPEN_TXN_AGE_SECONDS.labels(*labels)
         self._update_gauges()
 
     # ------------------------------------------------------------- recovery
@@ -126,9 +181,10 @@ class PartitionRuntime:
         cls, topic: TopicRecord, partition: int, store: KeyValueStore, *, now_ms: int,
         producer_id_expiration_ms: int,
     ) -> PartitionRuntime:
-        """Loads the newest good snapshot and replays the batches after it.
-        A snapshot that does not decode falls back to the one before it; with
-        none left, the replay starts at the log start offset."""
+        """Loads the newest good snapshot and the aborted index, and replays
+        the batches after the snapshot. A snapshot that does not decode falls
+        back to the one before it; with none left, the replay starts at the
+        log start offset."""
         tp = topic.topic_partition(partition)
         tid = topic.topic_id
         log_prefix = keys.partition_prefix(keys.LOG, tid, partition)
@@ -176,6 +232,12 @@ class PartitionRuntime:
             tp, log_start_offset=log_start, log_end_offset=replay_from,
             high_watermark=replay_from, size_bytes=size_bytes, max_timestamp_ms=running_max_ts,
         )
+        aborted = cls._recover_aborted_index(store, topic, partition, log_start, log_end)
+        part = cls(
+            topic, partition, store, producers=producers, log_state=log_state,
+            snapshot_offsets=[keys.snapshot_key_offset(k) for k, _v in stored_snapshots],
+            aborted=aborted,
+        )
         replayed = 0
         for key, value in store.scan(keys.log_key(tid, partition, replay_from), log_end_key):
             header = read_header(value)
@@ -185,8 +247,10 @@ class PartitionRuntime:
                     False, f"{tp}: batch stored under offset {key_offset} "
                     f"says base offset {header.base_offset}",
                 )
-            log_state.replay_append(header)
-            producers.replay(header, header.base_offset, now_ms)
+            part._replay(
+                header, control_marker(value) if header.is_control else None, now_ms,
+                recovering=True,
+            )
             replayed += 1
         invariant(
             log_state.log_end_offset == log_end,
@@ -194,13 +258,12 @@ class PartitionRuntime:
         )
         # Everything stored counts as durable: it survived the restart.
         log_state.mark_durable(log_end)
+        producers.on_high_watermark(log_end)
         # Recovered producers count as active now (see producer_state.py).
         producers.remove_expired(now_ms, producer_id_expiration_ms)
+        part._sync_unstable()
+        part.update_txn_age(now_ms)
 
-        part = cls(
-            topic, partition, store, producers=producers, log_state=log_state,
-            snapshot_offsets=[keys.snapshot_key_offset(k) for k, _v in stored_snapshots],
-        )
         part.recovery_replayed_batches = replayed
         part.recovery_snapshot_offset = snapshot.offset if snapshot else None
         part.recovery_corrupt_snapshots = corrupt
@@ -210,11 +273,50 @@ class PartitionRuntime:
         if replayed or corrupt:
             log.info(
                 "%s: recovered from %s, replayed %d batches (%d corrupt snapshots skipped), "
-                "log [%d, %d)", tp,
+                "log [%d, %d), %d open transactions, %d aborted transactions indexed", tp,
                 f"snapshot at {snapshot.offset}" if snapshot else "the log start",
-                replayed, corrupt, log_start, log_end,
+                replayed, corrupt, log_start, log_end, producers.open_txn_count, len(aborted),
             )
         return part
+
+    @staticmethod
+    def _recover_aborted_index(
+        store: KeyValueStore, topic: TopicRecord, partition: int, log_start: int, log_end: int,
+    ) -> AbortedIndex:
+        """The aborted index from its `A` keys. If one does not decode, the
+        index is rebuilt by replaying the whole stored log into a scratch
+        producer table (a rare, slow path, like _recover_meta's)."""
+        tp = topic.topic_partition(partition)
+        prefix = keys.partition_prefix(keys.ABORTED_TXN, topic.topic_id, partition)
+        index = AbortedIndex(tp)
+        try:
+            for key, value in store.scan(prefix, keys.next_prefix(prefix)):
+                last_offset = keys.aborted_txn_key_offset(key)
+                index.add(decode_aborted_txn(last_offset, value, what=f"{tp} aborted index"))
+            return index
+        except CorruptValueError as exc:
+            log.warning("%s: rebuilding the aborted index by scanning the log: %s", tp, exc)
+        index = AbortedIndex(tp)
+        scratch = ProducerStateManager(tp)
+        tid = topic.topic_id
+        for _key, value in store.scan(
+            keys.log_key(tid, partition, log_start), keys.log_key_end(tid, partition)
+        ):
+            header = read_header(value)
+            completed = scratch.replay(
+                header, header.base_offset, 0,
+                control=control_marker(value) if header.is_control else None,
+            )
+            if completed is not None and completed.aborted:
+                index.add(AbortedTxn(
+                    completed.producer_id, completed.first_offset, completed.last_offset,
+                    completed.last_stable_offset,
+                ))
+        invariant(
+            not index.entries() or index.entries()[-1].last_offset < log_end,
+            lambda: f"{tp}: aborted index rebuilt past the log end {log_end}",
+        )
+        return index
 
     @staticmethod
     def _recover_meta(store: KeyValueStore, topic: TopicRecord, partition: int) -> tuple[int, int]:
@@ -239,20 +341,48 @@ class PartitionRuntime:
     # --------------------------------------------------------------- append
 
     def append(
-        self, batch: bytes, *, expected_log_end_offset: int | None, now_ms: int
-    ) -> Appended | Duplicate:
+        self, batch: bytes, *, expected_log_end_offset: int | None, now_ms: int,
+        transactional_id: str = "", txn_verified: bool = False,
+        own_gate: asyncio.Future[None] | None = None,
+    ) -> Appended | Duplicate | VerifyFirst | WaitForGate:
         """Checks a produced batch and, when accepted, replays it into memory
         and returns the writes that persist it. Raises ServiceError otherwise;
-        a refused batch changes nothing."""
+        a refused batch changes nothing. Returns VerifyFirst / WaitForGate
+        (having changed nothing) when the batch must wait: see the runtime.
+
+        Nothing here awaits, so per-partition order is call order. The gate
+        keeps that order across a verification: while a producer's first
+        transactional batch here waits for the coordinator, its later batches
+        (up to five in flight) wait for the gate instead of being checked
+        against state that does not include the first one yet. `own_gate` is
+        the gate the caller itself holds."""
+        if self.closed:
+            raise ServiceError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"{self.topic_partition} was deleted from this node",
+            )
         checked = check_produce_batch(
             batch, topic_partition=self.topic_partition,
             max_message_bytes=self.topic.config.max_message_bytes,
         )
         if isinstance(checked, Rejection):
             raise ServiceError(checked.code, checked.message)
-        decision = self.producers.check_append(checked)
+        if checked.is_transactional and not transactional_id:
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"producer {checked.producer_id} (epoch {checked.producer_epoch}) on "
+                f"{self.topic_partition}: a transactional batch needs the request's "
+                "transactional_id",
+            )
+        if self._gates:
+            gate = self._gates.get(checked.producer_id)
+            if gate is not None and gate is not own_gate:
+                return WaitForGate(gate)
+        decision = self.producers.check_append(checked, txn_verified=txn_verified)
         if isinstance(decision, Rejection):
             raise ServiceError(decision.code, decision.message)
+        if isinstance(decision, NeedsVerification):
+            return VerifyFirst(checked.producer_id, checked.producer_epoch)
         if isinstance(decision, Duplicate):
             self._duplicates_counter.inc()
             return decision
@@ -268,26 +398,133 @@ class PartitionRuntime:
         base_offset = self.log.log_end_offset
         stored = with_base_offset(batch, base_offset)
         header = dataclasses.replace(checked, base_offset=base_offset)
-        raised_max_ts = self.log.replay_append(header)
-        self.producers.replay(header, base_offset, now_ms)
-        self.log.add_size(len(stored))
-        self.batches_since_snapshot += 1
-        self._snapshot_dirty = True
-
-        tid, p = self.topic.topic_id, self.partition
-        group = WriteGroup()
-        group.put(keys.log_key(tid, p, base_offset), stored)
-        if raised_max_ts:
-            group.put(
-                keys.time_index_key(tid, p, header.max_timestamp_ms), encode_offset(base_offset)
-            )
-        group.put(keys.meta_key(tid, p), self._meta_value())
+        group = self._replay(header, None, now_ms)
+        self._add_stored(header, stored, group)
         self._records_counter.inc(header.record_count)
         self._bytes_counter.inc(len(stored))
         return Appended(
             base_offset=base_offset, next_offset=header.next_offset,
             record_count=header.record_count, size_bytes=len(stored), group=group,
         )
+
+    def append_marker(self, marker: TxnMarker, *, now_ms: int) -> Appended | DuplicateMarker:
+        """Checks a COMMIT/ABORT marker (core/producer_state.py) and, when
+        accepted, appends its control batch: replayed into memory now (the
+        producer's epoch and open transaction, the aborted index, the LSO's
+        inputs), persisted with its aborted-index entry in one write group.
+        Raises ServiceError when refused; a refused marker changes nothing."""
+        if self.closed:
+            raise ServiceError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"{self.topic_partition} was deleted from this node",
+            )
+        decision = self.producers.check_marker(marker)
+        if isinstance(decision, Rejection):
+            raise ServiceError(decision.code, decision.message)
+        if isinstance(decision, DuplicateMarker):
+            return decision
+        base_offset = self.log.log_end_offset
+        stored = encode_control_batch(
+            marker=marker.control_type, coordinator_epoch=marker.coordinator_epoch,
+            producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
+            timestamp_ms=now_ms, base_offset=base_offset,
+        )
+        header = read_header(stored)
+        group = self._replay(header, (marker.control_type, marker.coordinator_epoch), now_ms)
+        self._add_stored(header, stored, group)
+        metrics.TXN_MARKERS_WRITTEN.labels(
+            self.topic.name, MARKER_NAMES[marker.control_type].lower()
+        ).inc()
+        return Appended(
+            base_offset=base_offset, next_offset=header.next_offset,
+            record_count=header.record_count, size_bytes=len(stored), group=group,
+        )
+
+    def _replay(
+        self, header: BatchHeader, control: tuple[int, int] | None, now_ms: int, *,
+        recovering: bool = False,
+    ) -> WriteGroup:
+        """Applies one stored batch (data or control) to memory: the offsets,
+        producer state, aborted index and LSO inputs. The same code for live
+        appends and recovery. Returns the writes that go with it beyond the
+        batch itself (an aborted-index entry; also the time-index entry when
+        the batch raised the running max timestamp)."""
+        group = WriteGroup()
+        tid, p = self.topic.topic_id, self.partition
+        if self.log.replay_append(header):
+            group.put(
+                keys.time_index_key(tid, p, header.max_timestamp_ms),
+                encode_offset(header.base_offset),
+            )
+        completed = self.producers.replay(header, header.base_offset, now_ms, control=control)
+        if completed is not None and completed.aborted:
+            entry = AbortedTxn(
+                completed.producer_id, completed.first_offset, completed.last_offset,
+                completed.last_stable_offset,
+            )
+            stored = self.aborted.get(entry.last_offset) if recovering else None
+            if stored is None:
+                self.aborted.add(entry)
+                group.put(keys.aborted_txn_key(tid, p, entry.last_offset),
+                          encode_aborted_txn(entry))
+            elif stored != entry:
+                # The key was written with the marker, atomically: it is what
+                # readers used before the restart, so it stays. A difference
+                # means the replay started from a different point (a fallback
+                # past retention); worth knowing, not worth refusing to start.
+                log.warning("%s: aborted transaction at %d recomputed as %s, stored as %s; "
+                            "keeping the stored one", self.topic_partition, entry.last_offset,
+                            entry, stored)
+        self.batches_since_snapshot += 1
+        self._snapshot_dirty = True
+        if header.is_transactional:
+            # Only transactional batches (markers included) open or end
+            # transactions; skipping the rest keeps the hot path lean.
+            self._sync_unstable()
+        return group
+
+    def _add_stored(self, header: BatchHeader, stored: bytes, group: WriteGroup) -> None:
+        """Adds the batch itself and the partition meta to a live write group."""
+        tid, p = self.topic.topic_id, self.partition
+        self.log.add_size(len(stored))
+        group.put(keys.log_key(tid, p, header.base_offset), stored)
+        group.put(keys.meta_key(tid, p), self._meta_value())
+
+    def _sync_unstable(self) -> None:
+        """Copies the producer table's first unstable offset into the offsets
+        (the LSO's input) and refreshes the transaction gauges (the age of the
+        oldest open transaction needs a clock: the runtime's housekeeping
+        refreshes it through update_txn_age)."""
+        self.log.first_unstable_offset = self.producers.first_unstable_offset
+        lso = self.log.last_stable_offset
+        self._lso_gauge.set(lso)
+        self._unstable_gauge.set(self.log.high_watermark - lso)
+        self._open_txns_gauge.set(self.producers.open_txn_count)
+
+    def update_txn_age(self, now_ms: int) -> None:
+        """Sets the oldest-open-transaction age gauge (O(open transactions))."""
+        oldest = self.producers.oldest_open_txn_start_ms()
+        self._txn_age_gauge.set(0 if oldest is None else max(0, now_ms - oldest) / 1000)
+
+    # ------------------------------------------------- verification gates
+
+    def open_verification_gate(self, producer_id: int) -> asyncio.Future[None]:
+        """Makes the producer's later appends here wait (see `append`)."""
+        invariant(
+            producer_id not in self._gates,
+            lambda: f"{self.topic_partition}: producer {producer_id} already has a "
+            "verification gate",
+        )
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._gates[producer_id] = gate
+        return gate
+
+    def close_verification_gate(self, producer_id: int, gate: asyncio.Future[None]) -> None:
+        """Lets the waiting appends go, in the order they came."""
+        if self._gates.get(producer_id) is gate:
+            del self._gates[producer_id]
+        if not gate.done():
+            gate.set_result(None)
 
     def track_pending(self, base_offset: int, future: asyncio.Future[None]) -> None:
         self._pending[base_offset] = future
@@ -301,10 +538,15 @@ class PartitionRuntime:
         self._pending.pop(base_offset, None)
         if self.closed:
             return
+        lso_before = self.log.last_stable_offset
         if self.log.mark_durable(next_offset):
+            self.producers.on_high_watermark(self.log.high_watermark)
+            self._sync_unstable()
             self._hw_gauge.set(self.log.high_watermark)
             self._size_gauge.set(self.log.size_bytes)
-            self.wake_waiters()
+            self._wake(self._hw_waiters)
+            if self.log.last_stable_offset != lso_before:
+                self._wake(self._lso_waiters)
 
     def _meta_value(self) -> bytes:
         return encode_partition_meta(self.log.log_start_offset, self.log.size_bytes)
@@ -336,28 +578,22 @@ class PartitionRuntime:
             yield read_header(value), value
 
     def read(self, offset: int, *, max_bytes: int, isolation: Isolation) -> FetchRead:
-        """Whole batches from the one holding `offset`, up to the HW (or LSO).
-        The first batch is returned even when it is larger than max_bytes.
-        Control batches are left out (none exist before transactions land)."""
+        """Whole batches from the one holding `offset`, up to the HW (the LSO
+        under read_committed), without control batches and, under
+        read_committed, without batches of aborted transactions
+        (core/fetch_filter.py). The first batch is returned even when it is
+        larger than max_bytes."""
         self.check_fetch_offset(offset)
         upper = self.upper_bound(isolation)
-        batches: list[bytes] = []
-        size = 0
-        next_offset = offset
-        if offset >= upper or max_bytes <= 0:
-            return FetchRead(batches, 0, next_offset)
-        for header, value in self._batches_from(offset, upper):
-            if header.is_control:
-                next_offset = header.next_offset
-                continue
-            if batches and size + len(value) > max_bytes:
-                break
-            batches.append(value)
-            size += len(value)
-            next_offset = header.next_offset
-            if size >= max_bytes:
-                break
-        return FetchRead(batches, size, next_offset)
+        committed = isolation is Isolation.READ_COMMITTED
+        selection = select_batches(
+            self._batches_from(offset, upper), fetch_offset=offset, upper_offset=upper,
+            max_bytes=max_bytes, aborted=self.aborted if committed else None,
+        )
+        return FetchRead(
+            selection.batches, selection.size_bytes, selection.next_fetch_offset,
+            scanned_bytes=selection.scanned_bytes,
+        )
 
     def list_offset(self, timestamp_ms: int, isolation: Isolation) -> tuple[int, int]:
         """(offset, timestamp_ms) for ListOffsets: -2 earliest, -1 latest (HW,
@@ -398,15 +634,27 @@ class PartitionRuntime:
 
     # -------------------------------------------------------- long polling
 
-    def add_waiter(self, waiter: asyncio.Future[None]) -> None:
-        self._hw_waiters.add(waiter)
+    def add_waiter(self, waiter: asyncio.Future[None], isolation: Isolation) -> None:
+        """Wakes `waiter` when what `isolation` can read grows: the HW, or the
+        LSO under read_committed."""
+        if isolation is Isolation.READ_COMMITTED:
+            self._lso_waiters.add(waiter)
+        else:
+            self._hw_waiters.add(waiter)
 
     def remove_waiter(self, waiter: asyncio.Future[None]) -> None:
         self._hw_waiters.discard(waiter)
+        self._lso_waiters.discard(waiter)
 
     def wake_waiters(self) -> None:
-        waiters, self._hw_waiters = self._hw_waiters, set()
-        for waiter in waiters:
+        self._wake(self._hw_waiters)
+        self._wake(self._lso_waiters)
+
+    @staticmethod
+    def _wake(waiters: set[asyncio.Future[None]]) -> None:
+        pending = list(waiters)
+        waiters.clear()
+        for waiter in pending:
             if not waiter.done():
                 waiter.set_result(None)
 
@@ -499,7 +747,17 @@ class PartitionRuntime:
             keep_from = key
         if keep_from is not None:
             group.delete_range(time_prefix, keep_from)
+        # Aborted transactions that ended below the new log start: all their
+        # batches and their marker are gone with this deletion.
+        group.delete_range(
+            keys.partition_prefix(keys.ABORTED_TXN, tid, p), keys.aborted_txn_key(tid, p, new_start)
+        )
+        self.aborted.prune_below(new_start)
+        lso_before = self.log.last_stable_offset
         self.log.replay_truncate_start(new_start, plan.deleted_bytes)
+        self._sync_unstable()
+        if self.log.last_stable_offset != lso_before:
+            self._wake(self._lso_waiters)
         group.put(keys.meta_key(tid, p), self._meta_value())
         metrics.RETENTION_DELETED_BATCHES.labels(self.topic.name).inc(plan.batch_count)
         self._update_gauges()
@@ -512,7 +770,11 @@ class PartitionRuntime:
         self.closed = True
         self.wake_waiters()
         labels = (self.topic.name, str(self.partition))
-        for gauge in (metrics.HIGH_WATERMARK, metrics.LOG_START_OFFSET, metrics.LOG_SIZE_BYTES):
+        for gauge in (
+            metrics.HIGH_WATERMARK, metrics.LOG_START_OFFSET, metrics.LOG_SIZE_BYTES,
+            metrics.LAST_STABLE_OFFSET, metrics.UNSTABLE_OFFSETS, metrics.OPEN_TRANSACTIONS,
+            metrics.OLDEST_OPEN_TXN_AGE_SECONDS,
+        ):
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels)
 
@@ -520,3 +782,4 @@ class PartitionRuntime:
         self._hw_gauge.set(self.log.high_watermark)
         self._start_gauge.set(self.log.log_start_offset)
         self._size_gauge.set(self.log.size_bytes)
+        self._sync_unstable()

@@ -5,15 +5,22 @@
   group-commit writer and the housekeeping task.
 * Produce: resolve partitions, then check and append every batch
   synchronously on the event loop (per-partition order is the call order),
-  queue the writes, and answer once the group commit is durable.
-* Fetch: read whole batches below the HW (LSO under read_committed); long-poll
-  on the partitions' high-watermark waiters up to max_wait_ms.
+  queue the writes, and answer once the group commit is durable. A batch that
+  would open a transaction on a partition first waits for the transaction
+  coordinator's verification (TxnVerifier; one question per request for all
+  such partitions); meanwhile that producer's later batches on the partition
+  wait behind its gate (partition.py), other producers and partitions go on.
+* WriteTxnMarkers: check each marker per partition (core/producer_state.py),
+  append its control batch through the same group commit, answer when durable.
+* Fetch: read whole batches below the HW (LSO under read_committed, with
+  aborted transactions and markers filtered out); long-poll on the
+  partitions' HW (LSO) waiters up to max_wait_ms.
 * Catalog: node `layout.controller_node_id` owns it. Other nodes forward
   CreateTopics/DeleteTopics there, learn topics by asking it (ListTopics) on a
   miss and periodically, keep a copy on disk, and delete the data of topics
   that disappeared. Placement is `layout.store_for(topic, partition)`.
 * Housekeeping: snapshots every N batches / T ms, retention, producer-id
-  expiry, catalog refresh.
+  expiry, catalog refresh, the open-transaction age gauges.
 * Shutdown: refuse new writes, snapshot every partition, drain the writer.
 
 Nothing here speaks gRPC: the servicer maps protos to these calls, and the
@@ -26,21 +33,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oncelog.errors import ErrorCode
 from services.common import limits
 from services.common.cluster import ClusterLayout
-from services.common.errors import ServiceError, invariant
+from services.common.errors import InvariantViolation, ServiceError, invariant
 from services.partition_store import metrics
 from services.partition_store.core.codec import CorruptValueError, decode_offset, encode_offset
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     Duplicate,
+    DuplicateMarker,
     ProducerEntry,
+    TxnMarker,
 )
 from services.partition_store.core.topics import (
     INTERNAL_TOPIC_CONFIG,
@@ -50,9 +59,16 @@ from services.partition_store.core.topics import (
     validate_new_topic,
     validate_topic_name,
 )
-from services.partition_store.partition import Appended, Isolation, PartitionRuntime
+from services.partition_store.partition import (
+    Appended,
+    Isolation,
+    PartitionRuntime,
+    VerifyFirst,
+    WaitForGate,
+)
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import KeyValueStore, WriteGroup
+from services.partition_store.txn_verifier import TopicPartitionKey, TxnVerifier, Verdicts
 from services.partition_store.writer import GroupCommitWriter
 
 log = logging.getLogger("oncelog.partition_store")
@@ -83,6 +99,10 @@ class StoreConfig:
     producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
     catalog_refresh_interval_ms: int = 10_000
     retention_max_batches_per_run: int = 10_000
+    # TEST ONLY: accept a producer's first transactional write to a partition
+    # without asking the transaction coordinator. Lets tests make hanging
+    # transactions on purpose; never set it in production.
+    unsafe_skip_txn_verification: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.node_id < len(self.layout.stores):
@@ -182,6 +202,27 @@ class OffsetOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkerItem:
+    """One marker of a WriteTxnMarkers request (control_type: records.MARKER_*)."""
+
+    producer_id: int
+    producer_epoch: int
+    control_type: int
+    coordinator_epoch: int
+    partitions: tuple[tuple[str, int], ...]
+    transactional_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerOutcome:
+    producer_id: int
+    topic: str
+    partition: int
+    error: ServiceError | None = None
+    offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class ProducersOutcome:
     topic: str
     partition: int
@@ -216,10 +257,14 @@ class StoreRuntime:
         config: StoreConfig,
         *,
         controller: ControllerLink | None = None,
+        txn_verifier: TxnVerifier | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         if not config.is_controller and controller is None:
             raise ValueError("a non-controller store node needs a ControllerLink")
+        # None: transactional writes that need verification fail with
+        # COORDINATOR_NOT_AVAILABLE (unless the test-only skip flag is set).
+        self._txn_verifier = txn_verifier
         self.config = config
         self.layout = config.layout
         self._store = store
@@ -307,6 +352,8 @@ class StoreRuntime:
             await self._writer.close()
         if self._controller is not None:
             await self._controller.close()
+        if self._txn_verifier is not None:
+            await self._txn_verifier.close()
         self._store.close()
 
     def partition(self, topic: str, partition: int) -> PartitionRuntime:
@@ -653,66 +700,271 @@ class StoreRuntime:
     # --------------------------------------------------------------- produce
 
     async def produce(
-        self, items: Sequence[ProduceItem], *, timeout_ms: int = 0
+        self, items: Sequence[ProduceItem], *, timeout_ms: int = 0, transactional_id: str = "",
     ) -> list[ProduceOutcome]:
         """Appends one batch per item. Checks and offsets happen synchronously,
-        in item order; the answer waits until every append is durable or
-        timeout_ms (0: the default) passes."""
+        in item order, except for batches that must wait for a transaction
+        verification (or behind another batch's); the answer waits until every
+        append is durable or timeout_ms (0: the default) passes."""
         await self._ensure_known({item.topic for item in items})
         now_ms = self._clock_ms()
-        outcomes: list[ProduceOutcome] = []
+        skip_verification = self.config.unsafe_skip_txn_verification
+        outcomes: list[ProduceOutcome | None] = []
         waits: dict[int, asyncio.Future[None]] = {}
+        deferred: list[_Deferred] = []
+        # (producer id, epoch) -> the partitions to ask the coordinator about:
+        # one question per request, however many partitions it opens.
+        questions: dict[tuple[int, int], list[TopicPartitionKey]] = {}
         for index, item in enumerate(items):
             try:
                 self._check_accepting()
                 part = self._resolve(item.topic, item.partition)
                 result = part.append(
                     item.batch, expected_log_end_offset=item.expected_log_end_offset,
-                    now_ms=now_ms,
+                    now_ms=now_ms, transactional_id=transactional_id,
+                    txn_verified=skip_verification,
                 )
             except ServiceError as exc:
                 outcomes.append(ProduceOutcome(item.topic, item.partition, exc))
                 continue
-            if isinstance(result, Appended):
-                future = self._writer.submit(
-                    result.group,
-                    on_durable=_durable_callback(part, result.base_offset, result.next_offset),
+            if isinstance(result, VerifyFirst):
+                gate = part.open_verification_gate(result.producer_id)
+                questions.setdefault((result.producer_id, result.producer_epoch), []).append(
+                    (item.topic, item.partition)
                 )
-                part.track_pending(result.base_offset, future)
-                waits[index] = future
-                outcomes.append(ProduceOutcome(
-                    item.topic, item.partition, None, result.base_offset, False,
-                    part.log.log_start_offset, now_ms,
-                ))
-                self._maybe_snapshot(part, now_ms)
+                deferred.append(_Deferred(index, item, part, result, gate))
+                outcomes.append(None)
+            elif isinstance(result, WaitForGate):
+                deferred.append(_Deferred(index, item, part, result, None))
+                outcomes.append(None)
             else:
-                pending = part.pending_future(result.base_offset)
-                if pending is not None:
-                    waits[index] = pending
-                outcomes.append(ProduceOutcome(
-                    item.topic, item.partition, None, result.base_offset, True,
-                    part.log.log_start_offset, -1,
-                ))
-        if waits:
-            timeout_s = (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
-            await asyncio.wait([asyncio.shield(f) for f in waits.values()], timeout=timeout_s)
-            for index, future in waits.items():
-                item = items[index]
-                error: ServiceError | None = None
-                if not future.done():
-                    error = ServiceError(
-                        ErrorCode.REQUEST_TIMED_OUT,
-                        f"{item.topic}-{item.partition}: the append at offset "
-                        f"{outcomes[index].base_offset} was not durable within "
-                        f"{timeout_s * 1000:.0f} ms; retry (the retry is deduplicated)",
+                outcomes.append(self._accepted(index, item, part, result, now_ms, waits))
+        if deferred:
+            asked = {
+                key: asyncio.ensure_future(self._verify(transactional_id, key[0], key[1], tps))
+                for key, tps in questions.items()
+            }
+            finished = await asyncio.gather(*(
+                self._append_deferred(d, asked, transactional_id, waits) for d in deferred
+            ))
+            for d, outcome in zip(deferred, finished, strict=True):
+                outcomes[d.index] = outcome
+        final = [o for o in outcomes if o is not None]
+        invariant(len(final) == len(items), "a produce item without an outcome")
+        for index, error in (await self._await_durable(waits, timeout_ms)).items():
+            item = items[index]
+            if error.code is ErrorCode.REQUEST_TIMED_OUT:
+                error = ServiceError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"{item.topic}-{item.partition}: the append at offset "
+                    f"{final[index].base_offset} {error.message}; retry (the retry is "
+                    "deduplicated)",
+                )
+            final[index] = ProduceOutcome(item.topic, item.partition, error)
+        return final
+
+    def _accepted(
+        self, index: int, item: ProduceItem, part: PartitionRuntime,
+        result: Appended | Duplicate, now_ms: int, waits: dict[int, asyncio.Future[None]],
+    ) -> ProduceOutcome:
+        """Queues an accepted append's writes (or finds a duplicate's pending
+        original) and builds its outcome."""
+        if isinstance(result, Appended):
+            future = self._writer.submit(
+                result.group,
+                on_durable=_durable_callback(part, result.base_offset, result.next_offset),
+            )
+            part.track_pending(result.base_offset, future)
+            waits[index] = future
+            self._maybe_snapshot(part, now_ms)
+            return ProduceOutcome(
+                item.topic, item.partition, None, result.base_offset, False,
+                part.log.log_start_offset, now_ms,
+            )
+        pending = part.pending_future(result.base_offset)
+        if pending is not None:
+            waits[index] = pending
+        return ProduceOutcome(
+            item.topic, item.partition, None, result.base_offset, True,
+            part.log.log_start_offset, -1,
+        )
+
+    async def _append_deferred(
+        self, deferred: _Deferred, asked: Mapping[tuple[int, int], asyncio.Future[Verdicts]],
+        transactional_id: str, waits: dict[int, asyncio.Future[None]],
+    ) -> ProduceOutcome:
+        """Finishes an append that had to wait: for its verification (then
+        appends with txn_verified), or for another batch's gate (then checks
+        again, which may in turn need a verification or another gate)."""
+        item, part = deferred.item, deferred.part
+        tp = (item.topic, item.partition)
+        pending: VerifyFirst | WaitForGate = deferred.result
+        gate = deferred.gate
+        # The producer whose gate this item holds (when gate is not None).
+        gate_producer_id = pending.producer_id if isinstance(pending, VerifyFirst) else -1
+        question: asyncio.Future[Verdicts] | None = (
+            asked[(pending.producer_id, pending.producer_epoch)]
+            if isinstance(pending, VerifyFirst) else None
+        )
+        try:
+            while True:
+                if isinstance(pending, WaitForGate):
+                    await pending.gate
+                    self._check_accepting()
+                    result = part.append(
+                        item.batch, expected_log_end_offset=item.expected_log_end_offset,
+                        now_ms=self._clock_ms(), transactional_id=transactional_id,
+                        txn_verified=self.config.unsafe_skip_txn_verification,
                     )
-                elif future.exception() is not None:
-                    failure = future.exception()
-                    error = failure if isinstance(failure, ServiceError) else ServiceError(
-                        ErrorCode.STORAGE_ERROR, repr(failure)
+                    if isinstance(result, WaitForGate):
+                        pending = result
+                        continue
+                    if isinstance(result, VerifyFirst):
+                        pending = result
+                        gate = part.open_verification_gate(result.producer_id)
+                        gate_producer_id = result.producer_id
+                        question = asyncio.ensure_future(self._verify(
+                            transactional_id, result.producer_id, result.producer_epoch, [tp]
+                        ))
+                        continue
+                    return self._accepted(
+                        deferred.index, item, part, result, self._clock_ms(), waits
                     )
-                if error is not None:
-                    outcomes[index] = ProduceOutcome(item.topic, item.partition, error)
+                if question is None:
+                    raise InvariantViolation("a verification without its question")
+                verdict = (await question)[tp]
+                if verdict is not None:
+                    raise ServiceError(
+                        verdict.code,
+                        f"producer {pending.producer_id} (epoch {pending.producer_epoch}) on "
+                        f"{item.topic}-{item.partition}: the transaction coordinator of "
+                        f"transactional id {transactional_id!r} did not confirm that this "
+                        f"partition is in the producer's transaction: {verdict.code.name}: "
+                        f"{verdict.message}",
+                    )
+                self._check_accepting()
+                result = part.append(
+                    item.batch, expected_log_end_offset=item.expected_log_end_offset,
+                    now_ms=self._clock_ms(), transactional_id=transactional_id,
+                    txn_verified=True, own_gate=gate,
+                )
+                if not isinstance(result, (Appended, Duplicate)):
+                    raise InvariantViolation(
+                        f"{item.topic}-{item.partition}: a verified append answered {result!r}"
+                    )
+                return self._accepted(deferred.index, item, part, result, self._clock_ms(), waits)
+        except ServiceError as exc:
+            return ProduceOutcome(item.topic, item.partition, exc)
+        finally:
+            if gate is not None:
+                part.close_verification_gate(gate_producer_id, gate)
+
+    async def _verify(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: Sequence[TopicPartitionKey],
+    ) -> Verdicts:
+        """The coordinator's verdict per partition; a failure to ask becomes
+        the same (retriable) verdict for every partition. Never raises."""
+        try:
+            if self._txn_verifier is None:
+                raise ServiceError(
+                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    f"store node {self.config.node_id} has no transaction coordinator to "
+                    "verify transactional writes with",
+                )
+            verdicts = await self._txn_verifier.verify(
+                transactional_id=transactional_id, producer_id=producer_id,
+                producer_epoch=producer_epoch, partitions=partitions,
+            )
+        except ServiceError as exc:
+            log.info("verification of producer %d (epoch %d, transactional id %r) failed: %s",
+                     producer_id, producer_epoch, transactional_id, exc)
+            verdicts = {tp: Rejection(exc.code, exc.message) for tp in partitions}
+        for tp in partitions:
+            verdict = verdicts.get(tp)
+            metrics.TXN_VERIFICATIONS.labels(
+                "NONE" if verdict is None else verdict.code.name
+            ).inc()
+        return verdicts
+
+    async def _await_durable(
+        self, waits: dict[int, asyncio.Future[None]], timeout_ms: int
+    ) -> dict[int, ServiceError]:
+        """Waits for the group commits of `waits` (index -> future) up to
+        timeout_ms (0: the default); returns the failed ones' errors."""
+        if not waits:
+            return {}
+        timeout_s = (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+        await asyncio.wait([asyncio.shield(f) for f in waits.values()], timeout=timeout_s)
+        errors: dict[int, ServiceError] = {}
+        for index, future in waits.items():
+            if not future.done():
+                errors[index] = ServiceError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"was not durable within {timeout_s * 1000:.0f} ms",
+                )
+            elif future.exception() is not None:
+                failure = future.exception()
+                errors[index] = failure if isinstance(failure, ServiceError) else ServiceError(
+                    ErrorCode.STORAGE_ERROR, repr(failure)
+                )
+        return errors
+
+    # ---------------------------------------------------------- transactions
+
+    async def write_txn_markers(
+        self, markers: Sequence[MarkerItem], *, timeout_ms: int = 0
+    ) -> list[MarkerOutcome]:
+        """Writes each marker to each partition it names (in request order),
+        by the rules of core/producer_state.py; answers once every written
+        marker is durable. An identical retry of a producer's last marker
+        answers with its offset and writes nothing."""
+        await self._ensure_known({t for m in markers for t, _p in m.partitions})
+        now_ms = self._clock_ms()
+        outcomes: list[MarkerOutcome] = []
+        waits: dict[int, asyncio.Future[None]] = {}
+        for item in markers:
+            marker = TxnMarker(
+                item.producer_id, item.producer_epoch, item.control_type, item.coordinator_epoch
+            )
+            for topic, partition in item.partitions:
+                try:
+                    self._check_accepting()
+                    part = self._resolve(topic, partition)
+                    result = part.append_marker(marker, now_ms=now_ms)
+                except ServiceError as exc:
+                    outcomes.append(MarkerOutcome(item.producer_id, topic, partition, exc))
+                    continue
+                if isinstance(result, DuplicateMarker):
+                    offset = result.offset
+                    pending = part.pending_future(offset)
+                    if pending is not None:
+                        waits[len(outcomes)] = pending
+                else:
+                    offset = result.base_offset
+                    future = self._writer.submit(
+                        result.group,
+                        on_durable=_durable_callback(part, result.base_offset, result.next_offset),
+                    )
+                    part.track_pending(result.base_offset, future)
+                    waits[len(outcomes)] = future
+                    self._maybe_snapshot(part, now_ms)
+                    log.info(
+                        "%s: %s marker of producer %d (epoch %d, coordinator epoch %d) at "
+                        "offset %d", part.topic_partition, marker.name, marker.producer_id,
+                        marker.producer_epoch, marker.coordinator_epoch, offset,
+                    )
+                outcomes.append(MarkerOutcome(item.producer_id, topic, partition, None, offset))
+        for index, error in (await self._await_durable(waits, timeout_ms)).items():
+            failed = outcomes[index]
+            if error.code is ErrorCode.REQUEST_TIMED_OUT:
+                error = ServiceError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"{failed.topic}-{failed.partition}: the marker at offset {failed.offset} "
+                    f"{error.message}; retry (an identical retry is not written again)",
+                )
+            outcomes[index] = MarkerOutcome(failed.producer_id, failed.topic, failed.partition,
+                                            error)
         return outcomes
 
     def _maybe_snapshot(self, part: PartitionRuntime, now_ms: int) -> None:
@@ -736,7 +988,11 @@ class StoreRuntime:
         isolation: Isolation = Isolation.READ_UNCOMMITTED,
     ) -> list[FetchOutcome]:
         """Reads every item; when fewer than min_bytes are available, waits up
-        to max_wait_ms for any of the partitions' HW to move and reads again."""
+        to max_wait_ms for any of the partitions' HW (LSO under
+        read_committed) to move and reads again. Bytes filtered out (markers,
+        aborted transactions) count toward min_bytes and max_bytes: they are
+        work done, and a fetch that skipped them answers at once with a
+        next_fetch_offset past them rather than waiting with nothing new."""
         await self._ensure_known({item.topic for item in items})
         loop = asyncio.get_running_loop()
         wait_s = min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
@@ -749,7 +1005,7 @@ class StoreRuntime:
                 return outcomes
             waiter: asyncio.Future[None] = loop.create_future()
             for part in parts:
-                part.add_waiter(waiter)
+                part.add_waiter(waiter, isolation)
             try:
                 await asyncio.wait_for(waiter, remaining_s)
             except TimeoutError:
@@ -778,7 +1034,7 @@ class StoreRuntime:
                     item.topic, item.partition, exc, next_fetch_offset=item.fetch_offset
                 ))
                 continue
-            total += read.size_bytes
+            total += read.scanned_bytes
             outcomes.append(FetchOutcome(
                 item.topic, item.partition, None,
                 high_watermark=part.log.high_watermark,
@@ -886,6 +1142,7 @@ class StoreRuntime:
                 now_ms = self._clock_ms()
                 for part in list(self._partitions.values()):
                     self._maybe_snapshot(part, now_ms)
+                    part.update_txn_age(now_ms)
                 if now_ms - self._last_retention_ms >= config.retention_check_interval_ms:
                     await self.run_retention_once()
                 if not config.is_controller and (
@@ -895,6 +1152,18 @@ class StoreRuntime:
                     await self._refresh_quietly()
             except ServiceError as exc:
                 log.warning("housekeeping: %s", exc)
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """A produce item whose append waits (for verification or a gate)."""
+
+    index: int
+    item: ProduceItem
+    part: PartitionRuntime
+    result: VerifyFirst | WaitForGate
+    # The gate this item holds (it opened it for its own verification).
+    gate: asyncio.Future[None] | None
 
 
 def _durable_callback(
@@ -907,7 +1176,8 @@ def _durable_callback(
 
 
 __all__ = [
-    "Duplicate", "FetchItem", "FetchOutcome", "Isolation", "OffsetOutcome", "OffsetQuery",
+    "Duplicate", "FetchItem", "FetchOutcome", "Isolation", "MarkerItem", "MarkerOutcome",
+    "OffsetOutcome", "OffsetQuery",
     "ProduceItem", "ProduceOutcome", "ProducersOutcome", "StoreConfig", "StoreRuntime",
     "TopicLookup", "TopicOutcome", "TopicSpec",
 ]

@@ -13,6 +13,12 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --retention-check-interval-ms   how often retention and producer expiry run
   --producer-id-expiration-ms     idle producers' dedup state is dropped after this
   --catalog-refresh-interval-ms   non-controller nodes re-read the catalog this often
+  --unsafe-skip-txn-verification  TEST ONLY: do not ask the transaction coordinator
+                                  before a producer's first transactional write to a
+                                  partition (makes hanging transactions possible)
+
+The transaction coordinators (--coordinators) are asked to verify a
+producer's first transactional write to each partition (verify_only).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from services.common.server_base import (
     serve,
 )
 from services.partition_store.controller_link import GrpcControllerLink
+from services.partition_store.coordinator_link import GrpcTxnVerifier
 from services.partition_store.core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.servicer import SERVICE_NAME, PartitionStoreServicer
@@ -69,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_int("producer-id-expiration-ms", DEFAULT_PRODUCER_ID_EXPIRATION_MS))
     add("--catalog-refresh-interval-ms", type=int,
         default=_env_int("catalog-refresh-interval-ms", 10_000))
+    add("--unsafe-skip-txn-verification", action="store_true",
+        default=_env_flag("unsafe-skip-txn-verification"),
+        help="TEST ONLY, never in production: accept a producer's first transactional "
+             "write to a partition without verifying with the transaction coordinator that "
+             "the partition is in its transaction. Lets tests create hanging transactions "
+             "on purpose (and lets a buggy client create them by accident). Off by default")
     return parser
 
 
@@ -82,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> StoreConfig:
         retention_check_interval_ms=args.retention_check_interval_ms,
         producer_id_expiration_ms=args.producer_id_expiration_ms,
         catalog_refresh_interval_ms=args.catalog_refresh_interval_ms,
+        unsafe_skip_txn_verification=args.unsafe_skip_txn_verification,
     )
 
 
@@ -98,7 +112,15 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     layout = config.layout
     listen = args.listen or args.advertised or layout.stores[config.node_id]
     store = RocksStore(Path(args.data_dir) / "rocksdb")
-    runtime = StoreRuntime(store, config, controller=GrpcControllerLink(layout))
+    if config.unsafe_skip_txn_verification:
+        log.warning(
+            "--unsafe-skip-txn-verification is set: transactional writes are NOT verified "
+            "with the transaction coordinator (test only; hanging transactions possible)"
+        )
+    runtime = StoreRuntime(
+        store, config, controller=GrpcControllerLink(layout),
+        txn_verifier=GrpcTxnVerifier(layout),
+    )
     try:
         await runtime.start()
 

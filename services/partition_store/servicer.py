@@ -13,14 +13,16 @@ from collections.abc import Iterable
 import grpc
 
 from oncelog.errors import ErrorCode
+from oncelog.records import MARKER_ABORT, MARKER_COMMIT
 from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.v1 import partition_store_pb2_grpc, records_pb2
-from services.common.errors import ServiceError, abort_with, error_proto
+from services.common.errors import ServiceError, abort_with
 from services.partition_store.controller_link import CATALOG_CHANGED_METADATA
 from services.partition_store.convert import error_to_proto, topic_metadata
 from services.partition_store.partition import Isolation
 from services.partition_store.runtime import (
     FetchItem,
+    MarkerItem,
     OffsetQuery,
     ProduceItem,
     StoreRuntime,
@@ -28,6 +30,7 @@ from services.partition_store.runtime import (
 )
 
 SERVICE_NAME = "oncelog.v1.PartitionStore"
+_MARKER_TYPES = {pb.ABORT: MARKER_ABORT, pb.COMMIT: MARKER_COMMIT}
 
 
 def _isolation(value: int) -> Isolation:
@@ -156,7 +159,10 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                 )
                 for b in request.batches
             ]
-            outcomes = await self._runtime.produce(items, timeout_ms=request.timeout_ms)
+            outcomes = await self._runtime.produce(
+                items, timeout_ms=request.timeout_ms,
+                transactional_id=request.transactional_id,
+            )
         except ServiceError as exc:
             await abort_with(context, exc)
         return pb.ProduceResponse(results=[
@@ -231,20 +237,33 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def WriteTxnMarkers(
         self, request: pb.WriteTxnMarkersRequest, context: grpc.aio.ServicerContext
     ) -> pb.WriteTxnMarkersResponse:
-        if not request.markers:
-            await abort_with(context, _bad_request("WriteTxnMarkersRequest carries no marker"))
-        error = error_proto(
-            ErrorCode.UNSUPPORTED_VERSION,
-            "this partition store does not write transaction markers yet; transactions "
-            "land in the next version",
-        )
+        try:
+            if not request.markers:
+                raise _bad_request("WriteTxnMarkersRequest carries no marker")
+            for m in request.markers:
+                if not m.partitions:
+                    raise _bad_request(
+                        f"the marker of producer {m.producer_id} names no partition"
+                    )
+            outcomes = await self._runtime.write_txn_markers([
+                MarkerItem(
+                    producer_id=m.producer_id, producer_epoch=m.producer_epoch,
+                    # Unknown types pass through; the core refuses them per partition.
+                    control_type=_MARKER_TYPES.get(m.type, int(m.type)),
+                    coordinator_epoch=m.coordinator_epoch,
+                    partitions=tuple((tp.topic, tp.partition) for tp in m.partitions),
+                    transactional_id=m.transactional_id,
+                )
+                for m in request.markers
+            ])
+        except ServiceError as exc:
+            await abort_with(context, exc)
         return pb.WriteTxnMarkersResponse(results=[
             pb.MarkerPartitionResult(
-                producer_id=m.producer_id, topic=tp.topic, partition=tp.partition,
-                error=error, offset=-1,
+                producer_id=o.producer_id, topic=o.topic, partition=o.partition,
+                error=error_to_proto(o.error), offset=o.offset,
             )
-            for m in request.markers
-            for tp in m.partitions
+            for o in outcomes
         ])
 
     async def DescribeProducers(

@@ -246,13 +246,17 @@ def test_create_produce_fetch_list_offsets(shared_store: StoreProcess) -> None:
     assert (view.producer_id, view.producer_epoch, view.last_sequence) == (500, 0, 8)
     assert view.current_txn_start_offset == -1
 
+    # A marker must carry an epoch above the producer's (transaction version
+    # 2); this one does not, so nothing is written (markers are covered in
+    # test_store_txn_grpc.py).
     markers = stub.WriteTxnMarkers(pb.WriteTxnMarkersRequest(markers=[pb.TxnMarker(
-        producer_id=500, producer_epoch=1, type=pb.COMMIT,
+        producer_id=500, producer_epoch=0, type=pb.COMMIT,
         partitions=[records_pb2.TopicPartition(topic="payments", partition=1)],
     )]))
     [marker] = markers.results
-    assert _code(marker.error) == ErrorCode.UNSUPPORTED_VERSION
-    assert "next version" in marker.error.message
+    assert _code(marker.error) == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert "500" in marker.error.message and "payments-1" in marker.error.message
+    assert fetch_all(stub, "payments", 1)[0] == 9
 
     # Duplicate of the last batch: same offset, nothing written.
     again = produce(stub, "payments", 1, batch(6, ts_ms=NOW_MS + 2000))

@@ -509,16 +509,23 @@ def test_topic_ids_are_never_reused(tmp_path: Path) -> None:
     run(body)
 
 
-def test_transactional_batches_are_refused_for_now(tmp_path: Path) -> None:
+def test_transactional_batch_that_cannot_be_verified_is_refused(tmp_path: Path) -> None:
+    """Without the request's transactional id, or without a coordinator to
+    verify it with, a transactional batch is refused and the log is unchanged
+    (tests/integration/test_store_txn_runtime.py covers verification)."""
     async def body() -> None:
         rt = await _open(tmp_path / "db")
         await create(rt, "t")
         txn = encode_batch([(None, b"x", None, 1)], producer_id=5, producer_epoch=0,
                            base_sequence=0, transactional=True)
         out = await produce(rt, "t", txn)
-        assert out.error is not None and out.error.code == ErrorCode.INVALID_TXN_STATE
-        assert "transaction coordinator" in out.error.message
+        assert out.error is not None and out.error.code == ErrorCode.INVALID_REQUEST
+        assert "transactional_id" in out.error.message
+        [out] = await rt.produce([ProduceItem("t", 0, txn)], transactional_id="app-1")
+        assert out.error is not None and out.error.code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert out.error.code.retriable
         assert rt.partition("t", 0).log.log_end_offset == 0
+        assert rt.partition("t", 0).producers.get(5) is None
         await rt.close()
 
     run(body)

@@ -22,6 +22,7 @@ from services.partition_store.core.log_state import (
     BatchInfo,
     LogState,
     RetentionPlan,
+    last_stable_offset,
     plan_retention,
 )
 
@@ -45,6 +46,25 @@ def test_append_durable_truncate() -> None:
     state.add_size(300)
     state.replay_truncate_start(3, 100)
     assert (state.log_start_offset, state.size_bytes) == (3, 200)
+
+
+@pytest.mark.parametrize(
+    ("hw", "log_start", "first_unstable", "lso"),
+    [
+        (10, 0, None, 10),     # no transaction: the HW
+        (10, 0, 4, 4),         # an open transaction from 4 holds it
+        (10, 0, 10, 10),       # a transaction starting at the HW (not durable yet)
+        (10, 0, 12, 10),       # never above the HW
+        (10, 6, 4, 6),         # never below the log start (retention went past it)
+    ],
+)
+def test_last_stable_offset(hw: int, log_start: int, first_unstable: int | None,
+                            lso: int) -> None:
+    assert last_stable_offset(high_watermark=hw, log_start_offset=log_start,
+                              first_unstable_offset=first_unstable) == lso
+    state = LogState("t-0", log_start_offset=log_start, log_end_offset=12, high_watermark=hw,
+                     first_unstable_offset=first_unstable)
+    assert state.last_stable_offset == lso
 
 
 def test_invariants() -> None:

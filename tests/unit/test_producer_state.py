@@ -1,25 +1,33 @@
-"""The append rules of DESIGN.md §3, on the pure producer-state core.
+"""The append and marker rules of DESIGN.md §3-§4 (transaction version 2),
+on the pure producer-state core.
 
-Goal: every row of the rules table gives the documented outcome, and deciding
-on a batch never changes the state (only `replay` does).
+Goal: every row of the rules tables gives the documented outcome — data
+batches (idempotence, epochs, open transactions, the verification step) and
+COMMIT/ABORT markers (strictly higher epoch, identical retry, zombie
+coordinator, delayed marker, no prior state) — deciding never changes the
+state (only `replay` does), and the LSO input (first unstable offset) follows
+open transactions and markers.
 
-Method: a table. Each row replays a history of batches (at consecutive
-offsets from 0) into a fresh ProducerStateManager, then checks one more
-batch and compares the decision (append, duplicate with the original
-offset, or the rejection's error code). Headers come from the real codec
-(encode_batch/read_header), so sequences and wrap-around are computed the
-way the store sees them.
+Method: tables. Each row replays a history of batches and markers (at
+consecutive offsets from 0) into a fresh ProducerStateManager, then checks one
+more batch or marker and compares the decision (append, needs verification,
+duplicate with the original offset, write, or the rejection's error code).
+Headers come from the real codec (encode_batch / encode_control_batch /
+read_header), so sequences and wrap-around are computed the way the store
+sees them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
 
 from oncelog.errors import ErrorCode
 from oncelog.records import (
+    MARKER_ABORT,
     MARKER_COMMIT,
     MAX_SEQUENCE,
     NO_PRODUCER_EPOCH,
@@ -33,9 +41,16 @@ from oncelog.records import (
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.producer_state import (
     CACHED_BATCHES,
+    NO_OFFSET,
     Append,
+    CompletedTxn,
     Duplicate,
+    DuplicateMarker,
+    MarkerMetadata,
+    NeedsVerification,
     ProducerStateManager,
+    TxnMarker,
+    WriteMarker,
 )
 
 PID = 1000
@@ -51,6 +66,8 @@ class B:
     seq: int = 0
     count: int = 1
     txn: bool = False
+    # Checked as if the coordinator had confirmed the transaction.
+    verified: bool = False
 
     def header(self) -> BatchHeader:
         """The header of a real encoded one-record batch, with the record
@@ -74,16 +91,37 @@ def _seqs(first: int, count: int, n: int) -> list[B]:
     return [B(seq=(first + i * count) % (MAX_SEQUENCE + 1), count=count) for i in range(n)]
 
 
+@dataclass(frozen=True)
+class M:
+    """A marker in a history or a row: epoch, type, coordinator epoch."""
+
+    epoch: int
+    type: int = MARKER_COMMIT
+    coord: int = 0
+    pid: int = PID
+
+    def marker(self) -> TxnMarker:
+        return TxnMarker(self.pid, self.epoch, self.type, self.coord)
+
+    def header(self) -> BatchHeader:
+        return read_header(encode_control_batch(
+            marker=self.type, coordinator_epoch=self.coord, producer_id=self.pid,
+            producer_epoch=self.epoch, timestamp_ms=2_000,
+        ))
+
+
 # Six batches of two records: sequences 0-1, 2-3, ..., 10-11 at offsets 0, 2, ..., 10.
 SIX = _seqs(0, 2, 6)
 APPEND = "append"
+VERIFY = "verify"
+WRITE = "write"
 
 
 def dup(offset: int) -> tuple[str, int]:
     return ("duplicate", offset)
 
 
-ROWS: list[tuple[str, list[B], B, object]] = [
+ROWS: list[tuple[str, Sequence[B | M], B, object]] = [
     # -- no producer id: not idempotent
     ("non-idempotent batch appends", [], B(pid=NO_PRODUCER_ID), APPEND),
     ("non-idempotent batch repeated still appends", [B(pid=NO_PRODUCER_ID)],
@@ -138,32 +176,63 @@ ROWS: list[tuple[str, list[B], B, object]] = [
      B(seq=MAX_SEQUENCE - 1, count=3), dup(0)),
     ("wrap: a batch ending at MAX_SEQUENCE, then sequence 0 again",
      [B(seq=5), B(seq=6, count=MAX_SEQUENCE - 5)], B(seq=0), APPEND),
-    # -- transactions are not available in this version
-    ("transactional batch of a new producer", [], B(seq=0, txn=True),
+    # -- transactions: opening one needs the coordinator's verification
+    ("transactional batch of a new producer needs verification", [], B(seq=0, txn=True),
+     VERIFY),
+    ("... and appends once verified", [], B(seq=0, txn=True, verified=True), APPEND),
+    ("transactional batch after idempotent ones needs verification", [B(seq=0)],
+     B(seq=1, txn=True), VERIFY),
+    ("out-of-order transactional batch is refused before any verification", [],
+     B(seq=3, txn=True), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    ("stale-epoch transactional batch is fenced before any verification", [B(epoch=2)],
+     B(epoch=1, seq=0, txn=True), ErrorCode.PRODUCER_FENCED),
+    ("next batch of an open transaction appends without verification",
+     [B(seq=0, txn=True)], B(seq=1, txn=True), APPEND),
+    ("retry of an open transaction's batch is a duplicate",
+     [B(seq=0, count=2, txn=True)], B(seq=0, count=2, txn=True), dup(0)),
+    ("non-transactional batch during an open transaction",
+     [B(seq=0, txn=True)], B(seq=1), ErrorCode.INVALID_TXN_STATE),
+    ("non-transactional batch of a new epoch during an open transaction",
+     [B(seq=0, txn=True)], B(epoch=1, seq=0), ErrorCode.INVALID_TXN_STATE),
+    ("transactional batch of a higher epoch while the old transaction is open",
+     [B(seq=0, txn=True)], B(epoch=1, seq=0, txn=True, verified=True),
      ErrorCode.INVALID_TXN_STATE),
-    ("transactional batch in sequence", [B(seq=0)], B(seq=1, txn=True),
-     ErrorCode.INVALID_TXN_STATE),
+    ("after a marker: the next transaction starts at sequence 0 of the marker's epoch",
+     [B(seq=0, count=3, txn=True), M(epoch=1)], B(epoch=1, seq=0, txn=True), VERIFY),
+    ("after a marker: sequence 3 of the marker's epoch is out of order",
+     [B(seq=0, count=3, txn=True), M(epoch=1)], B(epoch=1, seq=3, txn=True),
+     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    ("after a marker: the old epoch is fenced",
+     [B(seq=0, txn=True), M(epoch=1)], B(epoch=0, seq=1, txn=True),
+     ErrorCode.PRODUCER_FENCED),
+    ("after a marker: a non-transactional batch of the marker's epoch appends",
+     [B(seq=0, txn=True), M(epoch=1)], B(epoch=1, seq=0), APPEND),
+    ("a marker for a producer never seen here creates its entry",
+     [M(epoch=4)], B(epoch=4, seq=0, txn=True), VERIFY),
 ]
 
 
-def _history(batches: list[B]) -> ProducerStateManager:
+def _history(steps: Sequence[B | M]) -> ProducerStateManager:
     state = ProducerStateManager(TP)
     offset = 0
-    for batch in batches:
-        header = dataclasses.replace(batch.header(), base_offset=offset)
-        state.replay(header, offset, append_time_ms=5_000)
+    for step in steps:
+        header = dataclasses.replace(step.header(), base_offset=offset)
+        control = (step.type, step.coord) if isinstance(step, M) else None
+        state.replay(header, offset, append_time_ms=5_000, control=control)
         offset = header.next_offset
     return state
 
 
 @pytest.mark.parametrize(("history", "batch", "expected"),
                          [(r[1], r[2], r[3]) for r in ROWS], ids=[r[0] for r in ROWS])
-def test_append_rules(history: list[B], batch: B, expected: object) -> None:
+def test_append_rules(history: Sequence[B | M], batch: B, expected: object) -> None:
     state = _history(history)
     before = state.as_mapping()
-    decision = state.check_append(batch.header())
+    decision = state.check_append(batch.header(), txn_verified=batch.verified)
     if expected == APPEND:
         assert isinstance(decision, Append), decision
+    elif expected == VERIFY:
+        assert isinstance(decision, NeedsVerification), decision
     elif isinstance(expected, tuple):
         assert isinstance(decision, Duplicate), decision
         assert decision.base_offset == expected[1]
@@ -262,3 +331,188 @@ def test_expiry_by_store_clock_spares_open_transactions() -> None:
     decision = state.check_append(B(pid=1, seq=1).header())
     assert isinstance(decision, Rejection)
     assert decision.code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+# ------------------------------------------------------------------ markers
+
+TXN = B(seq=0, count=2, txn=True)        # a transaction's batch at offsets 0-1
+NEXT_TXN = B(epoch=1, seq=0, txn=True)   # the next transaction, after a marker at epoch 1
+
+MARKER_ROWS: list[tuple[str, Sequence[B | M], M, object]] = [
+    ("no state for the producer: written", [], M(epoch=0), WRITE),
+    ("idempotent-only producer: written", [B(seq=0)], M(epoch=1), WRITE),
+    ("epoch strictly above the open transaction's: written", [TXN], M(epoch=1), WRITE),
+    ("epoch far above: written", [TXN], M(epoch=7), WRITE),
+    ("epoch equal to the producer's: refused", [TXN], M(epoch=0),
+     ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("identical retry of the last marker: no-op with its offset", [TXN, M(epoch=1)],
+     M(epoch=1), ("duplicate", 2)),
+    ("identical retry with a higher coordinator epoch (failover): no-op",
+     [TXN, M(epoch=1, coord=3)], M(epoch=1, coord=4), ("duplicate", 2)),
+    ("identical retry after the next transaction began: no-op, it stays open",
+     [TXN, M(epoch=1), NEXT_TXN], M(epoch=1), ("duplicate", 2)),
+    ("same epoch, other type than the last marker: refused", [TXN, M(epoch=1)],
+     M(epoch=1, type=MARKER_ABORT), ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("delayed ABORT of the earlier transaction while the next is open: refused",
+     [TXN, M(epoch=1), NEXT_TXN], M(epoch=1, type=MARKER_ABORT),
+     ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("delayed marker of an earlier transaction after a later one ended: refused",
+     [TXN, M(epoch=1), NEXT_TXN, M(epoch=2)], M(epoch=1), ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("marker of the next transaction: written", [TXN, M(epoch=1), NEXT_TXN], M(epoch=2),
+     WRITE),
+    ("lower coordinator epoch: zombie coordinator", [TXN, M(epoch=1, coord=5), NEXT_TXN],
+     M(epoch=2, coord=4), ErrorCode.TRANSACTION_COORDINATOR_FENCED),
+    ("lower coordinator epoch, even for an identical retry", [TXN, M(epoch=1, coord=5)],
+     M(epoch=1, coord=4), ErrorCode.TRANSACTION_COORDINATOR_FENCED),
+    ("higher coordinator epoch (new coordinator): written",
+     [TXN, M(epoch=1, coord=5), NEXT_TXN], M(epoch=2, coord=6), WRITE),
+    ("unknown marker type", [TXN], M(epoch=1, type=7), ErrorCode.INVALID_REQUEST),
+    ("negative producer epoch", [], M(epoch=-1), ErrorCode.INVALID_REQUEST),
+    ("producer epoch beyond int16", [], M(epoch=2**15), ErrorCode.INVALID_REQUEST),
+    ("no producer id", [], M(epoch=1, pid=-1), ErrorCode.INVALID_REQUEST),
+]
+
+
+@pytest.mark.parametrize(("history", "marker", "expected"),
+                         [(r[1], r[2], r[3]) for r in MARKER_ROWS],
+                         ids=[r[0] for r in MARKER_ROWS])
+def test_marker_rules(history: Sequence[B | M], marker: M, expected: object) -> None:
+    state = _history(history)
+    before = state.as_mapping()
+    unstable_before = state.first_unstable_offset
+    decision = state.check_marker(marker.marker())
+    if expected == WRITE:
+        assert isinstance(decision, WriteMarker), decision
+    elif isinstance(expected, tuple):
+        assert isinstance(decision, DuplicateMarker), decision
+        assert decision.offset == expected[1]
+    else:
+        assert isinstance(decision, Rejection), decision
+        assert decision.code == expected
+        assert TP in decision.message
+        assert str(marker.pid) in decision.message
+    # Deciding on a marker never changes the state, whatever the decision was.
+    assert state.as_mapping() == before
+    assert state.first_unstable_offset == unstable_before
+
+
+def test_zombie_and_delayed_marker_messages_name_the_values() -> None:
+    state = _history([TXN, M(epoch=1, coord=5), NEXT_TXN])
+    zombie = state.check_marker(M(epoch=2, coord=4).marker())
+    assert isinstance(zombie, Rejection)
+    assert "coordinator epoch 4 is below 5" in zombie.message
+    delayed = state.check_marker(M(epoch=1, type=MARKER_ABORT, coord=5).marker())
+    assert isinstance(delayed, Rejection)
+    assert "expected > 1, received 1" in delayed.message
+
+
+def test_transactional_append_opens_a_transaction_at_its_first_offset() -> None:
+    state = ProducerStateManager(TP)
+    assert state.first_unstable_offset is None
+    state.replay(dataclasses.replace(B(txn=True).header(), base_offset=40), 40, 1_000)
+    state.replay(dataclasses.replace(B(seq=1, txn=True).header(), base_offset=41), 41, 2_000)
+    entry = state.get(PID)
+    assert entry is not None
+    assert entry.current_txn_first_offset == 40
+    assert entry.current_txn_start_time_ms == 1_000
+    assert state.first_unstable_offset == 40
+    assert state.open_txn_count == 1
+    assert state.oldest_open_txn_start_ms() == 1_000
+
+
+@pytest.mark.parametrize("marker_type", [MARKER_COMMIT, MARKER_ABORT])
+def test_marker_replay_ends_the_transaction(marker_type: int) -> None:
+    state = _history([B(seq=0, count=2, txn=True), B(seq=2, txn=True)])  # offsets 0-1, 2
+    completed = state.replay(
+        dataclasses.replace(M(epoch=1, type=marker_type, coord=3).header(), base_offset=3),
+        3, 9_000, control=(marker_type, 3),
+    )
+    assert completed == CompletedTxn(
+        producer_id=PID, first_offset=0, last_offset=3, aborted=marker_type == MARKER_ABORT,
+        last_stable_offset=4,
+    )
+    entry = state.get(PID)
+    assert entry is not None
+    assert entry.producer_epoch == 1
+    assert entry.batches == ()            # the new epoch restarts its sequences at 0
+    assert entry.current_txn_first_offset == NO_OFFSET
+    assert entry.coordinator_epoch == 3
+    assert entry.last_marker == MarkerMetadata(1, marker_type, 3)
+    assert entry.last_append_time_ms == 9_000
+    # Ended, but the marker is not durable yet: the transaction still holds the LSO.
+    assert state.open_txn_count == 0
+    assert state.first_unstable_offset == 0
+    state.on_high_watermark(3)
+    assert state.first_unstable_offset == 0
+    state.on_high_watermark(4)
+    assert state.first_unstable_offset is None
+
+
+def test_marker_without_open_transaction_ends_nothing() -> None:
+    state = ProducerStateManager(TP)
+    completed = state.replay(
+        dataclasses.replace(M(epoch=2, type=MARKER_ABORT).header(), base_offset=0), 0, 1,
+        control=(MARKER_ABORT, 0),
+    )
+    assert completed is None
+    entry = state.get(PID)
+    assert entry is not None and entry.producer_epoch == 2 and not entry.has_open_txn
+    assert state.first_unstable_offset is None
+
+
+def test_first_unstable_offset_with_several_open_transactions() -> None:
+    """Three producers open transactions at 0, 1 and 3 (a fourth writes
+    idempotently at 2); markers end them out of order; the first unstable
+    offset is always the oldest transaction still open or not durably ended."""
+    state = ProducerStateManager(TP)
+
+    def data(pid: int, offset: int, *, txn: bool = True, seq: int = 0) -> None:
+        header = dataclasses.replace(B(pid=pid, seq=seq, txn=txn).header(), base_offset=offset)
+        state.replay(header, offset, 1_000 + offset)
+
+    def marker(pid: int, offset: int, marker_type: int) -> CompletedTxn | None:
+        header = dataclasses.replace(
+            M(pid=pid, epoch=1, type=marker_type).header(), base_offset=offset
+        )
+        return state.replay(header, offset, 1_000 + offset, control=(marker_type, 0))
+
+    data(1, 0)
+    data(2, 1)
+    data(3, 2, txn=False)
+    data(4, 3)
+    data(1, 4, seq=1)
+    assert state.first_unstable_offset == 0
+    assert state.open_txn_count == 3
+    # Producer 2 commits first: the oldest (producer 1, from 0) still holds.
+    ended = marker(2, 5, MARKER_COMMIT)
+    assert ended is not None and ended.last_stable_offset == 0
+    state.on_high_watermark(6)
+    assert state.first_unstable_offset == 0
+    # Producer 1 aborts: the LSO after it is producer 4's first offset.
+    ended = marker(1, 6, MARKER_ABORT)
+    assert ended == CompletedTxn(1, 0, 6, True, 3)
+    assert state.first_unstable_offset == 0      # marker not durable yet
+    state.on_high_watermark(7)
+    assert state.first_unstable_offset == 3
+    ended = marker(4, 7, MARKER_ABORT)
+    assert ended == CompletedTxn(4, 3, 7, True, 8)
+    state.on_high_watermark(8)
+    assert state.first_unstable_offset is None
+    assert state.oldest_open_txn_start_ms() is None
+
+
+def test_marker_validation_does_not_mutate() -> None:
+    """Checking markers, written or refused, leaves the table and the
+    unstable offsets as they were; replay is what changes them."""
+    state = _history([TXN, M(epoch=1, coord=2), NEXT_TXN])
+    state.on_high_watermark(4)  # the first transaction's marker (at 2) is durable
+    before = state.as_mapping()
+    for marker in (M(epoch=2, coord=2), M(epoch=1, coord=2), M(epoch=1, coord=1),
+                   M(epoch=1, type=MARKER_ABORT), M(epoch=9, type=5)):
+        state.check_marker(marker.marker())
+        assert state.as_mapping() == before
+        assert state.first_unstable_offset == 3
+        assert state.open_txn_count == 1
+    state.replay(dataclasses.replace(M(epoch=2, coord=2).header(), base_offset=4), 4, 1,
+                 control=(MARKER_COMMIT, 2))
+    assert state.as_mapping() != before

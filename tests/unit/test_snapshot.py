@@ -1,11 +1,14 @@
 """Producer-state snapshots: encode/decode and refusal of damaged bytes.
 
-Goal: a snapshot round-trips exactly, and anything but an intact snapshot of
-this version (flipped bit, bad CRC, truncation, another version, garbage
-payload) raises SnapshotError, so recovery falls back instead of loading a
-wrong producer table.
+Goal: a snapshot round-trips exactly (open transactions, coordinator epochs
+and last markers included), a version-1 snapshot (written before
+transactions) still loads, and anything but an intact snapshot of a known
+version (flipped bit, bad CRC, truncation, unknown version, garbage payload)
+raises SnapshotError, so recovery falls back instead of loading a wrong
+producer table.
 
-Method: build entries with every field set, encode, mutate bytes, decode.
+Method: build entries with every field set, encode, mutate bytes, decode; a
+version-1 payload is built by hand in the old layout.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from collections.abc import Callable
 import pytest
 
 from oncelog.records import crc32c
-from services.partition_store.core.producer_state import BatchMetadata, ProducerEntry
+from services.partition_store.core.producer_state import (
+    BatchMetadata,
+    MarkerMetadata,
+    ProducerEntry,
+)
 from services.partition_store.core.snapshot import (
     SNAPSHOT_VERSION,
     SnapshotError,
@@ -30,8 +37,11 @@ ENTRIES = [
         batches=tuple(BatchMetadata(i * 2, i * 2 + 1, 100 + i * 2, 2, 5_000 + i) for i in range(5)),
         last_timestamp_ms=5_004, last_append_time_ms=9_000, coordinator_epoch=2,
         current_txn_first_offset=-1,
+        last_marker=MarkerMetadata(producer_epoch=3, control_type=1, offset=99),
     ),
-    ProducerEntry(producer_id=8, producer_epoch=0, current_txn_first_offset=42),
+    ProducerEntry(producer_id=8, producer_epoch=0, current_txn_first_offset=42,
+                  current_txn_start_time_ms=8_500, coordinator_epoch=4,
+                  last_marker=MarkerMetadata(producer_epoch=0, control_type=0, offset=30)),
     ProducerEntry(
         producer_id=2**40, producer_epoch=32766,
         batches=(BatchMetadata(2**31 - 2, 0, 7, 3, -5),),
@@ -65,6 +75,10 @@ def _reseal(payload: bytes, version: int = SNAPSHOT_VERSION) -> bytes:
         ("truncated envelope", lambda d: d[:3]),
         ("empty", lambda d: b""),
         ("wrong version", lambda d: bytes([SNAPSHOT_VERSION + 1]) + d[1:]),
+        ("version 1 byte on a version 2 payload", lambda d: bytes([1]) + d[1:]),
+        ("version 2 payload sealed as version 1", lambda d: _reseal(d[5:], 1)),
+        ("bad marker, valid crc", lambda d: _reseal(
+            b'{"offset": 3, "producers": [[1, 0, 0, 0, 0, -1, [], -1, [1, 2]]]}')),
         ("wrong version, valid crc", lambda d: _reseal(d[5:], SNAPSHOT_VERSION + 1)),
         ("not json, valid crc", lambda d: _reseal(b"\x00not json")),
         ("missing field, valid crc", lambda d: _reseal(b'{"offset": 3}')),
@@ -79,3 +93,17 @@ def test_damaged_snapshots_are_refused(name: str, mutate: Callable[[bytes], byte
     damaged = mutate(data)
     with pytest.raises(SnapshotError):
         decode_snapshot(damaged)
+
+
+def test_version_1_snapshots_still_load() -> None:
+    """Written before transactions: no open-transaction start time, no last
+    marker (the store never had open transactions then)."""
+    payload = (
+        b'{"offset": 10, "producers": [[7, 3, 5004, 9000, -1, -1, [[0, 1, 8, 2, 5000]]]]}'
+    )
+    snap = decode_snapshot(_reseal(payload, 1))
+    assert snap.offset == 10
+    assert list(snap.producers) == [ProducerEntry(
+        producer_id=7, producer_epoch=3, batches=(BatchMetadata(0, 1, 8, 2, 5000),),
+        last_timestamp_ms=5004, last_append_time_ms=9000,
+    )]

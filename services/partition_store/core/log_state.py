@@ -6,9 +6,12 @@
   are appended in memory but not yet durable (group commit in flight).
 * high_watermark (HW): everything below it is durable; only that is readable
   and only that is acknowledged. It moves when a group commit lands.
-* last_stable_offset (LSO): min(first offset of every open transaction, HW).
-  No transactional batch is accepted yet, so it equals the HW; the property is
-  where the open-transaction bound goes.
+* last_stable_offset (LSO): min(first offset of every unstable transaction,
+  HW), where unstable means open, or ended by a marker that is not durable
+  yet (producer_state.py keeps that minimum and the partition copies it into
+  `first_unstable_offset` after every change). Never below the log start:
+  retention is not held back by open transactions (as in Kafka), and an LSO
+  below the log start would name offsets nobody can read.
 * log_start_offset: the first offset still stored; retention moves it up.
 
 The log's size in bytes is kept beside the offsets (it is persisted with every
@@ -36,10 +39,16 @@ class LogState:
     # The highest batch max timestamp so far (None: no batch yet). The time
     # index gets an entry whenever a batch raises it.
     max_timestamp_ms: int | None = None
+    # The first offset of the oldest unstable transaction (None: none).
+    first_unstable_offset: int | None = None
 
     @property
     def last_stable_offset(self) -> int:
-        return self.high_watermark
+        return last_stable_offset(
+            high_watermark=self.high_watermark,
+            log_start_offset=self.log_start_offset,
+            first_unstable_offset=self.first_unstable_offset,
+        )
 
     def replay_append(self, header: BatchHeader) -> bool:
         """Moves the LEO past a batch appended at header.base_offset. Returns
@@ -81,6 +90,17 @@ class LogState:
         invariant(deleted_bytes <= self.size_bytes, "retention deleted more bytes than stored")
         self.log_start_offset = new_log_start_offset
         self.size_bytes -= deleted_bytes
+
+
+def last_stable_offset(
+    *, high_watermark: int, log_start_offset: int, first_unstable_offset: int | None
+) -> int:
+    """min(first offset of every unstable transaction, HW), never below the
+    log start."""
+    bound = high_watermark
+    if first_unstable_offset is not None and first_unstable_offset < bound:
+        bound = first_unstable_offset
+    return max(bound, log_start_offset)
 
 
 @dataclass(frozen=True, slots=True)

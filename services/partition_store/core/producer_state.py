@@ -1,43 +1,84 @@
-"""Per-partition producer state and the append rules (DESIGN.md §3).
+"""Per-partition producer state, the append rules (DESIGN.md §3) and the
+marker rules of transactions (DESIGN.md §4, transaction version 2).
 
 For every producer id that wrote to a partition the store keeps its epoch, the
 sequence ranges and offsets of its last five batches (enough to recognize any
 retry of a batch still in flight, since a producer has at most five in flight
-per partition), timestamps, its coordinator epoch, and the first offset of its
-open transaction.
+per partition), timestamps, the highest coordinator epoch of its markers, the
+first offset of its open transaction, and the last marker written for it.
 
-Two steps, as Kafka's ProducerAppendInfo: `check_append` decides on a batch
-without changing anything (an `Append`, a `Duplicate` carrying the original
-offset, or a `Rejection`), and `replay` applies a batch that has been given an
-offset. Live appends and recovery both go through `replay`, so the state after
-a restart is the state before it. Entries are frozen values: a check can never
-leave a trace, and a copy of the table is a copy of its dict.
+Two steps, as Kafka's ProducerAppendInfo: `check_append` / `check_marker`
+decide without changing anything (an `Append`, a `Duplicate` carrying the
+original offset, `NeedsVerification`, a `WriteMarker`, a `DuplicateMarker`, or
+a `Rejection`), and `replay` applies a batch (data or control) that has been
+given an offset. Live appends, markers and recovery all go through `replay`,
+so the state after a restart is the state before it. Entries are frozen
+values: a check can never leave a trace, and a copy of the table is a copy of
+its dict.
 
-Rules, in the order they are checked:
+Append rules, in the order they are checked:
 
 1. no producer id (-1): not idempotent, always appended, no state;
-2. epoch below the current one: INVALID_PRODUCER_EPOCH (PRODUCER_FENCED for
+2. control batches: refused (markers come only through WriteTxnMarkers);
+3. epoch below the current one: INVALID_PRODUCER_EPOCH (PRODUCER_FENCED for
    transactional batches, fatal for a zombie);
-3. same epoch and the same first and last sequence as one of the last five
+4. same epoch and the same first and last sequence as one of the last five
    batches: a duplicate; nothing is written, the original offset is returned;
-4. transactional batches: rejected with INVALID_TXN_STATE in this version (they
-   need the transaction coordinator's verification; markers, the LSO and the
-   aborted index come with WriteTxnMarkers);
-5. unknown producer id: the batch must start at sequence 0;
-6. epoch above the current one: the batch must start at sequence 0, the epoch
+5. the producer has an open transaction on this partition: a
+   non-transactional batch, or a transactional one of a higher epoch (the
+   open transaction must be ended by its marker first), is INVALID_TXN_STATE;
+6. unknown producer id: the batch must start at sequence 0;
+7. epoch above the current one: the batch must start at sequence 0, the epoch
    moves and the cached batches of the old epoch are dropped;
-7. same epoch: the batch must start at last sequence + 1 (wrapping at 2^31),
-   or at 0 when the entry has no batches yet;
-8. anything else: OUT_OF_ORDER_SEQUENCE_NUMBER naming the expected sequence.
+8. same epoch: the batch must start at last sequence + 1 (wrapping at 2^31),
+   or at 0 when the entry has no batches yet (a new producer, or the first
+   transaction after a marker bumped the epoch);
+9. anything else: OUT_OF_ORDER_SEQUENCE_NUMBER naming the expected sequence;
+10. a transactional batch that would open a transaction here (no open one
+    yet) is appended only once the transaction coordinator has confirmed
+    that this partition is in the producer's transaction (transaction
+    version 2): until then the decision is `NeedsVerification`, and the
+    runtime asks the coordinator and checks again with txn_verified=True.
+
+Marker rules (`check_marker`), in order:
+
+1. a marker with an unknown type, a negative producer id or an epoch outside
+   int16: INVALID_REQUEST;
+2. no state for the producer (the partition was added to the transaction but
+   never written, or its state expired): the marker is written and creates
+   the entry (Kafka does the same);
+3. coordinator epoch below the highest one seen in this producer's markers on
+   this partition: TRANSACTION_COORDINATOR_FENCED (the sender is a zombie
+   coordinator). Kept per producer, as Kafka does, not per partition:
+   coordinator epochs count per __transaction_state partition, so producers
+   whose transactional ids live on different coordinator partitions carry
+   unrelated coordinator epochs;
+4. the same producer epoch and type as the last marker written for this
+   producer: an idempotent retry; nothing is written, the original offset is
+   returned;
+5. producer epoch not strictly above the producer's current epoch:
+   INVALID_PRODUCER_EPOCH. The coordinator bumps the epoch at every
+   EndTxn, so this refuses a delayed marker of an earlier transaction that
+   would otherwise end a later one (the hole Jepsen found in the old rules);
+6. otherwise the marker is written: the producer's epoch moves to the
+   marker's, its open transaction (if any) ends, an ABORT adds the
+   transaction to the partition's aborted index.
 
 Unknown producers must start at 0. Kafka accepts an unknown producer at any
 sequence after its state was lost to log truncation; we keep producer state in
 snapshots rather than deriving it from old batches, so it is never lost to
 retention. It is lost only when a producer stays idle longer than
-`producer_id_expiration_ms`; such a producer gets OUT_OF_ORDER_SEQUENCE_NUMBER
-(fatal) on its next batch and must be re-initialized. Expiry is judged by the
-store's clock (the time of the producer's last append), not by the batches'
-timestamps, so records carrying old event times do not expire their producer.
+`producer_id_expiration_ms` (never while it has an open transaction); such a
+producer gets OUT_OF_ORDER_SEQUENCE_NUMBER (fatal) on its next batch and must
+be re-initialized. Expiry is judged by the store's clock (the time of the
+producer's last append), not by the batches' timestamps, so records carrying
+old event times do not expire their producer.
+
+The LSO needs the first offset of every unstable transaction: open ones, and
+ended ones whose marker is not yet durable (Kafka's "unreplicated"
+transactions): until the marker is below the high watermark a crash would
+bring the transaction back as open, so readers must not go past it yet.
+`first_unstable_offset` is that minimum, kept incrementally.
 """
 
 from __future__ import annotations
@@ -46,17 +87,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from oncelog.errors import ErrorCode
-from oncelog.records import NO_PRODUCER_ID, NO_SEQUENCE, BatchHeader, next_sequence
+from oncelog.records import (
+    MARKER_ABORT,
+    MARKER_COMMIT,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    BatchHeader,
+    next_sequence,
+)
 from services.common import limits
-from services.common.invariants import invariant
+from services.common.invariants import InvariantViolation, invariant
 from services.partition_store.core.outcomes import Rejection
 
 # How many of a producer's batches are remembered per partition for dedup.
 CACHED_BATCHES = limits.MAX_IN_FLIGHT_BATCHES
 NO_OFFSET = -1
 NO_COORDINATOR_EPOCH = -1
+NO_TIME_MS = -1
+# Producer epochs are int16 in the batch header.
+MAX_PRODUCER_EPOCH = 2**15 - 1
 # Kafka's producer.id.expiration.ms default: one day.
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 24 * 60 * 60 * 1000
+MARKER_NAMES = {MARKER_ABORT: "ABORT", MARKER_COMMIT: "COMMIT"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +127,16 @@ class BatchMetadata:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkerMetadata:
+    """The last marker written for a producer on a partition: an identical
+    retry of it is answered with its offset instead of being written again."""
+
+    producer_epoch: int
+    control_type: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProducerEntry:
     """One producer id's state on one partition."""
 
@@ -86,12 +148,22 @@ class ProducerEntry:
     last_timestamp_ms: int = -1
     # The store's clock at the producer's last append (drives expiry).
     last_append_time_ms: int = -1
+    # The highest coordinator epoch of this producer's markers here.
     coordinator_epoch: int = NO_COORDINATOR_EPOCH
+    # First offset of the producer's open transaction here (NO_OFFSET: none).
     current_txn_first_offset: int = NO_OFFSET
+    # The store's clock when that transaction's first batch was appended
+    # (for the age of the oldest open transaction).
+    current_txn_start_time_ms: int = NO_TIME_MS
+    last_marker: MarkerMetadata | None = None
 
     @property
     def last_sequence(self) -> int:
         return self.batches[-1].last_sequence if self.batches else NO_SEQUENCE
+
+    @property
+    def has_open_txn(self) -> bool:
+        return self.current_txn_first_offset != NO_OFFSET
 
     def find_duplicate(self, header: BatchHeader) -> BatchMetadata | None:
         """The cached batch this one repeats (same epoch, same sequence range)."""
@@ -104,6 +176,36 @@ class ProducerEntry:
             ):
                 return cached
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMarker:
+    """A COMMIT or ABORT marker for one producer, as the coordinator sends it."""
+
+    producer_id: int
+    producer_epoch: int
+    control_type: int
+    coordinator_epoch: int
+
+    @property
+    def name(self) -> str:
+        return MARKER_NAMES.get(self.control_type, f"type {self.control_type}")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    """A transaction a marker ended on this partition.
+
+    last_stable_offset is the LSO right after the marker, ignoring the high
+    watermark: min(first offsets of the other open transactions, marker
+    offset + 1). The aborted index keeps it so a reader can stop looking for
+    overlapping aborted transactions (see core/txn_index.py)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+    last_stable_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,19 +222,41 @@ class Duplicate:
     record_count: int
 
 
+@dataclass(frozen=True, slots=True)
+class NeedsVerification:
+    """The batch would open a transaction on this partition: ask the
+    transaction coordinator first, then check again with txn_verified=True."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMarker:
+    """The marker goes to the end of the log."""
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateMarker:
+    """The marker repeats the last one written for this producer: write
+    nothing, answer with its offset."""
+
+    offset: int
+
+
 APPEND = Append()
-AppendDecision = Append | Duplicate | Rejection
+NEEDS_VERIFICATION = NeedsVerification()
+WRITE_MARKER = WriteMarker()
+AppendDecision = Append | Duplicate | NeedsVerification | Rejection
+MarkerDecision = WriteMarker | DuplicateMarker | Rejection
 
 
 def check_append(
-    entry: ProducerEntry | None, header: BatchHeader, *, topic_partition: str
+    entry: ProducerEntry | None, header: BatchHeader, *, topic_partition: str,
+    txn_verified: bool = False,
 ) -> AppendDecision:
     """Decides on a batch against a producer's current entry. Reads only."""
     producer_id = header.producer_id
     if producer_id == NO_PRODUCER_ID:
         return APPEND
     epoch = header.producer_epoch
-    sequence = header.base_sequence
     who = f"producer {producer_id} (epoch {epoch}) on {topic_partition}"
     if header.is_control:
         return Rejection(
@@ -154,8 +278,34 @@ def check_append(
         duplicate = entry.find_duplicate(header)
         if duplicate is not None:
             return Duplicate(duplicate.base_offset, duplicate.record_count)
-    if header.is_transactional:
-        return _check_transactional(header, who=who)
+        if entry.has_open_txn:
+            if not header.is_transactional:
+                return Rejection(
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"{who}: a non-transactional batch while the producer's transaction "
+                    f"(epoch {entry.producer_epoch}, from offset "
+                    f"{entry.current_txn_first_offset}) is open on this partition",
+                )
+            if epoch > entry.producer_epoch:
+                return Rejection(
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"{who}: the producer's transaction of epoch {entry.producer_epoch} "
+                    f"(from offset {entry.current_txn_first_offset}) is still open on this "
+                    "partition; its marker must end it before a new epoch writes",
+                )
+    sequence_rejection = _check_sequence(entry, header, who=who)
+    if sequence_rejection is not None:
+        return sequence_rejection
+    opens_txn = header.is_transactional and (entry is None or not entry.has_open_txn)
+    if opens_txn and not txn_verified:
+        return NEEDS_VERIFICATION
+    return APPEND
+
+
+def _check_sequence(
+    entry: ProducerEntry | None, header: BatchHeader, *, who: str
+) -> Rejection | None:
+    sequence = header.base_sequence
     if entry is None:
         if sequence != 0:
             return Rejection(
@@ -164,15 +314,15 @@ def check_append(
                 f"so its first batch must have sequence 0; expected sequence 0, "
                 f"received {sequence}",
             )
-        return APPEND
-    if epoch > entry.producer_epoch:
+        return None
+    if header.producer_epoch > entry.producer_epoch:
         if sequence != 0:
             return Rejection(
                 ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
                 f"{who}: a new epoch (current {entry.producer_epoch}) must start at "
                 f"sequence 0; expected sequence 0, received {sequence}",
             )
-        return APPEND
+        return None
     last = entry.last_sequence
     expected = 0 if last == NO_SEQUENCE else next_sequence(last)
     if sequence != expected:
@@ -182,26 +332,65 @@ def check_append(
             f"{who}: expected sequence {expected}, received {sequence} "
             f"(batch {sequence}..{header.last_sequence}; last batches: {cached or 'none'})",
         )
-    return APPEND
+    return None
 
 
-def _check_transactional(header: BatchHeader, *, who: str) -> Rejection:
-    # The next version verifies with the transaction coordinator that the
-    # partition is part of the producer's transaction (transaction version 2)
-    # and tracks the open transaction's first offset for the LSO.
-    return Rejection(
-        ErrorCode.INVALID_TXN_STATE,
-        f"{who}: transactional writes need the transaction coordinator "
-        "(not available in this version)",
+def check_marker(
+    entry: ProducerEntry | None, marker: TxnMarker, *, topic_partition: str
+) -> MarkerDecision:
+    """Decides on a COMMIT/ABORT marker against the producer's entry. Reads only."""
+    who = (
+        f"{marker.name} marker of producer {marker.producer_id} (epoch "
+        f"{marker.producer_epoch}, coordinator epoch {marker.coordinator_epoch}) "
+        f"on {topic_partition}"
     )
+    if marker.control_type not in MARKER_NAMES:
+        return Rejection(
+            ErrorCode.INVALID_REQUEST,
+            f"{who}: unknown marker type {marker.control_type}; expected "
+            f"{MARKER_ABORT} (ABORT) or {MARKER_COMMIT} (COMMIT)",
+        )
+    if marker.producer_id < 0:
+        return Rejection(ErrorCode.INVALID_REQUEST, f"{who}: a marker needs a producer id >= 0")
+    if not 0 <= marker.producer_epoch <= MAX_PRODUCER_EPOCH:
+        return Rejection(
+            ErrorCode.INVALID_REQUEST,
+            f"{who}: producer epoch {marker.producer_epoch} is outside 0..{MAX_PRODUCER_EPOCH}",
+        )
+    if entry is None:
+        return WRITE_MARKER
+    if marker.coordinator_epoch < entry.coordinator_epoch:
+        return Rejection(
+            ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+            f"{who}: coordinator epoch {marker.coordinator_epoch} is below "
+            f"{entry.coordinator_epoch}, the highest seen for this producer here; "
+            "the sender is a zombie coordinator",
+        )
+    last = entry.last_marker
+    if (
+        last is not None
+        and last.producer_epoch == marker.producer_epoch
+        and last.control_type == marker.control_type
+    ):
+        return DuplicateMarker(last.offset)
+    if marker.producer_epoch <= entry.producer_epoch:
+        return Rejection(
+            ErrorCode.INVALID_PRODUCER_EPOCH,
+            f"{who}: a marker's producer epoch must be strictly above the producer's "
+            f"current epoch {entry.producer_epoch} (transaction version 2); expected "
+            f"> {entry.producer_epoch}, received {marker.producer_epoch} (a delayed "
+            "marker of an earlier transaction?)",
+        )
+    return WRITE_MARKER
 
 
 def apply_append(
     entry: ProducerEntry | None, header: BatchHeader, base_offset: int, append_time_ms: int
 ) -> ProducerEntry:
-    """The entry after appending `header` at `base_offset` (no checks: recovery
-    replays what was accepted before)."""
+    """The entry after appending data batch `header` at `base_offset` (no
+    checks: recovery replays what was accepted before)."""
     invariant(header.producer_id != NO_PRODUCER_ID, "apply_append without a producer id")
+    invariant(not header.is_control, "apply_append with a control batch")
     meta = BatchMetadata(
         first_sequence=header.base_sequence,
         last_sequence=header.last_sequence,
@@ -217,8 +406,10 @@ def apply_append(
     else:
         batches = (*entry.batches, meta)[-CACHED_BATCHES:]
     txn_first_offset = entry.current_txn_first_offset
+    txn_start_time_ms = entry.current_txn_start_time_ms
     if header.is_transactional and txn_first_offset == NO_OFFSET:
         txn_first_offset = base_offset
+        txn_start_time_ms = append_time_ms
     return replace(
         entry,
         producer_epoch=header.producer_epoch,
@@ -226,13 +417,42 @@ def apply_append(
         last_timestamp_ms=max(entry.last_timestamp_ms, header.max_timestamp_ms),
         last_append_time_ms=max(entry.last_append_time_ms, append_time_ms),
         current_txn_first_offset=txn_first_offset,
+        current_txn_start_time_ms=txn_start_time_ms,
     )
 
 
-class ProducerStateManager:
-    """The producer table of one partition."""
+def apply_marker(
+    entry: ProducerEntry | None, marker: TxnMarker, offset: int, append_time_ms: int
+) -> ProducerEntry:
+    """The entry after a marker at `offset`: the epoch moves to the marker's,
+    the open transaction (if any) ends, the coordinator epoch and the marker
+    are remembered. No checks (recovery replays what was accepted before)."""
+    if entry is None:
+        entry = ProducerEntry(producer_id=marker.producer_id, producer_epoch=marker.producer_epoch)
+    # A new epoch starts with no cached batches (its sequences restart at 0).
+    batches = entry.batches if marker.producer_epoch == entry.producer_epoch else ()
+    return replace(
+        entry,
+        producer_epoch=marker.producer_epoch,
+        batches=batches,
+        last_append_time_ms=max(entry.last_append_time_ms, append_time_ms),
+        coordinator_epoch=max(entry.coordinator_epoch, marker.coordinator_epoch),
+        current_txn_first_offset=NO_OFFSET,
+        current_txn_start_time_ms=NO_TIME_MS,
+        last_marker=MarkerMetadata(marker.producer_epoch, marker.control_type, offset),
+    )
 
-    __slots__ = ("_producers", "topic_partition")
+
+def stable_offset_after(open_first_offsets: Iterable[int], marker_offset: int) -> int:
+    """The LSO right after a marker at marker_offset, before the high
+    watermark is taken into account."""
+    return min((*open_first_offsets, marker_offset + 1))
+
+
+class ProducerStateManager:
+    """The producer table of one partition, and its unstable transactions."""
+
+    __slots__ = ("_first_unstable", "_open", "_producers", "_unreplicated", "topic_partition")
 
     def __init__(
         self, topic_partition: str, producers: Iterable[ProducerEntry] | None = None
@@ -241,6 +461,15 @@ class ProducerStateManager:
         self._producers: dict[int, ProducerEntry] = {
             e.producer_id: e for e in producers or ()
         }
+        # producer id -> first offset of its open transaction.
+        self._open: dict[int, int] = {
+            pid: e.current_txn_first_offset
+            for pid, e in self._producers.items() if e.has_open_txn
+        }
+        # Ended transactions whose marker is not durable yet, in marker order:
+        # (marker offset, first offset).
+        self._unreplicated: list[tuple[int, int]] = []
+        self._first_unstable: int | None = min(self._open.values(), default=None)
 
     def get(self, producer_id: int) -> ProducerEntry | None:
         return self._producers.get(producer_id)
@@ -256,24 +485,97 @@ class ProducerStateManager:
     def __len__(self) -> int:
         return len(self._producers)
 
-    def check_append(self, header: BatchHeader) -> AppendDecision:
+    # ------------------------------------------------------------ decisions
+
+    def check_append(self, header: BatchHeader, *, txn_verified: bool = False) -> AppendDecision:
         return check_append(
             self._producers.get(header.producer_id), header,
+            topic_partition=self.topic_partition, txn_verified=txn_verified,
+        )
+
+    def check_marker(self, marker: TxnMarker) -> MarkerDecision:
+        return check_marker(
+            self._producers.get(marker.producer_id), marker,
             topic_partition=self.topic_partition,
         )
 
-    def replay(self, header: BatchHeader, base_offset: int, append_time_ms: int) -> None:
-        """Applies an appended batch. The one way batches change this table."""
-        if header.producer_id == NO_PRODUCER_ID:
-            return
-        invariant(
-            not header.is_control,
-            lambda: f"control batch of producer {header.producer_id} replayed before "
-            "markers are supported",
+    # --------------------------------------------------------------- replay
+
+    def replay(
+        self, header: BatchHeader, base_offset: int, append_time_ms: int, *,
+        control: tuple[int, int] | None = None,
+    ) -> CompletedTxn | None:
+        """Applies an appended batch: the one way batches change this table.
+        A control batch comes with its (marker type, coordinator epoch) and
+        returns the transaction it ended here, if one was open."""
+        pid = header.producer_id
+        if header.is_control:
+            if control is None:
+                raise InvariantViolation(
+                    f"{self.topic_partition}: control batch at {base_offset} replayed "
+                    "without its marker"
+                )
+            control_type, coordinator_epoch = control
+            return self.replay_marker(
+                TxnMarker(pid, header.producer_epoch, control_type, coordinator_epoch),
+                base_offset, append_time_ms,
+            )
+        if pid == NO_PRODUCER_ID:
+            return None
+        entry = apply_append(self._producers.get(pid), header, base_offset, append_time_ms)
+        self._producers[pid] = entry
+        if entry.has_open_txn and pid not in self._open:
+            self._open[pid] = entry.current_txn_first_offset
+            if self._first_unstable is None:
+                # A new transaction starts at the log end, above every other one.
+                self._first_unstable = entry.current_txn_first_offset
+        return None
+
+    def replay_marker(
+        self, marker: TxnMarker, offset: int, append_time_ms: int
+    ) -> CompletedTxn | None:
+        pid = marker.producer_id
+        previous = self._producers.get(pid)
+        self._producers[pid] = apply_marker(previous, marker, offset, append_time_ms)
+        first_offset = self._open.pop(pid, None)
+        if first_offset is None:
+            return None
+        # Still unstable until the marker is durable (see on_high_watermark).
+        self._unreplicated.append((offset, first_offset))
+        return CompletedTxn(
+            producer_id=pid,
+            first_offset=first_offset,
+            last_offset=offset,
+            aborted=marker.control_type == MARKER_ABORT,
+            last_stable_offset=stable_offset_after(self._open.values(), offset),
         )
-        self._producers[header.producer_id] = apply_append(
-            self._producers.get(header.producer_id), header, base_offset, append_time_ms
-        )
+
+    def on_high_watermark(self, high_watermark: int) -> None:
+        """Ended transactions whose marker is now durable stop holding the LSO."""
+        dropped = False
+        while self._unreplicated and self._unreplicated[0][0] < high_watermark:
+            self._unreplicated.pop(0)
+            dropped = True
+        if dropped:
+            self._first_unstable = min(
+                (*self._open.values(), *(first for _m, first in self._unreplicated)),
+                default=None,
+            )
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest open (or not yet durably ended)
+        transaction; None when there is none."""
+        return self._first_unstable
+
+    @property
+    def open_txn_count(self) -> int:
+        return len(self._open)
+
+    def oldest_open_txn_start_ms(self) -> int | None:
+        """The store's clock when the oldest open transaction started."""
+        starts = [self._producers[pid].current_txn_start_time_ms for pid in self._open]
+        return min(starts, default=None)
 
     def remove_expired(self, now_ms: int, expiration_ms: int) -> list[int]:
         """Drops producers idle for expiration_ms (by the store's clock) that
@@ -281,8 +583,7 @@ class ProducerStateManager:
         expired = [
             pid
             for pid, e in self._producers.items()
-            if e.current_txn_first_offset == NO_OFFSET
-            and now_ms - e.last_append_time_ms >= expiration_ms
+            if not e.has_open_txn and now_ms - e.last_append_time_ms >= expiration_ms
         ]
         for pid in expired:
             del self._producers[pid]

@@ -7,8 +7,18 @@ minute, not per request, and a human can read one when something goes wrong.
 `decode_snapshot` raises SnapshotError on any problem so the caller falls back
 to an older snapshot or to a replay of the log.
 
-When transactions land, open transactions and the aborted-transaction index
-join the payload (a new version number).
+Versions:
+* 1 — per producer: id, epoch, last timestamp, last append time,
+  coordinator epoch, open transaction's first offset, last five batches.
+  Written before transactions existed (no open transactions then); still
+  read, the fields it lacks take their defaults.
+* 2 — version 1 plus, per producer, the store time its open transaction
+  started and its last marker (epoch, type, offset). Written now.
+
+The aborted-transaction index is not in the snapshot: each entry is its own
+key, written in the same RocksDB write as its ABORT marker (storage/keys.py),
+which is at least as strong as DESIGN.md's "snapshot it with producer state"
+and keeps snapshots small.
 """
 
 from __future__ import annotations
@@ -17,9 +27,15 @@ import json
 from dataclasses import dataclass
 
 from services.partition_store.core.codec import CorruptValueError, seal, unseal
-from services.partition_store.core.producer_state import BatchMetadata, ProducerEntry
+from services.partition_store.core.producer_state import (
+    BatchMetadata,
+    MarkerMetadata,
+    ProducerEntry,
+)
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+# Versions decode_snapshot reads.
+READABLE_VERSIONS = (1, 2)
 
 
 class SnapshotError(CorruptValueError):
@@ -44,6 +60,11 @@ def encode_snapshot(offset: int, producers: list[ProducerEntry]) -> bytes:
                      b.max_timestamp_ms]
                     for b in e.batches
                 ],
+                e.current_txn_start_time_ms,
+                None if e.last_marker is None else [
+                    e.last_marker.producer_epoch, e.last_marker.control_type,
+                    e.last_marker.offset,
+                ],
             ]
             for e in producers
         ],
@@ -52,8 +73,11 @@ def encode_snapshot(offset: int, producers: list[ProducerEntry]) -> bytes:
 
 
 def decode_snapshot(data: bytes) -> ProducerSnapshot:
+    version = data[0] if data else None
+    if version not in READABLE_VERSIONS:
+        version = SNAPSHOT_VERSION  # let unseal name the problem
     try:
-        payload = unseal(data, version=SNAPSHOT_VERSION, what="producer-state snapshot")
+        payload = unseal(data, version=version, what="producer-state snapshot")
     except CorruptValueError as exc:
         raise SnapshotError(str(exc)) from exc
     try:
@@ -61,7 +85,13 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot:
         offset = _int(doc["offset"])
         producers = []
         for row in doc["producers"]:
-            pid, epoch, last_ts, last_append, coord_epoch, txn_first, batches = row
+            txn_start_ms: object = -1
+            marker: object = None
+            if version == 1:
+                pid, epoch, last_ts, last_append, coord_epoch, txn_first, batches = row
+            else:
+                (pid, epoch, last_ts, last_append, coord_epoch, txn_first, batches,
+                 txn_start_ms, marker) = row
             producers.append(
                 ProducerEntry(
                     producer_id=_int(pid),
@@ -71,6 +101,8 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot:
                     last_append_time_ms=_int(last_append),
                     coordinator_epoch=_int(coord_epoch),
                     current_txn_first_offset=_int(txn_first),
+                    current_txn_start_time_ms=_int(txn_start_ms),
+                    last_marker=_marker(marker),
                 )
             )
     except (ValueError, TypeError, KeyError) as exc:
@@ -78,6 +110,14 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot:
     if offset < 0:
         raise SnapshotError(f"producer-state snapshot has a negative offset {offset}")
     return ProducerSnapshot(offset=offset, producers=tuple(producers))
+
+
+def _marker(value: object) -> MarkerMetadata | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 3:
+        raise TypeError(f"expected [epoch, type, offset] for a marker, found {value!r}")
+    return MarkerMetadata(*(_int(v) for v in value))
 
 
 def _int(value: object) -> int:

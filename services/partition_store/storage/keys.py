@@ -12,8 +12,17 @@ re-created topic never sees the old topic's data.
                                                       the partition's running max timestamp
                                                       to max_ts (sign bit flipped so
                                                       negative timestamps sort first)
+  A | topic_id(8) | partition(4) | last_offset(8)  -> an aborted transaction that an ABORT
+                                                      marker at last_offset ended: producer
+                                                      id, first offset, LSO after the marker
+                                                      (core/txn_index.py)
   C | topic name (utf-8)                           -> topic catalog record (core/topics.py)
   N                                                -> next topic id (controller only)
+
+`A` entries are written in the same WriteBatch as their marker, so the
+aborted index on disk always matches the markers in the log; retention
+deletes those with last_offset below the new log start (range delete up to
+A|..|new_start) in the same WriteBatch as the batches.
 
 Values other than batches are sealed (version byte + CRC32C, core/codec.py).
 ListOffsets by timestamp seeks to the first T key >= ts: every batch before
@@ -29,6 +38,7 @@ LOG = b"L"
 SNAPSHOT = b"S"
 META = b"M"
 TIME_INDEX = b"T"
+ABORTED_TXN = b"A"
 CATALOG = b"C"
 TOPIC_ID_COUNTER = b"N"
 
@@ -63,7 +73,7 @@ def topic_prefix(kind: bytes, topic_id: int) -> bytes:
 def topic_ranges(topic_id: int) -> list[tuple[bytes, bytes]]:
     """[start, end) of every key that holds data of a topic (for deletion)."""
     ranges = []
-    for kind in (LOG, SNAPSHOT, META, TIME_INDEX):
+    for kind in (LOG, SNAPSHOT, META, TIME_INDEX, ABORTED_TXN):
         prefix = topic_prefix(kind, topic_id)
         ranges.append((prefix, next_prefix(prefix)))
     return ranges
@@ -94,6 +104,14 @@ def snapshot_key(topic_id: int, partition: int, offset: int) -> bytes:
 
 
 def snapshot_key_offset(key: bytes) -> int:
+    return _tail(key)
+
+
+def aborted_txn_key(topic_id: int, partition: int, last_offset: int) -> bytes:
+    return _entry(ABORTED_TXN, topic_id, partition, last_offset)
+
+
+def aborted_txn_key_offset(key: bytes) -> int:
     return _tail(key)
 
 

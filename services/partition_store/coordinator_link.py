@@ -1,0 +1,105 @@
+"""The gRPC TxnVerifier: asks the transaction coordinator that owns a
+transactional id (AddPartitionsToTxn with verify_only) whether partitions are
+in a producer's ongoing transaction.
+
+Placement comes from the shared ClusterLayout: the coordinator node of
+`layout.transaction_state_partition(transactional_id)`. A coordinator that
+cannot be reached, or answers with a request-level error, makes every
+partition of the question fail with a retriable code (COORDINATOR_NOT_AVAILABLE
+for transport failures; the coordinator's own code, such as NOT_COORDINATOR or
+COORDINATOR_LOAD_IN_PROGRESS, otherwise), so the producer retries its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from oncelog._status import error_from_rpc
+from oncelog.errors import ErrorCode
+from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc, records_pb2
+from services.common.cluster import ClusterLayout
+from services.common.errors import ServiceError
+from services.common.server_base import GRPC_OPTIONS
+from services.partition_store.core.outcomes import Rejection
+from services.partition_store.txn_verifier import TopicPartitionKey, Verdicts
+
+# Transport failures: the coordinator may be restarting or moving; retry.
+_TRANSPORT_CODES = {ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT}
+
+
+class GrpcTxnVerifier:
+    def __init__(self, layout: ClusterLayout, *, timeout_ms: int = 5_000) -> None:
+        self._layout = layout
+        self._timeout_s = timeout_ms / 1000
+        self._channels: dict[int, grpc.aio.Channel] = {}
+
+    def _stub(self, node_id: int) -> coordinator_pb2_grpc.TransactionCoordinatorAsyncStub:
+        channel = self._channels.get(node_id)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(
+                self._layout.coordinators[node_id], options=list(GRPC_OPTIONS)
+            )
+            self._channels[node_id] = channel
+        return coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
+
+    async def verify(
+        self, *, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: Sequence[TopicPartitionKey],
+    ) -> Verdicts:
+        layout = self._layout
+        if not layout.coordinators:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                "the cluster layout names no transaction coordinator (--coordinators), so "
+                f"transactional id {transactional_id!r} cannot be verified",
+            )
+        node = layout.coordinator_for_partition(
+            layout.transaction_state_partition(transactional_id)
+        )
+        address = layout.coordinators[node]
+        request = coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, verify_only=True,
+            partitions=[records_pb2.TopicPartition(topic=t, partition=p) for t, p in partitions],
+        )
+        try:
+            response = await self._stub(node).AddPartitionsToTxn(
+                request, timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            error = error_from_rpc(exc)
+            code = ErrorCode.from_wire(error.code)
+            if code in _TRANSPORT_CODES:
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            raise ServiceError(
+                code,
+                f"transaction coordinator {node} at {address} did not verify "
+                f"transactional id {transactional_id!r}: {error.message}",
+            ) from exc
+        if response.error.code != 0:
+            raise ServiceError(
+                ErrorCode.from_wire(response.error.code),
+                f"transaction coordinator {node} at {address}: {response.error.message}",
+            )
+        answered: dict[TopicPartitionKey, Rejection | None] = {}
+        for result in response.results:
+            key = (result.partition.topic, result.partition.partition)
+            answered[key] = (
+                None if result.error.code == 0
+                else Rejection(ErrorCode.from_wire(result.error.code), result.error.message)
+            )
+        verdicts: dict[TopicPartitionKey, Rejection | None] = {}
+        for tp in partitions:
+            verdicts[tp] = answered.get(tp, Rejection(
+                ErrorCode.UNKNOWN_SERVER_ERROR,
+                f"transaction coordinator {node} at {address} gave no answer for "
+                f"{tp[0]}-{tp[1]}",
+            ))
+        return verdicts
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()

@@ -1,0 +1,106 @@
+"""Which stored batches a fetch returns, and where the next fetch starts.
+
+The filtering of read_committed happens here, on the server, so a client in
+any language needs no bookkeeping (DESIGN.md §1, §3):
+
+* only batches below the upper bound: the LSO under read_committed, the HW
+  under read_uncommitted (the caller passes it);
+* never control batches (markers);
+* under read_committed, never batches of aborted transactions: a
+  transactional batch of producer P at offset o is dropped iff the aborted
+  index has an entry for P with first_offset <= o <= last_offset. Batches are
+  whole units of one producer and one transaction, so whole-batch filtering
+  is exact;
+* `next_fetch_offset` moves past everything returned AND everything
+  filtered, never past the upper bound.
+
+Work per fetch is bounded by bytes scanned, filtered batches included: the
+scan stops once it has covered max_bytes of log (the first batch is always
+taken whole, even when larger, so a fetch always makes progress). A reader
+behind a long run of aborted batches therefore gets few or no batches but a
+next_fetch_offset past them, and comes back for more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from oncelog.records import BatchHeader
+from services.common.invariants import InvariantViolation
+from services.partition_store.core.txn_index import AbortedIndex, AbortedTxn
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSelection(Generic[T]):
+    """The payloads of the returned batches, in offset order."""
+
+    batches: list[T] = field(default_factory=list)
+    # Bytes of the returned batches.
+    size_bytes: int = 0
+    # Bytes scanned: returned plus filtered.
+    scanned_bytes: int = 0
+    filtered_batches: int = 0
+    next_fetch_offset: int = 0
+
+
+def select_batches(
+    stored: Iterable[tuple[BatchHeader, T]],
+    *,
+    fetch_offset: int,
+    upper_offset: int,
+    max_bytes: int,
+    aborted: AbortedIndex | None,
+) -> FetchSelection[T]:
+    """`stored` are the batches from the one holding fetch_offset on, in
+    offset order; it is read lazily and only as far as the scan goes.
+    `aborted` is the partition's aborted index under read_committed, None
+    under read_uncommitted (which returns aborted batches too)."""
+    scanned: list[tuple[BatchHeader, T]] = []
+    scanned_bytes = 0
+    if fetch_offset < upper_offset and max_bytes > 0:
+        for header, payload in stored:
+            if header.base_offset >= upper_offset:
+                break
+            if header.next_offset > upper_offset:
+                raise InvariantViolation(
+                    f"batch {header.base_offset}..{header.last_offset} straddles the fetch "
+                    f"bound {upper_offset} (bounds are batch boundaries)"
+                )
+            size = header.size_bytes
+            if scanned and scanned_bytes + size > max_bytes:
+                break
+            scanned.append((header, payload))
+            scanned_bytes += size
+            if scanned_bytes >= max_bytes:
+                break
+    if not scanned:
+        return FetchSelection(next_fetch_offset=fetch_offset)
+    overlapping: dict[int, list[AbortedTxn]] = {}
+    if aborted is not None:
+        for entry in aborted.collect(scanned[0][0].base_offset, scanned[-1][0].next_offset):
+            overlapping.setdefault(entry.producer_id, []).append(entry)
+    batches: list[T] = []
+    size_bytes = 0
+    for header, payload in scanned:
+        if header.is_control or (
+            overlapping
+            and header.is_transactional
+            and header.producer_id in overlapping
+            and any(e.contains(header.producer_id, header.base_offset)
+                    for e in overlapping[header.producer_id])
+        ):
+            continue
+        batches.append(payload)
+        size_bytes += header.size_bytes
+    filtered = len(scanned) - len(batches)
+    return FetchSelection(
+        batches=batches,
+        size_bytes=size_bytes,
+        scanned_bytes=scanned_bytes,
+        filtered_batches=filtered,
+        next_fetch_offset=max(fetch_offset, scanned[-1][0].next_offset),
+    )
