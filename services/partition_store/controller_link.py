@@ -10,9 +10,9 @@ import grpc
 
 from oncelog.errors import ErrorCode
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
+from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
-from services.common.server_base import GRPC_OPTIONS
 from services.partition_store.convert import error_from_proto, topic_record_from_metadata
 from services.partition_store.core.topics import TopicRecord
 from services.partition_store.runtime import TopicOutcome, TopicSpec
@@ -28,15 +28,10 @@ class GrpcControllerLink:
     def __init__(self, layout: ClusterLayout, *, timeout_ms: int = 5_000) -> None:
         self._layout = layout
         self._timeout_s = timeout_ms / 1000
-        self._channels: dict[int, grpc.aio.Channel] = {}
+        self._channels = ChannelPool()
 
     def _stub(self, node_id: int) -> partition_store_pb2_grpc.PartitionStoreAsyncStub:
-        channel = self._channels.get(node_id)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(
-                self._layout.stores[node_id], options=list(GRPC_OPTIONS)
-            )
-            self._channels[node_id] = channel
+        channel = self._channels.get(self._layout.stores[node_id])
         return partition_store_pb2_grpc.PartitionStoreStub(channel)
 
     def _unreachable(self, exc: grpc.aio.AioRpcError) -> ServiceError:
@@ -103,6 +98,4 @@ class GrpcControllerLink:
                      exc.code().name)
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
+        await self._channels.close()

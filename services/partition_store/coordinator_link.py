@@ -19,9 +19,9 @@ import grpc
 from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc, records_pb2
+from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
-from services.common.server_base import GRPC_OPTIONS
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.txn_verifier import TopicPartitionKey, Verdicts
 
@@ -33,15 +33,10 @@ class GrpcTxnVerifier:
     def __init__(self, layout: ClusterLayout, *, timeout_ms: int = 5_000) -> None:
         self._layout = layout
         self._timeout_s = timeout_ms / 1000
-        self._channels: dict[int, grpc.aio.Channel] = {}
+        self._channels = ChannelPool()
 
     def _stub(self, node_id: int) -> coordinator_pb2_grpc.TransactionCoordinatorAsyncStub:
-        channel = self._channels.get(node_id)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(
-                self._layout.coordinators[node_id], options=list(GRPC_OPTIONS)
-            )
-            self._channels[node_id] = channel
+        channel = self._channels.get(self._layout.coordinators[node_id])
         return coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
 
     async def verify(
@@ -100,6 +95,4 @@ class GrpcTxnVerifier:
         return verdicts
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
+        await self._channels.close()
