@@ -61,6 +61,8 @@ MARKER_COMMIT = 1
 _HEADER = struct.Struct(">qibIhiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
 _REC_FIXED = struct.Struct(">iiqi")  # length, offset_delta, timestamp_delta, key_length
+# The same followed by value_length, for records with a null key.
+_REC_NULL_KEY = struct.Struct(">iiqii")
 _I32 = struct.Struct(">i")
 _CONTROL_KEY = struct.Struct(">hh")
 _CONTROL_VALUE = struct.Struct(">hi")
@@ -147,49 +149,67 @@ def encode_batch(
     transactional: bool = False,
     base_offset: int = 0,
 ) -> bytes:
-    """Encodes (key, value, headers, timestamp_ms) tuples into one batch."""
+    """Encodes (key, value, headers, timestamp_ms) tuples into one batch.
+
+    This is the producer's hot path: records with a value and no headers (the
+    common case) take one struct.pack each; the rest go through _encode_record.
+    """
     if not records:
         raise BatchFormatError("a record batch needs at least one record")
-    base_ts = min(r[3] for r in records)
-    max_ts = max(r[3] for r in records)
+    timestamps = [r[3] for r in records]
+    base_ts = min(timestamps)
+    max_ts = max(timestamps)
     parts: list[bytes] = []
-    append = parts.append
-    rec_fixed = _REC_FIXED.pack
+    extend = parts.extend
+    pack_null_key = _REC_NULL_KEY.pack
+    pack_with_key = _REC_FIXED.pack
     i32 = _I32.pack
     for delta, (key, value, headers, ts) in enumerate(records):
-        key_len = -1 if key is None else len(key)
-        value_len = -1 if value is None else len(value)
-        if headers:
-            hparts = [i32(len(headers))]
-            for hkey, hvalue in headers:
-                hk = hkey.encode()
-                hparts.append(i32(len(hk)))
-                hparts.append(hk)
-                if hvalue is None:
-                    hparts.append(_NULL)
-                else:
-                    hparts.append(i32(len(hvalue)))
-                    hparts.append(hvalue)
-            hblob = b"".join(hparts)
+        if headers or value is None:
+            parts.append(_encode_record(delta, key, value, headers, ts - base_ts))
+            continue
+        value_len = len(value)
+        # length counts everything after the length field itself: 16 fixed
+        # bytes, the key, 4 + value, and 4 for the (zero) header count.
+        if key is None:
+            extend((pack_null_key(24 + value_len, delta, ts - base_ts, -1, value_len),
+                    value, _NO_HEADERS))
         else:
-            hblob = _NO_HEADERS
-        # length counts everything after the length field itself.
-        length = 16 + max(key_len, 0) + 4 + max(value_len, 0) + len(hblob)
-        append(rec_fixed(length, delta, ts - base_ts, key_len))
-        if key is not None:
-            append(key)
-        if value is None:
-            append(_NULL)
-        else:
-            append(i32(value_len))
-            append(value)
-        append(hblob)
+            key_len = len(key)
+            extend((pack_with_key(24 + key_len + value_len, delta, ts - base_ts, key_len),
+                    key, i32(value_len), value, _NO_HEADERS))
     body = b"".join(parts)
     attributes = ATTR_TRANSACTIONAL if transactional else 0
     return _finish(
         body, attributes, len(records), base_ts, max_ts,
         producer_id, producer_epoch, base_sequence, base_offset,
     )
+
+
+def _encode_record(delta: int, key: bytes | None, value: bytes | None,
+                   headers: Sequence[Header] | None, timestamp_delta_ms: int) -> bytes:
+    """One record in the general form (null value, headers)."""
+    i32 = _I32.pack
+    key_len = -1 if key is None else len(key)
+    value_len = -1 if value is None else len(value)
+    hparts = [i32(len(headers) if headers else 0)]
+    for hkey, hvalue in headers or ():
+        hk = hkey.encode()
+        hparts.append(i32(len(hk)))
+        hparts.append(hk)
+        if hvalue is None:
+            hparts.append(_NULL)
+        else:
+            hparts.append(i32(len(hvalue)))
+            hparts.append(hvalue)
+    hblob = b"".join(hparts)
+    length = 16 + max(key_len, 0) + 4 + max(value_len, 0) + len(hblob)
+    return b"".join((
+        _REC_FIXED.pack(length, delta, timestamp_delta_ms, key_len),
+        key or b"",
+        _NULL if value is None else i32(value_len) + value,
+        hblob,
+    ))
 
 
 def encode_control_batch(
