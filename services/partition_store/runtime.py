@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from oncelog.errors import ErrorCode
 from services.common import limits
 from services.common.cluster import ClusterLayout
+from services.common.crashpoints import crash_point
 from services.common.errors import InvariantViolation, ServiceError, invariant
 from services.partition_store import metrics
 from services.partition_store.core.codec import CorruptValueError, decode_offset, encode_offset
@@ -919,6 +920,7 @@ class StoreRuntime:
         by the rules of core/producer_state.py; answers once every written
         marker is durable. An identical retry of a producer's last marker
         answers with its offset and writes nothing."""
+        crash_point("store.before_marker_write")
         await self._ensure_known({t for m in markers for t, _p in m.partitions})
         now_ms = self._clock_ms()
         outcomes: list[MarkerOutcome] = []
@@ -965,6 +967,8 @@ class StoreRuntime:
                 )
             outcomes[index] = MarkerOutcome(failed.producer_id, failed.topic, failed.partition,
                                             error)
+        # The markers are durable but the coordinator has not heard so.
+        crash_point("store.after_marker_durable")
         return outcomes
 
     def _maybe_snapshot(self, part: PartitionRuntime, now_ms: int) -> None:
