@@ -55,6 +55,9 @@ class TxnConfig:
     check_interval_ms: int = 1000
     max_partitions_per_txn: int = 1000
     marker_retry_backoff_ms_max: int = 1000
+    # How long a request for a transactional id whose markers are in flight
+    # waits for them before answering CONCURRENT_TRANSACTIONS.
+    wait_for_markers_ms: int = 5000
 
 
 @dataclass
@@ -220,6 +223,17 @@ class TxnCoordinatorRuntime:
         for key, value in records:
             owned.state.replay(key, value)
 
+    async def _wait_for_markers(self, owned: OwnedPartition, transactional_id: str) -> None:
+        """Holds a request that arrives while the previous transaction's markers
+        are in flight until they have landed (bounded), instead of answering
+        CONCURRENT_TRANSACTIONS at once: back-to-back transactions then pay no
+        client retry round trip."""
+        task = owned.marker_tasks.get(transactional_id)
+        if task is None or task.done():
+            return
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, ServiceError):
+            await asyncio.wait_for(asyncio.shield(task), self.config.wait_for_markers_ms / 1000)
+
     async def _fresh_id_if_needed(self, md: txn.TxnMetadata | None) -> int | None:
         if txn.needs_fresh_producer_id(md):
             return await self._producer_ids.next_producer_id()
@@ -229,6 +243,7 @@ class TxnCoordinatorRuntime:
 
     async def init_producer_id(self, transactional_id: str, txn_timeout_ms: int) -> tuple[int, int]:
         owned = self.owned_for(transactional_id)
+        await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
@@ -252,6 +267,7 @@ class TxnCoordinatorRuntime:
         partitions: frozenset[tuple[str, int]],
     ) -> None:
         owned = self.owned_for(transactional_id)
+        await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
             planned = txn.plan_add_partitions(
@@ -297,6 +313,7 @@ class TxnCoordinatorRuntime:
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                       commit: bool) -> tuple[int, int]:
         owned = self.owned_for(transactional_id)
+        await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)

@@ -216,3 +216,25 @@ def test_a_newer_coordinator_fences_the_old_one() -> None:
         await new.stop()
 
     run(scenario)
+
+
+def test_next_transaction_waits_for_markers_instead_of_failing() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        # The marker fails a few times before it lands (store restarting).
+        markers.outcomes[("a", 0)] = [ErrorCode.NETWORK_EXCEPTION] * 3
+        pid, epoch = await rt.end_txn(TID, pid, epoch, commit=True)
+        # The next transaction's first AddPartitions is held until the
+        # markers landed, then succeeds: no CONCURRENT_TRANSACTIONS round trip.
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.ONGOING
+        assert [tp for _, tp in markers.written] == [("a", 0)]
+        await rt.stop()
+
+    run(scenario)
