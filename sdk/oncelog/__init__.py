@@ -16,12 +16,16 @@ from oncelog.producer import Producer
 from oncelog.types import (
     ConsumerRecord,
     GroupMetadata,
+    HangingTransaction,
     NewTopic,
     OffsetAndTimestamp,
     PartitionDescription,
+    ProducerState,
     RecordMetadata,
     TopicDescription,
     TopicPartition,
+    TransactionDescription,
+    TransactionListing,
 )
 
 __version__ = "0.1.0"
@@ -31,13 +35,17 @@ __all__ = [
     "Consumer",
     "ConsumerRecord",
     "GroupMetadata",
+    "HangingTransaction",
     "NewTopic",
     "OffsetAndTimestamp",
     "PartitionDescription",
     "Producer",
+    "ProducerState",
     "RecordMetadata",
     "TopicDescription",
     "TopicPartition",
+    "TransactionDescription",
+    "TransactionListing",
     "__version__",
     "errors",
 ]

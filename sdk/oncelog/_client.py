@@ -28,6 +28,7 @@ from oncelog.errors import ErrorCode, OncelogError
 from oncelog.v1 import (
     coordinator_pb2_grpc,
     errors_pb2,
+    group_coordinator_pb2_grpc,
     partition_store_pb2,
     partition_store_pb2_grpc,
 )
@@ -193,6 +194,7 @@ class ClusterClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._stores: dict[str, partition_store_pb2_grpc.PartitionStoreStub] = {}
         self._coordinators: dict[str, coordinator_pb2_grpc.TransactionCoordinatorStub] = {}
+        self._group_coordinators: dict[str, group_coordinator_pb2_grpc.GroupCoordinatorStub] = {}
         self._metadata: ClusterMetadata | None = None
         # Serializes Metadata calls; a caller that waited for another caller's
         # refresh uses its answer instead of asking again.
@@ -229,6 +231,13 @@ class ClusterClient:
             self._coordinators[address] = stub
         return stub
 
+    def group_coordinator(self, address: str) -> group_coordinator_pb2_grpc.GroupCoordinatorStub:
+        stub = self._group_coordinators.get(address)
+        if stub is None:
+            stub = group_coordinator_pb2_grpc.GroupCoordinatorStub(self.channel(address))
+            self._group_coordinators[address] = stub
+        return stub
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -236,6 +245,7 @@ class ClusterClient:
             self._channels.clear()
             self._stores.clear()
             self._coordinators.clear()
+            self._group_coordinators.clear()
         for ch in channels:
             ch.close()
 

@@ -29,6 +29,10 @@ answers and `now_ms`, and it says what to send and what to fail. The rules:
   and the remaining batches, all known not written, are renumbered from 0.
   Renumbering never touches a batch that may be in the log, so a reset cannot
   write a record twice.
+* In a transaction there is no sequence reset: a batch that fails for good
+  fails the transaction, and the partition is HALTED (nothing more is sent)
+  until the transaction is aborted. EndTxn's new epoch then restarts every
+  partition at sequence 0 (the producer replaces its sequencers).
 """
 
 from __future__ import annotations
@@ -75,12 +79,17 @@ class PartitionMode(enum.Enum):
                 transition: NEEDS_RESET once none may have been.
     NEEDS_RESET action: send nothing; the producer must bump its epoch.
                 transition: READY in reset_sequences().
+    HALTED      (transactional) action: send nothing; a batch failed for good,
+                so the transaction must be aborted.
+                transition: none; the producer drops the sequencer when the
+                transaction ends.
     """
 
     READY = "ready"
     RETRYING = "retrying"
     UNRESOLVED = "unresolved"
     NEEDS_RESET = "needs_reset"
+    HALTED = "halted"
 
 
 class PartitionSequencer:
@@ -93,8 +102,10 @@ class PartitionSequencer:
         max_in_flight: int,
         retry_backoff_ms: int,
         retry_backoff_max_ms: int,
+        transactional: bool = False,
     ) -> None:
         self.idempotent = idempotent
+        self.transactional = transactional
         self.max_in_flight = max_in_flight
         self.retry_backoff_ms = retry_backoff_ms
         self.retry_backoff_max_ms = retry_backoff_max_ms
@@ -134,6 +145,8 @@ class PartitionSequencer:
         again at sequence 0) only when nothing is unacknowledged: batches still
         to be retried under the old epoch must not be overtaken by new ones."""
         if self.idempotent:
+            if self.transactional:
+                batch.transactional = True
             if not self.window and (producer_id, producer_epoch) != (
                 self.producer_id, self.producer_epoch,
             ):
@@ -156,7 +169,8 @@ class PartitionSequencer:
         mode = self.mode
         if mode is PartitionMode.READY:
             out = [b for b in self.window if b.needs_send]
-        elif mode is PartitionMode.NEEDS_RESET or self.in_flight_count or now_ms < self.retry_at_ms:
+        elif (mode is PartitionMode.NEEDS_RESET or mode is PartitionMode.HALTED
+              or self.in_flight_count or now_ms < self.retry_at_ms):
             return []
         elif mode is PartitionMode.RETRYING:
             self.mode = PartitionMode.READY
@@ -210,7 +224,8 @@ class PartitionSequencer:
         elif dispatched and code in UNKNOWN_OUTCOME:
             batch.maybe_landed = True
         if self.idempotent and code in _PREDECESSOR_MISSING:
-            if self.mode in (PartitionMode.UNRESOLVED, PartitionMode.NEEDS_RESET):
+            if self.mode in (PartitionMode.UNRESOLVED, PartitionMode.NEEDS_RESET,
+                             PartitionMode.HALTED):
                 # Expected: the batch that failed before this one did not land.
                 return None
             if not batch.sent_as_oldest:
@@ -243,6 +258,18 @@ class PartitionSequencer:
             batch.maybe_landed = False
         self.next_sequence = sequence
         self.mode = PartitionMode.READY
+
+    def discard_unsent(self) -> list[ProducerBatch]:
+        """Removes and returns the unacknowledged batches that are not in flight
+        (the transaction is being aborted: they will not be sent); in-flight
+        ones stay until their answer comes. The partition is HALTED."""
+        out = [b for b in self.window if not b.acked and not b.in_flight]
+        if out:
+            self.window = deque(b for b in self.window if b.acked or b.in_flight)
+            while self.window and self.window[0].acked:
+                self.window.popleft()
+        self.mode = PartitionMode.HALTED
+        return out
 
     def fail_all(self) -> list[ProducerBatch]:
         """Drops every unacknowledged batch (the producer is going away)."""
@@ -281,7 +308,9 @@ class PartitionSequencer:
         window = self.window
         while window and window[0].acked:
             window.popleft()
-        if self.idempotent:
+        if self.transactional:
+            self.mode = PartitionMode.HALTED
+        elif self.idempotent:
             self.mode = PartitionMode.UNRESOLVED
         return exc
 

@@ -6,6 +6,10 @@
     oncelog topics list | describe payments | delete payments
     printf 'a\\nb\\n' | oncelog produce payments
     oncelog consume payments --from-beginning
+    oncelog transactions list | describe copier-0 | abort copier-0
+    oncelog transactions describe-producers payments 0
+    oncelog transactions find-hanging [--max-timeout-ms N] [--topic T]
+    oncelog transactions abort-hanging payments 0 4001
 
 Every command that talks to a cluster takes --bootstrap (default: the
 ONCELOG_BOOTSTRAP environment variable, else 127.0.0.1:9092, Kafka's usual
@@ -25,7 +29,7 @@ from concurrent.futures import Future
 from typing import BinaryIO
 
 from oncelog import __version__, errors
-from oncelog.admin import Admin
+from oncelog.admin import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, Admin
 from oncelog.consumer import Consumer
 from oncelog.producer import Producer
 from oncelog.types import RecordMetadata, TopicPartition
@@ -127,6 +131,47 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument("--print-key", action="store_true", help="print KEY<SEP>VALUE")
     consume.add_argument("--key-separator", default="\t", metavar="SEP",
                          help="separator for --print-key (default: tab)")
+
+    txns = commands.add_parser(
+        "transactions", help="list, describe and abort transactions; find hanging ones",
+    )
+    txn_cmds = txns.add_subparsers(dest="action", required=True, metavar="ACTION")
+    txn_cmds.add_parser("list", parents=[common],
+                        help="every transactional id the coordinators know")
+    txn_describe = txn_cmds.add_parser(
+        "describe", parents=[common],
+        help="a transactional id's state, producer id/epoch and open transaction",
+    )
+    txn_describe.add_argument("transactional_id")
+    producers = txn_cmds.add_parser(
+        "describe-producers", parents=[common],
+        help="the producers active on a partition and their open transactions",
+    )
+    producers.add_argument("topic")
+    producers.add_argument("partition", type=int)
+    hanging = txn_cmds.add_parser(
+        "find-hanging", parents=[common],
+        help="open transactions on partitions that no coordinator will end",
+    )
+    hanging.add_argument(
+        "--max-timeout-ms", type=int, default=DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+        help="a transaction open longer than this is hanging "
+             f"(default {DEFAULT_MAX_TRANSACTION_TIMEOUT_MS}, the coordinators' maximum)",
+    )
+    hanging.add_argument("--topic", action="append", default=None,
+                         help="look only at this topic (repeatable; default: every topic)")
+    txn_abort = txn_cmds.add_parser(
+        "abort", parents=[common],
+        help="abort a transactional id's open transaction at its coordinator",
+    )
+    txn_abort.add_argument("transactional_id")
+    abort_hanging = txn_cmds.add_parser(
+        "abort-hanging", parents=[common],
+        help="write an ABORT marker for a producer's open transaction on one partition",
+    )
+    abort_hanging.add_argument("topic")
+    abort_hanging.add_argument("partition", type=int)
+    abort_hanging.add_argument("producer_id", type=int)
     return parser
 
 
@@ -139,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _topics(args)
         if args.command == "produce":
             return _produce(args)
+        if args.command == "transactions":
+            return _transactions(args)
         return _consume(args)
     except errors.OncelogError as exc:
         _fail(f"{type(exc).__name__}: {exc.message or exc.code.name}")
@@ -224,13 +271,17 @@ def _topics(args: argparse.Namespace) -> int:
                  str(p.earliest_offset), str(p.high_watermark), str(p.last_stable_offset))
                 for p in d.partitions
             ]
-            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-            for r in rows:
-                print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+            _print_table(rows)
         else:
             admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")
     return 0
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
 
 
 def _parse_config(items: list[str]) -> dict[str, str]:
@@ -241,6 +292,75 @@ def _parse_config(items: list[str]) -> dict[str, str]:
             raise CliError(f"--config takes KEY=VALUE, got {item!r}")
         config[key] = value
     return config
+
+
+# --------------------------------------------------------------- transactions
+
+def _transactions(args: argparse.Namespace) -> int:
+    with Admin(
+        bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
+        default_api_timeout_ms=args.timeout_ms,
+    ) as admin:
+        rows: list[tuple[str, ...]]
+        if args.action == "list":
+            rows = [("transactional_id", "producer_id", "state")]
+            rows += [(t.transactional_id, str(t.producer_id), t.state)
+                     for t in admin.list_transactions()]
+            _print_table(rows)
+        elif args.action == "describe":
+            d = admin.describe_transaction(args.transactional_id)
+            print(f"transactional_id {d.transactional_id}")
+            print(f"state {d.state}")
+            print(f"producer_id {d.producer_id}  producer_epoch {d.producer_epoch}  "
+                  f"coordinator_epoch {d.coordinator_epoch}")
+            print(f"transaction_timeout_ms {d.transaction_timeout_ms}  "
+                  f"transaction_start_time_ms {d.transaction_start_time_ms}")
+            parts = " ".join(f"{tp.topic}-{tp.partition}" for tp in d.partitions)
+            print(f"partitions {parts or '-'}")
+        elif args.action == "describe-producers":
+            _check_partition(args.partition)
+            states = admin.describe_producers(TopicPartition(args.topic, args.partition))
+            rows = [("producer_id", "producer_epoch", "last_sequence", "last_timestamp_ms",
+                     "coordinator_epoch", "current_txn_start_offset")]
+            rows += [
+                (str(s.producer_id), str(s.producer_epoch), str(s.last_sequence),
+                 str(s.last_timestamp_ms), str(s.coordinator_epoch),
+                 "-" if s.current_txn_start_offset is None else str(s.current_txn_start_offset))
+                for s in states
+            ]
+            _print_table(rows)
+        elif args.action == "find-hanging":
+            if args.max_timeout_ms <= 0:
+                raise CliError("--max-timeout-ms must be positive")
+            found = admin.find_hanging_transactions(
+                max_transaction_timeout_ms=args.max_timeout_ms, topics=args.topic,
+            )
+            rows = [("topic", "partition", "producer_id", "producer_epoch",
+                     "coordinator_epoch", "start_offset", "last_timestamp_ms", "reason")]
+            rows += [
+                (h.topic_partition.topic, str(h.topic_partition.partition), str(h.producer_id),
+                 str(h.producer_epoch), str(h.coordinator_epoch),
+                 str(h.current_txn_start_offset), str(h.last_timestamp_ms), h.reason)
+                for h in found
+            ]
+            _print_table(rows)
+        elif args.action == "abort":
+            d = admin.abort_transaction(args.transactional_id)
+            print(f"aborted the open transaction of {d.transactional_id} "
+                  f"(producer {d.producer_id}, now epoch {d.producer_epoch}, {d.state})")
+        else:
+            _check_partition(args.partition)
+            admin.abort_hanging_transaction(
+                TopicPartition(args.topic, args.partition), args.producer_id,
+            )
+            print(f"aborted the open transaction of producer {args.producer_id} on "
+                  f"{args.topic}-{args.partition}")
+    return 0
+
+
+def _check_partition(partition: int) -> None:
+    if partition < 0:
+        raise CliError(f"partition must be >= 0, got {partition}")
 
 
 # --------------------------------------------------------------------- produce

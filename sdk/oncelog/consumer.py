@@ -311,8 +311,18 @@ class Consumer:
                     if exc is None:
                         answers[tp] = (result.offset, result.timestamp_ms)
                         del pending[tp]
-                    elif exc.retriable or exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    elif exc.retriable:
                         retry = exc
+                    elif exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                        # Metadata names this store as the owner, but the topic
+                        # has not reached its catalog yet (just created): retry
+                        # with backoff. A topic really gone fails the next
+                        # attempt's metadata lookup instead.
+                        retry = errors.error_for(
+                            ErrorCode.LEADER_NOT_AVAILABLE,
+                            f"store {address} does not know {tp.topic}-{tp.partition} yet: "
+                            f"{exc.message or exc.code.name}",
+                        )
                     else:
                         raise exc
             if pending:

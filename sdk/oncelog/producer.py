@@ -10,10 +10,14 @@ re-send the identical bytes, so the store's deduplication makes a retry after
 a lost answer harmless. See docs/sdk.md for the guarantees and
 `_sequencing.py` for the retry rules.
 
-Transactions arrive in a later version: the sender already keeps the producer
-id, epoch and per-partition sequences in one place (`_Sender`), where a
-client-side transaction state machine will hook in (AddPartitionsToTxn before a
-partition's first transactional batch, EndTxn after a flush).
+With a `transactional_id` the producer is transactional (docs/sdk.md,
+"Transactions"): `_transactions.TxnStateMachine` holds the client-side state
+as one table; the user's thread runs InitProducerId, AddOffsetsToTxn,
+TxnOffsetCommit and EndTxn (blocking, with retries), while the sender thread
+adds each partition to the transaction (AddPartitionsToTxn, one request for
+all partitions that got records meanwhile) before the partition's first batch
+goes out, and otherwise sends transactional batches down the same batched,
+pipelined path as idempotent ones.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -49,13 +53,26 @@ from oncelog._client import (
     needs_metadata_refresh,
     translate_rpc_error,
 )
+from oncelog._coordinators import (
+    COORDINATOR_MOVED,
+    GROUP,
+    TRANSACTION,
+    CoordinatorLocator,
+    NoCoordinatorError,
+    call_coordinator,
+    concurrent_transactions_backoff_ms,
+)
 from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._sequencing import PartitionMode, PartitionSequencer
+from oncelog._transactions import Op, Outcome, TxnState, TxnStateMachine, classify
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.records import Header
-from oncelog.v1 import coordinator_pb2, partition_store_pb2
+from oncelog.types import GroupMetadata, TopicPartition
+from oncelog.v1 import coordinator_pb2, group_coordinator_pb2, partition_store_pb2, records_pb2
 
 log = logging.getLogger("oncelog.producer")
+
+_T = TypeVar("_T")
 
 # Producer epochs are int16 on the wire; past this the producer needs a new id.
 MAX_PRODUCER_EPOCH = 2**15 - 1
@@ -69,6 +86,11 @@ MAX_REQUEST_BYTES = MAX_GRPC_MESSAGE_BYTES // 2
 EXPIRY_CHECK_INTERVAL_MS = 50
 # The longest the sender sleeps while anything is incomplete (housekeeping).
 MAX_SENDER_SLEEP_MS = 100
+# States in which the sender sends a transaction's batches.
+_TXN_SENDING = frozenset({TxnState.IN_TRANSACTION, TxnState.COMMITTING})
+# States in which the sender discards a transaction's unsent batches.
+_TXN_DISCARDING = frozenset({TxnState.ABORTABLE_ERROR, TxnState.ABORTING})
+_IN_TRANSACTION = TxnState.IN_TRANSACTION
 
 
 def _now_ms() -> int:
@@ -101,9 +123,13 @@ def _check_headers(headers: Sequence[Header] | Mapping[str, bytes | None]) -> tu
 
 
 class Producer:
-    """Sends records to topics; idempotent by default.
+    """Sends records to topics; idempotent by default, transactional with a
+    `transactional_id`.
 
-    Thread-safe: any number of threads may call send() concurrently.
+    Thread-safe: any number of threads may call send() concurrently. The
+    transactional calls (init_transactions, begin_transaction,
+    send_offsets_to_transaction, commit_transaction, abort_transaction) are
+    meant for one thread at a time, as in Kafka.
     """
 
     def __init__(
@@ -124,10 +150,18 @@ class Producer:
         max_block_ms: int = 60_000,
     ) -> None:
         if transactional_id is not None:
-            raise errors.error_for(
-                ErrorCode.UNSUPPORTED_VERSION,
-                "transactions (transactional_id) are not available in this version of the "
-                "oncelog SDK; leave transactional_id=None for an idempotent producer",
+            if not isinstance(transactional_id, str) or not transactional_id:
+                raise ValueError(
+                    f"transactional_id must be a non-empty str or None, got {transactional_id!r}"
+                )
+            if not enable_idempotence:
+                raise ValueError(
+                    "a transactional producer is idempotent: transactional_id needs "
+                    "enable_idempotence=True"
+                )
+        if transaction_timeout_ms <= 0:
+            raise ValueError(
+                f"transaction_timeout_ms must be positive, got {transaction_timeout_ms}"
             )
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
@@ -166,12 +200,21 @@ class Producer:
         self._topics_version = -1
         self._closed = False
         self._close_lock = threading.Lock()
+        self._transactional_id = transactional_id
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._txn: TxnStateMachine | None = None
+        self._txn_locator: CoordinatorLocator | None = None
+        if transactional_id is not None:
+            self._txn = TxnStateMachine(transactional_id)
+            self._txn_locator = CoordinatorLocator(self._client, transactional_id, TRANSACTION)
+            self._accumulator.new_partitions = set()
         self._sender = _Sender(
             client=self._client, accumulator=self._accumulator,
             idempotent=enable_idempotence, max_in_flight=max_in_flight,
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             transaction_timeout_ms=transaction_timeout_ms,
+            txn=self._txn, txn_locator=self._txn_locator,
         )
         self._sender.start()
 
@@ -195,7 +238,7 @@ class Producer:
         if self._closed:
             raise errors.IllegalStateError("send() on a closed producer")
         fatal = self._sender.fatal_error
-        if fatal is not None:
+        if fatal is not None and self._txn is None:
             return failed_future(topic, -1 if partition is None else partition, fatal)
         # The size is computed inline for the common case: this is the hot path.
         size = RECORD_OVERHEAD_BYTES
@@ -225,6 +268,9 @@ class Producer:
         if info is None:
             if not isinstance(topic, str) or not topic:
                 raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+            if self._txn is not None:
+                # Refuse before a metadata lookup that may block.
+                self._check_txn(Op.SEND)
             try:
                 tinfo = client.topic(topic)
             except OncelogError as exc:
@@ -254,6 +300,12 @@ class Producer:
         # acquire/release costs half of a `with` block, which shows at 250k calls/s.
         acc.lock.acquire()
         try:
+            # Under the lock: commit_transaction() moves the state on under it
+            # too, so a record either joins the transaction before the commit's
+            # flush or is refused.
+            txn = self._txn
+            if txn is not None and txn.state is not _IN_TRANSACTION:
+                txn.check(Op.SEND)
             if acc.buffered_bytes + size > self._buffer_memory_bytes and acc.buffered_bytes:
                 blocked = self._wait_for_buffer(size)
                 if blocked is not None:
@@ -265,7 +317,7 @@ class Producer:
         finally:
             acc.lock.release()
 
-    def _wait_for_buffer(self, size: int) -> OncelogError | None:
+    def _wait_for_buffer(self, size: int) -> BaseException | None:
         """Blocks (up to max_block_ms) until buffered records leave room for
         `size` more bytes. Caller holds the accumulator lock."""
         acc = self._accumulator
@@ -273,6 +325,12 @@ class Producer:
         while acc.buffered_bytes + size > self._buffer_memory_bytes and acc.buffered_bytes:
             if self._closed or self._sender.fatal_error is not None:
                 return self._sender.fatal_error or errors.IllegalStateError("producer closed")
+            if self._txn is not None and self._txn.state is not _IN_TRANSACTION:
+                # The transaction ended (or broke) while we waited.
+                return self._txn.refusal(Op.SEND) or errors.IllegalStateError(
+                    f"the transaction ended while send() waited for buffer memory "
+                    f"({self._txn.state.value})"
+                )
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
                 return errors.KafkaTimeoutError(
@@ -311,13 +369,317 @@ class Producer:
         finally:
             acc.end_flush()
 
+    # ----------------------------------------------------------- transactions
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Gets the producer id and epoch of this transactional id from its
+        coordinator, fencing any earlier producer with the same id: its open
+        transaction is aborted (or a decided one completed) first.
+
+        Blocks up to `timeout` seconds (default: max_block_ms); on
+        KafkaTimeoutError, call it again to resume."""
+        txn, locator = self._txn_parts("init_transactions")
+        with self._accumulator.lock:
+            txn.check(Op.INIT_TRANSACTIONS)
+            txn.transition_to(TxnState.INITIALIZING)
+        request = coordinator_pb2.InitProducerIdRequest(
+            transactional_id=txn.transactional_id,
+            transaction_timeout_ms=self._transaction_timeout_ms,
+            producer_id=-1, producer_epoch=-1,
+        )
+
+        def attempt(address: str, timeout_s: float) -> coordinator_pb2.InitProducerIdResponse:
+            resp = self._client.coordinator(address).InitProducerId(request, timeout=timeout_s)
+            exc = error_from_proto(resp.error)
+            if exc is not None:
+                raise exc
+            return resp
+
+        resp = self._txn_call("InitProducerId", locator, attempt, timeout, fatal_on_error=True)
+        self._sender.set_identity(resp.producer_id, resp.producer_epoch)
+        with self._accumulator.lock:
+            txn.transition_to(TxnState.READY)
+        log.debug("transactional id %r: producer id %d epoch %d", txn.transactional_id,
+                  resp.producer_id, resp.producer_epoch)
+
+    def begin_transaction(self) -> None:
+        """Opens a transaction: records sent until commit_transaction() or
+        abort_transaction() belong to it. Local: no request is sent."""
+        txn, _locator = self._txn_parts("begin_transaction")
+        with self._accumulator.lock:
+            txn.check(Op.BEGIN_TRANSACTION)
+            txn.transition_to(TxnState.IN_TRANSACTION)
+
+    def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        group_metadata: GroupMetadata,
+        timeout: float | None = None,
+    ) -> None:
+        """Makes the consumer offsets `offsets` (each the next offset to read)
+        of `group_metadata`'s group part of the transaction: they become the
+        group's committed offsets if and only if the transaction commits.
+
+        AddOffsetsToTxn adds the group's __consumer_offsets partition to the
+        transaction, then TxnOffsetCommit hands the offsets to the group's
+        coordinator (pending until the transaction's marker lands)."""
+        txn, locator = self._txn_parts("send_offsets_to_transaction")
+        if not isinstance(group_metadata, GroupMetadata):
+            raise TypeError(
+                f"group_metadata must be a GroupMetadata (consumer.group_metadata()), "
+                f"got {group_metadata!r}"
+            )
+        if not group_metadata.group_id:
+            raise ValueError("group_metadata.group_id must not be empty")
+        for tp, offset in offsets.items():
+            if not isinstance(tp, TopicPartition):
+                raise TypeError(f"offsets must be keyed by TopicPartition, got {tp!r}")
+            if type(offset) is not int or offset < 0:
+                raise ValueError(f"offset for {tp} must be an int >= 0, got {offset!r}")
+        with self._accumulator.lock:
+            txn.check(Op.SEND_OFFSETS)
+        if not offsets:
+            return
+        group_id = group_metadata.group_id
+        md = self._client.metadata()
+        if not md.group_coordinators:
+            md = self._client.refresh_metadata(timeout_ms=self._client.request_timeout_ms)
+        if not md.group_coordinators:
+            # Checked before AddOffsetsToTxn, so the transaction is untouched.
+            raise errors.error_for(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"the cluster has no group coordinator, so the offsets of group {group_id!r} "
+                "cannot join the transaction (send_offsets_to_transaction needs one)",
+            )
+        add_request = coordinator_pb2.AddOffsetsToTxnRequest(
+            transactional_id=txn.transactional_id, group_id=group_id,
+        )
+
+        def add_offsets(address: str, timeout_s: float) -> None:
+            add_request.producer_id = self._sender.producer_id
+            add_request.producer_epoch = self._sender.producer_epoch
+            self._sender.mark_txn_touched()
+            resp = self._client.coordinator(address).AddOffsetsToTxn(
+                add_request, timeout=timeout_s
+            )
+            exc = error_from_proto(resp.error)
+            if exc is not None:
+                raise exc
+
+        self._txn_call("AddOffsetsToTxn", locator, add_offsets, timeout)
+        self._txn_offset_commit(txn, offsets, group_metadata, timeout)
+
+    def _txn_offset_commit(
+        self,
+        txn: TxnStateMachine,
+        offsets: Mapping[TopicPartition, int],
+        group_metadata: GroupMetadata,
+        timeout: float | None,
+    ) -> None:
+        """TxnOffsetCommit to the group's coordinator, found with
+        FindCoordinator(group_id, GROUP); its answers are sorted like every
+        other transactional call's (fatal, retried, abortable)."""
+        group_locator = CoordinatorLocator(self._client, group_metadata.group_id, GROUP)
+        request = group_coordinator_pb2.TxnOffsetCommitRequest(
+            transactional_id=txn.transactional_id,
+            group_id=group_metadata.group_id,
+            producer_id=self._sender.producer_id,
+            producer_epoch=self._sender.producer_epoch,
+            generation_id=group_metadata.generation_id,
+            member_id=group_metadata.member_id,
+            partitions=[
+                group_coordinator_pb2.OffsetCommitPartition(
+                    topic=tp.topic, partition=tp.partition, offset=offset,
+                )
+                for tp, offset in sorted(offsets.items())
+            ],
+        )
+
+        def attempt(address: str, timeout_s: float) -> None:
+            try:
+                resp = self._client.group_coordinator(address).TxnOffsetCommit(
+                    request, timeout=timeout_s
+                )
+            except grpc.RpcError as rpc_exc:
+                if rpc_exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    raise errors.error_for(
+                        ErrorCode.UNSUPPORTED_VERSION,
+                        f"the group coordinator at {address} does not serve TxnOffsetCommit",
+                    ) from None
+                raise
+            exc = error_from_proto(resp.error)
+            if exc is None:
+                for result in resp.results:
+                    exc = error_from_proto(result.error)
+                    if exc is not None:
+                        exc = errors.error_for(
+                            exc.code,
+                            f"{result.topic}-{result.partition}: {exc.message}",
+                        )
+                        break
+            if exc is not None:
+                raise exc
+
+        self._txn_call(
+            f"TxnOffsetCommit of group {group_metadata.group_id!r}", group_locator, attempt,
+            timeout,
+        )
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Sends every record of the transaction, then commits it (EndTxn).
+
+        If a record failed, raises a TransactionAbortableError (caused by the
+        record's error): the transaction must be aborted with
+        abort_transaction(). On KafkaTimeoutError the outcome is unknown: call
+        commit_transaction() again, which retries the commit with the same
+        producer id and epoch (a commit is never turned into an abort).
+        Blocks up to `timeout` seconds (default: max_block_ms)."""
+        txn, locator = self._txn_parts("commit_transaction")
+        deadline_s = time.monotonic() + self._budget_s(timeout)
+        with self._accumulator.lock:
+            txn.check(Op.COMMIT_TRANSACTION)
+            txn.transition_to(TxnState.COMMITTING)
+        try:
+            self.flush(max(0.0, deadline_s - time.monotonic()))
+        except errors.KafkaTimeoutError as exc:
+            raise errors.KafkaTimeoutError(
+                f"commit_transaction() timed out while records of the transaction were "
+                f"still unacknowledged ({exc.message}); call commit_transaction() again"
+            ) from exc
+        with self._accumulator.lock:
+            # A record failed (abortable_error) or the producer was fenced.
+            txn.check(Op.COMMIT_TRANSACTION)
+        self._end_txn(txn, locator, commit=True, deadline_s=deadline_s)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Aborts the transaction: records not yet sent are dropped (their
+        futures fail with a TransactionAbortableError), records in flight are
+        waited for, then EndTxn(abort). The producer goes on with the next
+        epoch. Blocks up to `timeout` seconds (default: max_block_ms); on
+        KafkaTimeoutError, call abort_transaction() again."""
+        txn, locator = self._txn_parts("abort_transaction")
+        deadline_s = time.monotonic() + self._budget_s(timeout)
+        acc = self._accumulator
+        with acc.lock:
+            txn.check(Op.ABORT_TRANSACTION)
+            txn.transition_to(TxnState.ABORTING)
+            acc.woken = True
+            acc.wakeup.notify()
+        self._sender.wait_txn_quiet(deadline_s)
+        with acc.lock:
+            txn.check(Op.ABORT_TRANSACTION)  # fenced meanwhile?
+        self._end_txn(txn, locator, commit=False, deadline_s=deadline_s)
+
+    def _end_txn(self, txn: TxnStateMachine, locator: CoordinatorLocator, *, commit: bool,
+                 deadline_s: float) -> None:
+        """EndTxn with retries (same producer id and epoch on every attempt, so
+        the coordinator recognises a retry whose first answer was lost), then
+        the next transaction's id and epoch, sequences from 0."""
+        sender = self._sender
+        if not sender.txn_touched:
+            # Nothing reached the coordinator: there is nothing to end.
+            sender.set_identity(sender.producer_id, sender.producer_epoch)
+        else:
+            request = coordinator_pb2.EndTxnRequest(
+                transactional_id=txn.transactional_id, producer_id=sender.producer_id,
+                producer_epoch=sender.producer_epoch, commit=commit,
+            )
+
+            def attempt(address: str, timeout_s: float) -> coordinator_pb2.EndTxnResponse:
+                resp = self._client.coordinator(address).EndTxn(request, timeout=timeout_s)
+                exc = error_from_proto(resp.error)
+                if exc is not None:
+                    raise exc
+                return resp
+
+            remaining_s = max(0.0, deadline_s - time.monotonic())
+            what = "EndTxn(commit)" if commit else "EndTxn(abort)"
+            resp = self._txn_call(what, locator, attempt, remaining_s, fatal_on_error=True)
+            sender.set_identity(resp.producer_id, resp.producer_epoch)
+        with self._accumulator.lock:
+            txn.transition_to(TxnState.READY)
+
+    def _txn_call(
+        self,
+        what: str,
+        locator: CoordinatorLocator,
+        attempt: Callable[[str, float], _T],
+        timeout: float | None,
+        *,
+        fatal_on_error: bool = False,
+    ) -> _T:
+        """A transactional request with retries; sorts its failure: fatal codes
+        (and, with fatal_on_error, every non-retriable error, as Kafka does for
+        InitProducerId and EndTxn) make the producer fatal; other non-retriable
+        errors break the transaction (abortable_error); running out of time
+        raises KafkaTimeoutError and leaves the state as it is."""
+        txn = self._txn
+        assert txn is not None  # _txn_parts checked it
+        try:
+            return call_coordinator(
+                self._client, locator, what, attempt,
+                budget_ms=int(self._budget_s(timeout) * 1000),
+            )
+        except errors.KafkaTimeoutError:
+            raise
+        except OncelogError as exc:
+            detailed = errors.error_for(
+                exc.code, f"{what} for transactional id {txn.transactional_id!r}: "
+                f"{exc.message or exc.code.name}",
+            )
+            if classify(exc) is Outcome.FATAL or fatal_on_error:
+                self._sender.fail_fatal(detailed)
+            else:
+                with self._accumulator.lock:
+                    if txn.state is TxnState.IN_TRANSACTION:
+                        txn.transition_to(TxnState.ABORTABLE_ERROR, detailed)
+            raise detailed from exc
+
+    def _txn_parts(self, method: str) -> tuple[TxnStateMachine, CoordinatorLocator]:
+        if self._closed:
+            raise errors.IllegalStateError(f"{method}() on a closed producer")
+        if self._txn is None or self._txn_locator is None:
+            raise errors.IllegalStateError(
+                f"{method}() needs a transactional producer: pass transactional_id=... "
+                f"to Producer()"
+            )
+        return self._txn, self._txn_locator
+
+    def _check_txn(self, op: Op) -> None:
+        txn = self._txn
+        if txn is not None:
+            with self._accumulator.lock:
+                txn.check(op)
+
+    def _budget_s(self, timeout: float | None) -> float:
+        return self._max_block_ms / 1000 if timeout is None else max(0.0, timeout)
+
+    @property
+    def transaction_state(self) -> str | None:
+        """The transactional state's name (TxnState values: "ready",
+        "in_transaction", ...), or None for a producer without transactions."""
+        return None if self._txn is None else self._txn.state.value
+
+    # ------------------------------------------------------------------ close
+
     def close(self, timeout: float | None = None) -> None:
         """Delivers what is queued (waiting up to `timeout` seconds, None: as
         long as it takes), then stops the sender; records still undelivered at
-        the timeout fail with KafkaTimeoutError."""
+        the timeout fail with KafkaTimeoutError. A transactional producer
+        aborts its open transaction first (as Kafka's does); a commit whose
+        outcome is unknown is left to the coordinator."""
         with self._close_lock:
             if self._closed:
                 return
+            txn = self._txn
+            if txn is not None and txn.state in (
+                TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING
+            ):
+                try:
+                    self.abort_transaction(timeout)
+                except OncelogError as exc:
+                    log.warning("close(): aborting the open transaction of %r failed: %s",
+                                txn.transactional_id, exc)
             self._closed = True
         try:
             self._sender.close(timeout)
@@ -349,9 +711,18 @@ class Producer:
 class _Sender:
     """The producer's background thread: drains, numbers, sends, completes.
 
-    Everything here except the completion queue and `fatal_error` is owned by
-    the sender thread; gRPC callbacks only append to the completion queue
-    (under the accumulator's lock) and wake the thread.
+    Everything here except the completion queues, `fatal_error` and the
+    hand-over fields of a transactional producer (`_identity_request`,
+    `txn_touched`, `_txn_add_call`) is owned by the sender thread; gRPC
+    callbacks only append to a completion queue (under the accumulator's lock)
+    and wake the thread.
+
+    For a transactional producer the sender also adds partitions to the
+    transaction: every partition that got a batch joins `_txn_to_add`; one
+    AddPartitionsToTxn at a time carries all of them (so partitions that become
+    ready together share a request); a partition's batches are taken from the
+    accumulator only once it is in `_txn_added`. In abortable_error and
+    aborting it sends nothing new and fails every batch that is not in flight.
     """
 
     def __init__(
@@ -365,6 +736,8 @@ class _Sender:
         retry_backoff_ms: int,
         retry_backoff_max_ms: int,
         transaction_timeout_ms: int,
+        txn: TxnStateMachine | None = None,
+        txn_locator: CoordinatorLocator | None = None,
     ) -> None:
         self._client = client
         self._acc = accumulator
@@ -388,6 +761,27 @@ class _Sender:
         self._coordinator_index = random.randrange(1 << 16)
         self._next_expiry_check_ms = 0
         self._force_close = False
+        # Transactions (None / unused for other producers).
+        self._txn = txn
+        self._txn_locator = txn_locator
+        self._transactional_id = "" if txn is None else txn.transactional_id
+        # Partitions in the open transaction, and those waiting to be added.
+        self._txn_added: set[tuple[str, int]] = set()
+        self._txn_to_add: set[tuple[str, int]] = set()
+        # The AddPartitionsToTxn in flight (one at a time) and its partitions.
+        self._txn_add_call: grpc.Future | None = None
+        self._txn_add_keys: list[tuple[str, int]] = []
+        self._txn_add_address = ""
+        self._txn_add_attempts = 0
+        self._txn_add_retry_at_ms = 0
+        self._txn_lookup_call: grpc.Future | None = None
+        self._txn_replies: list[tuple[str, grpc.Future]] = []
+        # Some request of the open transaction reached (or may have reached)
+        # the coordinator, so ending it needs an EndTxn. Guarded by the lock.
+        self.txn_touched = False
+        # A new producer id/epoch handed over by the user's thread (after
+        # InitProducerId or EndTxn); the sender applies it and clears this.
+        self._identity_request: tuple[int, int] | None = None
         self.thread = threading.Thread(target=self._run, name="oncelog-producer", daemon=True)
 
     def start(self) -> None:
@@ -415,18 +809,18 @@ class _Sender:
                 pass
         except Exception as exc:  # a bug: fail every record instead of hanging
             log.exception("producer sender thread crashed")
-            self._abort_all(errors.error_for(
+            crashed = errors.error_for(
                 ErrorCode.UNKNOWN_SERVER_ERROR, f"producer sender thread crashed: {exc!r}"
-            ))
-            with self._acc.lock:
-                self.fatal_error = errors.error_for(
-                    ErrorCode.UNKNOWN_SERVER_ERROR, f"producer sender thread crashed: {exc!r}"
-                )
+            )
+            self._abort_all(crashed)
+            self.fail_fatal(crashed)
 
     def _loop_once(self) -> bool:
         """One round; False when the sender is done."""
         now = _now_ms()
         self._process_completions(now)
+        if self._txn is not None:
+            self._process_txn_replies(now)
         if self._force_close:
             self._abort_all(errors.KafkaTimeoutError(
                 "the producer was closed before the record was acknowledged"
@@ -434,6 +828,8 @@ class _Sender:
             return False
         if self.fatal_error is not None:
             self._abort_all(self.fatal_error)
+        elif self._txn is not None:
+            self._txn_step(now)
         elif (
             self._idempotent and self.producer_id < 0
             and now >= self._pid_retry_at_ms and self._acc.incomplete_count
@@ -444,9 +840,17 @@ class _Sender:
             self._expire(now)
             self._next_expiry_check_ms = now + EXPIRY_CHECK_INTERVAL_MS
         wake_at_ms = self._send_ready(now)
+        if self._txn is not None and self._txn_to_add:
+            self._maybe_add_partitions(now)
+            retry_at = self._txn_add_retry_at_ms
+            if self._txn_add_call is None and self._txn_lookup_call is None and retry_at > now:
+                wake_at_ms = retry_at if wake_at_ms is None else min(wake_at_ms, retry_at)
         acc = self._acc
         with acc.lock:
-            if acc.closing and not acc.incomplete and not self._requests_in_flight:
+            if (
+                acc.closing and not acc.incomplete and not self._requests_in_flight
+                and self._txn_add_call is None and self._identity_request is None
+            ):
                 return False
             if acc.woken or self._completions:
                 acc.woken = False
@@ -458,6 +862,288 @@ class _Sender:
             acc.wakeup.wait(timeout_s)
             acc.woken = False
         return True
+
+    # ------------------------------------------------------------ transactions
+
+    def set_identity(self, producer_id: int, producer_epoch: int) -> None:
+        """Hands a new producer id and epoch to the sender (user's thread, after
+        InitProducerId or EndTxn) and waits until it has taken them: every
+        partition then starts again at sequence 0, and no partition counts as
+        added to a transaction. Only called when nothing is queued or in flight."""
+        acc = self._acc
+        with acc.lock:
+            self._identity_request = (producer_id, producer_epoch)
+            acc.woken = True
+            acc.wakeup.notify()
+            while self._identity_request is not None:
+                if self.fatal_error is not None:
+                    raise self._fatal_copy()
+                if not self.thread.is_alive():
+                    raise errors.IllegalStateError("the producer's sender thread has stopped")
+                acc.changed.wait(0.1)
+
+    def mark_txn_touched(self) -> None:
+        """A request of the open transaction is about to reach the coordinator."""
+        with self._acc.lock:
+            self.txn_touched = True
+
+    def wait_txn_quiet(self, deadline_s: float) -> None:
+        """Waits (user's thread, in aborting) until no batch of the transaction
+        is queued or in flight and no AddPartitionsToTxn is in flight."""
+        acc = self._acc
+        with acc.lock:
+            while acc.incomplete or self._txn_add_call is not None:
+                if self.fatal_error is not None:
+                    raise self._fatal_copy()
+                remaining_s = deadline_s - time.monotonic()
+                if remaining_s <= 0:
+                    raise errors.KafkaTimeoutError(
+                        f"abort_transaction() timed out waiting for {len(acc.incomplete)} "
+                        f"batches in flight; call abort_transaction() again"
+                    )
+                acc.changed.wait(min(remaining_s, 0.1))
+
+    def _fatal_copy(self) -> OncelogError:
+        fatal = self.fatal_error
+        assert fatal is not None
+        dup = type(fatal)(fatal.message)
+        dup.__cause__ = fatal
+        return dup
+
+    def _txn_step(self, now: int) -> None:
+        """The sender's share of a transaction, once per round: apply a new
+        identity, discard what an aborted transaction will not send, and
+        collect the partitions to add."""
+        txn = self._txn
+        assert txn is not None
+        acc = self._acc
+        with acc.lock:
+            identity = self._identity_request
+            state = txn.state
+            new = acc.take_new_partitions()
+        if identity is not None:
+            self._apply_identity(identity)
+            return
+        if state in _TXN_DISCARDING:
+            self._discard_unsent(state)
+        elif state in _TXN_SENDING and new:
+            for key in new:
+                if key not in self._txn_added:
+                    self._txn_to_add.add(key)
+
+    def _apply_identity(self, identity: tuple[int, int]) -> None:
+        if any(seq.window for seq in self._sequencers.values()):
+            # A bug: a transaction only ends once none of its batches is pending.
+            raise RuntimeError("a new producer epoch while batches are unacknowledged")
+        self.producer_id, self.producer_epoch = identity
+        self._sequencers.clear()
+        self._active.clear()
+        self._txn_added.clear()
+        self._txn_to_add.clear()
+        self._txn_add_attempts = 0
+        self._txn_add_retry_at_ms = 0
+        acc = self._acc
+        with acc.lock:
+            acc.take_new_partitions()
+            self.txn_touched = False
+            self._identity_request = None
+            acc.changed.notify_all()
+        log.debug("transactional producer %r now producer id %d epoch %d",
+                  self._transactional_id, self.producer_id, self.producer_epoch)
+
+    def _discard_unsent(self, state: TxnState) -> None:
+        """Fails every batch of the transaction that is not in flight: queued
+        ones and those waiting for a retry. In-flight ones finish normally."""
+        txn = self._txn
+        assert txn is not None
+        self._txn_to_add.clear()
+        drained = self._acc.drain_all()
+        unsent: list[ProducerBatch] = list(drained)
+        for key in list(self._active):
+            unsent.extend(self._sequencers[key].discard_unsent())
+        if not unsent:
+            return
+        cause = txn.error
+        if state is TxnState.ABORTING or cause is None:
+            reason = "the transaction was aborted before this record was sent"
+        else:
+            detail = (f"{type(cause).__name__}: {cause.message}"
+                      if isinstance(cause, OncelogError) else repr(cause))
+            reason = (f"the transaction failed ({detail}) before this record was sent; "
+                      "it must be aborted")
+        error = errors.error_for(
+            ErrorCode.TRANSACTION_ABORTABLE,
+            f"transactional id {self._transactional_id!r}: {reason}",
+        )
+        error.__cause__ = cause
+        self._complete([(batch, -1, error) for batch in unsent if batch.state != FINISHED])
+
+    def _on_txn_record_failed(self, error: BaseException) -> None:
+        """A record of the transaction failed for good: fatal for the producer
+        (fenced, data lost) or abortable for the transaction."""
+        if self.fatal_error is not None:
+            return
+        if classify(error) is Outcome.FATAL:
+            assert isinstance(error, OncelogError)
+            self.fail_fatal(error)
+            return
+        txn = self._txn
+        assert txn is not None
+        with self._acc.lock:
+            if txn.state in _TXN_SENDING:
+                log.info("transaction of %r is now abortable: %s", self._transactional_id,
+                         error)
+                txn.transition_to(TxnState.ABORTABLE_ERROR, error)
+
+    def _maybe_add_partitions(self, now: int) -> None:
+        """Starts one AddPartitionsToTxn for every partition waiting to join the
+        transaction (finding the coordinator first if needed), unless one is in
+        flight or a retry is not due yet."""
+        txn = self._txn
+        locator = self._txn_locator
+        assert txn is not None and locator is not None
+        if (
+            self._txn_add_call is not None or self._txn_lookup_call is not None
+            or now < self._txn_add_retry_at_ms or txn.state not in _TXN_SENDING
+            or self.fatal_error is not None
+        ):
+            return
+        timeout_s = self._request_timeout_ms / 1000
+        address = locator.address
+        if address is None:
+            try:
+                call = locator.lookup_future(timeout_s)
+            except NoCoordinatorError as none:
+                self._on_add_partitions_error(none.error, now)
+                return
+            except OncelogError as exc:
+                self._on_add_partitions_error(exc, now)
+                return
+            self._txn_lookup_call = call
+            call.add_done_callback(functools.partial(self._on_txn_reply, "lookup"))
+            return
+        keys = sorted(self._txn_to_add)
+        request = coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=self._transactional_id,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            partitions=[records_pb2.TopicPartition(topic=t, partition=p) for t, p in keys],
+        )
+        try:
+            stub = self._client.coordinator(address)
+        except OncelogError as exc:  # the client is closed
+            self._on_add_partitions_error(exc, now)
+            return
+        acc = self._acc
+        with acc.lock:
+            # Checked again under the lock the state changes under: an abort
+            # either sees this request (and waits for it, and ends the
+            # transaction with EndTxn) or the request is not sent.
+            if txn.state not in _TXN_SENDING:
+                return
+            self.txn_touched = True
+            self._txn_add_keys = keys
+            self._txn_add_address = address
+            self._txn_add_call = stub.AddPartitionsToTxn.future(request, timeout=timeout_s)
+            call = self._txn_add_call
+        call.add_done_callback(functools.partial(self._on_txn_reply, "add"))
+
+    def _on_txn_reply(self, kind: str, call: grpc.Future) -> None:
+        # A gRPC thread: only hand the answer over to the sender thread.
+        acc = self._acc
+        with acc.lock:
+            self._txn_replies.append((kind, call))
+            acc.woken = True
+            acc.wakeup.notify()
+
+    def _process_txn_replies(self, now: int) -> None:
+        acc = self._acc
+        with acc.lock:
+            items = self._txn_replies
+            if not items:
+                return
+            self._txn_replies = []
+        locator = self._txn_locator
+        assert locator is not None
+        for kind, call in items:
+            if kind == "lookup":
+                self._txn_lookup_call = None
+                try:
+                    locator.accept_call(call)
+                except OncelogError as exc:
+                    self._on_add_partitions_error(exc, now)
+                except Exception as other:  # e.g. cancelled at shutdown
+                    self._on_add_partitions_error(errors.error_for(
+                        ErrorCode.NETWORK_EXCEPTION, f"FindCoordinator failed: {other!r}"
+                    ), now)
+            else:
+                self._on_add_partitions_done(call, now)
+
+    def _on_add_partitions_done(self, call: grpc.Future, now: int) -> None:
+        keys = self._txn_add_keys
+        exc: OncelogError | None = None
+        failed: dict[tuple[str, int], OncelogError] = {}
+        try:
+            resp = call.result()
+        except grpc.RpcError as rpc_exc:
+            exc = translate_rpc_error(rpc_exc)
+        except Exception as other:  # e.g. grpc.FutureCancelledError at shutdown
+            exc = errors.error_for(ErrorCode.NETWORK_EXCEPTION,
+                                   f"AddPartitionsToTxn failed: {other!r}")
+        else:
+            exc = error_from_proto(resp.error)
+            if exc is None:
+                for result in resp.results:
+                    part_exc = error_from_proto(result.error)
+                    if part_exc is not None:
+                        failed[(result.partition.topic, result.partition.partition)] = part_exc
+        if exc is None:
+            added = [k for k in keys if k not in failed]
+            self._txn_added.update(added)
+            self._txn_to_add.difference_update(added)
+            if not failed:
+                self._txn_add_attempts = 0
+            else:
+                key, first = next(iter(failed.items()))
+                exc = errors.error_for(first.code, f"{key[0]}-{key[1]}: {first.message}")
+        if exc is not None:
+            parts = ", ".join(f"{t}-{p}" for t, p in keys)
+            self._on_add_partitions_error(
+                errors.error_for(exc.code, f"AddPartitionsToTxn({parts}): "
+                                           f"{exc.message or exc.code.name}"),
+                now,
+            )
+        acc = self._acc
+        with acc.lock:
+            self._txn_add_call = None
+            acc.changed.notify_all()
+
+    def _on_add_partitions_error(self, exc: OncelogError, now: int) -> None:
+        outcome = classify(exc)
+        if outcome is Outcome.FATAL:
+            self.fail_fatal(exc)
+            return
+        if outcome is Outcome.RETRY:
+            self._txn_add_attempts += 1
+            locator = self._txn_locator
+            if exc.code in COORDINATOR_MOVED and locator is not None:
+                locator.invalidate(self._txn_add_address or None)
+                if exc.code is not ErrorCode.REQUEST_TIMED_OUT:
+                    self._client.request_metadata_refresh()
+            if exc.code is ErrorCode.CONCURRENT_TRANSACTIONS:
+                pause = concurrent_transactions_backoff_ms(self._txn_add_attempts)
+            else:
+                pause = backoff_ms(self._txn_add_attempts, base_ms=self._retry_backoff_ms,
+                                   max_ms=self._retry_backoff_max_ms)
+            self._txn_add_retry_at_ms = now + pause
+            log.debug("AddPartitionsToTxn will be retried in %d ms: %s", pause, exc)
+            return
+        txn = self._txn
+        assert txn is not None
+        with self._acc.lock:
+            if txn.state in _TXN_SENDING:
+                log.info("transaction of %r is now abortable: %s", self._transactional_id, exc)
+                txn.transition_to(TxnState.ABORTABLE_ERROR, exc)
 
     # ------------------------------------------------------------ producer id
 
@@ -514,15 +1200,29 @@ class _Sender:
         return True
 
     def _set_fatal(self, exc: OncelogError) -> None:
-        with self._acc.lock:
-            self.fatal_error = exc
+        self.fail_fatal(exc)
         self._abort_all(exc)
+
+    def fail_fatal(self, exc: OncelogError) -> None:
+        """The producer can never go on (any thread). The sender fails every
+        record at its next round."""
+        acc = self._acc
+        with acc.lock:
+            if self.fatal_error is None:
+                self.fatal_error = exc
+            if self._txn is not None:
+                self._txn.transition_to(TxnState.FATAL_ERROR, self.fatal_error)
+            acc.woken = True
+            acc.wakeup.notify()
+            acc.changed.notify_all()
 
     def _reset_sequences_if_needed(self, now: int) -> None:
         """Partitions whose sequence broke need the producer on a newer epoch
         than the one they used; bump it (locally, as Kafka's idempotent producer
         does: the store accepts a higher epoch starting at sequence 0) or, when
         the epoch is exhausted, get a new producer id, then renumber."""
+        if self._txn is not None:
+            return  # a transaction gets its new epoch from EndTxn instead
         needing = [s for s in self._sequencers.values() if s.mode is PartitionMode.NEEDS_RESET]
         if not needing:
             return
@@ -548,6 +1248,7 @@ class _Sender:
                 idempotent=self._idempotent, max_in_flight=self._max_in_flight,
                 retry_backoff_ms=self._retry_backoff_ms,
                 retry_backoff_max_ms=self._retry_backoff_max_ms,
+                transactional=self._txn is not None,
             )
         return seq
 
@@ -558,9 +1259,16 @@ class _Sender:
         can_assign = self.fatal_error is None and (
             not self._idempotent or self.producer_id >= 0
         )
+        txn = self._txn
+        if txn is not None and txn.state not in _TXN_SENDING:
+            can_assign = False
         md = self._client.cached_metadata
         if can_assign:
             for key in ready:
+                if txn is not None and key not in self._txn_added:
+                    # Not in the transaction yet: AddPartitionsToTxn first.
+                    self._txn_to_add.add(key)
+                    continue
                 seq = self._sequencer(key)
                 info = md.topics.get(key[0]) if md is not None else None
                 num_partitions = info.num_partitions if info is not None else 1
@@ -632,6 +1340,7 @@ class _Sender:
                 for b in batches
             ],
             timeout_ms=self._request_timeout_ms,
+            transactional_id=self._transactional_id,
         )
         # The attempt may not outlive the latest delivery deadline among its
         # batches (a cut-short attempt counts as "outcome unknown").
@@ -742,6 +1451,12 @@ class _Sender:
     def _complete(self, finished: list[tuple[ProducerBatch, int, BaseException | None]]) -> None:
         if not finished:
             return
+        if self._txn is not None:
+            # Before the futures complete: commit_transaction() must find the
+            # transaction broken once it sees a record failed.
+            for _batch, _offset, error in finished:
+                if error is not None:
+                    self._on_txn_record_failed(error)
         for batch, base_offset, error in finished:
             batch.finish(base_offset=base_offset, error=error)
         self._acc.completed([b for b, _, _ in finished])
@@ -779,4 +1494,5 @@ class _Sender:
                 finished.append((batch, -1, exc))
         self._active.clear()
         self._sequencers.clear()
+        self._txn_to_add.clear()
         self._complete([f for f in finished if f[0].state != FINISHED])

@@ -101,3 +101,63 @@ class TopicDescription:
     internal: bool
     partitions: tuple[PartitionDescription, ...]
     config: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionListing:
+    """One transactional id as Admin.list_transactions lists it. `state` is
+    the coordinator's state name (Empty, Ongoing, PrepareCommit, PrepareAbort,
+    CompleteCommit, CompleteAbort, PrepareEpochFence, Dead)."""
+
+    transactional_id: str
+    producer_id: int
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDescription:
+    """The answer of Admin.describe_transaction (and abort_transaction).
+
+    `transaction_start_time_ms` is when the open transaction added its first
+    partition (-1: none open); `partitions` are the partitions it has added
+    (the group's __consumer_offsets partition included)."""
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_start_time_ms: int
+    partitions: tuple[TopicPartition, ...]
+    coordinator_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """One producer active on a partition (Admin.describe_producers).
+
+    `current_txn_start_offset` is the first offset of the producer's open
+    transaction on the partition, None when it has none open;
+    `last_timestamp_ms` is the timestamp of its last batch there."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp_ms: int
+    coordinator_epoch: int
+    current_txn_start_offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class HangingTransaction:
+    """An open transaction on a partition that no coordinator will end
+    (Admin.find_hanging_transactions); `reason` says why it was judged hanging.
+    End it with Admin.abort_hanging_transaction(topic_partition, producer_id)."""
+
+    topic_partition: TopicPartition
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+    last_timestamp_ms: int
+    reason: str

@@ -149,3 +149,38 @@ def test_errors_are_one_line_and_nonzero(bootstrap: str) -> None:
     assert b"127.0.0.1:1" in unreachable.stderr
     usage = run(bootstrap, "topics", check=False)
     assert usage.returncode == 2
+
+
+def test_transactions_commands(bootstrap: str) -> None:
+    from oncelog import Producer  # the transaction itself comes from the SDK
+
+    run(bootstrap, "topics", "create", "txns", "--partitions", "2")
+    with Producer(bootstrap=bootstrap, transactional_id="cli-tx") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("txns", value=b"open", partition=1).result(timeout=60)
+        listed = run(bootstrap, "transactions", "list").stdout.decode().splitlines()
+        assert listed[0].split() == ["transactional_id", "producer_id", "state"]
+        assert ["cli-tx", str(producer.producer_id), "Ongoing"] in [r.split() for r in listed]
+        described = run(bootstrap, "transactions", "describe", "cli-tx").stdout.decode()
+        assert "state Ongoing" in described and "partitions txns-1" in described
+        producers = run(bootstrap, "transactions", "describe-producers", "txns", "1")
+        rows = [r.split() for r in producers.stdout.decode().splitlines()]
+        assert rows[1][0] == str(producer.producer_id) and rows[1][-1] == "0"
+        hanging = run(bootstrap, "transactions", "find-hanging", "--topic", "txns")
+        assert hanging.stdout.decode().splitlines()[1:] == []  # header only
+        aborted = run(bootstrap, "transactions", "abort", "cli-tx").stdout.decode()
+        assert aborted.startswith("aborted the open transaction of cli-tx")
+    nothing_open = run(bootstrap, "transactions", "abort", "cli-tx", check=False)
+    assert nothing_open.returncode == 1
+    assert nothing_open.stderr.decode().startswith("oncelog: error: InvalidTxnStateError")
+    unknown = run(bootstrap, "transactions", "describe", "no-such-id", check=False)
+    assert unknown.returncode == 1
+    assert unknown.stderr.decode().startswith("oncelog: error: TransactionalIdNotFoundError")
+    assert len(unknown.stderr.decode().strip().splitlines()) == 1
+    no_producer = run(bootstrap, "transactions", "abort-hanging", "txns", "0", "12345",
+                      check=False)
+    assert no_producer.returncode == 1
+    assert b"producer 12345 has no open transaction on txns-0" in no_producer.stderr
+    usage = run(bootstrap, "transactions", "describe-producers", "txns", check=False)
+    assert usage.returncode == 2

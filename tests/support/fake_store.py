@@ -1,5 +1,6 @@
-"""An in-process partition store and coordinator with scripted faults, for
-testing the SDK's sender logic without starting processes.
+"""An in-process partition store and transaction coordinator with scripted
+faults, for testing the SDK's sender and transaction logic without starting
+processes.
 
 It keeps each partition's log in memory and applies the idempotent append
 rules of docs (DESIGN §3): per producer id and partition, the epoch, the last
@@ -7,8 +8,19 @@ five batches for deduplication, and the next expected sequence. A `FaultPlan`
 decides, per produced batch, whether to answer an error instead of appending,
 or to append and then lose the reply (the client sees UNAVAILABLE).
 
-Not a model of the real store's performance or of transactions; the real
-store is tested against the same SDK in tests/integration.
+The coordinator side (`FakeTxnCoordinator` rules, inside FakeStore) speaks the
+transaction RPCs with transaction version 2's rules in their simplest form:
+InitProducerId bumps the epoch (aborting an open transaction first),
+AddPartitionsToTxn/AddOffsetsToTxn open the transaction, EndTxn writes the
+markers at once (epoch + 1, as the real coordinator does), bumps the epoch and
+recognises a retry whose answer was lost. A transactional batch is accepted
+only for a partition in its producer's open transaction (the store's
+verification). A `CoordinatorFaultPlan` decides per call whether to answer an
+error (a gRPC status carrying our Error), to apply it and lose the reply, or
+to be unreachable. `calls` records every coordinator call.
+
+Not a model of the real services' performance or of their crash recovery;
+those are tested against the same SDK in tests/integration.
 """
 
 from __future__ import annotations
@@ -29,10 +41,13 @@ from oncelog.errors import ErrorCode
 from oncelog.v1 import (
     coordinator_pb2,
     coordinator_pb2_grpc,
+    group_coordinator_pb2,
+    group_coordinator_pb2_grpc,
     partition_store_pb2,
     partition_store_pb2_grpc,
     records_pb2,
 )
+from services.common.errors import to_grpc_status
 
 DROP_REPLY = "drop_reply"  # append, then fail the RPC as if the reply was lost
 UNREACHABLE = "unreachable"  # fail the RPC without appending
@@ -55,6 +70,37 @@ class BatchView:
 # answer for this batch without appending it.
 FaultPlan = Callable[[BatchView], "str | ErrorCode | None"]
 
+# Given the coordinator method's name ("EndTxn", ...) and its request: None
+# (answer normally), DROP_REPLY (apply, then lose the reply), UNREACHABLE
+# (fail without applying), or an ErrorCode to answer (as a gRPC status with our
+# Error in its details) without applying.
+CoordinatorFaultPlan = Callable[[str, Any], "str | ErrorCode | None"]
+
+CONSUMER_OFFSETS = "__consumer_offsets"
+
+
+class _Refused(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class FakeTxn:
+    """One transactional id at the fake coordinator."""
+
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: str = "Empty"
+    partitions: set[tuple[str, int]] = field(default_factory=set)
+    # The id/epoch before the last EndTxn bump and that EndTxn's kind: a
+    # retried EndTxn carries them.
+    previous: tuple[int, int] | None = None
+    last_commit: bool | None = None
+    start_ms: int = -1
+
 
 class _WithFallbacks:
     """Our method where we have one, else the generated UNIMPLEMENTED one."""
@@ -72,6 +118,9 @@ class _ProducerState:
     epoch: int
     last_sequence: int
     recent: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=5))
+    last_timestamp_ms: int = -1
+    coordinator_epoch: int = -1
+    txn_start_offset: int = -1
 
 
 @dataclass
@@ -80,6 +129,9 @@ class StoredBatch:
     data: bytes
     # Left out of fetches, as a read_committed fetch leaves out aborted data.
     filtered: bool = False
+    # Transactional data: None while its transaction is open, then whether the
+    # marker committed it.
+    committed: bool | None = None
 
     @property
     def next_offset(self) -> int:
@@ -88,12 +140,25 @@ class StoredBatch:
 
 class FakeStore:
     """Serves the PartitionStore RPCs the SDK uses (Metadata, Produce, Fetch,
-    ListOffsets) and TransactionCoordinator.InitProducerId; the others answer
-    UNIMPLEMENTED."""
+    ListOffsets, DescribeProducers, WriteTxnMarkers), the TransactionCoordinator
+    RPCs, and (with group_coordinator=True) GroupCoordinator.TxnOffsetCommit;
+    the others answer UNIMPLEMENTED."""
 
     def __init__(self, *, workers: int = 1, fault: FaultPlan | None = None,
-                 init_producer_id_failures: int = 0, with_coordinator: bool = True) -> None:
+                 init_producer_id_failures: int = 0, with_coordinator: bool = True,
+                 group_coordinator: bool = False) -> None:
         self.fault = fault
+        self.coordinator_fault: CoordinatorFaultPlan | None = None
+        self.calls: list[tuple[str, Any]] = []
+        self.txns: dict[str, FakeTxn] = {}
+        # Committed through TxnOffsetCommit, then the marker: group -> {(t, p): offset}.
+        self.pending_offsets: dict[tuple[str, int], dict[tuple[str, int], int]] = {}
+        self.committed_offsets: dict[str, dict[tuple[str, int], int]] = {}
+        self.group_coordinator = group_coordinator
+        # Accept transactional batches without the coordinator's check (the
+        # real store's --unsafe-skip-txn-verification), to make hanging ones.
+        self.skip_txn_verification = False
+        self.coordinator_epoch = 0
         self.lock = threading.Lock()
         self.appended = threading.Condition(self.lock)
         self.fetch_calls = 0
@@ -116,6 +181,11 @@ class FakeStore:
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
             cast(coordinator_pb2_grpc.TransactionCoordinatorServicer, _WithFallbacks(
                 self, cast(Any, coordinator_pb2_grpc.TransactionCoordinatorServicer)())),
+            self.server)
+        group_coordinator_pb2_grpc.add_GroupCoordinatorServicer_to_server(
+            cast(group_coordinator_pb2_grpc.GroupCoordinatorServicer, _WithFallbacks(
+                _GroupSide(self),
+                cast(Any, group_coordinator_pb2_grpc.GroupCoordinatorServicer)())),
             self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.address = f"127.0.0.1:{port}"
@@ -156,6 +226,39 @@ class FakeStore:
             self.appended.notify_all()
             return base
 
+    def committed_values(self, topic: str, partition: int) -> list[bytes | None]:
+        """What a read_committed reader sees: values of non-transactional data
+        and of committed transactions (control batches and open or aborted
+        transactions left out)."""
+        with self.lock:
+            stored = list(self.logs[(topic, partition)])
+        out: list[bytes | None] = []
+        for b in stored:
+            header = codec.read_header(b.data)
+            if header.is_control or (header.is_transactional and b.committed is not True):
+                continue
+            out.extend(r.value for r in codec.iter_records(b.data))
+        return out
+
+    def data_values(self, topic: str, partition: int) -> list[bytes | None]:
+        """Every data record's value, whatever its transaction's outcome."""
+        with self.lock:
+            stored = list(self.logs[(topic, partition)])
+        return [r.value for b in stored if not codec.read_header(b.data).is_control
+                for r in codec.iter_records(b.data)]
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        with self.lock:
+            return self._lso(self.logs[(topic, partition)])
+
+    @staticmethod
+    def _lso(log: list[StoredBatch]) -> int:
+        for stored in log:
+            header = codec.read_header(stored.data)
+            if header.is_transactional and not header.is_control and stored.committed is None:
+                return stored.base_offset
+        return log[-1].next_offset if log else 0
+
     def headers(self, topic: str, partition: int) -> list[codec.BatchHeader]:
         with self.lock:
             return [codec.read_header(b.data) for b in self.logs[(topic, partition)]]
@@ -178,11 +281,20 @@ class FakeStore:
             ]
         return partition_store_pb2.MetadataResponse(
             stores=[node], coordinators=[node] if self.with_coordinator else [],
+            group_coordinators=[node] if self.group_coordinator else [],
             topics=topics, controller_node_id=0,
         )
 
+    def ListTopics(self, request: partition_store_pb2.ListTopicsRequest,
+                   context: grpc.ServicerContext) -> partition_store_pb2.ListTopicsResponse:
+        return partition_store_pb2.ListTopicsResponse(
+            topics=self.Metadata(partition_store_pb2.MetadataRequest(), context).topics)
+
     def InitProducerId(self, request: coordinator_pb2.InitProducerIdRequest,
                        context: grpc.ServicerContext) -> coordinator_pb2.InitProducerIdResponse:
+        if request.transactional_id:
+            return self._coordinator_call("InitProducerId", request, context,
+                                          self._init_transactional)
         with self.lock:
             self.init_producer_id_calls += 1
             if self.init_producer_id_calls <= self.init_producer_id_failures:
@@ -191,6 +303,238 @@ class FakeStore:
             pid = self.next_producer_id
             self.next_producer_id += 1
         return coordinator_pb2.InitProducerIdResponse(producer_id=pid, producer_epoch=0)
+
+    # ------------------------------------------------------ coordinator side
+
+    def _coordinator_call(self, name: str, request: Any, context: grpc.ServicerContext,
+                          handler: Callable[[Any], Any]) -> Any:
+        """Records the call, applies the fault plan, runs handler(request)
+        under the lock; a _Refused becomes a status carrying our Error."""
+        with self.lock:
+            copy = type(request)()
+            copy.CopyFrom(request)
+            self.calls.append((name, copy))
+        action = self.coordinator_fault(name, request) if self.coordinator_fault else None
+        if action == UNREACHABLE:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "coordinator unreachable (fault plan)")
+        if isinstance(action, ErrorCode):
+            context.abort_with_status(to_grpc_status(action, f"injected {action.name}"))
+        try:
+            with self.lock:
+                reply = handler(request)
+        except _Refused as refused:
+            context.abort_with_status(to_grpc_status(refused.code, refused.message))
+        if action == DROP_REPLY:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "reply lost (fault plan)")
+        return reply
+
+    def calls_named(self, name: str) -> list[Any]:
+        with self.lock:
+            return [request for n, request in self.calls if n == name]
+
+    def FindCoordinator(self, request: coordinator_pb2.FindCoordinatorRequest,
+                        context: grpc.ServicerContext) -> coordinator_pb2.FindCoordinatorResponse:
+        def find(req: coordinator_pb2.FindCoordinatorRequest
+                 ) -> coordinator_pb2.FindCoordinatorResponse:
+            if req.type == coordinator_pb2.GROUP and not self.group_coordinator:
+                raise _Refused(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no group coordinator")
+            return coordinator_pb2.FindCoordinatorResponse(node_id=0, address=self.address)
+        return cast(coordinator_pb2.FindCoordinatorResponse,
+                    self._coordinator_call("FindCoordinator", request, context, find))
+
+    def _txn_of(self, transactional_id: str, producer_id: int, producer_epoch: int) -> FakeTxn:
+        txn = self.txns.get(transactional_id)
+        if txn is None or txn.producer_id != producer_id:
+            raise _Refused(ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                           f"{transactional_id!r} does not map to producer {producer_id}")
+        if txn.producer_epoch != producer_epoch:
+            raise _Refused(ErrorCode.PRODUCER_FENCED,
+                           f"epoch {producer_epoch} is fenced; current {txn.producer_epoch}")
+        return txn
+
+    def _init_transactional(self, request: coordinator_pb2.InitProducerIdRequest
+                            ) -> coordinator_pb2.InitProducerIdResponse:
+        txn = self.txns.get(request.transactional_id)
+        if txn is None:
+            txn = FakeTxn(self.next_producer_id, 0, request.transaction_timeout_ms)
+            self.next_producer_id += 1
+            self.txns[request.transactional_id] = txn
+        else:
+            if txn.state == "Ongoing":
+                # Fence the old instance and abort what it left open.
+                txn.producer_epoch += 1
+                self._write_markers(txn, commit=False)
+            txn.producer_epoch += 1
+            txn.previous = None
+            txn.timeout_ms = request.transaction_timeout_ms
+        return coordinator_pb2.InitProducerIdResponse(
+            producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+
+    def AddPartitionsToTxn(self, request: coordinator_pb2.AddPartitionsToTxnRequest,
+                           context: grpc.ServicerContext
+                           ) -> coordinator_pb2.AddPartitionsToTxnResponse:
+        def add(req: coordinator_pb2.AddPartitionsToTxnRequest
+                ) -> coordinator_pb2.AddPartitionsToTxnResponse:
+            txn = self._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
+            self._open(txn, {(p.topic, p.partition) for p in req.partitions})
+            return coordinator_pb2.AddPartitionsToTxnResponse(results=[
+                coordinator_pb2.AddPartitionsToTxnResult(partition=p) for p in req.partitions
+            ])
+        return cast(coordinator_pb2.AddPartitionsToTxnResponse,
+                    self._coordinator_call("AddPartitionsToTxn", request, context, add))
+
+    def _open(self, txn: FakeTxn, partitions: set[tuple[str, int]]) -> None:
+        if txn.state != "Ongoing":
+            txn.state = "Ongoing"
+            txn.partitions = set()
+            txn.start_ms = int(time.time() * 1000)
+        txn.partitions |= partitions
+
+    def AddOffsetsToTxn(self, request: coordinator_pb2.AddOffsetsToTxnRequest,
+                        context: grpc.ServicerContext) -> coordinator_pb2.AddOffsetsToTxnResponse:
+        def add(req: coordinator_pb2.AddOffsetsToTxnRequest
+                ) -> coordinator_pb2.AddOffsetsToTxnResponse:
+            txn = self._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
+            self._open(txn, {(CONSUMER_OFFSETS, 0)})
+            return coordinator_pb2.AddOffsetsToTxnResponse()
+        return cast(coordinator_pb2.AddOffsetsToTxnResponse,
+                    self._coordinator_call("AddOffsetsToTxn", request, context, add))
+
+    def EndTxn(self, request: coordinator_pb2.EndTxnRequest,
+               context: grpc.ServicerContext) -> coordinator_pb2.EndTxnResponse:
+        def end(req: coordinator_pb2.EndTxnRequest) -> coordinator_pb2.EndTxnResponse:
+            txn = self.txns.get(req.transactional_id)
+            if (txn is not None and txn.previous == (req.producer_id, req.producer_epoch)
+                    and txn.last_commit == req.commit):
+                # A retry whose first answer was lost: the same answer again.
+                return coordinator_pb2.EndTxnResponse(
+                    producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+            txn = self._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
+            if txn.state != "Ongoing" and req.commit:
+                raise _Refused(ErrorCode.INVALID_TXN_STATE, "no open transaction to commit")
+            txn.previous = (txn.producer_id, txn.producer_epoch)
+            txn.last_commit = req.commit
+            txn.producer_epoch += 1
+            if txn.state == "Ongoing":
+                self._write_markers(txn, commit=req.commit)
+            else:
+                txn.state = "CompleteAbort"
+            return coordinator_pb2.EndTxnResponse(
+                producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+        return cast(coordinator_pb2.EndTxnResponse,
+                    self._coordinator_call("EndTxn", request, context, end))
+
+    def _write_markers(self, txn: FakeTxn, *, commit: bool) -> None:
+        """The markers of txn's open transaction (epoch = txn.producer_epoch, already
+        bumped), then Complete*. Caller holds the lock."""
+        for topic, partition in sorted(txn.partitions):
+            if topic == CONSUMER_OFFSETS:
+                continue
+            self._append_marker(topic, partition, txn.producer_id, txn.producer_epoch,
+                                commit=commit, coordinator_epoch=self.coordinator_epoch)
+        if CONSUMER_OFFSETS in {t for t, _p in txn.partitions}:
+            for (group, pid), offsets in list(self.pending_offsets.items()):
+                if pid == txn.producer_id:
+                    del self.pending_offsets[(group, pid)]
+                    if commit:
+                        self.committed_offsets.setdefault(group, {}).update(offsets)
+        txn.state = "CompleteCommit" if commit else "CompleteAbort"
+        txn.partitions = set()
+        txn.start_ms = -1
+
+    def _append_marker(self, topic: str, partition: int, producer_id: int, producer_epoch: int,
+                       *, commit: bool, coordinator_epoch: int) -> int:
+        log = self.logs[(topic, partition)]
+        for stored in log:
+            header = codec.read_header(stored.data)
+            if (header.producer_id == producer_id and header.is_transactional
+                    and not header.is_control and stored.committed is None):
+                stored.committed = commit
+                stored.filtered = not commit
+        base = log[-1].next_offset if log else 0
+        marker = codec.encode_control_batch(
+            marker=codec.MARKER_COMMIT if commit else codec.MARKER_ABORT,
+            coordinator_epoch=coordinator_epoch, producer_id=producer_id,
+            producer_epoch=producer_epoch, timestamp_ms=int(time.time() * 1000),
+            base_offset=base,
+        )
+        log.append(StoredBatch(base, marker))
+        state = self.producers.get((producer_id, topic, partition))
+        if state is not None:
+            state.epoch = producer_epoch
+            state.last_sequence = -1
+            state.recent.clear()
+            state.coordinator_epoch = coordinator_epoch
+            state.txn_start_offset = -1
+        self.appended.notify_all()
+        return base
+
+    def time_out_transaction(self, transactional_id: str) -> None:
+        """What the coordinator does to a transaction past its timeout: abort it
+        with an epoch bump, fencing its producer."""
+        with self.lock:
+            txn = self.txns[transactional_id]
+            if txn.state == "Ongoing":
+                txn.producer_epoch += 1
+                txn.previous = None
+                self._write_markers(txn, commit=False)
+
+    def AbortTransaction(self, request: coordinator_pb2.AbortTransactionRequest,
+                         context: grpc.ServicerContext
+                         ) -> coordinator_pb2.AbortTransactionResponse:
+        def abort(req: coordinator_pb2.AbortTransactionRequest
+                  ) -> coordinator_pb2.AbortTransactionResponse:
+            txn = self.txns.get(req.transactional_id)
+            if txn is None or txn.state != "Ongoing":
+                raise _Refused(ErrorCode.INVALID_TXN_STATE, "no open transaction")
+            partitions = sorted(txn.partitions)
+            txn.producer_epoch += 1
+            txn.previous = None
+            self._write_markers(txn, commit=False)
+            return coordinator_pb2.AbortTransactionResponse(
+                transaction=coordinator_pb2.TransactionDescription(
+                    transactional_id=req.transactional_id, state="PrepareAbort",
+                    producer_id=txn.producer_id, producer_epoch=txn.producer_epoch,
+                    transaction_timeout_ms=txn.timeout_ms,
+                    partitions=[records_pb2.TopicPartition(topic=t, partition=p)
+                                for t, p in partitions],
+                    coordinator_epoch=self.coordinator_epoch))
+        return cast(coordinator_pb2.AbortTransactionResponse,
+                    self._coordinator_call("AbortTransaction", request, context, abort))
+
+    def ListTransactions(self, request: coordinator_pb2.ListTransactionsRequest,
+                         context: grpc.ServicerContext
+                         ) -> coordinator_pb2.ListTransactionsResponse:
+        with self.lock:
+            return coordinator_pb2.ListTransactionsResponse(transactions=[
+                coordinator_pb2.TransactionListing(
+                    transactional_id=tid, producer_id=txn.producer_id, state=txn.state)
+                for tid, txn in sorted(self.txns.items())
+                if not request.states or txn.state in request.states
+            ])
+
+    def DescribeTransactions(self, request: coordinator_pb2.DescribeTransactionsRequest,
+                             context: grpc.ServicerContext
+                             ) -> coordinator_pb2.DescribeTransactionsResponse:
+        out = []
+        with self.lock:
+            for tid in request.transactional_ids:
+                txn = self.txns.get(tid)
+                if txn is None:
+                    out.append(coordinator_pb2.TransactionDescription(
+                        transactional_id=tid,
+                        error=error_proto(ErrorCode.TRANSACTIONAL_ID_NOT_FOUND, tid)))
+                    continue
+                out.append(coordinator_pb2.TransactionDescription(
+                    transactional_id=tid, state=txn.state, producer_id=txn.producer_id,
+                    producer_epoch=txn.producer_epoch, transaction_timeout_ms=txn.timeout_ms,
+                    transaction_start_time_ms=txn.start_ms,
+                    partitions=[records_pb2.TopicPartition(topic=t, partition=p)
+                                for t, p in sorted(txn.partitions)],
+                    coordinator_epoch=self.coordinator_epoch))
+        return coordinator_pb2.DescribeTransactionsResponse(transactions=out)
+
+    # ------------------------------------------------------------ store side
 
     def Produce(self, request: partition_store_pb2.ProduceRequest,
                 context: grpc.ServicerContext) -> partition_store_pb2.ProduceResponse:
@@ -211,13 +555,13 @@ class FakeStore:
                     topic=pb.topic, partition=pb.partition,
                     error=error_proto(action, f"injected {action.name}")))
                 continue
-            results.append(self._append(pb))
+            results.append(self._append(pb, request.transactional_id))
             drop = drop or action == DROP_REPLY
         if drop:
             context.abort(grpc.StatusCode.UNAVAILABLE, "reply lost (fault plan)")
         return partition_store_pb2.ProduceResponse(results=results)
 
-    def _append(self, pb: partition_store_pb2.PartitionBatch
+    def _append(self, pb: partition_store_pb2.PartitionBatch, transactional_id: str = ""
                 ) -> partition_store_pb2.PartitionProduceResult:
         def fail(code: ErrorCode, message: str) -> partition_store_pb2.PartitionProduceResult:
             return partition_store_pb2.PartitionProduceResult(
@@ -240,7 +584,18 @@ class FakeStore:
                 state = self.producers.get(key)
                 first, last = header.base_sequence, header.last_sequence
                 if state is not None and header.producer_epoch < state.epoch:
+                    if header.is_transactional:
+                        return fail(ErrorCode.PRODUCER_FENCED, "old epoch")
                     return fail(ErrorCode.INVALID_PRODUCER_EPOCH, "old epoch")
+                if header.is_transactional and not self.skip_txn_verification:
+                    txn = self.txns.get(transactional_id)
+                    if (txn is None or txn.producer_id != pid
+                            or txn.producer_epoch != header.producer_epoch
+                            or txn.state != "Ongoing"
+                            or (pb.topic, pb.partition) not in txn.partitions):
+                        return fail(ErrorCode.INVALID_TXN_STATE,
+                                    f"{pb.topic}-{pb.partition} is not in an open transaction "
+                                    f"of {transactional_id!r} producer {pid}")
                 if state is None or header.producer_epoch > state.epoch:
                     if first != 0:
                         return fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -258,6 +613,9 @@ class FakeStore:
                                     f"got {first}")
                 state.last_sequence = last
                 state.recent.append((first, last, next_offset))
+                state.last_timestamp_ms = header.max_timestamp_ms
+                if header.is_transactional and state.txn_start_offset < 0:
+                    state.txn_start_offset = next_offset
                 self.producers[key] = state
             log.append(StoredBatch(next_offset, codec.with_base_offset(pb.batch, next_offset)))
             self.appended.notify_all()
@@ -314,7 +672,7 @@ class FakeStore:
             size += len(stored.data)
         return partition_store_pb2.PartitionFetchResult(
             topic=p.topic, partition=p.partition, high_watermark=end,
-            last_stable_offset=end, log_start_offset=0, batches=batches,
+            last_stable_offset=self._lso(log), log_start_offset=0, batches=batches,
             next_fetch_offset=next_fetch)
 
     def ListOffsets(self, request: partition_store_pb2.ListOffsetsRequest,
@@ -324,6 +682,8 @@ class FakeStore:
             for p in request.partitions:
                 log = self.logs[(p.topic, p.partition)]
                 end = log[-1].next_offset if log else 0
+                if request.isolation_level == records_pb2.READ_COMMITTED:
+                    end = self._lso(log)
                 offset = {-2: 0, -1: end}.get(p.timestamp_ms, -1)
                 if p.timestamp_ms >= 0:
                     for stored in log:
@@ -335,3 +695,79 @@ class FakeStore:
                 results.append(partition_store_pb2.ListOffsetsResult(
                     topic=p.topic, partition=p.partition, offset=offset))
         return partition_store_pb2.ListOffsetsResponse(results=results)
+
+    def DescribeProducers(self, request: partition_store_pb2.DescribeProducersRequest,
+                          context: grpc.ServicerContext
+                          ) -> partition_store_pb2.DescribeProducersResponse:
+        results = []
+        with self.lock:
+            for tp in request.partitions:
+                views = [
+                    partition_store_pb2.ProducerStateView(
+                        producer_id=pid, producer_epoch=st.epoch, last_sequence=st.last_sequence,
+                        last_timestamp_ms=st.last_timestamp_ms,
+                        coordinator_epoch=st.coordinator_epoch,
+                        current_txn_start_offset=st.txn_start_offset)
+                    for (pid, topic, partition), st in sorted(self.producers.items())
+                    if (topic, partition) == (tp.topic, tp.partition)
+                ]
+                results.append(partition_store_pb2.DescribeProducersResult(
+                    topic=tp.topic, partition=tp.partition, producers=views))
+        return partition_store_pb2.DescribeProducersResponse(results=results)
+
+    def WriteTxnMarkers(self, request: partition_store_pb2.WriteTxnMarkersRequest,
+                        context: grpc.ServicerContext
+                        ) -> partition_store_pb2.WriteTxnMarkersResponse:
+        results = []
+        with self.lock:
+            self.calls.append(("WriteTxnMarkers", request))
+            for m in request.markers:
+                for tp in m.partitions:
+                    state = self.producers.get((m.producer_id, tp.topic, tp.partition))
+                    error = None
+                    offset = -1
+                    if state is not None and m.producer_epoch <= state.epoch:
+                        error = error_proto(ErrorCode.INVALID_PRODUCER_EPOCH,
+                                            f"marker epoch {m.producer_epoch} not above "
+                                            f"{state.epoch}")
+                    elif state is not None and m.coordinator_epoch < state.coordinator_epoch:
+                        error = error_proto(ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                                            "old coordinator epoch")
+                    else:
+                        offset = self._append_marker(
+                            tp.topic, tp.partition, m.producer_id, m.producer_epoch,
+                            commit=m.type == partition_store_pb2.COMMIT,
+                            coordinator_epoch=m.coordinator_epoch)
+                    results.append(partition_store_pb2.MarkerPartitionResult(
+                        producer_id=m.producer_id, topic=tp.topic, partition=tp.partition,
+                        error=error, offset=offset))
+        return partition_store_pb2.WriteTxnMarkersResponse(results=results)
+
+
+class _GroupSide:
+    """GroupCoordinator.TxnOffsetCommit of the fake: offsets stay pending until
+    the producer's transaction ends (then committed or dropped)."""
+
+    def __init__(self, store: FakeStore) -> None:
+        self._store = store
+
+    def TxnOffsetCommit(self, request: group_coordinator_pb2.TxnOffsetCommitRequest,
+                        context: grpc.ServicerContext
+                        ) -> group_coordinator_pb2.TxnOffsetCommitResponse:
+        store = self._store
+
+        def commit(req: group_coordinator_pb2.TxnOffsetCommitRequest
+                   ) -> group_coordinator_pb2.TxnOffsetCommitResponse:
+            txn = store._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
+            if (CONSUMER_OFFSETS, 0) not in txn.partitions or txn.state != "Ongoing":
+                raise _Refused(ErrorCode.INVALID_TXN_STATE, "AddOffsetsToTxn first")
+            pending = store.pending_offsets.setdefault((req.group_id, req.producer_id), {})
+            for p in req.partitions:
+                pending[(p.topic, p.partition)] = p.offset
+            return group_coordinator_pb2.TxnOffsetCommitResponse(results=[
+                group_coordinator_pb2.OffsetPartitionResult(topic=p.topic, partition=p.partition)
+                for p in req.partitions
+            ])
+
+        return cast(group_coordinator_pb2.TxnOffsetCommitResponse,
+                    store._coordinator_call("TxnOffsetCommit", request, context, commit))

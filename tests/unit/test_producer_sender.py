@@ -248,11 +248,6 @@ def test_close_with_timeout_fails_what_is_still_undelivered(store: FakeStore) ->
     assert "closed" in exc.message
 
 
-def test_transactions_are_not_available_yet(store: FakeStore) -> None:
-    with pytest.raises(errors.UnsupportedVersionError, match="transactions"):
-        Producer(bootstrap=store.address, transactional_id="tx-1")
-
-
 def test_flush_from_a_callback_is_refused(store: FakeStore) -> None:
     seen: list[BaseException] = []
     with Producer(bootstrap=store.address) as producer:

@@ -313,3 +313,41 @@ def test_out_of_order_is_judged_by_the_window_when_the_attempt_left() -> None:
     # Sent again as the oldest: now OUT_OF_ORDER is real.
     failure = s.on_error(b, err(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER), 1_001, dispatched=True)
     assert failure is not None and failure.code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+# ------------------------------------------------------------ transactional
+
+
+def txn_seq() -> PartitionSequencer:
+    return PartitionSequencer(idempotent=True, max_in_flight=5, retry_backoff_ms=100,
+                              retry_backoff_max_ms=1_000, transactional=True)
+
+
+def test_transactional_batches_are_marked_and_a_failure_halts_without_reset() -> None:
+    s = txn_seq()
+    b1, b2, b3 = batch(2), batch(2), batch(2)
+    assert send_new(s, b1, b2, b3) == [b1, b2, b3]
+    assert all(b.data is not None and read_header(b.data).is_transactional
+               for b in (b1, b2, b3))
+    # The first batch fails for good: the transaction must be aborted; no
+    # sequence reset is asked for (EndTxn gives the new epoch).
+    assert isinstance(s.on_error(b1, err(ErrorCode.CORRUPT_MESSAGE), 10, dispatched=True),
+                      errors.CorruptRecordError)
+    assert s.mode is PartitionMode.HALTED
+    # The batches behind it are refused as out of order: expected, kept.
+    assert s.on_error(b2, err(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER), 10,
+                      dispatched=True) is None
+    assert s.batches_to_send(10_000) == []
+    # Discarding (abort) takes what is not in flight and leaves in-flight ones.
+    assert s.discard_unsent() == [b2]
+    assert list(s.window) == [b3] and b3.in_flight
+    s.on_success(b3)
+    assert not s.window and s.mode is PartitionMode.HALTED
+
+
+def test_an_out_of_order_answer_for_the_oldest_batch_fails_it_in_a_transaction() -> None:
+    s = txn_seq()
+    [b1] = send_new(s, batch(1))
+    exc = s.on_error(b1, err(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER), 5, dispatched=True)
+    assert isinstance(exc, errors.OutOfOrderSequenceNumberError)
+    assert s.mode is PartitionMode.HALTED

@@ -1,0 +1,264 @@
+"""The transactional producer's client-side state machine, as one table.
+
+Pure logic (no gRPC, no threads, no clock): the producer asks `check(op)`
+before every transactional call and `transition_to(state)` after every
+outcome; the table below decides. The same table answers both questions, so
+what a method may do and where the producer may go are written down once.
+
+How errors are sorted (`classify`), after Kafka's transactional producer with
+its "transaction version 2" rules:
+
+* fatal — PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING,
+  TRANSACTION_COORDINATOR_FENCED, and an OUT_OF_ORDER_SEQUENCE_NUMBER the
+  sequencer could not explain: another producer instance owns the
+  transactional id now (or the coordinator aborted our transaction on its
+  timeout and bumped the epoch), or the log lost data. The producer can never
+  go on; every later call raises the same error.
+* retried — retriable codes (coordinator moved or loading, network, timeouts,
+  CONCURRENT_TRANSACTIONS): the same request is sent again, with the same
+  producer id and epoch.
+* abortable — everything else that fails a record or a transactional request
+  (a delivery error, TRANSACTION_ABORTABLE, INVALID_TXN_STATE from a store):
+  the transaction must be aborted; after `abort_transaction()` the producer
+  goes on with the epoch EndTxn hands back.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from oncelog import errors
+from oncelog.errors import ErrorCode, OncelogError
+
+# Codes after which a transactional producer can never go on.
+FATAL_CODES = frozenset({
+    ErrorCode.PRODUCER_FENCED,
+    ErrorCode.INVALID_PRODUCER_EPOCH,
+    ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+    ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+})
+
+# Codes after which the transaction coordinator may have moved: find it again.
+COORDINATOR_MOVED_CODES = frozenset({
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.NETWORK_EXCEPTION,
+})
+
+
+class Outcome(enum.Enum):
+    """What to do about an error met inside a transaction."""
+
+    RETRY = "retry"
+    ABORTABLE = "abortable"
+    FATAL = "fatal"
+
+
+def classify(exc: BaseException) -> Outcome:
+    """Sorts an error met by a transactional call or a record of a transaction."""
+    if not isinstance(exc, OncelogError):
+        return Outcome.ABORTABLE
+    if exc.code in FATAL_CODES:
+        return Outcome.FATAL
+    if exc.retriable:
+        return Outcome.RETRY
+    return Outcome.ABORTABLE
+
+
+class Op(enum.Enum):
+    """The calls of a transactional producer that depend on its state."""
+
+    INIT_TRANSACTIONS = "init_transactions"
+    BEGIN_TRANSACTION = "begin_transaction"
+    SEND = "send"
+    SEND_OFFSETS = "send_offsets_to_transaction"
+    COMMIT_TRANSACTION = "commit_transaction"
+    ABORT_TRANSACTION = "abort_transaction"
+
+
+class TxnState(enum.Enum):
+    """The transactional producer's state. Each state's doc says how it answers
+    the calls (action) and where it can go (transition); `TABLE` holds the same
+    as data."""
+
+    UNINITIALIZED = "uninitialized"
+    """No producer id yet.
+    action: init_transactions starts; anything else is IllegalStateError.
+    transition: initializing."""
+
+    INITIALIZING = "initializing"
+    """InitProducerId is running (or timed out: calling init_transactions
+    again resumes it).
+    action: init_transactions; anything else is IllegalStateError.
+    transition: ready on the producer id; fatal_error."""
+
+    READY = "ready"
+    """A producer id and epoch, no open transaction.
+    action: begin_transaction; anything else is IllegalStateError.
+    transition: in_transaction."""
+
+    IN_TRANSACTION = "in_transaction"
+    """A transaction is open: records and offsets join it.
+    action: send, send_offsets_to_transaction, commit_transaction,
+    abort_transaction.
+    transition: committing, aborting; abortable_error when a record or a
+    request of the transaction fails; fatal_error."""
+
+    COMMITTING = "committing"
+    """commit_transaction is flushing or waiting for EndTxn(commit). If it
+    timed out, the outcome is unknown: only commit_transaction may be called
+    again, and it retries with the same producer id and epoch (a commit is
+    never turned into an abort).
+    action: commit_transaction (resumes); anything else is IllegalStateError.
+    transition: ready after EndTxn; abortable_error when a record of the
+    transaction failed; fatal_error."""
+
+    ABORTING = "aborting"
+    """abort_transaction is discarding unsent records, waiting for in-flight
+    ones, and EndTxn(abort).
+    action: abort_transaction (resumes); anything else is IllegalStateError.
+    transition: ready after EndTxn; fatal_error."""
+
+    ABORTABLE_ERROR = "abortable_error"
+    """A record or request of the transaction failed; it cannot commit.
+    action: abort_transaction; send, send_offsets_to_transaction and
+    commit_transaction raise the error that broke the transaction; the rest
+    is IllegalStateError.
+    transition: aborting; fatal_error."""
+
+    FATAL_ERROR = "fatal_error"
+    """Fenced by a newer instance, or the log lost data: the producer is done.
+    action: every call raises the fatal error (close() still closes).
+    transition: none."""
+
+
+_ALL_OPS = frozenset(Op)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One state's row: the calls it accepts, the calls that raise the
+    state's error instead of IllegalStateError, and the states it may go to."""
+
+    accepts: frozenset[Op]
+    raises_error: frozenset[Op]
+    leads_to: frozenset[TxnState]
+
+
+def _row(accepts: set[Op], leads_to: set[TxnState],
+         raises_error: frozenset[Op] | set[Op] = frozenset()) -> Row:
+    return Row(frozenset(accepts), frozenset(raises_error), frozenset(leads_to))
+
+
+S = TxnState
+# The one table: every call and every transition of the transactional producer.
+TABLE: dict[TxnState, Row] = {
+    S.UNINITIALIZED: _row({Op.INIT_TRANSACTIONS}, {S.INITIALIZING, S.FATAL_ERROR}),
+    S.INITIALIZING: _row({Op.INIT_TRANSACTIONS}, {S.READY, S.FATAL_ERROR}),
+    S.READY: _row({Op.BEGIN_TRANSACTION}, {S.IN_TRANSACTION, S.FATAL_ERROR}),
+    S.IN_TRANSACTION: _row(
+        {Op.SEND, Op.SEND_OFFSETS, Op.COMMIT_TRANSACTION, Op.ABORT_TRANSACTION},
+        {S.COMMITTING, S.ABORTING, S.ABORTABLE_ERROR, S.FATAL_ERROR},
+    ),
+    S.COMMITTING: _row(
+        {Op.COMMIT_TRANSACTION}, {S.READY, S.ABORTABLE_ERROR, S.FATAL_ERROR},
+    ),
+    S.ABORTING: _row({Op.ABORT_TRANSACTION}, {S.READY, S.FATAL_ERROR}),
+    S.ABORTABLE_ERROR: _row(
+        {Op.ABORT_TRANSACTION}, {S.ABORTING, S.FATAL_ERROR},
+        raises_error={Op.SEND, Op.SEND_OFFSETS, Op.COMMIT_TRANSACTION},
+    ),
+    S.FATAL_ERROR: _row(set(), set(), raises_error=_ALL_OPS),
+}
+del S
+
+
+class TxnStateMachine:
+    """The state, and the error that put the producer into abortable_error or
+    fatal_error. Not thread-safe: the producer calls it under its lock."""
+
+    def __init__(self, transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        self.state = TxnState.UNINITIALIZED
+        # The error that broke the transaction (abortable_error) or the
+        # producer (fatal_error); None otherwise.
+        self.error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"TxnStateMachine({self.transactional_id!r}, {self.state.value})"
+
+    def refusal(self, op: Op) -> BaseException | None:
+        """None when `op` is allowed now, else the exception to raise."""
+        row = TABLE[self.state]
+        if op in row.accepts:
+            return None
+        if op in row.raises_error and self.error is not None:
+            return self._state_error(op)
+        return errors.IllegalStateError(
+            f"{op.value}() is not allowed while transactional producer "
+            f"{self.transactional_id!r} is in state {self.state.value}{self._hint(op)}"
+        )
+
+    def check(self, op: Op) -> None:
+        """Raises unless `op` is allowed in the current state."""
+        refusal = self.refusal(op)
+        if refusal is not None:
+            raise refusal
+
+    def transition_to(self, target: TxnState, error: BaseException | None = None) -> None:
+        """Moves to `target` if the table allows it; crashes loudly otherwise
+        (the producer only asks for allowed moves, so a refusal is a bug).
+        `error` is kept for abortable_error and fatal_error."""
+        if target is self.state:
+            return
+        if target not in TABLE[self.state].leads_to:
+            raise RuntimeError(
+                f"transactional producer {self.transactional_id!r}: illegal transition "
+                f"{self.state.value} -> {target.value}"
+            )
+        self.state = target
+        if target in (TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR):
+            self.error = error
+        elif target is not TxnState.ABORTING:
+            self.error = None
+
+    # ------------------------------------------------------------- helpers
+
+    def _state_error(self, op: Op) -> BaseException:
+        err = self.error
+        if self.state is TxnState.FATAL_ERROR:
+            if isinstance(err, OncelogError):
+                # The same error, a fresh instance per raise (tracebacks grow).
+                dup = type(err)(err.message)
+                dup.__cause__ = err
+                return dup
+            return errors.error_for(
+                ErrorCode.UNKNOWN_SERVER_ERROR, f"the producer failed: {err!r}"
+            )
+        cause = (f"{type(err).__name__}: {err.message}" if isinstance(err, OncelogError)
+                 else repr(err))
+        exc = errors.error_for(
+            ErrorCode.TRANSACTION_ABORTABLE,
+            f"{op.value}() refused: the transaction of {self.transactional_id!r} failed "
+            f"({cause}) and must be aborted with abort_transaction()",
+        )
+        exc.__cause__ = err
+        return exc
+
+    def _hint(self, op: Op) -> str:
+        state = self.state
+        if state is TxnState.UNINITIALIZED:
+            return "; call init_transactions() first"
+        if state is TxnState.READY and op in (Op.SEND, Op.SEND_OFFSETS,
+                                              Op.COMMIT_TRANSACTION, Op.ABORT_TRANSACTION):
+            return "; call begin_transaction() first"
+        if state is TxnState.IN_TRANSACTION and op is Op.BEGIN_TRANSACTION:
+            return "; a transaction is already open"
+        if state is TxnState.COMMITTING:
+            return "; the commit's outcome is not known yet: call commit_transaction() again"
+        if state is TxnState.ABORTING:
+            return "; the abort is not finished: call abort_transaction() again"
+        return ""

@@ -1,0 +1,413 @@
+"""The transactional producer against a fake coordinator and store with
+scripted faults.
+
+Goal: a partition joins the transaction (AddPartitionsToTxn, batched) before
+its first transactional batch; a commit whose answer is lost is retried with
+the same producer id and epoch and commits exactly once; CONCURRENT_TRANSACTIONS
+is retried; fencing and the other fatal errors end the producer for good; an
+abortable error is recovered by abort_transaction(), after which the producer
+uses EndTxn's new epoch with sequences from 0; abort_transaction() drops what
+was not sent; offsets join a transaction; read_committed end offsets are the
+last stable offset.
+
+Method: tests/support/fake_store.FakeStore serves the store, coordinator and
+group coordinator RPCs in this process; coordinator and produce fault plans
+inject lost replies and error answers; the fake's log (with its markers) is
+read back and compared with what each transaction sent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from oncelog import Consumer, GroupMetadata, Producer, TopicPartition, errors
+from oncelog import records as codec
+from oncelog.errors import ErrorCode
+from tests.support.fake_store import DROP_REPLY, BatchView, FakeStore
+
+TID = "tx-1"
+
+
+@pytest.fixture
+def store() -> Iterator[FakeStore]:
+    with FakeStore() as s:
+        s.create_topic("t", 4)
+        yield s
+
+
+def txn_producer(store: FakeStore, **options: Any) -> Producer:
+    options.setdefault("linger_ms", 1)
+    options.setdefault("retry_backoff_ms", 10)
+    return Producer(bootstrap=store.address, transactional_id=TID, **options)
+
+
+def send_all(producer: Producer, tag: bytes, partitions: int = 4, per_partition: int = 20
+             ) -> dict[int, list[bytes]]:
+    sent: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    for i in range(per_partition):
+        for p in range(partitions):
+            value = b"%s-%d-%d" % (tag, p, i)
+            sent[p].append(value)
+            producer.send("t", value=value, partition=p)
+    return sent
+
+
+def markers(store: FakeStore, partition: int) -> list[tuple[int, int]]:
+    """(marker type, producer epoch) of the partition's control batches."""
+    out = []
+    with store.lock:
+        stored = list(store.logs[("t", partition)])
+    for b in stored:
+        header = codec.read_header(b.data)
+        if header.is_control:
+            out.append((codec.control_marker(b.data)[0], header.producer_epoch))
+    return out
+
+
+def test_partitions_join_the_transaction_before_their_first_batch(store: FakeStore) -> None:
+    in_txn_at_produce: list[bool] = []
+
+    def check(view: BatchView) -> None:
+        txn = store.txns[TID]
+        in_txn_at_produce.append((view.topic, view.partition) in txn.partitions
+                                 and txn.state == "Ongoing")
+
+    store.fault = check
+    first_add_seen = threading.Event()
+    release = threading.Event()
+
+    def hold_first_add(name: str, _request: object) -> None:
+        if name == "AddPartitionsToTxn" and not first_add_seen.is_set():
+            first_add_seen.set()
+            assert release.wait(30)
+
+    store.coordinator_fault = hold_first_add
+    with txn_producer(store, linger_ms=50) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", value=b"first", partition=0)
+        assert first_add_seen.wait(30)
+        # While the first AddPartitionsToTxn is held, records for three more
+        # partitions arrive: they join together in the next request.
+        for i in range(30):
+            producer.send("t", value=b"more-%d" % i, partition=1 + i % 3)
+        release.set()
+        producer.commit_transaction()
+        adds = [sorted((p.topic, p.partition) for p in r.partitions)
+                for r in store.calls_named("AddPartitionsToTxn")]
+        assert adds == [[("t", 0)], [("t", 1), ("t", 2), ("t", 3)]]
+        assert in_txn_at_produce and all(in_txn_at_produce)
+
+        # The next transaction adds each partition once more, once.
+        producer.begin_transaction()
+        send_all(producer, b"second", per_partition=50)
+        producer.commit_transaction()
+    adds = [sorted((p.topic, p.partition) for p in r.partitions)
+            for r in store.calls_named("AddPartitionsToTxn")][2:]
+    assert sorted(tp for add in adds for tp in add) == [("t", p) for p in range(4)]
+    assert all(in_txn_at_produce)
+
+
+def test_a_commit_whose_answer_is_lost_is_retried_and_commits_once(store: FakeStore) -> None:
+    lost = threading.Event()
+
+    def lose_first_end(name: str, _request: object) -> str | None:
+        if name == "EndTxn" and not lost.is_set():
+            lost.set()
+            return DROP_REPLY
+        return None
+
+    store.coordinator_fault = lose_first_end
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        epoch = producer.producer_epoch
+        producer.begin_transaction()
+        sent = send_all(producer, b"a")
+        producer.commit_transaction()
+        ends = store.calls_named("EndTxn")
+        assert len(ends) == 2 and all(e.commit for e in ends)
+        assert {(e.producer_id, e.producer_epoch) for e in ends} == {(1000, epoch)}
+        assert producer.producer_epoch == epoch + 1
+        # The next transaction uses the new epoch.
+        producer.begin_transaction()
+        producer.send("t", value=b"next", partition=0)
+        producer.commit_transaction()
+    for p in range(4):
+        expected = sent[p] + ([b"next"] if p == 0 else [])
+        assert store.committed_values("t", p) == expected
+        # Exactly one COMMIT marker for the first transaction.
+        assert markers(store, p)[0] == (codec.MARKER_COMMIT, epoch + 1)
+        assert [m for m in markers(store, p) if m[1] == epoch + 1] == [
+            (codec.MARKER_COMMIT, epoch + 1)]
+
+
+def test_concurrent_transactions_is_retried(store: FakeStore) -> None:
+    answered: dict[str, int] = {}
+
+    def busy(name: str, _request: object) -> ErrorCode | None:
+        if name in ("InitProducerId", "AddPartitionsToTxn", "EndTxn"):
+            answered[name] = answered.get(name, 0) + 1
+            if answered[name] <= 3:
+                return ErrorCode.CONCURRENT_TRANSACTIONS
+        return None
+
+    store.coordinator_fault = busy
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        sent = send_all(producer, b"c", partitions=2)
+        producer.commit_transaction()
+    assert answered == {"InitProducerId": 4, "AddPartitionsToTxn": 4, "EndTxn": 4}
+    for p in range(2):
+        assert store.committed_values("t", p) == sent[p]
+
+
+def test_coordinator_moves_are_followed(store: FakeStore) -> None:
+    count = {"n": 0}
+
+    def moving(name: str, _request: object) -> ErrorCode | None:
+        if name in ("AddPartitionsToTxn", "EndTxn") and count["n"] < 4:
+            count["n"] += 1
+            return [ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS][
+                count["n"] % 2]
+        return None
+
+    store.coordinator_fault = moving
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        sent = send_all(producer, b"m", partitions=1)
+        producer.commit_transaction()
+    assert store.committed_values("t", 0) == sent[0]
+    # Every move made the producer ask FindCoordinator again.
+    assert len(store.calls_named("FindCoordinator")) >= 1 + 4
+
+
+@pytest.mark.parametrize("code", [
+    ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH,
+    ErrorCode.INVALID_PRODUCER_ID_MAPPING, ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+])
+def test_fatal_coordinator_errors_end_the_producer(store: FakeStore, code: ErrorCode) -> None:
+    store.coordinator_fault = lambda name, _r: code if name == "AddPartitionsToTxn" else None
+    producer = txn_producer(store)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        fut = producer.send("t", value=b"x", partition=0)
+        exc = fut.exception(timeout=30)
+        cls = type(errors.error_for(code))
+        assert isinstance(exc, cls)
+        store.coordinator_fault = None
+        # Every later call raises the same fatal error.
+        for call in (producer.commit_transaction, producer.abort_transaction,
+                     producer.begin_transaction, producer.init_transactions,
+                     lambda: producer.send("t", value=b"y", partition=1)):
+            with pytest.raises(cls):
+                call()
+        assert producer.transaction_state == "fatal_error"
+    finally:
+        producer.close()
+    assert store.data_values("t", 0) == []
+
+
+def test_an_unexpected_out_of_order_in_a_transaction_is_fatal(store: FakeStore) -> None:
+    store.fault = lambda view: ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        exc = producer.send("t", value=b"x", partition=0).exception(timeout=30)
+        assert isinstance(exc, errors.OutOfOrderSequenceNumberError)
+        with pytest.raises(errors.OutOfOrderSequenceNumberError):
+            producer.commit_transaction()
+        assert producer.transaction_state == "fatal_error"
+
+
+def test_a_new_instance_fences_the_old_one(store: FakeStore) -> None:
+    old = txn_producer(store)
+    try:
+        old.init_transactions()
+        old.begin_transaction()
+        old.send("t", value=b"zombie", partition=0)
+        old.flush()
+        with txn_producer(store) as new:
+            new.init_transactions()
+            assert new.producer_epoch > old.producer_epoch
+            # The old instance's write to an added partition is refused by the
+            # store (its epoch is below the abort marker's) ...
+            exc = old.send("t", value=b"zombie-2", partition=0).exception(timeout=30)
+            assert isinstance(exc, errors.ProducerFencedError)
+            with pytest.raises(errors.ProducerFencedError):
+                old.commit_transaction()
+            new.begin_transaction()
+            new.send("t", value=b"new", partition=0)
+            new.commit_transaction()
+    finally:
+        old.close()
+    assert store.committed_values("t", 0) == [b"new"]
+
+
+def test_a_transaction_timed_out_by_the_coordinator_fences_its_producer(store: FakeStore
+                                                                       ) -> None:
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", value=b"late", partition=0)
+        producer.flush()
+        store.time_out_transaction(TID)
+        # A partition not added yet: AddPartitionsToTxn is fenced.
+        exc = producer.send("t", value=b"late-2", partition=1).exception(timeout=30)
+        assert isinstance(exc, errors.ProducerFencedError)
+        with pytest.raises(errors.ProducerFencedError):
+            producer.commit_transaction()
+    assert store.committed_values("t", 0) == []
+    assert store.data_values("t", 0) == [b"late"]
+
+
+@pytest.mark.parametrize("code", [
+    ErrorCode.CORRUPT_MESSAGE, ErrorCode.TRANSACTION_ABORTABLE, ErrorCode.INVALID_TXN_STATE,
+])
+def test_abortable_error_then_abort_then_the_next_transaction_works(store: FakeStore,
+                                                                    code: ErrorCode) -> None:
+    failed_once = threading.Event()
+
+    def fail_one(view: BatchView) -> ErrorCode | None:
+        if view.partition == 2 and not failed_once.is_set():
+            failed_once.set()
+            return code
+        return None
+
+    store.fault = fail_one
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        first_epoch = producer.producer_epoch
+        producer.begin_transaction()
+        send_all(producer, b"doomed")
+        with pytest.raises(errors.TransactionAbortableError) as raised:
+            producer.commit_transaction()
+        assert isinstance(raised.value.__cause__, type(errors.error_for(code)))
+        assert producer.transaction_state == "abortable_error"
+        producer.abort_transaction()
+        assert producer.producer_epoch == first_epoch + 1
+        assert producer.transaction_state == "ready"
+
+        producer.begin_transaction()
+        sent = send_all(producer, b"good")
+        producer.commit_transaction()
+    for p in range(4):
+        assert store.committed_values("t", p) == sent[p]
+        # The new transaction restarted every partition at sequence 0 under
+        # the epoch EndTxn(abort) handed out.
+        good = [h for h in store.headers("t", p)
+                if not h.is_control and h.producer_epoch == first_epoch + 1]
+        assert good and good[0].base_sequence == 0
+
+
+def test_abort_drops_records_not_yet_sent(store: FakeStore) -> None:
+    with txn_producer(store, linger_ms=60_000) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        futures = [producer.send("t", value=b"v%d" % i, partition=i % 4) for i in range(40)]
+        producer.abort_transaction()
+        for fut in futures:
+            exc = fut.exception(timeout=30)
+            assert isinstance(exc, errors.TransactionAbortableError)
+            assert "aborted" in str(exc)
+        producer.begin_transaction()
+        producer.send("t", value=b"kept", partition=0)
+        producer.commit_transaction()
+    assert [store.data_values("t", p) for p in range(4)] == [[b"kept"], [], [], []]
+    # The abort reached the coordinator only if a partition had been added.
+    ends = store.calls_named("EndTxn")
+    assert [e.commit for e in ends][-1] is True
+
+
+def test_abort_waits_for_batches_in_flight(store: FakeStore) -> None:
+    release = threading.Event()
+    in_produce = threading.Event()
+
+    def slow(view: BatchView) -> None:
+        in_produce.set()
+        assert release.wait(30)
+
+    store.fault = slow
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        fut = producer.send("t", value=b"in-flight", partition=0)
+        assert in_produce.wait(30)
+        aborting = threading.Thread(target=producer.abort_transaction)
+        aborting.start()
+        aborting.join(0.2)
+        assert aborting.is_alive(), "abort must wait for the batch in flight"
+        store.fault = None
+        release.set()
+        aborting.join(30)
+        assert fut.result(timeout=30).offset == 0  # written, then aborted
+    assert store.data_values("t", 0) == [b"in-flight"]
+    assert store.committed_values("t", 0) == []
+    assert markers(store, 0) == [(codec.MARKER_ABORT, 1)]
+
+
+def test_offsets_join_the_transaction() -> None:
+    with FakeStore(group_coordinator=True) as store:
+        store.create_topic("t", 1)
+        group = GroupMetadata("copier", 3, "member-1")
+        with txn_producer(store) as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("t", value=b"out", partition=0)
+            producer.send_offsets_to_transaction({TopicPartition("in", 0): 43}, group)
+            assert store.committed_offsets == {}
+            producer.commit_transaction()
+            assert store.committed_offsets == {"copier": {("in", 0): 43}}
+            producer.begin_transaction()
+            producer.send_offsets_to_transaction({TopicPartition("in", 0): 99}, group)
+            producer.abort_transaction()
+        assert store.committed_offsets == {"copier": {("in", 0): 43}}
+        commits = store.calls_named("TxnOffsetCommit")
+        assert [(c.generation_id, c.member_id) for c in commits] == [(3, "member-1")] * 2
+
+
+def test_offsets_without_a_group_coordinator_fail_clearly(store: FakeStore) -> None:
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", value=b"out", partition=0)
+        with pytest.raises(errors.CoordinatorNotAvailableError, match="no group coordinator"):
+            producer.send_offsets_to_transaction({TopicPartition("in", 0): 1},
+                                                 GroupMetadata("g", 1, "m"))
+        # Nothing reached the coordinator: the transaction can still commit.
+        producer.commit_transaction()
+    assert store.committed_values("t", 0) == [b"out"]
+    assert store.calls_named("AddOffsetsToTxn") == []
+
+
+def test_close_aborts_an_open_transaction(store: FakeStore) -> None:
+    producer = txn_producer(store)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("t", value=b"x", partition=0).result(timeout=30)
+    producer.close()
+    assert store.txns[TID].state == "CompleteAbort"
+    assert store.committed_values("t", 0) == []
+
+
+def test_read_committed_end_offsets_are_the_last_stable_offset(store: FakeStore) -> None:
+    with Producer(bootstrap=store.address) as plain:
+        for i in range(3):
+            plain.send("t", value=b"p%d" % i, partition=0)
+    with txn_producer(store) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", value=b"open", partition=0).result(timeout=30)
+        tp = TopicPartition("t", 0)
+        with Consumer(bootstrap=store.address) as committed, \
+                Consumer(bootstrap=store.address, isolation_level="read_uncommitted") as dirty:
+            assert committed.end_offsets([tp]) == {tp: 3}
+            assert dirty.end_offsets([tp]) == {tp: 4}
+            producer.commit_transaction()
+            assert committed.end_offsets([tp]) == {tp: 5}  # data + marker

@@ -1,0 +1,211 @@
+"""The transactional producer's state table, as data and as behaviour.
+
+Goal: every call of a transactional producer, in every state, does what the
+one table in `oncelog._transactions` says: allowed calls work, calls that a
+broken transaction or a fenced producer refuse raise that error, and every
+other call raises IllegalStateError naming the state; and no transition
+happens that the table does not list.
+
+Method: the pure table walked pair by pair; then a real Producer against
+tests/support/fake_store.FakeStore (a fake coordinator with scripted faults)
+driven into each of the eight states, and each of the six calls tried on a
+fresh producer in that state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from oncelog import GroupMetadata, Producer, TopicPartition, errors
+from oncelog._transactions import TABLE, Op, Outcome, TxnState, TxnStateMachine, classify
+from oncelog.errors import ErrorCode
+from tests.support.fake_store import UNREACHABLE, BatchView, FakeStore
+
+_tid_counter = itertools.count()
+
+
+# ------------------------------------------------------------------ the table
+
+
+def test_every_transition_pair_is_checked_against_the_table() -> None:
+    for source, target in itertools.product(TxnState, TxnState):
+        sm = TxnStateMachine("t")
+        sm.state = source
+        if target is source or target in TABLE[source].leads_to:
+            sm.transition_to(target, errors.error_for(ErrorCode.PRODUCER_FENCED, "x"))
+            assert sm.state is target
+        else:
+            with pytest.raises(RuntimeError, match="illegal transition"):
+                sm.transition_to(target)
+            assert sm.state is source
+
+
+def test_every_call_in_every_state_is_allowed_or_refused_by_the_table() -> None:
+    fenced = errors.error_for(ErrorCode.PRODUCER_FENCED, "fenced by epoch 3")
+    broken = errors.error_for(ErrorCode.CORRUPT_MESSAGE, "bad batch")
+    for state, op in itertools.product(TxnState, Op):
+        sm = TxnStateMachine("tx-a")
+        sm.state = state
+        sm.error = fenced if state is TxnState.FATAL_ERROR else broken
+        refusal = sm.refusal(op)
+        row = TABLE[state]
+        if op in row.accepts:
+            assert refusal is None, (state, op)
+        elif op in row.raises_error:
+            if state is TxnState.FATAL_ERROR:
+                assert isinstance(refusal, errors.ProducerFencedError), (state, op)
+                assert refusal.__cause__ is fenced
+            else:
+                assert isinstance(refusal, errors.TransactionAbortableError), (state, op)
+                assert "bad batch" in str(refusal) and "abort_transaction" in str(refusal)
+        else:
+            assert isinstance(refusal, errors.IllegalStateError), (state, op)
+            assert state.value in str(refusal) and op.value in str(refusal)
+
+
+def test_the_table_is_complete_and_fatal_is_final() -> None:
+    assert set(TABLE) == set(TxnState)
+    assert TABLE[TxnState.FATAL_ERROR].leads_to == frozenset()
+    assert TABLE[TxnState.FATAL_ERROR].raises_error == frozenset(Op)
+    for state in TxnState:
+        if state is not TxnState.FATAL_ERROR:
+            assert TxnState.FATAL_ERROR in TABLE[state].leads_to, state
+
+
+def test_errors_are_sorted_into_fatal_retried_and_abortable() -> None:
+    for code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH,
+                 ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                 ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                 ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER):
+        assert classify(errors.error_for(code, "")) is Outcome.FATAL, code
+    for code in (ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.NOT_COORDINATOR,
+                 ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.REQUEST_TIMED_OUT,
+                 ErrorCode.NETWORK_EXCEPTION):
+        assert classify(errors.error_for(code, "")) is Outcome.RETRY, code
+    for code in (ErrorCode.TRANSACTION_ABORTABLE, ErrorCode.INVALID_TXN_STATE,
+                 ErrorCode.CORRUPT_MESSAGE, ErrorCode.MESSAGE_TOO_LARGE):
+        assert classify(errors.error_for(code, "")) is Outcome.ABORTABLE, code
+
+
+# ------------------------------------------------------ the producer, per state
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[FakeStore]:
+    with FakeStore(group_coordinator=True) as s:
+        s.create_topic("t", 2)
+        yield s
+
+
+def _producer(store: FakeStore) -> Producer:
+    return Producer(bootstrap=store.address, transactional_id=f"tx-{next(_tid_counter)}",
+                    linger_ms=1, retry_backoff_ms=10, max_block_ms=10_000)
+
+
+def _in_state(store: FakeStore, state: TxnState) -> Producer:
+    """A fresh producer driven into `state`; the store's faults are cleared."""
+    store.fault = None
+    store.coordinator_fault = None
+    p = _producer(store)
+    if state is TxnState.UNINITIALIZED:
+        return p
+    if state is TxnState.INITIALIZING:
+        store.coordinator_fault = lambda name, _r: UNREACHABLE if name == "InitProducerId" else None
+        with pytest.raises(errors.KafkaTimeoutError, match="InitProducerId"):
+            p.init_transactions(timeout=0.3)
+        store.coordinator_fault = None
+        assert p.transaction_state == "initializing"
+        return p
+    p.init_transactions()
+    if state is TxnState.READY:
+        return p
+    p.begin_transaction()
+    if state is TxnState.IN_TRANSACTION:
+        return p
+    if state in (TxnState.COMMITTING, TxnState.ABORTING):
+        p.send("t", value=b"x", partition=0)
+        p.flush()
+        store.coordinator_fault = lambda name, _r: UNREACHABLE if name == "EndTxn" else None
+        with pytest.raises(errors.KafkaTimeoutError, match="EndTxn"):
+            if state is TxnState.COMMITTING:
+                p.commit_transaction(timeout=0.3)
+            else:
+                p.abort_transaction(timeout=0.3)
+        store.coordinator_fault = None
+        assert p.transaction_state == state.value
+        return p
+    if state is TxnState.ABORTABLE_ERROR:
+        def corrupt(view: BatchView) -> ErrorCode | None:
+            return ErrorCode.CORRUPT_MESSAGE if view.partition == 1 else None
+        store.fault = corrupt
+        fut = p.send("t", value=b"x", partition=1)
+        assert isinstance(fut.exception(timeout=30), errors.CorruptRecordError)
+        store.fault = None
+        assert p.transaction_state == "abortable_error"
+        return p
+    assert state is TxnState.FATAL_ERROR
+    store.coordinator_fault = (
+        lambda name, _r: ErrorCode.PRODUCER_FENCED if name == "AddPartitionsToTxn" else None
+    )
+    fut = p.send("t", value=b"x", partition=0)
+    assert isinstance(fut.exception(timeout=30), errors.ProducerFencedError)
+    store.coordinator_fault = None
+    assert p.transaction_state == "fatal_error"
+    return p
+
+
+_CALLS: dict[Op, Callable[[Producer], object]] = {
+    Op.INIT_TRANSACTIONS: lambda p: p.init_transactions(timeout=10),
+    Op.BEGIN_TRANSACTION: lambda p: p.begin_transaction(),
+    Op.SEND: lambda p: p.send("t", value=b"y", partition=0),
+    Op.SEND_OFFSETS: lambda p: p.send_offsets_to_transaction(
+        {TopicPartition("t", 0): 5}, GroupMetadata("g", 1, "m"), timeout=10),
+    Op.COMMIT_TRANSACTION: lambda p: p.commit_transaction(timeout=10),
+    Op.ABORT_TRANSACTION: lambda p: p.abort_transaction(timeout=10),
+}
+
+
+@pytest.mark.parametrize("state", list(TxnState), ids=lambda s: s.value)
+def test_every_call_in_every_state_of_a_real_producer(store: FakeStore, state: TxnState
+                                                      ) -> None:
+    row = TABLE[state]
+    for op in Op:
+        p = _in_state(store, state)
+        try:
+            if op in row.accepts:
+                _CALLS[op](p)  # must simply work
+            elif op in row.raises_error:
+                expected = (errors.ProducerFencedError if state is TxnState.FATAL_ERROR
+                            else errors.TransactionAbortableError)
+                with pytest.raises(expected):
+                    _CALLS[op](p)
+                assert p.transaction_state == state.value
+            else:
+                with pytest.raises(errors.IllegalStateError, match=state.value):
+                    _CALLS[op](p)
+                assert p.transaction_state == state.value
+        finally:
+            store.fault = None
+            store.coordinator_fault = None
+            p.close(timeout=10)
+
+
+def test_transactional_calls_need_a_transactional_producer(store: FakeStore) -> None:
+    with Producer(bootstrap=store.address) as p:
+        for op, call in _CALLS.items():
+            if op is Op.SEND:
+                continue
+            with pytest.raises(errors.IllegalStateError, match="transactional_id"):
+                call(p)
+        assert p.transaction_state is None
+    with pytest.raises(ValueError, match="enable_idempotence"):
+        Producer(bootstrap=store.address, transactional_id="x", enable_idempotence=False)
+    with pytest.raises(ValueError, match="transactional_id"):
+        Producer(bootstrap=store.address, transactional_id="")
+    p = _producer(store)
+    p.close()
+    with pytest.raises(errors.IllegalStateError, match="closed"):
+        p.init_transactions()
