@@ -20,6 +20,7 @@ port). A failure prints one line naming the problem to stderr and exits 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -215,9 +216,11 @@ def _silence_stdout() -> None:
 
 # --------------------------------------------------------------------- cluster
 
-def _cluster_up(args: argparse.Namespace) -> int:
-    from oncelog.testing import LocalCluster  # lazily: it pulls in process management
-
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM set an event instead of raising KeyboardInterrupt in the
+    middle of SDK code (which could leave a client half-way through a call
+    and hang its close())."""
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -225,24 +228,33 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        cluster = LocalCluster(
-            args.data_dir, partition_stores=args.partition_stores,
-            coordinators=args.coordinators, group_coordinators=args.group_coordinators,
-        )
-    except (RuntimeError, TimeoutError) as exc:
-        raise CliError(f"the cluster did not start: {exc}") from exc
-    try:
-        print(f"oncelog cluster up; bootstrap {cluster.bootstrap}", flush=True)
-        print(f"export {BOOTSTRAP_ENV}={cluster.bootstrap}", flush=True)
-        for kind in sorted(cluster.missing_kinds):
-            print(f"note: this version has no {kind} service; left out", flush=True)
-        print("Ctrl-C stops it.", flush=True)
-        stop.wait()
+        yield stop
     finally:
-        print("stopping...", file=sys.stderr, flush=True)
-        cluster.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    from oncelog.testing import LocalCluster  # lazily: it pulls in process management
+
+    with _stop_on_signals() as stop:
+        try:
+            cluster = LocalCluster(
+                args.data_dir, partition_stores=args.partition_stores,
+                coordinators=args.coordinators, group_coordinators=args.group_coordinators,
+            )
+        except (RuntimeError, TimeoutError) as exc:
+            raise CliError(f"the cluster did not start: {exc}") from exc
+        try:
+            print(f"oncelog cluster up; bootstrap {cluster.bootstrap}", flush=True)
+            print(f"export {BOOTSTRAP_ENV}={cluster.bootstrap}", flush=True)
+            for kind in sorted(cluster.missing_kinds):
+                print(f"note: this version has no {kind} service; left out", flush=True)
+            print("Ctrl-C stops it.", flush=True)
+            stop.wait()
+        finally:
+            print("stopping...", file=sys.stderr, flush=True)
+            cluster.stop()
     return 0
 
 
@@ -469,8 +481,8 @@ def _consume(args: argparse.Namespace) -> int:
         else:
             consumer.seek_to_end(tps)
         ends = None if args.follow else consumer.end_offsets(tps)
-        try:
-            while args.max_records is None or printed < args.max_records:
+        with _stop_on_signals() as stop:
+            while (args.max_records is None or printed < args.max_records) and not stop.is_set():
                 if ends is not None and all(consumer.position(tp) >= ends[tp] for tp in tps):
                     break
                 for record in consumer.poll(timeout=0.5):
@@ -488,9 +500,6 @@ def _consume(args: argparse.Namespace) -> int:
                     if args.max_records is not None and printed >= args.max_records:
                         break
                 out.flush()
-        except KeyboardInterrupt:
-            if not args.follow:
-                raise
         out.flush()
     return 0
 
