@@ -159,7 +159,9 @@ def measure(args: argparse.Namespace, client: str, *, value_bytes: int, partitio
                 [sys.executable, __file__, "--raw-child", cluster.bootstrap, topic,
                  str(value_bytes), str(partitions), str(args.duration_s),
                  str(max(1, args.batch_size // (value_bytes + 24)))],
-                check=True, capture_output=True, text=True)
+                capture_output=True, text=True)
+            if out.returncode != 0:
+                raise RuntimeError(f"the raw client failed:\n{out.stderr[-3000:]}")
             payload = json.loads(out.stdout)
             sent, lat = payload["sent"], payload["latencies_ms"]
         elapsed = time.perf_counter() - started
