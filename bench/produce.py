@@ -35,6 +35,7 @@ import grpc
 
 from oncelog import Admin, Producer, RecordMetadata
 from oncelog import records as rec
+from oncelog.errors import ErrorCode
 from oncelog.testing import LocalCluster
 from oncelog.v1 import coordinator_pb2 as co
 from oncelog.v1 import coordinator_pb2_grpc as co_grpc
@@ -113,9 +114,21 @@ def run_raw(bootstrap: str, topic: str, *, value_bytes: int, partitions: int,
     now_ms = int(time.time() * 1000)
     rows = [(None, value, None, now_ms)] * records_per_batch
     sequences = [0] * partitions
-    in_flight: list[tuple[float, grpc.Future]] = []
+    in_flight: list[tuple[float, ps.ProduceRequest, grpc.Future]] = []
     latencies_ms: list[float] = []
     sent = 0
+
+    def settle(started: float, request: ps.ProduceRequest, fut: grpc.Future) -> None:
+        # Concurrent RPCs may reach the store out of order; a batch that
+        # overtook its predecessor gets OUT_OF_ORDER_SEQUENCE_NUMBER and is sent
+        # again once the predecessor is in (popping in order guarantees that).
+        resp = fut.result()
+        while resp.results[0].error.code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER:
+            resp = store.Produce(request)
+        if resp.results[0].error.code != 0:
+            raise RuntimeError(resp.results[0].error.message)
+        latencies_ms.append((time.perf_counter() - started) * 1000)
+
     deadline = time.perf_counter() + duration_s
     while time.perf_counter() < deadline:
         for p in range(partitions):
@@ -125,17 +138,12 @@ def run_raw(bootstrap: str, topic: str, *, value_bytes: int, partitions: int,
             request = ps.ProduceRequest(
                 batches=[ps.PartitionBatch(topic=topic, partition=p, batch=batch)],
                 timeout_ms=30000)
-            in_flight.append((time.perf_counter(), store.Produce.future(request)))
+            in_flight.append((time.perf_counter(), request, store.Produce.future(request)))
         while len(in_flight) >= 5 * partitions:
-            started, fut = in_flight.pop(0)
-            resp = fut.result()
-            if resp.results[0].error.code != 0:
-                raise RuntimeError(resp.results[0].error.message)
-            latencies_ms.append((time.perf_counter() - started) * 1000)
+            settle(*in_flight.pop(0))
             sent += records_per_batch
-    for started, fut in in_flight:
-        fut.result()
-        latencies_ms.append((time.perf_counter() - started) * 1000)
+    for item in in_flight:
+        settle(*item)
         sent += records_per_batch
     return sent, latencies_ms
 
