@@ -128,6 +128,9 @@ MARKER_BACKOFF_MS_MIN = 20
 MARKER_BACKOFF_MS_MAX = 1000
 # txn_runtime checks timeouts every TxnConfig.check_interval_ms.
 TIMER_INTERVAL_MS = 200
+# TxnConfig.wait_for_markers_ms: how long a request for a transactional id
+# whose markers are in flight is held before it is answered anyway.
+WAIT_FOR_MARKERS_MS = 5000
 MAX_TXN_TIMEOUT_MS = 60_000
 TXN_TIMEOUT_MS_RANGE = (1_500, 5_000)
 # The stores forget idle producers, the coordinator forgets idle
@@ -992,6 +995,9 @@ class CoordinatorNode(Node):
         self.load_backoff_ms = 50
         self.last_tick_ms = sim.now_ms
         self.tasks: dict[str, MarkerTask] = {}
+        # Requests held while their transactional id's markers are in flight
+        # (txn_runtime._wait_for_markers): (src, request, held until).
+        self.held: list[tuple[str, InitRequest | AddPartitionsRequest | EndTxnRequest, int]] = []
 
     # -- loading (txn_runtime._load, _resume_markers, _unload)
 
@@ -1061,6 +1067,18 @@ class CoordinatorNode(Node):
     # -- requests
 
     def on_request(self, src: str, request: Request) -> None:
+        if isinstance(request, (InitRequest, AddPartitionsRequest, EndTxnRequest)) \
+                and not self.fenced and self.loaded \
+                and request.transactional_id in self.tasks:
+            # txn_runtime._wait_for_markers: owned_for() passed, markers are
+            # in flight; the request waits for them (bounded), then runs.
+            self.held.append((src, request, self.sim.now_ms + WAIT_FOR_MARKERS_MS))
+            self.sim.log(f"{self.name}: holds {show(request)} until "
+                         f"{request.transactional_id}'s markers land")
+            return
+        self._handle(src, request)
+
+    def _handle(self, src: str, request: Request) -> None:
         if isinstance(request, InitRequest):
             self._init(src, request)
         elif isinstance(request, AddPartitionsRequest):
@@ -1194,9 +1212,19 @@ class CoordinatorNode(Node):
             retry_at_ms=self.sim.now_ms,
         )
 
+    def _releasable(self) -> int | None:
+        """The first held request whose markers are done (or given up on:
+        unloaded, fenced) or whose wait is over."""
+        for i, (_src, request, until_ms) in enumerate(self.held):
+            if request.transactional_id not in self.tasks or self.sim.now_ms >= until_ms:
+                return i
+        return None
+
     def has_work(self) -> bool:
         if not self.deliverable():
             return False
+        if self._releasable() is not None:
+            return True
         if not self.loaded:
             return not self.fenced and self.sim.now_ms >= self.load_retry_at_ms
         # Fenced by a marker reply, a coordinator keeps its other marker tasks
@@ -1205,7 +1233,13 @@ class CoordinatorNode(Node):
                    for t in self.tasks.values())
 
     def work(self) -> None:
-        """One background step: a (re)load, a round of markers, or a completion."""
+        """One background step: a held request going on, a (re)load, a round
+        of markers, or a completion."""
+        released = self._releasable()
+        if released is not None:
+            src, request, _until_ms = self.held.pop(released)
+            self._handle(src, request)
+            return
         if not self.loaded:
             self.load()
             return
@@ -1411,9 +1445,18 @@ class ProducerNode(Node):
                 return False
             self._begin()
             return True
-        if self.status in (Status.COMMITTING, Status.ABORTING):
+        if self.status is Status.COMMITTING:
+            # commit_transaction flushes first: every batch acknowledged,
+            # then EndTxn(commit) (re-sent with the same epoch until answered).
+            if coordinator_free and all(b.acked for b in self.batches.values()):
+                assert self.txn is not None  # committing a transaction
+                self.txn.commit_requested = True
+                self._send_end(commit=True)
+                return True
+            return False
+        if self.status is Status.ABORTING:
             if coordinator_free:
-                self._send_end(commit=self.status is Status.COMMITTING)
+                self._send_end(commit=False)
                 return True
             return False
         if self.status is Status.ABORTABLE:
@@ -1423,12 +1466,14 @@ class ProducerNode(Node):
             return False
         invariant(self.status is Status.IN_TXN, "harness: unknown producer status")
         if finishing:
-            return self._commit() if coordinator_free else False
+            return self._commit()
+        # Mostly write, then commit; aborts are rarer than the faults that
+        # abort transactions anyway (timeouts, fencing).
         choice = self.sim.rng.random()
-        if choice < 0.75:
+        if choice < 0.8:
             return self._write(coordinator_free)
-        if choice < 0.92:
-            return self._commit() if coordinator_free else False
+        if choice < 0.97:
+            return self._commit()
         return self._abort() if coordinator_free else False
 
     def _begin(self) -> None:
@@ -1503,17 +1548,17 @@ class ProducerNode(Node):
         self.sim.log(f"{self.name}: {'re-send' if retry else 'send'} {batch.summary}")
 
     def _commit(self) -> bool:
-        if any(not b.acked for b in self.batches.values()):
-            return False
+        """commit_transaction: no new records from here; act() sends
+        EndTxn(commit) once every batch is acknowledged."""
         assert self.txn is not None  # in a transaction
-        if not self.added and not self.txn.records:
+        if self.coordinator_call is None and not self.added and not self.txn.records:
             # Nothing was added or sent: there is nothing to end (as Kafka's client).
             self.sim.log(f"{self.name}: empty transaction ends locally")
             self.status = Status.READY
             return True
-        self.txn.commit_requested = True
         self.status = Status.COMMITTING
-        self._send_end(commit=True)
+        unacked = sum(not b.acked for b in self.batches.values())
+        self.sim.log(f"{self.name}: commit: flushing {unacked} unacknowledged batches first")
         return True
 
     def _abort(self) -> bool:
@@ -1576,7 +1621,7 @@ class ProducerNode(Node):
             else:
                 self._fatal(f"InitProducerId: {code.name}")
         elif isinstance(context, AddCtx):
-            if self.status is not Status.IN_TXN:
+            if self.status not in (Status.IN_TXN, Status.COMMITTING):
                 return
             if code is ErrorCode.NONE:
                 self.added.update(context.partitions)
@@ -1618,7 +1663,7 @@ class ProducerNode(Node):
                 return
             still_current = self.sim.ledger.current.get(self.transactional_id) == (
                 self.producer_id, self.producer_epoch)
-            if self.status is Status.IN_TXN and still_current:
+            if self.status in (Status.IN_TXN, Status.COMMITTING) and still_current:
                 # Every earlier batch was acknowledged (durable) before this
                 # attempt left, and a retry stays within the store's dedup
                 # window (the client's window is MAX_IN_FLIGHT_PER_PARTITION
@@ -1633,7 +1678,7 @@ class ProducerNode(Node):
                 )
         if code in FATAL_CODES:
             self._fatal(f"produce {batch.summary}: {code.name}")
-        elif self.status is Status.IN_TXN:
+        elif self.status in (Status.IN_TXN, Status.COMMITTING):
             self.status = Status.ABORTABLE
             self.sim.log(f"{self.name}: abortable: produce {batch.summary}: {code.name}")
 
@@ -1909,7 +1954,7 @@ class Simulation:
         if timers:
             actions.append((10, lambda: rng.choice(timers).tick()))
         actions.append((8, lambda: self.advance(rng.randint(1, 120))))
-        actions.append((0.5 * self.fault_scale, lambda: self.advance(rng.randint(500, 4000))))
+        actions.append((0.25 * self.fault_scale, lambda: self.advance(rng.randint(500, 4000))))
         actions.append((0.5, lambda: rng.choice(self.stores).expire_producers()))
         restartable = [tid for tid, inst in self.producers.items()
                        if not inst[-1].alive or inst[-1].status is Status.FATAL]
@@ -1922,17 +1967,17 @@ class Simulation:
             actions.append((0.1 * scale, lambda: self.advance(rng.randint(20_000, 250_000))))
             actions.append((0.5 * scale, lambda: rng.choice(self.stores).crash()))
             actions.append((0.5, lambda: rng.choice(self.stores).snapshot()))
-            actions.append((0.3 * self.fault_scale, self.takeover))
-            actions.append((0.3 * self.fault_scale,
+            actions.append((0.3 * scale, self.takeover))
+            actions.append((0.3 * scale,
                             lambda: self.crash_producer(rng.choice(sorted(self.producers)))))
-            actions.append((0.3 * self.fault_scale, self.arm_txn_log_fault))
+            actions.append((0.3 * scale, self.arm_txn_log_fault))
             if producers:
                 def stall() -> None:
                     producer = rng.choice(producers)
                     pause_ms = producer.txn_timeout_ms + rng.randint(0, producer.txn_timeout_ms)
                     producer.stalled_until_ms = self.now_ms + pause_ms
                     self.log(f"STALL: {producer.name} pauses for {pause_ms} ms")
-                actions.append((0.2 * self.fault_scale, stall))
+                actions.append((0.2 * scale, stall))
 
             def pause_server() -> None:
                 # A paused coordinator that is replaced meanwhile wakes up as a
@@ -1945,17 +1990,17 @@ class Simulation:
                     rng.randint(20_000, 200_000)
                 node.stalled_until_ms = self.now_ms + pause_ms
                 self.log(f"PAUSE: {node.name} for {pause_ms} ms")
-            actions.append((0.2 * self.fault_scale, pause_server))
+            actions.append((0.2 * scale, pause_server))
             owner = self.owner()
             if owner.deliverable():
-                actions.append((0.1 * self.fault_scale, owner.admin_abort_random))
+                actions.append((0.1 * scale, owner.admin_abort_random))
             zombies = [c for c in self.coordinators if c.alive and c is not self.designated]
             if zombies:
                 def kill_zombie() -> None:
                     victim = rng.choice(zombies)
                     victim.alive = False
                     self.log(f"zombie {victim.name} dies")
-                actions.append((0.3 * self.fault_scale, kill_zombie))
+                actions.append((0.3 * scale, kill_zombie))
         return actions
 
     def step(self) -> None:
@@ -1973,7 +2018,7 @@ class Simulation:
         coordinator = self.owner()
         if not coordinator.alive or not coordinator.loaded or coordinator.fenced:
             return False
-        if any(c.alive and (c.tasks or (not c.loaded and not c.fenced))
+        if any(c.alive and (c.tasks or c.held or (not c.loaded and not c.fenced))
                for c in self.coordinators):
             return False
         if any(md.state is txn.TxnState.ONGOING or md.state.is_prepare
@@ -2038,6 +2083,26 @@ class Simulation:
             self._new_producer(rng.choice(restartable))
             return
         self.advance(250)
+
+    def settle(self, *, max_steps: int = 1000) -> None:
+        """For directed scenarios: deliver every deliverable message, land
+        every group commit and run every coordinator's background work, in
+        order, without faults or clock movement, until nothing is left."""
+        for _ in range(max_steps):
+            deliverable = self._deliverable()
+            if deliverable:
+                self.deliver(deliverable[0])
+                continue
+            flushable = [s for s in self.stores if s.pending and s.deliverable()]
+            if flushable:
+                flushable[0].flush(len(flushable[0].pending))
+                continue
+            busy = [c for c in self.coordinators if c.has_work()]
+            if busy:
+                busy[0].work()
+                continue
+            return
+        raise InvariantViolation(f"harness: not settled after {max_steps} steps")
 
     def describe_state(self) -> str:
         lines = [f"network: {[show(e.payload) for e in self.network][:10]}"]

@@ -10,14 +10,18 @@ Method: one test per seed; each prints its seed and, on failure, the last
 events of the trace and the command that replays it. Seeds that fail
 because of a known bug in the code under test go to KNOWN_FAILING with the
 diagnosis; they are strict xfails, so fixing the bug turns them into a
-failure that asks for the seed to move back to SEEDS.
+failure that asks for the seed to move back to SEEDS. Besides the seeds:
+replay is deterministic; the checker catches deliberately broken cores
+(patched in for one test); and directed scenarios pin interleavings the
+random search reaches too rarely (strict xfails while the bug they show is
+open).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.sim.sim import DEFAULT_STEPS, run_seed
+from tests.sim.sim import DEFAULT_STEPS, Simulation, SimViolation, run_seed
 
 # Steps per seed before the run quiesces; 40 seeds take ~6 s of CPU on
 # this machine (2 vCPU), well under the ~30 s budget.
@@ -53,8 +57,6 @@ def test_seed(seed: int) -> None:
 
 def test_a_seed_replays_identically() -> None:
     """The whole point of a seed: the same run, event for event."""
-    from tests.sim.sim import Simulation
-
     first, second = Simulation(7, steps=200), Simulation(7, steps=200)
     first.run()
     second.run()
@@ -98,3 +100,89 @@ def test_the_checker_sees_a_hanging_transaction(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(producer_state, "check_append", unverified)
     assert "hanging transaction" in _first_failure(range(1, 41), 300)
+
+
+# Directed scenarios: interleavings the random search reaches too rarely to
+# keep as a seed, written against the same nodes and checker.
+
+
+@pytest.mark.xfail(strict=True, raises=SimViolation, reason=(
+    "txn_runtime.verify_partitions answers from memory without confirming that "
+    "this coordinator still owns __transaction_state: a zombie coordinator (paused, "
+    "replaced, not yet fenced because it has not tried to write) verifies a fenced "
+    "producer's first write on a partition whose store has expired the producer, "
+    "and a later transaction's marker commits it. Fix in txn_runtime (confirm "
+    "ownership before answering) or in the store (refuse a verdict from a "
+    "coordinator epoch below one it has seen), then mirror it in "
+    "CoordinatorNode._verify."
+))
+def test_zombie_coordinator_cannot_verify_a_fenced_first_write() -> None:
+    from oncelog.records import encode_batch
+    from tests.sim import sim as s
+
+    sim = s.Simulation(1, steps=0)
+    sim.faults_on = False
+    zombie = sim.designated
+    zombie.work()  # loads: coordinator epoch 0
+    route = {"to": zombie.name}
+    sim.route_to_coordinator = lambda: route["to"]  # type: ignore[method-assign]
+    old = sim.producers["tx0"][0]
+    old.act(finishing=False)
+    sim.settle()  # InitProducerId: (pid, epoch 0)
+    old.act(finishing=False)  # begin
+    old._coordinator_call(lambda c: s.AddPartitionsRequest(
+        c, "tx0", old.producer_id, old.producer_epoch, (0,)), s.AddCtx((0,)))
+    sim.settle()  # p0 is in the open transaction
+
+    # The coordinator pauses; a new one takes over (epoch 1) and aborts the
+    # transaction on its timeout: ABORT (pid, 1) lands on p0.
+    zombie.stalled_until_ms = sim.now_ms + 10**9
+    successor = s.CoordinatorNode(sim, 1, len(sim.coordinators) + 1)
+    sim.coordinators.append(successor)
+    sim.designated = successor
+    successor.work()
+    route["to"] = successor.name
+    sim.now_ms += 10_000
+    successor.tick()
+    sim.settle()
+    # p0's store forgets the idle producer: its transaction there is over.
+    sim.now_ms += s.PRODUCER_ID_EXPIRATION_MS + 1
+    sim.stores[0].expire_producers()
+
+    # The zombie wakes; before its overdue timer runs, p0's store asks it to
+    # verify the old instance's first batch there (epoch 0, sequence 0).
+    zombie.stalled_until_ms = -1
+    route["to"] = zombie.name
+    assert old.txn is not None
+    record_id = sim.ledger.new_record(old.txn, 0)
+    batch = encode_batch([(None, record_id, None, sim.now_ms)], producer_id=old.producer_id,
+                         producer_epoch=0, base_sequence=0, transactional=True)
+    sim.stores[0]._produce(old.name, s.ProduceRequest(-1, "tx0", 0, "[stale]", batch))
+    sim.settle()
+    zombie.tick()  # now it learns it is fenced — too late
+
+    # A new instance's transaction adds p0 and p1, writes p1, commits.
+    route["to"] = successor.name
+    new = sim._new_producer("tx0")
+    while new.status is not s.Status.READY:
+        new.act(finishing=False)
+        sim.settle()
+    new.act(finishing=False)  # begin
+    new._coordinator_call(lambda c: s.AddPartitionsRequest(
+        c, "tx0", new.producer_id, new.producer_epoch, (0, 1)), s.AddCtx((0, 1)))
+    sim.settle()
+    assert new.added == {0, 1} and new.txn is not None
+    record_id = sim.ledger.new_record(new.txn, 1)
+    data = encode_batch([(None, record_id, None, sim.now_ms)], producer_id=new.producer_id,
+                        producer_epoch=new.producer_epoch, base_sequence=0, transactional=True)
+    out = s.OutBatch(0, 1, 0, (record_id,), data, "[p1]")
+    new.batches[0] = out
+    new._send_batch(out, retry=False)
+    sim.settle()
+    assert out.acked
+    assert new._commit()  # flushes (nothing left), then:
+    assert new.act(finishing=True)  # EndTxn(commit)
+    sim.settle()
+    assert new.status is s.Status.READY  # committed
+    # Today: "p0@1: batch of pid 1001 epoch 0 committed by the marker of epoch 3".
+    sim.checker.check_step()
