@@ -13,8 +13,6 @@ reports Complete*, and the producer goes on with a new transaction.
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ import pytest
 from oncelog import Admin, Producer, TopicPartition
 from oncelog.testing import LocalCluster
 from tests.support.reading import read_all
+from tests.support.txn import EndInBackground, wait_txn_state
 
 TOPIC = "txn"
 PARTITIONS = 4
@@ -30,20 +29,6 @@ CRASH_POINTS = [
     "coordinator.after_some_markers",
     "coordinator.before_complete",
 ]
-
-
-def _wait_state(admin: Admin, transactional_id: str, state: str, deadline_s: float = 60) -> None:
-    give_up_at = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < give_up_at:
-        try:
-            last = admin.describe_transaction(transactional_id).state
-        except Exception as exc:  # noqa: BLE001 - the coordinator may be loading
-            last = repr(exc)
-        if last == state:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{transactional_id} is {last}, not {state}, after {deadline_s} s")
 
 
 @pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
@@ -65,26 +50,12 @@ def test_coordinator_crash_during_two_phase_commit(tmp_path: Path, crash_point: 
             for i in range(200):
                 producer.send(TOPIC, value=b"first-%d" % i, partition=i % PARTITIONS)
             producer.flush()
-            outcome: list[BaseException | None] = []
-
-            def end() -> None:
-                try:
-                    if commit:
-                        producer.commit_transaction()
-                    else:
-                        producer.abort_transaction()
-                    outcome.append(None)
-                except BaseException as exc:  # noqa: BLE001 - checked below
-                    outcome.append(exc)
-
-            ender = threading.Thread(target=end)
-            ender.start()
+            ender = EndInBackground(producer, commit=commit)
             assert cluster.wait_exit("coordinator", 0) != 0, "the crash point did not fire"
             cluster.restart("coordinator", 0, env={"ONCELOG_TEST_CRASH_POINTS": ""})
-            ender.join(120)
-            assert outcome == [None], f"ending the transaction failed: {outcome}"
+            ender.join()
             with Admin(bootstrap=cluster.bootstrap) as admin:
-                _wait_state(admin, tid, "CompleteCommit" if commit else "CompleteAbort")
+                wait_txn_state(admin, tid, "CompleteCommit" if commit else "CompleteAbort")
 
             committed = read_all(cluster.bootstrap, TOPIC, PARTITIONS,
                                  isolation_level="read_committed")
