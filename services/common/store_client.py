@@ -17,9 +17,9 @@ import grpc
 from oncelog import records
 from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
+from oncelog.v1 import errors_pb2, records_pb2
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
-from oncelog.v1 import records_pb2
 from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
@@ -44,6 +44,11 @@ class ReadResult:
     # Where the next read should start (past filtered and control batches).
     next_offset: int
     high_watermark: int
+
+
+def _service_error(error: errors_pb2.Error) -> ServiceError:
+    """The store's error (from a status or a per-partition result) as ours."""
+    return ServiceError(ErrorCode.from_wire(error.code), error.message)
 
 
 class StoreClient:
@@ -83,11 +88,10 @@ class StoreClient:
                 timeout=STORE_RPC_TIMEOUT_S,
             )
         except grpc.RpcError as exc:
-            err = error_from_rpc(exc)
-            raise ServiceError(ErrorCode.from_wire(err.code), err.message) from exc
+            raise _service_error(error_from_rpc(exc)) from exc
         result = resp.results[0]
         if result.error.code != 0:
-            raise ServiceError(ErrorCode.from_wire(result.error.code), result.error.message)
+            raise _service_error(result.error)
         return result.base_offset
 
     async def read(
@@ -105,11 +109,10 @@ class StoreClient:
         try:
             resp = await self._stub(topic, partition).Fetch(req, timeout=STORE_RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
-            err = error_from_rpc(exc)
-            raise ServiceError(ErrorCode.from_wire(err.code), err.message) from exc
+            raise _service_error(error_from_rpc(exc)) from exc
         result = resp.results[0]
         if result.error.code != 0:
-            raise ServiceError(ErrorCode.from_wire(result.error.code), result.error.message)
+            raise _service_error(result.error)
         entries = [
             LogEntry(r.offset, r.key, r.value, r.timestamp_ms)
             for batch in result.batches
@@ -137,10 +140,9 @@ class StoreClient:
         try:
             resp = await self._stub(topic, partition).ListOffsets(req, timeout=STORE_RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
-            err = error_from_rpc(exc)
-            raise ServiceError(ErrorCode.from_wire(err.code), err.message) from exc
+            raise _service_error(error_from_rpc(exc)) from exc
         result = resp.results[0]
         if result.error.code != 0:
-            raise ServiceError(ErrorCode.from_wire(result.error.code), result.error.message)
+            raise _service_error(result.error)
         return result.offset
 
