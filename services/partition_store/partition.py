@@ -577,7 +577,8 @@ class PartitionRuntime:
         for _key, value in self._store.scan(start_key, keys.log_key(tid, p, upper)):
             yield read_header(value), value
 
-    def read(self, offset: int, *, max_bytes: int, isolation: Isolation) -> FetchRead:
+    def read(self, offset: int, *, max_bytes: int, isolation: Isolation,
+             include_control: bool = False) -> FetchRead:
         """Whole batches from the one holding `offset`, up to the HW (the LSO
         under read_committed), without control batches and, under
         read_committed, without batches of aborted transactions
@@ -589,6 +590,7 @@ class PartitionRuntime:
         selection = select_batches(
             self._batches_from(offset, upper), fetch_offset=offset, upper_offset=upper,
             max_bytes=max_bytes, aborted=self.aborted if committed else None,
+            keep_control=include_control and not committed,
         )
         return FetchRead(
             selection.batches, selection.size_bytes, selection.next_fetch_offset,

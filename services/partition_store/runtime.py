@@ -990,6 +990,7 @@ class StoreRuntime:
         min_bytes: int = 0,
         max_bytes: int = 0,
         isolation: Isolation = Isolation.READ_UNCOMMITTED,
+        include_control: bool = False,
     ) -> list[FetchOutcome]:
         """Reads every item; when fewer than min_bytes are available, waits up
         to max_wait_ms for any of the partitions' HW (LSO under
@@ -1003,7 +1004,9 @@ class StoreRuntime:
         deadline = loop.time() + wait_s
         budget = max_bytes or limits.DEFAULT_FETCH_MAX_BYTES
         while True:
-            outcomes, size, parts, failed = self._fetch_once(items, budget, isolation)
+            outcomes, size, parts, failed = self._fetch_once(
+                items, budget, isolation, include_control
+            )
             remaining_s = deadline - loop.time()
             if size >= min_bytes or failed or remaining_s <= 0 or self._closing:
                 return outcomes
@@ -1019,7 +1022,8 @@ class StoreRuntime:
                     part.remove_waiter(waiter)
 
     def _fetch_once(
-        self, items: Sequence[FetchItem], budget_bytes: int, isolation: Isolation
+        self, items: Sequence[FetchItem], budget_bytes: int, isolation: Isolation,
+        include_control: bool = False,
     ) -> tuple[list[FetchOutcome], int, list[PartitionRuntime], bool]:
         outcomes = []
         parts = []
@@ -1031,7 +1035,8 @@ class StoreRuntime:
                 parts.append(part)
                 limit = min(item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
                             budget_bytes - total)
-                read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation)
+                read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation,
+                                 include_control=include_control)
             except ServiceError as exc:
                 failed = True
                 outcomes.append(FetchOutcome(

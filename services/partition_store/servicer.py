@@ -196,11 +196,18 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                         "it must be >= 0",
                     )
             _check_unique(((p.topic, p.partition) for p in request.partitions), "FetchRequest")
+            if (request.include_control_batches
+                    and request.isolation_level == records_pb2.READ_COMMITTED):
+                raise _bad_request(
+                    "include_control_batches needs isolation_level READ_UNCOMMITTED "
+                    "(read_committed readers never see markers)"
+                )
             outcomes = await self._runtime.fetch(
                 [FetchItem(p.topic, p.partition, p.fetch_offset, p.max_bytes)
                  for p in request.partitions],
                 max_wait_ms=request.max_wait_ms, min_bytes=request.min_bytes,
                 max_bytes=request.max_bytes, isolation=_isolation(request.isolation_level),
+                include_control=request.include_control_batches,
             )
         except ServiceError as exc:
             await abort_with(context, exc)

@@ -170,6 +170,16 @@ def test_interleaved_abort_and_commit() -> None:
     assert _select(log, 11, committed=True) == ([], 11)
 
 
+def test_internal_readers_can_ask_for_markers_under_read_uncommitted() -> None:
+    log = _interleaved()
+    selection = select_batches(
+        log.stored_from(0), fetch_offset=0, upper_offset=log.end, max_bytes=1 << 20,
+        aborted=None, keep_control=True,
+    )
+    assert selection.batches == list(range(11))
+    assert selection.next_fetch_offset == 11
+
+
 def test_open_transaction_holds_the_lso_and_hides_later_committed_records() -> None:
     log = Log()
     log.data(1, txn=True)               # 0  open

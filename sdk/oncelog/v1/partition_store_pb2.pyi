@@ -559,12 +559,19 @@ class FetchRequest(_message.Message):
     MIN_BYTES_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     ISOLATION_LEVEL_FIELD_NUMBER: _builtins.int
+    INCLUDE_CONTROL_BATCHES_FIELD_NUMBER: _builtins.int
     max_wait_ms: _builtins.int
     """Wait up to this long for min_bytes to become available."""
     min_bytes: _builtins.int
     max_bytes: _builtins.int
     """Soft limit over all partitions."""
     isolation_level: _records_pb2.IsolationLevel.ValueType
+    include_control_batches: _builtins.bool
+    """Return control batches (COMMIT/ABORT markers) too. For internal readers
+    that follow transaction outcomes themselves (the group coordinator reads
+    its __consumer_offsets partitions this way); only allowed with
+    READ_UNCOMMITTED.
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartition]: ...
     def __init__(
@@ -575,10 +582,11 @@ class FetchRequest(_message.Message):
         min_bytes: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
         isolation_level: _records_pb2.IsolationLevel.ValueType = ...,
+        include_control_batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["isolation_level", b"isolation_level", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_control_batches", b"include_control_batches", "isolation_level", b"isolation_level", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -610,8 +618,9 @@ class PartitionFetchResult(_message.Message):
     @_builtins.property
     def batches(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Whole encoded batches in offset order. The first one may start before
-        fetch_offset; clients skip records below it. Control batches and, under
-        READ_COMMITTED, batches of aborted or still-open transactions are left out.
+        fetch_offset; clients skip records below it. Control batches (unless
+        include_control_batches) and, under READ_COMMITTED, batches of aborted or
+        still-open transactions are left out.
         """
 
     def __init__(

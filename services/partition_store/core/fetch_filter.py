@@ -5,7 +5,8 @@ any language needs no bookkeeping (DESIGN.md §1, §3):
 
 * only batches below the upper bound: the LSO under read_committed, the HW
   under read_uncommitted (the caller passes it);
-* never control batches (markers);
+* never control batches (markers), unless the caller asks for them (internal
+  readers under read_uncommitted that follow transaction outcomes);
 * under read_committed, never batches of aborted transactions: a
   transactional batch of producer P at offset o is dropped iff the aborted
   index has an entry for P with first_offset <= o <= last_offset. Batches are
@@ -54,6 +55,7 @@ def select_batches(
     upper_offset: int,
     max_bytes: int,
     aborted: AbortedIndex | None,
+    keep_control: bool = False,
 ) -> FetchSelection[T]:
     """`stored` are the batches from the one holding fetch_offset on, in
     offset order; it is read lazily and only as far as the scan goes.
@@ -86,7 +88,7 @@ def select_batches(
     batches: list[T] = []
     size_bytes = 0
     for header, payload in scanned:
-        if header.is_control or (
+        if (header.is_control and not keep_control) or (
             overlapping
             and header.is_transactional
             and header.producer_id in overlapping
