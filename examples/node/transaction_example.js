@@ -10,9 +10,9 @@
 //      `duplicate` with its original offset), EndTxn(commit);
 //   3. transaction 2: one batch, EndTxn(abort);
 //   4. transaction 3: one batch, EndTxn(commit);
-//   5. a READ_COMMITTED Fetch from --from-offset until past the last
-//      committed record: it must return exactly the committed records and
-//      none of the aborted ones.
+//   5. a READ_COMMITTED Fetch from --from-offset (default: the first offset
+//      this run wrote) until past the last committed record: it must return
+//      exactly the committed records and none of the aborted ones.
 //
 // Prints one JSON report on stdout; exits 1 (with the reason on stderr) if
 // anything failed or the read-back differs from what was committed.
@@ -31,7 +31,7 @@ const USAGE = 'usage: node transaction_example.js --bootstrap HOST:PORT --topic 
 
 function parseArgs(argv) {
   const options = {
-    partition: 0, transactionalId: `node-example-${process.pid}`, fromOffset: 0,
+    partition: 0, transactionalId: `node-example-${process.pid}`, fromOffset: undefined,
     timeoutMs: 60000, transactionTimeoutMs: 60000, protoDir: undefined,
   };
   const names = {
@@ -132,15 +132,17 @@ async function run(options) {
     await transaction('txn-2', [makeRecords('txn-2', 2)], false);
     await transaction('txn-3', [makeRecords('txn-3', 1)], true);
 
+    const fromOffset = options.fromOffset ?? report.transactions[0].batches[0].base_offset;
     const committed = report.transactions.filter((t) => t.outcome === 'commit')
       .flatMap((t) => t.batches.flatMap((b) => b.records))
-      .filter((r) => r.offset >= options.fromOffset);
+      .filter((r) => r.offset >= fromOffset);
     const aborted = report.transactions.filter((t) => t.outcome === 'abort')
       .flatMap((t) => t.batches.flatMap((b) => b.records));
     const lastCommitted = Math.max(...committed.map((r) => r.offset));
-    const read = await readUntil(client, topic, partition, options.fromOffset, lastCommitted, {
+    const read = await readUntil(client, topic, partition, fromOffset, lastCommitted, {
       isolationLevel: 'READ_COMMITTED', timeoutMs: options.timeoutMs,
     });
+    report.read_from_offset = fromOffset;
     report.read_committed = read.records.map(recordJson);
     report.next_fetch_offset = read.nextFetchOffset;
     report.retries = { ...client.retries };

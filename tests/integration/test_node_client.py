@@ -228,7 +228,9 @@ def test_node_transactions_are_read_back_exactly(cluster: LocalCluster, topic_na
 
         proc = run_node("transaction_example.js", "--bootstrap", cluster.bootstrap,
                         "--topic", topic_name, "--partition", str(PARTITION),
-                        "--transactional-id", transactional_id, "--timeout-ms", "60000")
+                        "--transactional-id", transactional_id, "--timeout-ms", "60000",
+                        # From the start: past the zombie's aborted records.
+                        "--from-offset", "0")
         report = json.loads(proc.stdout)
 
         late = zombie.send(topic_name, value=b"zombie-late", partition=PARTITION)

@@ -41,14 +41,43 @@ class TransactionalProducer {
     this.sequences = new Map();
     // Set once the producer is fenced (or lost data): every later call throws it.
     this.fatalError = null;
+    // Set when a batch or an AddPartitionsToTxn of the open transaction failed
+    // for good: the transaction can only be aborted.
+    this.abortableError = null;
   }
 
   _checkUsable() {
     if (this.fatalError) throw this.fatalError;
   }
 
+  _checkCanCommit() {
+    this._checkUsable();
+    if (this.abortableError) {
+      throw new OncelogError('TRANSACTION_ABORTABLE',
+        `the transaction of ${this.transactionalId} failed ` +
+        `(${this.abortableError.message}); abort it with abortTransaction()`, false);
+    }
+  }
+
   _failIfFatal(exc) {
     if (exc instanceof OncelogError && exc.fatal) this.fatalError = exc;
+    return exc;
+  }
+
+  /** A failure inside the open transaction: fatal, or it breaks the transaction. */
+  _failTransaction(exc) {
+    this._failIfFatal(exc);
+    if (!this.fatalError) this.abortableError = exc;
+    return exc;
+  }
+
+  /**
+   * A failure of InitProducerId or EndTxn: running out of time leaves the
+   * state as it is (call again: the same request is sent); anything else is
+   * fatal, as in Kafka's producer.
+   */
+  _failUnlessTimedOut(exc) {
+    if (!(exc instanceof OncelogError && exc.retriable)) this.fatalError = exc;
     return exc;
   }
 
@@ -108,12 +137,17 @@ class TransactionalProducer {
    */
   async initTransactions() {
     this._checkUsable();
-    const response = await this._coordinatorCall('InitProducerId', {
-      transactional_id: this.transactionalId,
-      transaction_timeout_ms: this.transactionTimeoutMs,
-      producer_id: '-1',
-      producer_epoch: -1,
-    });
+    let response;
+    try {
+      response = await this._coordinatorCall('InitProducerId', {
+        transactional_id: this.transactionalId,
+        transaction_timeout_ms: this.transactionTimeoutMs,
+        producer_id: '-1',
+        producer_epoch: -1,
+      });
+    } catch (exc) {
+      throw this._failUnlessTimedOut(exc);
+    }
     this._setIdentity(response.producer_id, response.producer_epoch);
   }
 
@@ -130,6 +164,7 @@ class TransactionalProducer {
     if (this.inTransaction) throw new Error('a transaction is already open');
     this.inTransaction = true;
     this.added.clear();
+    this.abortableError = null;
   }
 
   /** AddPartitionsToTxn for partitions not yet in the transaction (one request for all). */
@@ -159,9 +194,8 @@ class TransactionalProducer {
    * batch}: `batch` is the exact bytes sent, so a caller may re-send them.
    */
   async send(topic, partition, records) {
-    this._checkUsable();
     if (!this.inTransaction) throw new Error('call beginTransaction() first');
-    await this._addPartitions([[topic, partition]]);
+    this._checkCanCommit();
     const key = partitionKey(topic, partition);
     const baseSequence = this.sequences.get(key) ?? 0;
     const batch = encodeBatch(records, {
@@ -170,9 +204,17 @@ class TransactionalProducer {
       baseSequence,
       transactional: true,
     });
-    const result = await this.produceBatch(topic, partition, batch);
-    this.sequences.set(key, nextSequence(baseSequence, records.length));
-    return { ...result, baseSequence, batch };
+    try {
+      await this._addPartitions([[topic, partition]]);
+      // The sequence is taken before the first attempt: a batch whose
+      // outcome stays unknown may be in the log, and its sequence range must
+      // never carry other records (the store would answer them `duplicate`).
+      this.sequences.set(key, nextSequence(baseSequence, records.length));
+      const result = await this.produceBatch(topic, partition, batch);
+      return { ...result, baseSequence, batch };
+    } catch (exc) {
+      throw this._failTransaction(exc);
+    }
   }
 
   /**
@@ -221,21 +263,28 @@ class TransactionalProducer {
    * transaction uses.
    */
   async endTransaction(commit) {
-    this._checkUsable();
     if (!this.inTransaction) throw new Error('no transaction is open');
+    if (commit) this._checkCanCommit();
+    else this._checkUsable();
     if (this.added.size > 0) {
-      const response = await this._coordinatorCall('EndTxn', {
-        transactional_id: this.transactionalId,
-        producer_id: this.producerId.toString(),
-        producer_epoch: this.producerEpoch,
-        commit,
-      });
+      let response;
+      try {
+        response = await this._coordinatorCall('EndTxn', {
+          transactional_id: this.transactionalId,
+          producer_id: this.producerId.toString(),
+          producer_epoch: this.producerEpoch,
+          commit,
+        });
+      } catch (exc) {
+        throw this._failUnlessTimedOut(exc);
+      }
       this._setIdentity(response.producer_id, response.producer_epoch);
     }
     // With no partition added the coordinator knows of no transaction:
     // there is nothing to end, and the epoch stays.
     this.inTransaction = false;
     this.added.clear();
+    this.abortableError = null;
     return this.producerEpoch;
   }
 
