@@ -12,6 +12,8 @@ read_committed Fetch exactly the records it committed. Python then checks on
 its own (oncelog.Consumer, read_committed and read_uncommitted, and the raw
 batch headers) that exactly those records are visible, at the offsets Node
 reported, and that the aborted ones were written but are never returned.
+Errors: Node reads a request-level error from the gRPC status details, and
+a batch refused in its partition result makes it abort the transaction.
 
 Method: the Node programs run as subprocesses (node and the packages from
 examples/node/package-lock.json are installed by scripts/setup.sh, so this
@@ -306,3 +308,24 @@ def test_node_client_reads_the_error_from_the_status_details(cluster: LocalClust
     assert proc.returncode == 1
     assert ("INVALID_TRANSACTION_TIMEOUT: transaction timeout 0 ms is outside 1..900000 ms"
             in proc.stderr)
+
+
+def test_node_client_aborts_a_transaction_whose_batch_is_refused(cluster: LocalCluster,
+                                                                 topic_name: str) -> None:
+    # The store refuses the first batch in its partition result
+    # (MESSAGE_TOO_LARGE, not retriable): the transaction cannot commit, so
+    # Node aborts it before exiting, and names the error.
+    transactional_id = f"node-{topic_name}"
+    with Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, config={"max.message.bytes": "100"})
+    proc = run_node("transaction_example.js", "--bootstrap", cluster.bootstrap,
+                    "--topic", topic_name, "--transactional-id", transactional_id, check=False)
+    assert proc.returncode == 1
+    assert "MESSAGE_TOO_LARGE" in proc.stderr
+    assert "over the topic's max.message.bytes of 100" in proc.stderr
+    with Admin(bootstrap=cluster.bootstrap) as admin:
+        txn = admin.describe_transaction(transactional_id)
+    # EndTxn(abort) went through: the abort is decided (its marker may still
+    # be on its way) and the epoch moved from the new id's 0 to 1.
+    assert txn.state in ("PrepareAbort", "CompleteAbort")
+    assert txn.producer_epoch == 1
