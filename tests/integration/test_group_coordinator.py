@@ -354,3 +354,31 @@ def test_markers_are_only_for_read_uncommitted_readers(cluster: LocalCluster) ->
             partitions=[ps.FetchPartition(topic="__consumer_offsets", partition=0)],
             isolation_level=records_pb2.READ_COMMITTED, include_control_batches=True,
         ))) is ErrorCode.INVALID_REQUEST
+
+
+def test_offsets_of_deleted_topics_and_expired_empty_groups_are_removed(
+    tmp_path: Path,
+) -> None:
+    with LocalCluster(tmp_path / "cluster", consumer_offsets_partitions=1, extra_args={
+        "group_coordinator": ["--retention-check-interval-ms", "200",
+                              "--offsets-retention-ms", "3000"],
+    }) as cluster, grpc.insecure_channel(cluster.address("group_coordinator")) as channel:
+        stub = gpb_grpc.GroupCoordinatorStub(channel)
+        with Admin(bootstrap=cluster.bootstrap) as admin:
+            admin.create_topic("kept", partitions=1)
+            admin.create_topic("doomed", partitions=1)
+            retrying(lambda: commit(stub, "g", {("kept", 0): 1, ("doomed", 0): 2}))
+            admin.delete_topic("doomed")
+        deadline = time.monotonic() + 20
+        while fetch(stub, "g") != {("kept", 0): 1}:
+            assert time.monotonic() < deadline, fetch(stub, "g")
+            time.sleep(0.1)
+        # No member and no commit for --offsets-retention-ms: the group goes.
+        while ("g", "Empty") in _listed(stub):
+            assert time.monotonic() < deadline + 10, _listed(stub)
+            time.sleep(0.2)
+        assert fetch(stub, "g") == {}
+
+
+def _listed(stub: gpb_grpc.GroupCoordinatorStub) -> set[tuple[str, str]]:
+    return {(g.group_id, g.state) for g in stub.ListGroups(gpb.ListGroupsRequest()).groups}
