@@ -139,6 +139,8 @@ def test_the_image_defaults_match_the_chart() -> None:
     # The root filesystem is read-only: bytecode is compiled at build time
     # and never written at run time.
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    # Only installed code is importable, whatever the working directory holds.
+    assert env["PYTHONSAFEPATH"] == "1"
 
 
 def test_the_build_context_holds_what_the_builder_copies() -> None:
