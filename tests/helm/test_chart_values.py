@@ -50,8 +50,9 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "volume size": ({"partitionStore": {"persistence": {"size": "ten gigs"}}},
                     "/partitionStore/persistence/size"),
     "log level": ({"logging": {"level": "verbose"}}, "/logging/level"),
-    "group coordinator flag name": ({"groupCoordinator": {"config": {"Bad_Flag": 1}}},
-                                    "Bad_Flag"),
+    "unknown group coordinator flag": (
+        {"groupCoordinator": {"config": {"session-timeout": 1}}}, "session-timeout",
+    ),
 }
 
 

@@ -77,6 +77,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                     {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
             "updateStrategy": {"type": "OnDelete"},
             "podManagementPolicy": "OrderedReady",
+            "config": {"offsets-retention-ms": 604_800_000},
         },
         **METRICS_ON,
     },
