@@ -237,7 +237,7 @@ class GroupCoordinatorRuntime:
             owned.state.replay(BatchView(
                 base_offset=header.base_offset, next_offset=header.next_offset,
                 producer_id=header.producer_id, producer_epoch=header.producer_epoch,
-                base_sequence=header.base_sequence, is_transactional=header.is_transactional,
+                last_sequence=header.last_sequence, is_transactional=header.is_transactional,
                 is_control=header.is_control, records=rows, control_type=control_type,
             ))
             owned.log_end_offset = header.next_offset
@@ -261,7 +261,8 @@ class GroupCoordinatorRuntime:
             base_offset=base_offset, next_offset=base_offset + len(entries),
             producer_id=producer.producer_id if producer else records.NO_PRODUCER_ID,
             producer_epoch=producer.producer_epoch if producer else records.NO_PRODUCER_EPOCH,
-            base_sequence=producer.base_sequence if producer else records.NO_SEQUENCE,
+            last_sequence=(records.next_sequence(producer.base_sequence, len(entries) - 1)
+                           if producer else records.NO_SEQUENCE),
             is_transactional=producer is not None, is_control=False,
             records=[(base_offset + i, k, v) for i, (k, v) in enumerate(entries)],
         ))

@@ -189,7 +189,8 @@ def data(state: OffsetsPartitionState, base: int, entries: list[tuple[bytes, byt
     pid, epoch, seq = producer or (-1, -1, -1)
     state.replay(BatchView(
         base_offset=base, next_offset=base + len(entries), producer_id=pid, producer_epoch=epoch,
-        base_sequence=seq, is_transactional=producer is not None, is_control=False,
+        last_sequence=seq + len(entries) - 1 if producer else -1,
+        is_transactional=producer is not None, is_control=False,
         records=[(base + i, k, v) for i, (k, v) in enumerate(entries)],
     ))
     return base + len(entries)
@@ -197,7 +198,7 @@ def data(state: OffsetsPartitionState, base: int, entries: list[tuple[bytes, byt
 
 def marker(state: OffsetsPartitionState, base: int, pid: int, epoch: int, kind: int) -> int:
     state.replay(BatchView(base_offset=base, next_offset=base + 1, producer_id=pid,
-                           producer_epoch=epoch, base_sequence=-1, is_transactional=True,
+                           producer_epoch=epoch, last_sequence=-1, is_transactional=True,
                            is_control=True, control_type=kind))
     return base + 1
 

@@ -97,7 +97,9 @@ class BatchView:
     next_offset: int
     producer_id: int
     producer_epoch: int
-    base_sequence: int
+    # From the header (base sequence + last offset delta): compaction may
+    # empty a batch but keeps its header, so not derived from the records.
+    last_sequence: int
     is_transactional: bool
     is_control: bool
     # (offset, key, value) per record; for a control batch its marker type.
@@ -141,9 +143,8 @@ class OffsetsPartitionState:
             self._replay_marker(batch)
             return
         if batch.producer_id >= 0 and batch.is_transactional:
-            count = len(batch.records)
             self.producers[batch.producer_id] = ProducerWrites(
-                batch.producer_epoch, next_sequence(batch.base_sequence, count)
+                batch.producer_epoch, next_sequence(batch.last_sequence)
             )
             pending = self.pending.setdefault(batch.producer_id, {})
             for offset, key, value in batch.records:
