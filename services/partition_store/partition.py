@@ -497,7 +497,7 @@ class PartitionRuntime:
         group = WriteGroup()
         tid, p = self.topic.topic_id, self.partition
         self.last_batch_base_offset = header.base_offset
-        if self.log.replay_append(header):
+        if self.log.replay_append(header, recovering=recovering):
             group.put(
                 keys.time_index_key(tid, p, header.max_timestamp_ms),
                 encode_offset(header.base_offset),

@@ -248,6 +248,70 @@ def test_pass_keeps_newest_per_key_at_original_offsets_and_survives_restart(
     run(body)
 
 
+def _corrupt_every_snapshot(path: Path, topic_id: int) -> int:
+    store = RocksStore(path)
+    try:
+        prefix = keys.partition_prefix(keys.SNAPSHOT, topic_id, 0)
+        group = WriteGroup()
+        for key, value in store.scan(prefix, keys.next_prefix(prefix)):
+            group.put(key, value[:-1] + bytes([value[-1] ^ 0x5A]))
+        store.write(group)
+        return len(group)
+    finally:
+        store.close()
+
+
+def test_recovery_past_the_snapshots_replays_the_compacted_log(tmp_path: Path) -> None:
+    """With every snapshot damaged, recovery replays the compacted log from
+    its start, across the gaps; producer state comes from the batches that
+    compaction kept for it (each active producer's last batch, emptied)."""
+    path = tmp_path / "db"
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await _open(path, clock)
+        await create(rt)
+        quiet, busy = Writer(pid=6, epoch=2), Writer(pid=5)
+        await send_ok(rt, quiet, (b"k", b"quiet-1"))
+        quiet_last = await send_ok(rt, quiet, (b"k", b"quiet-2"))
+        for i in range(20):
+            await send_ok(rt, busy, (b"k", b"busy-%d" % i))
+        [report] = await rt.run_compaction_once()
+        part = rt.partition(TOPIC, 0)
+        kept = stored(part)
+        # The quiet producer's records are all superseded: its first batch
+        # went, its last one stays as a header without records.
+        assert 0 not in kept and quiet_last in kept
+        assert read_header(kept[quiet_last]).record_count == 0
+        assert report.batches_rewritten == 1
+        entries = part.producers.entries()
+        records = await read(rt)
+        topic_id = part.topic.topic_id
+        await rt.close()
+        assert _corrupt_every_snapshot(path, topic_id) >= 1
+
+        rt = await _open(path, clock)
+        part = rt.partition(TOPIC, 0)
+        assert part.recovery_snapshot_offset is None
+        assert part.recovery_replayed_batches == len(kept)
+        assert await read(rt) == records
+        recovered = {e.producer_id: e for e in part.producers.entries()}
+        for entry in entries:
+            assert (recovered[entry.producer_id].producer_epoch,
+                    recovered[entry.producer_id].last_sequence) == (
+                entry.producer_epoch, entry.last_sequence)
+        # Both producers go on: a retry of the quiet one's last batch is a
+        # duplicate at its offset, and its next sequence is accepted.
+        quiet.seq -= 1
+        retry = await send(rt, quiet.batch((b"k", b"quiet-2")))
+        assert retry.error is None and retry.duplicate and retry.base_offset == quiet_last
+        assert (await send(rt, quiet.batch((b"k", b"quiet-3")))).error is None
+        assert (await send(rt, busy.batch((b"k", b"busy-20")))).error is None
+        await rt.close()
+
+    run(body)
+
+
 def test_tombstones_go_after_delete_retention_from_their_first_cleaning(tmp_path: Path) -> None:
     clock = Clock()
 

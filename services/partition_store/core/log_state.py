@@ -53,12 +53,14 @@ class LogState:
             first_unstable_offset=self.first_unstable_offset,
         )
 
-    def replay_append(self, header: BatchHeader) -> bool:
+    def replay_append(self, header: BatchHeader, *, recovering: bool = False) -> bool:
         """Moves the LEO past a batch appended at header.base_offset. Returns
         True when the batch raised the running max timestamp (a time-index
-        entry is due for it)."""
+        entry is due for it). Recovery may find a gap before a batch
+        (compaction dropped the batches in between); a live append never."""
         invariant(
-            header.base_offset == self.log_end_offset,
+            header.base_offset == self.log_end_offset
+            or (recovering and header.base_offset > self.log_end_offset),
             lambda: f"{self.topic_partition}: batch at offset {header.base_offset} "
             f"appended at log end offset {self.log_end_offset}",
         )
