@@ -766,8 +766,8 @@ class PartitionRuntime:
         return plan_retention(
             self._stored_batches(),
             now_ms=now_ms,
-            retention_ms=config.retention_ms if config.deletes else -1,
-            retention_bytes=config.retention_bytes if config.deletes else -1,
+            retention_ms=config.retention_ms if self.topic.deletes else -1,
+            retention_bytes=config.retention_bytes if self.topic.deletes else -1,
             log_start_offset=self.log.log_start_offset,
             log_end_offset=self.log.log_end_offset,
             high_watermark=self.log.high_watermark,

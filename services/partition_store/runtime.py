@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oncelog.errors import ErrorCode
+from oncelog.records import BatchFormatError
 from services.common import limits
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
@@ -1188,12 +1189,22 @@ class StoreRuntime:
                     # them. A snapshot at the log end goes first.
                     self._snapshot_at_log_end(part, now_ms)
                     newest_snapshot = part.log.log_end_offset
-                report = await compact_partition(
-                    part, submit=self._writer.submit, now_ms=now_ms,
-                    end_offset=min(end_offset, newest_snapshot),
-                    max_keys=self.config.compaction_max_keys_per_pass,
-                    chunk_bytes=self.config.compaction_chunk_bytes,
-                )
+                try:
+                    report = await compact_partition(
+                        part, submit=self._writer.submit, now_ms=now_ms,
+                        end_offset=min(end_offset, newest_snapshot),
+                        max_keys=self.config.compaction_max_keys_per_pass,
+                        chunk_bytes=self.config.compaction_chunk_bytes,
+                    )
+                except BatchFormatError as exc:
+                    # A stored batch whose records do not decode (its CRC
+                    # held, so written so by a broken client or an old
+                    # version): this partition is not compacted until an
+                    # operator looks; the others, snapshots and retention
+                    # go on. Chunks already written are consistent.
+                    log.error("%s: compaction stopped at a damaged batch: %s",
+                              part.topic_partition, exc)
+                    continue
                 if report is not None:
                     reports.append(report)
                     crash_point("store.compaction_after_pass")

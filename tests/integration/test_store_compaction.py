@@ -28,12 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from oncelog.errors import ErrorCode
-from oncelog.records import MARKER_ABORT, MARKER_COMMIT, encode_batch, iter_records, read_header
+from oncelog.records import (
+    CRC_START,
+    HEADER_SIZE_BYTES,
+    MARKER_ABORT,
+    MARKER_COMMIT,
+    crc32c,
+    encode_batch,
+    iter_records,
+    read_header,
+)
 from services.common.cluster import ClusterLayout
 from services.partition_store.cleaner import compact_partition
 from services.partition_store.core.topics import decode_topic_record
@@ -429,6 +439,47 @@ def test_compacted_topic_refuses_records_without_a_key(tmp_path: Path) -> None:
         assert out.error is not None and out.error.code is ErrorCode.INVALID_RECORD
         assert "without a key" in out.error.message
         assert rt.partition(TOPIC, 0).log.log_end_offset == 0
+        await rt.close()
+
+    run(body)
+
+
+def test_a_damaged_batch_stops_only_its_partition(tmp_path: Path) -> None:
+    """A stored batch whose CRC holds but whose records do not decode (a
+    broken writer): compaction of that partition stops with an error in the
+    log; other partitions are still compacted, and the store keeps serving."""
+    path = tmp_path / "db"
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await _open(path, clock)
+        await create(rt)
+        [other] = await rt.create_topics(
+            [TopicSpec("other", 1, {"cleanup.policy": "compact"})], validate_only=False)
+        assert other.error is None
+        for i in range(4):
+            await send_ok(rt, Writer(), (b"k", b"v%d" % i))
+            [out] = await rt.produce([ProduceItem("other", 0, Writer().batch((b"k", b"v")))])
+            assert out.error is None
+        topic_id = rt.partition(TOPIC, 0).topic.topic_id
+        await rt.close()
+        store = RocksStore(path)
+        try:
+            key = keys.log_key(topic_id, 0, 1)
+            raw = bytearray(store.get(key) or b"")
+            struct.pack_into(">i", raw, HEADER_SIZE_BYTES, 1 << 20)   # record length
+            struct.pack_into(">I", raw, 13, crc32c(bytes(raw[CRC_START:])))
+            group = WriteGroup()
+            group.put(key, bytes(raw))
+            store.write(group)
+        finally:
+            store.close()
+
+        rt = await _open(path, clock)
+        reports = await rt.run_compaction_once()
+        assert [r.topic_partition for r in reports] == ["other-0"]
+        assert rt.partition("other", 0).log.size_bytes < rt.partition(TOPIC, 0).log.size_bytes
+        assert (await send(rt, Writer().batch((b"k", b"after")))).error is None
         await rt.close()
 
     run(body)

@@ -115,9 +115,9 @@ def test_compaction_config_and_internal_topics_always_compacted() -> None:
     # An internal topic whose catalog entry says "delete" is compacted anyway.
     legacy = TopicRecord.build(name="__transaction_state", topic_id=2, partitions=8,
                                overrides={"cleanup.policy": "delete"}, internal=True)
-    assert legacy.compacted
+    assert legacy.compacted and not legacy.deletes
     user = TopicRecord.build(name="t", topic_id=3, partitions=1, overrides={}, internal=False)
-    assert not user.compacted
+    assert not user.compacted and user.deletes
 
 
 def test_compacted_topics_refuse_records_without_a_key() -> None:

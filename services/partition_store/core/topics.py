@@ -14,8 +14,9 @@ Configuration keys (anything else is INVALID_CONFIG naming the key):
                      "delete": time/size retention; "compact": the log cleaner
                      keeps the newest record per key (core/compaction.py) and
                      nothing is deleted by time or size; both: both.
-                     Internal topics are always compacted, whatever their
-                     catalog entry says (see TopicRecord.compacted).
+                     Internal topics are always compacted and never deleted
+                     by time or size, whatever their catalog entry says (see
+                     TopicRecord.compacted and .deletes).
   delete.retention.ms  how long a tombstone (or a transaction marker) stays
                      after it first entered the cleaned part of a compacted
                      log, >= 0; default 1 day (Kafka's)
@@ -135,6 +136,13 @@ class TopicRecord:
         internal topics were created under another policy must not grow
         forever because of it."""
         return self.internal or self.config.compacts
+
+    @property
+    def deletes(self) -> bool:
+        """Whether retention deletes old batches by time and size. Never for
+        an internal topic, whatever its catalog entry says: the
+        coordinators' state must not age out (compaction bounds it)."""
+        return self.config.deletes and not self.internal
 
     def topic_partition(self, partition: int) -> str:
         return f"{self.name}-{partition}"
