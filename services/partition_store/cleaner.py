@@ -11,8 +11,9 @@ compaction (runtime.py), and a deleted topic is noticed (`closed`) before
 each write.
 
 Writes: the rewritten and deleted batches go out in chunks of about
-`chunk_bytes`, each one RocksDB WriteBatch (with the partition meta; the
-last chunk also with the new compaction state), so a `kill -9` leaves
+`chunk_bytes`, each one RocksDB WriteBatch with the partition meta and the
+compaction state (whose clean offset moves only with the last chunk), so a
+`kill -9` leaves
 every batch either as it was or as rewritten, never torn. Chunks are
 written in offset order (a dropped marker always after its transaction's
 records), so a crash between two chunks leaves a log that a later pass
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oncelog.records import control_marker, iter_record_keys, retain_records
 from services.common.crashpoints import crash_point
@@ -100,6 +101,12 @@ class _ChunkWriter:
         self._part = part
         self._submit = submit
         self._chunk_bytes = chunk_bytes
+        # The cleaning state when the pass began, and the bytes removed so far
+        # below its clean offset: every chunk writes the state with its clean
+        # bytes lowered by them, so after a crash between chunks the dirty
+        # ratio is still exact and the next pass comes when it should.
+        self._start_state = part.compaction
+        self._removed_below_clean = 0
         self._group = WriteGroup()
         self._group_bytes = 0
         self._removed_bytes = 0
@@ -119,6 +126,7 @@ class _ChunkWriter:
         if decision.action is BatchAction.KEEP:
             self.clean_bytes += old_size
             return
+        below_clean = header.base_offset < self._start_state.clean_offset
         if decision.action is BatchAction.REWRITE:
             if value is None:
                 raise InvariantViolation(f"{part.topic_partition}: the batch at "
@@ -127,12 +135,16 @@ class _ChunkWriter:
             self._group.put(key, new)
             self._group_bytes += len(new) + _OP_OVERHEAD_BYTES
             self._removed_bytes += old_size - len(new)
+            if below_clean:
+                self._removed_below_clean += old_size - len(new)
             self.clean_bytes += len(new)
             self.rewritten += 1
             return
         self._group.delete(key)
         self._group_bytes += _OP_OVERHEAD_BYTES
         self._removed_bytes += old_size
+        if below_clean:
+            self._removed_below_clean += old_size
         self.dropped += 1
         if decision.drops_aborted_txn:
             self._group.delete(keys.aborted_txn_key(
@@ -154,7 +166,11 @@ class _ChunkWriter:
         group, self._group, self._group_bytes = self._group, WriteGroup(), 0
         removed, self._removed_bytes = self._removed_bytes, 0
         removed_aborted, self._removed_aborted = self._removed_aborted, []
-        part.apply_compaction_chunk(group, removed_bytes=removed, finished=finished)
+        state = finished or replace(
+            self._start_state,
+            clean_bytes=max(0, self._start_state.clean_bytes - self._removed_below_clean),
+        )
+        part.apply_compaction_chunk(group, removed_bytes=removed, state=state)
 
         def on_durable() -> None:
             part.on_compaction_durable(removed_aborted)

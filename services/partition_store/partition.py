@@ -845,20 +845,18 @@ class PartitionRuntime:
         return self._store.get(keys.log_key(self.topic.topic_id, self.partition, base_offset))
 
     def apply_compaction_chunk(
-        self, group: WriteGroup, *, removed_bytes: int, finished: CompactionState | None,
+        self, group: WriteGroup, *, removed_bytes: int, state: CompactionState,
     ) -> None:
         """Applies one chunk of a compaction pass to memory when it is queued
-        (the stored size now, as appends do, so the partition meta written by
-        later appends counts it; with the last chunk, the cleaning progress)
-        and adds the partition meta (and `K`) to its writes. What readers use
-        (the aborted index) changes only when the chunk is durable:
-        on_compaction_durable."""
+        (the stored size and the cleaning state now, as appends do, so the
+        partition meta written by later appends counts it) and adds the
+        partition meta and `K` to its writes. What readers use (the aborted
+        index) changes only when the chunk is durable: on_compaction_durable."""
         tid, p = self.topic.topic_id, self.partition
         self.log.replay_compaction(removed_bytes)
+        self.compaction = state
         group.put(keys.meta_key(tid, p), self._meta_value())
-        if finished is not None:
-            self.compaction = finished
-            group.put(keys.compaction_key(tid, p), encode_compaction_state(finished))
+        group.put(keys.compaction_key(tid, p), encode_compaction_state(state))
 
     def on_compaction_durable(self, removed_aborted_txns: Sequence[int]) -> None:
         """A chunk is written: forget the aborted transactions whose ABORT

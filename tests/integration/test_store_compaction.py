@@ -498,49 +498,53 @@ async def _fill(path: Path, clock: Clock) -> int:
     return topic_id
 
 
+async def _pass_over(path: Path, clock: Clock, *, stop_after_chunks: int | None) -> int:
+    """One compaction pass over TOPIC's partition on a closed store, as the
+    runtime runs it (snapshot first, chunks written in order); with
+    stop_after_chunks, the process "dies" before writing the next chunk.
+    Returns the chunks written."""
+    store = RocksStore(path)
+    try:
+        catalog = store.get(keys.catalog_key(TOPIC))
+        assert catalog is not None
+        part = PartitionRuntime.recover(decode_topic_record(catalog), 0, store,
+                                        now_ms=clock.now_ms, producer_id_expiration_ms=HOUR_MS)
+        chunks = 0
+
+        def submit(group: WriteGroup, on_durable: Callable[[], None]) -> asyncio.Future[None]:
+            nonlocal chunks
+            if stop_after_chunks is not None and chunks >= stop_after_chunks:
+                raise _Crash()
+            chunks += 1
+            store.write(group)
+            on_durable()
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            future.set_result(None)
+            return future
+
+        snapshot = part.build_snapshot(now_ms=clock.now_ms, force=True)
+        assert snapshot is not None
+        store.write(snapshot)
+        with contextlib.suppress(_Crash):
+            await compact_partition(part, submit=submit, now_ms=clock.now_ms,
+                                    end_offset=part.first_uncleanable_offset, max_keys=1000,
+                                    chunk_bytes=256)
+        return chunks
+    finally:
+        store.close()
+
+
 def test_crash_between_chunks_then_the_pass_completes_as_if_never_interrupted(
     tmp_path: Path,
 ) -> None:
     clock = Clock()
 
-    async def pass_over(path: Path, *, stop_after_chunks: int | None) -> int:
-        store = RocksStore(path)
-        try:
-            catalog = store.get(keys.catalog_key(TOPIC))
-            assert catalog is not None
-            topic = decode_topic_record(catalog)
-            part = PartitionRuntime.recover(topic, 0, store, now_ms=clock.now_ms,
-                                            producer_id_expiration_ms=HOUR_MS)
-            chunks = 0
-
-            def submit(group: WriteGroup, on_durable: Callable[[], None]) -> asyncio.Future[None]:
-                nonlocal chunks
-                if stop_after_chunks is not None and chunks >= stop_after_chunks:
-                    raise _Crash()
-                chunks += 1
-                store.write(group)
-                on_durable()
-                future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                future.set_result(None)
-                return future
-
-            snapshot = part.build_snapshot(now_ms=clock.now_ms, force=True)
-            assert snapshot is not None
-            store.write(snapshot)
-            with contextlib.suppress(_Crash):
-                await compact_partition(part, submit=submit, now_ms=clock.now_ms,
-                                        end_offset=part.first_uncleanable_offset, max_keys=1000,
-                                        chunk_bytes=256)
-            return chunks
-        finally:
-            store.close()
-
     async def body() -> None:
         whole, broken = tmp_path / "whole", tmp_path / "broken"
         topic_id = await _fill(whole, clock)
         assert await _fill(broken, clock) == topic_id
-        assert await pass_over(whole, stop_after_chunks=None) > 2
-        assert await pass_over(broken, stop_after_chunks=1) == 1
+        assert await _pass_over(whole, clock, stop_after_chunks=None) > 2
+        assert await _pass_over(broken, clock, stop_after_chunks=1) == 1
         # After the crash: the store recovers, every key's newest value reads
         # as before, and the batches are each whole (old or rewritten).
         rt = await _open(broken, clock)
@@ -555,12 +559,12 @@ def test_crash_between_chunks_then_the_pass_completes_as_if_never_interrupted(
         assert len(compacted) < len(half) < 120
         # Another pass finishes the job: byte for byte what the uninterrupted
         # pass produced.
-        await pass_over(broken, stop_after_chunks=None)
+        await _pass_over(broken, clock, stop_after_chunks=None)
         a, b = RocksStore(whole), RocksStore(broken)
         try:
             assert stored_in(a, topic_id) == stored_in(b, topic_id)
-            meta = keys.meta_key(topic_id, 0)
-            assert a.get(meta) == b.get(meta)
+            for key in (keys.meta_key(topic_id, 0), keys.compaction_key(topic_id, 0)):
+                assert a.get(key) == b.get(key)
         finally:
             a.close()
             b.close()
@@ -570,3 +574,35 @@ def test_crash_between_chunks_then_the_pass_completes_as_if_never_interrupted(
 
 class _Crash(Exception):
     """The process died here."""
+
+
+def test_crash_in_a_later_pass_keeps_the_dirty_ratio_exact(tmp_path: Path) -> None:
+    """A crash between chunks of a second pass: the clean offset stays, but
+    the clean bytes already count what the written chunks removed below it,
+    so the next pass is due at once (not after as much again is written)."""
+    clock = Clock()
+    path = tmp_path / "db"
+
+    async def body() -> None:
+        await _fill(path, clock)
+        await _pass_over(path, clock, stop_after_chunks=None)
+        rt = await _open(path, clock)
+        writer = Writer(pid=9)
+        for i in range(60):
+            await send_ok(rt, writer, (b"k%d" % (i % 6), b"w%d" % i))
+        await rt.close()
+        assert await _pass_over(path, clock, stop_after_chunks=1) == 1
+        rt = await _open(path, clock)
+        part = rt.partition(TOPIC, 0)
+        below = sum(len(v) for o, v in stored(part).items() if o < part.compaction.clean_offset)
+        assert part.compaction.clean_bytes == below
+        assert part.compaction_due(clock.now_ms)
+        assert [r.topic_partition for r in await rt.run_compaction_once()] == [f"{TOPIC}-0"]
+        # Each key's newest value below the newest batch (offset 179), and that batch.
+        assert await read(rt) == [
+            (173, b"k5", b"w53"), *((174 + i, b"k%d" % i, b"w%d" % (54 + i)) for i in range(5)),
+            (179, b"k5", b"w59"),
+        ]
+        await rt.close()
+
+    run(body)

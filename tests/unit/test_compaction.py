@@ -352,6 +352,8 @@ def test_retention_moves_the_clean_offset() -> None:
     inside = state.after_retention(50, 300)
     assert (inside.clean_offset, inside.clean_bytes, inside.history) == (
         100, 700, (CleanedUpTo(100, 2),))
+    # The count only steers the dirty ratio: never below zero.
+    assert state.after_retention(50, 5000).clean_bytes == 0
     past = state.after_retention(150, 1200)
     assert (past.clean_offset, past.clean_bytes, past.history) == (150, 0, ())
 

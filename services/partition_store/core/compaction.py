@@ -152,9 +152,10 @@ class CompactionState:
         if new_log_start_offset >= self.clean_offset:
             clean_offset, clean_bytes = new_log_start_offset, 0
         else:
-            # Everything deleted lay below the clean offset.
-            clean_offset, clean_bytes = self.clean_offset, self.clean_bytes - deleted_bytes
-            invariant(clean_bytes >= 0, "retention deleted more clean bytes than there were")
+            # Everything deleted lay below the clean offset. (Clamped: the
+            # count only steers the dirty ratio, never what is kept.)
+            clean_offset = self.clean_offset
+            clean_bytes = max(0, self.clean_bytes - deleted_bytes)
         history = tuple(e for e in self.history if e.clean_offset > new_log_start_offset)
         return replace(self, clean_offset=clean_offset, clean_bytes=clean_bytes, history=history)
 
