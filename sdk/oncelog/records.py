@@ -30,6 +30,15 @@ Each record, fixed-width (cheaper to encode in Python than varints):
            int32 key_length, utf-8 key, int32 value_length (-1: null), value
 
 The CRC leaves out base_offset, so the store can set it without recomputing.
+
+Compaction (the store's log cleaner) rewrites a stored batch with some of
+its records left out, as Kafka does: the header keeps its base offset,
+last_offset_delta, producer fields and timestamps, record_count shrinks, and
+the records that remain keep their offset deltas, so offsets have gaps and a
+batch may hold no record at all (kept only for its producer fields). Only
+`validate_batch(..., compacted=True)` accepts such a batch; a produced batch
+never has gaps.
+
 A control batch (COMMIT/ABORT marker) holds one record whose key is
 (int16 version, int16 marker type) and whose value is
 (int16 version, int32 coordinator_epoch).
@@ -38,7 +47,7 @@ A control batch (COMMIT/ABORT marker) holds one record whose key is
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c as _crc32c
@@ -256,9 +265,13 @@ def read_header(batch: bytes | memoryview) -> BatchHeader:
     return BatchHeader(*_HEADER.unpack_from(batch, 0))
 
 
-def validate_batch(batch: bytes | memoryview, *, max_size_bytes: int) -> BatchHeader:
+def validate_batch(
+    batch: bytes | memoryview, *, max_size_bytes: int, compacted: bool = False
+) -> BatchHeader:
     """Checks everything a store checks before appending: sizes, magic, CRC, counts.
 
+    With compacted=True (a reader of stored batches) a batch that compaction
+    rewrote passes too: 0 <= record_count <= last_offset_delta + 1.
     Raises BatchFormatError naming the first problem found.
     """
     if len(batch) > max_size_bytes:
@@ -278,9 +291,16 @@ def validate_batch(batch: bytes | memoryview, *, max_size_bytes: int) -> BatchHe
         raise BatchFormatError(
             f"record batch CRC32C is {actual_crc:#010x}, header says {header.crc:#010x}"
         )
-    if header.record_count < 1:
+    if compacted:
+        if not 0 <= header.record_count <= header.last_offset_delta + 1:
+            raise BatchFormatError(
+                f"record batch has {header.record_count} records, expected 0.."
+                f"{header.last_offset_delta + 1} (last_offset_delta "
+                f"{header.last_offset_delta})"
+            )
+    elif header.record_count < 1:
         raise BatchFormatError(f"record batch has {header.record_count} records, need at least 1")
-    if header.last_offset_delta != header.record_count - 1:
+    elif header.last_offset_delta != header.record_count - 1:
         raise BatchFormatError(
             f"record batch last_offset_delta is {header.last_offset_delta}, "
             f"expected record_count - 1 = {header.record_count - 1}"
@@ -355,6 +375,82 @@ def iter_records(batch: bytes | memoryview, *, min_offset: int = 0) -> Iterator[
             headers = tuple(hs)
         yield Record(offset, base_ts + ts_delta, key, value, headers)
         pos = next_pos
+
+
+@dataclass(frozen=True, slots=True)
+class RecordKey:
+    """What compaction needs of a record: its offset, key, and whether its
+    value is null (a tombstone)."""
+
+    offset: int
+    key: bytes | None
+    is_tombstone: bool
+
+
+def _record_spans(batch: bytes | memoryview) -> Iterator[tuple[int, int, int, int]]:
+    """(offset delta, start, end, key length) of each record's bytes, checking
+    that each lies inside the batch. iter_records walks the records itself:
+    it is the consumer's per-record hot path, and going through this
+    generator costs it about 15 %."""
+    header = read_header(batch)
+    pos = HEADER_SIZE_BYTES
+    end = 12 + header.batch_length
+    unpack_fixed = _REC_FIXED.unpack_from
+    for _ in range(header.record_count):
+        if pos + 20 > end:
+            raise BatchFormatError(f"record at byte {pos} runs past the end of its batch")
+        length, delta, _ts_delta, key_len = unpack_fixed(batch, pos)
+        next_pos = pos + 4 + length
+        if next_pos > end or pos + 24 + max(key_len, 0) > next_pos:
+            raise BatchFormatError(f"record at byte {pos} runs past the end of its batch")
+        yield delta, pos, next_pos, key_len
+        pos = next_pos
+
+
+def iter_record_keys(batch: bytes | memoryview) -> Iterator[RecordKey]:
+    """The key and tombstone flag of every record, without copying values."""
+    base = read_header(batch).base_offset
+    mv = memoryview(batch)
+    for delta, start, _end, key_len in _record_spans(mv):
+        p = start + 20
+        key = None if key_len < 0 else bytes(mv[p : p + key_len])
+        (value_len,) = _I32.unpack_from(mv, p + max(key_len, 0))
+        yield RecordKey(base + delta, key, value_len < 0)
+
+
+def first_null_key_offset(batch: bytes | memoryview) -> int | None:
+    """The offset of the first record without a key, None when every record
+    has one (compacted topics accept only keyed records)."""
+    base = read_header(batch).base_offset
+    for delta, _start, _end, key_len in _record_spans(batch):
+        if key_len < 0:
+            return base + delta
+    return None
+
+
+def retain_records(batch: bytes | memoryview, offsets: Collection[int]) -> bytes:
+    """The batch with only the records at `offsets`: their bytes unchanged,
+    the header's base offset, last_offset_delta, producer fields and
+    timestamps kept, record_count and length updated, the CRC recomputed.
+    An empty `offsets` leaves a batch of no records (its header only)."""
+    header = read_header(batch)
+    mv = memoryview(batch)
+    base = header.base_offset
+    wanted = set(offsets)
+    kept = [
+        mv[start:end] for delta, start, end, _key_len in _record_spans(mv)
+        if base + delta in wanted
+    ]
+    if len(kept) != len(wanted):
+        raise BatchFormatError(
+            f"batch at offset {base} holds {len(kept)} of the {len(wanted)} offsets to retain"
+        )
+    tail = struct.pack(
+        ">hiqqqhii", header.attributes, header.last_offset_delta, header.base_timestamp_ms,
+        header.max_timestamp_ms, header.producer_id, header.producer_epoch,
+        header.base_sequence, len(kept),
+    ) + b"".join(kept)
+    return struct.pack(">qibI", base, len(tail) + 5, BATCH_MAGIC, crc32c(tail)) + tail
 
 
 def control_marker(batch: bytes | memoryview) -> tuple[int, int]:

@@ -84,3 +84,10 @@ TXN_VERIFICATIONS = Counter(
     "Questions to the transaction coordinator before a producer's first transactional "
     "write to a partition, by outcome (the error code name, or NONE)", ["outcome"],
 )
+COMPACTIONS = Counter(
+    "oncelog_store_compactions_total", "Compaction passes completed", ["topic"]
+)
+COMPACTION_REMOVED_BYTES = Counter(
+    "oncelog_store_compaction_removed_bytes_total",
+    "Stored bytes compaction removed (records, emptied batches, markers)", ["topic"],
+)

@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import enum
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from oncelog.errors import ErrorCode
@@ -45,6 +45,13 @@ from services.partition_store.core.codec import (
     decode_partition_meta,
     encode_offset,
     encode_partition_meta,
+)
+from services.partition_store.core.compaction import (
+    CompactionState,
+    compaction_due,
+    decode_compaction_state,
+    encode_compaction_state,
+    initial_state,
 )
 from services.partition_store.core.fetch_filter import select_batches
 from services.partition_store.core.log_state import (
@@ -133,6 +140,7 @@ class PartitionRuntime:
         self, topic: TopicRecord, partition: int, store: KeyValueStore, *,
         producers: ProducerStateManager, log_state: LogState,
         snapshot_offsets: list[int], aborted: AbortedIndex | None = None,
+        compaction: CompactionState | None = None, last_batch_base_offset: int | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -143,6 +151,14 @@ class PartitionRuntime:
         self.aborted = aborted if aborted is not None else AbortedIndex(self.topic_partition)
         self.log.first_unstable_offset = producers.first_unstable_offset
         self.snapshot_offsets = snapshot_offsets
+        # Cleaning progress (compacted topics; kept for every topic, so a
+        # topic whose policy changes to compact starts from the log start).
+        self.compaction = compaction or initial_state(log_state.log_start_offset)
+        # The newest batch is never compacted: it fixes the log end offset.
+        self.last_batch_base_offset = (
+            log_state.log_start_offset if last_batch_base_offset is None
+            else last_batch_base_offset
+        )
         self.batches_since_snapshot = 0
         self.last_snapshot_ms = 0
         self._snapshot_dirty = False
@@ -192,7 +208,8 @@ class PartitionRuntime:
 
         log_start, size_bytes = cls._recover_meta(store, topic, partition)
         last = store.seek_for_prev(keys.log_key(tid, partition, _MAX_KEY_TAIL), log_prefix)
-        stored_end = read_header(last[1]).next_offset if last is not None else log_start
+        last_header = read_header(last[1]) if last is not None else None
+        stored_end = last_header.next_offset if last_header is not None else log_start
         log_end = max(log_start, stored_end)
 
         snapshot_prefix = keys.partition_prefix(keys.SNAPSHOT, tid, partition)
@@ -237,6 +254,10 @@ class PartitionRuntime:
             topic, partition, store, producers=producers, log_state=log_state,
             snapshot_offsets=[keys.snapshot_key_offset(k) for k, _v in stored_snapshots],
             aborted=aborted,
+            compaction=cls._recover_compaction(store, topic, partition, log_start, log_end),
+            last_batch_base_offset=(
+                last_header.base_offset if last_header is not None else log_start
+            ),
         )
         replayed = 0
         for key, value in store.scan(keys.log_key(tid, partition, replay_from), log_end_key):
@@ -319,6 +340,29 @@ class PartitionRuntime:
         return index
 
     @staticmethod
+    def _recover_compaction(
+        store: KeyValueStore, topic: TopicRecord, partition: int, log_start: int, log_end: int,
+    ) -> CompactionState:
+        """The cleaning progress from its `K` key. Missing or damaged: the
+        whole log counts as dirty (the next pass cleans it again, and
+        tombstones get a full delete.retention.ms from then: safe, later)."""
+        tp = topic.topic_partition(partition)
+        raw = store.get(keys.compaction_key(topic.topic_id, partition))
+        if raw is None:
+            return initial_state(log_start)
+        try:
+            state = decode_compaction_state(raw, what=f"{tp} compaction state")
+        except CorruptValueError as exc:
+            log.warning("%s: compaction state unreadable, cleaning from the log start: %s",
+                        tp, exc)
+            return initial_state(log_start)
+        if not log_start <= state.clean_offset <= log_end:
+            log.warning("%s: compaction state's clean offset %d is outside the log [%d, %d]; "
+                        "cleaning from the log start", tp, state.clean_offset, log_start, log_end)
+            return initial_state(log_start)
+        return state
+
+    @staticmethod
     def _recover_meta(store: KeyValueStore, topic: TopicRecord, partition: int) -> tuple[int, int]:
         """(log start offset, stored size) from the partition meta; rebuilt by a
         scan of the log if it is missing or damaged (a rare, slow path)."""
@@ -364,6 +408,7 @@ class PartitionRuntime:
         checked = check_produce_batch(
             batch, topic_partition=self.topic_partition,
             max_message_bytes=self.topic.config.max_message_bytes,
+            require_keys=self.topic.compacted,
         )
         if isinstance(checked, Rejection):
             raise ServiceError(checked.code, checked.message)
@@ -451,7 +496,8 @@ class PartitionRuntime:
         the batch raised the running max timestamp)."""
         group = WriteGroup()
         tid, p = self.topic.topic_id, self.partition
-        if self.log.replay_append(header):
+        self.last_batch_base_offset = header.base_offset
+        if self.log.replay_append(header, recovering=recovering):
             group.put(
                 keys.time_index_key(tid, p, header.max_timestamp_ms),
                 encode_offset(header.base_offset),
@@ -720,8 +766,8 @@ class PartitionRuntime:
         return plan_retention(
             self._stored_batches(),
             now_ms=now_ms,
-            retention_ms=config.retention_ms if config.deletes else -1,
-            retention_bytes=config.retention_bytes if config.deletes else -1,
+            retention_ms=config.retention_ms if self.topic.deletes else -1,
+            retention_bytes=config.retention_bytes if self.topic.deletes else -1,
             log_start_offset=self.log.log_start_offset,
             log_end_offset=self.log.log_end_offset,
             high_watermark=self.log.high_watermark,
@@ -755,6 +801,9 @@ class PartitionRuntime:
             keys.partition_prefix(keys.ABORTED_TXN, tid, p), keys.aborted_txn_key(tid, p, new_start)
         )
         self.aborted.prune_below(new_start)
+        self.compaction = self.compaction.after_retention(new_start, plan.deleted_bytes)
+        if self.topic.compacted:
+            group.put(keys.compaction_key(tid, p), encode_compaction_state(self.compaction))
         lso_before = self.log.last_stable_offset
         self.log.replay_truncate_start(new_start, plan.deleted_bytes)
         self._sync_unstable()
@@ -764,6 +813,59 @@ class PartitionRuntime:
         metrics.RETENTION_DELETED_BATCHES.labels(self.topic.name).inc(plan.batch_count)
         self._update_gauges()
         return group
+
+    # ------------------------------------------------------------ compaction
+
+    @property
+    def first_uncleanable_offset(self) -> int:
+        """Compaction cleans only below min(LSO, HW, base offset of the newest
+        batch): no open transaction, nothing not yet durable, and never the
+        batch that fixes the log end offset (core/compaction.py)."""
+        log_state = self.log
+        return max(log_state.log_start_offset, min(
+            log_state.last_stable_offset, log_state.high_watermark, self.last_batch_base_offset,
+        ))
+
+    def compaction_due(self, now_ms: int) -> bool:
+        if self.closed or not self.topic.compacted:
+            return False
+        return compaction_due(
+            self.compaction, size_bytes=self.log.size_bytes,
+            first_uncleanable_offset=self.first_uncleanable_offset,
+            min_cleanable_dirty_ratio=self.topic.config.min_cleanable_dirty_ratio, now_ms=now_ms,
+        )
+
+    def read_stored(
+        self, start_offset: int, end_offset: int
+    ) -> Iterator[tuple[BatchHeader, bytes]]:
+        """Stored batches from the one holding start_offset, below end_offset."""
+        return self._batches_from(start_offset, end_offset)
+
+    def stored_batch(self, base_offset: int) -> bytes | None:
+        return self._store.get(keys.log_key(self.topic.topic_id, self.partition, base_offset))
+
+    def apply_compaction_chunk(
+        self, group: WriteGroup, *, removed_bytes: int, state: CompactionState,
+    ) -> None:
+        """Applies one chunk of a compaction pass to memory when it is queued
+        (the stored size and the cleaning state now, as appends do, so the
+        partition meta written by later appends counts it) and adds the
+        partition meta and `K` to its writes. What readers use (the aborted
+        index) changes only when the chunk is durable: on_compaction_durable."""
+        tid, p = self.topic.topic_id, self.partition
+        self.log.replay_compaction(removed_bytes)
+        self.compaction = state
+        group.put(keys.meta_key(tid, p), self._meta_value())
+        group.put(keys.compaction_key(tid, p), encode_compaction_state(state))
+
+    def on_compaction_durable(self, removed_aborted_txns: Sequence[int]) -> None:
+        """A chunk is written: forget the aborted transactions whose ABORT
+        marker it removed (their records went earlier or with it, so until
+        now the entries only filtered batches that were still there)."""
+        for last_offset in removed_aborted_txns:
+            self.aborted.remove(last_offset)
+        if not self.closed:
+            self._size_gauge.set(self.log.size_bytes)
 
     # ------------------------------------------------------------- lifecycle
 

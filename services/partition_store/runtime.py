@@ -19,8 +19,9 @@
   CreateTopics/DeleteTopics there, learn topics by asking it (ListTopics) on a
   miss and periodically, keep a copy on disk, and delete the data of topics
   that disappeared. Placement is `layout.store_for(topic, partition)`.
-* Housekeeping: snapshots every N batches / T ms, retention, producer-id
-  expiry, catalog refresh, the open-transaction age gauges.
+* Housekeeping: snapshots every N batches / T ms, retention, compaction of
+  compacted topics (cleaner.py), producer-id expiry, catalog refresh, the
+  open-transaction age gauges.
 * Shutdown: refuse new writes, snapshot every partition, drain the writer.
 
 Nothing here speaks gRPC: the servicer maps protos to these calls, and the
@@ -38,11 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oncelog.errors import ErrorCode
+from oncelog.records import BatchFormatError
 from services.common import limits
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
 from services.common.errors import InvariantViolation, ServiceError, invariant
 from services.partition_store import metrics
+from services.partition_store.cleaner import CompactionReport, compact_partition
 from services.partition_store.core.codec import CorruptValueError, decode_offset, encode_offset
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.producer_state import (
@@ -81,6 +84,9 @@ DEFAULT_PARTITION_FETCH_MAX_BYTES = 1024 * 1024
 # A non-controller node asks the controller for the whole catalog at most this
 # often when answering "every topic" (Metadata/ListTopics with no names).
 CATALOG_CACHE_MS = 1_000
+DEFAULT_COMPACTION_INTERVAL_MS = 15_000
+DEFAULT_COMPACTION_MAX_KEYS_PER_PASS = 200_000
+DEFAULT_COMPACTION_CHUNK_BYTES = 4 * 1024 * 1024
 # How long DeleteTopics waits for other store nodes to drop the topic.
 PEER_NOTIFY_WAIT_MS = 2_000
 
@@ -100,6 +106,13 @@ class StoreConfig:
     producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
     catalog_refresh_interval_ms: int = 10_000
     retention_max_batches_per_run: int = 10_000
+    # How often compacted partitions are checked (Kafka's log.cleaner.backoff.ms).
+    compaction_interval_ms: int = DEFAULT_COMPACTION_INTERVAL_MS
+    # Keys one compaction pass may hold in its offset map (memory bound; a
+    # pass that fills it stops there and the next one goes on).
+    compaction_max_keys_per_pass: int = DEFAULT_COMPACTION_MAX_KEYS_PER_PASS
+    # Rewritten bytes per RocksDB write of a compaction pass (memory bound).
+    compaction_chunk_bytes: int = DEFAULT_COMPACTION_CHUNK_BYTES
     # TEST ONLY: accept a producer's first transactional write to a partition
     # without asking the transaction coordinator. Lets tests make hanging
     # transactions on purpose; never set it in production.
@@ -113,7 +126,8 @@ class StoreConfig:
         for name in (
             "snapshot_interval_batches", "snapshot_interval_ms", "retention_check_interval_ms",
             "producer_id_expiration_ms", "catalog_refresh_interval_ms",
-            "retention_max_batches_per_run",
+            "retention_max_batches_per_run", "compaction_interval_ms",
+            "compaction_max_keys_per_pass", "compaction_chunk_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -282,6 +296,9 @@ class StoreRuntime:
         self._closed_event = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._last_retention_ms = 0
+        self._last_compaction_ms = 0
+        # Retention and compaction both rewrite stored batches: one at a time.
+        self._log_rewrite_lock = asyncio.Lock()
         self.recovery_replayed_batches = 0
         self.started = False
 
@@ -314,6 +331,7 @@ class StoreRuntime:
         metrics.RECOVERY_REPLAYED_BATCHES.set(self.recovery_replayed_batches)
         self._writer.start()
         self._last_retention_ms = now_ms
+        self._last_compaction_ms = now_ms
         if self.config.is_controller:
             await self._create_internal_topics()
         else:
@@ -1099,9 +1117,21 @@ class StoreRuntime:
             await future
         return len(futures)
 
+    def _snapshot_at_log_end(self, part: PartitionRuntime, now_ms: int) -> asyncio.Future[None]:
+        """Queues a snapshot of the partition's producer state at its log end
+        offset; the writer persists it before anything queued later."""
+        snapshot = part.build_snapshot(now_ms=now_ms, force=True)
+        if snapshot is None:
+            raise InvariantViolation(f"{part.topic_partition}: a forced snapshot was not built")
+        return self._writer.submit(snapshot)
+
     async def run_retention_once(self) -> int:
         """Expires idle producers and deletes batches due for retention in
         every partition; waits until durable. Returns the batches deleted."""
+        async with self._log_rewrite_lock:
+            return await self._run_retention()
+
+    async def _run_retention(self) -> int:
         now_ms = self._clock_ms()
         self._last_retention_ms = now_ms
         futures = []
@@ -1117,9 +1147,7 @@ class StoreRuntime:
                 # Producer state must outlive the batches it came from: a
                 # snapshot at the log end goes first (the writer keeps order),
                 # then the plan can reach further.
-                snapshot = part.build_snapshot(now_ms=now_ms, force=True)
-                if snapshot is not None:
-                    futures.append(self._writer.submit(snapshot))
+                futures.append(self._snapshot_at_log_end(part, now_ms))
                 plan = part.plan_retention(
                     now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
                 )
@@ -1135,11 +1163,58 @@ class StoreRuntime:
             await future
         return deleted
 
+    async def run_compaction_once(self, *, force: bool = False) -> list[CompactionReport]:
+        """One compaction pass over every compacted partition that is due
+        (core/compaction.py compaction_due; with force, every one with
+        anything below its first uncleanable offset); waits until durable.
+        Returns what each pass did."""
+        async with self._log_rewrite_lock:
+            self._last_compaction_ms = self._clock_ms()
+            reports = []
+            for part in list(self._partitions.values()):
+                if self._closing:
+                    break
+                now_ms = self._clock_ms()
+                if part.closed or not part.topic.compacted:
+                    continue
+                if not (force or part.compaction_due(now_ms)):
+                    continue
+                end_offset = part.first_uncleanable_offset
+                if end_offset <= part.log.log_start_offset:
+                    continue
+                newest_snapshot = part.newest_snapshot_offset
+                if newest_snapshot is None or newest_snapshot < end_offset:
+                    # Recovery replays the batches after the newest snapshot
+                    # as they are stored; a rewritten one must never be among
+                    # them. A snapshot at the log end goes first.
+                    self._snapshot_at_log_end(part, now_ms)
+                    newest_snapshot = part.log.log_end_offset
+                try:
+                    report = await compact_partition(
+                        part, submit=self._writer.submit, now_ms=now_ms,
+                        end_offset=min(end_offset, newest_snapshot),
+                        max_keys=self.config.compaction_max_keys_per_pass,
+                        chunk_bytes=self.config.compaction_chunk_bytes,
+                    )
+                except BatchFormatError as exc:
+                    # A stored batch whose records do not decode (its CRC
+                    # held, so written so by a broken client or an old
+                    # version): this partition is not compacted until an
+                    # operator looks; the others, snapshots and retention
+                    # go on. Chunks already written are consistent.
+                    log.error("%s: compaction stopped at a damaged batch: %s",
+                              part.topic_partition, exc)
+                    continue
+                if report is not None:
+                    reports.append(report)
+                    crash_point("store.compaction_after_pass")
+            return reports
+
     async def _run_housekeeping(self) -> None:
         config = self.config
         tick_ms = min(
             1000, config.snapshot_interval_ms, config.retention_check_interval_ms,
-            config.catalog_refresh_interval_ms,
+            config.catalog_refresh_interval_ms, config.compaction_interval_ms,
         )
         while not self._closing:
             try:
@@ -1154,6 +1229,8 @@ class StoreRuntime:
                     part.update_txn_age(now_ms)
                 if now_ms - self._last_retention_ms >= config.retention_check_interval_ms:
                     await self.run_retention_once()
+                if now_ms - self._last_compaction_ms >= config.compaction_interval_ms:
+                    await self.run_compaction_once()
                 if not config.is_controller and (
                     self._last_refresh_ms is None
                     or now_ms - self._last_refresh_ms >= config.catalog_refresh_interval_ms

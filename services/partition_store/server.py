@@ -13,6 +13,9 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --retention-check-interval-ms   how often retention and producer expiry run
   --producer-id-expiration-ms     idle producers' dedup state is dropped after this
   --catalog-refresh-interval-ms   non-controller nodes re-read the catalog this often
+  --compaction-interval-ms        how often compacted partitions are checked for a pass
+  --compaction-max-keys-per-pass  keys one compaction pass may hold in memory
+  --compaction-chunk-bytes        rewritten bytes per RocksDB write of a compaction pass
   --unsafe-skip-txn-verification  TEST ONLY: do not ask the transaction coordinator
                                   before a producer's first transactional write to a
                                   partition (makes hanging transactions possible)
@@ -42,7 +45,13 @@ from services.common.server_base import (
 from services.partition_store.controller_link import GrpcControllerLink
 from services.partition_store.coordinator_link import GrpcTxnVerifier
 from services.partition_store.core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
-from services.partition_store.runtime import StoreConfig, StoreRuntime
+from services.partition_store.runtime import (
+    DEFAULT_COMPACTION_CHUNK_BYTES,
+    DEFAULT_COMPACTION_INTERVAL_MS,
+    DEFAULT_COMPACTION_MAX_KEYS_PER_PASS,
+    StoreConfig,
+    StoreRuntime,
+)
 from services.partition_store.servicer import SERVICE_NAME, PartitionStoreServicer
 from services.partition_store.storage.rocksdb import RocksStore
 
@@ -76,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_int("producer-id-expiration-ms", DEFAULT_PRODUCER_ID_EXPIRATION_MS))
     add("--catalog-refresh-interval-ms", type=int,
         default=_env_int("catalog-refresh-interval-ms", 10_000))
+    add("--compaction-interval-ms", type=int,
+        default=_env_int("compaction-interval-ms", DEFAULT_COMPACTION_INTERVAL_MS),
+        help="how often compacted topics' partitions are checked and, when due, compacted")
+    add("--compaction-max-keys-per-pass", type=int,
+        default=_env_int("compaction-max-keys-per-pass", DEFAULT_COMPACTION_MAX_KEYS_PER_PASS),
+        help="distinct keys one compaction pass may hold in memory; a pass that reaches "
+             "it stops there and the next pass goes on")
+    add("--compaction-chunk-bytes", type=int,
+        default=_env_int("compaction-chunk-bytes", DEFAULT_COMPACTION_CHUNK_BYTES),
+        help="rewritten bytes a compaction pass collects before writing them (each chunk "
+             "is one atomic RocksDB write)")
     add("--unsafe-skip-txn-verification", action="store_true",
         default=_env_flag("unsafe-skip-txn-verification"),
         help="TEST ONLY, never in production: accept a producer's first transactional "
@@ -95,6 +115,9 @@ def config_from_args(args: argparse.Namespace) -> StoreConfig:
         retention_check_interval_ms=args.retention_check_interval_ms,
         producer_id_expiration_ms=args.producer_id_expiration_ms,
         catalog_refresh_interval_ms=args.catalog_refresh_interval_ms,
+        compaction_interval_ms=args.compaction_interval_ms,
+        compaction_max_keys_per_pass=args.compaction_max_keys_per_pass,
+        compaction_chunk_bytes=args.compaction_chunk_bytes,
         unsafe_skip_txn_verification=args.unsafe_skip_txn_verification,
     )
 

@@ -293,3 +293,37 @@ def test_aborted_index_prune_and_get() -> None:
     assert len(log.aborted) == 1
     with pytest.raises(InvariantViolation):
         log.aborted.add(AbortedTxn(3, 0, 12, 13))   # markers come in offset order
+
+
+def _compacted_log() -> list[tuple[BatchHeader, int]]:
+    """Batches at 0, 3 (emptied by compaction: no records left) and 6; the
+    ones at 1-2 and 4-5 were removed, so offsets have gaps."""
+    out = []
+    for base, count in ((0, 1), (3, 0), (6, 2)):
+        raw = encode_batch([(b"k", b"v", None, 1_000)])
+        header = dataclasses.replace(read_header(raw), base_offset=base,
+                                     last_offset_delta=0, record_count=count)
+        out.append((header, base))
+    return out
+
+
+def test_compaction_gaps_and_emptied_batches() -> None:
+    stored = _compacted_log()
+
+    def select(offset: int, upper: int, max_bytes: int = 1 << 20) -> tuple[list[int], int]:
+        scan = [(h, p) for h, p in stored if h.next_offset > offset and h.base_offset < upper]
+        selection = select_batches(scan, fetch_offset=offset, upper_offset=upper,
+                                   max_bytes=max_bytes, aborted=None)
+        return selection.batches, selection.next_fetch_offset
+
+    # A fetch inside a gap gets the next surviving batch; the emptied batch
+    # is never returned, but the reader moves past it.
+    assert select(1, 7) == ([6], 7)
+    assert select(3, 7) == ([6], 7)
+    # Only removed batches below the bound: the reader moves to the bound
+    # instead of waiting at the gap.
+    assert select(1, 6) == ([], 6)
+    assert select(4, 6) == ([], 6)
+    # Stopped by the byte budget before the bound: only past what was scanned.
+    first = stored[0][0].size_bytes
+    assert select(0, 7, max_bytes=first) == ([0], 1)

@@ -76,6 +76,11 @@ def test_invariants() -> None:
         state.mark_durable(3)                   # beyond LEO
     with pytest.raises(InvariantViolation):
         state.replay_truncate_start(1, 0)       # beyond HW
+    # Recovery of a compacted log may skip dropped batches, never go back.
+    state.replay_append(_header(5, 1, 1), recovering=True)
+    assert state.log_end_offset == 6
+    with pytest.raises(InvariantViolation):
+        state.replay_append(_header(4, 1, 1), recovering=True)
 
 
 NOW = 1_000_000

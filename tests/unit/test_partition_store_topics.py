@@ -62,6 +62,15 @@ from services.partition_store.core.topics import (
         ("t", 1, {"cleanup.policy": "shred"}, ErrorCode.INVALID_CONFIG, "cleanup.policy"),
         ("t", 1, {"cleanup.policy": "delete,delete"}, ErrorCode.INVALID_CONFIG,
          "cleanup.policy"),
+        ("t", 1, {"delete.retention.ms": "0", "min.cleanable.dirty.ratio": "0.1"}, None, ""),
+        ("t", 1, {"delete.retention.ms": "-1"}, ErrorCode.INVALID_CONFIG,
+         "delete.retention.ms=-1"),
+        ("t", 1, {"min.cleanable.dirty.ratio": "1.5"}, ErrorCode.INVALID_CONFIG,
+         "between 0.0 and 1.0"),
+        ("t", 1, {"min.cleanable.dirty.ratio": "nan"}, ErrorCode.INVALID_CONFIG,
+         "between 0.0 and 1.0"),
+        ("t", 1, {"min.cleanable.dirty.ratio": "half"}, ErrorCode.INVALID_CONFIG,
+         "not a number"),
     ],
 )
 def test_validate_new_topic(
@@ -92,6 +101,39 @@ def test_config_defaults_and_record_round_trip() -> None:
                                overrides={"retention.ms": "5"}, internal=False)
     assert decode_topic_record(encode_topic_record(record)) == record
     assert record.config.retention_ms == 5
+
+
+def test_compaction_config_and_internal_topics_always_compacted() -> None:
+    defaults = parse_config({})
+    assert isinstance(defaults, TopicConfig)
+    assert (defaults.delete_retention_ms, defaults.min_cleanable_dirty_ratio) == (86_400_000, 0.5)
+    assert not defaults.compacts
+    both = parse_config({"cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.25"})
+    assert isinstance(both, TopicConfig) and both.compacts and both.deletes
+    assert both.as_strings()["cleanup.policy"] == "compact,delete"
+    assert both.as_strings()["min.cleanable.dirty.ratio"] == "0.25"
+    # An internal topic whose catalog entry says "delete" is compacted anyway.
+    legacy = TopicRecord.build(name="__transaction_state", topic_id=2, partitions=8,
+                               overrides={"cleanup.policy": "delete"}, internal=True)
+    assert legacy.compacted and not legacy.deletes
+    user = TopicRecord.build(name="t", topic_id=3, partitions=1, overrides={}, internal=False)
+    assert not user.compacted and user.deletes
+
+
+def test_compacted_topics_refuse_records_without_a_key() -> None:
+    keyed = _batch(2)
+    assert not isinstance(check_produce_batch(
+        keyed, topic_partition="t-1", max_message_bytes=1000, require_keys=True), Rejection)
+    mixed = encode_batch([(b"k", b"v", None, 1), (None, b"v", None, 1)],
+                         producer_id=4, producer_epoch=0, base_sequence=0)
+    result = check_produce_batch(mixed, topic_partition="t-1", max_message_bytes=1000,
+                                 require_keys=True)
+    assert isinstance(result, Rejection)
+    assert result.code is ErrorCode.INVALID_RECORD
+    assert "compacted" in result.message and "record 1 of the batch" in result.message
+    # The same batch is fine where keys are not required.
+    assert not isinstance(check_produce_batch(
+        mixed, topic_partition="t-1", max_message_bytes=1000), Rejection)
 
 
 def _batch(count: int = 2) -> bytes:

@@ -159,3 +159,44 @@ def test_iter_records_rejects_a_record_running_past_the_batch() -> None:
 def test_encode_refuses_an_empty_batch() -> None:
     with pytest.raises(codec.BatchFormatError):
         codec.encode_batch([])
+
+
+def test_retain_records_keeps_offsets_header_fields_and_record_bytes() -> None:
+    rows: list[tuple[bytes | None, bytes | None, list[codec.Header] | None, int]] = [
+        (b"a", b"1", None, 10), (None, b"2", [("h", b"x")], 11), (b"c", None, None, 12),
+        (b"d", b"4", None, 13),
+    ]
+    batch = codec.with_base_offset(codec.encode_batch(
+        rows, producer_id=3, producer_epoch=2, base_sequence=40, transactional=True), 100)
+    assert [(k.offset, k.key, k.is_tombstone) for k in codec.iter_record_keys(batch)] == [
+        (100, b"a", False), (101, None, False), (102, b"c", True), (103, b"d", False)]
+    assert codec.first_null_key_offset(batch) == 101
+    kept = codec.retain_records(batch, {101, 103})
+    header = codec.validate_batch(kept, max_size_bytes=len(kept), compacted=True)
+    original = codec.read_header(batch)
+    assert header.record_count == 2
+    assert (header.base_offset, header.last_offset_delta, header.producer_id,
+            header.producer_epoch, header.base_sequence, header.attributes,
+            header.base_timestamp_ms, header.max_timestamp_ms) == (
+        original.base_offset, original.last_offset_delta, original.producer_id,
+        original.producer_epoch, original.base_sequence, original.attributes,
+        original.base_timestamp_ms, original.max_timestamp_ms)
+    got = list(codec.iter_records(kept))
+    assert [(r.offset, r.key, r.value, r.headers, r.timestamp_ms) for r in got] == [
+        (101, None, b"2", (("h", b"x"),), 11), (103, b"d", b"4", (), 13)]
+    assert [r.offset for r in codec.iter_records(kept, min_offset=102)] == [103]
+    # A produced batch never has gaps: the strict check refuses this one.
+    with pytest.raises(codec.BatchFormatError, match="last_offset_delta"):
+        codec.validate_batch(kept, max_size_bytes=len(kept))
+    empty = codec.retain_records(batch, ())
+    assert codec.validate_batch(empty, max_size_bytes=len(empty), compacted=True).record_count == 0
+    assert list(codec.iter_records(empty)) == []
+    with pytest.raises(codec.BatchFormatError, match="1 of the 2 offsets"):
+        codec.retain_records(batch, {100, 99})
+
+
+def test_compacted_validation_still_checks_counts() -> None:
+    buf = bytearray(codec.encode_batch([(b"k", b"v", None, 1)] * 2))
+    struct.pack_into(">i", buf, 53, 3)  # more records than offsets
+    with pytest.raises(codec.BatchFormatError, match="expected 0..2"):
+        codec.validate_batch(_with_crc(buf), max_size_bytes=1 << 20, compacted=True)

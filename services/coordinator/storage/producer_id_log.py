@@ -23,9 +23,16 @@ class ProducerIdLog(Protocol):
         ...
 
 
+# Every claim has the same key: the topic is compacted (newest record per
+# key survives), and only the newest claim matters.
+BLOCK_KEY = b"producer-id-block"
+
+
 class StoreProducerIdLog:
     """Claims in partition 0 of `__producer_ids`, one record per batch, so the
-    newest claim is always the record just below the log end offset."""
+    newest claim is always the record just below the log end offset (the
+    store never compacts the newest batch). Claims written before the topic
+    had keys are removed by compaction like any record without a key."""
 
     def __init__(self, client: StoreClient) -> None:
         self._client = client
@@ -45,7 +52,7 @@ class StoreProducerIdLog:
 
     async def append(self, block: ProducerIdBlock, *, expected_log_end_offset: int) -> None:
         await self._client.append(
-            PRODUCER_IDS_TOPIC, 0, [(None, encode_block(block))],
+            PRODUCER_IDS_TOPIC, 0, [(BLOCK_KEY, encode_block(block))],
             expected_log_end_offset=expected_log_end_offset,
         )
 

@@ -6,7 +6,10 @@ Order and codes (every message names the partition and the sizes or fields):
 * more bytes than the topic's max.message.bytes: MESSAGE_TOO_LARGE;
 * anything records.validate_batch refuses (short header, wrong magic, length
   field, CRC, counts, sequence fields): CORRUPT_MESSAGE;
-* a control batch: INVALID_RECORD (markers come only through WriteTxnMarkers).
+* a control batch: INVALID_RECORD (markers come only through WriteTxnMarkers);
+* on a compacted topic, a record without a key: INVALID_RECORD (Kafka's
+  "Compacted topic cannot accept message without key": compaction keeps the
+  newest record per key, and a record without one has no place in that).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from oncelog.records import (
     BatchFormatError,
     BatchHeader,
     crc32c,
+    first_null_key_offset,
     read_header,
     validate_batch,
 )
@@ -25,7 +29,7 @@ from services.partition_store.core.outcomes import Rejection
 
 
 def check_produce_batch(
-    batch: bytes, *, topic_partition: str, max_message_bytes: int
+    batch: bytes, *, topic_partition: str, max_message_bytes: int, require_keys: bool = False
 ) -> BatchHeader | Rejection:
     size = len(batch)
     if size == 0:
@@ -51,6 +55,18 @@ def check_produce_batch(
             ErrorCode.INVALID_RECORD,
             f"{topic_partition}: control batches are written only through WriteTxnMarkers",
         )
+    if require_keys:
+        try:
+            offset = first_null_key_offset(batch)
+        except BatchFormatError as exc:
+            return Rejection(ErrorCode.CORRUPT_MESSAGE, f"{topic_partition}: {exc}")
+        if offset is not None:
+            index = offset - header.base_offset
+            return Rejection(
+                ErrorCode.INVALID_RECORD,
+                f"{topic_partition}: the topic is compacted and cannot accept a record "
+                f"without a key (record {index} of the batch has none)",
+            )
     return header
 
 

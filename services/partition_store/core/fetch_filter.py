@@ -12,8 +12,13 @@ any language needs no bookkeeping (DESIGN.md §1, §3):
   index has an entry for P with first_offset <= o <= last_offset. Batches are
   whole units of one producer and one transaction, so whole-batch filtering
   is exact;
+* never batches that compaction emptied (no records left: kept only for
+  their producer fields);
 * `next_fetch_offset` moves past everything returned AND everything
-  filtered, never past the upper bound.
+  filtered, never past the upper bound. When the scan reached the upper
+  bound, it is the upper bound: compaction may have removed the batches
+  just below it, and a reader must not wait at a gap for data that will
+  never come.
 
 Work per fetch is bounded by bytes scanned, filtered batches included: the
 scan stops once it has covered max_bytes of log (the first batch is always
@@ -63,7 +68,10 @@ def select_batches(
     under read_uncommitted (which returns aborted batches too)."""
     scanned: list[tuple[BatchHeader, T]] = []
     scanned_bytes = 0
+    # Whether every stored batch below the upper bound was scanned.
+    reached_upper = False
     if fetch_offset < upper_offset and max_bytes > 0:
+        reached_upper = True
         for header, payload in stored:
             if header.base_offset >= upper_offset:
                 break
@@ -74,13 +82,17 @@ def select_batches(
                 )
             size = header.size_bytes
             if scanned and scanned_bytes + size > max_bytes:
+                reached_upper = False
                 break
             scanned.append((header, payload))
             scanned_bytes += size
             if scanned_bytes >= max_bytes:
+                reached_upper = header.next_offset >= upper_offset
                 break
     if not scanned:
-        return FetchSelection(next_fetch_offset=fetch_offset)
+        return FetchSelection(
+            next_fetch_offset=upper_offset if reached_upper else fetch_offset
+        )
     overlapping: dict[int, list[AbortedTxn]] = {}
     if aborted is not None:
         for entry in aborted.collect(scanned[0][0].base_offset, scanned[-1][0].next_offset):
@@ -88,7 +100,7 @@ def select_batches(
     batches: list[T] = []
     size_bytes = 0
     for header, payload in scanned:
-        if (header.is_control and not keep_control) or (
+        if (header.is_control and not keep_control) or header.record_count == 0 or (
             overlapping
             and header.is_transactional
             and header.producer_id in overlapping
@@ -104,5 +116,7 @@ def select_batches(
         size_bytes=size_bytes,
         scanned_bytes=scanned_bytes,
         filtered_batches=filtered,
-        next_fetch_offset=max(fetch_offset, scanned[-1][0].next_offset),
+        next_fetch_offset=max(
+            fetch_offset, upper_offset if reached_upper else scanned[-1][0].next_offset
+        ),
     )

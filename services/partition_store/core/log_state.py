@@ -13,6 +13,9 @@
   retention is not held back by open transactions (as in Kafka), and an LSO
   below the log start would name offsets nobody can read.
 * log_start_offset: the first offset still stored; retention moves it up.
+  Compaction does not: it removes records and batches below the LSO but
+  keeps every offset that survives where it was, so the log start stays and
+  offsets inside the log may have gaps.
 
 The log's size in bytes is kept beside the offsets (it is persisted with every
 write, not derived from replay: see docs/partition-store.md).
@@ -50,12 +53,14 @@ class LogState:
             first_unstable_offset=self.first_unstable_offset,
         )
 
-    def replay_append(self, header: BatchHeader) -> bool:
+    def replay_append(self, header: BatchHeader, *, recovering: bool = False) -> bool:
         """Moves the LEO past a batch appended at header.base_offset. Returns
         True when the batch raised the running max timestamp (a time-index
-        entry is due for it)."""
+        entry is due for it). Recovery may find a gap before a batch
+        (compaction dropped the batches in between); a live append never."""
         invariant(
-            header.base_offset == self.log_end_offset,
+            header.base_offset == self.log_end_offset
+            or (recovering and header.base_offset > self.log_end_offset),
             lambda: f"{self.topic_partition}: batch at offset {header.base_offset} "
             f"appended at log end offset {self.log_end_offset}",
         )
@@ -90,6 +95,15 @@ class LogState:
         invariant(deleted_bytes <= self.size_bytes, "retention deleted more bytes than stored")
         self.log_start_offset = new_log_start_offset
         self.size_bytes -= deleted_bytes
+
+    def replay_compaction(self, removed_bytes: int) -> None:
+        """Compaction shrank or dropped batches below the LSO; offsets stay."""
+        invariant(
+            0 <= removed_bytes <= self.size_bytes,
+            lambda: f"{self.topic_partition}: compaction removed {removed_bytes} bytes "
+            f"of {self.size_bytes}",
+        )
+        self.size_bytes -= removed_bytes
 
 
 def last_stable_offset(

@@ -395,7 +395,10 @@ def apply_append(
         first_sequence=header.base_sequence,
         last_sequence=header.last_sequence,
         base_offset=base_offset,
-        record_count=header.record_count,
+        # The offsets the batch spans: the same as its record count, except
+        # for a batch compaction rewrote (replayed when recovery falls back
+        # past the newest snapshot), whose records have gaps.
+        record_count=header.last_offset_delta + 1,
         max_timestamp_ms=header.max_timestamp_ms,
     )
     if entry is None:

@@ -11,9 +11,18 @@ Configuration keys (anything else is INVALID_CONFIG naming the key):
   max.message.bytes  the largest encoded batch accepted, HEADER_SIZE_BYTES ..
                      limits.MAX_BATCH_BYTES_CEILING; default limits.DEFAULT_MAX_BATCH_BYTES
   cleanup.policy     delete | compact | compact,delete; default delete.
-                     Compaction is not implemented yet: "compact" alone keeps
-                     everything (no time or size deletion), like a Kafka topic
-                     that is compacted and never deleted.
+                     "delete": time/size retention; "compact": the log cleaner
+                     keeps the newest record per key (core/compaction.py) and
+                     nothing is deleted by time or size; both: both.
+                     Internal topics are always compacted and never deleted
+                     by time or size, whatever their catalog entry says (see
+                     TopicRecord.compacted and .deletes).
+  delete.retention.ms  how long a tombstone (or a transaction marker) stays
+                     after it first entered the cleaned part of a compacted
+                     log, >= 0; default 1 day (Kafka's)
+  min.cleanable.dirty.ratio  compact a partition when the bytes written since
+                     its last cleaning are at least this share of the log,
+                     0.0..1.0; default 0.5 (Kafka's)
 """
 
 from __future__ import annotations
@@ -34,9 +43,16 @@ RETENTION_MS = "retention.ms"
 RETENTION_BYTES = "retention.bytes"
 MAX_MESSAGE_BYTES = "max.message.bytes"
 CLEANUP_POLICY = "cleanup.policy"
-CONFIG_KEYS = (RETENTION_MS, RETENTION_BYTES, MAX_MESSAGE_BYTES, CLEANUP_POLICY)
+DELETE_RETENTION_MS = "delete.retention.ms"
+MIN_CLEANABLE_DIRTY_RATIO = "min.cleanable.dirty.ratio"
+CONFIG_KEYS = (
+    RETENTION_MS, RETENTION_BYTES, MAX_MESSAGE_BYTES, CLEANUP_POLICY, DELETE_RETENTION_MS,
+    MIN_CLEANABLE_DIRTY_RATIO,
+)
 
 DEFAULT_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
+DEFAULT_DELETE_RETENTION_MS = 24 * 60 * 60 * 1000
+DEFAULT_MIN_CLEANABLE_DIRTY_RATIO = 0.5
 POLICY_DELETE = "delete"
 POLICY_COMPACT = "compact"
 
@@ -59,11 +75,19 @@ class TopicConfig:
     retention_bytes: int = -1
     max_message_bytes: int = limits.DEFAULT_MAX_BATCH_BYTES
     cleanup_policy: frozenset[str] = frozenset({POLICY_DELETE})
+    delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
+    min_cleanable_dirty_ratio: float = DEFAULT_MIN_CLEANABLE_DIRTY_RATIO
 
     @property
     def deletes(self) -> bool:
         """Whether retention deletes old batches of this topic at all."""
         return POLICY_DELETE in self.cleanup_policy
+
+    @property
+    def compacts(self) -> bool:
+        """Whether the policy asks for compaction (TopicRecord.compacted also
+        counts internal topics)."""
+        return POLICY_COMPACT in self.cleanup_policy
 
     def as_strings(self) -> dict[str, str]:
         return {
@@ -71,6 +95,8 @@ class TopicConfig:
             RETENTION_BYTES: str(self.retention_bytes),
             MAX_MESSAGE_BYTES: str(self.max_message_bytes),
             CLEANUP_POLICY: ",".join(sorted(self.cleanup_policy)),
+            DELETE_RETENTION_MS: str(self.delete_retention_ms),
+            MIN_CLEANABLE_DIRTY_RATIO: str(self.min_cleanable_dirty_ratio),
         }
 
 
@@ -101,6 +127,22 @@ class TopicRecord:
             config_overrides=tuple(sorted(overrides.items())), internal=internal,
             config=parsed,
         )
+
+    @property
+    def compacted(self) -> bool:
+        """Whether the log cleaner compacts this topic and produce requires
+        keys. Internal topics always are: the coordinators' state is keyed
+        records (newest per key = current state), and a data directory whose
+        internal topics were created under another policy must not grow
+        forever because of it."""
+        return self.internal or self.config.compacts
+
+    @property
+    def deletes(self) -> bool:
+        """Whether retention deletes old batches by time and size. Never for
+        an internal topic, whatever its catalog entry says: the
+        coordinators' state must not age out (compaction bounds it)."""
+        return self.config.deletes and not self.internal
 
     def topic_partition(self, partition: int) -> str:
         return f"{self.name}-{partition}"
@@ -143,6 +185,7 @@ def parse_config(overrides: Mapping[str, str]) -> TopicConfig | Rejection:
     """The effective configuration, or INVALID_CONFIG naming the key and value."""
     values: dict[str, int] = {}
     policy = frozenset({POLICY_DELETE})
+    dirty_ratio = DEFAULT_MIN_CLEANABLE_DIRTY_RATIO
     for key in sorted(overrides):
         value = overrides[key]
         if key not in CONFIG_KEYS:
@@ -161,6 +204,17 @@ def parse_config(overrides: Mapping[str, str]) -> TopicConfig | Rejection:
                 )
             policy = frozenset(parts)
             continue
+        if key == MIN_CLEANABLE_DIRTY_RATIO:
+            try:
+                ratio = float(value.strip())
+            except ValueError:
+                return Rejection(ErrorCode.INVALID_CONFIG, f"{key}={value!r}: not a number")
+            if not 0.0 <= ratio <= 1.0:
+                return Rejection(
+                    ErrorCode.INVALID_CONFIG, f"{key}={value!r}: must be between 0.0 and 1.0"
+                )
+            dirty_ratio = ratio
+            continue
         try:
             number = int(value.strip())
         except ValueError:
@@ -169,6 +223,8 @@ def parse_config(overrides: Mapping[str, str]) -> TopicConfig | Rejection:
             return Rejection(
                 ErrorCode.INVALID_CONFIG, f"{key}={number}: must be -1 (no limit) or >= 0"
             )
+        if key == DELETE_RETENTION_MS and number < 0:
+            return Rejection(ErrorCode.INVALID_CONFIG, f"{key}={number}: must be >= 0")
         if key == MAX_MESSAGE_BYTES and not (
             HEADER_SIZE_BYTES <= number <= limits.MAX_BATCH_BYTES_CEILING
         ):
@@ -183,6 +239,8 @@ def parse_config(overrides: Mapping[str, str]) -> TopicConfig | Rejection:
         retention_bytes=values.get(RETENTION_BYTES, -1),
         max_message_bytes=values.get(MAX_MESSAGE_BYTES, limits.DEFAULT_MAX_BATCH_BYTES),
         cleanup_policy=policy,
+        delete_retention_ms=values.get(DELETE_RETENTION_MS, DEFAULT_DELETE_RETENTION_MS),
+        min_cleanable_dirty_ratio=dirty_ratio,
     )
 
 

@@ -122,6 +122,18 @@ class AbortedIndex:
         del self._last_offsets[:i]
         return i
 
+    def remove(self, last_offset: int) -> bool:
+        """Drops the entry whose ABORT marker at last_offset compaction
+        removed (with every record of its transaction). The early stop of
+        `collect` holds for the entries left: it relies on each entry's own
+        last_stable_offset, not on its neighbours."""
+        i = bisect.bisect_left(self._last_offsets, last_offset)
+        if i < len(self._entries) and self._last_offsets[i] == last_offset:
+            del self._entries[i]
+            del self._last_offsets[i]
+            return True
+        return False
+
     def collect(self, start_offset: int, end_offset: int) -> list[AbortedTxn]:
         """Every aborted transaction with a batch in [start_offset,
         end_offset): last_offset >= start_offset and first_offset <

@@ -16,6 +16,9 @@ re-created topic never sees the old topic's data.
                                                       marker at last_offset ended: producer
                                                       id, first offset, LSO after the marker
                                                       (core/txn_index.py)
+  K | topic_id(8) | partition(4)                   -> compaction state of a compacted partition:
+                                                      clean offset, clean bytes, cleaning
+                                                      history (core/compaction.py)
   C | topic name (utf-8)                           -> topic catalog record (core/topics.py)
   N                                                -> next topic id (controller only)
 
@@ -23,6 +26,10 @@ re-created topic never sees the old topic's data.
 aborted index on disk always matches the markers in the log; retention
 deletes those with last_offset below the new log start (range delete up to
 A|..|new_start) in the same WriteBatch as the batches.
+
+Compaction rewrites `L` values in place (same key, fewer records) or
+deletes them, deletes the `A` entry of a removed ABORT marker, and writes
+`M` and `K`, each chunk in one WriteBatch.
 
 Values other than batches are sealed (version byte + CRC32C, core/codec.py).
 ListOffsets by timestamp seeks to the first T key >= ts: every batch before
@@ -39,6 +46,7 @@ SNAPSHOT = b"S"
 META = b"M"
 TIME_INDEX = b"T"
 ABORTED_TXN = b"A"
+COMPACTION = b"K"
 CATALOG = b"C"
 TOPIC_ID_COUNTER = b"N"
 
@@ -73,7 +81,7 @@ def topic_prefix(kind: bytes, topic_id: int) -> bytes:
 def topic_ranges(topic_id: int) -> list[tuple[bytes, bytes]]:
     """[start, end) of every key that holds data of a topic (for deletion)."""
     ranges = []
-    for kind in (LOG, SNAPSHOT, META, TIME_INDEX, ABORTED_TXN):
+    for kind in (LOG, SNAPSHOT, META, TIME_INDEX, ABORTED_TXN, COMPACTION):
         prefix = topic_prefix(kind, topic_id)
         ranges.append((prefix, next_prefix(prefix)))
     return ranges
@@ -117,6 +125,10 @@ def aborted_txn_key_offset(key: bytes) -> int:
 
 def meta_key(topic_id: int, partition: int) -> bytes:
     return partition_prefix(META, topic_id, partition)
+
+
+def compaction_key(topic_id: int, partition: int) -> bytes:
+    return partition_prefix(COMPACTION, topic_id, partition)
 
 
 def encode_timestamp(timestamp_ms: int) -> int:
