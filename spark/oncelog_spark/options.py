@@ -131,12 +131,19 @@ class SourceOptions:
         )
 
 
-def describe_options() -> dict[str, str]:
-    """Each option's name and what it means (for error messages and docs)."""
-    return dict(_OPTIONS)
+# Names users of Spark's Kafka source would write (lower-cased, as Spark
+# hands them over), and ours for the same thing.
+_KAFKA_NAMES = {
+    "kafka.bootstrap.servers": "bootstrap",
+    "subscribe": "topics",
+    "maxoffsetspertrigger": "max_records_per_trigger",
+    "kafka.isolation.level": "isolation_level",
+    "kafkaconsumer.polltimeoutms": "poll_timeout_ms",
+}
 
 
 def _check_names(given: Mapping[str, str]) -> None:
+    squashed = {known.replace("_", ""): known for known in _OPTIONS}
     for name in given:
         if name in _OPTIONS:
             continue
@@ -144,10 +151,7 @@ def _check_names(given: Mapping[str, str]) -> None:
             raise OptionError(
                 "the oncelog source takes no path: name the topics with option 'topics'"
             )
-        squashed = {known.replace("_", ""): known for known in _OPTIONS}
-        hint = squashed.get(name.replace("_", "").replace(".", ""))
-        if hint is None and name.replace("_", "") in ("maxoffsetspertrigger",):
-            hint = "max_records_per_trigger"
+        hint = _KAFKA_NAMES.get(name) or squashed.get(name.replace("_", ""))
         meant = f"; did you mean {hint!r}?" if hint else ""
         raise OptionError(
             f"unknown option {name!r} for the oncelog source{meant} "
