@@ -40,6 +40,7 @@ from oncelog_spark.offsets import (
     OffsetRange,
     Offsets,
     OffsetsError,
+    OffsetSpec,
     check_covers,
     from_json_dict,
     limit_end,
@@ -91,24 +92,37 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Reco
     return read_range(options, rng)
 
 
-def _check_within(
-    offsets: Offsets, low: Offsets, high: Offsets, *, option: str, isolation_level: str
-) -> None:
-    """Offsets asked for by the user must lie inside the log: at or after the
-    earliest offset still kept, at or before the end the query can see."""
-    for tp, offset in sorted(offsets.items()):
-        if offset < low[tp]:
-            raise OffsetsError(
-                f"option {option!r}: offset {offset} of {tp.topic}-{tp.partition} is before "
-                f"the earliest offset still in the log, {low[tp]}"
-            )
-        if offset > high[tp]:
-            end = "last stable offset" if isolation_level == "read_committed" \
-                else "high watermark"
-            raise OffsetsError(
-                f"option {option!r}: offset {offset} of {tp.topic}-{tp.partition} is past "
-                f"its end, {high[tp]} (the {end} under {isolation_level})"
-            )
+def _resolve_specs(
+    view: ClusterView, options: SourceOptions, specs: Mapping[str, OffsetSpec]
+) -> dict[str, Offsets]:
+    """Concrete offsets for the specs of the named options, from one look at
+    the cluster. Offsets a user asked for must lie inside the log: at or
+    after the earliest offset still kept, at or before the end the query
+    can see (the last stable offset under read_committed)."""
+    tps = view.partitions()
+    for option, spec in specs.items():
+        check_covers(spec, tps, option=option)
+    earliest = view.earliest(tps)
+    latest = view.latest(tps)
+    end_name = "last stable offset" if options.isolation_level == "read_committed" \
+        else "high watermark"
+    resolved: dict[str, Offsets] = {}
+    for option, spec in specs.items():
+        offsets = resolve(spec, tps, earliest=earliest, latest=latest)
+        for tp, offset in sorted(offsets.items()):
+            if offset < earliest[tp]:
+                raise OffsetsError(
+                    f"option {option!r}: offset {offset} of {tp.topic}-{tp.partition} is "
+                    f"before the earliest offset still in the log, {earliest[tp]}"
+                )
+            if offset > latest[tp]:
+                raise OffsetsError(
+                    f"option {option!r}: offset {offset} of {tp.topic}-{tp.partition} is "
+                    f"past its end, {latest[tp]} (the {end_name} under "
+                    f"{options.isolation_level})"
+                )
+        resolved[option] = offsets
+    return resolved
 
 
 class OncelogBatchReader(DataSourceReader):
@@ -121,24 +135,12 @@ class OncelogBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self._options
         with ClusterView(opts) as view:
-            tps = view.partitions()
-            check_covers(opts.starting_offsets, tps, option="starting_offsets")
-            check_covers(opts.ending_offsets, tps, option="ending_offsets")
-            earliest = view.earliest(tps)
-            latest = view.latest(tps)
-        start = resolve(opts.starting_offsets, tps, earliest=earliest, latest=latest)
-        end = resolve(opts.ending_offsets, tps, earliest=earliest, latest=latest)
-        _check_within(start, earliest, latest, option="starting_offsets",
-                      isolation_level=opts.isolation_level)
-        _check_within(end, earliest, latest, option="ending_offsets",
-                      isolation_level=opts.isolation_level)
-        for tp in tps:
-            if end[tp] < start[tp]:
-                raise OffsetsError(
-                    f"ending offset {end[tp]} of {tp.topic}-{tp.partition} is before its "
-                    f"starting offset {start[tp]}"
-                )
-        ranges = plan_ranges(start, end, earliest_of_new={})
+            resolved = _resolve_specs(view, opts, {
+                "starting_offsets": opts.starting_offsets,
+                "ending_offsets": opts.ending_offsets,
+            })
+        ranges = plan_ranges(resolved["starting_offsets"], resolved["ending_offsets"],
+                             earliest_of_new={})
         return [InputPartition(rng) for rng in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -179,15 +181,9 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         opts = self._options
-        view = self._cluster()
-        tps = view.partitions()
-        check_covers(opts.starting_offsets, tps, option="starting_offsets")
-        earliest = view.earliest(tps)
-        latest = view.latest(tps)
-        start = resolve(opts.starting_offsets, tps, earliest=earliest, latest=latest)
-        _check_within(start, earliest, latest, option="starting_offsets",
-                      isolation_level=opts.isolation_level)
-        return to_json_dict(start)
+        resolved = _resolve_specs(self._cluster(), opts,
+                                  {"starting_offsets": opts.starting_offsets})
+        return to_json_dict(resolved["starting_offsets"])
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self._options.max_records_per_trigger is None:

@@ -159,6 +159,9 @@ def test_empty_range_reads_no_rows(spark: SparkSession, layout: Layout) -> None:
         ({"ending_offsets": json.dumps({TOPIC: {"0": 10_000, "1": 1, "2": 1}})},
          "offset 10000 of ledger-0 is past its end"),
         ({"topics": "no-such-topic"}, "no-such-topic do not exist"),
+        ({"starting_offsets": json.dumps({TOPIC: {"0": 2, "1": 0, "2": 0}}),
+          "ending_offsets": json.dumps({TOPIC: {"0": 1, "1": 0, "2": 0}})},
+         "end offset 1 of ledger-0 is below its start offset 2"),
     ],
 )
 def test_bad_options_fail_with_a_clear_error(
