@@ -152,9 +152,6 @@ def test_empty_range_reads_no_rows(spark: SparkSession, layout: Layout) -> None:
     ("options", "message"),
     [
         ({"isolation_level": "read_commited"}, "option 'isolation_level' must be one of"),
-        ({"startingOffsets": "earliest"}, "did you mean 'starting_offsets'"),
-        ({"starting_offsets": "latest"}, "cannot be 'latest'"),
-        ({"max_records_per_trigger": "10"}, "applies to streaming reads only"),
         ({"ending_offsets": json.dumps({TOPIC: {"0": 1, "1": 1}})}, "missing ledger-2"),
         ({"ending_offsets": json.dumps({TOPIC: {"0": 10_000, "1": 1, "2": 1}})},
          "offset 10000 of ledger-0 is past its end"),
@@ -167,6 +164,9 @@ def test_empty_range_reads_no_rows(spark: SparkSession, layout: Layout) -> None:
 def test_bad_options_fail_with_a_clear_error(
     spark: SparkSession, layout: Layout, options: dict[str, str], message: str
 ) -> None:
+    # One case per place an error can arise (parsing the options, checking
+    # them against the cluster, planning ranges); every parsing mistake is
+    # covered in tests/unit/test_spark_offsets.py.
     with pytest.raises(PySparkException, match=message):
         read(spark, layout, **options).collect()
 
