@@ -18,13 +18,27 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON_BIN" -m venv .venv
   fi
 fi
+# Spark (oncelog_spark, the tests in tests/spark) runs on a JVM: Java 17 from
+# Debian when there is none.
+if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
+  if command -v apt-get >/dev/null; then
+    echo "== installing Java 17 for Spark"
+    # Debian's JRE packages fail to configure on images without man pages.
+    mkdir -p /usr/share/man/man1
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  else
+    echo "Spark needs Java 17 or newer: install it or set JAVA_HOME" >&2
+    exit 1
+  fi
+fi
 stamp=".venv/.oncelog-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "== installing oncelog and its tools into .venv"
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -c 'import oncelog, services, rocksdict, grpc' 
+  .venv/bin/python -c 'import oncelog, oncelog_spark, services, rocksdict, grpc, pyarrow'
   echo "$want" > "$stamp"
 fi
 

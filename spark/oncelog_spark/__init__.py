@@ -1,0 +1,34 @@
+"""Spark integration for oncelog (Spark 4's Python Data Source API).
+
+    from oncelog_spark import build_session, register
+
+    spark = build_session("my-job")                  # or register(existing_session)
+    df = (spark.readStream.format("oncelog")
+          .option("bootstrap", "127.0.0.1:9092").option("topics", "payments").load())
+
+The package lives in `spark/oncelog_spark/` and is installed beside `oncelog`
+(docs/spark.md says why it is a package of its own). Modules:
+
+* `source.py` — the data source: `format("oncelog")` for spark.read and
+  spark.readStream, its batch and stream readers.
+* `reading.py` — reading one offset range in a Spark task, as Arrow batches.
+* `offsets.py` — offsets JSON, ranges and per-trigger limits (pure logic).
+* `options.py` — the source's options, parsed and checked.
+* `cluster.py` — partitions and end offsets, asked from the cluster.
+* `session.py` — a SparkSession set up for oncelog.
+"""
+
+from __future__ import annotations
+
+from oncelog_spark.reading import SCHEMA
+from oncelog_spark.session import build_session, configure_environment, register
+from oncelog_spark.source import FORMAT_NAME, OncelogDataSource
+
+__all__ = [
+    "FORMAT_NAME",
+    "SCHEMA",
+    "OncelogDataSource",
+    "build_session",
+    "configure_environment",
+    "register",
+]

@@ -1,0 +1,151 @@
+"""Reading one offset range in a Spark task: records to Arrow batches.
+
+Runs inside Spark's Python workers, one call per input partition. The SDK's
+Consumer does the fetching (assign + seek, never a group), so the
+store's read_committed filtering applies unchanged.
+
+A range [start, end) is done when the consumer's *position* reaches `end`,
+not when end - start records were read: under read_committed the store
+leaves out aborted records and transaction markers, and the consumer's
+position jumps over them (to the store's next fetch offset), so a range can
+hold fewer records than offsets, or none. Records at or past `end` that
+arrive in the same fetch are dropped: the next range starts there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from oncelog import Consumer, ConsumerRecord, errors
+from oncelog_spark.offsets import OffsetRange
+from oncelog_spark.options import SourceOptions
+
+# The same columns as Spark's Kafka source (without its timestampType).
+SCHEMA = StructType([
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+    StructField("headers", ArrayType(StructType([
+        StructField("key", StringType()),
+        StructField("value", BinaryType()),
+    ]))),
+])
+
+# Spark checks the Arrow schema of every batch a source returns against the
+# one it derives from SCHEMA (timestamps in UTC microseconds); derive it the
+# same way so they cannot drift apart.
+ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
+
+# Records per Arrow batch handed to Spark (Spark's own default for Arrow
+# batches is 10,000 rows).
+RECORDS_PER_ARROW_BATCH = 10_000
+# How long one poll waits for records before the no-progress clock is checked.
+_POLL_WAIT_S = 0.5
+
+
+def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Records of `rng` under the query's isolation level, as Arrow batches
+    of ARROW_SCHEMA."""
+    tp = rng.topic_partition
+    builder = _BatchBuilder()
+    # auto_offset_reset "none": a start offset that is no longer in the log
+    # (retention removed it) must fail the task, not silently read elsewhere.
+    with Consumer(
+        bootstrap=options.bootstrap,
+        isolation_level=options.isolation_level,
+        auto_offset_reset="none",
+        max_poll_records=RECORDS_PER_ARROW_BATCH,
+    ) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, rng.start)
+        position = rng.start
+        progress_at_s = time.monotonic()
+        while position < rng.end:
+            try:
+                records = consumer.poll(timeout=_POLL_WAIT_S)
+            except errors.OffsetOutOfRangeError as exc:
+                raise errors.error_for(
+                    errors.ErrorCode.OFFSET_OUT_OF_RANGE,
+                    f"oncelog source: cannot read {tp.topic}-{tp.partition} offsets "
+                    f"[{rng.start}, {rng.end}): {exc.message}. The records are no longer in "
+                    f"the log (retention) or the topic was recreated.",
+                ) from None
+            for record in records:
+                if record.offset >= rng.end:
+                    break
+                builder.add(record)
+            if builder.full:
+                yield builder.take()
+            new_position = consumer.position(tp)
+            if new_position > position:
+                position = new_position
+                progress_at_s = time.monotonic()
+            elif (time.monotonic() - progress_at_s) * 1000 > options.poll_timeout_ms:
+                raise errors.KafkaTimeoutError(
+                    f"oncelog source: {tp.topic}-{tp.partition} stayed at offset {position} "
+                    f"for {options.poll_timeout_ms} ms while reading [{rng.start}, {rng.end}) "
+                    f"from {options.bootstrap} (is the partition store up?)"
+                )
+    if builder.size:
+        yield builder.take()
+
+
+class _BatchBuilder:
+    """Columns of records not yet handed to Spark."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.topics: list[str] = []
+        self.partitions: list[int] = []
+        self.offsets: list[int] = []
+        self.timestamps_us: list[int] = []
+        self.headers: list[list[dict[str, object]]] = []
+
+    @property
+    def size(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def full(self) -> bool:
+        return self.size >= RECORDS_PER_ARROW_BATCH
+
+    def add(self, record: ConsumerRecord) -> None:
+        self.keys.append(record.key)
+        self.values.append(record.value)
+        self.topics.append(record.topic)
+        self.partitions.append(record.partition)
+        self.offsets.append(record.offset)
+        self.timestamps_us.append(record.timestamp_ms * 1000)
+        self.headers.append([{"key": k, "value": v} for k, v in record.headers])
+
+    def take(self) -> pa.RecordBatch:
+        types = [field.type for field in ARROW_SCHEMA]
+        columns = [self.keys, self.values, self.topics, self.partitions, self.offsets,
+                   self.timestamps_us, self.headers]
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(column, type=t) for column, t in zip(columns, types, strict=True)],
+            schema=ARROW_SCHEMA,
+        )
+        self._reset()
+        return batch

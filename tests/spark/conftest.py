@@ -1,0 +1,37 @@
+"""Spark fixtures: one real local Spark session for the whole test run.
+
+A session takes 10–15 s to start (a JVM, then Python workers on first use),
+so every Spark test shares one, built by the package's own
+`oncelog_spark.build_session` (which registers the oncelog source and points
+Spark's Python workers at this interpreter). Tests that need a cluster use
+the module-scoped `shared_cluster` from tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from oncelog_spark import build_session
+
+# Failure guards, not timing assumptions: a stuck stop or a lost executor
+# fails the test run within a minute instead of hanging it.
+TEST_CONFIG = {
+    "spark.sql.streaming.stopTimeout": "60s",
+    "spark.network.timeout": "60s",
+    "spark.executor.heartbeatInterval": "10s",
+    # Python workers print a traceback when they crash or hang.
+    "spark.python.worker.faulthandler.enabled": "true",
+    "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+}
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = build_session("oncelog-tests", master="local[2]", config=TEST_CONFIG)
+    try:
+        yield session
+    finally:
+        session.stop()
