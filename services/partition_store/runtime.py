@@ -279,6 +279,7 @@ class StoreRuntime:
         self._last_refresh_ms: int | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = False
         self._closed_event = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._last_retention_ms = 0
@@ -328,16 +329,25 @@ class StoreRuntime:
             self.recovery_replayed_batches,
         )
 
-    async def close(self, *, take_snapshots: bool = True) -> None:
-        """Graceful shutdown: refuse new writes, wake long-polls, snapshot
-        every partition, drain the writer, close storage. Without
-        take_snapshots the next start recovers as after a crash (tests)."""
+    def begin_shutdown(self) -> None:
+        """The first step of a graceful shutdown: refuse new writes and wake
+        long-polls (they answer with what they have), while the writes already
+        accepted still become durable and get their answers."""
         if self._closing:
             return
         self._closing = True
         self._closed_event.set()
         for part in self._partitions.values():
             part.wake_waiters()
+
+    async def close(self, *, take_snapshots: bool = True) -> None:
+        """Graceful shutdown: begin_shutdown, then snapshot every partition,
+        drain the writer, close storage. Without take_snapshots the next
+        start recovers as after a crash (tests)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.begin_shutdown()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
