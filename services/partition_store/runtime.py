@@ -184,6 +184,9 @@ class FetchOutcome:
     log_start_offset: int = -1
     batches: tuple[bytes, ...] = ()
     next_fetch_offset: int = -1
+    # Records and bytes in `batches` (for metrics).
+    record_count: int = 0
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +295,7 @@ class StoreRuntime:
         """Loads the catalog and recovers every local partition, then starts
         the writer and the housekeeping task."""
         now_ms = self._clock_ms()
+        started_s = time.perf_counter()
         for key, value in self._store.scan(keys.CATALOG_START, keys.CATALOG_END):
             try:
                 record = decode_topic_record(value)
@@ -313,6 +317,7 @@ class StoreRuntime:
             p.recovery_replayed_batches for p in self._partitions.values()
         )
         metrics.RECOVERY_REPLAYED_BATCHES.set(self.recovery_replayed_batches)
+        metrics.RECOVERY_DURATION_SECONDS.set(time.perf_counter() - started_s)
         self._writer.start()
         self._last_retention_ms = now_ms
         if self.config.is_controller:
@@ -1016,6 +1021,7 @@ class StoreRuntime:
             outcomes, size, parts, failed = self._fetch_once(items, budget, isolation)
             remaining_s = deadline - loop.time()
             if size >= min_bytes or failed or remaining_s <= 0 or self._closing:
+                _count_fetched(outcomes)
                 return outcomes
             waiter: asyncio.Future[None] = loop.create_future()
             for part in parts:
@@ -1056,6 +1062,8 @@ class StoreRuntime:
                 log_start_offset=part.log.log_start_offset,
                 batches=tuple(read.batches),
                 next_fetch_offset=read.next_fetch_offset,
+                record_count=read.record_count,
+                size_bytes=read.size_bytes,
             ))
         return outcomes, total, parts, failed
 
@@ -1178,6 +1186,13 @@ class _Deferred:
     result: VerifyFirst | WaitForGate
     # The gate this item holds (it opened it for its own verification).
     gate: asyncio.Future[None] | None
+
+
+def _count_fetched(outcomes: Sequence[FetchOutcome]) -> None:
+    for o in outcomes:
+        if o.batches:
+            metrics.FETCH_RECORDS.labels(o.topic).inc(o.record_count)
+            metrics.FETCH_BYTES.labels(o.topic).inc(o.size_bytes)
 
 
 def _durable_callback(

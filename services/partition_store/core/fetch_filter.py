@@ -45,6 +45,8 @@ class FetchSelection(Generic[T]):
     scanned_bytes: int = 0
     filtered_batches: int = 0
     next_fetch_offset: int = 0
+    # Records in the returned batches.
+    record_count: int = 0
 
 
 def select_batches(
@@ -85,6 +87,7 @@ def select_batches(
             overlapping.setdefault(entry.producer_id, []).append(entry)
     batches: list[T] = []
     size_bytes = 0
+    record_count = 0
     for header, payload in scanned:
         if header.is_control or (
             overlapping
@@ -96,6 +99,7 @@ def select_batches(
             continue
         batches.append(payload)
         size_bytes += header.size_bytes
+        record_count += header.record_count
     filtered = len(scanned) - len(batches)
     return FetchSelection(
         batches=batches,
@@ -103,4 +107,5 @@ def select_batches(
         scanned_bytes=scanned_bytes,
         filtered_batches=filtered,
         next_fetch_offset=max(fetch_offset, scanned[-1][0].next_offset),
+        record_count=record_count,
     )
