@@ -57,7 +57,7 @@ def test_promtool_test_rules() -> None:
 
 def test_promtool_test_rules_fails_on_a_wrong_expectation(tmp_path: Path) -> None:
     """The unit tests can fail: an expectation shifted by one minute does."""
-    source = TEST_FILES[0]
+    source = ALERT_TESTS_DIR / "oncelog.rules.test.yaml"
     text = source.read_text().replace("eval_time: 18m", "eval_time: 16m", 1)
     assert text != source.read_text()
     mutated = tmp_path / source.name
