@@ -32,6 +32,32 @@ if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
     exit 1
   fi
 fi
+
+# Prometheus and promtool (Debian's package) for the dashboard and alert
+# tests, which start their own Prometheus. The package would also start (and
+# enable at boot) a system Prometheus on :9090: a policy-rc.d denying every
+# start keeps it from starting now (one that is already there is left
+# alone), and the service is disabled at boot.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing prometheus (Debian package)"
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+      chmod +x /usr/sbin/policy-rc.d
+      trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus >/dev/null
+    update-rc.d prometheus disable >/dev/null 2>&1 || true
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+  else
+    echo "prometheus/promtool missing: install Debian's prometheus package (as root)" >&2
+  fi
+fi
+
 stamp=".venv/.oncelog-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

@@ -3,11 +3,17 @@ SDK and the services: one translation per boundary)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import grpc
-from grpc_status import rpc_status
+from google.rpc import status_pb2
 
 from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2
+
+# Where gRPC carries a google.rpc.Status (with our Error in its details).
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
 def error_proto(code: ErrorCode, message: str = "") -> errors_pb2.Error:
@@ -17,18 +23,22 @@ def error_proto(code: ErrorCode, message: str = "") -> errors_pb2.Error:
     )
 
 
-def error_from_rpc(exc: grpc.RpcError) -> errors_pb2.Error:
-    """Our Error from a failed call: from the status details when present, else
-    mapped from the bare gRPC code (a transport failure, a proxy, a crash)."""
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
-    if status is not None:
+def error_from_status(
+    code: grpc.StatusCode | None, details: str | None,
+    trailing_metadata: Iterable[Any] | None,
+) -> errors_pb2.Error:
+    """Our Error from the parts of a finished call: from the status details
+    when present, else mapped from the bare gRPC code (a transport failure, a
+    proxy, a crash). Servers read their own calls' outcome the same way."""
+    for key, value in trailing_metadata or ():
+        if key != STATUS_DETAILS_KEY:
+            continue
+        status = status_pb2.Status.FromString(value)
         for detail in status.details:
             if detail.Is(errors_pb2.Error.DESCRIPTOR):
                 err = errors_pb2.Error()
                 detail.Unpack(err)
                 return err
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return error_proto(ErrorCode.NETWORK_EXCEPTION, f"{code}: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -37,3 +47,10 @@ def error_from_rpc(exc: grpc.RpcError) -> errors_pb2.Error:
         return error_proto(ErrorCode.MESSAGE_TOO_LARGE, f"{code}: {details}")
     return error_proto(ErrorCode.UNKNOWN_SERVER_ERROR, f"{code}: {details}")
 
+
+def error_from_rpc(exc: grpc.RpcError) -> errors_pb2.Error:
+    """Our Error from a failed call (see error_from_status)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    metadata = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return error_from_status(code, details, metadata)

@@ -18,8 +18,8 @@ MAX_TOPIC_NAME_LENGTH = 249
 # How many of a producer's most recent batches per partition are kept for
 # deduplication; also the most batches a producer may have in flight per partition.
 MAX_IN_FLIGHT_BATCHES = 5
-# Graceful shutdown: how long in-flight RPCs get to finish.
-SHUTDOWN_GRACE_S = 5.0
+# Graceful shutdown: how long in-flight RPCs get to finish (--shutdown-grace-ms).
+SHUTDOWN_GRACE_MS = 5000
 
 invariant(DEFAULT_MAX_BATCH_BYTES <= MAX_BATCH_BYTES_CEILING, "default batch limit over ceiling")
 invariant(

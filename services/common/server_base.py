@@ -10,33 +10,74 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import logging
 import os
+import re
 import signal
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
+from prometheus_client import disable_created_metrics, start_http_server
 
-from services.common import limits
+from oncelog import __version__
+from services.common import limits, metrics
 from services.common.cluster import ClusterLayout, split_addresses
+from services.common.rpc_interceptor import RpcInterceptor
 
 log = logging.getLogger("oncelog")
 
 
+def env_name(flag: str) -> str:
+    """The environment variable of a flag: --some-name -> ONCELOG_SOME_NAME."""
+    return "ONCELOG_" + flag.upper().replace("-", "_")
+
+
 def env_default(name: str, default: str | None = None) -> str | None:
-    return os.environ.get("ONCELOG_" + name.upper().replace("-", "_"), default)
+    """A flag's default from the environment. Give typed flags their default
+    as a string: argparse converts it with the flag's type, so a bad value in
+    the environment gets the same clear error as a bad flag."""
+    return os.environ.get(env_name(name), default)
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """An on/off flag's default from the environment."""
+    value = (env_default(name, "") or "").strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise SystemExit(f"{env_name(name)}={value!r}: expected one of {', '.join(_TRUE)} "
+                         f"or {', '.join(v for v in _FALSE if v)}")
+    return value in _TRUE
+
+
+def env_choice(name: str, default: str, choices: Sequence[str]) -> str:
+    """A default from the environment that must be one of `choices`
+    (argparse checks choices on the command line only)."""
+    value = env_default(name, default) or default
+    for choice in choices:
+        if choice.upper() == value.upper():
+            return choice
+    raise SystemExit(f"{env_name(name)}={value!r}: expected one of {', '.join(choices)}")
+
+
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags every service takes."""
     add = parser.add_argument
-    add("--node-id", type=int, default=int(env_default("node-id", "0") or 0),
+    add("--node-id", type=int, default=env_default("node-id", "0"),
         help="this process's index among the processes of its kind")
     add("--listen", default=env_default("listen"),
         help="host:port to bind (default: the advertised address)")
@@ -49,13 +90,21 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     add("--group-coordinators", default=env_default("group-coordinators", ""),
         help="comma-separated advertised addresses of every group coordinator")
     add("--transaction-state-partitions", type=int,
-        default=int(env_default("transaction-state-partitions", "8") or 8))
+        default=env_default("transaction-state-partitions", "8"),
+        help="partitions of __transaction_state (fixed for the cluster's life)")
     add("--consumer-offsets-partitions", type=int,
-        default=int(env_default("consumer-offsets-partitions", "8") or 8))
-    add("--metrics-port", type=int, default=int(env_default("metrics-port", "0") or 0),
+        default=env_default("consumer-offsets-partitions", "8"),
+        help="partitions of __consumer_offsets (fixed for the cluster's life)")
+    add("--metrics-port", type=int, default=env_default("metrics-port", "0"),
         help="Prometheus /metrics HTTP port on the listen host (0: off)")
-    add("--log-format", choices=("text", "json"), default=env_default("log-format", "text"))
-    add("--log-level", default=env_default("log-level", "INFO"))
+    add("--log-format", choices=LOG_FORMATS,
+        default=env_choice("log-format", "text", LOG_FORMATS),
+        help="text, or json: one JSON object per line")
+    add("--log-level", choices=LOG_LEVELS, type=str.upper,
+        default=env_choice("log-level", "INFO", LOG_LEVELS), help="the least severe level logged")
+    add("--shutdown-grace-ms", type=int,
+        default=env_default("shutdown-grace-ms", str(limits.SHUTDOWN_GRACE_MS)),
+        help="on SIGTERM, how long requests already running get to finish")
 
 
 def layout_from_args(args: argparse.Namespace) -> ClusterLayout:
@@ -68,24 +117,82 @@ def layout_from_args(args: argparse.Namespace) -> ClusterLayout:
     )
 
 
+def _json_entry(*, ts_ms: int, level: str, service: str, logger: str, msg: str,
+                exc: str | None = None) -> str:
+    entry = {"ts_ms": ts_ms, "level": level, "service": service, "logger": logger, "msg": msg}
+    if exc:
+        entry["exc"] = exc
+    return json.dumps(entry)
+
+
 class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts_ms, level, service, logger, msg (and exc)."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self._service = service
+
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts_ms": int(record.created * 1000),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+        return _json_entry(
+            ts_ms=int(record.created * 1000), level=record.levelname, service=self._service,
+            logger=record.name, msg=record.getMessage(),
+            exc=self.formatException(record.exc_info) if record.exc_info else None,
+        )
+
+
+# gRPC's C core logs "I1122 17:13:17.281398 19726 file.cc:12] text".
+_NATIVE_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_NATIVE_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [^\]]+\] ")
+
+
+def _wrap_native_stderr(service: str, lock: threading.RLock) -> TextIO:
+    """Makes everything written to file descriptor 2 by anything but our
+    logging handler — gRPC's C core, an uncaught exception's traceback —
+    arrive as JSON lines too: fd 2 becomes a pipe that a thread reads and
+    wraps. Returns the real stderr, for the handler. At exit the pipe is
+    closed and drained, so a last traceback is not lost."""
+    real_stderr = os.fdopen(os.dup(2), "w", buffering=1)
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+
+    def pump() -> None:
+        with os.fdopen(read_fd, "rb") as pipe:
+            for raw in pipe:
+                line = raw.decode(errors="replace").rstrip("\n")
+                if not line.strip():
+                    continue
+                native = _NATIVE_LINE.match(line)
+                entry = _json_entry(
+                    ts_ms=int(time.time() * 1000),
+                    level=_NATIVE_LEVELS[native.group(1)] if native else "ERROR",
+                    service=service, logger="grpc" if native else "stderr", msg=line,
+                )
+                with lock:
+                    real_stderr.write(entry + "\n")
+
+    thread = threading.Thread(target=pump, name="stderr-to-json", daemon=True)
+    thread.start()
+
+    def drain() -> None:
+        sys.stderr.flush()
+        os.dup2(real_stderr.fileno(), 2)  # closes the pipe's last write end
+        thread.join(5.0)
+
+    atexit.register(drain)
+    return real_stderr
 
 
 def configure_logging(fmt: str, level: str, service: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
+        handler = logging.StreamHandler()
+        handler.setFormatter(_JsonFormatter(service))
+        # One lock for both writers of the real stderr: whole lines only.
+        lock = threading.RLock()
+        handler.lock = lock
+        handler.setStream(_wrap_native_stderr(service, lock))
     else:
+        handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(
             logging.Formatter(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
         )
@@ -101,49 +208,151 @@ GRPC_OPTIONS: Sequence[tuple[str, int]] = (
 )
 
 
+class ServiceServer:
+    """A gRPC server with health checking, reflection and the RPC interceptor
+    (metrics, shutdown gate), and its graceful shutdown:
+
+    1. new oncelog RPCs are refused with SHUTTING_DOWN (retriable) and every
+       health status turns NOT_SERVING — health and reflection still answer,
+       so probes see the process draining rather than gone;
+    2. `on_draining` runs (the store wakes its long-polls);
+    3. the RPCs already running get up to `shutdown_grace_ms` to finish
+       (an acknowledged write is acknowledged before the process goes);
+    4. the server stops (health watches end) and `on_shutdown` runs (stop
+       timers, snapshot, close storage).
+    """
+
+    def __init__(
+        self,
+        *,
+        service_name: str,
+        full_service_names: Sequence[str],
+        register: Callable[[grpc.aio.Server], None],
+        shutdown_grace_ms: int = limits.SHUTDOWN_GRACE_MS,
+        on_draining: Callable[[], Awaitable[None]] | None = None,
+        on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        if shutdown_grace_ms < 0:
+            raise ValueError(f"shutdown grace is {shutdown_grace_ms} ms; it must be >= 0")
+        self.service_name = service_name
+        self._names = ["", *full_service_names]
+        self._shutdown_grace_ms = shutdown_grace_ms
+        self._on_draining = on_draining
+        self._on_shutdown = on_shutdown
+        self.interceptor = RpcInterceptor(service_name)
+        self.server = grpc.aio.server(options=list(GRPC_OPTIONS),
+                                      interceptors=[self.interceptor])
+        register(self.server)
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*full_service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        self._shutdown_started = False
+
+    async def start(self, listen: str) -> int:
+        """Binds and starts serving (health NOT_SERVING until set_serving);
+        returns the bound port."""
+        port = self.server.add_insecure_port(listen)
+        if port == 0:
+            raise SystemExit(f"{self.service_name}: cannot listen on {listen}")
+        # The health servicer starts with "" SERVING; nothing is served yet.
+        for name in self._names:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.start()
+        return port
+
+    async def set_serving(self) -> None:
+        for name in self._names:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        metrics.SERVING.set(1)
+
+    async def shutdown(self) -> None:
+        """The graceful shutdown described in the class docstring (once)."""
+        if self._shutdown_started:
+            return
+        self._shutdown_started = True
+        self.interceptor.draining = True
+        metrics.SERVING.set(0)
+        await self.health.enter_graceful_shutdown()
+        log.info("%s draining: new requests are refused, %d in flight",
+                 self.service_name, self.interceptor.in_flight)
+        if self._on_draining is not None:
+            await self._on_draining()
+        if not await self.interceptor.wait_idle(self._shutdown_grace_ms / 1000):
+            log.warning("%s: %d requests still running after the %d ms grace; cancelling them",
+                        self.service_name, self.interceptor.in_flight, self._shutdown_grace_ms)
+        await self.server.stop(0)
+        if self._on_shutdown is not None:
+            await self._on_shutdown()
+
+
+async def _probe_event_loop_lag() -> None:
+    """Measures how late the event loop wakes a timer: the time it was kept
+    from running callbacks (CPU-bound work, the GIL, a blocking call)."""
+    loop = asyncio.get_running_loop()
+    interval_s = metrics.EVENT_LOOP_PROBE_INTERVAL_S
+    while True:
+        due = loop.time() + interval_s
+        await asyncio.sleep(interval_s)
+        metrics.EVENT_LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - due))
+
+
 async def serve(
     *,
     service_name: str,
     full_service_names: Sequence[str],
     listen: str,
     register: Callable[[grpc.aio.Server], None],
+    node_id: int = 0,
     metrics_port: int = 0,
+    shutdown_grace_ms: int = limits.SHUTDOWN_GRACE_MS,
     on_started: Callable[[], Awaitable[None]] | None = None,
+    on_draining: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Runs a gRPC service until SIGTERM/SIGINT, then shuts down gracefully:
-    health goes NOT_SERVING, new RPCs are refused, in-flight ones get
-    SHUTDOWN_GRACE_S to finish, then on_shutdown runs (drain, snapshot)."""
-    server = grpc.aio.server(options=list(GRPC_OPTIONS))
-    register(server)
-    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [*full_service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    """Runs a service until SIGTERM/SIGINT, then shuts it down gracefully
+    (ServiceServer.shutdown). A second SIGINT during shutdown exits at once,
+    as after a crash (everything acknowledged is already durable); a
+    repeated SIGTERM changes nothing."""
+    server = ServiceServer(
+        service_name=service_name, full_service_names=full_service_names, register=register,
+        shutdown_grace_ms=shutdown_grace_ms, on_draining=on_draining, on_shutdown=on_shutdown,
     )
-    port = server.add_insecure_port(listen)
-    if port == 0:
-        raise SystemExit(f"{service_name}: cannot listen on {listen}")
+    # The client's *_created series would double the series count for
+    # nothing a dashboard uses.
+    disable_created_metrics()
+    metrics.SERVICE_INFO.labels(service_name, str(node_id), __version__).set(1)
+    metrics.SERVING.set(0)
     if metrics_port:
         host = listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
         start_http_server(metrics_port, addr=host)
-    await server.start()
+    await server.start(listen)
     if on_started is not None:
         await on_started()
-    for name in ("", *full_service_names):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await server.set_serving()
     log.info("%s serving on %s (metrics port %s)", service_name, listen, metrics_port or "off")
+    probe = asyncio.ensure_future(_probe_event_loop_lag())
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if not stop.is_set():
+            stop.set()
+        elif signum == signal.SIGINT:
+            # A second Ctrl-C: the person at the terminal does not want to wait.
+            log.warning("%s: interrupted again during shutdown; exiting now", service_name)
+            os._exit(1)
+        else:
+            log.info("%s: already shutting down (signal %d)", service_name, signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     await stop.wait()
     log.info("%s shutting down", service_name)
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(limits.SHUTDOWN_GRACE_S)
-    if on_shutdown is not None:
-        await on_shutdown()
+    probe.cancel()
+    await server.shutdown()
     log.info("%s stopped", service_name)
 
 

@@ -19,15 +19,15 @@ from services.coordinator.storage.txn_log import StoreTxnLog
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m services.coordinator", description="oncelog transaction coordinator"
+        prog="python -m services.coordinator", description="oncelog transaction coordinator",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     server_base.add_common_arguments(parser)
     parser.add_argument(
         "--producer-id-block-size", type=int,
-        default=int(server_base.env_default("producer-id-block-size", str(DEFAULT_BLOCK_SIZE))
-                    or DEFAULT_BLOCK_SIZE),
+        default=server_base.env_default("producer-id-block-size", str(DEFAULT_BLOCK_SIZE)),
         help="producer ids claimed per durable block",
     )
     defaults = TxnConfig()
@@ -40,9 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
          "how often transaction timeouts and expirations are checked"),
     ):
         parser.add_argument(f"--{flag}", type=int,
-                            default=int(server_base.env_default(flag, str(default)) or default),
-                            help=help_text)
-    return parser.parse_args(argv)
+                            default=server_base.env_default(flag, str(default)), help=help_text)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 async def main(argv: list[str] | None = None) -> None:
@@ -83,7 +86,9 @@ async def main(argv: list[str] | None = None) -> None:
         ],
         listen=args.listen or advertised,
         register=register,
+        node_id=args.node_id,
         metrics_port=args.metrics_port,
+        shutdown_grace_ms=args.shutdown_grace_ms,
         on_started=transactions.start,
         on_shutdown=shutdown,
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,10 @@ from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
 from services.common.invariants import invariant
 from services.common.service_error import ServiceError
+from services.coordinator import metrics
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.txn_log import (
+    TXN_KEY_PREFIX,
     TxnPartitionState,
     encode_epoch,
     encode_tombstone,
@@ -106,6 +109,8 @@ class TxnCoordinatorRuntime:
     async def start(self) -> None:
         """Loads every owned partition in the background (the store may still
         be starting) and starts the timer."""
+        metrics.MAX_TRANSACTION_TIMEOUT_SECONDS.set(self.config.max_txn_timeout_ms / 1000)
+        self.publish_gauges()
         for owned in self.partitions.values():
             self._spawn(self._load_until_done(owned))
         self._spawn(self._timer_loop())
@@ -208,7 +213,8 @@ class TxnCoordinatorRuntime:
         return owned
 
     async def _persist(self, owned: OwnedPartition, records: Sequence[Entry]) -> None:
-        """Appends records and then replays them; the caller holds owned.lock."""
+        """Appends records and then replays them (counting the state
+        transitions); the caller holds owned.lock."""
         try:
             owned.log_end_offset = await self._log.append(
                 owned.partition, records, expected_log_end_offset=owned.log_end_offset
@@ -221,7 +227,17 @@ class TxnCoordinatorRuntime:
                     else ErrorCode.COORDINATOR_NOT_AVAILABLE)
             raise ServiceError(code, f"transaction log write failed: {exc.message}") from exc
         for key, value in records:
+            if key is None or not key.startswith(TXN_KEY_PREFIX):
+                owned.state.replay(key, value)  # a coordinator-epoch record
+                continue
+            transactional_id = key[len(TXN_KEY_PREFIX):].decode()
+            before = owned.state.transactions.get(transactional_id)
             owned.state.replay(key, value)
+            after = owned.state.transactions.get(transactional_id)
+            metrics.TXN_STATE_TRANSITIONS.labels(
+                before.state.value if before else "none",
+                after.state.value if after else txn.TxnState.DEAD.value,
+            ).inc()
 
     async def _wait_for_markers(self, owned: OwnedPartition, transactional_id: str) -> None:
         """Holds a request that arrives while the previous transaction's markers
@@ -253,6 +269,9 @@ class TxnCoordinatorRuntime:
                 fresh_producer_id=await self._fresh_id_if_needed(md),
             )
             await self._persist(owned, [encode_txn(plan.to_persist)])
+            if md is not None and md.state is not txn.TxnState.DEAD:
+                # A known id: its epoch moved, fencing the previous instance.
+                metrics.PRODUCER_FENCINGS.labels("init").inc()
             if plan.abort_started:
                 self._start_markers(owned, transactional_id)
                 raise ServiceError(
@@ -368,6 +387,7 @@ class TxnCoordinatorRuntime:
             invariant(planned is not None, "no abort plan for an Ongoing transaction")
             assert planned is not None  # for the type checker; invariant() guards at runtime
             await self._persist(owned, [encode_txn(planned)])
+            metrics.PRODUCER_FENCINGS.labels("admin").inc()
             self._start_markers(owned, transactional_id)
             return planned
 
@@ -399,9 +419,11 @@ class TxnCoordinatorRuntime:
         )
         remaining = set(md.partitions)
         backoff_s = 0.02
+        started_s = time.perf_counter()
         while remaining:
             results = await self._markers.write(spec, sorted(remaining))
             for tp, code in results.items():
+                metrics.MARKER_WRITES.labels(code.name).inc()
                 if code in _MARKER_DONE:
                     remaining.discard(tp)
                 elif code is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
@@ -430,6 +452,8 @@ class TxnCoordinatorRuntime:
                 await self._persist(
                     owned, [encode_txn(txn.plan_complete(current, now_ms=self._now_ms()))]
                 )
+                metrics.TXN_COMPLETION_SECONDS.labels("commit" if spec.commit else "abort") \
+                    .observe(time.perf_counter() - started_s)
             except ServiceError as exc:
                 # The reload resumes the markers (they are idempotent) and completes.
                 log.info("completing %r failed: %s; will resume after reload",
@@ -447,6 +471,38 @@ class TxnCoordinatorRuntime:
                     except ServiceError as exc:
                         log.info("timeout check of __transaction_state-%d: %s",
                                  owned.partition, exc)
+            self.publish_gauges()
+
+    def publish_gauges(self) -> None:
+        """Sets the gauges that summarize memory: transactions by state, the
+        oldest Ongoing one, markers in flight, partition statuses. One pass
+        with no await, so the numbers agree with each other; the timer
+        already walks every transaction this often."""
+        now_ms = self._now_ms()
+        by_state = dict.fromkeys(txn.TxnState, 0)
+        oldest_start_ms: int | None = None
+        statuses = dict.fromkeys(metrics.PARTITION_STATUSES, 0)
+        markers_pending = 0
+        for owned in self.partitions.values():
+            status = "fenced" if owned.fenced else "loaded" if owned.loaded else "loading"
+            statuses[status] += 1
+            if status != "loaded":
+                continue
+            markers_pending += len(owned.marker_tasks)
+            for md in owned.state.transactions.values():
+                by_state[md.state] += 1
+                if md.state is txn.TxnState.ONGOING and (
+                        oldest_start_ms is None or md.txn_start_ms < oldest_start_ms):
+                    oldest_start_ms = md.txn_start_ms
+        for state, count in by_state.items():
+            if state is not txn.TxnState.DEAD:  # expired ids are forgotten, not kept
+                metrics.TRANSACTIONS.labels(state.value).set(count)
+        for status, count in statuses.items():
+            metrics.TXN_LOG_PARTITIONS.labels(status).set(count)
+        metrics.MARKERS_PENDING.set(markers_pending)
+        metrics.OLDEST_ONGOING_TXN_AGE_SECONDS.set(
+            0 if oldest_start_ms is None else max(0, now_ms - oldest_start_ms) / 1000
+        )
 
     async def _check_timeouts(self, owned: OwnedPartition) -> None:
         now_ms = self._now_ms()
@@ -465,6 +521,8 @@ class TxnCoordinatorRuntime:
                     log.info("transaction of %r timed out after %d ms: aborting",
                              transactional_id, current.txn_timeout_ms)
                     await self._persist(owned, [encode_txn(planned)])
+                    metrics.TXN_TIMEOUTS.inc()
+                    metrics.PRODUCER_FENCINGS.labels("timeout").inc()
                     self._start_markers(owned, transactional_id)
             elif txn.plan_expire(md, now_ms=now_ms,
                                  expiration_ms=self.config.transactional_id_expiration_ms):

@@ -11,6 +11,14 @@ PRODUCE_RECORDS = Counter(
 PRODUCE_BYTES = Counter(
     "oncelog_store_produce_bytes_total", "Encoded batch bytes appended", ["topic"]
 )
+FETCH_RECORDS = Counter(
+    "oncelog_store_fetch_records_total",
+    "Records in the batches Fetch returned (a batch is returned whole, so records before "
+    "the fetch offset count too)", ["topic"],
+)
+FETCH_BYTES = Counter(
+    "oncelog_store_fetch_bytes_total", "Encoded batch bytes Fetch returned", ["topic"]
+)
 PRODUCE_DUPLICATES = Counter(
     "oncelog_store_produce_duplicate_batches_total",
     "Produced batches recognized as retries and not written again", ["topic"],
@@ -51,8 +59,12 @@ RETENTION_DELETED_BATCHES = Counter(
     "oncelog_store_retention_deleted_batches_total", "Batches deleted by retention", ["topic"]
 )
 RECOVERY_REPLAYED_BATCHES = Gauge(
-    "oncelog_recovery_replayed_batches",
+    "oncelog_store_recovery_replayed_batches",
     "Batches replayed after the newest good snapshot during the last start (all partitions)",
+)
+RECOVERY_DURATION_SECONDS = Gauge(
+    "oncelog_store_recovery_duration_seconds",
+    "How long the last start took to load the catalog and recover every local partition",
 )
 CORRUPT_SNAPSHOTS = Counter(
     "oncelog_store_corrupt_snapshots_total", "Snapshots skipped during recovery as unreadable"

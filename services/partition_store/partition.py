@@ -133,6 +133,8 @@ class FetchRead:
     next_fetch_offset: int
     # Bytes covered: returned plus filtered (control and aborted batches).
     scanned_bytes: int = 0
+    # Records in the returned batches.
+    record_count: int = 0
 
 
 class PartitionRuntime:
@@ -184,6 +186,14 @@ class PartitionRuntime:
         self._records_counter = metrics.PRODUCE_RECORDS.labels(topic.name)
         self._bytes_counter = metrics.PRODUCE_BYTES.labels(topic.name)
         self._duplicates_counter = metrics.PRODUCE_DUPLICATES.labels(topic.name)
+        # Per-topic counters exist from the topic's first partition on, so
+        # rate() sees their first increment (a series born with its first
+        # event would hide it).
+        metrics.FETCH_RECORDS.labels(topic.name)
+        metrics.FETCH_BYTES.labels(topic.name)
+        metrics.RETENTION_DELETED_BATCHES.labels(topic.name)
+        for marker_name in MARKER_NAMES.values():
+            metrics.TXN_MARKERS_WRITTEN.labels(topic.name, marker_name.lower())
         self._lso_gauge = metrics.LAST_STABLE_OFFSET.labels(*labels)
         self._unstable_gauge = metrics.UNSTABLE_OFFSETS.labels(*labels)
         self._open_txns_gauge = metrics.OPEN_TRANSACTIONS.labels(*labels)
@@ -640,7 +650,7 @@ class PartitionRuntime:
         )
         return FetchRead(
             selection.batches, selection.size_bytes, selection.next_fetch_offset,
-            scanned_bytes=selection.scanned_bytes,
+            scanned_bytes=selection.scanned_bytes, record_count=selection.record_count,
         )
 
     def list_offset(self, timestamp_ms: int, isolation: Isolation) -> tuple[int, int]:

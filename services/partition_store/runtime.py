@@ -198,6 +198,9 @@ class FetchOutcome:
     log_start_offset: int = -1
     batches: tuple[bytes, ...] = ()
     next_fetch_offset: int = -1
+    # Records and bytes in `batches` (for metrics).
+    record_count: int = 0
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +296,7 @@ class StoreRuntime:
         self._last_refresh_ms: int | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = False
         self._closed_event = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._last_retention_ms = 0
@@ -308,6 +312,7 @@ class StoreRuntime:
         """Loads the catalog and recovers every local partition, then starts
         the writer and the housekeeping task."""
         now_ms = self._clock_ms()
+        started_s = time.perf_counter()
         for key, value in self._store.scan(keys.CATALOG_START, keys.CATALOG_END):
             try:
                 record = decode_topic_record(value)
@@ -329,6 +334,7 @@ class StoreRuntime:
             p.recovery_replayed_batches for p in self._partitions.values()
         )
         metrics.RECOVERY_REPLAYED_BATCHES.set(self.recovery_replayed_batches)
+        metrics.RECOVERY_DURATION_SECONDS.set(time.perf_counter() - started_s)
         self._writer.start()
         self._last_retention_ms = now_ms
         self._last_compaction_ms = now_ms
@@ -346,16 +352,25 @@ class StoreRuntime:
             self.recovery_replayed_batches,
         )
 
-    async def close(self, *, take_snapshots: bool = True) -> None:
-        """Graceful shutdown: refuse new writes, wake long-polls, snapshot
-        every partition, drain the writer, close storage. Without
-        take_snapshots the next start recovers as after a crash (tests)."""
+    def begin_shutdown(self) -> None:
+        """The first step of a graceful shutdown: refuse new writes and wake
+        long-polls (they answer with what they have), while the writes already
+        accepted still become durable and get their answers."""
         if self._closing:
             return
         self._closing = True
         self._closed_event.set()
         for part in self._partitions.values():
             part.wake_waiters()
+
+    async def close(self, *, take_snapshots: bool = True) -> None:
+        """Graceful shutdown: begin_shutdown, then snapshot every partition,
+        drain the writer, close storage. Without take_snapshots the next
+        start recovers as after a crash (tests)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.begin_shutdown()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -1027,6 +1042,7 @@ class StoreRuntime:
             )
             remaining_s = deadline - loop.time()
             if size >= min_bytes or failed or remaining_s <= 0 or self._closing:
+                _count_fetched(outcomes)
                 return outcomes
             waiter: asyncio.Future[None] = loop.create_future()
             for part in parts:
@@ -1069,6 +1085,8 @@ class StoreRuntime:
                 log_start_offset=part.log.log_start_offset,
                 batches=tuple(read.batches),
                 next_fetch_offset=read.next_fetch_offset,
+                record_count=read.record_count,
+                size_bytes=read.size_bytes,
             ))
         return outcomes, total, parts, failed
 
@@ -1250,6 +1268,13 @@ class _Deferred:
     result: VerifyFirst | WaitForGate
     # The gate this item holds (it opened it for its own verification).
     gate: asyncio.Future[None] | None
+
+
+def _count_fetched(outcomes: Sequence[FetchOutcome]) -> None:
+    for o in outcomes:
+        if o.batches:
+            metrics.FETCH_RECORDS.labels(o.topic).inc(o.record_count)
+            metrics.FETCH_BYTES.labels(o.topic).inc(o.size_bytes)
 
 
 def _durable_callback(

@@ -38,6 +38,7 @@ from services.common.server_base import (
     add_common_arguments,
     configure_logging,
     env_default,
+    env_flag,
     layout_from_args,
     run,
     serve,
@@ -58,46 +59,45 @@ from services.partition_store.storage.rocksdb import RocksStore
 log = logging.getLogger("oncelog.partition_store")
 
 
-def _env_int(name: str, default: int) -> int:
-    return int(env_default(name, str(default)) or default)
-
-
-def _env_flag(name: str) -> bool:
-    return (env_default(name, "") or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m services.partition_store", description="oncelog partition store"
+        prog="python -m services.partition_store", description="oncelog partition store",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_common_arguments(parser)
     add = parser.add_argument
     add("--data-dir", default=env_default("data-dir"),
         help="directory of this node's RocksDB (env ONCELOG_DATA_DIR)")
-    add("--fsync", action="store_true", default=_env_flag("fsync"),
+    add("--fsync", action="store_true", default=env_flag("fsync"),
         help="fsync the write-ahead log once per group commit before acknowledging")
     add("--snapshot-interval-batches", type=int,
-        default=_env_int("snapshot-interval-batches", 1000))
-    add("--snapshot-interval-ms", type=int, default=_env_int("snapshot-interval-ms", 60_000))
+        default=env_default("snapshot-interval-batches", "1000"),
+        help="producer-state snapshot every N appended batches per partition")
+    add("--snapshot-interval-ms", type=int, default=env_default("snapshot-interval-ms", "60000"),
+        help="... or every T ms with changes")
     add("--retention-check-interval-ms", type=int,
-        default=_env_int("retention-check-interval-ms", 300_000))
+        default=env_default("retention-check-interval-ms", "300000"),
+        help="how often retention and producer expiry run")
     add("--producer-id-expiration-ms", type=int,
-        default=_env_int("producer-id-expiration-ms", DEFAULT_PRODUCER_ID_EXPIRATION_MS))
+        default=env_default("producer-id-expiration-ms", str(DEFAULT_PRODUCER_ID_EXPIRATION_MS)),
+        help="an idle producer's deduplication state is dropped after this")
     add("--catalog-refresh-interval-ms", type=int,
-        default=_env_int("catalog-refresh-interval-ms", 10_000))
+        default=env_default("catalog-refresh-interval-ms", str(10_000)),
+        help="how often a store other than node 0 re-reads the topic catalog")
     add("--compaction-interval-ms", type=int,
-        default=_env_int("compaction-interval-ms", DEFAULT_COMPACTION_INTERVAL_MS),
+        default=env_default("compaction-interval-ms", str(DEFAULT_COMPACTION_INTERVAL_MS)),
         help="how often compacted topics' partitions are checked and, when due, compacted")
     add("--compaction-max-keys-per-pass", type=int,
-        default=_env_int("compaction-max-keys-per-pass", DEFAULT_COMPACTION_MAX_KEYS_PER_PASS),
+        default=env_default("compaction-max-keys-per-pass",
+                            str(DEFAULT_COMPACTION_MAX_KEYS_PER_PASS)),
         help="distinct keys one compaction pass may hold in memory; a pass that reaches "
              "it stops there and the next pass goes on")
     add("--compaction-chunk-bytes", type=int,
-        default=_env_int("compaction-chunk-bytes", DEFAULT_COMPACTION_CHUNK_BYTES),
+        default=env_default("compaction-chunk-bytes", str(DEFAULT_COMPACTION_CHUNK_BYTES)),
         help="rewritten bytes a compaction pass collects before writing them (each chunk "
              "is one atomic RocksDB write)")
     add("--unsafe-skip-txn-verification", action="store_true",
-        default=_env_flag("unsafe-skip-txn-verification"),
+        default=env_flag("unsafe-skip-txn-verification"),
         help="TEST ONLY, never in production: accept a producer's first transactional "
              "write to a partition without verifying with the transaction coordinator that "
              "the partition is in its transaction. Lets tests create hanging transactions "
@@ -152,12 +152,18 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
                 PartitionStoreServicer(runtime), server
             )
 
+        async def draining() -> None:
+            runtime.begin_shutdown()
+
         await serve(
             service_name="partition_store",
             full_service_names=[SERVICE_NAME],
             listen=listen,
             register=register,
+            node_id=config.node_id,
             metrics_port=args.metrics_port,
+            shutdown_grace_ms=args.shutdown_grace_ms,
+            on_draining=draining,
             on_shutdown=runtime.close,
         )
     finally:

@@ -51,6 +51,8 @@ class FetchSelection(Generic[T]):
     scanned_bytes: int = 0
     filtered_batches: int = 0
     next_fetch_offset: int = 0
+    # Records in the returned batches.
+    record_count: int = 0
 
 
 def select_batches(
@@ -99,6 +101,7 @@ def select_batches(
             overlapping.setdefault(entry.producer_id, []).append(entry)
     batches: list[T] = []
     size_bytes = 0
+    record_count = 0
     for header, payload in scanned:
         if (header.is_control and not keep_control) or header.record_count == 0 or (
             overlapping
@@ -110,6 +113,7 @@ def select_batches(
             continue
         batches.append(payload)
         size_bytes += header.size_bytes
+        record_count += header.record_count
     filtered = len(scanned) - len(batches)
     return FetchSelection(
         batches=batches,
@@ -119,4 +123,5 @@ def select_batches(
         next_fetch_offset=max(
             fetch_offset, upper_offset if reached_upper else scanned[-1][0].next_offset
         ),
+        record_count=record_count,
     )

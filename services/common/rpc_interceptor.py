@@ -1,0 +1,224 @@
+"""The server interceptor every service runs its oncelog RPCs through.
+
+It does two things that must see every call:
+
+* metrics: requests, errors by oncelog error code (read from the status
+  details the servicer attached, the same way a client reads them), failed
+  items inside successful responses, and latency, labelled by gRPC service
+  and method (services/common/metrics.py);
+* the shutdown gate: once draining, new oncelog RPCs are refused with
+  SHUTTING_DOWN (retriable), while the ones already running are counted so
+  that shutdown can wait for them. Health checking and reflection pass
+  through untouched, so probes keep getting answers (NOT_SERVING) while the
+  process drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from prometheus_client import Counter
+
+from oncelog._status import error_from_status
+from oncelog.errors import ErrorCode
+from oncelog.v1 import errors_pb2
+from services.common import metrics
+from services.common.errors import ServiceError, abort_with
+
+# Only our own services are measured and gated; health and reflection are not.
+_OWN_PREFIX = "/oncelog."
+_ERROR_TYPE = errors_pb2.Error.DESCRIPTOR.full_name
+
+
+@dataclass(frozen=True, slots=True)
+class _ErrorFields:
+    """Where a response message carries oncelog Errors: its own top-level
+    `error` field (a request-level failure sent in the body) and repeated
+    fields whose items have an `error` (per partition, topic, group, ...)."""
+
+    top_level: str | None
+    per_item: tuple[str, ...]
+
+
+_error_fields_cache: dict[str, _ErrorFields] = {}
+
+
+def _is_error_field(f: FieldDescriptor) -> bool:
+    return f.message_type is not None and f.message_type.full_name == _ERROR_TYPE
+
+
+def _error_fields(descriptor: Any) -> _ErrorFields:
+    cached = _error_fields_cache.get(descriptor.full_name)
+    if cached is None:
+        top = next((f.name for f in descriptor.fields
+                    if f.name == "error" and _is_error_field(f)), None)
+        items = tuple(
+            f.name for f in descriptor.fields
+            if f.is_repeated and f.message_type is not None
+            and any(g.name == "error" and _is_error_field(g) for g in f.message_type.fields)
+        )
+        cached = _error_fields_cache[descriptor.full_name] = _ErrorFields(top, items)
+    return cached
+
+
+def response_error_codes(response: Message) -> tuple[int, list[int]]:
+    """(the top-level error code or 0, the non-zero codes of failed items)."""
+    fields = _error_fields(response.DESCRIPTOR)
+    top = getattr(response, fields.top_level).code if fields.top_level else 0
+    items = [
+        item.error.code
+        for name in fields.per_item
+        for item in getattr(response, name)
+        if item.error.code
+    ]
+    return top, items
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode.from_wire(code).name
+    except ValueError:
+        # A code from a newer peer: still bounded (the wire enum is int32 but
+        # our servers only send codes they know).
+        return f"CODE_{code}"
+
+
+@dataclass(slots=True)
+class _MethodMetrics:
+    """The metric children of one method, looked up once."""
+
+    service: str
+    method: str
+    requests: Any
+    latency: Any
+    in_flight: Any
+    errors: dict[int, Any] = field(default_factory=dict)
+    result_errors: dict[int, Any] = field(default_factory=dict)
+
+    def error(self, code: int) -> None:
+        self._inc(self.errors, metrics.RPC_ERRORS, code)
+
+    def result_error(self, code: int) -> None:
+        self._inc(self.result_errors, metrics.RPC_RESULT_ERRORS, code)
+
+    def _inc(self, children: dict[int, Any], counter: Counter, code: int) -> None:
+        child = children.get(code)
+        if child is None:
+            child = children[code] = counter.labels(self.service, self.method, _code_name(code))
+        child.inc()
+
+
+def _split_method(full_method: str) -> tuple[str, str]:
+    """'/oncelog.v1.PartitionStore/Produce' -> ('PartitionStore', 'Produce')."""
+    service, _, method = full_method.lstrip("/").partition("/")
+    return service.rsplit(".", 1)[-1], method
+
+
+Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class RpcInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, service_name: str) -> None:
+        # For the SHUTTING_DOWN message: which process refused.
+        self._service_name = service_name
+        self.draining = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Waits until no oncelog RPC is running; False if timeout_s passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        full_method = handler_call_details.method
+        cached = self._handlers.get(full_method)
+        if cached is not None:
+            return cached
+        handler = await continuation(handler_call_details)
+        # Streaming methods would pass through unmeasured; none exist today.
+        if (handler is None or not full_method.startswith(_OWN_PREFIX)
+                or handler.unary_unary is None):
+            return handler
+        service, method = _split_method(full_method)
+        # grpc.aio registers the servicer's coroutine methods as they are.
+        behavior: Behavior = handler.unary_unary  # type: ignore[assignment]
+        wrapped = grpc.unary_unary_rpc_method_handler(
+            self._wrap(behavior, _MethodMetrics(
+                service, method,
+                requests=metrics.RPC_REQUESTS.labels(service, method),
+                latency=metrics.RPC_LATENCY_SECONDS.labels(service, method),
+                in_flight=metrics.RPC_IN_FLIGHT.labels(service),
+            )),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+        self._handlers[full_method] = wrapped
+        return wrapped
+
+    def _wrap(self, behavior: Behavior, m: _MethodMetrics) -> Behavior:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            m.requests.inc()
+            if self.draining:
+                m.error(ErrorCode.SHUTTING_DOWN)
+                await abort_with(context, ServiceError(
+                    ErrorCode.SHUTTING_DOWN,
+                    f"{self._service_name} is shutting down; retry after it restarts",
+                ))
+            with self._running(m):
+                started = time.perf_counter()
+                try:
+                    response = await behavior(request, context)
+                except asyncio.CancelledError:
+                    # The caller went away or the server is stopping: not an
+                    # error of the request.
+                    raise
+                except BaseException:
+                    err = error_from_status(context.code(), context.details(),
+                                            context.trailing_metadata())
+                    m.error(err.code)
+                    raise
+                finally:
+                    m.latency.observe(time.perf_counter() - started)
+            top, items = response_error_codes(response)
+            if top:
+                m.error(top)
+            for code in items:
+                m.result_error(code)
+            return response
+
+        return handle
+
+    @contextlib.contextmanager
+    def _running(self, m: _MethodMetrics) -> Iterator[None]:
+        self._in_flight += 1
+        self._idle.clear()
+        m.in_flight.inc()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+            m.in_flight.dec()
