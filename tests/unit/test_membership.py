@@ -247,7 +247,8 @@ def test_no_acknowledged_heartbeat_for_a_session_means_the_partitions_are_lost()
                    retry_after_ms=1)
         m.check_session(now)
         assert m.state is MemberState.STABLE
-    assert m.wait_ms(3_100) <= 1_400 + SESSION_MS + 1 - 3_100
+    wait_ms = m.wait_ms(3_100)
+    assert wait_ms is not None and wait_ms <= 1_400 + SESSION_MS + 1 - 3_100
     m.check_session(1_400 + SESSION_MS)
     assert m.state is MemberState.STABLE
     m.check_session(1_400 + SESSION_MS + 1)
