@@ -27,3 +27,26 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -c 'import oncelog, services, rocksdict, grpc' 
   echo "$want" > "$stamp"
 fi
+
+# The Node.js client example (examples/node) and its test need node and npm.
+# Its packages are installed here, from the committed lockfile, so the test
+# itself needs no network; again only when the lockfile changed.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    echo "== installing nodejs and npm"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+  else
+    echo "warning: node and npm are missing (examples/node and its test need them)" >&2
+  fi
+fi
+if command -v npm >/dev/null; then
+  node_stamp="examples/node/node_modules/.oncelog-installed"
+  node_want="$(sha256sum examples/node/package-lock.json | cut -d' ' -f1)"
+  if [ ! -f "$node_stamp" ] || [ "$(cat "$node_stamp")" != "$node_want" ]; then
+    echo "== installing the Node.js example's packages (npm ci)"
+    # No install scripts: the example has no native code to build.
+    (cd examples/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+    echo "$node_want" > "$node_stamp"
+  fi
+fi

@@ -51,6 +51,26 @@ def _service_error(error: errors_pb2.Error) -> ServiceError:
     return ServiceError(ErrorCode.from_wire(error.code), error.message)
 
 
+@dataclass(frozen=True, slots=True)
+class TxnWriter:
+    """Stamps an internal append as a transactional batch of a producer."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawRead:
+    """Whole batches (control batches included), for readers that follow
+    transaction outcomes themselves."""
+
+    batches: list[bytes]
+    next_offset: int
+    high_watermark: int
+
+
 class StoreClient:
     def __init__(self, layout: ClusterLayout) -> None:
         self._layout = layout
@@ -71,20 +91,36 @@ class StoreClient:
         *,
         expected_log_end_offset: int | None = None,
         now_ms: int | None = None,
+        producer: TxnWriter | None = None,
     ) -> int:
         """Appends (key, value) records as one batch; returns its base offset.
+
+        With `producer`, the batch is a transactional batch of that producer
+        (the group coordinator writes transactional offsets so): the store
+        applies its transaction rules to it (verification with the
+        transaction coordinator, epoch fencing, sequence order).
 
         Raises ServiceError with the store's code (LOG_END_OFFSET_MISMATCH when
         the condition did not hold; a retriable code when the store is away).
         """
         ts = int(time.time() * 1000) if now_ms is None else now_ms
-        batch = records.encode_batch([(k, v, None, ts) for k, v in entries])
+        rows = [(k, v, None, ts) for k, v in entries]
+        if producer is None:
+            batch = records.encode_batch(rows)
+        else:
+            batch = records.encode_batch(
+                rows, producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
+                base_sequence=producer.base_sequence, transactional=True,
+            )
         pb = ps.PartitionBatch(topic=topic, partition=partition, batch=batch)
         if expected_log_end_offset is not None:
             pb.expected_log_end_offset = expected_log_end_offset
         try:
             resp = await self._stub(topic, partition).Produce(
-                ps.ProduceRequest(batches=[pb], timeout_ms=int(STORE_RPC_TIMEOUT_S * 1000)),
+                ps.ProduceRequest(
+                    batches=[pb], timeout_ms=int(STORE_RPC_TIMEOUT_S * 1000),
+                    transactional_id=producer.transactional_id if producer else "",
+                ),
                 timeout=STORE_RPC_TIMEOUT_S,
             )
         except grpc.RpcError as exc:
@@ -121,6 +157,48 @@ class StoreClient:
         next_offset = max(result.next_fetch_offset, from_offset)
         return ReadResult(entries, next_offset, result.high_watermark)
 
+    async def read_batches(
+        self, topic: str, partition: int, from_offset: int, *, max_wait_ms: int = 0,
+        max_bytes: int = 8 << 20,
+    ) -> RawRead:
+        """Reads whole batches from an offset under read_uncommitted, markers
+        included; with max_wait_ms, waits that long for something new."""
+        req = ps.FetchRequest(
+            partitions=[ps.FetchPartition(
+                topic=topic, partition=partition, fetch_offset=from_offset, max_bytes=max_bytes
+            )],
+            max_wait_ms=max_wait_ms,
+            min_bytes=1 if max_wait_ms else 0,
+            max_bytes=max_bytes,
+            isolation_level=records_pb2.READ_UNCOMMITTED,
+            include_control_batches=True,
+        )
+        try:
+            resp = await self._stub(topic, partition).Fetch(
+                req, timeout=STORE_RPC_TIMEOUT_S + max_wait_ms / 1000
+            )
+        except grpc.RpcError as exc:
+            raise _service_error(error_from_rpc(exc)) from exc
+        result = resp.results[0]
+        if result.error.code != 0:
+            raise _service_error(result.error)
+        return RawRead(list(result.batches), max(result.next_fetch_offset, from_offset),
+                       result.high_watermark)
+
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """Partition counts of existing topics, from the store that keeps the
+        catalog (a missing topic is left out)."""
+        if not topics:
+            return {}
+        address = self._layout.stores[self._layout.controller_node_id]
+        stub = ps_grpc.PartitionStoreStub(self._channels.get(address))
+        try:
+            resp = await stub.Metadata(ps.MetadataRequest(topics=list(topics)),
+                                       timeout=STORE_RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            raise _service_error(error_from_rpc(exc)) from exc
+        return {t.name: len(t.partitions) for t in resp.topics if t.error.code == 0}
+
     async def read_to_end(self, topic: str, partition: int, from_offset: int = 0) -> ReadResult:
         """Reads everything from an offset up to the high watermark at the time of the call."""
         entries: list[LogEntry] = []
@@ -132,10 +210,13 @@ class StoreClient:
                 return ReadResult(entries, max(result.next_offset, offset), result.high_watermark)
             offset = result.next_offset
 
-    async def log_end_offset(self, topic: str, partition: int) -> int:
+    async def log_end_offset(self, topic: str, partition: int, *,
+                             read_committed: bool = False) -> int:
+        """The high watermark, or the last stable offset with read_committed."""
         req = ps.ListOffsetsRequest(
             partitions=[ps.ListOffsetsPartition(topic=topic, partition=partition, timestamp_ms=-1)],
-            isolation_level=records_pb2.READ_UNCOMMITTED,
+            isolation_level=(records_pb2.READ_COMMITTED if read_committed
+                             else records_pb2.READ_UNCOMMITTED),
         )
         try:
             resp = await self._stub(topic, partition).ListOffsets(req, timeout=STORE_RPC_TIMEOUT_S)

@@ -17,11 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.common import durable
+
+# encode_epoch is re-exported: the runtime and the simulation take it from here.
+from services.common.coordinator_epoch import EPOCH_KEY, decode_epoch
+from services.common.coordinator_epoch import encode_epoch as encode_epoch
 from services.coordinator.core.transactions import TxnMetadata
 
 RECORD_VERSION = 1
 TXN_KEY_PREFIX = b"T"
-EPOCH_KEY = b"E"
 
 
 def txn_key(transactional_id: str) -> bytes:
@@ -34,12 +37,6 @@ def encode_txn(md: TxnMetadata) -> tuple[bytes, bytes]:
 
 def encode_tombstone(transactional_id: str) -> tuple[bytes, None]:
     return txn_key(transactional_id), None
-
-
-def encode_epoch(coordinator_epoch: int, node_id: int) -> tuple[bytes, bytes]:
-    return EPOCH_KEY, durable.encode(
-        RECORD_VERSION, {"coordinator_epoch": coordinator_epoch, "node_id": node_id}
-    )
 
 
 @dataclass
@@ -57,10 +54,7 @@ class TxnPartitionState:
         if key == EPOCH_KEY:
             if value is None:
                 return
-            payload = durable.decode(value, expected_version=RECORD_VERSION,
-                                     what="coordinator epoch record")
-            self.coordinator_epoch = int(payload["coordinator_epoch"])
-            self.epoch_owner_node_id = int(payload["node_id"])
+            self.coordinator_epoch, self.epoch_owner_node_id = decode_epoch(value)
             return
         if key is None or not key.startswith(TXN_KEY_PREFIX):
             raise durable.CorruptValueError(f"transaction log record with unknown key {key!r}")

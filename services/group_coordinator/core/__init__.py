@@ -1,0 +1,1 @@
+"""The group coordinator's pure cores: no I/O, no clocks, no asyncio."""
