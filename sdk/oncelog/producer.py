@@ -619,8 +619,9 @@ class Producer:
         """A transactional request with retries; sorts its failure: fatal codes
         (and, with fatal_on_error, every non-retriable error, as Kafka does for
         InitProducerId and EndTxn) make the producer fatal; other non-retriable
-        errors break the transaction (abortable_error); running out of time
-        raises KafkaTimeoutError and leaves the state as it is."""
+        errors break the transaction (abortable_error; raised as a
+        TransactionAbortableError caused by the typed error); running out of
+        time raises KafkaTimeoutError and leaves the state as it is."""
         txn = self._txn
         assert txn is not None  # _txn_parts checked it
         try:
@@ -637,11 +638,21 @@ class Producer:
             )
             if classify(exc) is Outcome.FATAL or fatal_on_error:
                 self._sender.fail_fatal(detailed)
-            else:
-                with self._accumulator.lock:
-                    if txn.state is TxnState.IN_TRANSACTION:
-                        txn.transition_to(TxnState.ABORTABLE_ERROR, detailed)
-            raise detailed from exc
+                raise detailed from exc
+            with self._accumulator.lock:
+                if txn.state is TxnState.IN_TRANSACTION:
+                    txn.transition_to(TxnState.ABORTABLE_ERROR, detailed)
+            if isinstance(detailed, errors.TransactionAbortableError):
+                raise detailed from exc
+            # The code's own class (StaleMemberEpochError, say) does not say
+            # "abort": a failure that breaks the transaction is raised as a
+            # TransactionAbortableError, caused by the typed error, so one
+            # except clause catches every transaction that must be aborted.
+            raise errors.error_for(
+                ErrorCode.TRANSACTION_ABORTABLE,
+                f"{type(detailed).__name__}: {detailed.message}; the transaction must be "
+                "aborted with abort_transaction()",
+            ) from detailed
 
     def _txn_parts(self, method: str) -> tuple[TxnStateMachine, CoordinatorLocator]:
         if self._closed:

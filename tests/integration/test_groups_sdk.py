@@ -246,8 +246,9 @@ def test_bad_input_gets_clear_errors_and_stores_nothing(
         ]
         for bad_meta, tp, error in cases:
             producer.begin_transaction()
-            with pytest.raises(error):
+            with pytest.raises(errors.TransactionAbortableError) as raised:
                 producer.send_offsets_to_transaction({tp: 5}, bad_meta)
+            assert isinstance(raised.value.__cause__, error), raised.value
             with pytest.raises(errors.TransactionAbortableError):
                 producer.commit_transaction()
             producer.abort_transaction()
