@@ -98,6 +98,13 @@ class CoordinatorLocator:
         if not md.coordinators or (self.kind == GROUP and not md.group_coordinators):
             md = self._client.refresh_metadata(timeout_ms=self._client.request_timeout_ms)
         if not md.coordinators:
+            if self.kind == GROUP:
+                # Transaction coordinators answer FindCoordinator for groups too.
+                raise NoCoordinatorError(errors.error_for(
+                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    f"the cluster has no transaction coordinator (Metadata lists none) to "
+                    f"answer FindCoordinator for group {self.key!r}",
+                ))
             raise NoCoordinatorError(no_coordinator_error(TRANSACTION, self.key))
         if self.kind == GROUP and not md.group_coordinators:
             raise NoCoordinatorError(no_coordinator_error(GROUP, self.key))

@@ -436,3 +436,12 @@ def test_bad_usage_fails_before_anything_is_sent(store: FakeStore) -> None:
         with pytest.raises(errors.IllegalStateError, match="unsubscribe"):
             consumer.assign([T0])
     assert store.calls_named("OffsetCommit") == []
+
+
+def test_a_cluster_without_a_group_coordinator_fails_poll_clearly() -> None:
+    with FakeStore(group_coordinator=False) as bare, Consumer(
+            bootstrap=bare.address, group_id=GROUP) as consumer:
+        bare.create_topic("t", 1)
+        consumer.subscribe(["t"])
+        with pytest.raises(errors.CoordinatorNotAvailableError, match="no group coordinator"):
+            poll_until(consumer, lambda _got: False)
