@@ -1,0 +1,198 @@
+{{/*
+Shared pieces of the oncelog chart. The three components (partition stores,
+transaction coordinators, group coordinators) are rendered by the same
+templates from the table in "oncelog.components", so a rule about pods,
+probes or services is written once.
+*/}}
+
+{{- define "oncelog.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every resource name. Kept to 40 characters so that
+"<prefix>-group-coordinator-headless" still fits a 63-character DNS label.
+*/}}
+{{- define "oncelog.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "oncelog.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The components. key: the values block; name: the resource-name suffix and
+the app.kubernetes.io/component label; module: what `python -m` runs; job:
+the Prometheus job label (the service's own name, as on a local cluster);
+stateful: whether the pods keep a data volume.
+*/}}
+{{- define "oncelog.components" -}}
+partitionStore:
+  key: partitionStore
+  name: partition-store
+  module: services.partition_store
+  job: partition_store
+  stateful: true
+coordinator:
+  key: coordinator
+  name: coordinator
+  module: services.coordinator
+  job: coordinator
+  stateful: false
+groupCoordinator:
+  key: groupCoordinator
+  name: group-coordinator
+  module: services.group_coordinator
+  job: group_coordinator
+  stateful: false
+{{- end }}
+
+{{/* One component's table row; call with (dict "root" $ "key" "partitionStore"). */}}
+{{- define "oncelog.component" -}}
+{{- $all := include "oncelog.components" .root | fromYaml }}
+{{- $row := get $all .key }}
+{{- if not $row }}
+{{- fail (printf "internal: unknown component %q" .key) }}
+{{- end }}
+{{- toYaml $row }}
+{{- end }}
+
+{{/* Whether a component runs at all; call with (dict "root" $ "key" ...). */}}
+{{- define "oncelog.componentEnabled" -}}
+{{- $values := get .root.Values .key }}
+{{- if hasKey $values "enabled" }}{{ ternary "true" "" $values.enabled }}{{ else }}true{{ end }}
+{{- end }}
+
+{{/* StatefulSet name of a component: (dict "root" $ "key" ...). */}}
+{{- define "oncelog.componentName" -}}
+{{- $c := include "oncelog.component" . | fromYaml }}
+{{- printf "%s-%s" (include "oncelog.fullname" .root) $c.name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Headless Service of a component: the pods' stable DNS names live under it. */}}
+{{- define "oncelog.headlessName" -}}
+{{- printf "%s-headless" (include "oncelog.componentName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "oncelog.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "oncelog.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "oncelog.labels" -}}
+helm.sh/chart: {{ include "oncelog.chart" . }}
+{{ include "oncelog.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: oncelog
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component's pods: (dict "root" $ "key" ...). */}}
+{{- define "oncelog.componentSelectorLabels" -}}
+{{- $c := include "oncelog.component" . | fromYaml }}
+{{- include "oncelog.selectorLabels" .root }}
+app.kubernetes.io/component: {{ $c.name }}
+{{- end }}
+
+{{- define "oncelog.componentLabels" -}}
+{{- $c := include "oncelog.component" . | fromYaml }}
+{{- include "oncelog.labels" .root }}
+app.kubernetes.io/component: {{ $c.name }}
+{{- end }}
+
+{{- define "oncelog.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "oncelog.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "oncelog.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+The advertised addresses of every pod of a component, by node id (= the
+StatefulSet ordinal), comma-separated: the layout every process is given.
+Empty when the component is disabled. Call with (dict "root" $ "key" ...).
+*/}}
+{{- define "oncelog.addresses" -}}
+{{- $root := .root }}
+{{- $addresses := list }}
+{{- if include "oncelog.componentEnabled" . }}
+{{- $values := get $root.Values .key }}
+{{- $sts := include "oncelog.componentName" . }}
+{{- $svc := include "oncelog.headlessName" . }}
+{{- range $ordinal := until (int $values.replicas) }}
+{{- $addresses = append $addresses (printf "%s-%d.%s.%s.svc.%s:%d" $sts $ordinal $svc $root.Release.Namespace $root.Values.clusterDomain (int $root.Values.ports.grpc)) }}
+{{- end }}
+{{- end }}
+{{- join "," $addresses }}
+{{- end }}
+
+{{/*
+A value as an environment variable's text. Helm reads numbers from YAML
+and JSON as floats, and a float prints as 8.64e+07: whole numbers are
+printed as integers so the services' int() parses them.
+*/}}
+{{- define "oncelog.envValue" -}}
+{{- if kindIs "float64" . }}
+{{- if eq (float64 (int64 .)) . }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else }}
+{{- . }}
+{{- end }}
+{{- end }}
+
+{{/* The environment variable of a server flag: fsync -> ONCELOG_FSYNC. */}}
+{{- define "oncelog.envName" -}}
+{{- printf "ONCELOG_%s" (. | upper | replace "-" "_") }}
+{{- end }}
+
+{{/* The cluster ConfigMap's data (also hashed into every pod's annotations). */}}
+{{- define "oncelog.clusterEnv" -}}
+ONCELOG_STORES: {{ include "oncelog.addresses" (dict "root" . "key" "partitionStore") | quote }}
+ONCELOG_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "coordinator") | quote }}
+ONCELOG_GROUP_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "groupCoordinator") | quote }}
+ONCELOG_TRANSACTION_STATE_PARTITIONS: {{ include "oncelog.envValue" .Values.cluster.transactionStatePartitions | quote }}
+ONCELOG_CONSUMER_OFFSETS_PARTITIONS: {{ include "oncelog.envValue" .Values.cluster.consumerOffsetsPartitions | quote }}
+ONCELOG_LISTEN: {{ printf "%s:%d" (include "oncelog.hostForPort" .Values.listenHost) (int .Values.ports.grpc) | quote }}
+ONCELOG_METRICS_PORT: {{ ternary (int .Values.ports.metrics) 0 .Values.metrics.enabled | toString | quote }}
+ONCELOG_LOG_FORMAT: {{ .Values.logging.format | quote }}
+ONCELOG_LOG_LEVEL: {{ .Values.logging.level | quote }}
+{{- end }}
+
+{{/* One component's ConfigMap data: (dict "root" $ "key" ...). */}}
+{{- define "oncelog.componentEnv" -}}
+{{- $values := get .root.Values .key }}
+{{- $c := include "oncelog.component" . | fromYaml }}
+{{- if $c.stateful }}{{/* the store's --data-dir: its volume */}}
+ONCELOG_DATA_DIR: {{ $values.persistence.mountPath | quote }}
+{{- end }}
+{{- range $flag, $value := $values.config }}
+{{ include "oncelog.envName" $flag }}: {{ include "oncelog.envValue" $value | quote }}
+{{- end }}
+{{- end }}
+
+{{/* An IPv6 host is bracketed in host:port. */}}
+{{- define "oncelog.hostForPort" -}}
+{{- if contains ":" . }}{{ printf "[%s]" . }}{{ else }}{{ . }}{{ end }}
+{{- end }}

@@ -1,0 +1,196 @@
+{{/*
+The StatefulSet of one component; call with (dict "root" $ "key" ...).
+
+Every component is a StatefulSet, stateful or not: the ordinal is the
+process's node id and the pod's DNS name under the headless Service is its
+advertised address, so the layout is fixed by the values alone. The
+coordinators have no volume and are started in parallel: any pod can be
+deleted at any moment and its replacement (same ordinal, same name) takes
+its partitions back by replaying the internal topic.
+*/}}
+{{- define "oncelog.statefulset" -}}
+{{- $root := .root }}
+{{- $values := get $root.Values .key }}
+{{- $c := include "oncelog.component" . | fromYaml }}
+{{- $name := include "oncelog.componentName" . }}
+{{- $persistent := and $c.stateful $values.persistence.enabled }}
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: {{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "oncelog.componentLabels" . | nindent 4 }}
+spec:
+  replicas: {{ $values.replicas }}
+  serviceName: {{ include "oncelog.headlessName" . }}
+  podManagementPolicy: {{ $values.podManagementPolicy }}
+  {{- with $values.updateStrategy }}
+  updateStrategy:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $persistent }}
+  persistentVolumeClaimRetentionPolicy:
+    {{- toYaml $values.persistence.retentionPolicy | nindent 4 }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "oncelog.componentSelectorLabels" . | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "oncelog.componentLabels" . | nindent 8 }}
+        {{- with $values.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      annotations:
+        {{- /* A changed layout or setting rolls the pods that read it. */}}
+        checksum/cluster-config: {{ include "oncelog.clusterEnv" $root | sha256sum }}
+        checksum/component-config: {{ include "oncelog.componentEnv" . | sha256sum }}
+        {{- with $values.podAnnotations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+    spec:
+      serviceAccountName: {{ include "oncelog.serviceAccountName" $root }}
+      automountServiceAccountToken: {{ $root.Values.serviceAccount.automountServiceAccountToken }}
+      terminationGracePeriodSeconds: {{ $values.terminationGracePeriodSeconds }}
+      {{- with $root.Values.image.pullSecrets }}
+      imagePullSecrets:
+        {{- range . }}
+        - name: {{ . }}
+        {{- end }}
+      {{- end }}
+      {{- with $values.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
+      {{- if $values.affinity }}
+      affinity:
+        {{- toYaml $values.affinity | nindent 8 }}
+      {{- else if eq $values.podAntiAffinity "soft" }}
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+            - weight: 100
+              podAffinityTerm:
+                topologyKey: kubernetes.io/hostname
+                labelSelector:
+                  matchLabels:
+                    {{- include "oncelog.componentSelectorLabels" . | nindent 20 }}
+      {{- else if eq $values.podAntiAffinity "hard" }}
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - topologyKey: kubernetes.io/hostname
+              labelSelector:
+                matchLabels:
+                  {{- include "oncelog.componentSelectorLabels" . | nindent 18 }}
+      {{- end }}
+      {{- with $values.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $values.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $values.topologySpreadConstraints }}
+      topologySpreadConstraints:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      containers:
+        - name: {{ $c.name }}
+          image: {{ include "oncelog.image" $root }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          command: [{{ $root.Values.image.python | quote }}, "-m", {{ $c.module | quote }}]
+          env:
+            {{- /*
+            The node id is the StatefulSet ordinal, which Kubernetes puts in
+            the pod-index label; the process finds its own entry of the
+            layout (its advertised address) by that index.
+            */}}
+            - name: ONCELOG_NODE_ID
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+            {{- with $values.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          envFrom:
+            - configMapRef:
+                name: {{ include "oncelog.fullname" $root }}-cluster
+            - configMapRef:
+                name: {{ $name }}-config
+          ports:
+            - name: grpc
+              containerPort: {{ $root.Values.ports.grpc }}
+              protocol: TCP
+            {{- if $root.Values.metrics.enabled }}
+            - name: metrics
+              containerPort: {{ $root.Values.ports.metrics }}
+              protocol: TCP
+            {{- end }}
+          {{- /*
+          Kubernetes' grpc probe takes a port number, not a port name, so it
+          is given the number of the container port named "grpc". The empty
+          service name asks for the server's overall health.
+          */}}
+          {{- range $probe := list "startup" "readiness" "liveness" }}
+          {{- $p := get $values.probes $probe }}
+          {{- if $p.enabled }}
+          {{ $probe }}Probe:
+            grpc:
+              port: {{ $root.Values.ports.grpc }}
+              service: ""
+            initialDelaySeconds: {{ $p.initialDelaySeconds }}
+            periodSeconds: {{ $p.periodSeconds }}
+            timeoutSeconds: {{ $p.timeoutSeconds }}
+            failureThreshold: {{ $p.failureThreshold }}
+            successThreshold: {{ $p.successThreshold }}
+          {{- end }}
+          {{- end }}
+          {{- with $values.resources }}
+          resources:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          securityContext:
+            {{- toYaml $root.Values.containerSecurityContext | nindent 12 }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+            {{- if $c.stateful }}
+            - name: data
+              mountPath: {{ $values.persistence.mountPath }}
+            {{- end }}
+      volumes:
+        - name: tmp
+          emptyDir:
+            sizeLimit: {{ $root.Values.tmpSizeLimit }}
+        {{- if and $c.stateful (not $persistent) }}
+        - name: data
+          emptyDir: {}
+        {{- end }}
+  {{- if $persistent }}
+  volumeClaimTemplates:
+    - apiVersion: v1
+      kind: PersistentVolumeClaim
+      metadata:
+        name: data
+        labels:
+          {{- include "oncelog.componentSelectorLabels" . | nindent 10 }}
+        {{- with $values.persistence.annotations }}
+        annotations:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+      spec:
+        accessModes:
+          {{- toYaml $values.persistence.accessModes | nindent 10 }}
+        {{- with $values.persistence.storageClass }}
+        storageClassName: {{ if eq . "-" }}""{{ else }}{{ . }}{{ end }}
+        {{- end }}
+        resources:
+          requests:
+            storage: {{ $values.persistence.size }}
+  {{- end }}
+{{- end }}

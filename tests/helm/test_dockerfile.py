@@ -1,0 +1,173 @@
+"""The Dockerfile builds the image the chart expects to run.
+
+Goal: the image is multi-stage (a builder with the project installed into a
+virtual environment, a runtime stage that copies only that environment); the
+runtime stage runs as the non-root uid/gid the chart's security contexts
+name; its entrypoint is the interpreter and `-m` the chart's containers
+start with, and every module the chart runs is part of what is installed;
+the data directory, listen port and metrics port it defaults to are the
+chart's; the build context (.dockerignore) holds what the builder copies and
+nothing else that matters.
+
+Method: a small parser of the Dockerfile's instructions and the chart's
+rendered StatefulSets. No image is built here (building needs a Docker
+daemon and the base image from a registry); docs/helm.md says how to build.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+import helm_python as helm
+
+from tests.helm.chart import CHART_DIR, REPO, render
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, instruction: str) -> list[str]:
+        return [args for name, args in self.instructions if name == instruction]
+
+    def last(self, instruction: str) -> str:
+        found = self.all(instruction)
+        assert found, f"stage {self.name} has no {instruction}"
+        return found[-1]
+
+
+def _stages() -> list[Stage]:
+    """The Dockerfile's stages, with continuation lines joined and ARG
+    defaults of the global scope substituted into FROM."""
+    logical: list[str] = []
+    pending = ""
+    for raw in (REPO / "Dockerfile").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in logical:
+        instruction, _, args = line.partition(" ")
+        instruction = instruction.upper()
+        if instruction == "ARG" and not stages:
+            name, _, default = args.partition("=")
+            global_args[name] = default
+        elif instruction == "FROM":
+            words = args.split()
+            base = words[0]
+            for name, value in global_args.items():
+                base = base.replace("${" + name + "}", value)
+            stage_name = words[2] if len(words) == 3 and words[1].upper() == "AS" else ""
+            stages.append(Stage(base=base, name=stage_name))
+        else:
+            stages[-1].instructions.append((instruction, args.strip()))
+    return stages
+
+
+def _chart_values() -> dict[str, Any]:
+    with helm.Chart.load(CHART_DIR) as chart:
+        return chart.values
+
+
+def test_two_stages_and_only_the_environment_is_copied_across() -> None:
+    builder, runtime = _stages()
+    assert builder.name == "builder" and runtime.name == "runtime"
+    assert builder.base == runtime.base and "slim" in runtime.base
+    assert any("python -m venv /opt/oncelog" in run for run in builder.all("RUN"))
+    assert any(run.startswith("/opt/oncelog/bin/pip install .") for run in builder.all("RUN"))
+    assert runtime.all("COPY") == ["--from=builder /opt/oncelog /opt/oncelog"]
+
+
+def test_the_runtime_stage_runs_as_the_charts_non_root_user() -> None:
+    _, runtime = _stages()
+    user, _, group = runtime.last("USER").partition(":")
+    assert int(user) != 0 and int(group) != 0
+    # USER comes after every RUN, so nothing later runs as root.
+    names = [name for name, _ in runtime.instructions]
+    assert max(i for i, n in enumerate(names) if n == "RUN") < names.index("USER")
+    security = _chart_values()["podSecurityContext"]
+    assert (security["runAsUser"], security["runAsGroup"], security["fsGroup"]) == (
+        int(user), int(group), int(group))
+
+
+def test_the_charts_commands_are_the_images_entrypoint() -> None:
+    _, runtime = _stages()
+    entrypoint = json.loads(runtime.last("ENTRYPOINT"))
+    (cmd_module,) = json.loads(runtime.last("CMD"))
+    values = _chart_values()
+    assert entrypoint == [values["image"]["python"], "-m"]
+    rendered = render()
+    modules = []
+    for sts in rendered.of_kind("StatefulSet"):
+        (container,) = sts["spec"]["template"]["spec"]["containers"]
+        assert container["command"][:2] == entrypoint
+        modules.append(container["command"][2])
+    assert cmd_module in modules
+    # Every module lives in a package the image installs.
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"]
+    for module in modules:
+        assert module.split(".")[0] in packages, module
+
+
+def test_the_image_defaults_match_the_chart() -> None:
+    _, runtime = _stages()
+    env = dict(
+        item.split("=", 1) for args in runtime.all("ENV") for item in shlex.split(args)
+    )
+    values = _chart_values()
+    data_dir = values["partitionStore"]["persistence"]["mountPath"]
+    assert env["ONCELOG_DATA_DIR"] == data_dir
+    assert json.loads(runtime.last("VOLUME")) == [data_dir]
+    assert env["ONCELOG_LISTEN"] == f"0.0.0.0:{values['ports']['grpc']}"
+    assert env["ONCELOG_METRICS_PORT"] == str(values["ports"]["metrics"])
+    assert runtime.last("EXPOSE").split() == [
+        str(values["ports"]["grpc"]), str(values["ports"]["metrics"])]
+    # The root filesystem is read-only: bytecode is compiled at build time
+    # and never written at run time.
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    # Only installed code is importable, whatever the working directory holds.
+    assert env["PYTHONSAFEPATH"] == "1"
+
+
+def test_the_build_context_holds_what_the_builder_copies() -> None:
+    builder, _ = _stages()
+    patterns = [
+        line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+    def included(path: str) -> bool:
+        # .dockerignore: the last matching pattern decides; "!" re-includes.
+        verdict = True
+        for pattern in patterns:
+            negate = pattern.startswith("!")
+            bare = pattern.lstrip("!").rstrip("/")
+            if fnmatch.fnmatch(path, bare) or path.startswith(bare + "/"):
+                verdict = negate
+        return verdict
+
+    copied = [src for args in builder.all("COPY") for src in args.split()[:-1]]
+    assert copied
+    for source in copied:
+        assert included(source.rstrip("/")), source
+        assert (REPO / source).exists(), source
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    needed = {pyproject["project"]["readme"], "pyproject.toml",
+              *(d.split("/")[0] for d in pyproject["tool"]["setuptools"]["package-dir"].values())}
+    assert needed <= {s.rstrip("/") for s in copied}
+    for unwanted in (".venv", ".git", "tests", "bench", ".venv/bin/python"):
+        assert not included(unwanted), unwanted
