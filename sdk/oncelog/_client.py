@@ -79,6 +79,13 @@ def error_from_proto(err: errors_pb2.Error) -> OncelogError | None:
     return errors.error_for(err.code, err.message)
 
 
+def raise_for_error(err: errors_pb2.Error) -> None:
+    """Raises the typed exception for an answer's inline error, if it has one."""
+    exc = error_from_proto(err)
+    if exc is not None:
+        raise exc
+
+
 def needs_metadata_refresh(exc: OncelogError) -> bool:
     return exc.code in _REFRESH_ON
 

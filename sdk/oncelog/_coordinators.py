@@ -98,6 +98,13 @@ class CoordinatorLocator:
         if not md.coordinators or (self.kind == GROUP and not md.group_coordinators):
             md = self._client.refresh_metadata(timeout_ms=self._client.request_timeout_ms)
         if not md.coordinators:
+            if self.kind == GROUP:
+                # Transaction coordinators answer FindCoordinator for groups too.
+                raise NoCoordinatorError(errors.error_for(
+                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    f"the cluster has no transaction coordinator (Metadata lists none) to "
+                    f"answer FindCoordinator for group {self.key!r}",
+                ))
             raise NoCoordinatorError(no_coordinator_error(TRANSACTION, self.key))
         if self.kind == GROUP and not md.group_coordinators:
             raise NoCoordinatorError(no_coordinator_error(GROUP, self.key))
@@ -152,6 +159,34 @@ class CoordinatorLocator:
             self.address = None
 
 
+def call_coordinator_once(
+    client: ClusterClient,
+    locator: CoordinatorLocator,
+    attempt: Callable[[str, float], T],
+    timeout_s: float,
+) -> T:
+    """One attempt(address, timeout_s) at the key's coordinator (found first
+    when not cached), for callers that retry on their own schedule (the
+    heartbeat thread, poll()). Every failure is raised as an OncelogError,
+    retriable ones included (after one that says the coordinator may have
+    moved, the next attempt looks it up again), except NoCoordinatorError: the
+    cluster has no coordinator of the kind, and retrying cannot help."""
+    address = locator.address
+    try:
+        if address is None:
+            address = locator.lookup(timeout_s)
+        return attempt(address, timeout_s)
+    except grpc.RpcError as rpc_exc:
+        exc = translate_rpc_error(rpc_exc)
+    except OncelogError as oncelog_exc:
+        exc = oncelog_exc
+    if exc.code in COORDINATOR_MOVED:
+        locator.invalidate(address)
+        if exc.code is not ErrorCode.REQUEST_TIMED_OUT:
+            client.request_metadata_refresh()
+    raise exc
+
+
 def call_coordinator(
     client: ClusterClient,
     locator: CoordinatorLocator,
@@ -177,23 +212,14 @@ def call_coordinator(
         attempts += 1
         remaining_s = deadline_s - time.monotonic()
         timeout_s = max(0.001, min(client.request_timeout_ms / 1000, remaining_s))
-        address = locator.address
         try:
-            if address is None:
-                address = locator.lookup(timeout_s)
-            return attempt(address, timeout_s)
-        except grpc.RpcError as rpc_exc:
-            exc = translate_rpc_error(rpc_exc)
+            return call_coordinator_once(client, locator, attempt, timeout_s)
         except OncelogError as oncelog_exc:
             exc = oncelog_exc
         except NoCoordinatorError as none:
             raise none.error from None
         if not exc.retriable:
             raise exc
-        if exc.code in COORDINATOR_MOVED:
-            locator.invalidate(address)
-            if exc.code is not ErrorCode.REQUEST_TIMED_OUT:
-                client.request_metadata_refresh()
         if on_retry is not None:
             on_retry(exc)
         if exc.code is ErrorCode.CONCURRENT_TRANSACTIONS:

@@ -10,6 +10,8 @@
     oncelog transactions describe-producers payments 0
     oncelog transactions find-hanging [--max-timeout-ms N] [--topic T]
     oncelog transactions abort-hanging payments 0 4001
+    oncelog groups list | describe ledger | offsets ledger | delete ledger
+    oncelog groups reset-offsets ledger --to-earliest --topic payments [--dry-run]
 
 Every command that talks to a cluster takes --bootstrap (default: the
 ONCELOG_BOOTSTRAP environment variable, else 127.0.0.1:9092, Kafka's usual
@@ -173,6 +175,52 @@ def _parser() -> argparse.ArgumentParser:
     abort_hanging.add_argument("topic")
     abort_hanging.add_argument("partition", type=int)
     abort_hanging.add_argument("producer_id", type=int)
+
+    groups = commands.add_parser(
+        "groups", help="list and describe consumer groups; show, reset and delete their offsets",
+    )
+    group_cmds = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
+    group_list = group_cmds.add_parser("list", parents=[common],
+                                       help="every group the group coordinators know")
+    group_list.add_argument("--state", action="append", default=None,
+                            help="only groups in this state (repeatable)")
+    group_describe = group_cmds.add_parser(
+        "describe", parents=[common], help="a group's state, epoch, members and assignment",
+    )
+    group_describe.add_argument("group")
+    group_offsets = group_cmds.add_parser(
+        "offsets", parents=[common],
+        help="committed offsets, end offsets (read_committed) and lag per partition",
+    )
+    group_offsets.add_argument("group")
+    reset = group_cmds.add_parser(
+        "reset-offsets", parents=[common],
+        help="move an empty group's committed offsets",
+        description=(
+            "Moves the committed offsets of a group without members. Say where (one of "
+            "--to-earliest, --to-latest, --to-offset, --to-timestamp-ms) and which partitions "
+            "(--topic, repeatable, or --all-topics: every partition with a committed offset)."
+        ),
+    )
+    reset.add_argument("group")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true")
+    to.add_argument("--to-latest", action="store_true",
+                    help="the end for a read_committed reader (the last stable offset)")
+    to.add_argument("--to-offset", type=int, metavar="N")
+    to.add_argument("--to-timestamp-ms", type=int, metavar="T",
+                    help="the first record at or after T (ms since the epoch)")
+    which = reset.add_mutually_exclusive_group(required=True)
+    which.add_argument("--topic", action="append", metavar="TOPIC[:P,P...]",
+                       help="a topic's partitions (all, or those listed); repeatable")
+    which.add_argument("--all-topics", action="store_true",
+                       help="every partition the group has a committed offset for")
+    reset.add_argument("--dry-run", action="store_true",
+                       help="print the new offsets without committing them")
+    group_delete = group_cmds.add_parser(
+        "delete", parents=[common], help="delete an empty group and its offsets",
+    )
+    group_delete.add_argument("group")
     return parser
 
 
@@ -187,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _produce(args)
         if args.command == "transactions":
             return _transactions(args)
+        if args.command == "groups":
+            return _groups(args)
         return _consume(args)
     except errors.OncelogError as exc:
         _fail(f"{type(exc).__name__}: {exc.message or exc.code.name}")
@@ -368,6 +418,79 @@ def _transactions(args: argparse.Namespace) -> int:
             print(f"aborted the open transaction of producer {args.producer_id} on "
                   f"{args.topic}-{args.partition}")
     return 0
+
+
+# --------------------------------------------------------------------- groups
+
+def _groups(args: argparse.Namespace) -> int:
+    with Admin(
+        bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
+        default_api_timeout_ms=args.timeout_ms,
+    ) as admin:
+        rows: list[tuple[str, ...]]
+        if args.action == "list":
+            rows = [("group_id", "state")]
+            rows += [(g.group_id, g.state) for g in admin.list_groups(args.state)]
+            _print_table(rows)
+        elif args.action == "describe":
+            d = admin.describe_group(args.group)
+            print(f"group {d.group_id}  state {d.state}  group_epoch {d.group_epoch}  "
+                  f"members {len(d.members)}")
+            rows = [("member_id", "instance_id", "member_epoch", "topics", "assignment")]
+            rows += [
+                (m.member_id, m.group_instance_id or "-", str(m.member_epoch),
+                 ",".join(m.subscribed_topics) or "-",
+                 " ".join(f"{tp.topic}-{tp.partition}" for tp in m.assignment) or "-")
+                for m in d.members
+            ]
+            _print_table(rows)
+        elif args.action == "offsets":
+            owners = {tp: m.member_id for m in admin.describe_group(args.group).members
+                      for tp in m.assignment}
+            rows = [("topic", "partition", "committed", "end", "lag", "member_id")]
+            rows += [
+                (tp.topic, str(tp.partition), str(o.offset),
+                 "-" if o.end_offset is None else str(o.end_offset),
+                 "-" if o.lag is None else str(o.lag), owners.get(tp, "-"))
+                for tp, o in admin.list_group_offsets(args.group).items()
+            ]
+            _print_table(rows)
+        elif args.action == "reset-offsets":
+            _reset_group_offsets(admin, args)
+        else:
+            admin.delete_group(args.group)
+            print(f"deleted group {args.group}")
+    return 0
+
+
+def _reset_group_offsets(admin: Admin, args: argparse.Namespace) -> None:
+    partitions: list[TopicPartition] | None = None
+    if args.topic:
+        topics = admin.list_topics()
+        partitions = []
+        for spec in args.topic:
+            name, sep, numbers = spec.partition(":")
+            if name not in topics:
+                raise CliError(f"topic {name!r} does not exist")
+            if not sep:
+                partitions += [TopicPartition(name, p) for p in range(topics[name])]
+                continue
+            try:
+                partitions += [TopicPartition(name, int(p)) for p in numbers.split(",")]
+            except ValueError:
+                raise CliError(f"--topic takes TOPIC or TOPIC:P,P,..., got {spec!r}") from None
+    new = admin.reset_group_offsets(
+        args.group, partitions,
+        to="earliest" if args.to_earliest else "latest" if args.to_latest else None,
+        offset=args.to_offset, timestamp_ms=args.to_timestamp_ms, dry_run=args.dry_run,
+    )
+    rows = [("topic", "partition", "new_offset")]
+    rows += [(tp.topic, str(tp.partition), str(offset)) for tp, offset in sorted(new.items())]
+    _print_table(rows)
+    if args.dry_run:
+        print(f"dry run: nothing committed for group {args.group}")
+    else:
+        print(f"reset {len(new)} offsets of group {args.group}")
 
 
 def _check_partition(partition: int) -> None:

@@ -1,4 +1,4 @@
-"""The consumer (manual assignment; consumer groups arrive in a later version).
+"""The consumer: manual assignment (`assign`) or a consumer group (`subscribe`).
 
 `poll()` fetches from every store node that owns assigned partitions in
 parallel (one Fetch in flight per node, long-polling up to fetch_max_wait_ms),
@@ -11,6 +11,14 @@ transactions, control batches), so a read_committed consumer never stalls on
 them. Fetches stay in flight between polls, so poll(timeout=0) picks up their
 answers later.
 
+In a group (`subscribe`), a background thread heartbeats to the group's
+coordinator (`_group.HeartbeatThread`), which assigns the partitions; the
+assignment is applied here, in the application's thread, inside poll():
+partitions lost first (on_lost, no commit), then revoked ones (auto-commit,
+on_revoke, then forgotten), then new ones (on_assign; they start at the
+group's committed offset, fetched with OffsetFetch(require_stable)). The
+state machine in `_membership` decides what to apply and when.
+
 Not thread-safe, like Kafka's consumer: use one consumer from one thread.
 """
 
@@ -20,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -35,8 +43,18 @@ from oncelog._client import (
     needs_metadata_refresh,
     translate_rpc_error,
 )
+from oncelog._group import (
+    GroupClient,
+    HeartbeatThread,
+    check_group_id,
+    check_offsets,
+    now_ms,
+    partition_names,
+    unstable_offset_backoff_ms,
+)
+from oncelog._membership import GroupMembership, MemberState, Plan
 from oncelog.errors import ErrorCode, OncelogError
-from oncelog.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
+from oncelog.types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
 from oncelog.v1 import partition_store_pb2, records_pb2
 
 log = logging.getLogger("oncelog.consumer")
@@ -44,6 +62,9 @@ log = logging.getLogger("oncelog.consumer")
 EARLIEST = "earliest"
 LATEST = "latest"
 NONE = "none"
+# A partition a group assigned: it starts at the group's committed offset
+# (auto_offset_reset when there is none).
+COMMITTED = "committed"
 _RESET_TIMESTAMPS = {EARLIEST: -2, LATEST: -1}
 _ISOLATION = {
     "read_committed": records_pb2.IsolationLevel.READ_COMMITTED,
@@ -51,6 +72,12 @@ _ISOLATION = {
 }
 # Longest a store may make a Fetch wait (services/common/limits.py MAX_FETCH_WAIT_MS).
 MAX_FETCH_WAIT_MS = 30_000
+# Revoke, then assign, then perhaps a fence that came meanwhile: the plans one
+# poll() applies at most before it goes on reading.
+MAX_PLANS_PER_POLL = 4
+
+# on_assign / on_revoke / on_lost: called with the partitions, sorted.
+RebalanceCallback = Callable[[list[TopicPartition]], None]
 
 
 @dataclass(eq=False)
@@ -88,7 +115,8 @@ class _InFlightFetch:
 
 
 class Consumer:
-    """Reads records from assigned partitions."""
+    """Reads records from assigned partitions, or from the partitions a
+    consumer group assigns (subscribe)."""
 
     def __init__(
         self,
@@ -98,8 +126,10 @@ class Consumer:
         isolation_level: str = "read_committed",
         auto_offset_reset: str = EARLIEST,
         enable_auto_commit: bool = False,
+        auto_commit_interval_ms: int = 5_000,
         max_poll_records: int = 500,
         session_timeout_ms: int = 10_000,
+        group_instance_id: str | None = None,
         fetch_max_wait_ms: int = 500,
         fetch_min_bytes: int = 1,
         fetch_max_bytes: int = 50 * 1024 * 1024,
@@ -119,11 +149,20 @@ class Consumer:
                 f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
                 f"got {auto_offset_reset!r}"
             )
-        if enable_auto_commit:
-            raise errors.error_for(
-                ErrorCode.UNSUPPORTED_VERSION,
-                "enable_auto_commit needs consumer groups, which are not available in this "
-                "version of the oncelog SDK",
+        if group_id is not None:
+            check_group_id(group_id)
+        if group_instance_id is not None:
+            if not isinstance(group_instance_id, str) or not group_instance_id:
+                raise ValueError(
+                    f"group_instance_id must be a non-empty str or None, got {group_instance_id!r}"
+                )
+            if group_id is None:
+                raise ValueError("group_instance_id needs a group_id")
+        if enable_auto_commit and group_id is None:
+            raise ValueError("enable_auto_commit needs a group_id (offsets are the group's)")
+        if auto_commit_interval_ms <= 0:
+            raise ValueError(
+                f"auto_commit_interval_ms must be positive, got {auto_commit_interval_ms}"
             )
         if max_poll_records < 1:
             raise ValueError(f"max_poll_records must be >= 1, got {max_poll_records}")
@@ -136,6 +175,9 @@ class Consumer:
         if session_timeout_ms <= 0:
             raise ValueError(f"session_timeout_ms must be positive, got {session_timeout_ms}")
         self.group_id = group_id
+        self.group_instance_id = group_instance_id
+        self.enable_auto_commit = enable_auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
         self.isolation_level = isolation_level
         self._isolation = _ISOLATION[isolation_level]
         self.auto_offset_reset = auto_offset_reset
@@ -158,12 +200,24 @@ class Consumer:
         self._in_flight: dict[str, _InFlightFetch] = {}
         self._node_retry_at_s: dict[str, float] = {}
         self._node_attempts: dict[str, int] = {}
-        # Fetch answers arrive on gRPC threads; poll() waits on this.
-        self._fetch_done = threading.Condition()
-        self._fetch_done_count = 0
+        # Fetch answers arrive on gRPC threads and membership news on the
+        # heartbeat thread; poll() waits on this. The lock also guards the
+        # membership, which both threads use.
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._next_drain_index = 0
         self._last_refresh_s = 0.0
         self._closed = False
+        # The group's offsets (with a group_id); the membership and its
+        # heartbeat thread once subscribe() is called.
+        self._group = None if group_id is None else GroupClient(self._client, group_id)
+        self._membership: GroupMembership | None = None
+        self._heartbeat: HeartbeatThread | None = None
+        self._subscription: tuple[str, ...] | None = None
+        self._on_assign: RebalanceCallback | None = None
+        self._on_revoke: RebalanceCallback | None = None
+        self._on_lost: RebalanceCallback | None = None
+        self._next_auto_commit_s = time.monotonic() + auto_commit_interval_ms / 1000
 
     # ------------------------------------------------------------ assignment
 
@@ -172,6 +226,11 @@ class Consumer:
         assignment). A newly assigned partition starts per auto_offset_reset
         unless seek() says otherwise; kept ones keep their positions."""
         self._check_open()
+        if self._subscription is not None:
+            raise errors.IllegalStateError(
+                "assign() on a consumer subscribed to group "
+                f"{self.group_id!r}; call unsubscribe() first"
+            )
         wanted: list[TopicPartition] = []
         for tp in partitions:
             if not isinstance(tp, TopicPartition):
@@ -186,7 +245,288 @@ class Consumer:
         }
 
     def assignment(self) -> set[TopicPartition]:
+        """The partitions this consumer reads now (in a group: those it owns)."""
         return set(self._assignment)
+
+    # ------------------------------------------------------------ groups
+
+    def subscribe(
+        self,
+        topics: Iterable[str],
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
+        """Joins the consumer group `group_id` for these topics (replacing an
+        earlier subscription); the group's coordinator assigns the partitions.
+        Nothing is read until poll(), which also applies assignment changes
+        and calls the callbacks, with the partitions, in this thread:
+
+        * on_revoke — before the partitions go to another member: commit
+          what was processed here (auto-commit has already run when enabled);
+        * on_assign — after new partitions are taken on, before their first
+          records; they start at the group's committed offset unless the
+          callback seek()s;
+        * on_lost — the member was removed (session timeout, fenced) and the
+          partitions may already be another member's: do not commit them.
+          Without on_lost, on_revoke is called instead (commit() raises then).
+        """
+        self._check_open()
+        group = self._require_group("subscribe")
+        if isinstance(topics, str):
+            raise TypeError(f"subscribe() takes a list of topic names, got the str {topics!r}")
+        names: list[str] = []
+        for topic in topics:
+            if not isinstance(topic, str) or not topic:
+                raise ValueError(f"topic names must be non-empty str, got {topic!r}")
+            if topic not in names:
+                names.append(topic)
+        if not names:
+            self.unsubscribe()
+            return
+        if self._subscription is None and self._assignment:
+            raise errors.IllegalStateError(
+                "subscribe() on a consumer with assigned partitions; call assign([]) or "
+                "unsubscribe() first"
+            )
+        for name, callback in (("on_assign", on_assign), ("on_revoke", on_revoke),
+                               ("on_lost", on_lost)):
+            if callback is not None and not callable(callback):
+                raise TypeError(f"{name} must be callable, got {callback!r}")
+        self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
+        self._subscription = tuple(sorted(names))
+        with self._lock:
+            if self._membership is None or self._heartbeat is None:
+                self._membership = GroupMembership(
+                    group.group_id, session_timeout_ms=self.session_timeout_ms,
+                    group_instance_id=self.group_instance_id,
+                )
+                self._heartbeat = HeartbeatThread(
+                    group, self._membership, self._lock, self._changed.notify_all,
+                    request_timeout_ms=self._request_timeout_ms,
+                )
+            self._membership.subscribe(self._subscription, now_ms())
+            self._heartbeat.wake()
+
+    def subscription(self) -> set[str]:
+        """The topics subscribed to (empty without subscribe())."""
+        return set(self._subscription or ())
+
+    def unsubscribe(self) -> None:
+        """Leaves the group (after on_revoke and auto-commit for the partitions
+        it owns), or, with assign(), drops the assignment."""
+        self._check_open()
+        if self._subscription is None:
+            self._assignment = {}
+            return
+        self._leave_group(self._request_timeout_ms / 1000)
+        self._subscription = None
+
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """Commits offsets for the group, synchronously: `offsets` (each the
+        next offset to read), or the position of every partition read now.
+
+        In a group, only partitions this member owns can be committed (the
+        coordinator answers StaleMemberEpochError for others), and a member
+        that lost its partitions gets UnknownMemberIdError. With assign(),
+        the commit is accepted only while the group has no members."""
+        self._check_open()
+        group = self._require_group("commit")
+        if offsets is None:
+            wanted = {tp: st.position for tp, st in self._assignment.items()
+                      if st.position is not None}
+        else:
+            wanted = check_offsets(offsets)
+        if not wanted:
+            return
+        generation_id, member_id = self._commit_identity()
+        group.commit(wanted, generation_id=generation_id, member_id=member_id,
+                     budget_ms=self._default_api_timeout_ms)
+
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """The group's committed offset of each partition (None: nothing
+        committed). Waits while a transactional offset is pending (its
+        transaction not yet ended), so the answer is a stable one."""
+        self._check_open()
+        group = self._require_group("committed")
+        tps = _check_partitions(partitions)
+        if not tps:
+            return {}
+        found = group.fetch(tps, budget_ms=self._default_api_timeout_ms)
+        return {tp: None if found.get(tp, -1) < 0 else found[tp] for tp in tps}
+
+    def seek_to_committed(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """Moves every assigned partition (or those given) back to the group's
+        committed offset, dropping what was fetched beyond it: after
+        abort_transaction(), the records of the aborted transaction's input
+        are read again. A partition without a committed offset starts over
+        per auto_offset_reset. Returns the committed offsets (None: none)."""
+        self._check_open()
+        tps = list(self._assignment) if partitions is None else _check_partitions(partitions)
+        for tp in tps:
+            self._state(tp)
+        found = self.committed(tps)
+        for tp, offset in found.items():
+            st = self._assignment.get(tp)
+            if st is None:
+                continue  # revoked by a callback meanwhile
+            st.clear_buffer()
+            st.position = offset
+            st.reset = None if offset is not None else self._default_reset()
+        return found
+
+    def group_metadata(self) -> GroupMetadata:
+        """The member's group id, generation (member epoch) and member id, for
+        Producer.send_offsets_to_transaction: the coordinator accepts those
+        offsets only while this member owns the partitions. With assign():
+        generation -1 and no member id (accepted while the group has no
+        members)."""
+        self._check_open()
+        group = self._require_group("group_metadata")
+        m = self._membership
+        if self._subscription is None or m is None:
+            return GroupMetadata(group.group_id, -1, "", self.group_instance_id)
+        with self._lock:
+            return GroupMetadata(group.group_id, m.member_epoch, m.member_id,
+                                 self.group_instance_id)
+
+    def _require_group(self, method: str) -> GroupClient:
+        if self._group is None:
+            raise errors.error_for(
+                ErrorCode.INVALID_GROUP_ID,
+                f"{method}() needs a consumer group: pass group_id=... to Consumer()",
+            )
+        return self._group
+
+    def _commit_identity(self) -> tuple[int, str]:
+        """generation_id and member_id for OffsetCommit."""
+        m = self._membership
+        if self._subscription is None or m is None:
+            return -1, ""
+        with self._lock:
+            if m.state in (MemberState.RECONCILING, MemberState.STABLE):
+                return m.member_epoch, m.member_id
+            state = m.state.value
+        raise errors.error_for(
+            ErrorCode.UNKNOWN_MEMBER_ID,
+            f"not a member of group {self.group_id!r} right now ({state}): the partitions "
+            f"were lost or not assigned yet, and their offsets cannot be committed",
+        )
+
+    def _group_step(self) -> None:
+        """Applies what the membership asks for (lost, revoked, assigned
+        partitions), raises its fatal error, and auto-commits when due."""
+        m = self._membership
+        if m is None:
+            return
+        for _ in range(MAX_PLANS_PER_POLL):
+            with self._lock:
+                m.check_session(now_ms())
+                plan = m.plan()
+            if plan is None:
+                break
+            self._apply_plan(plan)
+        with self._lock:
+            fatal = m.error if m.state is MemberState.FATAL else None
+        if fatal is not None:
+            raise errors.error_for(
+                fatal.code, f"consumer group {self.group_id!r}: {fatal.message or fatal.code.name}"
+            ) from fatal
+        if self.enable_auto_commit and time.monotonic() >= self._next_auto_commit_s:
+            self._auto_commit(list(self._assignment))
+
+    def _apply_plan(self, plan: Plan) -> None:
+        """Runs one plan in the application's thread, then tells the heartbeat
+        thread, which reports it to the coordinator at once. A callback that
+        raises does not stop the plan; its exception is raised afterwards."""
+        failure: BaseException | None = None
+        if plan.lost:
+            with self._lock:
+                reason = self._membership.error if self._membership is not None else None
+            log.warning("group %r: partitions lost (%s): %s", self.group_id, reason,
+                        partition_names(plan.lost))
+            failure = self._run_callback(self._on_lost or self._on_revoke, plan.lost)
+            self._forget(plan.lost)
+        if plan.revoke:
+            if self.enable_auto_commit:
+                self._auto_commit(sorted(plan.revoke))
+            failure = self._run_callback(self._on_revoke, plan.revoke) or failure
+            self._forget(plan.revoke)
+        if plan.assign:
+            for tp in plan.assign:
+                self._assignment[tp] = _PartitionState(reset=COMMITTED)
+            failure = self._run_callback(self._on_assign, plan.assign) or failure
+        with self._lock:
+            if self._membership is not None:
+                self._membership.applied(plan, now_ms())
+            if self._heartbeat is not None:
+                self._heartbeat.wake()
+        if failure is not None:
+            raise failure
+
+    @staticmethod
+    def _run_callback(callback: RebalanceCallback | None,
+                      partitions: frozenset[TopicPartition]) -> BaseException | None:
+        if callback is None:
+            return None
+        try:
+            callback(sorted(partitions))
+        except Exception as exc:  # raised from poll() once the plan is applied
+            log.error("rebalance callback %r failed: %r", callback, exc)
+            return exc
+        return None
+
+    def _forget(self, partitions: Iterable[TopicPartition]) -> None:
+        """Drops the partitions' positions and fetched data: nothing of them
+        is returned from now on (answers of fetches in flight are ignored)."""
+        for tp in partitions:
+            self._assignment.pop(tp, None)
+
+    def _auto_commit(self, partitions: list[TopicPartition]) -> None:
+        """Commits the positions of `partitions` (what earlier polls returned
+        has been processed once the application polls again). A failure is
+        logged, not raised, as Kafka's auto-commit does."""
+        self._next_auto_commit_s = time.monotonic() + self.auto_commit_interval_ms / 1000
+        positions = {tp: st.position for tp in partitions
+                     if (st := self._assignment.get(tp)) is not None and st.position is not None}
+        if not positions:
+            return
+        try:
+            self.commit(positions)
+        except OncelogError as exc:
+            log.warning("group %r: auto-commit of %s failed: %s", self.group_id,
+                        partition_names(positions), exc)
+
+    def _leave_group(self, timeout_s: float) -> None:
+        """Revokes what the member owns (auto-commit, on_revoke), then sends
+        the leave heartbeat and waits up to timeout_s for it."""
+        m = self._membership
+        if m is None:
+            return
+        with self._lock:
+            owned = m.owned if m.state in (MemberState.RECONCILING, MemberState.STABLE) else None
+        failure: BaseException | None = None
+        if owned:
+            try:
+                self._apply_plan(Plan(lost=frozenset(), revoke=owned, assign=frozenset()))
+            except Exception as exc:  # still leave; raised below
+                failure = exc
+        self._assignment = {}
+        deadline_s = time.monotonic() + timeout_s
+        with self._lock:
+            m.leave(now_ms())
+            if self._heartbeat is not None:
+                self._heartbeat.wake()
+            while m.state is MemberState.LEAVING and time.monotonic() < deadline_s:
+                self._changed.wait(deadline_s - time.monotonic())
+            if m.state is not MemberState.UNSUBSCRIBED:
+                log.warning("group %r: the leave heartbeat got no answer within %.1f s",
+                            self.group_id, timeout_s)
+                m.close()
+        if failure is not None:
+            raise failure
 
     def partitions_for_topic(self, topic: str) -> set[int]:
         """The topic's partition numbers; raises UnknownTopicOrPartitionError."""
@@ -343,11 +683,18 @@ class Consumer:
         """Sets the position of partitions waiting for a reset (earliest or
         latest). With raise_errors False, a failure leaves them unresolved, to
         be tried again on a later poll (after a backoff)."""
-        wanted: dict[TopicPartition, int] = {}
         now_s = time.monotonic()
+        committed = [
+            tp for tp in tps
+            if (st := self._assignment[tp]).position is None and st.reset == COMMITTED
+            and (raise_errors or now_s >= st.retry_at_s)
+        ]
+        if committed:
+            self._resolve_committed(committed, budget_ms=budget_ms, raise_errors=raise_errors)
+        wanted: dict[TopicPartition, int] = {}
         for tp in tps:
             st = self._assignment[tp]
-            if st.position is not None:
+            if st.position is not None or st.reset == COMMITTED:
                 continue
             if st.reset is None:
                 raise errors.error_for(
@@ -375,6 +722,50 @@ class Consumer:
                 resolved.reset = None
                 resolved.attempts = 0
 
+    def _resolve_committed(
+        self, tps: list[TopicPartition], *, budget_ms: int, raise_errors: bool
+    ) -> None:
+        """Starts partitions a group assigned at the group's committed offsets
+        (OffsetFetch with require_stable: a transactional offset still pending
+        is waited for, not skipped); those without one fall back to
+        auto_offset_reset. With raise_errors False, one attempt: partitions
+        whose offset is unstable, or a retriable failure, are tried again on a
+        later poll."""
+        group = self._require_group("poll")
+        if raise_errors:
+            found = group.fetch(tps, budget_ms=budget_ms)
+            unstable: frozenset[TopicPartition] = frozenset()
+        else:
+            # At least a second for the call, even from poll(timeout=0): a
+            # shorter deadline could never be met.
+            timeout_s = min(self._request_timeout_ms, max(budget_ms, 1_000)) / 1000
+            try:
+                result = group.fetch_once(tps, require_stable=True, timeout_s=timeout_s)
+            except OncelogError as exc:
+                if not exc.retriable:
+                    raise
+                log.debug("group %r: committed offsets not fetched, will retry: %s",
+                          self.group_id, exc)
+                for tp in tps:
+                    self._back_off(self._assignment[tp])
+                return
+            found, unstable = result.offsets, result.unstable
+        for tp in unstable:
+            st = self._assignment[tp]
+            st.attempts += 1
+            st.retry_at_s = time.monotonic() + unstable_offset_backoff_ms(
+                st.attempts, self._retry_backoff_ms) / 1000
+        for tp, offset in found.items():
+            st_or_none = self._assignment.get(tp)
+            if st_or_none is None or st_or_none.reset != COMMITTED:
+                continue  # revoked or moved by seek() meanwhile
+            st_or_none.attempts = 0
+            if offset >= 0:
+                st_or_none.position = offset
+                st_or_none.reset = None
+            else:
+                st_or_none.reset = self._default_reset()
+
     def _back_off(self, st: _PartitionState) -> None:
         st.attempts += 1
         st.retry_at_s = time.monotonic() + backoff_ms(
@@ -388,10 +779,13 @@ class Consumer:
         waits up to `timeout` seconds for some to arrive, then returns an
         empty list."""
         self._check_open()
-        if not self._assignment:
-            raise errors.IllegalStateError("poll() without assigned partitions; assign() first")
+        if not self._assignment and self._subscription is None:
+            raise errors.IllegalStateError(
+                "poll() without assigned partitions; assign() or subscribe() first"
+            )
         deadline_s = time.monotonic() + max(timeout, 0.0)
         while True:
+            self._group_step()
             self._collect_fetches()
             out = self._drain(self._max_poll_records)
             if out:
@@ -410,7 +804,8 @@ class Consumer:
             self._wait_for_fetch(remaining_s)
 
     def _wait_for_fetch(self, max_wait_s: float) -> None:
-        """Sleeps until a fetch answers, a backoff ends, or max_wait_s passes."""
+        """Sleeps until a fetch answers, the membership has something for
+        poll() to apply, a backoff ends, or max_wait_s passes."""
         wake_s = time.monotonic() + max_wait_s
         for st in self._assignment.values():
             if st.retry_at_s > time.monotonic():
@@ -418,12 +813,15 @@ class Consumer:
         for retry_at in self._node_retry_at_s.values():
             if retry_at > time.monotonic():
                 wake_s = min(wake_s, retry_at)
-        with self._fetch_done:
+        with self._changed:
             if any(f.call.done() for f in self._in_flight.values()):
+                return
+            m = self._membership
+            if m is not None and (m.plan() is not None or m.state is MemberState.FATAL):
                 return
             wait_s = wake_s - time.monotonic()
             if wait_s > 0:
-                self._fetch_done.wait(wait_s)
+                self._changed.wait(wait_s)
 
     def _send_fetches(self) -> None:
         now_s = time.monotonic()
@@ -467,9 +865,8 @@ class Consumer:
             call.add_done_callback(self._on_fetch_done)
 
     def _on_fetch_done(self, _call: grpc.Future) -> None:
-        with self._fetch_done:
-            self._fetch_done_count += 1
-            self._fetch_done.notify_all()
+        with self._changed:
+            self._changed.notify_all()
 
     def _refresh_metadata_for_fetch(self) -> None:
         """Asks for metadata again, at most once per retry_backoff_ms; raises
@@ -625,14 +1022,34 @@ class Consumer:
         if self._closed:
             raise errors.IllegalStateError("the consumer is closed")
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Leaves the group, if in one (auto-commit and on_revoke first; a
+        static member leaves with epoch -2 and keeps its partitions until its
+        session times out), waiting up to `timeout` seconds (default
+        request_timeout_ms) for the coordinator; then closes the connections."""
         if self._closed:
             return
+        try:
+            if self._subscription is not None:
+                self._leave_group(
+                    self._request_timeout_ms / 1000 if timeout is None else max(timeout, 0.0)
+                )
+        finally:
+            self._shut_down()
+
+    def _shut_down(self) -> None:
         self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        if self._membership is not None:
+            with self._lock:
+                self._membership.close()
         for fetch in self._in_flight.values():
             fetch.call.cancel()
         self._in_flight.clear()
         self._client.close()
+        if self._heartbeat is not None:
+            self._heartbeat.join(self._request_timeout_ms / 1000)
 
     def __enter__(self) -> Consumer:
         return self
@@ -644,3 +1061,15 @@ class Consumer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _check_partitions(partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
+    if isinstance(partitions, TopicPartition):
+        raise TypeError("expected a list of TopicPartition values, got one TopicPartition")
+    tps: list[TopicPartition] = []
+    for tp in partitions:
+        if not isinstance(tp, TopicPartition):
+            raise TypeError(f"expected TopicPartition values, got {tp!r}")
+        if tp not in tps:
+            tps.append(tp)
+    return tps

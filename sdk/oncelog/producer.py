@@ -204,6 +204,8 @@ class Producer:
         self._transaction_timeout_ms = transaction_timeout_ms
         self._txn: TxnStateMachine | None = None
         self._txn_locator: CoordinatorLocator | None = None
+        # Group id -> its coordinator's locator (send_offsets_to_transaction).
+        self._group_locators: dict[str, CoordinatorLocator] = {}
         if transactional_id is not None:
             self._txn = TxnStateMachine(transactional_id)
             self._txn_locator = CoordinatorLocator(self._client, transactional_id, TRANSACTION)
@@ -479,7 +481,12 @@ class Producer:
         """TxnOffsetCommit to the group's coordinator, found with
         FindCoordinator(group_id, GROUP); its answers are sorted like every
         other transactional call's (fatal, retried, abortable)."""
-        group_locator = CoordinatorLocator(self._client, group_metadata.group_id, GROUP)
+        # One locator per group, kept: a read-process-write loop sends the
+        # same group's offsets in every transaction.
+        group_locator = self._group_locators.get(group_metadata.group_id)
+        if group_locator is None:
+            group_locator = CoordinatorLocator(self._client, group_metadata.group_id, GROUP)
+            self._group_locators[group_metadata.group_id] = group_locator
         request = group_coordinator_pb2.TxnOffsetCommitRequest(
             transactional_id=txn.transactional_id,
             group_id=group_metadata.group_id,
@@ -487,6 +494,7 @@ class Producer:
             producer_epoch=self._sender.producer_epoch,
             generation_id=group_metadata.generation_id,
             member_id=group_metadata.member_id,
+            group_instance_id=group_metadata.group_instance_id or "",
             partitions=[
                 group_coordinator_pb2.OffsetCommitPartition(
                     topic=tp.topic, partition=tp.partition, offset=offset,
@@ -611,8 +619,9 @@ class Producer:
         """A transactional request with retries; sorts its failure: fatal codes
         (and, with fatal_on_error, every non-retriable error, as Kafka does for
         InitProducerId and EndTxn) make the producer fatal; other non-retriable
-        errors break the transaction (abortable_error); running out of time
-        raises KafkaTimeoutError and leaves the state as it is."""
+        errors break the transaction (abortable_error; raised as a
+        TransactionAbortableError caused by the typed error); running out of
+        time raises KafkaTimeoutError and leaves the state as it is."""
         txn = self._txn
         assert txn is not None  # _txn_parts checked it
         try:
@@ -629,11 +638,21 @@ class Producer:
             )
             if classify(exc) is Outcome.FATAL or fatal_on_error:
                 self._sender.fail_fatal(detailed)
-            else:
-                with self._accumulator.lock:
-                    if txn.state is TxnState.IN_TRANSACTION:
-                        txn.transition_to(TxnState.ABORTABLE_ERROR, detailed)
-            raise detailed from exc
+                raise detailed from exc
+            with self._accumulator.lock:
+                if txn.state is TxnState.IN_TRANSACTION:
+                    txn.transition_to(TxnState.ABORTABLE_ERROR, detailed)
+            if isinstance(detailed, errors.TransactionAbortableError):
+                raise detailed from exc
+            # The code's own class (StaleMemberEpochError, say) does not say
+            # "abort": a failure that breaks the transaction is raised as a
+            # TransactionAbortableError, caused by the typed error, so one
+            # except clause catches every transaction that must be aborted.
+            raise errors.error_for(
+                ErrorCode.TRANSACTION_ABORTABLE,
+                f"{type(detailed).__name__}: {detailed.message}; the transaction must be "
+                "aborted with abort_transaction()",
+            ) from detailed
 
     def _txn_parts(self, method: str) -> tuple[TxnStateMachine, CoordinatorLocator]:
         if self._closed:

@@ -50,12 +50,15 @@ class ConsumerRecord:
 
 @dataclass(frozen=True, slots=True)
 class GroupMetadata:
-    """A consumer's group membership, as a transactional producer needs it to
-    commit offsets (filled in once consumer groups exist)."""
+    """A consumer's group membership (Consumer.group_metadata()), as a
+    transactional producer needs it to commit offsets: the group coordinator
+    accepts them only from the member that owns the partitions now.
+    `generation_id` is the member epoch (-1 outside the group protocol)."""
 
     group_id: str
     generation_id: int
     member_id: str
+    group_instance_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,3 +164,48 @@ class HangingTransaction:
     current_txn_start_offset: int
     last_timestamp_ms: int
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    """One consumer group as Admin.list_groups lists it. `state` is the
+    coordinator's name: Empty, Assigning, Reconciling, Stable, Dead."""
+
+    group_id: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDescription:
+    """One member of a group (Admin.describe_group): its epoch, its
+    subscription, and the partitions it owns now."""
+
+    member_id: str
+    group_instance_id: str | None
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignment: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """The answer of Admin.describe_group. `group_epoch` moves on every change
+    of membership or subscriptions."""
+
+    group_id: str
+    state: str
+    group_epoch: int
+    members: tuple[MemberDescription, ...]
+    coordinator_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOffset:
+    """A group's committed offset of one partition (Admin.list_group_offsets),
+    with the partition's end for a read_committed reader (its last stable
+    offset) and the lag between them; `end_offset` and `lag` are None when
+    the partition no longer exists."""
+
+    offset: int
+    end_offset: int | None
+    lag: int | None

@@ -3,7 +3,8 @@
 Goal: `oncelog cluster up` starts a cluster in the foreground and prints its
 bootstrap address; topics can be created, listed, described and deleted;
 lines go in with `produce` (optionally KEY<SEP>VALUE) and come back out with
-`consume`; a failure prints one line naming the problem and exits non-zero;
+`consume`; transactions and consumer groups can be listed, described and
+acted on; a failure prints one line naming the problem and exits non-zero;
 SIGTERM stops the cluster.
 
 Method: the CLI runs as subprocesses (`python -m oncelog.cli`), against a
@@ -29,7 +30,7 @@ CLI = [sys.executable, "-m", "oncelog.cli"]
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("cli") / "cluster"
     proc = subprocess.Popen(
-        [*CLI, "cluster", "up", "--data-dir", str(data_dir), "--group-coordinators", "0"],
+        [*CLI, "cluster", "up", "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -184,3 +185,61 @@ def test_transactions_commands(bootstrap: str) -> None:
     assert b"producer 12345 has no open transaction on txns-0" in no_producer.stderr
     usage = run(bootstrap, "transactions", "describe-producers", "txns", check=False)
     assert usage.returncode == 2
+
+
+def test_groups_commands(bootstrap: str) -> None:
+    from oncelog import Consumer, TopicPartition  # the group itself comes from the SDK
+
+    run(bootstrap, "topics", "create", "grp", "--partitions", "2")
+    run(bootstrap, "produce", "grp", "--partition", "0", stdin=b"a\nb\nc\n")
+    run(bootstrap, "produce", "grp", "--partition", "1", stdin=b"d\n")
+    t0, t1 = TopicPartition("grp", 0), TopicPartition("grp", 1)
+    with Consumer(bootstrap=bootstrap, group_id="cli-group", session_timeout_ms=3000) as consumer:
+        consumer.subscribe(["grp"])
+        deadline = time.monotonic() + 60
+        while consumer.assignment() != {t0, t1}:
+            assert time.monotonic() < deadline
+            consumer.poll(timeout=0.1)
+        consumer.commit({t0: 1, t1: 1})
+        member_id = consumer.group_metadata().member_id
+        listed = [r.split() for r in run(bootstrap, "groups", "list").stdout.decode().splitlines()]
+        assert listed[0] == ["group_id", "state"] and ["cli-group", "Stable"] in listed
+        described = run(bootstrap, "groups", "describe", "cli-group").stdout.decode().splitlines()
+        assert described[0].startswith("group cli-group  state Stable")
+        assert described[1].split() == ["member_id", "instance_id", "member_epoch", "topics",
+                                        "assignment"]
+        row = described[2].split()
+        assert (row[0], row[1], row[3], row[4:]) == (member_id, "-", "grp", ["grp-0", "grp-1"])
+        offsets = [r.split() for r in
+                   run(bootstrap, "groups", "offsets", "cli-group").stdout.decode().splitlines()]
+        assert offsets == [["topic", "partition", "committed", "end", "lag", "member_id"],
+                           ["grp", "0", "1", "3", "2", member_id],
+                           ["grp", "1", "1", "1", "0", member_id]]
+        in_use = run(bootstrap, "groups", "reset-offsets", "cli-group", "--to-earliest",
+                     "--all-topics", check=False)
+        assert in_use.returncode == 1
+        assert in_use.stderr.decode().startswith("oncelog: error: UnknownMemberIdError")
+        assert b"has members" in in_use.stderr
+        busy = run(bootstrap, "groups", "delete", "cli-group", check=False)
+        assert busy.returncode == 1 and b"NonEmptyGroupError" in busy.stderr
+    dry = run(bootstrap, "groups", "reset-offsets", "cli-group", "--to-latest", "--topic", "grp",
+              "--dry-run").stdout.decode().splitlines()
+    assert [r.split() for r in dry[:3]] == [["topic", "partition", "new_offset"],
+                                            ["grp", "0", "3"], ["grp", "1", "1"]]
+    assert dry[-1] == "dry run: nothing committed for group cli-group"
+    reset = run(bootstrap, "groups", "reset-offsets", "cli-group", "--to-offset", "2",
+                "--topic", "grp:0").stdout.decode().splitlines()
+    assert reset[1].split() == ["grp", "0", "2"]
+    assert reset[-1] == "reset 1 offsets of group cli-group"
+    offsets = [r.split() for r in
+               run(bootstrap, "groups", "offsets", "cli-group").stdout.decode().splitlines()]
+    assert offsets[1:] == [["grp", "0", "2", "3", "1", "-"], ["grp", "1", "1", "1", "0", "-"]]
+    no_where = run(bootstrap, "groups", "reset-offsets", "cli-group", "--all-topics",
+                   check=False)
+    assert no_where.returncode == 2
+    assert run(bootstrap, "groups", "delete", "cli-group").stdout.decode().strip() == (
+        "deleted group cli-group")
+    unknown = run(bootstrap, "groups", "describe", "cli-group", check=False)
+    assert unknown.returncode == 1
+    assert unknown.stderr.decode().startswith("oncelog: error: GroupIdNotFoundError")
+    assert len(unknown.stderr.decode().strip().splitlines()) == 1

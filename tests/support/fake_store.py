@@ -19,12 +19,23 @@ verification). A `CoordinatorFaultPlan` decides per call whether to answer an
 error (a gRPC status carrying our Error), to apply it and lose the reply, or
 to be unreachable. `calls` records every coordinator call.
 
+The group side (with group_coordinator=True) is scripted rather than a
+second assignor: a member joins (epoch 0) and gets what the test gives it
+with `set_assignment`, which also moves its epoch; heartbeats check member
+id and epoch (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH) and record what the
+member reports as owned; `remove_member` is a session timeout.
+OffsetCommit applies the ownership rules of docs/groups.md, OffsetFetch
+answers UNSTABLE_OFFSET_COMMIT for a partition with a pending transactional
+offset when asked for stable offsets, TxnOffsetCommit keeps offsets pending
+until the producer's transaction ends.
+
 Not a model of the real services' performance or of their crash recovery;
 those are tested against the same SDK in tests/integration.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -114,6 +125,24 @@ class _WithFallbacks:
 
 
 @dataclass
+class FakeMember:
+    """One member of a group at the fake group coordinator."""
+
+    member_id: str
+    epoch: int
+    group_instance_id: str
+    subscribed_topics: tuple[str, ...]
+    # What the test assigned, and whether the member has been told.
+    target: frozenset[tuple[str, int]] = frozenset()
+    target_sent: bool = False
+    # What the member's last heartbeat reported.
+    owned: frozenset[tuple[str, int]] = frozenset()
+    # The epoch before set_assignment's: a heartbeat sent before the member
+    # heard of the new one carries it, and is accepted (as KIP-848 does).
+    previous_epoch: int = -1
+
+
+@dataclass
 class _ProducerState:
     epoch: int
     last_sequence: int
@@ -141,7 +170,8 @@ class StoredBatch:
 class FakeStore:
     """Serves the PartitionStore RPCs the SDK uses (Metadata, Produce, Fetch,
     ListOffsets, DescribeProducers, WriteTxnMarkers), the TransactionCoordinator
-    RPCs, and (with group_coordinator=True) GroupCoordinator.TxnOffsetCommit;
+    RPCs, and (with group_coordinator=True) GroupCoordinator's
+    ConsumerGroupHeartbeat, OffsetCommit, OffsetFetch and TxnOffsetCommit;
     the others answer UNIMPLEMENTED."""
 
     def __init__(self, *, workers: int = 1, fault: FaultPlan | None = None,
@@ -155,6 +185,11 @@ class FakeStore:
         self.pending_offsets: dict[tuple[str, int], dict[tuple[str, int], int]] = {}
         self.committed_offsets: dict[str, dict[tuple[str, int], int]] = {}
         self.group_coordinator = group_coordinator
+        # group id -> member id -> member (the scripted group side).
+        self.groups: dict[str, dict[str, FakeMember]] = {}
+        self.heartbeat_interval_ms = 20
+        self._member_ids = itertools.count(1)
+        self._group_epoch = itertools.count(1)
         # Accept transactional batches without the coordinator's check (the
         # real store's --unsafe-skip-txn-verification), to make hanging ones.
         self.skip_txn_verification = False
@@ -258,6 +293,41 @@ class FakeStore:
             if header.is_transactional and not header.is_control and stored.committed is None:
                 return stored.base_offset
         return log[-1].next_offset if log else 0
+
+    # ------------------------------------------------------------ groups
+
+    def members(self, group_id: str) -> dict[str, FakeMember]:
+        with self.lock:
+            return dict(self.groups.get(group_id, {}))
+
+    def wait_for_members(self, group_id: str, count: int, timeout_s: float = 30.0
+                         ) -> list[FakeMember]:
+        """Blocks until the group has `count` members (a failure guard, not a timing)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            members = list(self.members(group_id).values())
+            if len(members) == count:
+                return members
+            if time.monotonic() > deadline:
+                raise AssertionError(f"group {group_id!r} has {len(members)} members, "
+                                     f"not {count}")
+            time.sleep(0.005)
+
+    def set_assignment(self, group_id: str, member_id: str,
+                       partitions: set[tuple[str, int]]) -> int:
+        """Gives the member this target assignment with a new epoch; returns it."""
+        with self.lock:
+            member = self.groups[group_id][member_id]
+            member.target = frozenset(partitions)
+            member.target_sent = False
+            member.previous_epoch = member.epoch
+            member.epoch = next(self._group_epoch) + 1
+            return member.epoch
+
+    def remove_member(self, group_id: str, member_id: str) -> None:
+        """The member's session timed out."""
+        with self.lock:
+            del self.groups[group_id][member_id]
 
     def headers(self, topic: str, partition: int) -> list[codec.BatchHeader]:
         with self.lock:
@@ -745,11 +815,120 @@ class FakeStore:
 
 
 class _GroupSide:
-    """GroupCoordinator.TxnOffsetCommit of the fake: offsets stay pending until
-    the producer's transaction ends (then committed or dropped)."""
+    """GroupCoordinator of the fake (see the module's doc): scripted
+    membership, offsets with the ownership rules, transactional offsets
+    pending until the producer's transaction ends (then committed or
+    dropped)."""
 
     def __init__(self, store: FakeStore) -> None:
         self._store = store
+
+    def ConsumerGroupHeartbeat(self, request: group_coordinator_pb2.ConsumerGroupHeartbeatRequest,
+                               context: grpc.ServicerContext
+                               ) -> group_coordinator_pb2.ConsumerGroupHeartbeatResponse:
+        store = self._store
+
+        def beat(req: group_coordinator_pb2.ConsumerGroupHeartbeatRequest
+                 ) -> group_coordinator_pb2.ConsumerGroupHeartbeatResponse:
+            members = store.groups.setdefault(req.group_id, {})
+            if req.member_epoch == 0:
+                if not req.subscribed_topics:
+                    raise _Refused(ErrorCode.INVALID_REQUEST, "join without topics")
+                for old_id, old in list(members.items()):
+                    if req.group_instance_id and old.group_instance_id == req.group_instance_id:
+                        del members[old_id]  # a static member replaced
+                member = FakeMember(f"member-{next(store._member_ids)}",
+                                    next(store._group_epoch), req.group_instance_id,
+                                    tuple(req.subscribed_topics))
+                members[member.member_id] = member
+            else:
+                found = members.get(req.member_id)
+                if found is None:
+                    raise _Refused(ErrorCode.UNKNOWN_MEMBER_ID,
+                                   f"member {req.member_id!r} is not in {req.group_id!r}")
+                member = found
+                if req.member_epoch < 0:
+                    del members[req.member_id]
+                    return group_coordinator_pb2.ConsumerGroupHeartbeatResponse(
+                        member_id=req.member_id, member_epoch=req.member_epoch)
+                if req.member_epoch not in (member.epoch, member.previous_epoch):
+                    raise _Refused(ErrorCode.FENCED_MEMBER_EPOCH,
+                                   f"epoch {req.member_epoch}, expected {member.epoch}")
+                member.owned = frozenset((p.topic, p.partition) for p in req.owned_partitions)
+                member.subscribed_topics = tuple(req.subscribed_topics)
+            resp = group_coordinator_pb2.ConsumerGroupHeartbeatResponse(
+                member_id=member.member_id, member_epoch=member.epoch,
+                heartbeat_interval_ms=store.heartbeat_interval_ms,
+            )
+            if not member.target_sent:
+                member.target_sent = True
+                resp.has_assignment = True
+                resp.assignment.extend(
+                    records_pb2.TopicPartition(topic=t, partition=p)
+                    for t, p in sorted(member.target))
+            return resp
+
+        return cast(group_coordinator_pb2.ConsumerGroupHeartbeatResponse,
+                    store._coordinator_call("ConsumerGroupHeartbeat", request, context, beat))
+
+    def OffsetCommit(self, request: group_coordinator_pb2.OffsetCommitRequest,
+                     context: grpc.ServicerContext) -> group_coordinator_pb2.OffsetCommitResponse:
+        store = self._store
+
+        def commit(req: group_coordinator_pb2.OffsetCommitRequest
+                   ) -> group_coordinator_pb2.OffsetCommitResponse:
+            members = store.groups.get(req.group_id, {})
+            if any(p.offset < 0 for p in req.partitions):
+                raise _Refused(ErrorCode.INVALID_REQUEST, "negative offset")
+            results = []
+            if req.member_id:
+                member = members.get(req.member_id)
+                if member is None:
+                    raise _Refused(ErrorCode.UNKNOWN_MEMBER_ID, f"no member {req.member_id!r}")
+                if req.generation_id > member.epoch:
+                    raise _Refused(ErrorCode.FENCED_MEMBER_EPOCH, "generation above epoch")
+            elif members:
+                raise _Refused(ErrorCode.UNKNOWN_MEMBER_ID, "the group has members")
+            else:
+                member = None
+            stale = [p for p in req.partitions
+                     if member is not None and (p.topic, p.partition) not in member.owned]
+            for p in req.partitions:
+                error = (error_proto(ErrorCode.STALE_MEMBER_EPOCH, "not owned")
+                         if p in stale else None)
+                results.append(group_coordinator_pb2.OffsetPartitionResult(
+                    topic=p.topic, partition=p.partition, error=error))
+            if not stale:
+                offsets = store.committed_offsets.setdefault(req.group_id, {})
+                for p in req.partitions:
+                    offsets[(p.topic, p.partition)] = p.offset
+            return group_coordinator_pb2.OffsetCommitResponse(results=results)
+
+        return cast(group_coordinator_pb2.OffsetCommitResponse,
+                    store._coordinator_call("OffsetCommit", request, context, commit))
+
+    def OffsetFetch(self, request: group_coordinator_pb2.OffsetFetchRequest,
+                    context: grpc.ServicerContext) -> group_coordinator_pb2.OffsetFetchResponse:
+        store = self._store
+
+        def fetch(req: group_coordinator_pb2.OffsetFetchRequest
+                  ) -> group_coordinator_pb2.OffsetFetchResponse:
+            committed = store.committed_offsets.get(req.group_id, {})
+            pending = {tp for (group, _pid), offsets in store.pending_offsets.items()
+                       if group == req.group_id for tp in offsets}
+            wanted = ([(p.topic, p.partition) for p in req.partitions] if req.partitions
+                      else sorted(committed))
+            out = []
+            for tp in wanted:
+                part = group_coordinator_pb2.OffsetFetchPartition(
+                    topic=tp[0], partition=tp[1], offset=committed.get(tp, -1))
+                if req.require_stable and tp in pending:
+                    part.error.CopyFrom(error_proto(ErrorCode.UNSTABLE_OFFSET_COMMIT, "pending"))
+                out.append(part)
+            return group_coordinator_pb2.OffsetFetchResponse(partitions=out)
+
+        return cast(group_coordinator_pb2.OffsetFetchResponse,
+                    store._coordinator_call("OffsetFetch", request, context, fetch))
 
     def TxnOffsetCommit(self, request: group_coordinator_pb2.TxnOffsetCommitRequest,
                         context: grpc.ServicerContext
@@ -761,6 +940,13 @@ class _GroupSide:
             txn = store._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
             if (CONSUMER_OFFSETS, 0) not in txn.partitions or txn.state != "Ongoing":
                 raise _Refused(ErrorCode.INVALID_TXN_STATE, "AddOffsetsToTxn first")
+            members = store.groups.get(req.group_id)
+            if req.member_id and members is not None:
+                member = members.get(req.member_id)
+                if member is None:
+                    raise _Refused(ErrorCode.UNKNOWN_MEMBER_ID, f"no member {req.member_id!r}")
+                if any((p.topic, p.partition) not in member.owned for p in req.partitions):
+                    raise _Refused(ErrorCode.STALE_MEMBER_EPOCH, "a partition is not owned")
             pending = store.pending_offsets.setdefault((req.group_id, req.producer_id), {})
             for p in req.partitions:
                 pending[(p.topic, p.partition)] = p.offset

@@ -150,5 +150,6 @@ def test_option_checks() -> None:
         Consumer(bootstrap="127.0.0.1:1", isolation_level="serializable")
     with pytest.raises(ValueError, match="auto_offset_reset"):
         Consumer(bootstrap="127.0.0.1:1", auto_offset_reset="smallest")
-    with pytest.raises(errors.UnsupportedVersionError, match="consumer groups"):
-        Consumer(bootstrap="127.0.0.1:1", group_id="g", enable_auto_commit=True)
+    with pytest.raises(ValueError, match="auto_commit_interval_ms"):
+        Consumer(bootstrap="127.0.0.1:1", group_id="g", enable_auto_commit=True,
+                 auto_commit_interval_ms=0)
