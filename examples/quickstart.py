@@ -109,8 +109,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
     ]
     width = max(len(r[0]) for r in rows)
     print()
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}")
+    for label, shown in rows:
+        print(f"  {label:<{width}}  {shown}")
     ok = duplicates == 0 and missing == 0 and out_of_order == 0
     print("\nexactly once: " + ("OK" if ok else "VIOLATED"))
     return 0 if ok else 1
