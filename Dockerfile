@@ -23,6 +23,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sdk ./sdk
 COPY services ./services
+# The Spark integration's package is part of the distribution (pyspark itself
+# is an extra the image does not install: Spark jobs run on Spark's images).
+COPY spark ./spark
 # Every dependency ships manylinux wheels (grpcio, rocksdict, crc32c), so the
 # builder needs no compiler. Bytecode is compiled now because the runtime's
 # root filesystem is read-only.

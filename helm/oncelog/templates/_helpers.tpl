@@ -33,7 +33,8 @@ The prefix of every resource name. Kept to 40 characters so that
 {{/*
 The components. key: the values block; name: the resource-name suffix and
 the app.kubernetes.io/component label; module: what `python -m` runs; job:
-the Prometheus job label (the service's own name, as on a local cluster);
+the Prometheus job label ("oncelog-" and the service: the alert rules select
+jobs containing "oncelog"; docs/metrics.md);
 stateful: whether the pods keep a data volume.
 */}}
 {{- define "oncelog.components" -}}
@@ -41,19 +42,19 @@ partitionStore:
   key: partitionStore
   name: partition-store
   module: services.partition_store
-  job: partition_store
+  job: oncelog-partition-store
   stateful: true
 coordinator:
   key: coordinator
   name: coordinator
   module: services.coordinator
-  job: coordinator
+  job: oncelog-coordinator
   stateful: false
 groupCoordinator:
   key: groupCoordinator
   name: group-coordinator
   module: services.group_coordinator
-  job: group_coordinator
+  job: oncelog-group-coordinator
   stateful: false
 {{- end }}
 
