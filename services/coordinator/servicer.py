@@ -105,7 +105,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                     raise ServiceError(ErrorCode.INVALID_REQUEST,
                                        f"invalid partition {topic!r}-{partition}")
             if request.verify_only:
-                verdicts = self._txns.verify_partitions(
+                verdicts = await self._txns.verify_partitions(
                     request.transactional_id, request.producer_id, request.producer_epoch,
                     partitions,
                 )

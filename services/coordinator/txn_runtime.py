@@ -12,6 +12,13 @@ only source of truth.
 Taking over a partition appends a coordinator-epoch record; markers carry that
 epoch and the partition stores refuse lower ones, so a zombie coordinator can
 neither write the transaction log nor markers.
+
+The one answer given from memory without a write is the partition stores'
+verification of a producer's first transactional write to a partition
+(`verify_partitions`). A zombie (paused, replaced, not yet fenced because it
+has not tried to write) would answer it from a stale view, so it first
+confirms that the log still ends where its memory does
+(`_confirm_ownership`); docs/coordinator.md says why that is enough.
 """
 
 from __future__ import annotations
@@ -72,6 +79,10 @@ class OwnedPartition:
     my_epoch: int = -1
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     marker_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # Verifications waiting for the next read of the log end (None: nobody
+    # waits), and whether the task that runs those reads is alive.
+    next_ownership_check: asyncio.Future[None] | None = None
+    checking_ownership: bool = False
 
 
 class TxnCoordinatorRuntime:
@@ -279,11 +290,16 @@ class TxnCoordinatorRuntime:
             if planned is not None:
                 await self._persist(owned, [encode_txn(planned)])
 
-    def verify_partitions(
+    async def verify_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> dict[tuple[str, int], ServiceError | None]:
-        """For a partition store: is each partition in this producer's open transaction?"""
+        """For a partition store: is each partition in this producer's open
+        transaction? Answered from memory once memory is confirmed to be the
+        log's state (a zombie's memory is not)."""
+        owned = self.owned_for(transactional_id)
+        await self._confirm_ownership(owned)
+        # Memory may have been unloaded or fenced while the check ran.
         owned = self.owned_for(transactional_id)
         md = owned.state.transactions.get(transactional_id)
         out: dict[tuple[str, int], ServiceError | None] = {}
@@ -309,6 +325,82 @@ class TxnCoordinatorRuntime:
                 )
             out[tp] = error
         return out
+
+    async def _confirm_ownership(self, owned: OwnedPartition) -> None:
+        """Returns once a read of the partition's log end that started after
+        this call found the log ending where this coordinator's memory ends:
+        nobody else has written it, so memory was the log's state at that read.
+
+        Concurrent callers share one read (one that starts after the last of
+        them arrived: a read already in flight may have been answered before
+        they came), so under load a batch of verifications costs one store
+        round trip, not one each. Raises NOT_COORDINATOR when another
+        coordinator has written the log (this one reloads, and the reload
+        finds it fenced), a retriable error when the store cannot be asked."""
+        waiter = owned.next_ownership_check
+        if waiter is None:
+            waiter = asyncio.get_running_loop().create_future()
+            # A waiter whose caller went away leaves its exception unread.
+            waiter.add_done_callback(
+                lambda f: None if f.cancelled() else f.exception())
+            owned.next_ownership_check = waiter
+            if not owned.checking_ownership:
+                owned.checking_ownership = True
+                self._spawn(self._run_ownership_checks(owned))
+        await asyncio.shield(waiter)
+
+    async def _run_ownership_checks(self, owned: OwnedPartition) -> None:
+        """Answers the waiting verifications with one read each round, until
+        none is waiting."""
+        try:
+            while owned.next_ownership_check is not None:
+                waiter, owned.next_ownership_check = owned.next_ownership_check, None
+                try:
+                    await self._check_log_end(owned)
+                except ServiceError as exc:
+                    waiter.set_exception(exc)
+                except BaseException:
+                    waiter.cancel()
+                    raise
+                else:
+                    waiter.set_result(None)
+        finally:
+            owned.checking_ownership = False
+            if owned.next_ownership_check is not None:  # stopped with callers waiting
+                owned.next_ownership_check.cancel()
+                owned.next_ownership_check = None
+
+    async def _check_log_end(self, owned: OwnedPartition) -> None:
+        if await self._read_log_end(owned) == owned.log_end_offset:
+            return
+        # Our own write may have landed without its answer having come back
+        # yet (or have come back after the read): look again once no write
+        # of ours is in flight.
+        async with owned.lock:
+            self._check_loaded(owned)
+            log_end = await self._read_log_end(owned)
+            if log_end == owned.log_end_offset:
+                return
+            log.warning("__transaction_state-%d ends at %d, this coordinator's memory at %d: "
+                        "another coordinator has written it; reloading", owned.partition,
+                        log_end, owned.log_end_offset)
+            self._unload(owned)
+            raise ServiceError(
+                ErrorCode.NOT_COORDINATOR,
+                f"__transaction_state-{owned.partition} was written by another coordinator "
+                f"(it ends at {log_end}, coordinator {self._node_id} knows it up to "
+                f"{owned.log_end_offset})",
+            )
+
+    async def _read_log_end(self, owned: OwnedPartition) -> int:
+        try:
+            return await self._log.log_end_offset(owned.partition)
+        except ServiceError as exc:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"cannot confirm that coordinator {self._node_id} still owns "
+                f"__transaction_state-{owned.partition}: {exc.message}",
+            ) from exc
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                       commit: bool) -> tuple[int, int]:

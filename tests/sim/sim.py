@@ -651,6 +651,9 @@ class SimTxnLog:
     def read_all(self) -> tuple[list[Entry], int]:
         return list(self.entries), len(self.entries)
 
+    def log_end_offset(self) -> int:
+        return len(self.entries)
+
     def append(self, entries: list[Entry], *, expected_log_end_offset: int, writer: str) -> int:
         if expected_log_end_offset != len(self.entries):
             self._sim.log(f"  txn-log: {writer} append refused: log ends at "
@@ -925,9 +928,12 @@ class StoreNode(Node):
 
     def expire_producers(self) -> None:
         """runtime.run_retention_once's producer expiry (retention itself is
-        not simulated: with nothing ever deleted the checker can read from 0)."""
+        not simulated: with nothing ever deleted the checker can read from 0).
+        Producers whose verification is out are kept, as the runtime's gates
+        keep them."""
         expired = self.part.expire_producers(now_ms=self.sim.now_ms,
-                                             expiration_ms=PRODUCER_ID_EXPIRATION_MS)
+                                             expiration_ms=PRODUCER_ID_EXPIRATION_MS,
+                                             verifying=set(self.gates))
         if expired:
             self.sim.log(f"{self.name}: producers {expired} expired")
 
@@ -1132,10 +1138,12 @@ class CoordinatorNode(Node):
         self.reply(src, reply)
 
     def _verify(self, src: str, request: VerifyRequest) -> None:
-        """txn_runtime.verify_partitions: answered from memory."""
+        """txn_runtime.verify_partitions: answered from memory once the log
+        end confirms that memory is the log's state."""
         tp = (TOPIC, request.partition)
         try:
             self._owned()
+            self._confirm_ownership()
             md = self.state.transactions.get(request.transactional_id)
             if md is None or md.state is txn.TxnState.DEAD or \
                     md.producer_id != request.producer_id:
@@ -1151,6 +1159,19 @@ class CoordinatorNode(Node):
         reply = VerifyReply(request.call_id, code)
         self.sim.log(f"{self.name}: {show(request)} -> {show(reply)}")
         self.reply(src, reply)
+
+    def _confirm_ownership(self) -> None:
+        """txn_runtime._confirm_ownership / _check_log_end. The simulated log
+        is read at once and this node never has a write in flight while it
+        handles a request, so the first read is already the one the runtime
+        makes under the lock."""
+        log_end = self.sim.txn_log.log_end_offset()
+        if log_end == self.log_end_offset:
+            return
+        self.sim.log(f"{self.name}: the log ends at {log_end}, my memory at "
+                     f"{self.log_end_offset}: another coordinator wrote it; reloading")
+        self._unload()
+        raise ServiceError(ErrorCode.NOT_COORDINATOR, f"{self.name}: the log moved")
 
     def _end_txn(self, src: str, request: EndTxnRequest) -> None:
         """txn_runtime.end_txn."""

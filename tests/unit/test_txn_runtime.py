@@ -5,13 +5,14 @@ injectable failures) and FakeMarkerSender; drive init / add / commit / abort /
 timeout / fencing, and check what the log holds, which markers were sent (with
 which epochs), and that a second runtime replaying the same log — a restarted
 or replacement coordinator — ends in the same state and resumes unfinished
-markers.
+markers; and that verification answers only once a read of the log end
+confirms that the runtime's memory is the log's state (a zombie's is not).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import pytest
@@ -23,7 +24,7 @@ from services.coordinator.core.transactions import TxnState
 from services.coordinator.markers import FakeMarkerSender
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
-from services.coordinator.storage.txn_log import MemoryTxnLog
+from services.coordinator.storage.txn_log import Entry, MemoryTxnLog
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 
 LAYOUT = ClusterLayout(stores=("s0",), coordinators=("c0",), transaction_state_partitions=2)
@@ -235,6 +236,116 @@ def test_next_transaction_waits_for_markers_instead_of_failing() -> None:
         md, _ = rt.describe(TID)
         assert md is not None and md.state is TxnState.ONGOING
         assert [tp for _, tp in markers.written] == [("a", 0)]
+        await rt.stop()
+
+    run(scenario)
+
+
+class CountingTxnLog(MemoryTxnLog):
+    """MemoryTxnLog that counts log-end reads and can hold an append after it
+    landed (its answer still on the way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_end_reads = 0
+        self.hold_reads: asyncio.Event | None = None
+        self.hold_after_landing: asyncio.Event | None = None
+
+    async def log_end_offset(self, partition: int) -> int:
+        self.log_end_reads += 1
+        if self.hold_reads is not None:
+            await self.hold_reads.wait()
+        return await super().log_end_offset(partition)
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        log_end = await super().append(partition, entries,
+                                       expected_log_end_offset=expected_log_end_offset)
+        if self.hold_after_landing is not None:
+            await self.hold_after_landing.wait()
+        return log_end
+
+
+async def open_transaction(log: MemoryTxnLog, partitions: Sequence[tuple[str, int]]
+                           ) -> tuple[TxnCoordinatorRuntime, int, int]:
+    """A started runtime over `log` with TID's transaction open on `partitions`."""
+    rt = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
+    await rt.start()
+    await settle(rt)
+    pid, epoch = await rt.init_producer_id(TID, 30_000)
+    await rt.add_partitions(TID, pid, epoch, frozenset(partitions))
+    return rt, pid, epoch
+
+
+def test_a_zombie_refuses_to_verify_after_a_newer_coordinator_wrote() -> None:
+    """The zombie has not written since the takeover, so nothing has fenced it
+    yet; its memory still says the partition is in the open transaction."""
+    async def scenario() -> None:
+        log = MemoryTxnLog()
+        zombie, pid, epoch = await open_transaction(log, [("a", 0)])
+        verdicts = await zombie.verify_partitions(TID, pid, epoch, [("a", 0)])
+        assert verdicts == {("a", 0): None}
+        successor = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
+        await successor.start()
+        await settle(successor)
+        with pytest.raises(ServiceError) as err:
+            await zombie.verify_partitions(TID, pid, epoch, [("a", 0)])
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        await settle(zombie)
+        partition = LAYOUT.transaction_state_partition(TID)
+        assert zombie.partitions[partition].fenced
+        # The successor answers from the same log.
+        assert await successor.verify_partitions(TID, pid, epoch, [("a", 0)]) == \
+            {("a", 0): None}
+        await zombie.stop()
+        await successor.stop()
+
+    run(scenario)
+
+
+def test_concurrent_verifications_share_one_log_end_read() -> None:
+    async def scenario() -> None:
+        log = CountingTxnLog()
+        parts = [("a", p) for p in range(20)]
+        rt, pid, epoch = await open_transaction(log, parts)
+        log.hold_reads = asyncio.Event()
+        first = asyncio.ensure_future(rt.verify_partitions(TID, pid, epoch, parts[:1]))
+        while log.log_end_reads == 0:
+            await asyncio.sleep(0)
+        # The others arrive while the first one's read is out: that read may
+        # have been answered before they came, so they share the next one.
+        rest = [asyncio.ensure_future(rt.verify_partitions(TID, pid, epoch, [tp]))
+                for tp in parts[1:]]
+        await asyncio.sleep(0.01)
+        assert not first.done() and not any(f.done() for f in rest)
+        log.hold_reads.set()
+        answers = [await f for f in [first, *rest]]
+        assert answers == [{tp: None} for tp in parts]
+        assert log.log_end_reads == 2
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_own_write_in_flight_is_not_mistaken_for_another_coordinator() -> None:
+    async def scenario() -> None:
+        log = CountingTxnLog()
+        rt, pid, epoch = await open_transaction(log, [("a", 0)])
+        # Another id's write lands in the same log partition; its answer is held.
+        other = next(t for t in (f"other-{i}" for i in range(100))
+                     if LAYOUT.transaction_state_partition(t)
+                     == LAYOUT.transaction_state_partition(TID))
+        log.hold_after_landing = asyncio.Event()
+        init_other = asyncio.ensure_future(rt.init_producer_id(other, 30_000))
+        await asyncio.sleep(0.01)
+        verify = asyncio.ensure_future(rt.verify_partitions(TID, pid, epoch, [("a", 0)]))
+        await asyncio.sleep(0.01)
+        assert not verify.done()  # the log is ahead of memory: it waits for the write
+        log.hold_after_landing.set()
+        await init_other
+        assert await verify == {("a", 0): None}
+        partition = LAYOUT.transaction_state_partition(TID)
+        assert rt.partitions[partition].loaded and not rt.partitions[partition].fenced
         await rt.stop()
 
     run(scenario)
