@@ -28,12 +28,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from oncelog.errors import ErrorCode
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
-from services.common.invariants import invariant
 from services.common.service_error import ServiceError
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.txn_log import (
@@ -47,6 +46,9 @@ from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.storage.txn_log import Entry, TxnLog
 
 log = logging.getLogger(__name__)
+
+# What EndTxn and CompleteTransaction plan: a decision to persist, or None.
+_DecisionPlan = TypeVar("_DecisionPlan", txn.EndPlan, txn.CompletePlan)
 
 # Marker results after which a partition needs no more markers: it landed, or
 # the partition is gone (a deleted topic gets no marker, as in Kafka).
@@ -65,6 +67,9 @@ class TxnConfig:
     # How long a request for a transactional id whose markers are in flight
     # waits for them before answering CONCURRENT_TRANSACTIONS.
     wait_for_markers_ms: int = 5000
+    # Whether producers may initialize with two-phase commit (KIP-939), whose
+    # transactions never time out (Kafka gates it with an ACL).
+    allow_two_phase_commit: bool = True
 
 
 @dataclass
@@ -252,7 +257,18 @@ class TxnCoordinatorRuntime:
 
     # ------------------------------------------------------------- requests
 
-    async def init_producer_id(self, transactional_id: str, txn_timeout_ms: int) -> tuple[int, int]:
+    async def init_producer_id(
+        self, transactional_id: str, txn_timeout_ms: int, *, two_phase_commit: bool = False,
+        keep_prepared_txn: bool = False,
+    ) -> tuple[int, int, tuple[int, int] | None]:
+        """The producer id and epoch, and the prepared state of a transaction
+        kept with keep_prepared_txn (None when none was kept)."""
+        if two_phase_commit and not self.config.allow_two_phase_commit:
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"transactional id {transactional_id!r}: this coordinator does not allow "
+                "two-phase commit (--allow-two-phase-commit is off)",
+            )
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
@@ -262,6 +278,7 @@ class TxnCoordinatorRuntime:
                 md, transactional_id=transactional_id, txn_timeout_ms=txn_timeout_ms,
                 max_txn_timeout_ms=self.config.max_txn_timeout_ms, now_ms=self._now_ms(),
                 fresh_producer_id=await self._fresh_id_if_needed(md),
+                two_phase_commit=two_phase_commit, keep_prepared_txn=keep_prepared_txn,
             )
             await self._persist(owned, [encode_txn(plan.to_persist)])
             if plan.abort_started:
@@ -271,22 +288,30 @@ class TxnCoordinatorRuntime:
                     f"transactional id {transactional_id!r}: aborting the previous "
                     "instance's open transaction; retry",
                 )
-            return plan.to_persist.producer_id, plan.to_persist.producer_epoch
+            return (plan.to_persist.producer_id, plan.to_persist.producer_epoch,
+                    plan.kept_prepared)
 
     async def add_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
         partitions: frozenset[tuple[str, int]],
     ) -> None:
+        await self._change(transactional_id, lambda md: txn.plan_add_partitions(
+            md, transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, partitions=partitions,
+            max_partitions=self.config.max_partitions_per_txn, now_ms=self._now_ms(),
+        ))
+
+    async def _change(
+        self, transactional_id: str,
+        plan: Callable[[txn.TxnMetadata | None], txn.TxnMetadata | None],
+    ) -> None:
+        """A request that changes the transactional id's state (or, planned
+        None, leaves it as it is): plan under the lock, persist, replay."""
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
-            planned = txn.plan_add_partitions(
-                owned.state.transactions.get(transactional_id),
-                transactional_id=transactional_id, producer_id=producer_id,
-                producer_epoch=producer_epoch, partitions=partitions,
-                max_partitions=self.config.max_partitions_per_txn, now_ms=self._now_ms(),
-            )
+            planned = plan(owned.state.transactions.get(transactional_id))
             if planned is not None:
                 await self._persist(owned, [encode_txn(planned)])
 
@@ -404,22 +429,55 @@ class TxnCoordinatorRuntime:
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                       commit: bool) -> tuple[int, int]:
+        plan = await self._decide(transactional_id, lambda md, fresh_producer_id: txn.plan_end_txn(
+            md, transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, commit=commit, now_ms=self._now_ms(),
+            fresh_producer_id=fresh_producer_id,
+        ))
+        return plan.producer_id, plan.producer_epoch
+
+    async def _decide(
+        self, transactional_id: str,
+        plan: Callable[[txn.TxnMetadata | None, int | None], _DecisionPlan],
+    ) -> _DecisionPlan:
+        """EndTxn and CompleteTransaction: plan under the lock (given a fresh
+        producer id when the epoch bump needs one), persist the decision, send
+        its markers."""
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            plan = txn.plan_end_txn(
-                md, transactional_id=transactional_id, producer_id=producer_id,
-                producer_epoch=producer_epoch, commit=commit, now_ms=self._now_ms(),
-                fresh_producer_id=await self._fresh_id_if_needed(md) if md else None,
-            )
-            if plan.to_persist is not None:
-                await self._persist(owned, [encode_txn(plan.to_persist)])
+            planned = plan(md, await self._fresh_id_if_needed(md) if md else None)
+            if planned.to_persist is not None:
+                await self._persist(owned, [encode_txn(planned.to_persist)])
                 # The outcome is decided and durable from here on.
                 crash_point("coordinator.after_prepare")
                 self._start_markers(owned, transactional_id)
-            return plan.producer_id, plan.producer_epoch
+            return planned
+
+    async def prepare(self, transactional_id: str, producer_id: int,
+                      producer_epoch: int) -> tuple[int, int]:
+        """PrepareTransaction (two-phase commit); returns the prepared state."""
+        await self._change(transactional_id, lambda md: txn.plan_prepare(
+            md, transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, now_ms=self._now_ms(),
+        ))
+        return producer_id, producer_epoch
+
+    async def complete_prepared(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        prepared: tuple[int, int],
+    ) -> tuple[bool, int, int]:
+        """CompleteTransaction (two-phase commit): whether `prepared` is
+        committed, and the producer id and epoch for the next transaction."""
+        plan = await self._decide(
+            transactional_id, lambda md, fresh_producer_id: txn.plan_complete_prepared(
+                md, transactional_id=transactional_id, producer_id=producer_id,
+                producer_epoch=producer_epoch, prepared=prepared, now_ms=self._now_ms(),
+                fresh_producer_id=fresh_producer_id,
+            ))
+        return plan.committed, plan.producer_id, plan.producer_epoch
 
     def _check_loaded(self, owned: OwnedPartition) -> None:
         if not owned.loaded:
@@ -440,25 +498,17 @@ class TxnCoordinatorRuntime:
         return owned.state.transactions.get(transactional_id), owned.state.coordinator_epoch
 
     async def force_abort(self, transactional_id: str) -> txn.TxnMetadata:
-        """The hanging-transaction tool: abort an open transaction now, fencing its
-        producer (as a new instance's InitProducerId would)."""
+        """The hanging-transaction tool: abort an open transaction (also a
+        prepared two-phase-commit one) now, fencing its producer (as a new
+        instance's InitProducerId would)."""
         owned = self.owned_for(transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            if md is None or md.state is not txn.TxnState.ONGOING:
-                raise ServiceError(
-                    ErrorCode.INVALID_TXN_STATE,
-                    f"transactional id {transactional_id!r} has no open transaction "
-                    f"({md.state.value if md else 'unknown'})",
-                )
-            planned = txn.plan_timeout_abort(
-                md, now_ms=max(self._now_ms(), md.txn_start_ms + md.txn_timeout_ms),
+            planned = txn.plan_admin_abort(
+                md, transactional_id=transactional_id, now_ms=self._now_ms(),
                 fresh_producer_id=await self._fresh_id_if_needed(md),
             )
-            # At or past its deadline an Ongoing transaction always has an abort plan.
-            invariant(planned is not None, "no abort plan for an Ongoing transaction")
-            assert planned is not None  # for the type checker; invariant() guards at runtime
             await self._persist(owned, [encode_txn(planned)])
             self._start_markers(owned, transactional_id)
             return planned
@@ -543,7 +593,7 @@ class TxnCoordinatorRuntime:
     async def _check_timeouts(self, owned: OwnedPartition) -> None:
         now_ms = self._now_ms()
         for transactional_id, md in list(owned.state.transactions.items()):
-            if md.state is txn.TxnState.ONGOING and now_ms >= md.txn_start_ms + md.txn_timeout_ms:
+            if txn.is_timed_out(md, now_ms):
                 async with owned.lock:
                     current = owned.state.transactions.get(transactional_id)
                     if current is None or not owned.loaded:

@@ -1199,16 +1199,13 @@ class CoordinatorNode(Node):
         """txn_runtime.force_abort (the hanging-transaction tool) on a random
         open transaction: abort it now, fencing its producer."""
         ongoing = sorted(tid for tid, md in self.state.transactions.items()
-                         if md.state is txn.TxnState.ONGOING)
+                         if md.state in (txn.TxnState.ONGOING, txn.TxnState.PREPARED))
         if not self.loaded or self.fenced or not ongoing:
             return
         tid = self.sim.rng.choice(ongoing)
         md = self.state.transactions[tid]
-        planned = txn.plan_timeout_abort(
-            md, now_ms=max(self.sim.now_ms, md.txn_start_ms + md.txn_timeout_ms),
-            fresh_producer_id=self._fresh_id_if_needed(md))
-        invariant(planned is not None, "no abort plan for an Ongoing transaction")
-        assert planned is not None  # for mypy; invariant() guards at runtime
+        planned = txn.plan_admin_abort(md, transactional_id=tid, now_ms=self.sim.now_ms,
+                                       fresh_producer_id=self._fresh_id_if_needed(md))
         self.sim.log(f"{self.name}: ADMIN aborts the open transaction of {tid}")
         try:
             self._persist([encode_txn(planned)])
@@ -1347,8 +1344,7 @@ class CoordinatorNode(Node):
                     self.sim.log(f"{self.name}: transactional id {tid} expired")
                     self._persist([encode_tombstone(tid)])
                     continue
-                if md.state is not txn.TxnState.ONGOING or \
-                        self.sim.now_ms < md.txn_start_ms + md.txn_timeout_ms:
+                if not txn.is_timed_out(md, self.sim.now_ms):
                     continue
                 current = self.state.transactions.get(tid)
                 if current is None or not self.loaded:

@@ -73,7 +73,7 @@ def test_commit_writes_markers_with_the_bumped_epoch_and_completes() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0), ("b", 1)}))
         new_pid, new_epoch = await rt.end_txn(TID, pid, epoch, commit=True)
         assert (new_pid, new_epoch) == (pid, epoch + 1)
@@ -101,7 +101,7 @@ def test_restart_after_prepare_resumes_markers_and_completes() -> None:
         rt = make(log, first_markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         await rt.end_txn(TID, pid, epoch, commit=False)
         await asyncio.sleep(0.05)
@@ -129,13 +129,13 @@ def test_new_instance_fences_and_aborts_the_open_transaction() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         with pytest.raises(ServiceError) as err:
             await rt.init_producer_id(TID, 30_000)
         assert err.value.code is ErrorCode.CONCURRENT_TRANSACTIONS
         await settle(rt)
-        new_pid, new_epoch = await rt.init_producer_id(TID, 30_000)
+        new_pid, new_epoch, _ = await rt.init_producer_id(TID, 30_000)
         assert new_pid == pid and new_epoch == epoch + 2
         assert [(s.commit, tp) for s, tp in markers.written] == [(False, ("a", 0))]
         for call in (
@@ -156,7 +156,7 @@ def test_timeout_aborts_and_fences() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 5_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 5_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         clock.now_ms += 5_000
         await asyncio.sleep(0.05)
@@ -177,7 +177,7 @@ def test_lost_reply_of_a_log_write_reloads_and_stays_consistent() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         # The AddPartitions record lands, but its reply is lost.
         log.fail_next.append((ServiceError(ErrorCode.NETWORK_EXCEPTION, "lost"), True))
         with pytest.raises(ServiceError) as err:
@@ -199,7 +199,7 @@ def test_a_newer_coordinator_fences_the_old_one() -> None:
         old = make(log, markers, clock, ids)
         await old.start()
         await settle(old)
-        pid, epoch = await old.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await old.init_producer_id(TID, 30_000)
         new = make(log, markers, clock, ids)
         await new.start()
         await settle(new)
@@ -225,7 +225,7 @@ def test_next_transaction_waits_for_markers_instead_of_failing() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         # The marker fails a few times before it lands (store restarting).
         markers.outcomes[("a", 0)] = [ErrorCode.NETWORK_EXCEPTION] * 3
@@ -272,7 +272,7 @@ async def open_transaction(log: MemoryTxnLog, partitions: Sequence[tuple[str, in
     rt = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
     await rt.start()
     await settle(rt)
-    pid, epoch = await rt.init_producer_id(TID, 30_000)
+    pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
     await rt.add_partitions(TID, pid, epoch, frozenset(partitions))
     return rt, pid, epoch
 
@@ -346,6 +346,74 @@ def test_own_write_in_flight_is_not_mistaken_for_another_coordinator() -> None:
         assert await verify == {("a", 0): None}
         partition = LAYOUT.transaction_state_partition(TID)
         assert rt.partitions[partition].loaded and not rt.partitions[partition].fenced
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_prepared_transaction_survives_a_restart_and_no_timeout_ends_it() -> None:
+    """Two-phase commit: prepared under one coordinator process, never aborted
+    by the timer (long past its timeout), kept by a new producer instance
+    under the next process, and committed there with markers above the
+    data's epoch."""
+    async def scenario() -> None:
+        log, clock, ids = MemoryTxnLog(), Clock(), MemoryProducerIdLog()
+        first = make(log, FakeMarkerSender(), clock, ids)
+        await first.start()
+        await settle(first)
+        pid, epoch, _ = await first.init_producer_id(TID, 5_000, two_phase_commit=True)
+        await first.add_partitions(TID, pid, epoch, frozenset({("a", 0), ("b", 1)}))
+        for state in (TxnState.ONGOING, TxnState.PREPARED):
+            if state is TxnState.PREPARED:
+                assert await first.prepare(TID, pid, epoch) == (pid, epoch)
+            clock.now_ms += 3_600_000
+            await asyncio.sleep(0.05)  # the timer runs every 10 ms
+            md, _ = first.describe(TID)
+            assert md is not None and md.state is state
+        await first.stop()
+
+        markers = FakeMarkerSender()
+        second = make(log, markers, clock, ids)
+        await second.start()
+        await settle(second)
+        await asyncio.sleep(0.05)
+        new_pid, new_epoch, kept = await second.init_producer_id(
+            TID, 5_000, two_phase_commit=True, keep_prepared_txn=True)
+        assert (new_pid, new_epoch, kept) == (pid, epoch + 1, (pid, epoch))
+        assert markers.written == []
+        committed, next_pid, next_epoch = await second.complete_prepared(
+            TID, new_pid, new_epoch, (pid, epoch))
+        assert (committed, next_pid, next_epoch) == (True, pid, epoch + 2)
+        await settle(second)
+        assert sorted((s.commit, s.producer_id, s.producer_epoch, tp)
+                      for s, tp in markers.written) == [
+            (True, pid, epoch + 2, ("a", 0)), (True, pid, epoch + 2, ("b", 1))]
+        md, _ = second.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_COMMIT
+        # Completing the same prepared state again changes nothing.
+        assert await second.complete_prepared(TID, pid, epoch + 2, (pid, epoch)) == \
+            (True, pid, epoch + 2)
+        assert len(markers.written) == 2
+        await second.stop()
+
+    run(scenario)
+
+
+def test_two_phase_commit_can_be_refused_by_configuration() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = TxnCoordinatorRuntime(
+            layout=LAYOUT, node_id=0, txn_log=log, markers=markers,
+            producer_ids=ProducerIdManager(ids, node_id=0, block_size=10), now_ms=clock,
+            config=TxnConfig(allow_two_phase_commit=False),
+        )
+        await rt.start()
+        await settle(rt)
+        with pytest.raises(ServiceError) as err:
+            await rt.init_producer_id(TID, 5_000, two_phase_commit=True)
+        assert err.value.code is ErrorCode.INVALID_REQUEST
+        assert "--allow-two-phase-commit" in err.value.message
+        await rt.init_producer_id(TID, 5_000)  # without two-phase commit: fine
         await rt.stop()
 
     run(scenario)
