@@ -162,6 +162,12 @@ class TransactionDescription:
     transaction_start_time_ms: int
     partitions: tuple[TopicPartition, ...]
     coordinator_epoch: int
+    # Two-phase commit: the producer was initialized with it (its
+    # transactions never time out); in state "Prepared", the prepared
+    # transaction's state (its records' producer id and epoch, which may be
+    # below producer_id/producer_epoch once a new instance kept it).
+    two_phase_commit: bool = False
+    prepared_transaction: PreparedTxnState | None = None
 
 
 @dataclass(frozen=True, slots=True)
