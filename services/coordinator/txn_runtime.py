@@ -274,12 +274,17 @@ class TxnCoordinatorRuntime:
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            plan = txn.plan_init_producer_id(
-                md, transactional_id=transactional_id, txn_timeout_ms=txn_timeout_ms,
-                max_txn_timeout_ms=self.config.max_txn_timeout_ms, now_ms=self._now_ms(),
-                fresh_producer_id=await self._fresh_id_if_needed(md),
-                two_phase_commit=two_phase_commit, keep_prepared_txn=keep_prepared_txn,
-            )
+            fresh_producer_id = await self._fresh_id_if_needed(md)
+            try:
+                plan = txn.plan_init_producer_id(
+                    md, transactional_id=transactional_id, txn_timeout_ms=txn_timeout_ms,
+                    max_txn_timeout_ms=self.config.max_txn_timeout_ms, now_ms=self._now_ms(),
+                    fresh_producer_id=fresh_producer_id, two_phase_commit=two_phase_commit,
+                    keep_prepared_txn=keep_prepared_txn,
+                )
+            except ServiceError as exc:
+                await self._confirm_refusal(owned, exc)
+                raise
             await self._persist(owned, [encode_txn(plan.to_persist)])
             if plan.abort_started:
                 self._start_markers(owned, transactional_id)
@@ -311,7 +316,11 @@ class TxnCoordinatorRuntime:
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
-            planned = plan(owned.state.transactions.get(transactional_id))
+            try:
+                planned = plan(owned.state.transactions.get(transactional_id))
+            except ServiceError as exc:
+                await self._confirm_refusal(owned, exc)
+                raise
             if planned is not None:
                 await self._persist(owned, [encode_txn(planned)])
 
@@ -403,19 +412,36 @@ class TxnCoordinatorRuntime:
         # of ours is in flight.
         async with owned.lock:
             self._check_loaded(owned)
-            log_end = await self._read_log_end(owned)
-            if log_end == owned.log_end_offset:
-                return
-            log.warning("__transaction_state-%d ends at %d, this coordinator's memory at %d: "
-                        "another coordinator has written it; reloading", owned.partition,
-                        log_end, owned.log_end_offset)
-            self._unload(owned)
-            raise ServiceError(
-                ErrorCode.NOT_COORDINATOR,
-                f"__transaction_state-{owned.partition} was written by another coordinator "
-                f"(it ends at {log_end}, coordinator {self._node_id} knows it up to "
-                f"{owned.log_end_offset})",
-            )
+            await self._check_log_end_locked(owned)
+
+    async def _check_log_end_locked(self, owned: OwnedPartition) -> None:
+        """With owned.lock held (no write of ours in flight): the log must end
+        where memory does, else another coordinator has written it: reload
+        and answer NOT_COORDINATOR."""
+        log_end = await self._read_log_end(owned)
+        if log_end == owned.log_end_offset:
+            return
+        log.warning("__transaction_state-%d ends at %d, this coordinator's memory at %d: "
+                    "another coordinator has written it; reloading", owned.partition,
+                    log_end, owned.log_end_offset)
+        self._unload(owned)
+        raise ServiceError(
+            ErrorCode.NOT_COORDINATOR,
+            f"__transaction_state-{owned.partition} was written by another coordinator "
+            f"(it ends at {log_end}, coordinator {self._node_id} knows it up to "
+            f"{owned.log_end_offset})",
+        )
+
+    async def _confirm_refusal(self, owned: OwnedPartition, refusal: ServiceError) -> None:
+        """A refusal planned from memory, with nothing written (PRODUCER_FENCED,
+        INVALID_TXN_STATE, ...), is final for the client: it must not come
+        from a zombie's stale memory. The caller holds owned.lock; if the log
+        has moved on, this raises NOT_COORDINATOR (retriable) instead.
+        Successes need no such check: what they answer from memory without a
+        write (a retried EndTxn's decision, a completed transaction's outcome,
+        a prepare that holds) was durable and is final."""
+        if not refusal.code.retriable:
+            await self._check_log_end_locked(owned)
 
     async def _read_log_end(self, owned: OwnedPartition) -> int:
         try:
@@ -448,7 +474,12 @@ class TxnCoordinatorRuntime:
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            planned = plan(md, await self._fresh_id_if_needed(md) if md else None)
+            fresh_producer_id = await self._fresh_id_if_needed(md) if md else None
+            try:
+                planned = plan(md, fresh_producer_id)
+            except ServiceError as exc:
+                await self._confirm_refusal(owned, exc)
+                raise
             if planned.to_persist is not None:
                 await self._persist(owned, [encode_txn(planned.to_persist)])
                 # The outcome is decided and durable from here on.
@@ -505,10 +536,15 @@ class TxnCoordinatorRuntime:
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            planned = txn.plan_admin_abort(
-                md, transactional_id=transactional_id, now_ms=self._now_ms(),
-                fresh_producer_id=await self._fresh_id_if_needed(md),
-            )
+            fresh_producer_id = await self._fresh_id_if_needed(md)
+            try:
+                planned = txn.plan_admin_abort(
+                    md, transactional_id=transactional_id, now_ms=self._now_ms(),
+                    fresh_producer_id=fresh_producer_id,
+                )
+            except ServiceError as exc:
+                await self._confirm_refusal(owned, exc)
+                raise
             await self._persist(owned, [encode_txn(planned)])
             self._start_markers(owned, transactional_id)
             return planned

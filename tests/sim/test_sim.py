@@ -3,7 +3,8 @@
 Goal: every change runs the exactly-once invariants (tests/sim/sim.py's
 checker) against a fixed set of seeds — randomized interleavings of lost,
 duplicated, delayed and reordered messages, store crashes, coordinator
-takeovers with zombies, fenced and stalled producers — so a regression in
+takeovers with zombies, fenced and stalled producers, two-phase-commit
+producers whose prepared transactions others complete — so a regression in
 the cores shows up as a failing seed that replays exactly.
 
 Method: one test per seed; each prints its seed and, on failure, the last
@@ -100,6 +101,37 @@ def test_the_checker_sees_a_hanging_transaction(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(producer_state, "check_append", unverified)
     assert "hanging transaction" in _first_failure(range(1, 41), 300)
+
+
+def test_the_checker_sees_a_two_phase_commit_transaction_timed_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator that applies the timeout to two-phase-commit
+    transactions (as to any other) must be caught."""
+    from services.coordinator.core import transactions
+
+    def any_timeout(md, now_ms):  # type: ignore[no-untyped-def]
+        return md.state is transactions.TxnState.ONGOING and \
+            now_ms >= md.txn_start_ms + md.txn_timeout_ms
+
+    monkeypatch.setattr(transactions, "is_timed_out", any_timeout)
+    assert "aborted on its timeout" in _first_failure(range(1, 41), 300)
+
+
+def test_the_checker_sees_a_completion_commit_the_wrong_transaction(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator that commits its prepared transaction whatever prepared
+    state it is given must be caught."""
+    from services.coordinator.core import transactions
+
+    real = transactions.plan_complete_prepared
+
+    def always_matching(md, **kwargs):  # type: ignore[no-untyped-def]
+        if md is not None and md.state is transactions.TxnState.PREPARED:
+            kwargs["prepared"] = md.prepared_state
+        return real(md, **kwargs)
+
+    monkeypatch.setattr(transactions, "plan_complete_prepared", always_matching)
+    assert "CompleteTransaction" in _first_failure(range(1, 41), 300)
 
 
 # Directed scenarios: interleavings the random search reaches too rarely to

@@ -303,6 +303,36 @@ def test_a_zombie_refuses_to_verify_after_a_newer_coordinator_wrote() -> None:
     run(scenario)
 
 
+def test_a_zombie_does_not_refuse_from_stale_memory() -> None:
+    """A refusal is final for a client (PRODUCER_FENCED is fatal, an
+    INVALID_TXN_STATE on a completion makes the outside coordinator give up):
+    a zombie whose memory is behind must answer NOT_COORDINATOR instead."""
+    async def scenario() -> None:
+        log = MemoryTxnLog()
+        zombie, pid, epoch = await open_transaction(log, [("a", 0)])
+        successor = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
+        await successor.start()
+        await settle(successor)
+        # A new producer instance, through the successor (which first aborts
+        # the open transaction: CONCURRENT_TRANSACTIONS, then the epoch).
+        with pytest.raises(ServiceError) as err:
+            await successor.init_producer_id(TID, 30_000)
+        assert err.value.code is ErrorCode.CONCURRENT_TRANSACTIONS
+        await settle(successor)
+        _, new_epoch, _ = await successor.init_producer_id(TID, 30_000)
+        assert new_epoch > epoch
+        # Stale routing: it reaches the zombie, whose memory has epoch `epoch`.
+        with pytest.raises(ServiceError) as err:
+            await zombie.add_partitions(TID, pid, new_epoch, frozenset({("b", 0)}))
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        await settle(zombie)
+        assert zombie.partitions[LAYOUT.transaction_state_partition(TID)].fenced
+        await zombie.stop()
+        await successor.stop()
+
+    run(scenario)
+
+
 def test_concurrent_verifications_share_one_log_end_read() -> None:
     async def scenario() -> None:
         log = CountingTxnLog()
@@ -417,3 +447,14 @@ def test_two_phase_commit_can_be_refused_by_configuration() -> None:
         await rt.stop()
 
     run(scenario)
+
+
+def test_the_two_phase_commit_flag_defaults_on_and_turns_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.coordinator.server import parse_args
+
+    assert parse_args([]).allow_two_phase_commit is True
+    assert parse_args(["--no-allow-two-phase-commit"]).allow_two_phase_commit is False
+    monkeypatch.setenv("ONCELOG_ALLOW_TWO_PHASE_COMMIT", "false")
+    assert parse_args([]).allow_two_phase_commit is False
+    assert parse_args(["--allow-two-phase-commit"]).allow_two_phase_commit is True
