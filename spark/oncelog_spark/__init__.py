@@ -16,19 +16,26 @@ The package lives in `spark/oncelog_spark/` and is installed beside `oncelog`
 * `options.py` — the source's options, parsed and checked.
 * `cluster.py` — partitions and end offsets, asked from the cluster.
 * `session.py` — a SparkSession set up for oncelog.
+* `sink.py` — the exactly-once sink for `foreachBatch` (`exactly_once_writer`).
+* `writing.py` — a sink's write side in a Spark task: rows to records, one
+  transaction per writer and micro-batch, the batch id as its offset.
 """
 
 from __future__ import annotations
 
 from oncelog_spark.reading import SCHEMA
 from oncelog_spark.session import build_session, configure_environment, register
+from oncelog_spark.sink import BatchOutcome, ExactlyOnceWriter, exactly_once_writer
 from oncelog_spark.source import FORMAT_NAME, OncelogDataSource
 
 __all__ = [
     "FORMAT_NAME",
     "SCHEMA",
+    "BatchOutcome",
+    "ExactlyOnceWriter",
     "OncelogDataSource",
     "build_session",
     "configure_environment",
+    "exactly_once_writer",
     "register",
 ]

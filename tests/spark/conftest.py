@@ -28,9 +28,15 @@ TEST_CONFIG = {
 }
 
 
+# Two cores, and a failed task is tried once more (local[N,F]: F attempts),
+# as on a cluster (where Spark's default is 4): the sink's tests need a real
+# task retry. Local mode ignores spark.task.maxFailures.
+MASTER = "local[2,2]"
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = build_session("oncelog-tests", master="local[2]", config=TEST_CONFIG)
+    session = build_session("oncelog-tests", master=MASTER, config=TEST_CONFIG)
     try:
         yield session
     finally:
