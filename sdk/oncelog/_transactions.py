@@ -77,6 +77,8 @@ class Op(enum.Enum):
     SEND_OFFSETS = "send_offsets_to_transaction"
     COMMIT_TRANSACTION = "commit_transaction"
     ABORT_TRANSACTION = "abort_transaction"
+    PREPARE_TRANSACTION = "prepare_transaction"
+    COMPLETE_TRANSACTION = "complete_transaction"
 
 
 class TxnState(enum.Enum):
@@ -93,19 +95,44 @@ class TxnState(enum.Enum):
     """InitProducerId is running (or timed out: calling init_transactions
     again resumes it).
     action: init_transactions; anything else is IllegalStateError.
-    transition: ready on the producer id; fatal_error."""
+    transition: ready on the producer id; prepared_transaction when
+    keep_prepared_txn kept an earlier instance's prepared transaction;
+    fatal_error."""
 
     READY = "ready"
     """A producer id and epoch, no open transaction.
-    action: begin_transaction; anything else is IllegalStateError.
-    transition: in_transaction."""
+    action: begin_transaction; complete_transaction (two-phase commit: asks
+    how a prepared transaction ended, e.g. a repeated completion); anything
+    else is IllegalStateError.
+    transition: in_transaction, completing."""
 
     IN_TRANSACTION = "in_transaction"
     """A transaction is open: records and offsets join it.
     action: send, send_offsets_to_transaction, commit_transaction,
-    abort_transaction.
-    transition: committing, aborting; abortable_error when a record or a
-    request of the transaction fails; fatal_error."""
+    abort_transaction, prepare_transaction (two-phase commit).
+    transition: committing, aborting, preparing; abortable_error when a
+    record or a request of the transaction fails; fatal_error."""
+
+    PREPARING = "preparing"
+    """prepare_transaction is flushing or waiting for PrepareTransaction. If
+    it timed out, call it again (it resumes) or abort_transaction.
+    action: prepare_transaction (resumes), abort_transaction.
+    transition: prepared_transaction; aborting; abortable_error when a record
+    of the transaction failed; fatal_error."""
+
+    PREPARED_TRANSACTION = "prepared_transaction"
+    """Two-phase commit: the transaction is prepared (every record written)
+    and waits for its outcome; nothing more may be sent in it.
+    action: complete_transaction, commit_transaction, abort_transaction.
+    transition: completing, committing, aborting; fatal_error."""
+
+    COMPLETING = "completing"
+    """complete_transaction is waiting for CompleteTransaction. If it timed
+    out, the outcome is unknown: call complete_transaction again with the
+    same prepared state (the coordinator answers a retry as the first try).
+    action: complete_transaction (resumes).
+    transition: ready; back where it came from (ready,
+    prepared_transaction) when the coordinator refused; fatal_error."""
 
     COMMITTING = "committing"
     """commit_transaction is flushing or waiting for EndTxn(commit). If it
@@ -157,11 +184,25 @@ S = TxnState
 # The one table: every call and every transition of the transactional producer.
 TABLE: dict[TxnState, Row] = {
     S.UNINITIALIZED: _row({Op.INIT_TRANSACTIONS}, {S.INITIALIZING, S.FATAL_ERROR}),
-    S.INITIALIZING: _row({Op.INIT_TRANSACTIONS}, {S.READY, S.FATAL_ERROR}),
-    S.READY: _row({Op.BEGIN_TRANSACTION}, {S.IN_TRANSACTION, S.FATAL_ERROR}),
+    S.INITIALIZING: _row({Op.INIT_TRANSACTIONS},
+                         {S.READY, S.PREPARED_TRANSACTION, S.FATAL_ERROR}),
+    S.READY: _row({Op.BEGIN_TRANSACTION, Op.COMPLETE_TRANSACTION},
+                  {S.IN_TRANSACTION, S.COMPLETING, S.FATAL_ERROR}),
     S.IN_TRANSACTION: _row(
-        {Op.SEND, Op.SEND_OFFSETS, Op.COMMIT_TRANSACTION, Op.ABORT_TRANSACTION},
-        {S.COMMITTING, S.ABORTING, S.ABORTABLE_ERROR, S.FATAL_ERROR},
+        {Op.SEND, Op.SEND_OFFSETS, Op.COMMIT_TRANSACTION, Op.ABORT_TRANSACTION,
+         Op.PREPARE_TRANSACTION},
+        {S.COMMITTING, S.ABORTING, S.PREPARING, S.ABORTABLE_ERROR, S.FATAL_ERROR},
+    ),
+    S.PREPARING: _row(
+        {Op.PREPARE_TRANSACTION, Op.ABORT_TRANSACTION},
+        {S.PREPARED_TRANSACTION, S.ABORTING, S.ABORTABLE_ERROR, S.FATAL_ERROR},
+    ),
+    S.PREPARED_TRANSACTION: _row(
+        {Op.COMPLETE_TRANSACTION, Op.COMMIT_TRANSACTION, Op.ABORT_TRANSACTION},
+        {S.COMPLETING, S.COMMITTING, S.ABORTING, S.FATAL_ERROR},
+    ),
+    S.COMPLETING: _row(
+        {Op.COMPLETE_TRANSACTION}, {S.READY, S.PREPARED_TRANSACTION, S.FATAL_ERROR},
     ),
     S.COMMITTING: _row(
         {Op.COMMIT_TRANSACTION}, {S.READY, S.ABORTABLE_ERROR, S.FATAL_ERROR},
@@ -169,7 +210,8 @@ TABLE: dict[TxnState, Row] = {
     S.ABORTING: _row({Op.ABORT_TRANSACTION}, {S.READY, S.FATAL_ERROR}),
     S.ABORTABLE_ERROR: _row(
         {Op.ABORT_TRANSACTION}, {S.ABORTING, S.FATAL_ERROR},
-        raises_error={Op.SEND, Op.SEND_OFFSETS, Op.COMMIT_TRANSACTION},
+        raises_error={Op.SEND, Op.SEND_OFFSETS, Op.COMMIT_TRANSACTION,
+                      Op.PREPARE_TRANSACTION},
     ),
     S.FATAL_ERROR: _row(set(), set(), raises_error=_ALL_OPS),
 }
@@ -261,4 +303,12 @@ class TxnStateMachine:
             return "; the commit's outcome is not known yet: call commit_transaction() again"
         if state is TxnState.ABORTING:
             return "; the abort is not finished: call abort_transaction() again"
+        if state is TxnState.PREPARING:
+            return "; the prepare is not finished: call prepare_transaction() again"
+        if state is TxnState.PREPARED_TRANSACTION:
+            return ("; the transaction is prepared: end it with complete_transaction(), "
+                    "commit_transaction() or abort_transaction()")
+        if state is TxnState.COMPLETING:
+            return ("; the completion's outcome is not known yet: call "
+                    "complete_transaction() again with the same prepared state")
         return ""

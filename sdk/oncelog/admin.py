@@ -46,6 +46,7 @@ from oncelog.types import (
     MemberDescription,
     NewTopic,
     PartitionDescription,
+    PreparedTxnState,
     ProducerState,
     TopicDescription,
     TopicPartition,
@@ -64,8 +65,10 @@ from oncelog.v1 import (
 # Kafka's transaction.max.timeout.ms default, and our coordinator's: no
 # transaction may stay open longer, so one open longer is hanging.
 DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000
-# The states in which a coordinator still owns a transaction's outcome.
-OPEN_TRANSACTION_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+# The states in which a coordinator still owns a transaction's outcome
+# (Prepared: a two-phase-commit transaction waiting for its completion).
+OPEN_TRANSACTION_STATES = ("Ongoing", "Prepared", "PrepareCommit", "PrepareAbort",
+                           "PrepareEpochFence")
 MAX_PRODUCER_EPOCH = 2**15 - 1
 # ListOffsets timestamps with a meaning.
 EARLIEST_TIMESTAMP = -2
@@ -256,7 +259,7 @@ class Admin:
     ) -> list[TransactionListing]:
         """Every transactional id every coordinator (as Metadata lists them)
         knows, optionally only those in `states` (coordinator state names:
-        Ongoing, CompleteCommit, ...) or with one of `producer_ids`; sorted by
+        Ongoing, Prepared, CompleteCommit, ...) or with one of `producer_ids`; sorted by
         transactional id."""
         request = coordinator_pb2.ListTransactionsRequest(
             states=list(states or ()), producer_ids=list(producer_ids or ()),
@@ -276,8 +279,10 @@ class Admin:
 
     def describe_transaction(self, transactional_id: str) -> TransactionDescription:
         """The transactional id's state at its coordinator: producer id and
-        epoch, the open transaction's partitions, start time and timeout;
-        raises TransactionalIdNotFoundError for an id it does not know."""
+        epoch, the open transaction's partitions, start time and timeout,
+        and for two-phase commit whether the producer uses it and the
+        prepared transaction's state; raises TransactionalIdNotFoundError for
+        an id it does not know."""
         self._check_transactional_id(transactional_id)
         request = coordinator_pb2.DescribeTransactionsRequest(
             transactional_ids=[transactional_id]
@@ -294,11 +299,11 @@ class Admin:
         return self._call_txn_coordinator("DescribeTransactions", transactional_id, attempt)
 
     def abort_transaction(self, transactional_id: str) -> TransactionDescription:
-        """Aborts the transactional id's open transaction now, at its
-        coordinator, and fences its producer (the epoch is bumped: its next
-        call fails with ProducerFencedError). Returns the transaction as the
-        abort left it (PrepareAbort; markers follow). Raises InvalidTxnStateError
-        when no transaction is open."""
+        """Aborts the transactional id's open transaction (also a prepared
+        two-phase-commit one) now, at its coordinator, and fences its producer
+        (the epoch is bumped: its next call fails with ProducerFencedError).
+        Returns the transaction as the abort left it (PrepareAbort; markers
+        follow). Raises InvalidTxnStateError when no transaction is open."""
         self._check_transactional_id(transactional_id)
         request = coordinator_pb2.AbortTransactionRequest(transactional_id=transactional_id)
         outcome_unknown = False
@@ -348,7 +353,14 @@ class Admin:
         hanging when the store has it open and either its last write there is
         older than `max_transaction_timeout_ms` (every transaction is aborted
         by its coordinator by then) or no coordinator has an open transaction
-        (Ongoing or Prepare*) of that producer id on that partition.
+        (Ongoing, Prepared or Prepare*) of that producer id on that partition.
+
+        Age alone does not make a two-phase-commit transaction hanging: its
+        coordinator never times it out (an outside coordinator decides it,
+        and may take as long as it needs), so one that its coordinator holds
+        open on that partition is not reported, however old. A prepared one
+        that nobody will ever complete shows in list_transactions(states=
+        ["Prepared"]) and describe_transaction(); abort_transaction() ends it.
 
         The stores are asked first and again at the end: a transaction whose
         markers landed meanwhile is not reported."""
@@ -373,11 +385,12 @@ class Admin:
         # Read after the stores: a transaction a store showed open was added at
         # its coordinator before its first write, so the coordinator shows it
         # too unless it has ended (which the second look at the stores catches).
-        open_at_coordinators = self._open_transaction_partitions()
+        open_at_coordinators, two_phase = self._open_transaction_partitions()
         now_ms = int(time.time() * 1000)
         suspects: list[tuple[TopicPartition, ProducerState, str]] = []
         for tp, ps in candidates:
-            if now_ms - ps.last_timestamp_ms > max_transaction_timeout_ms:
+            if (now_ms - ps.last_timestamp_ms > max_transaction_timeout_ms
+                    and tp not in two_phase.get(ps.producer_id, set())):
                 suspects.append((tp, ps, (
                     f"open since its last write {now_ms - ps.last_timestamp_ms} ms ago, longer "
                     f"than max_transaction_timeout_ms={max_transaction_timeout_ms}"
@@ -510,10 +523,15 @@ class Admin:
             return attempt(timeout_s)
         return self._call("DescribeProducers", attempt)
 
-    def _open_transaction_partitions(self) -> dict[int, set[TopicPartition]]:
-        """producer id -> the partitions of its open transaction (Ongoing or
-        Prepare*), from every coordinator."""
+    def _open_transaction_partitions(
+        self,
+    ) -> tuple[dict[int, set[TopicPartition]], dict[int, set[TopicPartition]]]:
+        """producer id -> the partitions of its open transaction (Ongoing,
+        Prepared or Prepare*), from every coordinator; and the same for the
+        two-phase-commit ones among them. A Prepared transaction's records
+        carry its prepared state's producer id, which is the one counted."""
         out: dict[int, set[TopicPartition]] = {}
+        two_phase: dict[int, set[TopicPartition]] = {}
         for address in self._coordinator_addresses():
             list_request = coordinator_pb2.ListTransactionsRequest(
                 states=list(OPEN_TRANSACTION_STATES)
@@ -543,10 +561,13 @@ class Admin:
             for d in self._call(f"DescribeTransactions at {address}", describe).transactions:
                 if d.error.code != 0 or d.state not in OPEN_TRANSACTION_STATES:
                     continue
-                out.setdefault(d.producer_id, set()).update(
-                    TopicPartition(p.topic, p.partition) for p in d.partitions
-                )
-        return out
+                producer_id = (d.prepared_transaction.producer_id
+                               if d.HasField("prepared_transaction") else d.producer_id)
+                tps = {TopicPartition(p.topic, p.partition) for p in d.partitions}
+                out.setdefault(producer_id, set()).update(tps)
+                if d.two_phase_commit:
+                    two_phase.setdefault(producer_id, set()).update(tps)
+        return out, two_phase
 
     def _coordinator_addresses(self) -> tuple[str, ...]:
         md = self._call_value("Metadata", self._client.metadata)
@@ -823,6 +844,12 @@ def _transaction_description(d: coordinator_pb2.TransactionDescription) -> Trans
         transaction_start_time_ms=d.transaction_start_time_ms,
         partitions=tuple(sorted(TopicPartition(p.topic, p.partition) for p in d.partitions)),
         coordinator_epoch=d.coordinator_epoch,
+        two_phase_commit=d.two_phase_commit,
+        prepared_transaction=(
+            PreparedTxnState(d.prepared_transaction.producer_id,
+                             d.prepared_transaction.producer_epoch)
+            if d.HasField("prepared_transaction") else None
+        ),
     )
 
 

@@ -379,6 +379,10 @@ def _transactions(args: argparse.Namespace) -> int:
                   f"transaction_start_time_ms {d.transaction_start_time_ms}")
             parts = " ".join(f"{tp.topic}-{tp.partition}" for tp in d.partitions)
             print(f"partitions {parts or '-'}")
+            if d.two_phase_commit:
+                prepared = d.prepared_transaction
+                print("two_phase_commit yes  prepared_transaction "
+                      f"{'-' if prepared is None else prepared}")
         elif args.action == "describe-producers":
             _check_partition(args.partition)
             states = admin.describe_producers(TopicPartition(args.topic, args.partition))

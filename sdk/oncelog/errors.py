@@ -216,6 +216,16 @@ for _code, _name in _CLASS_NAMES.items():
     globals()[_name] = _cls
 
 
+class TransactionAbortedError(TransactionAbortableError):
+    """A record's future: the record was dropped unsent because its
+    transaction was aborted (abort_transaction()), or broke and must be
+    aborted (`__cause__` is the error that broke it). Raised by the client,
+    never sent on the wire (Kafka's TransactionAbortedException); a subclass
+    of TransactionAbortableError so code that aborts on those goes on working."""
+
+    code = ErrorCode.TRANSACTION_ABORTABLE
+
+
 def error_for(code: ErrorCode | int, message: str = "") -> OncelogError:
     """The exception instance for a code from the wire."""
     cls = ERROR_CLASSES.get(ErrorCode.from_wire(int(code)), OncelogError)

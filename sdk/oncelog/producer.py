@@ -18,6 +18,15 @@ adds each partition to the transaction (AddPartitionsToTxn, one request for
 all partitions that got records meanwhile) before the partition's first batch
 goes out, and otherwise sends transactional batches down the same batched,
 pipelined path as idempotent ones.
+
+With `transaction_two_phase_commit_enable` the producer can take part in an
+outside two-phase commit (KIP-939; docs/sdk.md, "Two-phase commit"):
+`prepare_transaction()` flushes and prepares the transaction and returns its
+PreparedTxnState; the transaction then never times out and outlives this
+producer, and `complete_transaction(state)` — from this producer, or from a
+new one with the same transactional id after
+`init_transactions(keep_prepared_txn=True)` — commits it if it is the one the
+state names, else aborts it.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -67,8 +76,14 @@ from oncelog._sequencing import PartitionMode, PartitionSequencer
 from oncelog._transactions import Op, Outcome, TxnState, TxnStateMachine, classify
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.records import Header
-from oncelog.types import GroupMetadata, TopicPartition
-from oncelog.v1 import coordinator_pb2, group_coordinator_pb2, partition_store_pb2, records_pb2
+from oncelog.types import GroupMetadata, PreparedTxnState, TopicPartition
+from oncelog.v1 import (
+    coordinator_pb2,
+    errors_pb2,
+    group_coordinator_pb2,
+    partition_store_pb2,
+    records_pb2,
+)
 
 log = logging.getLogger("oncelog.producer")
 
@@ -87,7 +102,7 @@ EXPIRY_CHECK_INTERVAL_MS = 50
 # The longest the sender sleeps while anything is incomplete (housekeeping).
 MAX_SENDER_SLEEP_MS = 100
 # States in which the sender sends a transaction's batches.
-_TXN_SENDING = frozenset({TxnState.IN_TRANSACTION, TxnState.COMMITTING})
+_TXN_SENDING = frozenset({TxnState.IN_TRANSACTION, TxnState.COMMITTING, TxnState.PREPARING})
 # States in which the sender discards a transaction's unsent batches.
 _TXN_DISCARDING = frozenset({TxnState.ABORTABLE_ERROR, TxnState.ABORTING})
 _IN_TRANSACTION = TxnState.IN_TRANSACTION
@@ -122,6 +137,22 @@ def _check_headers(headers: Sequence[Header] | Mapping[str, bytes | None]) -> tu
     return tuple(out)
 
 
+class _Answer(Protocol):
+    @property
+    def error(self) -> errors_pb2.Error: ...
+
+
+_AnswerT = TypeVar("_AnswerT", bound=_Answer)
+
+
+def _answered(resp: _AnswerT) -> _AnswerT:
+    """A reply whose request-level error, if any, is raised."""
+    exc = error_from_proto(resp.error)
+    if exc is not None:
+        raise exc
+    return resp
+
+
 class Producer:
     """Sends records to topics; idempotent by default, transactional with a
     `transactional_id`.
@@ -148,7 +179,12 @@ class Producer:
         retry_backoff_max_ms: int = 1_000,
         buffer_memory_bytes: int = 32 * 1024 * 1024,
         max_block_ms: int = 60_000,
+        transaction_two_phase_commit_enable: bool = False,
     ) -> None:
+        if transaction_two_phase_commit_enable and transactional_id is None:
+            raise ValueError(
+                "transaction_two_phase_commit_enable=True needs a transactional_id"
+            )
         if transactional_id is not None:
             if not isinstance(transactional_id, str) or not transactional_id:
                 raise ValueError(
@@ -202,6 +238,12 @@ class Producer:
         self._close_lock = threading.Lock()
         self._transactional_id = transactional_id
         self._transaction_timeout_ms = transaction_timeout_ms
+        self._two_phase_commit = transaction_two_phase_commit_enable
+        # Two-phase commit: the prepared transaction this producer holds (after
+        # prepare_transaction(), or kept by init_transactions), and the state
+        # it was in when complete_transaction() started.
+        self._prepared: PreparedTxnState | None = None
+        self._completing_from = TxnState.READY
         self._txn: TxnStateMachine | None = None
         self._txn_locator: CoordinatorLocator | None = None
         # Group id -> its coordinator's locator (send_offsets_to_transaction).
@@ -373,14 +415,27 @@ class Producer:
 
     # ----------------------------------------------------------- transactions
 
-    def init_transactions(self, timeout: float | None = None) -> None:
+    def init_transactions(self, timeout: float | None = None, *,
+                          keep_prepared_txn: bool = False) -> None:
         """Gets the producer id and epoch of this transactional id from its
         coordinator, fencing any earlier producer with the same id: its open
         transaction is aborted (or a decided one completed) first.
 
+        `keep_prepared_txn` (two-phase commit only): a transaction an earlier
+        instance prepared is kept instead of aborted; the producer is then in
+        `prepared_transaction` with `prepared_transaction_state` set, and ends
+        it with complete_transaction(), commit_transaction() or
+        abort_transaction(). An open transaction that was never prepared is
+        aborted all the same.
+
         Blocks up to `timeout` seconds (default: max_block_ms); on
         KafkaTimeoutError, call it again to resume."""
         txn, locator = self._txn_parts("init_transactions")
+        if keep_prepared_txn and not self._two_phase_commit:
+            raise ValueError(
+                "init_transactions(keep_prepared_txn=True) needs a producer made with "
+                "transaction_two_phase_commit_enable=True"
+            )
         with self._accumulator.lock:
             txn.check(Op.INIT_TRANSACTIONS)
             txn.transition_to(TxnState.INITIALIZING)
@@ -388,21 +443,29 @@ class Producer:
             transactional_id=txn.transactional_id,
             transaction_timeout_ms=self._transaction_timeout_ms,
             producer_id=-1, producer_epoch=-1,
+            enable_two_phase_commit=self._two_phase_commit,
+            keep_prepared_txn=keep_prepared_txn,
         )
 
         def attempt(address: str, timeout_s: float) -> coordinator_pb2.InitProducerIdResponse:
-            resp = self._client.coordinator(address).InitProducerId(request, timeout=timeout_s)
-            exc = error_from_proto(resp.error)
-            if exc is not None:
-                raise exc
-            return resp
+            return _answered(
+                self._client.coordinator(address).InitProducerId(request, timeout=timeout_s))
 
         resp = self._txn_call("InitProducerId", locator, attempt, timeout, fatal_on_error=True)
         self._sender.set_identity(resp.producer_id, resp.producer_epoch)
+        kept = resp.prepared_transaction if resp.HasField("prepared_transaction") else None
+        if kept is not None:
+            # Ending it needs EndTxn or CompleteTransaction, though this
+            # instance sent nothing in it.
+            self._sender.mark_txn_touched()
         with self._accumulator.lock:
-            txn.transition_to(TxnState.READY)
-        log.debug("transactional id %r: producer id %d epoch %d", txn.transactional_id,
-                  resp.producer_id, resp.producer_epoch)
+            self._prepared = (None if kept is None
+                              else PreparedTxnState(kept.producer_id, kept.producer_epoch))
+            txn.transition_to(TxnState.READY if kept is None
+                              else TxnState.PREPARED_TRANSACTION)
+        log.debug("transactional id %r: producer id %d epoch %d%s", txn.transactional_id,
+                  resp.producer_id, resp.producer_epoch,
+                  "" if kept is None else f", keeps prepared transaction {self._prepared}")
 
     def begin_transaction(self) -> None:
         """Opens a transaction: records sent until commit_transaction() or
@@ -543,21 +606,143 @@ class Producer:
         producer id and epoch (a commit is never turned into an abort).
         Blocks up to `timeout` seconds (default: max_block_ms)."""
         txn, locator = self._txn_parts("commit_transaction")
+        deadline_s = self._flush_transaction(txn, Op.COMMIT_TRANSACTION, TxnState.COMMITTING,
+                                             timeout)
+        self._end_txn(txn, locator, commit=True, deadline_s=deadline_s)
+
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """Two-phase commit, first phase: sends every record of the
+        transaction and waits for each to be acknowledged (as
+        commit_transaction() does), then prepares the transaction at its
+        coordinator. Returns the PreparedTxnState that complete_transaction()
+        needs to commit it — from this producer, or from another process with
+        the same transactional id after init_transactions(keep_prepared_txn=
+        True). From now on the transaction never times out, outlives this
+        producer (close() leaves it prepared), and nothing more may be sent in
+        it.
+
+        If a record failed, raises a TransactionAbortableError: abort. On
+        KafkaTimeoutError call prepare_transaction() again (or abort).
+        Blocks up to `timeout` seconds (default: max_block_ms)."""
+        txn, locator = self._txn_parts("prepare_transaction")
+        self._check_two_phase_commit("prepare_transaction")
+        deadline_s = self._flush_transaction(txn, Op.PREPARE_TRANSACTION, TxnState.PREPARING,
+                                             timeout)
+        sender = self._sender
+        request = coordinator_pb2.PrepareTransactionRequest(
+            transactional_id=txn.transactional_id, producer_id=sender.producer_id,
+            producer_epoch=sender.producer_epoch,
+        )
+
+        def attempt(address: str, timeout_s: float
+                    ) -> coordinator_pb2.PrepareTransactionResponse:
+            sender.mark_txn_touched()
+            return _answered(self._client.coordinator(address).PrepareTransaction(
+                request, timeout=timeout_s))
+
+        resp = self._txn_call("PrepareTransaction", locator, attempt,
+                              max(0.0, deadline_s - time.monotonic()))
+        state = PreparedTxnState(resp.prepared_transaction.producer_id,
+                                 resp.prepared_transaction.producer_epoch)
+        with self._accumulator.lock:
+            self._prepared = state
+            txn.transition_to(TxnState.PREPARED_TRANSACTION)
+        return state
+
+    def complete_transaction(self, prepared_state: PreparedTxnState,
+                             timeout: float | None = None) -> bool:
+        """Two-phase commit, second phase: commits the prepared transaction if
+        it is the one `prepared_state` names (same producer id and epoch),
+        else aborts it (KIP-939's completeTransaction, decided at the
+        coordinator). Returns True when `prepared_state`'s transaction is
+        committed, False when the coordinator aborted the prepared transaction
+        it had instead.
+
+        Also allowed with nothing prepared (state `ready`): completing a
+        prepared state again after it was completed — by this producer or by
+        another process — answers how it ended and changes nothing, so a
+        repeated commit is safe. A prepared state the coordinator has no
+        record of raises InvalidTxnStateError. On KafkaTimeoutError the
+        outcome is unknown: call complete_transaction() again with the same
+        state. Blocks up to `timeout` seconds (default: max_block_ms)."""
+        txn, locator = self._txn_parts("complete_transaction")
+        if not isinstance(prepared_state, PreparedTxnState):
+            raise TypeError(
+                f"complete_transaction() takes a PreparedTxnState, got {prepared_state!r}"
+            )
+        self._check_two_phase_commit("complete_transaction")
+        with self._accumulator.lock:
+            txn.check(Op.COMPLETE_TRANSACTION)
+            if txn.state is not TxnState.COMPLETING:
+                self._completing_from = txn.state
+                txn.transition_to(TxnState.COMPLETING)
+        sender = self._sender
+        request = coordinator_pb2.CompleteTransactionRequest(
+            transactional_id=txn.transactional_id, producer_id=sender.producer_id,
+            producer_epoch=sender.producer_epoch,
+            prepared_transaction=coordinator_pb2.PreparedTxnState(
+                producer_id=prepared_state.producer_id,
+                producer_epoch=prepared_state.producer_epoch,
+            ),
+        )
+
+        def attempt(address: str, timeout_s: float
+                    ) -> coordinator_pb2.CompleteTransactionResponse:
+            return _answered(self._client.coordinator(address).CompleteTransaction(
+                request, timeout=timeout_s))
+
+        try:
+            resp = self._txn_call("CompleteTransaction", locator, attempt, timeout)
+        except errors.KafkaTimeoutError:
+            raise
+        except OncelogError:
+            with self._accumulator.lock:
+                # The coordinator refused and changed nothing (fatal errors
+                # have ended the producer already).
+                if txn.state is TxnState.COMPLETING:
+                    txn.transition_to(self._completing_from)
+            raise
+        sender.set_identity(resp.producer_id, resp.producer_epoch)
+        with self._accumulator.lock:
+            self._prepared = None
+            txn.transition_to(TxnState.READY)
+        return bool(resp.committed)
+
+    def _check_two_phase_commit(self, method: str) -> None:
+        if not self._two_phase_commit:
+            raise errors.error_for(
+                ErrorCode.INVALID_TXN_STATE,
+                f"{method}() needs a producer made with "
+                "transaction_two_phase_commit_enable=True",
+            )
+
+    def _flush_transaction(self, txn: TxnStateMachine, op: Op, state: TxnState,
+                           timeout: float | None) -> float:
+        """commit_transaction and prepare_transaction: moves to `state` (no
+        new records from here), sends every record of the transaction and
+        waits for each, then checks that none failed. Returns the call's
+        deadline (time.monotonic() seconds)."""
         deadline_s = time.monotonic() + self._budget_s(timeout)
         with self._accumulator.lock:
-            txn.check(Op.COMMIT_TRANSACTION)
-            txn.transition_to(TxnState.COMMITTING)
+            txn.check(op)
+            txn.transition_to(state)
         try:
             self.flush(max(0.0, deadline_s - time.monotonic()))
         except errors.KafkaTimeoutError as exc:
             raise errors.KafkaTimeoutError(
-                f"commit_transaction() timed out while records of the transaction were "
-                f"still unacknowledged ({exc.message}); call commit_transaction() again"
+                f"{op.value}() timed out while records of the transaction were "
+                f"still unacknowledged ({exc.message}); call {op.value}() again"
             ) from exc
         with self._accumulator.lock:
             # A record failed (abortable_error) or the producer was fenced.
-            txn.check(Op.COMMIT_TRANSACTION)
-        self._end_txn(txn, locator, commit=True, deadline_s=deadline_s)
+            txn.check(op)
+        return deadline_s
+
+    @property
+    def prepared_transaction_state(self) -> PreparedTxnState | None:
+        """The prepared transaction this producer holds (state
+        `prepared_transaction`), else None."""
+        return self._prepared
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Aborts the transaction: records not yet sent are dropped (their
@@ -594,17 +779,15 @@ class Producer:
             )
 
             def attempt(address: str, timeout_s: float) -> coordinator_pb2.EndTxnResponse:
-                resp = self._client.coordinator(address).EndTxn(request, timeout=timeout_s)
-                exc = error_from_proto(resp.error)
-                if exc is not None:
-                    raise exc
-                return resp
+                return _answered(
+                    self._client.coordinator(address).EndTxn(request, timeout=timeout_s))
 
             remaining_s = max(0.0, deadline_s - time.monotonic())
             what = "EndTxn(commit)" if commit else "EndTxn(abort)"
             resp = self._txn_call(what, locator, attempt, remaining_s, fatal_on_error=True)
             sender.set_identity(resp.producer_id, resp.producer_epoch)
         with self._accumulator.lock:
+            self._prepared = None
             txn.transition_to(TxnState.READY)
 
     def _txn_call(
@@ -640,7 +823,7 @@ class Producer:
                 self._sender.fail_fatal(detailed)
                 raise detailed from exc
             with self._accumulator.lock:
-                if txn.state is TxnState.IN_TRANSACTION:
+                if txn.state in (TxnState.IN_TRANSACTION, TxnState.PREPARING):
                     txn.transition_to(TxnState.ABORTABLE_ERROR, detailed)
             if isinstance(detailed, errors.TransactionAbortableError):
                 raise detailed from exc
@@ -686,13 +869,15 @@ class Producer:
         long as it takes), then stops the sender; records still undelivered at
         the timeout fail with KafkaTimeoutError. A transactional producer
         aborts its open transaction first (as Kafka's does); a commit whose
-        outcome is unknown is left to the coordinator."""
+        outcome is unknown is left to the coordinator, and so is a prepared
+        transaction (two-phase commit: another process may complete it)."""
         with self._close_lock:
             if self._closed:
                 return
             txn = self._txn
             if txn is not None and txn.state in (
-                TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING
+                TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING,
+                TxnState.PREPARING,
             ):
                 try:
                     self.abort_transaction(timeout)
@@ -990,9 +1175,8 @@ class _Sender:
                       if isinstance(cause, OncelogError) else repr(cause))
             reason = (f"the transaction failed ({detail}) before this record was sent; "
                       "it must be aborted")
-        error = errors.error_for(
-            ErrorCode.TRANSACTION_ABORTABLE,
-            f"transactional id {self._transactional_id!r}: {reason}",
+        error = errors.TransactionAbortedError(
+            f"transactional id {self._transactional_id!r}: {reason}"
         )
         error.__cause__ = cause
         self._complete([(batch, -1, error) for batch in unsent if batch.state != FINISHED])

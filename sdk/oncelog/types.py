@@ -49,6 +49,38 @@ class ConsumerRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PreparedTxnState:
+    """A prepared two-phase-commit transaction (Kafka's PreparedTxnState): the
+    producer id and epoch its records were written with. What
+    Producer.prepare_transaction() returns and complete_transaction() takes;
+    str() and PreparedTxnState.parse() carry it between processes as text
+    ("producer_id:epoch")."""
+
+    producer_id: int
+    producer_epoch: int
+
+    def __str__(self) -> str:
+        return f"{self.producer_id}:{self.producer_epoch}"
+
+    @staticmethod
+    def parse(text: str) -> PreparedTxnState:
+        """The inverse of str(); ValueError for anything else."""
+        head, sep, tail = text.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            state = PreparedTxnState(int(head), int(tail))
+        except ValueError:
+            raise ValueError(
+                f"a prepared transaction state is 'producer_id:epoch', got {text!r}"
+            ) from None
+        if state.producer_id < 0 or not 0 <= state.producer_epoch < 2**15:
+            raise ValueError(f"{text!r} names no prepared transaction: the producer id must "
+                             "be >= 0 and the epoch in 0..32767")
+        return state
+
+
+@dataclass(frozen=True, slots=True)
 class GroupMetadata:
     """A consumer's group membership (Consumer.group_metadata()), as a
     transactional producer needs it to commit offsets: the group coordinator
@@ -133,6 +165,12 @@ class TransactionDescription:
     transaction_start_time_ms: int
     partitions: tuple[TopicPartition, ...]
     coordinator_epoch: int
+    # Two-phase commit: the producer was initialized with it (its
+    # transactions never time out); in state "Prepared", the prepared
+    # transaction's state (its records' producer id and epoch, which may be
+    # below producer_id/producer_epoch once a new instance kept it).
+    two_phase_commit: bool = False
+    prepared_transaction: PreparedTxnState | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         parser.add_argument(f"--{flag}", type=int,
                             default=server_base.env_default(flag, str(default)), help=help_text)
+    parser.add_argument(
+        "--allow-two-phase-commit", action=argparse.BooleanOptionalAction,
+        default=(server_base.env_default("allow-two-phase-commit", "true") or "").strip().lower()
+        in ("1", "true", "yes", "on"),
+        help="let producers initialize with two-phase commit (KIP-939): their "
+             "transactions never time out and can be prepared and completed by another "
+             "process (default on; --no-allow-two-phase-commit refuses them)",
+    )
     return parser
 
 
@@ -65,6 +73,7 @@ async def main(argv: list[str] | None = None) -> None:
             max_txn_timeout_ms=args.max_transaction_timeout_ms,
             transactional_id_expiration_ms=args.transactional_id_expiration_ms,
             check_interval_ms=args.transaction_check_interval_ms,
+            allow_two_phase_commit=args.allow_two_phase_commit,
         ),
     )
     servicer = TransactionCoordinatorServicer(

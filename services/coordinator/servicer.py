@@ -10,13 +10,19 @@ from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
 from oncelog.v1 import records_pb2
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.errors import ServiceError, abort_with
-from services.coordinator.core.transactions import TxnMetadata
+from services.coordinator.core.transactions import TxnMetadata, TxnState
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 
 
 def _tp(p: records_pb2.TopicPartition) -> tuple[str, int]:
     return p.topic, p.partition
+
+
+def _prepared(state: tuple[int, int] | None) -> pb.PreparedTxnState | None:
+    if state is None:
+        return None
+    return pb.PreparedTxnState(producer_id=state[0], producer_epoch=state[1])
 
 
 def _describe(md: TxnMetadata, coordinator_epoch: int) -> pb.TransactionDescription:
@@ -30,6 +36,10 @@ def _describe(md: TxnMetadata, coordinator_epoch: int) -> pb.TransactionDescript
         partitions=[records_pb2.TopicPartition(topic=t, partition=p)
                     for t, p in sorted(md.partitions)],
         coordinator_epoch=coordinator_epoch,
+        two_phase_commit=md.two_phase_commit,
+        prepared_transaction=_prepared(
+            md.prepared_state if md.state is TxnState.PREPARED else None
+        ),
     )
 
 
@@ -75,13 +85,21 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     ) -> pb.InitProducerIdResponse:
         if request.transactional_id:
             try:
-                producer_id, producer_epoch = await self._txns.init_producer_id(
-                    request.transactional_id, request.transaction_timeout_ms
+                producer_id, producer_epoch, kept = await self._txns.init_producer_id(
+                    request.transactional_id, request.transaction_timeout_ms,
+                    two_phase_commit=request.enable_two_phase_commit,
+                    keep_prepared_txn=request.keep_prepared_txn,
                 )
             except ServiceError as exc:
                 await abort_with(context, exc)
             return pb.InitProducerIdResponse(producer_id=producer_id,
-                                             producer_epoch=producer_epoch)
+                                             producer_epoch=producer_epoch,
+                                             prepared_transaction=_prepared(kept))
+        if request.enable_two_phase_commit or request.keep_prepared_txn:
+            await abort_with(context, ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                "two-phase commit needs a transactional id",
+            ))
         try:
             producer_id = await self._producer_ids.next_producer_id()
         except ServiceError as exc:
@@ -105,7 +123,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                     raise ServiceError(ErrorCode.INVALID_REQUEST,
                                        f"invalid partition {topic!r}-{partition}")
             if request.verify_only:
-                verdicts = self._txns.verify_partitions(
+                verdicts = await self._txns.verify_partitions(
                     request.transactional_id, request.producer_id, request.producer_epoch,
                     partitions,
                 )
@@ -154,6 +172,39 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         except ServiceError as exc:
             await abort_with(context, exc)
         return pb.EndTxnResponse(producer_id=producer_id, producer_epoch=producer_epoch)
+
+    async def PrepareTransaction(  # noqa: N802 - gRPC method name
+        self, request: pb.PrepareTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PrepareTransactionResponse:
+        try:
+            if not request.transactional_id:
+                raise ServiceError(ErrorCode.INVALID_REQUEST,
+                                   "PrepareTransaction needs a transactional id")
+            prepared = await self._txns.prepare(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.PrepareTransactionResponse(prepared_transaction=_prepared(prepared))
+
+    async def CompleteTransaction(  # noqa: N802 - gRPC method name
+        self, request: pb.CompleteTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CompleteTransactionResponse:
+        try:
+            if not request.transactional_id or not request.HasField("prepared_transaction"):
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    "CompleteTransaction needs a transactional id and a prepared state",
+                )
+            given = request.prepared_transaction
+            committed, producer_id, producer_epoch = await self._txns.complete_prepared(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+                (given.producer_id, given.producer_epoch),
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.CompleteTransactionResponse(committed=committed, producer_id=producer_id,
+                                              producer_epoch=producer_epoch)
 
     async def ListTransactions(  # noqa: N802 - gRPC method name
         self, request: pb.ListTransactionsRequest, context: grpc.aio.ServicerContext

@@ -12,6 +12,13 @@ only source of truth.
 Taking over a partition appends a coordinator-epoch record; markers carry that
 epoch and the partition stores refuse lower ones, so a zombie coordinator can
 neither write the transaction log nor markers.
+
+The one answer given from memory without a write is the partition stores'
+verification of a producer's first transactional write to a partition
+(`verify_partitions`). A zombie (paused, replaced, not yet fenced because it
+has not tried to write) would answer it from a stale view, so it first
+confirms that the log still ends where its memory does
+(`_confirm_ownership`); docs/coordinator.md says why that is enough.
 """
 
 from __future__ import annotations
@@ -22,12 +29,11 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from oncelog.errors import ErrorCode
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
-from services.common.invariants import invariant
 from services.common.service_error import ServiceError
 from services.coordinator import metrics
 from services.coordinator.core import transactions as txn
@@ -43,6 +49,9 @@ from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.storage.txn_log import Entry, TxnLog
 
 log = logging.getLogger(__name__)
+
+# What EndTxn and CompleteTransaction plan: a decision to persist, or None.
+_DecisionPlan = TypeVar("_DecisionPlan", txn.EndPlan, txn.CompletePlan)
 
 # Marker results after which a partition needs no more markers: it landed, or
 # the partition is gone (a deleted topic gets no marker, as in Kafka).
@@ -61,6 +70,9 @@ class TxnConfig:
     # How long a request for a transactional id whose markers are in flight
     # waits for them before answering CONCURRENT_TRANSACTIONS.
     wait_for_markers_ms: int = 5000
+    # Whether producers may initialize with two-phase commit (KIP-939), whose
+    # transactions never time out (Kafka gates it with an ACL).
+    allow_two_phase_commit: bool = True
 
 
 @dataclass
@@ -75,6 +87,10 @@ class OwnedPartition:
     my_epoch: int = -1
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     marker_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # Verifications waiting for the next read of the log end (None: nobody
+    # waits), and whether the task that runs those reads is alive.
+    next_ownership_check: asyncio.Future[None] | None = None
+    checking_ownership: bool = False
 
 
 class TxnCoordinatorRuntime:
@@ -257,17 +273,34 @@ class TxnCoordinatorRuntime:
 
     # ------------------------------------------------------------- requests
 
-    async def init_producer_id(self, transactional_id: str, txn_timeout_ms: int) -> tuple[int, int]:
+    async def init_producer_id(
+        self, transactional_id: str, txn_timeout_ms: int, *, two_phase_commit: bool = False,
+        keep_prepared_txn: bool = False,
+    ) -> tuple[int, int, tuple[int, int] | None]:
+        """The producer id and epoch, and the prepared state of a transaction
+        kept with keep_prepared_txn (None when none was kept)."""
+        if two_phase_commit and not self.config.allow_two_phase_commit:
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"transactional id {transactional_id!r}: this coordinator does not allow "
+                "two-phase commit (--allow-two-phase-commit is off)",
+            )
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            plan = txn.plan_init_producer_id(
-                md, transactional_id=transactional_id, txn_timeout_ms=txn_timeout_ms,
-                max_txn_timeout_ms=self.config.max_txn_timeout_ms, now_ms=self._now_ms(),
-                fresh_producer_id=await self._fresh_id_if_needed(md),
-            )
+            fresh_producer_id = await self._fresh_id_if_needed(md)
+            try:
+                plan = txn.plan_init_producer_id(
+                    md, transactional_id=transactional_id, txn_timeout_ms=txn_timeout_ms,
+                    max_txn_timeout_ms=self.config.max_txn_timeout_ms, now_ms=self._now_ms(),
+                    fresh_producer_id=fresh_producer_id, two_phase_commit=two_phase_commit,
+                    keep_prepared_txn=keep_prepared_txn,
+                )
+            except ServiceError as exc:
+                await self._confirm_refusal(owned, exc)
+                raise
             await self._persist(owned, [encode_txn(plan.to_persist)])
             if md is not None and md.state is not txn.TxnState.DEAD:
                 # A known id: its epoch moved, fencing the previous instance.
@@ -279,30 +312,47 @@ class TxnCoordinatorRuntime:
                     f"transactional id {transactional_id!r}: aborting the previous "
                     "instance's open transaction; retry",
                 )
-            return plan.to_persist.producer_id, plan.to_persist.producer_epoch
+            return (plan.to_persist.producer_id, plan.to_persist.producer_epoch,
+                    plan.kept_prepared)
 
     async def add_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
         partitions: frozenset[tuple[str, int]],
     ) -> None:
+        await self._change(transactional_id, lambda md: txn.plan_add_partitions(
+            md, transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, partitions=partitions,
+            max_partitions=self.config.max_partitions_per_txn, now_ms=self._now_ms(),
+        ))
+
+    async def _change(
+        self, transactional_id: str,
+        plan: Callable[[txn.TxnMetadata | None], txn.TxnMetadata | None],
+    ) -> None:
+        """A request that changes the transactional id's state (or, planned
+        None, leaves it as it is): plan under the lock, persist, replay."""
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
-            planned = txn.plan_add_partitions(
-                owned.state.transactions.get(transactional_id),
-                transactional_id=transactional_id, producer_id=producer_id,
-                producer_epoch=producer_epoch, partitions=partitions,
-                max_partitions=self.config.max_partitions_per_txn, now_ms=self._now_ms(),
-            )
+            try:
+                planned = plan(owned.state.transactions.get(transactional_id))
+            except ServiceError as exc:
+                await self._confirm_refusal(owned, exc)
+                raise
             if planned is not None:
                 await self._persist(owned, [encode_txn(planned)])
 
-    def verify_partitions(
+    async def verify_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
         partitions: Sequence[tuple[str, int]],
     ) -> dict[tuple[str, int], ServiceError | None]:
-        """For a partition store: is each partition in this producer's open transaction?"""
+        """For a partition store: is each partition in this producer's open
+        transaction? Answered from memory once memory is confirmed to be the
+        log's state (a zombie's memory is not)."""
+        owned = self.owned_for(transactional_id)
+        await self._confirm_ownership(owned)
+        # Memory may have been unloaded or fenced while the check ran.
         owned = self.owned_for(transactional_id)
         md = owned.state.transactions.get(transactional_id)
         out: dict[tuple[str, int], ServiceError | None] = {}
@@ -329,24 +379,155 @@ class TxnCoordinatorRuntime:
             out[tp] = error
         return out
 
+    async def _confirm_ownership(self, owned: OwnedPartition) -> None:
+        """Returns once a read of the partition's log end that started after
+        this call found the log ending where this coordinator's memory ends:
+        nobody else has written it, so memory was the log's state at that read.
+
+        Concurrent callers share one read (one that starts after the last of
+        them arrived: a read already in flight may have been answered before
+        they came), so under load a batch of verifications costs one store
+        round trip, not one each. Raises NOT_COORDINATOR when another
+        coordinator has written the log (this one reloads, and the reload
+        finds it fenced), a retriable error when the store cannot be asked."""
+        waiter = owned.next_ownership_check
+        if waiter is None:
+            waiter = asyncio.get_running_loop().create_future()
+            # A waiter whose caller went away leaves its exception unread.
+            waiter.add_done_callback(
+                lambda f: None if f.cancelled() else f.exception())
+            owned.next_ownership_check = waiter
+            if not owned.checking_ownership:
+                owned.checking_ownership = True
+                self._spawn(self._run_ownership_checks(owned))
+        await asyncio.shield(waiter)
+
+    async def _run_ownership_checks(self, owned: OwnedPartition) -> None:
+        """Answers the waiting verifications with one read each round, until
+        none is waiting."""
+        try:
+            while owned.next_ownership_check is not None:
+                waiter, owned.next_ownership_check = owned.next_ownership_check, None
+                try:
+                    await self._check_log_end(owned)
+                except ServiceError as exc:
+                    waiter.set_exception(exc)
+                except BaseException:
+                    waiter.cancel()
+                    raise
+                else:
+                    waiter.set_result(None)
+        finally:
+            owned.checking_ownership = False
+            if owned.next_ownership_check is not None:  # stopped with callers waiting
+                owned.next_ownership_check.cancel()
+                owned.next_ownership_check = None
+
+    async def _check_log_end(self, owned: OwnedPartition) -> None:
+        if await self._read_log_end(owned) == owned.log_end_offset:
+            return
+        # Our own write may have landed without its answer having come back
+        # yet (or have come back after the read): look again once no write
+        # of ours is in flight.
+        async with owned.lock:
+            self._check_loaded(owned)
+            await self._check_log_end_locked(owned)
+
+    async def _check_log_end_locked(self, owned: OwnedPartition) -> None:
+        """With owned.lock held (no write of ours in flight): the log must end
+        where memory does, else another coordinator has written it: reload
+        and answer NOT_COORDINATOR."""
+        log_end = await self._read_log_end(owned)
+        if log_end == owned.log_end_offset:
+            return
+        log.warning("__transaction_state-%d ends at %d, this coordinator's memory at %d: "
+                    "another coordinator has written it; reloading", owned.partition,
+                    log_end, owned.log_end_offset)
+        self._unload(owned)
+        raise ServiceError(
+            ErrorCode.NOT_COORDINATOR,
+            f"__transaction_state-{owned.partition} was written by another coordinator "
+            f"(it ends at {log_end}, coordinator {self._node_id} knows it up to "
+            f"{owned.log_end_offset})",
+        )
+
+    async def _confirm_refusal(self, owned: OwnedPartition, refusal: ServiceError) -> None:
+        """A refusal planned from memory, with nothing written (PRODUCER_FENCED,
+        INVALID_TXN_STATE, ...), is final for the client: it must not come
+        from a zombie's stale memory. The caller holds owned.lock; if the log
+        has moved on, this raises NOT_COORDINATOR (retriable) instead.
+        Successes need no such check: what they answer from memory without a
+        write (a retried EndTxn's decision, a completed transaction's outcome,
+        a prepare that holds) was durable and is final."""
+        if not refusal.code.retriable:
+            await self._check_log_end_locked(owned)
+
+    async def _read_log_end(self, owned: OwnedPartition) -> int:
+        try:
+            return await self._log.log_end_offset(owned.partition)
+        except ServiceError as exc:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"cannot confirm that coordinator {self._node_id} still owns "
+                f"__transaction_state-{owned.partition}: {exc.message}",
+            ) from exc
+
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                       commit: bool) -> tuple[int, int]:
+        plan = await self._decide(transactional_id, lambda md, fresh_producer_id: txn.plan_end_txn(
+            md, transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, commit=commit, now_ms=self._now_ms(),
+            fresh_producer_id=fresh_producer_id,
+        ))
+        return plan.producer_id, plan.producer_epoch
+
+    async def _decide(
+        self, transactional_id: str,
+        plan: Callable[[txn.TxnMetadata | None, int | None], _DecisionPlan],
+    ) -> _DecisionPlan:
+        """EndTxn and CompleteTransaction: plan under the lock (given a fresh
+        producer id when the epoch bump needs one), persist the decision, send
+        its markers."""
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            plan = txn.plan_end_txn(
-                md, transactional_id=transactional_id, producer_id=producer_id,
-                producer_epoch=producer_epoch, commit=commit, now_ms=self._now_ms(),
-                fresh_producer_id=await self._fresh_id_if_needed(md) if md else None,
-            )
-            if plan.to_persist is not None:
-                await self._persist(owned, [encode_txn(plan.to_persist)])
+            fresh_producer_id = await self._fresh_id_if_needed(md) if md else None
+            try:
+                planned = plan(md, fresh_producer_id)
+            except ServiceError as exc:
+                await self._confirm_refusal(owned, exc)
+                raise
+            if planned.to_persist is not None:
+                await self._persist(owned, [encode_txn(planned.to_persist)])
                 # The outcome is decided and durable from here on.
                 crash_point("coordinator.after_prepare")
                 self._start_markers(owned, transactional_id)
-            return plan.producer_id, plan.producer_epoch
+            return planned
+
+    async def prepare(self, transactional_id: str, producer_id: int,
+                      producer_epoch: int) -> tuple[int, int]:
+        """PrepareTransaction (two-phase commit); returns the prepared state."""
+        await self._change(transactional_id, lambda md: txn.plan_prepare(
+            md, transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, now_ms=self._now_ms(),
+        ))
+        return producer_id, producer_epoch
+
+    async def complete_prepared(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        prepared: tuple[int, int],
+    ) -> tuple[bool, int, int]:
+        """CompleteTransaction (two-phase commit): whether `prepared` is
+        committed, and the producer id and epoch for the next transaction."""
+        plan = await self._decide(
+            transactional_id, lambda md, fresh_producer_id: txn.plan_complete_prepared(
+                md, transactional_id=transactional_id, producer_id=producer_id,
+                producer_epoch=producer_epoch, prepared=prepared, now_ms=self._now_ms(),
+                fresh_producer_id=fresh_producer_id,
+            ))
+        return plan.committed, plan.producer_id, plan.producer_epoch
 
     def _check_loaded(self, owned: OwnedPartition) -> None:
         if not owned.loaded:
@@ -367,25 +548,22 @@ class TxnCoordinatorRuntime:
         return owned.state.transactions.get(transactional_id), owned.state.coordinator_epoch
 
     async def force_abort(self, transactional_id: str) -> txn.TxnMetadata:
-        """The hanging-transaction tool: abort an open transaction now, fencing its
-        producer (as a new instance's InitProducerId would)."""
+        """The hanging-transaction tool: abort an open transaction (also a
+        prepared two-phase-commit one) now, fencing its producer (as a new
+        instance's InitProducerId would)."""
         owned = self.owned_for(transactional_id)
         async with owned.lock:
             self._check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            if md is None or md.state is not txn.TxnState.ONGOING:
-                raise ServiceError(
-                    ErrorCode.INVALID_TXN_STATE,
-                    f"transactional id {transactional_id!r} has no open transaction "
-                    f"({md.state.value if md else 'unknown'})",
+            fresh_producer_id = await self._fresh_id_if_needed(md)
+            try:
+                planned = txn.plan_admin_abort(
+                    md, transactional_id=transactional_id, now_ms=self._now_ms(),
+                    fresh_producer_id=fresh_producer_id,
                 )
-            planned = txn.plan_timeout_abort(
-                md, now_ms=max(self._now_ms(), md.txn_start_ms + md.txn_timeout_ms),
-                fresh_producer_id=await self._fresh_id_if_needed(md),
-            )
-            # At or past its deadline an Ongoing transaction always has an abort plan.
-            invariant(planned is not None, "no abort plan for an Ongoing transaction")
-            assert planned is not None  # for the type checker; invariant() guards at runtime
+            except ServiceError as exc:
+                await self._confirm_refusal(owned, exc)
+                raise
             await self._persist(owned, [encode_txn(planned)])
             metrics.PRODUCER_FENCINGS.labels("admin").inc()
             self._start_markers(owned, transactional_id)
@@ -507,7 +685,7 @@ class TxnCoordinatorRuntime:
     async def _check_timeouts(self, owned: OwnedPartition) -> None:
         now_ms = self._now_ms()
         for transactional_id, md in list(owned.state.transactions.items()):
-            if md.state is txn.TxnState.ONGOING and now_ms >= md.txn_start_ms + md.txn_timeout_ms:
+            if txn.is_timed_out(md, now_ms):
                 async with owned.lock:
                     current = owned.state.transactions.get(transactional_id)
                     if current is None or not owned.loaded:

@@ -20,8 +20,8 @@ from services.group_coordinator.servicer import GroupCoordinatorServicer
 
 log = logging.getLogger(__name__)
 
-# How often the lag metric's end offsets are refreshed.
-LAG_REFRESH_INTERVAL_S = 5.0
+# How often the lag metric's end offsets are refreshed, by default.
+DEFAULT_LAG_REFRESH_INTERVAL_MS = 5000
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
          "an empty group with no commit for this long is removed with its offsets"),
         ("retention-check-interval-ms", defaults.retention_check_interval_ms,
          "how often expired groups and offsets of deleted topics are removed"),
+        ("lag-refresh-interval-ms", DEFAULT_LAG_REFRESH_INTERVAL_MS,
+         "how often the lag metric's end offsets are read from the partition stores"),
     ):
         parser.add_argument(f"--{flag}", type=int,
                             default=int(server_base.env_default(flag, str(default)) or default),
@@ -49,9 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def _refresh_end_offsets(runtime: GroupCoordinatorRuntime, store: StoreClient,
-                               into: dict[TP, int]) -> None:
+                               into: dict[TP, int], interval_ms: int) -> None:
     while True:
-        await asyncio.sleep(LAG_REFRESH_INTERVAL_S)
+        await asyncio.sleep(interval_ms / 1000)
         partitions = {tp for _g, _id, offsets, _p in runtime.snapshot() for tp in offsets}
         for topic, partition in sorted(partitions):
             try:
@@ -90,7 +92,8 @@ async def main(argv: list[str] | None = None) -> None:
     async def started() -> None:
         nonlocal lag_task
         await runtime.start()
-        lag_task = asyncio.ensure_future(_refresh_end_offsets(runtime, store, end_offsets))
+        lag_task = asyncio.ensure_future(_refresh_end_offsets(
+            runtime, store, end_offsets, args.lag_refresh_interval_ms))
 
     async def shutdown() -> None:
         if lag_task is not None:

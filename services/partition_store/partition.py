@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import enum
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from oncelog.errors import ErrorCode
@@ -752,8 +752,17 @@ class PartitionRuntime:
     def newest_snapshot_offset(self) -> int | None:
         return self.snapshot_offsets[-1] if self.snapshot_offsets else None
 
-    def expire_producers(self, *, now_ms: int, expiration_ms: int) -> list[int]:
-        expired = self.producers.remove_expired(now_ms, expiration_ms)
+    def expire_producers(self, *, now_ms: int, expiration_ms: int,
+                         verifying: Collection[int] = ()) -> list[int]:
+        """Drops idle producers, except those whose first transactional write
+        here waits for the coordinator's verification (this runtime's gates,
+        and `verifying` for a caller that keeps its own): a marker that lands
+        while the question is out records the epoch that fences the batch when
+        its verdict comes back, and forgetting it would let a verdict that was
+        true when given open a transaction after that transaction ended
+        (docs/coordinator.md, "Verification")."""
+        keep = set(self._gates).union(verifying) if self._gates or verifying else ()
+        expired = self.producers.remove_expired(now_ms, expiration_ms, keep)
         if expired:
             self._snapshot_dirty = True
         return expired

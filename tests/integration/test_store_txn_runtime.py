@@ -11,7 +11,8 @@ version 2) holds end to end below gRPC:
   coordinator (one question per request), refused with the coordinator's code
   when it says no (the log unchanged), retriable when it cannot be reached;
   the producer's pipelined batches wait behind the verification and keep
-  their order, while other producers go on;
+  their order, while other producers go on; a producer is not expired while
+  its verification is out (a marker landing meanwhile fences the batch);
 * zombie-coordinator and delayed markers are refused and change nothing;
   identical retries answer with the original offset;
 * the per-partition gauges (LSO, HW - LSO, open transactions, oldest open
@@ -449,6 +450,45 @@ def test_pipelined_batches_wait_behind_the_verification_in_order(tmp_path: Path)
         assert out1.error is not None
         assert out1.error.code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
         assert rt.partition("a", 0).log.log_end_offset == 6
+        await rt.close()
+
+    run(body)
+
+
+def test_a_marker_during_the_verification_fences_the_batch_despite_expiry(
+        tmp_path: Path) -> None:
+    """The coordinator's verdict was true when given, but the transaction
+    ended (its ABORT marker landed) before the verdict came back, and the
+    store's retention ran meanwhile. The producer must not be forgotten while
+    its verification is out: the marker's epoch is what refuses the batch."""
+    p = Producer(10, "app-1")
+    verifier = _verifier_with((p, ("a",)))
+
+    async def body() -> None:
+        rt = await _open(tmp_path / "db", verifier)
+        await create(rt, "a")
+        part = rt.partition("a", 0)
+
+        def expire_every_idle_producer() -> None:
+            # What run_retention_once does for the partition, an hour later.
+            part.expire_producers(now_ms=NOW_MS + HOUR_MS, expiration_ms=1)
+
+        verifier.hold()
+        first = asyncio.ensure_future(send(rt, p, ("a", p.batch("a", "late"))))
+        while verifier.waiting == 0:
+            await asyncio.sleep(0)
+        [marker] = await end_txn(rt, p, MARKER_ABORT, "a")
+        assert marker.error is None
+        expire_every_idle_producer()
+        assert part.producers.get(p.pid) is not None
+        verifier.release()
+        [out] = await asyncio.wait_for(first, SAFETY_TIMEOUT_S)
+        assert out.error is not None and out.error.code == ErrorCode.PRODUCER_FENCED
+        assert part.log.log_end_offset == 1  # the marker only
+        assert part.log.last_stable_offset == part.log.high_watermark == 1
+        # Once the question is answered the producer may expire again.
+        expire_every_idle_producer()
+        assert part.producers.get(p.pid) is None
         await rt.close()
 
     run(body)

@@ -81,6 +81,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 from oncelog.errors import ErrorCode
 from oncelog.records import (
@@ -195,12 +196,52 @@ class InitRequest:
     call_id: int
     transactional_id: str
     txn_timeout_ms: int
+    two_phase_commit: bool = False
+    keep_prepared_txn: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class InitReply:
     call_id: int
     code: ErrorCode
+    producer_id: int
+    producer_epoch: int
+    # The prepared state of a transaction kept with keep_prepared_txn.
+    kept: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareRequest:
+    """PrepareTransaction (two-phase commit)."""
+
+    call_id: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareReply:
+    call_id: int
+    code: ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteRequest:
+    """CompleteTransaction (two-phase commit)."""
+
+    call_id: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    prepared: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteReply:
+    call_id: int
+    code: ErrorCode
+    committed: bool
     producer_id: int
     producer_epoch: int
 
@@ -272,8 +313,13 @@ class MarkerReply:
 
 
 Request = ProduceRequest | InitRequest | AddPartitionsRequest | EndTxnRequest | VerifyRequest | \
-    MarkerRequest
-Reply = ProduceReply | InitReply | AddPartitionsReply | EndTxnReply | VerifyReply | MarkerReply
+    MarkerRequest | PrepareRequest | CompleteRequest
+Reply = ProduceReply | InitReply | AddPartitionsReply | EndTxnReply | VerifyReply | MarkerReply | \
+    PrepareReply | CompleteReply
+# What EndTxn and CompleteTransaction plan (txn_runtime._DecisionPlan).
+DecisionPlan = TypeVar("DecisionPlan", txn.EndPlan, txn.CompletePlan)
+# Requests for a transactional id that txn_runtime holds while its markers are out.
+HeldRequest = InitRequest | AddPartitionsRequest | EndTxnRequest | PrepareRequest | CompleteRequest
 Payload = Request | Reply
 
 
@@ -344,8 +390,18 @@ class Ledger:
         # (producer id, marker epoch) -> commit? — from the Prepare* records
         # that landed in the transaction log (the decision is durable there).
         self.decisions: dict[tuple[int, int], bool] = {}
+        # The same decisions keyed by the (producer id, epoch) of the data
+        # they end, and the data each marker ends: the epoch just below the
+        # marker's, except for a two-phase-commit transaction that a new
+        # instance kept (its data carries the prepared state).
+        self.decisions_by_data: dict[tuple[int, int], bool] = {}
+        self.data_of_marker: dict[tuple[int, int], tuple[int, int]] = {}
         # transactional id -> (producer id, epoch) of its newest durable record.
         self.current: dict[str, tuple[int, int]] = {}
+        # transactional id -> its newest durable record, and the prepared
+        # state of its newest Prepared record.
+        self.last_record: dict[str, txn.TxnMetadata] = {}
+        self.last_prepared: dict[str, tuple[int, int]] = {}
         # (partition, offset) -> facts of the data batch applied there.
         self.appended: dict[tuple[int, int], AppendFact] = {}
         self._next_record = 0
@@ -376,17 +432,38 @@ class Ledger:
         if value is None and key is not None and key.startswith(TXN_KEY_PREFIX):
             # The id expired: whoever inits it next starts from nothing.
             self.current.pop(key[len(TXN_KEY_PREFIX):].decode(), None)
+            self.last_record.pop(key[len(TXN_KEY_PREFIX):].decode(), None)
         for md in scratch.transactions.values():
             self.current[md.transactional_id] = (md.producer_id, md.producer_epoch)
+            previous = self.last_record.get(md.transactional_id)
+            self.last_record[md.transactional_id] = md
+            if md.state is txn.TxnState.PREPARED and md.prepared_state is not None:
+                self.last_prepared[md.transactional_id] = md.prepared_state
             if not md.state.is_prepare:
                 continue
             target = txn.marker_target(md)
             commit = md.state is txn.TxnState.PREPARE_COMMIT
-            previous = self.decisions.get(target)
-            if previous is not None and previous != commit:
+            if previous is not None and previous.state is txn.TxnState.PREPARED:
+                assert previous.prepared_state is not None
+                data = previous.prepared_state
+            else:
+                data = self.data_of_marker.get(target, (target[0], target[1] - 1))
+            if previous is not None and previous.two_phase_commit \
+                    and md.bump_reason == "timeout":
+                raise SimViolation(
+                    f"the two-phase-commit transaction of {md.transactional_id} (data {data}) "
+                    "was aborted on its timeout"
+                )
+            self.data_of_marker[target] = data
+            if self.decisions_by_data.get(data, commit) != commit:
+                raise SimViolation(f"the transaction log decided the data of pid {data[0]} "
+                                   f"epoch {data[1]} both ways")
+            self.decisions_by_data[data] = commit
+            earlier = self.decisions.get(target)
+            if earlier is not None and earlier != commit:
                 raise SimViolation(
                     f"transaction log decided producer {target[0]} marker epoch {target[1]} "
-                    f"both ways (first {'commit' if previous else 'abort'}, now "
+                    f"both ways (first {'commit' if earlier else 'abort'}, now "
                     f"{'commit' if commit else 'abort'})"
                 )
             self.decisions[target] = commit
@@ -408,6 +485,26 @@ class Ledger:
     def on_store_crash(self, partition: int, durable_end: int) -> None:
         for key in [k for k in self.appended if k[0] == partition and k[1] >= durable_end]:
             del self.appended[key]
+
+    def on_complete_answered(self, transactional_id: str, prepared: tuple[int, int],
+                             committed: bool) -> None:
+        """CompleteTransaction answered success. Committed: the log holds a
+        commit for the prepared state's data. Not committed: it does not —
+        unless that commit was decided before another transaction of the id
+        was prepared (the coordinator keeps only the last prepared state, so
+        completing an older one aborts the newer one instead)."""
+        decided = self.decisions_by_data.get(prepared)
+        superseded = self.last_prepared.get(transactional_id) != prepared
+        if committed and decided is not True or \
+                not committed and decided is True and not superseded:
+            raise SimViolation(
+                f"CompleteTransaction({prepared}) of {transactional_id} answered "
+                f"committed={committed}, but the transaction log holds "
+                f"{_decision_name(decided)} for that data"
+            )
+        record = self.txns.get(prepared)
+        if record is not None and committed:
+            record.client_outcome = "commit"
 
     def on_end_answered(self, record: ClientTxn, commit: bool, producer_id: int,
                         epoch: int) -> None:
@@ -515,10 +612,11 @@ class Checker:
                         f"transaction log holds "
                         f"{_decision_name(decided)}"
                     )
+                ended = ledger.data_of_marker.get((pid, header.producer_epoch))
                 for data in open_batches.pop(pid, []):
                     if not is_commit:
                         continue
-                    if data.header.producer_epoch + 1 != header.producer_epoch:
+                    if ended != (pid, data.header.producer_epoch):
                         raise SimViolation(
                             f"p{p}@{data.header.base_offset}: batch of pid {pid} epoch "
                             f"{data.header.producer_epoch} committed by the marker of "
@@ -598,15 +696,15 @@ class Checker:
             for record_id in view.visible:
                 visible_at[record_id] = store.partition
         expected: dict[bytes, int] = {}
-        for (pid, marker_epoch), commit in ledger.decisions.items():
+        for data, commit in ledger.decisions_by_data.items():
             if not commit:
                 continue
-            record = ledger.txns.get((pid, marker_epoch - 1))
+            record = ledger.txns.get(data)
             if record is None:
-                raise SimViolation(f"commit decided for pid {pid} marker epoch {marker_epoch}, "
-                                   "a transaction no client began")
+                raise SimViolation(f"commit decided for the data of pid {data[0]} epoch "
+                                   f"{data[1]}, a transaction no client began")
             if not record.commit_requested:
-                raise SimViolation(f"commit decided for {record.transactional_id} pid {pid} "
+                raise SimViolation(f"commit decided for {record.transactional_id} pid {data[0]} "
                                    f"epoch {record.data_epoch}, which its client never committed")
             invariant(record.acked >= set(record.records),
                       lambda r=record: f"harness: client {r.instance} committed with "  # type: ignore[misc]
@@ -623,7 +721,7 @@ class Checker:
             )
         for record in ledger.txns.values():
             if record.client_outcome == "commit" and \
-                    not ledger.decisions.get((record.producer_id, record.data_epoch + 1)):
+                    not ledger.decisions_by_data.get((record.producer_id, record.data_epoch)):
                 raise SimViolation(f"{record.instance}: commit acknowledged, not decided")
 
 
@@ -650,6 +748,9 @@ class SimTxnLog:
 
     def read_all(self) -> tuple[list[Entry], int]:
         return list(self.entries), len(self.entries)
+
+    def log_end_offset(self) -> int:
+        return len(self.entries)
 
     def append(self, entries: list[Entry], *, expected_log_end_offset: int, writer: str) -> int:
         if expected_log_end_offset != len(self.entries):
@@ -925,9 +1026,12 @@ class StoreNode(Node):
 
     def expire_producers(self) -> None:
         """runtime.run_retention_once's producer expiry (retention itself is
-        not simulated: with nothing ever deleted the checker can read from 0)."""
+        not simulated: with nothing ever deleted the checker can read from 0).
+        Producers whose verification is out are kept, as the runtime's gates
+        keep them."""
         expired = self.part.expire_producers(now_ms=self.sim.now_ms,
-                                             expiration_ms=PRODUCER_ID_EXPIRATION_MS)
+                                             expiration_ms=PRODUCER_ID_EXPIRATION_MS,
+                                             verifying=set(self.gates))
         if expired:
             self.sim.log(f"{self.name}: producers {expired} expired")
 
@@ -997,7 +1101,7 @@ class CoordinatorNode(Node):
         self.tasks: dict[str, MarkerTask] = {}
         # Requests held while their transactional id's markers are in flight
         # (txn_runtime._wait_for_markers): (src, request, held until).
-        self.held: list[tuple[str, InitRequest | AddPartitionsRequest | EndTxnRequest, int]] = []
+        self.held: list[tuple[str, HeldRequest, int]] = []
 
     # -- loading (txn_runtime._load, _resume_markers, _unload)
 
@@ -1067,8 +1171,7 @@ class CoordinatorNode(Node):
     # -- requests
 
     def on_request(self, src: str, request: Request) -> None:
-        if isinstance(request, (InitRequest, AddPartitionsRequest, EndTxnRequest)) \
-                and not self.fenced and self.loaded \
+        if isinstance(request, HeldRequest) and not self.fenced and self.loaded \
                 and request.transactional_id in self.tasks:
             # txn_runtime._wait_for_markers: owned_for() passed, markers are
             # in flight; the request waits for them (bounded), then runs.
@@ -1087,35 +1190,59 @@ class CoordinatorNode(Node):
             self._end_txn(src, request)
         elif isinstance(request, VerifyRequest):
             self._verify(src, request)
+        elif isinstance(request, PrepareRequest):
+            self._prepare(src, request)
+        elif isinstance(request, CompleteRequest):
+            self._complete_prepared(src, request)
         else:
             super().on_request(src, request)
+
+    def _serve(self, src: str, request: Request, handle: Callable[[], Reply],
+               refused: Callable[[ErrorCode], Reply]) -> None:
+        """The shape of txn_runtime's request handlers: owned_for and
+        _check_loaded, plan, persist, answer. A refusal planned from memory
+        is confirmed against the log end first (txn_runtime._confirm_refusal):
+        a zombie answers NOT_COORDINATOR instead."""
+        try:
+            self._owned()
+            reply = handle()
+        except ServiceError as exc:
+            code = exc.code
+            if not code.retriable:
+                try:
+                    self._confirm_ownership()
+                except ServiceError as moved:
+                    code = moved.code
+            reply = refused(code)
+        self.sim.log(f"{self.name}: {show(request)} -> {show(reply)}")
+        self.reply(src, reply)
 
     def _init(self, src: str, request: InitRequest) -> None:
         """txn_runtime.init_producer_id."""
         tid = request.transactional_id
-        try:
-            self._owned()
+
+        def handle() -> Reply:
             md = self.state.transactions.get(tid)
             plan = txn.plan_init_producer_id(
                 md, transactional_id=tid, txn_timeout_ms=request.txn_timeout_ms,
                 max_txn_timeout_ms=MAX_TXN_TIMEOUT_MS, now_ms=self.sim.now_ms,
                 fresh_producer_id=self._fresh_id_if_needed(md),
+                two_phase_commit=request.two_phase_commit,
+                keep_prepared_txn=request.keep_prepared_txn,
             )
             self._persist([encode_txn(plan.to_persist)])
             if plan.abort_started:
                 self._start_markers(tid)
                 raise ServiceError(ErrorCode.CONCURRENT_TRANSACTIONS, "aborting the previous one")
-            reply = InitReply(request.call_id, ErrorCode.NONE, plan.to_persist.producer_id,
-                              plan.to_persist.producer_epoch)
-        except ServiceError as exc:
-            reply = InitReply(request.call_id, exc.code, -1, -1)
-        self.sim.log(f"{self.name}: {show(request)} -> {show(reply)}")
-        self.reply(src, reply)
+            return InitReply(request.call_id, ErrorCode.NONE, plan.to_persist.producer_id,
+                             plan.to_persist.producer_epoch, plan.kept_prepared)
+
+        self._serve(src, request, handle,
+                    lambda code: InitReply(request.call_id, code, -1, -1))
 
     def _add_partitions(self, src: str, request: AddPartitionsRequest) -> None:
         """txn_runtime.add_partitions."""
-        try:
-            self._owned()
+        def handle() -> Reply:
             planned = txn.plan_add_partitions(
                 self.state.transactions.get(request.transactional_id),
                 transactional_id=request.transactional_id, producer_id=request.producer_id,
@@ -1125,17 +1252,18 @@ class CoordinatorNode(Node):
             )
             if planned is not None:
                 self._persist([encode_txn(planned)])
-            reply = AddPartitionsReply(request.call_id, ErrorCode.NONE)
-        except ServiceError as exc:
-            reply = AddPartitionsReply(request.call_id, exc.code)
-        self.sim.log(f"{self.name}: {show(request)} -> {show(reply)}")
-        self.reply(src, reply)
+            return AddPartitionsReply(request.call_id, ErrorCode.NONE)
+
+        self._serve(src, request, handle,
+                    lambda code: AddPartitionsReply(request.call_id, code))
 
     def _verify(self, src: str, request: VerifyRequest) -> None:
-        """txn_runtime.verify_partitions: answered from memory."""
+        """txn_runtime.verify_partitions: answered from memory once the log
+        end confirms that memory is the log's state."""
         tp = (TOPIC, request.partition)
         try:
             self._owned()
+            self._confirm_ownership()
             md = self.state.transactions.get(request.transactional_id)
             if md is None or md.state is txn.TxnState.DEAD or \
                     md.producer_id != request.producer_id:
@@ -1152,42 +1280,86 @@ class CoordinatorNode(Node):
         self.sim.log(f"{self.name}: {show(request)} -> {show(reply)}")
         self.reply(src, reply)
 
+    def _prepare(self, src: str, request: PrepareRequest) -> None:
+        """txn_runtime.prepare."""
+        def handle() -> Reply:
+            planned = txn.plan_prepare(
+                self.state.transactions.get(request.transactional_id),
+                transactional_id=request.transactional_id, producer_id=request.producer_id,
+                producer_epoch=request.producer_epoch, now_ms=self.sim.now_ms,
+            )
+            if planned is not None:
+                self._persist([encode_txn(planned)])
+            return PrepareReply(request.call_id, ErrorCode.NONE)
+
+        self._serve(src, request, handle, lambda code: PrepareReply(request.call_id, code))
+
+    def _complete_prepared(self, src: str, request: CompleteRequest) -> None:
+        """txn_runtime.complete_prepared."""
+        tid = request.transactional_id
+
+        def handle() -> Reply:
+            plan = self._decide(tid, lambda md, fresh_producer_id: txn.plan_complete_prepared(
+                md, transactional_id=tid, producer_id=request.producer_id,
+                producer_epoch=request.producer_epoch, prepared=request.prepared,
+                now_ms=self.sim.now_ms, fresh_producer_id=fresh_producer_id,
+            ))
+            return CompleteReply(request.call_id, ErrorCode.NONE, plan.committed,
+                                 plan.producer_id, plan.producer_epoch)
+
+        self._serve(src, request, handle,
+                    lambda code: CompleteReply(request.call_id, code, False, -1, -1))
+
+    def _confirm_ownership(self) -> None:
+        """txn_runtime._confirm_ownership / _check_log_end. The simulated log
+        is read at once and this node never has a write in flight while it
+        handles a request, so the first read is already the one the runtime
+        makes under the lock."""
+        log_end = self.sim.txn_log.log_end_offset()
+        if log_end == self.log_end_offset:
+            return
+        self.sim.log(f"{self.name}: the log ends at {log_end}, my memory at "
+                     f"{self.log_end_offset}: another coordinator wrote it; reloading")
+        self._unload()
+        raise ServiceError(ErrorCode.NOT_COORDINATOR, f"{self.name}: the log moved")
+
+    def _decide(self, tid: str, plan: Callable[[txn.TxnMetadata | None, int | None],
+                                               DecisionPlan]) -> DecisionPlan:
+        """txn_runtime._decide: plan, persist the decision, send its markers."""
+        md = self.state.transactions.get(tid)
+        planned = plan(md, self._fresh_id_if_needed(md) if md else None)
+        if planned.to_persist is not None:
+            self._persist([encode_txn(planned.to_persist)])
+            self._start_markers(tid)
+        return planned
+
     def _end_txn(self, src: str, request: EndTxnRequest) -> None:
         """txn_runtime.end_txn."""
         tid = request.transactional_id
-        try:
-            self._owned()
-            md = self.state.transactions.get(tid)
-            plan = txn.plan_end_txn(
+
+        def handle() -> Reply:
+            plan = self._decide(tid, lambda md, fresh_producer_id: txn.plan_end_txn(
                 md, transactional_id=tid, producer_id=request.producer_id,
                 producer_epoch=request.producer_epoch, commit=request.commit,
-                now_ms=self.sim.now_ms,
-                fresh_producer_id=self._fresh_id_if_needed(md) if md else None,
-            )
-            if plan.to_persist is not None:
-                self._persist([encode_txn(plan.to_persist)])
-                self._start_markers(tid)
-            reply = EndTxnReply(request.call_id, ErrorCode.NONE, plan.producer_id,
-                                plan.producer_epoch)
-        except ServiceError as exc:
-            reply = EndTxnReply(request.call_id, exc.code, -1, -1)
-        self.sim.log(f"{self.name}: {show(request)} -> {show(reply)}")
-        self.reply(src, reply)
+                now_ms=self.sim.now_ms, fresh_producer_id=fresh_producer_id,
+            ))
+            return EndTxnReply(request.call_id, ErrorCode.NONE, plan.producer_id,
+                               plan.producer_epoch)
+
+        self._serve(src, request, handle,
+                    lambda code: EndTxnReply(request.call_id, code, -1, -1))
 
     def admin_abort_random(self) -> None:
         """txn_runtime.force_abort (the hanging-transaction tool) on a random
         open transaction: abort it now, fencing its producer."""
         ongoing = sorted(tid for tid, md in self.state.transactions.items()
-                         if md.state is txn.TxnState.ONGOING)
+                         if md.state in (txn.TxnState.ONGOING, txn.TxnState.PREPARED))
         if not self.loaded or self.fenced or not ongoing:
             return
         tid = self.sim.rng.choice(ongoing)
         md = self.state.transactions[tid]
-        planned = txn.plan_timeout_abort(
-            md, now_ms=max(self.sim.now_ms, md.txn_start_ms + md.txn_timeout_ms),
-            fresh_producer_id=self._fresh_id_if_needed(md))
-        invariant(planned is not None, "no abort plan for an Ongoing transaction")
-        assert planned is not None  # for mypy; invariant() guards at runtime
+        planned = txn.plan_admin_abort(md, transactional_id=tid, now_ms=self.sim.now_ms,
+                                       fresh_producer_id=self._fresh_id_if_needed(md))
         self.sim.log(f"{self.name}: ADMIN aborts the open transaction of {tid}")
         try:
             self._persist([encode_txn(planned)])
@@ -1326,8 +1498,7 @@ class CoordinatorNode(Node):
                     self.sim.log(f"{self.name}: transactional id {tid} expired")
                     self._persist([encode_tombstone(tid)])
                     continue
-                if md.state is not txn.TxnState.ONGOING or \
-                        self.sim.now_ms < md.txn_start_ms + md.txn_timeout_ms:
+                if not txn.is_timed_out(md, self.sim.now_ms):
                     continue
                 current = self.state.transactions.get(tid)
                 if current is None or not self.loaded:
@@ -1355,6 +1526,15 @@ class Status(enum.Enum):
     ABORTING = "aborting"
     ABORTABLE = "abortable"
     FATAL = "fatal"
+    # Two-phase commit: flushing, then PrepareTransaction until answered;
+    # holding a prepared transaction; CompleteTransaction until answered.
+    PREPARING = "preparing"
+    PREPARED = "prepared"
+    COMPLETING = "completing"
+
+
+# Statuses in which the transaction's batches are still being sent.
+SENDING = (Status.IN_TXN, Status.COMMITTING, Status.PREPARING)
 
 
 @dataclass(slots=True)
@@ -1394,15 +1574,33 @@ class EndCtx:
     commit: bool
 
 
+@dataclass(frozen=True, slots=True)
+class PrepareCtx:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteCtx:
+    prepared: tuple[int, int]
+
+
 class ProducerNode(Node):
     """One instance of a transactional producer, behaving as a correct client
     (sdk/oncelog/_transactions.py's rules): retries re-send the same request;
     it commits only when every batch of the transaction is acknowledged; a
     commit whose outcome is unknown is retried, never turned into an abort.
-    A replaced instance may keep running (a zombie)."""
+    A replaced instance may keep running (a zombie).
+
+    A two-phase-commit producer (KIP-939) mostly prepares instead of
+    committing and hands its prepared state to an outside coordinator (the
+    simulation's `handed`); it, or a later instance that kept the prepared
+    transaction (`keep_prepared`), completes it with that state — now and
+    then with a wrong one, which must abort it — and a later instance may
+    complete an already completed state again."""
 
     def __init__(self, sim: Simulation, transactional_id: str, instance: int,
-                 txn_timeout_ms: int) -> None:
+                 txn_timeout_ms: int, *, two_phase: bool = False,
+                 keep_prepared: bool = False) -> None:
         super().__init__(sim, f"{transactional_id}#{instance}")
         self.transactional_id = transactional_id
         self.txn_timeout_ms = txn_timeout_ms
@@ -1417,6 +1615,14 @@ class ProducerNode(Node):
         self.batches: dict[int, OutBatch] = {}
         self.next_batch_no = 0
         self.zombie = False
+        # Some request of the open transaction went to the coordinator.
+        self.touched = False
+        self.two_phase = two_phase
+        self.keep_prepared = keep_prepared
+        # The prepared state this instance completes (PREPARED, COMPLETING),
+        # and the handed-over state that decision stands for.
+        self.complete_with: tuple[int, int] | None = None
+        self.completing_for: tuple[int, int] | None = None
 
     # -- acting
 
@@ -1427,7 +1633,7 @@ class ProducerNode(Node):
         if not self.deliverable() or self.status is Status.FATAL:
             return False
         now = self.sim.now_ms
-        if self.status in (Status.IN_TXN, Status.COMMITTING):
+        if self.status in SENDING:
             for batch in self.batches.values():
                 if not batch.acked and batch.call_id is None and now >= batch.resend_at_ms:
                     self._send_batch(batch, retry=True)
@@ -1437,7 +1643,32 @@ class ProducerNode(Node):
             if coordinator_free:
                 self._coordinator_call(
                     lambda call_id: InitRequest(call_id, self.transactional_id,
-                                                self.txn_timeout_ms), InitCtx())
+                                                self.txn_timeout_ms, self.two_phase,
+                                                self.keep_prepared), InitCtx())
+                return True
+            return False
+        if self.status is Status.PREPARING:
+            # prepare_transaction flushes first, as commit_transaction does.
+            if coordinator_free and all(b.acked for b in self.batches.values()):
+                assert self.txn is not None  # preparing a transaction
+                # The client consents to commit; the outside coordinator decides.
+                self.txn.commit_requested = True
+                self._coordinator_call(
+                    lambda call_id: PrepareRequest(call_id, self.transactional_id,
+                                                   self.producer_id, self.producer_epoch),
+                    PrepareCtx())
+                return True
+            return False
+        if self.status is Status.PREPARED:
+            # The outside coordinator completes when it will; quiescing, now.
+            if coordinator_free and (finishing or self.sim.rng.random() < 0.3):
+                self.status = Status.COMPLETING
+                self._send_complete()
+                return True
+            return False
+        if self.status is Status.COMPLETING:
+            if coordinator_free:
+                self._send_complete()
                 return True
             return False
         if self.status is Status.READY:
@@ -1481,6 +1712,7 @@ class ProducerNode(Node):
                                          self.producer_epoch)
         self.status = Status.IN_TXN
         self.added = set()
+        self.touched = False
         self.batches = {}
         self.sim.log(f"{self.name}: begin transaction (pid {self.producer_id}, "
                      f"epoch {self.producer_epoch})")
@@ -1502,6 +1734,7 @@ class ProducerNode(Node):
             if rng.random() < 0.3:
                 parts.add(rng.randrange(len(self.sim.stores)))
             partitions = tuple(sorted(parts))
+            self.touched = True
             self._coordinator_call(
                 lambda call_id: AddPartitionsRequest(
                     call_id, self.transactional_id, self.producer_id, self.producer_epoch,
@@ -1551,14 +1784,19 @@ class ProducerNode(Node):
         """commit_transaction: no new records from here; act() sends
         EndTxn(commit) once every batch is acknowledged."""
         assert self.txn is not None  # in a transaction
-        if self.coordinator_call is None and not self.added and not self.txn.records:
-            # Nothing was added or sent: there is nothing to end (as Kafka's client).
+        if not self.touched and not self.txn.records:
+            # No request of the transaction went out: there is nothing to end
+            # (as the SDK's txn_touched; an AddPartitions whose answer was lost
+            # may have opened the transaction, and a two-phase-commit one
+            # would never time out).
             self.sim.log(f"{self.name}: empty transaction ends locally")
             self.status = Status.READY
             return True
-        self.status = Status.COMMITTING
+        prepare = self.two_phase and self.sim.rng.random() < 0.8
+        self.status = Status.PREPARING if prepare else Status.COMMITTING
         unacked = sum(not b.acked for b in self.batches.values())
-        self.sim.log(f"{self.name}: commit: flushing {unacked} unacknowledged batches first")
+        self.sim.log(f"{self.name}: {'prepare' if prepare else 'commit'}: flushing {unacked} "
+                     "unacknowledged batches first")
         return True
 
     def _abort(self) -> bool:
@@ -1573,6 +1811,14 @@ class ProducerNode(Node):
         self._coordinator_call(
             lambda call_id: EndTxnRequest(call_id, self.transactional_id, self.producer_id,
                                           self.producer_epoch, commit), EndCtx(commit))
+
+    def _send_complete(self) -> None:
+        prepared = self.complete_with
+        assert prepared is not None  # set when the status became PREPARED/COMPLETING
+        self._coordinator_call(
+            lambda call_id: CompleteRequest(call_id, self.transactional_id, self.producer_id,
+                                            self.producer_epoch, prepared),
+            CompleteCtx(prepared))
 
     def _coordinator_call(self, make: Callable[[int], Request], context: object) -> None:
         dst = self.sim.route_to_coordinator()
@@ -1589,6 +1835,25 @@ class ProducerNode(Node):
         self.status = Status.FATAL
         self._abandon_batches()
         self.sim.log(f"{self.name}: FATAL: {why}")
+
+    def _completed(self) -> None:
+        if self.completing_for is not None:
+            self.sim.completed[self.transactional_id] = self.completing_for
+
+    def _take_over(self, kept: tuple[int, int] | None) -> None:
+        """The outside coordinator, in a new instance: it completes the
+        prepared state it was handed (now and then a wrong one, which must
+        abort the kept transaction); when nothing was kept, it may complete
+        the handed state again (a repeated completion)."""
+        handed = self.sim.handed.get(self.transactional_id)
+        rng = self.sim.rng
+        if handed is None or (kept is None and rng.random() < 0.5):
+            return
+        self.completing_for = handed
+        if rng.random() < 0.15:
+            handed = (handed[0], handed[1] + 7)
+        self.complete_with = handed
+        self.status = Status.PREPARED if kept is not None else Status.COMPLETING
 
     def _ready(self, producer_id: int, epoch: int) -> None:
         self.producer_id, self.producer_epoch = producer_id, epoch
@@ -1617,11 +1882,47 @@ class ProducerNode(Node):
                 assert isinstance(reply, InitReply)
                 self._ready(reply.producer_id, reply.producer_epoch)
                 self.sim.log(f"{self.name}: initialized pid {reply.producer_id} epoch "
-                             f"{reply.producer_epoch}")
+                             f"{reply.producer_epoch}"
+                             + (f", keeps prepared {reply.kept}" if reply.kept else ""))
+                if self.keep_prepared:
+                    self._take_over(reply.kept)
             else:
                 self._fatal(f"InitProducerId: {code.name}")
+        elif isinstance(context, PrepareCtx):
+            if code is ErrorCode.NONE:
+                self.status = Status.PREPARED
+                self.complete_with = (self.producer_id, self.producer_epoch)
+                self.completing_for = self.complete_with
+                self.sim.handed[self.transactional_id] = self.complete_with
+                self.sim.log(f"{self.name}: prepared {self.complete_with}")
+                if self.sim.rng.random() < 0.5:
+                    # A task's way: hand the state over and exit; a new
+                    # instance (the outside coordinator) completes it.
+                    self.alive = False
+                    self.sim.log(f"{self.name}: hands {self.complete_with} over and exits")
+            elif code in FATAL_CODES:
+                self._fatal(f"PrepareTransaction: {code.name}")
+            else:
+                self.status = Status.ABORTABLE
+                self.sim.log(f"{self.name}: abortable: PrepareTransaction {code.name}")
+        elif isinstance(context, CompleteCtx):
+            if code is ErrorCode.NONE:
+                assert isinstance(reply, CompleteReply)
+                self.sim.ledger.on_complete_answered(self.transactional_id, context.prepared,
+                                                     reply.committed)
+                self.sim.log(f"{self.name}: completed {context.prepared}: "
+                             f"{'committed' if reply.committed else 'not committed'}")
+                self._ready(reply.producer_id, reply.producer_epoch)
+                self._completed()
+            elif code is ErrorCode.INVALID_TXN_STATE:
+                # The coordinator has no record of that prepared state; nothing changed.
+                self.status = Status.READY
+                self.sim.log(f"{self.name}: {context.prepared} is not known")
+                self._completed()
+            else:
+                self._fatal(f"CompleteTransaction: {code.name}")
         elif isinstance(context, AddCtx):
-            if self.status not in (Status.IN_TXN, Status.COMMITTING):
+            if self.status not in SENDING:
                 return
             if code is ErrorCode.NONE:
                 self.added.update(context.partitions)
@@ -1663,7 +1964,7 @@ class ProducerNode(Node):
                 return
             still_current = self.sim.ledger.current.get(self.transactional_id) == (
                 self.producer_id, self.producer_epoch)
-            if self.status in (Status.IN_TXN, Status.COMMITTING) and still_current:
+            if self.status in SENDING and still_current:
                 # Every earlier batch was acknowledged (durable) before this
                 # attempt left, and a retry stays within the store's dedup
                 # window (the client's window is MAX_IN_FLIGHT_PER_PARTITION
@@ -1678,7 +1979,7 @@ class ProducerNode(Node):
                 )
         if code in FATAL_CODES:
             self._fatal(f"produce {batch.summary}: {code.name}")
-        elif self.status in (Status.IN_TXN, Status.COMMITTING):
+        elif self.status in SENDING:
             self.status = Status.ABORTABLE
             self.sim.log(f"{self.name}: abortable: produce {batch.summary}: {code.name}")
 
@@ -1738,7 +2039,14 @@ class Simulation:
         self.coordinators: list[CoordinatorNode] = []
         self.designated = self._new_coordinator(0)
         self.producers: dict[str, list[ProducerNode]] = {}
-        self.log(f"seed {seed}: {partitions} partitions, {producers} producers, "
+        # Two-phase-commit transactional ids, and the outside coordinator's
+        # memory: the prepared state each one last handed over.
+        self.two_phase_ids = {f"tx{i}" for i in range(producers) if rng.random() < 0.4}
+        self.handed: dict[str, tuple[int, int]] = {}
+        # The handed state whose completion was last answered, per id.
+        self.completed: dict[str, tuple[int, int]] = {}
+        self.log(f"seed {seed}: {partitions} partitions, {producers} producers "
+                 f"(two-phase commit: {sorted(self.two_phase_ids)}), "
                  f"{self.coordinator_nodes} coordinator node(s), fault scale {self.fault_scale}")
         if rng.random() < 0.3:
             self._near_epoch_exhaustion("tx0")
@@ -1811,14 +2119,38 @@ class Simulation:
     def _new_producer(self, tid: str) -> ProducerNode:
         instances = self.producers.setdefault(tid, [])
         timeout_ms = self.rng.randint(*TXN_TIMEOUT_MS_RANGE)
-        producer = ProducerNode(self, tid, len(instances) + 1, timeout_ms)
+        two_phase = tid in self.two_phase_ids
+        # An outside coordinator holding a prepared state takes over with
+        # keep_prepared_txn; otherwise (a task retried) the new instance aborts.
+        keep = two_phase and tid in self.handed and self.rng.random() < 0.7
+        producer = ProducerNode(self, tid, len(instances) + 1, timeout_ms,
+                                two_phase=two_phase, keep_prepared=keep)
         instances.append(producer)
         # At most three live instances per id: the oldest zombie dies.
         live = [p for p in instances if p.alive]
         for old in live[:-3]:
             old.alive = False
-        self.log(f"{producer.name}: started (transaction timeout {timeout_ms} ms)")
+        self.log(f"{producer.name}: started (transaction timeout {timeout_ms} ms"
+                 + (", two-phase commit" if two_phase else "")
+                 + (", keeps a prepared transaction" if keep else "") + ")")
         return producer
+
+    def _restartable(self) -> list[str]:
+        """Transactional ids an application (or the outside coordinator of a
+        two-phase commit) would start a new instance of: the newest one is
+        dead or fatal, or a prepared state handed over is not being completed
+        by any live instance."""
+        out = []
+        for tid, instances in self.producers.items():
+            newest = instances[-1]
+            handed = self.handed.get(tid)
+            awaits_completion = handed is not None and self.completed.get(tid) != handed \
+                and not any(p.alive and (p.status in (Status.PREPARED, Status.COMPLETING)
+                                         or p.status is Status.INIT and p.keep_prepared)
+                            for p in instances)
+            if not newest.alive or newest.status is Status.FATAL or awaits_completion:
+                out.append(tid)
+        return out
 
     def live_producers(self) -> list[ProducerNode]:
         return [p for instances in self.producers.values() for p in instances if p.alive]
@@ -1956,8 +2288,7 @@ class Simulation:
         actions.append((8, lambda: self.advance(rng.randint(1, 120))))
         actions.append((0.25 * self.fault_scale, lambda: self.advance(rng.randint(500, 4000))))
         actions.append((0.5, lambda: rng.choice(self.stores).expire_producers()))
-        restartable = [tid for tid, inst in self.producers.items()
-                       if not inst[-1].alive or inst[-1].status is Status.FATAL]
+        restartable = self._restartable()
         if restartable:
             def restart() -> None:
                 self._new_producer(rng.choice(restartable))
@@ -2021,14 +2352,14 @@ class Simulation:
         if any(c.alive and (c.tasks or c.held or (not c.loaded and not c.fenced))
                for c in self.coordinators):
             return False
-        if any(md.state is txn.TxnState.ONGOING or md.state.is_prepare
-               or md.state is txn.TxnState.PREPARE_EPOCH_FENCE
+        if any(md.state in (txn.TxnState.ONGOING, txn.TxnState.PREPARED,
+                            txn.TxnState.PREPARE_EPOCH_FENCE) or md.state.is_prepare
                for md in coordinator.state.transactions.values()):
             return False
         for producer in self.live_producers():
             if producer.calls or producer.status in (
                 Status.INIT, Status.IN_TXN, Status.COMMITTING, Status.ABORTING,
-                Status.ABORTABLE,
+                Status.ABORTABLE, Status.PREPARING, Status.PREPARED, Status.COMPLETING,
             ):
                 return False
         return True
@@ -2076,8 +2407,7 @@ class Simulation:
         for producer in self.live_producers():
             if producer.act(finishing=True):
                 return
-        restartable = [tid for tid, inst in self.producers.items()
-                       if not inst[-1].alive or inst[-1].status is Status.FATAL]
+        restartable = self._restartable()
         if restartable and rng.random() < 0.5:
             # An application restarts a dead instance; it will init and stop.
             self._new_producer(rng.choice(restartable))
@@ -2132,8 +2462,8 @@ class Simulation:
     def summary(self) -> str:
         decided = len(self.ledger.decisions)
         commits = sum(1 for c in self.ledger.decisions.values() if c)
-        records = sum(len(r.records) for (pid, e), r in self.ledger.txns.items()
-                      if self.ledger.decisions.get((pid, e + 1)))
+        records = sum(len(r.records) for data, r in self.ledger.txns.items()
+                      if self.ledger.decisions_by_data.get(data))
         return (f"{len(self.stores)} partitions, {len(self.producers)} transactional ids, "
                 f"{len(self.coordinators)} coordinator incarnations; {decided} decisions "
                 f"({commits} commits, {records} committed records); "

@@ -3,7 +3,8 @@
 Goal: every change runs the exactly-once invariants (tests/sim/sim.py's
 checker) against a fixed set of seeds — randomized interleavings of lost,
 duplicated, delayed and reordered messages, store crashes, coordinator
-takeovers with zombies, fenced and stalled producers — so a regression in
+takeovers with zombies, fenced and stalled producers, two-phase-commit
+producers whose prepared transactions others complete — so a regression in
 the cores shows up as a failing seed that replays exactly.
 
 Method: one test per seed; each prints its seed and, on failure, the last
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.sim import DEFAULT_STEPS, Simulation, SimViolation, run_seed
+from tests.sim.sim import DEFAULT_STEPS, Simulation, run_seed
 
 # Steps per seed before the run quiesces; 40 seeds take ~6 s of CPU on
 # this machine (2 vCPU), well under the ~30 s budget.
@@ -103,21 +104,49 @@ def test_the_checker_sees_a_hanging_transaction(monkeypatch: pytest.MonkeyPatch)
     assert "hanging transaction" in _first_failure(range(1, 41), 300)
 
 
+def test_the_checker_sees_a_two_phase_commit_transaction_timed_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator that applies the timeout to two-phase-commit
+    transactions (as to any other) must be caught."""
+    from services.coordinator.core import transactions
+
+    def any_timeout(md, now_ms):  # type: ignore[no-untyped-def]
+        return md.state is transactions.TxnState.ONGOING and \
+            now_ms >= md.txn_start_ms + md.txn_timeout_ms
+
+    monkeypatch.setattr(transactions, "is_timed_out", any_timeout)
+    assert "aborted on its timeout" in _first_failure(range(1, 41), 300)
+
+
+def test_the_checker_sees_a_completion_commit_the_wrong_transaction(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator that commits its prepared transaction whatever prepared
+    state it is given must be caught."""
+    from services.coordinator.core import transactions
+
+    real = transactions.plan_complete_prepared
+
+    def always_matching(md, **kwargs):  # type: ignore[no-untyped-def]
+        if md is not None and md.state is transactions.TxnState.PREPARED:
+            kwargs["prepared"] = md.prepared_state
+        return real(md, **kwargs)
+
+    monkeypatch.setattr(transactions, "plan_complete_prepared", always_matching)
+    assert "CompleteTransaction" in _first_failure(range(1, 41), 300)
+
+
 # Directed scenarios: interleavings the random search reaches too rarely to
 # keep as a seed, written against the same nodes and checker.
 
 
-@pytest.mark.xfail(strict=True, raises=SimViolation, reason=(
-    "txn_runtime.verify_partitions answers from memory without confirming that "
-    "this coordinator still owns __transaction_state: a zombie coordinator (paused, "
-    "replaced, not yet fenced because it has not tried to write) verifies a fenced "
-    "producer's first write on a partition whose store has expired the producer, "
-    "and a later transaction's marker commits it. Fix in txn_runtime (confirm "
-    "ownership before answering) or in the store (refuse a verdict from a "
-    "coordinator epoch below one it has seen), then mirror it in "
-    "CoordinatorNode._verify."
-))
 def test_zombie_coordinator_cannot_verify_a_fenced_first_write() -> None:
+    """A paused coordinator that was replaced meanwhile is asked to verify a
+    fenced producer's first write on a partition whose store has expired the
+    producer. It must not answer from its stale memory: it reads the log end,
+    finds another coordinator's records there and refuses (NOT_COORDINATOR),
+    so the stale batch never opens a transaction that a later transaction's
+    marker would commit (issue 3; before the fix: "p0@1: batch of pid 1001
+    epoch 0 committed by the marker of epoch 3")."""
     from oncelog.records import encode_batch
     from tests.sim import sim as s
 
@@ -158,9 +187,14 @@ def test_zombie_coordinator_cannot_verify_a_fenced_first_write() -> None:
     record_id = sim.ledger.new_record(old.txn, 0)
     batch = encode_batch([(None, record_id, None, sim.now_ms)], producer_id=old.producer_id,
                          producer_epoch=0, base_sequence=0, transactional=True)
+    hw_before = sim.stores[0].part.log.high_watermark
     sim.stores[0]._produce(old.name, s.ProduceRequest(-1, "tx0", 0, "[stale]", batch))
     sim.settle()
-    zombie.tick()  # now it learns it is fenced — too late
+    # Refused: nothing was appended, the store still has no state for the
+    # producer, and the zombie, having reloaded, knows it is fenced.
+    assert sim.stores[0].part.log.high_watermark == hw_before
+    assert sim.stores[0].part.producers.get(old.producer_id) is None
+    assert zombie.fenced
 
     # A new instance's transaction adds p0 and p1, writes p1, commits.
     route["to"] = successor.name
@@ -185,5 +219,4 @@ def test_zombie_coordinator_cannot_verify_a_fenced_first_write() -> None:
     assert new.act(finishing=True)  # EndTxn(commit)
     sim.settle()
     assert new.status is s.Status.READY  # committed
-    # Today: "p0@1: batch of pid 1001 epoch 0 committed by the marker of epoch 3".
     sim.checker.check_step()

@@ -13,7 +13,10 @@ transaction RPCs with transaction version 2's rules in their simplest form:
 InitProducerId bumps the epoch (aborting an open transaction first),
 AddPartitionsToTxn/AddOffsetsToTxn open the transaction, EndTxn writes the
 markers at once (epoch + 1, as the real coordinator does), bumps the epoch and
-recognises a retry whose answer was lost. A transactional batch is accepted
+recognises a retry whose answer was lost; two-phase commit in its simplest
+form too (PrepareTransaction, InitProducerId keeping a prepared transaction,
+CompleteTransaction committing on a matching prepared state, else aborting,
+and answering a repeated completion). A transactional batch is accepted
 only for a partition in its producer's open transaction (the store's
 verification). A `CoordinatorFaultPlan` decides per call whether to answer an
 error (a gRPC status carrying our Error), to apply it and lose the reply, or
@@ -111,6 +114,11 @@ class FakeTxn:
     previous: tuple[int, int] | None = None
     last_commit: bool | None = None
     start_ms: int = -1
+    # Two-phase commit: the Prepared transaction's state, and the last
+    # prepared one's state and whether it committed.
+    prepared: tuple[int, int] | None = None
+    last_prepared: tuple[int, int] | None = None
+    last_prepared_committed: bool = False
 
 
 class _WithFallbacks:
@@ -430,15 +438,72 @@ class FakeStore:
             self.next_producer_id += 1
             self.txns[request.transactional_id] = txn
         else:
-            if txn.state == "Ongoing":
+            if txn.state == "Prepared" and request.keep_prepared_txn:
+                txn.producer_epoch += 1
+                txn.previous = None
+                assert txn.prepared is not None
+                return coordinator_pb2.InitProducerIdResponse(
+                    producer_id=txn.producer_id, producer_epoch=txn.producer_epoch,
+                    prepared_transaction=coordinator_pb2.PreparedTxnState(
+                        producer_id=txn.prepared[0], producer_epoch=txn.prepared[1]))
+            if txn.state in ("Ongoing", "Prepared"):
                 # Fence the old instance and abort what it left open.
                 txn.producer_epoch += 1
-                self._write_markers(txn, commit=False)
+                self._end_open(txn, commit=False)
             txn.producer_epoch += 1
             txn.previous = None
             txn.timeout_ms = request.transaction_timeout_ms
         return coordinator_pb2.InitProducerIdResponse(
             producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+
+    def _end_open(self, txn: FakeTxn, *, commit: bool) -> None:
+        """Markers for the open (or prepared) transaction; remembers how a
+        prepared one ended."""
+        if txn.state == "Prepared":
+            txn.last_prepared, txn.last_prepared_committed = txn.prepared, commit
+            txn.prepared = None
+        self._write_markers(txn, commit=commit)
+
+    def PrepareTransaction(self, request: coordinator_pb2.PrepareTransactionRequest,
+                           context: grpc.ServicerContext
+                           ) -> coordinator_pb2.PrepareTransactionResponse:
+        def prepare(req: coordinator_pb2.PrepareTransactionRequest
+                    ) -> coordinator_pb2.PrepareTransactionResponse:
+            txn = self._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
+            if txn.state != "Prepared":
+                txn.state = "Prepared"
+                txn.prepared = (req.producer_id, req.producer_epoch)
+            return coordinator_pb2.PrepareTransactionResponse(
+                prepared_transaction=coordinator_pb2.PreparedTxnState(
+                    producer_id=req.producer_id, producer_epoch=req.producer_epoch))
+        return cast(coordinator_pb2.PrepareTransactionResponse,
+                    self._coordinator_call("PrepareTransaction", request, context, prepare))
+
+    def CompleteTransaction(self, request: coordinator_pb2.CompleteTransactionRequest,
+                            context: grpc.ServicerContext
+                            ) -> coordinator_pb2.CompleteTransactionResponse:
+        def complete(req: coordinator_pb2.CompleteTransactionRequest
+                     ) -> coordinator_pb2.CompleteTransactionResponse:
+            given = (req.prepared_transaction.producer_id,
+                     req.prepared_transaction.producer_epoch)
+            txn = self.txns.get(req.transactional_id)
+            retry = txn is not None and txn.previous == (req.producer_id, req.producer_epoch)
+            if not retry:
+                txn = self._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
+            assert txn is not None
+            if not retry and txn.state == "Prepared":
+                match = txn.prepared == given
+                txn.previous = (txn.producer_id, txn.producer_epoch)
+                txn.last_commit = match
+                txn.producer_epoch += 1
+                self._end_open(txn, commit=match)
+            elif txn.last_prepared != given:
+                raise _Refused(ErrorCode.INVALID_TXN_STATE, f"no prepared transaction {given}")
+            return coordinator_pb2.CompleteTransactionResponse(
+                committed=txn.last_prepared == given and txn.last_prepared_committed,
+                producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+        return cast(coordinator_pb2.CompleteTransactionResponse,
+                    self._coordinator_call("CompleteTransaction", request, context, complete))
 
     def AddPartitionsToTxn(self, request: coordinator_pb2.AddPartitionsToTxnRequest,
                            context: grpc.ServicerContext
@@ -480,13 +545,14 @@ class FakeStore:
                 return coordinator_pb2.EndTxnResponse(
                     producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
             txn = self._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
-            if txn.state != "Ongoing" and req.commit:
+            is_open = txn.state in ("Ongoing", "Prepared")
+            if not is_open and req.commit:
                 raise _Refused(ErrorCode.INVALID_TXN_STATE, "no open transaction to commit")
             txn.previous = (txn.producer_id, txn.producer_epoch)
             txn.last_commit = req.commit
             txn.producer_epoch += 1
-            if txn.state == "Ongoing":
-                self._write_markers(txn, commit=req.commit)
+            if is_open:
+                self._end_open(txn, commit=req.commit)
             else:
                 txn.state = "CompleteAbort"
             return coordinator_pb2.EndTxnResponse(

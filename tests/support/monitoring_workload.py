@@ -12,10 +12,11 @@ STEPS. `finish()` ends what was left open, after the checks.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from oncelog import Admin, Producer, errors
+from oncelog import Admin, Consumer, ConsumerRecord, Producer, TopicPartition, errors
 from oncelog.testing import LocalCluster
 from tests.support.reading import read_all
 from tests.support.txn import wait_txn_state
@@ -24,6 +25,7 @@ from tests.support.txn import wait_txn_state
 # timeout step), fsync and frequent snapshots (their metrics then move).
 CLUSTER_ARGS: dict[str, list[str]] = {
     "coordinator": ["--transaction-check-interval-ms", "100"],
+    "group_coordinator": ["--lag-refresh-interval-ms", "200"],
     "partition_store": ["--fsync", "--snapshot-interval-batches", "5"],
 }
 TOPIC = "monitoring"
@@ -117,6 +119,34 @@ def fence_zombies(state: WorkloadState) -> None:
             zombie.close()
 
 
+def consume_in_a_group(state: WorkloadState) -> None:
+    """A group member reads part of the topic and commits: members, epoch,
+    rebalances, committed offsets and (the rest unread) lag get values; a
+    transactional offset commit makes the pending gauge move."""
+    group = "monitoring-group"
+    with Consumer(bootstrap=state.bootstrap, group_id=group, session_timeout_ms=3000,
+                  max_poll_records=1) as consumer:
+        consumer.subscribe([state.topic])
+        deadline = time.monotonic() + 60
+        records: list[ConsumerRecord] = []
+        while not records:
+            if time.monotonic() > deadline:
+                raise AssertionError("the group member read nothing")
+            records = consumer.poll(timeout=0.5)
+        consumer.commit()
+        with Producer(bootstrap=state.bootstrap,
+                      transactional_id=state.transactional_id("group")) as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send_offsets_to_transaction(
+                {TopicPartition(r.topic, r.partition): r.offset + 1 for r in records},
+                consumer.group_metadata(),
+            )
+            producer.commit_transaction()
+    # The member left; the group stays (empty) with its committed offsets,
+    # and the records it did not read are its lag.
+
+
 def time_out_a_transaction(state: WorkloadState) -> None:
     transactional_id = state.transactional_id("timeout")
     with Producer(bootstrap=state.bootstrap, transactional_id=transactional_id,
@@ -165,6 +195,7 @@ STEPS: list[Step] = [
     fence_zombies,
     time_out_a_transaction,
     read_committed,
+    consume_in_a_group,
     hold_a_transaction_open,
 ]
 

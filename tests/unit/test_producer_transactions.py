@@ -7,7 +7,8 @@ the same producer id and epoch and commits exactly once; CONCURRENT_TRANSACTIONS
 is retried; fencing and the other fatal errors end the producer for good; an
 abortable error is recovered by abort_transaction(), after which the producer
 uses EndTxn's new epoch with sequences from 0; abort_transaction() drops what
-was not sent; offsets join a transaction; read_committed end offsets are the
+was not sent, and so does a transaction that broke (TransactionAbortedError
+on the dropped records' futures); offsets join a transaction; read_committed end offsets are the
 last stable offset.
 
 Method: tests/support/fake_store.FakeStore serves the store, coordinator and
@@ -314,6 +315,8 @@ def test_abort_drops_records_not_yet_sent(store: FakeStore) -> None:
         producer.abort_transaction()
         for fut in futures:
             exc = fut.exception(timeout=30)
+            assert isinstance(exc, errors.TransactionAbortedError)
+            # Handlers of TransactionAbortableError still catch it.
             assert isinstance(exc, errors.TransactionAbortableError)
             assert "aborted" in str(exc)
         producer.begin_transaction()
@@ -323,6 +326,26 @@ def test_abort_drops_records_not_yet_sent(store: FakeStore) -> None:
     # The abort reached the coordinator only if a partition had been added.
     ends = store.calls_named("EndTxn")
     assert [e.commit for e in ends][-1] is True
+
+
+def test_records_queued_when_the_transaction_broke_fail_as_aborted(store: FakeStore) -> None:
+    def corrupt_p1(view: BatchView) -> ErrorCode | None:
+        return ErrorCode.CORRUPT_MESSAGE if view.partition == 1 else None
+
+    store.fault = corrupt_p1
+    with txn_producer(store, linger_ms=60_000, batch_size=200) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        lingering = producer.send("t", value=b"small", partition=0)
+        # A record over batch_size goes out at once, and fails.
+        failing = producer.send("t", value=b"x" * 300, partition=1)
+        assert isinstance(failing.exception(timeout=30), errors.CorruptRecordError)
+        exc = lingering.exception(timeout=30)
+        assert isinstance(exc, errors.TransactionAbortedError)
+        assert isinstance(exc.__cause__, errors.CorruptRecordError)
+        assert "must be aborted" in str(exc)
+        producer.abort_transaction()
+    assert store.data_values("t", 0) == []
 
 
 def test_abort_waits_for_batches_in_flight(store: FakeStore) -> None:

@@ -6,10 +6,10 @@ broken transaction or a fenced producer refuse raise that error, and every
 other call raises IllegalStateError naming the state; and no transition
 happens that the table does not list.
 
-Method: the pure table walked pair by pair; then a real Producer against
-tests/support/fake_store.FakeStore (a fake coordinator with scripted faults)
-driven into each of the eight states, and each of the six calls tried on a
-fresh producer in that state.
+Method: the pure table walked pair by pair; then a real Producer (with
+two-phase commit enabled) against tests/support/fake_store.FakeStore (a fake
+coordinator with scripted faults) driven into each of the eleven states, and
+each of the eight calls tried on a fresh producer in that state.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from oncelog import GroupMetadata, Producer, TopicPartition, errors
+from oncelog import GroupMetadata, PreparedTxnState, Producer, TopicPartition, errors
 from oncelog._transactions import TABLE, Op, Outcome, TxnState, TxnStateMachine, classify
 from oncelog.errors import ErrorCode
 from tests.support.fake_store import UNREACHABLE, BatchView, FakeStore
@@ -102,7 +102,22 @@ def store() -> Iterator[FakeStore]:
 
 def _producer(store: FakeStore) -> Producer:
     return Producer(bootstrap=store.address, transactional_id=f"tx-{next(_tid_counter)}",
-                    linger_ms=1, retry_backoff_ms=10, max_block_ms=10_000)
+                    linger_ms=1, retry_backoff_ms=10, max_block_ms=10_000,
+                    transaction_two_phase_commit_enable=True)
+
+
+# The prepared state each producer last prepared: what complete_transaction()
+# is called with (in `ready`, a completed one: a repeated completion).
+_prepared: dict[int, PreparedTxnState] = {}
+
+
+def _prepare(p: Producer) -> None:
+    p.send("t", value=b"x", partition=0)
+    _prepared[id(p)] = p.prepare_transaction()
+
+
+def _unreachable(call: str) -> Callable[[str, object], str | None]:
+    return lambda name, _r: UNREACHABLE if name == call else None
 
 
 def _in_state(store: FakeStore, state: TxnState) -> Producer:
@@ -120,15 +135,36 @@ def _in_state(store: FakeStore, state: TxnState) -> Producer:
         assert p.transaction_state == "initializing"
         return p
     p.init_transactions()
-    if state is TxnState.READY:
-        return p
     p.begin_transaction()
+    if state is TxnState.READY:
+        # Ready after a completed two-phase commit, so completing again works.
+        _prepare(p)
+        assert p.complete_transaction(_prepared[id(p)])
+        assert p.transaction_state == "ready"
+        return p
     if state is TxnState.IN_TRANSACTION:
+        return p
+    if state is TxnState.PREPARING:
+        store.coordinator_fault = _unreachable("PrepareTransaction")
+        with pytest.raises(errors.KafkaTimeoutError, match="PrepareTransaction"):
+            p.prepare_transaction(timeout=0.3)
+        store.coordinator_fault = None
+        _prepared[id(p)] = PreparedTxnState(p.producer_id, p.producer_epoch)
+        assert p.transaction_state == "preparing"
+        return p
+    if state in (TxnState.PREPARED_TRANSACTION, TxnState.COMPLETING):
+        _prepare(p)
+        if state is TxnState.COMPLETING:
+            store.coordinator_fault = _unreachable("CompleteTransaction")
+            with pytest.raises(errors.KafkaTimeoutError, match="CompleteTransaction"):
+                p.complete_transaction(_prepared[id(p)], timeout=0.3)
+            store.coordinator_fault = None
+        assert p.transaction_state == state.value
         return p
     if state in (TxnState.COMMITTING, TxnState.ABORTING):
         p.send("t", value=b"x", partition=0)
         p.flush()
-        store.coordinator_fault = lambda name, _r: UNREACHABLE if name == "EndTxn" else None
+        store.coordinator_fault = _unreachable("EndTxn")
         with pytest.raises(errors.KafkaTimeoutError, match="EndTxn"):
             if state is TxnState.COMMITTING:
                 p.commit_transaction(timeout=0.3)
@@ -165,6 +201,9 @@ _CALLS: dict[Op, Callable[[Producer], object]] = {
         {TopicPartition("t", 0): 5}, GroupMetadata("g", 1, "m"), timeout=10),
     Op.COMMIT_TRANSACTION: lambda p: p.commit_transaction(timeout=10),
     Op.ABORT_TRANSACTION: lambda p: p.abort_transaction(timeout=10),
+    Op.PREPARE_TRANSACTION: lambda p: p.prepare_transaction(timeout=10),
+    Op.COMPLETE_TRANSACTION: lambda p: p.complete_transaction(
+        _prepared.get(id(p), PreparedTxnState(0, 0)), timeout=10),
 }
 
 
@@ -191,6 +230,25 @@ def test_every_call_in_every_state_of_a_real_producer(store: FakeStore, state: T
             store.fault = None
             store.coordinator_fault = None
             p.close(timeout=10)
+            _prepared.pop(id(p), None)
+
+
+def test_two_phase_commit_calls_need_two_phase_commit(store: FakeStore) -> None:
+    with Producer(bootstrap=store.address, transactional_id=f"tx-{next(_tid_counter)}",
+                  linger_ms=1) as p:
+        with pytest.raises(ValueError, match="transaction_two_phase_commit_enable"):
+            p.init_transactions(keep_prepared_txn=True)
+        p.init_transactions()
+        p.begin_transaction()
+        with pytest.raises(errors.InvalidTxnStateError,
+                           match="transaction_two_phase_commit_enable"):
+            p.prepare_transaction()
+        with pytest.raises(errors.InvalidTxnStateError,
+                           match="transaction_two_phase_commit_enable"):
+            p.complete_transaction(PreparedTxnState(1, 0))
+        assert p.transaction_state == "in_transaction"
+        with pytest.raises(TypeError, match="PreparedTxnState"):
+            p.complete_transaction("1:0")  # type: ignore[arg-type]
 
 
 def test_transactional_calls_need_a_transactional_producer(store: FakeStore) -> None:
@@ -201,6 +259,8 @@ def test_transactional_calls_need_a_transactional_producer(store: FakeStore) -> 
             with pytest.raises(errors.IllegalStateError, match="transactional_id"):
                 call(p)
         assert p.transaction_state is None
+    with pytest.raises(ValueError, match="transactional_id"):
+        Producer(bootstrap=store.address, transaction_two_phase_commit_enable=True)
     with pytest.raises(ValueError, match="enable_idempotence"):
         Producer(bootstrap=store.address, transactional_id="x", enable_idempotence=False)
     with pytest.raises(ValueError, match="transactional_id"):

@@ -5,13 +5,14 @@ injectable failures) and FakeMarkerSender; drive init / add / commit / abort /
 timeout / fencing, and check what the log holds, which markers were sent (with
 which epochs), and that a second runtime replaying the same log — a restarted
 or replacement coordinator — ends in the same state and resumes unfinished
-markers.
+markers; and that verification answers only once a read of the log end
+confirms that the runtime's memory is the log's state (a zombie's is not).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import pytest
@@ -23,7 +24,7 @@ from services.coordinator.core.transactions import TxnState
 from services.coordinator.markers import FakeMarkerSender
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
-from services.coordinator.storage.txn_log import MemoryTxnLog
+from services.coordinator.storage.txn_log import Entry, MemoryTxnLog
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 
 LAYOUT = ClusterLayout(stores=("s0",), coordinators=("c0",), transaction_state_partitions=2)
@@ -72,7 +73,7 @@ def test_commit_writes_markers_with_the_bumped_epoch_and_completes() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0), ("b", 1)}))
         new_pid, new_epoch = await rt.end_txn(TID, pid, epoch, commit=True)
         assert (new_pid, new_epoch) == (pid, epoch + 1)
@@ -100,7 +101,7 @@ def test_restart_after_prepare_resumes_markers_and_completes() -> None:
         rt = make(log, first_markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         await rt.end_txn(TID, pid, epoch, commit=False)
         await asyncio.sleep(0.05)
@@ -128,13 +129,13 @@ def test_new_instance_fences_and_aborts_the_open_transaction() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         with pytest.raises(ServiceError) as err:
             await rt.init_producer_id(TID, 30_000)
         assert err.value.code is ErrorCode.CONCURRENT_TRANSACTIONS
         await settle(rt)
-        new_pid, new_epoch = await rt.init_producer_id(TID, 30_000)
+        new_pid, new_epoch, _ = await rt.init_producer_id(TID, 30_000)
         assert new_pid == pid and new_epoch == epoch + 2
         assert [(s.commit, tp) for s, tp in markers.written] == [(False, ("a", 0))]
         for call in (
@@ -155,7 +156,7 @@ def test_timeout_aborts_and_fences() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 5_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 5_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         clock.now_ms += 5_000
         await asyncio.sleep(0.05)
@@ -176,7 +177,7 @@ def test_lost_reply_of_a_log_write_reloads_and_stays_consistent() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         # The AddPartitions record lands, but its reply is lost.
         log.fail_next.append((ServiceError(ErrorCode.NETWORK_EXCEPTION, "lost"), True))
         with pytest.raises(ServiceError) as err:
@@ -198,7 +199,7 @@ def test_a_newer_coordinator_fences_the_old_one() -> None:
         old = make(log, markers, clock, ids)
         await old.start()
         await settle(old)
-        pid, epoch = await old.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await old.init_producer_id(TID, 30_000)
         new = make(log, markers, clock, ids)
         await new.start()
         await settle(new)
@@ -224,7 +225,7 @@ def test_next_transaction_waits_for_markers_instead_of_failing() -> None:
         rt = make(log, markers, clock, ids)
         await rt.start()
         await settle(rt)
-        pid, epoch = await rt.init_producer_id(TID, 30_000)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         # The marker fails a few times before it lands (store restarting).
         markers.outcomes[("a", 0)] = [ErrorCode.NETWORK_EXCEPTION] * 3
@@ -238,3 +239,222 @@ def test_next_transaction_waits_for_markers_instead_of_failing() -> None:
         await rt.stop()
 
     run(scenario)
+
+
+class CountingTxnLog(MemoryTxnLog):
+    """MemoryTxnLog that counts log-end reads and can hold an append after it
+    landed (its answer still on the way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_end_reads = 0
+        self.hold_reads: asyncio.Event | None = None
+        self.hold_after_landing: asyncio.Event | None = None
+
+    async def log_end_offset(self, partition: int) -> int:
+        self.log_end_reads += 1
+        if self.hold_reads is not None:
+            await self.hold_reads.wait()
+        return await super().log_end_offset(partition)
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        log_end = await super().append(partition, entries,
+                                       expected_log_end_offset=expected_log_end_offset)
+        if self.hold_after_landing is not None:
+            await self.hold_after_landing.wait()
+        return log_end
+
+
+async def open_transaction(log: MemoryTxnLog, partitions: Sequence[tuple[str, int]]
+                           ) -> tuple[TxnCoordinatorRuntime, int, int]:
+    """A started runtime over `log` with TID's transaction open on `partitions`."""
+    rt = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
+    await rt.start()
+    await settle(rt)
+    pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
+    await rt.add_partitions(TID, pid, epoch, frozenset(partitions))
+    return rt, pid, epoch
+
+
+def test_a_zombie_refuses_to_verify_after_a_newer_coordinator_wrote() -> None:
+    """The zombie has not written since the takeover, so nothing has fenced it
+    yet; its memory still says the partition is in the open transaction."""
+    async def scenario() -> None:
+        log = MemoryTxnLog()
+        zombie, pid, epoch = await open_transaction(log, [("a", 0)])
+        verdicts = await zombie.verify_partitions(TID, pid, epoch, [("a", 0)])
+        assert verdicts == {("a", 0): None}
+        successor = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
+        await successor.start()
+        await settle(successor)
+        with pytest.raises(ServiceError) as err:
+            await zombie.verify_partitions(TID, pid, epoch, [("a", 0)])
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        await settle(zombie)
+        partition = LAYOUT.transaction_state_partition(TID)
+        assert zombie.partitions[partition].fenced
+        # The successor answers from the same log.
+        assert await successor.verify_partitions(TID, pid, epoch, [("a", 0)]) == \
+            {("a", 0): None}
+        await zombie.stop()
+        await successor.stop()
+
+    run(scenario)
+
+
+def test_a_zombie_does_not_refuse_from_stale_memory() -> None:
+    """A refusal is final for a client (PRODUCER_FENCED is fatal, an
+    INVALID_TXN_STATE on a completion makes the outside coordinator give up):
+    a zombie whose memory is behind must answer NOT_COORDINATOR instead."""
+    async def scenario() -> None:
+        log = MemoryTxnLog()
+        zombie, pid, epoch = await open_transaction(log, [("a", 0)])
+        successor = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
+        await successor.start()
+        await settle(successor)
+        # A new producer instance, through the successor (which first aborts
+        # the open transaction: CONCURRENT_TRANSACTIONS, then the epoch).
+        with pytest.raises(ServiceError) as err:
+            await successor.init_producer_id(TID, 30_000)
+        assert err.value.code is ErrorCode.CONCURRENT_TRANSACTIONS
+        await settle(successor)
+        _, new_epoch, _ = await successor.init_producer_id(TID, 30_000)
+        assert new_epoch > epoch
+        # Stale routing: it reaches the zombie, whose memory has epoch `epoch`.
+        with pytest.raises(ServiceError) as err:
+            await zombie.add_partitions(TID, pid, new_epoch, frozenset({("b", 0)}))
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        await settle(zombie)
+        assert zombie.partitions[LAYOUT.transaction_state_partition(TID)].fenced
+        await zombie.stop()
+        await successor.stop()
+
+    run(scenario)
+
+
+def test_concurrent_verifications_share_one_log_end_read() -> None:
+    async def scenario() -> None:
+        log = CountingTxnLog()
+        parts = [("a", p) for p in range(20)]
+        rt, pid, epoch = await open_transaction(log, parts)
+        log.hold_reads = asyncio.Event()
+        first = asyncio.ensure_future(rt.verify_partitions(TID, pid, epoch, parts[:1]))
+        while log.log_end_reads == 0:
+            await asyncio.sleep(0)
+        # The others arrive while the first one's read is out: that read may
+        # have been answered before they came, so they share the next one.
+        rest = [asyncio.ensure_future(rt.verify_partitions(TID, pid, epoch, [tp]))
+                for tp in parts[1:]]
+        await asyncio.sleep(0.01)
+        assert not first.done() and not any(f.done() for f in rest)
+        log.hold_reads.set()
+        answers = [await f for f in [first, *rest]]
+        assert answers == [{tp: None} for tp in parts]
+        assert log.log_end_reads == 2
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_own_write_in_flight_is_not_mistaken_for_another_coordinator() -> None:
+    async def scenario() -> None:
+        log = CountingTxnLog()
+        rt, pid, epoch = await open_transaction(log, [("a", 0)])
+        # Another id's write lands in the same log partition; its answer is held.
+        other = next(t for t in (f"other-{i}" for i in range(100))
+                     if LAYOUT.transaction_state_partition(t)
+                     == LAYOUT.transaction_state_partition(TID))
+        log.hold_after_landing = asyncio.Event()
+        init_other = asyncio.ensure_future(rt.init_producer_id(other, 30_000))
+        await asyncio.sleep(0.01)
+        verify = asyncio.ensure_future(rt.verify_partitions(TID, pid, epoch, [("a", 0)]))
+        await asyncio.sleep(0.01)
+        assert not verify.done()  # the log is ahead of memory: it waits for the write
+        log.hold_after_landing.set()
+        await init_other
+        assert await verify == {("a", 0): None}
+        partition = LAYOUT.transaction_state_partition(TID)
+        assert rt.partitions[partition].loaded and not rt.partitions[partition].fenced
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_prepared_transaction_survives_a_restart_and_no_timeout_ends_it() -> None:
+    """Two-phase commit: prepared under one coordinator process, never aborted
+    by the timer (long past its timeout), kept by a new producer instance
+    under the next process, and committed there with markers above the
+    data's epoch."""
+    async def scenario() -> None:
+        log, clock, ids = MemoryTxnLog(), Clock(), MemoryProducerIdLog()
+        first = make(log, FakeMarkerSender(), clock, ids)
+        await first.start()
+        await settle(first)
+        pid, epoch, _ = await first.init_producer_id(TID, 5_000, two_phase_commit=True)
+        await first.add_partitions(TID, pid, epoch, frozenset({("a", 0), ("b", 1)}))
+        for state in (TxnState.ONGOING, TxnState.PREPARED):
+            if state is TxnState.PREPARED:
+                assert await first.prepare(TID, pid, epoch) == (pid, epoch)
+            clock.now_ms += 3_600_000
+            await asyncio.sleep(0.05)  # the timer runs every 10 ms
+            md, _ = first.describe(TID)
+            assert md is not None and md.state is state
+        await first.stop()
+
+        markers = FakeMarkerSender()
+        second = make(log, markers, clock, ids)
+        await second.start()
+        await settle(second)
+        await asyncio.sleep(0.05)
+        new_pid, new_epoch, kept = await second.init_producer_id(
+            TID, 5_000, two_phase_commit=True, keep_prepared_txn=True)
+        assert (new_pid, new_epoch, kept) == (pid, epoch + 1, (pid, epoch))
+        assert markers.written == []
+        committed, next_pid, next_epoch = await second.complete_prepared(
+            TID, new_pid, new_epoch, (pid, epoch))
+        assert (committed, next_pid, next_epoch) == (True, pid, epoch + 2)
+        await settle(second)
+        assert sorted((s.commit, s.producer_id, s.producer_epoch, tp)
+                      for s, tp in markers.written) == [
+            (True, pid, epoch + 2, ("a", 0)), (True, pid, epoch + 2, ("b", 1))]
+        md, _ = second.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_COMMIT
+        # Completing the same prepared state again changes nothing.
+        assert await second.complete_prepared(TID, pid, epoch + 2, (pid, epoch)) == \
+            (True, pid, epoch + 2)
+        assert len(markers.written) == 2
+        await second.stop()
+
+    run(scenario)
+
+
+def test_two_phase_commit_can_be_refused_by_configuration() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = TxnCoordinatorRuntime(
+            layout=LAYOUT, node_id=0, txn_log=log, markers=markers,
+            producer_ids=ProducerIdManager(ids, node_id=0, block_size=10), now_ms=clock,
+            config=TxnConfig(allow_two_phase_commit=False),
+        )
+        await rt.start()
+        await settle(rt)
+        with pytest.raises(ServiceError) as err:
+            await rt.init_producer_id(TID, 5_000, two_phase_commit=True)
+        assert err.value.code is ErrorCode.INVALID_REQUEST
+        assert "--allow-two-phase-commit" in err.value.message
+        await rt.init_producer_id(TID, 5_000)  # without two-phase commit: fine
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_the_two_phase_commit_flag_defaults_on_and_turns_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.coordinator.server import parse_args
+
+    assert parse_args([]).allow_two_phase_commit is True
+    assert parse_args(["--no-allow-two-phase-commit"]).allow_two_phase_commit is False
+    monkeypatch.setenv("ONCELOG_ALLOW_TWO_PHASE_COMMIT", "false")
+    assert parse_args([]).allow_two_phase_commit is False
+    assert parse_args(["--allow-two-phase-commit"]).allow_two_phase_commit is True

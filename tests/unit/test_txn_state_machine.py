@@ -4,11 +4,17 @@ Method: walk every (from, to) pair of TxnState against the one transition
 table; then drive the planners through the life of a transactional id
 (init, add partitions, commit, retried commit, abort, fencing, timeout,
 expiry, epoch exhaustion) and check each answer and each persisted value.
+The two-phase-commit planners (KIP-939) get the same treatment: prepare,
+keep across a new instance, complete with a matching or another prepared
+state, repeated and retried completions, no timeout, the admin abort, and
+the producer id and epoch the markers of each decision carry (always the
+data's producer id, strictly above the data's epoch).
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -20,12 +26,17 @@ from services.coordinator.core.transactions import (
     TxnMetadata,
     TxnState,
     check_transition,
+    is_timed_out,
+    marker_target,
     needs_fresh_producer_id,
     plan_add_partitions,
+    plan_admin_abort,
     plan_complete,
+    plan_complete_prepared,
     plan_end_txn,
     plan_expire,
     plan_init_producer_id,
+    plan_prepare,
     plan_timeout_abort,
 )
 
@@ -247,3 +258,264 @@ def test_expiry_only_of_idle_ids() -> None:
 def test_payload_round_trip() -> None:
     md = _ongoing()
     assert TxnMetadata.from_payload(TID, md.to_payload()) == md
+    decided = plan_complete_prepared(
+        _kept(), transactional_id=TID, producer_id=7, producer_epoch=1, prepared=(7, 0),
+        now_ms=9000, fresh_producer_id=None).to_persist
+    assert decided is not None
+    assert TxnMetadata.from_payload(TID, decided.to_payload()) == decided
+
+
+def test_records_from_before_two_phase_commit_still_load() -> None:
+    payload = _ongoing().to_payload()
+    for name in ("two_phase_commit", "prepared_producer_id", "prepared_producer_epoch",
+                 "prepared_outcome", "marker_producer_id", "marker_producer_epoch"):
+        del payload[name]
+    assert TxnMetadata.from_payload(TID, payload) == _ongoing()
+
+
+# ------------------------------------------------ two-phase commit (KIP-939)
+
+
+def _new_2pc() -> TxnMetadata:
+    return plan_init_producer_id(
+        None, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        now_ms=1000, fresh_producer_id=7, two_phase_commit=True,
+    ).to_persist
+
+
+def _prepared() -> TxnMetadata:
+    """Producer 7 epoch 0 wrote to P1 and prepared: prepared state (7, 0)."""
+    ongoing = plan_add_partitions(
+        _new_2pc(), transactional_id=TID, producer_id=7, producer_epoch=0, partitions=P1,
+        max_partitions=100, now_ms=2000,
+    )
+    prepared = plan_prepare(ongoing, transactional_id=TID, producer_id=7, producer_epoch=0,
+                            now_ms=3000)
+    assert prepared is not None
+    return prepared
+
+
+def _kept() -> TxnMetadata:
+    """A new instance kept the prepared transaction: it holds epoch 1."""
+    plan = plan_init_producer_id(
+        _prepared(), transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        now_ms=4000, fresh_producer_id=None, two_phase_commit=True, keep_prepared_txn=True,
+    )
+    assert plan.kept_prepared == (7, 0) and not plan.abort_started
+    return plan.to_persist
+
+
+def test_prepare_records_the_prepared_state_and_a_retry_changes_nothing() -> None:
+    md = _prepared()
+    assert (md.state, md.prepared_state, md.prepared_outcome) == (TxnState.PREPARED, (7, 0), "")
+    assert (md.producer_id, md.producer_epoch, md.partitions) == (7, 0, P1)
+    assert md.txn_start_ms == 2000
+    assert plan_prepare(md, transactional_id=TID, producer_id=7, producer_epoch=0,
+                        now_ms=3100) is None
+
+
+def test_prepare_with_nothing_open_prepares_an_empty_transaction() -> None:
+    md = plan_prepare(_new_2pc(), transactional_id=TID, producer_id=7, producer_epoch=0,
+                      now_ms=3000)
+    assert md is not None
+    assert (md.state, md.partitions, md.txn_start_ms) == (TxnState.PREPARED, frozenset(), 3000)
+
+
+def test_prepare_needs_a_two_phase_commit_producer() -> None:
+    with pytest.raises(ServiceError) as err:
+        plan_prepare(_ongoing(), transactional_id=TID, producer_id=7, producer_epoch=0,
+                     now_ms=3000)
+    assert err.value.code is ErrorCode.INVALID_TXN_STATE
+
+
+def test_a_prepared_transaction_takes_no_more_partitions() -> None:
+    with pytest.raises(ServiceError) as err:
+        plan_add_partitions(_prepared(), transactional_id=TID, producer_id=7, producer_epoch=0,
+                            partitions=P2, max_partitions=100, now_ms=3500)
+    assert err.value.code is ErrorCode.INVALID_TXN_STATE
+
+
+def test_two_phase_commit_transactions_never_time_out() -> None:
+    ongoing = plan_add_partitions(
+        _new_2pc(), transactional_id=TID, producer_id=7, producer_epoch=0, partitions=P1,
+        max_partitions=100, now_ms=2000,
+    )
+    assert ongoing is not None
+    for md in (ongoing, _prepared(), _kept()):
+        assert not is_timed_out(md, 10**12)
+        assert plan_timeout_abort(md, now_ms=10**12, fresh_producer_id=None) is None
+    assert is_timed_out(_ongoing(), 2000 + 60_000)
+
+
+def test_keep_prepared_txn_fences_the_old_instance_and_keeps_the_transaction() -> None:
+    md = _kept()
+    assert (md.state, md.producer_id, md.producer_epoch) == (TxnState.PREPARED, 7, 1)
+    assert (md.prepared_state, md.partitions) == ((7, 0), P1)
+    for attempt in (
+        lambda: plan_end_txn(md, transactional_id=TID, producer_id=7, producer_epoch=0,
+                             commit=True, now_ms=5000, fresh_producer_id=None),
+        lambda: plan_complete_prepared(md, transactional_id=TID, producer_id=7,
+                                       producer_epoch=0, prepared=(7, 0), now_ms=5000,
+                                       fresh_producer_id=None),
+    ):
+        with pytest.raises(ServiceError) as err:
+            attempt()
+        assert err.value.code is ErrorCode.PRODUCER_FENCED
+    # A third instance keeps it again.
+    again = plan_init_producer_id(
+        md, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        now_ms=4500, fresh_producer_id=None, two_phase_commit=True, keep_prepared_txn=True,
+    )
+    assert (again.to_persist.producer_epoch, again.kept_prepared) == (2, (7, 0))
+
+
+def test_keep_prepared_txn_needs_two_phase_commit() -> None:
+    with pytest.raises(ServiceError) as err:
+        plan_init_producer_id(
+            _prepared(), transactional_id=TID, txn_timeout_ms=60_000,
+            max_txn_timeout_ms=900_000, now_ms=4000, fresh_producer_id=None,
+            keep_prepared_txn=True,
+        )
+    assert err.value.code is ErrorCode.INVALID_REQUEST
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_init_aborts_an_open_transaction_that_was_never_prepared(keep: bool) -> None:
+    ongoing = plan_add_partitions(
+        _new_2pc(), transactional_id=TID, producer_id=7, producer_epoch=0, partitions=P1,
+        max_partitions=100, now_ms=2000,
+    )
+    plan = plan_init_producer_id(
+        ongoing, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        now_ms=4000, fresh_producer_id=None, two_phase_commit=True, keep_prepared_txn=keep,
+    )
+    assert plan.abort_started and plan.kept_prepared is None
+    assert plan.to_persist.state is TxnState.PREPARE_ABORT
+    assert marker_target(plan.to_persist) == (7, 1)
+
+
+def test_init_without_keep_aborts_a_prepared_transaction() -> None:
+    plan = plan_init_producer_id(
+        _prepared(), transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        now_ms=4000, fresh_producer_id=None,
+    )
+    assert plan.abort_started
+    md = plan.to_persist
+    assert (md.state, md.prepared_outcome, marker_target(md)) == (
+        TxnState.PREPARE_ABORT, "abort", (7, 1))
+
+
+def test_complete_with_the_prepared_state_commits_above_the_data_epoch() -> None:
+    plan = plan_complete_prepared(
+        _kept(), transactional_id=TID, producer_id=7, producer_epoch=1, prepared=(7, 0),
+        now_ms=5000, fresh_producer_id=None,
+    )
+    md = plan.to_persist
+    assert md is not None and plan.committed
+    assert (md.state, md.partitions, md.prepared_outcome) == (
+        TxnState.PREPARE_COMMIT, P1, "commit")
+    # The data is at epoch 0; the completer held 1; the decision bumps to 2.
+    assert (plan.producer_id, plan.producer_epoch) == (7, 2)
+    assert marker_target(md) == (7, 2)
+    assert plan_complete(md, now_ms=5100).state is TxnState.COMPLETE_COMMIT
+
+
+def test_complete_with_another_prepared_state_aborts() -> None:
+    plan = plan_complete_prepared(
+        _kept(), transactional_id=TID, producer_id=7, producer_epoch=1, prepared=(7, 5),
+        now_ms=5000, fresh_producer_id=None,
+    )
+    assert plan.to_persist is not None and not plan.committed
+    assert (plan.to_persist.state, plan.to_persist.prepared_outcome) == (
+        TxnState.PREPARE_ABORT, "abort")
+    assert marker_target(plan.to_persist) == (7, 2)
+
+
+@pytest.mark.parametrize("given", [(7, 0), (7, 5)])
+def test_repeated_and_retried_completions_are_answered_without_a_change(
+        given: tuple[int, int]) -> None:
+    first = plan_complete_prepared(
+        _kept(), transactional_id=TID, producer_id=7, producer_epoch=1, prepared=given,
+        now_ms=5000, fresh_producer_id=None,
+    )
+    assert first.to_persist is not None
+    decided = first.to_persist
+    done = plan_complete(decided, now_ms=5100)
+    for md in (decided, done):
+        # The first answer was lost: the same request again (epoch 1).
+        retry = plan_complete_prepared(
+            md, transactional_id=TID, producer_id=7, producer_epoch=1, prepared=given,
+            now_ms=5200, fresh_producer_id=None,
+        )
+        assert (retry.to_persist, retry.committed) == (None, first.committed)
+        assert (retry.producer_id, retry.producer_epoch) == (7, 2)
+    # Another process completes the same prepared state again, later: it
+    # inits (nothing prepared any more: a plain bump) and asks.
+    later = plan_init_producer_id(
+        done, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        now_ms=6000, fresh_producer_id=None, two_phase_commit=True, keep_prepared_txn=True,
+    )
+    assert later.kept_prepared is None and later.to_persist.state is TxnState.EMPTY
+    repeated = plan_complete_prepared(
+        later.to_persist, transactional_id=TID, producer_id=7, producer_epoch=3,
+        prepared=(7, 0), now_ms=6100, fresh_producer_id=None,
+    )
+    assert (repeated.to_persist, repeated.committed) == (None, given == (7, 0))
+    if given != (7, 0):
+        return
+    # A prepared state the coordinator has no record of cannot be answered.
+    with pytest.raises(ServiceError) as err:
+        plan_complete_prepared(
+            later.to_persist, transactional_id=TID, producer_id=7, producer_epoch=3,
+            prepared=(7, 9), now_ms=6100, fresh_producer_id=None,
+        )
+    assert err.value.code is ErrorCode.INVALID_TXN_STATE
+
+
+def test_complete_of_an_open_transaction_that_is_not_prepared_is_invalid() -> None:
+    ongoing = plan_add_partitions(
+        _new_2pc(), transactional_id=TID, producer_id=7, producer_epoch=0, partitions=P1,
+        max_partitions=100, now_ms=2000,
+    )
+    with pytest.raises(ServiceError) as err:
+        plan_complete_prepared(ongoing, transactional_id=TID, producer_id=7, producer_epoch=0,
+                               prepared=(7, 0), now_ms=3000, fresh_producer_id=None)
+    assert err.value.code is ErrorCode.INVALID_TXN_STATE
+
+
+def test_the_producer_that_prepared_may_end_its_transaction_itself() -> None:
+    plan = plan_end_txn(_prepared(), transactional_id=TID, producer_id=7, producer_epoch=0,
+                        commit=True, now_ms=5000, fresh_producer_id=None)
+    assert plan.to_persist is not None
+    assert (plan.to_persist.state, plan.to_persist.prepared_outcome) == (
+        TxnState.PREPARE_COMMIT, "commit")
+    assert marker_target(plan.to_persist) == (7, 1)
+
+
+def test_admin_abort_aborts_a_prepared_transaction_and_nothing_idle() -> None:
+    md = plan_admin_abort(_kept(), transactional_id=TID, now_ms=5000, fresh_producer_id=None)
+    assert (md.state, md.prepared_outcome, md.bump_reason) == (
+        TxnState.PREPARE_ABORT, "abort", "admin")
+    assert marker_target(md) == (7, 2)
+    with pytest.raises(ServiceError) as err:
+        plan_admin_abort(_new_2pc(), transactional_id=TID, now_ms=5000,
+                         fresh_producer_id=None)
+    assert err.value.code is ErrorCode.INVALID_TXN_STATE
+
+
+def test_a_kept_transaction_whose_epoch_runs_out_keeps_its_markers_on_the_data_id() -> None:
+    prepared = replace(_prepared(), producer_epoch=MAX_PRODUCER_EPOCH,
+                       prepared_producer_epoch=MAX_PRODUCER_EPOCH)
+    kept = plan_init_producer_id(
+        prepared, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        now_ms=4000, fresh_producer_id=99, two_phase_commit=True, keep_prepared_txn=True,
+    ).to_persist
+    assert (kept.producer_id, kept.producer_epoch, kept.prepared_state) == (
+        99, 0, (7, MAX_PRODUCER_EPOCH))
+    plan = plan_complete_prepared(
+        kept, transactional_id=TID, producer_id=99, producer_epoch=0,
+        prepared=(7, MAX_PRODUCER_EPOCH), now_ms=5000, fresh_producer_id=None,
+    )
+    assert plan.committed and plan.to_persist is not None
+    assert (plan.producer_id, plan.producer_epoch) == (99, 1)
+    assert marker_target(plan.to_persist) == (7, MAX_PRODUCER_EPOCH + 1)

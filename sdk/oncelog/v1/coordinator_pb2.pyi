@@ -40,6 +40,32 @@ GROUP: CoordinatorType.ValueType  # 1
 Global___CoordinatorType: _TypeAlias = CoordinatorType  # noqa: Y015
 
 @_typing.final
+class PreparedTxnState(_message.Message):
+    """A prepared two-phase-commit transaction, named by the producer id and epoch
+    its data was written with (Kafka's PreparedTxnState).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreparedTxnState: _TypeAlias = PreparedTxnState  # noqa: Y015
+
+@_typing.final
 class FindCoordinatorRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -100,6 +126,8 @@ class InitProducerIdRequest(_message.Message):
     TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     PRODUCER_ID_FIELD_NUMBER: _builtins.int
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    ENABLE_TWO_PHASE_COMMIT_FIELD_NUMBER: _builtins.int
+    KEEP_PREPARED_TXN_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     """Empty: an idempotent-only producer gets a fresh producer id."""
     transaction_timeout_ms: _builtins.int
@@ -108,6 +136,17 @@ class InitProducerIdRequest(_message.Message):
     abortable error by bumping its own epoch.
     """
     producer_epoch: _builtins.int
+    enable_two_phase_commit: _builtins.bool
+    """Two-phase commit (KIP-939; Kafka's transaction.two.phase.commit.enable):
+    this producer's transactions never time out and may be prepared. Refused
+    with INVALID_REQUEST by a coordinator run with --no-allow-two-phase-commit.
+    """
+    keep_prepared_txn: _builtins.bool
+    """Needs enable_two_phase_commit. A Prepared transaction left by an earlier
+    instance is kept for this one to complete (the earlier instance is
+    fenced), instead of aborted. An open transaction that was never prepared
+    is aborted as usual.
+    """
     def __init__(
         self,
         *,
@@ -115,10 +154,12 @@ class InitProducerIdRequest(_message.Message):
         transaction_timeout_ms: _builtins.int = ...,
         producer_id: _builtins.int = ...,
         producer_epoch: _builtins.int = ...,
+        enable_two_phase_commit: _builtins.bool = ...,
+        keep_prepared_txn: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enable_two_phase_commit", b"enable_two_phase_commit", "keep_prepared_txn", b"keep_prepared_txn", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -131,20 +172,26 @@ class InitProducerIdResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     PRODUCER_ID_FIELD_NUMBER: _builtins.int
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    PREPARED_TRANSACTION_FIELD_NUMBER: _builtins.int
     producer_id: _builtins.int
     producer_epoch: _builtins.int
     @_builtins.property
     def error(self) -> _errors_pb2.Error: ...
+    @_builtins.property
+    def prepared_transaction(self) -> Global___PreparedTxnState:
+        """The prepared transaction kept with keep_prepared_txn; unset when none was."""
+
     def __init__(
         self,
         *,
         error: _errors_pb2.Error | None = ...,
         producer_id: _builtins.int = ...,
         producer_epoch: _builtins.int = ...,
+        prepared_transaction: Global___PreparedTxnState | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "prepared_transaction", b"prepared_transaction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "prepared_transaction", b"prepared_transaction", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -449,6 +496,8 @@ class TransactionDescription(_message.Message):
     TRANSACTION_START_TIME_MS_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     COORDINATOR_EPOCH_FIELD_NUMBER: _builtins.int
+    TWO_PHASE_COMMIT_FIELD_NUMBER: _builtins.int
+    PREPARED_TRANSACTION_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     state: _builtins.str
     producer_id: _builtins.int
@@ -456,10 +505,21 @@ class TransactionDescription(_message.Message):
     transaction_timeout_ms: _builtins.int
     transaction_start_time_ms: _builtins.int
     coordinator_epoch: _builtins.int
+    two_phase_commit: _builtins.bool
+    """The producer was initialized with two-phase commit: its transactions
+    never time out.
+    """
     @_builtins.property
     def error(self) -> _errors_pb2.Error: ...
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]: ...
+    @_builtins.property
+    def prepared_transaction(self) -> Global___PreparedTxnState:
+        """In state "Prepared": the prepared transaction's state (its data's
+        producer id and epoch, which may be below producer_id/producer_epoch once
+        a new instance kept it). Unset otherwise.
+        """
+
     def __init__(
         self,
         *,
@@ -472,10 +532,12 @@ class TransactionDescription(_message.Message):
         transaction_start_time_ms: _builtins.int = ...,
         partitions: _abc.Iterable[_records_pb2.TopicPartition] | None = ...,
         coordinator_epoch: _builtins.int = ...,
+        two_phase_commit: _builtins.bool = ...,
+        prepared_transaction: Global___PreparedTxnState | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "prepared_transaction", b"prepared_transaction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "error", b"error", "partitions", b"partitions", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "state", b"state", "transaction_start_time_ms", b"transaction_start_time_ms", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "error", b"error", "partitions", b"partitions", "prepared_transaction", b"prepared_transaction", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "state", b"state", "transaction_start_time_ms", b"transaction_start_time_ms", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id", "two_phase_commit", b"two_phase_commit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -500,6 +562,126 @@ class DescribeTransactionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeTransactionsResponse: _TypeAlias = DescribeTransactionsResponse  # noqa: Y015
+
+@_typing.final
+class PrepareTransactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareTransactionRequest: _TypeAlias = PrepareTransactionRequest  # noqa: Y015
+
+@_typing.final
+class PrepareTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    PREPARED_TRANSACTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error: ...
+    @_builtins.property
+    def prepared_transaction(self) -> Global___PreparedTxnState:
+        """What CompleteTransaction must be given to commit this transaction."""
+
+    def __init__(
+        self,
+        *,
+        error: _errors_pb2.Error | None = ...,
+        prepared_transaction: Global___PreparedTxnState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "prepared_transaction", b"prepared_transaction"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "prepared_transaction", b"prepared_transaction"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareTransactionResponse: _TypeAlias = PrepareTransactionResponse  # noqa: Y015
+
+@_typing.final
+class CompleteTransactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    PREPARED_TRANSACTION_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    producer_id: _builtins.int
+    """The caller's current producer id and epoch (after InitProducerId with
+    keep_prepared_txn, or the producer that prepared).
+    """
+    producer_epoch: _builtins.int
+    @_builtins.property
+    def prepared_transaction(self) -> Global___PreparedTxnState:
+        """The transaction to commit; any other prepared transaction is aborted."""
+
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+        prepared_transaction: Global___PreparedTxnState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["prepared_transaction", b"prepared_transaction"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prepared_transaction", b"prepared_transaction", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteTransactionRequest: _TypeAlias = CompleteTransactionRequest  # noqa: Y015
+
+@_typing.final
+class CompleteTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    COMMITTED_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    committed: _builtins.bool
+    """True: prepared_transaction is committed (now, or by an earlier completion:
+    a repeated completion changes nothing). False: the coordinator aborted
+    the prepared transaction it had (now or earlier) instead. With nothing
+    prepared and no record of prepared_transaction: INVALID_TXN_STATE.
+    """
+    producer_id: _builtins.int
+    """For the next transaction (the epoch is bumped when a completion decides)."""
+    producer_epoch: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error: ...
+    def __init__(
+        self,
+        *,
+        error: _errors_pb2.Error | None = ...,
+        committed: _builtins.bool = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "error", b"error", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteTransactionResponse: _TypeAlias = CompleteTransactionResponse  # noqa: Y015
 
 @_typing.final
 class AbortTransactionRequest(_message.Message):

@@ -74,6 +74,16 @@ class TransactionCoordinatorStub:
                 request_serializer=oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.FromString,
                 _registered_method=True)
+        self.PrepareTransaction = channel.unary_unary(
+                '/oncelog.v1.TransactionCoordinator/PrepareTransaction',
+                request_serializer=oncelog_dot_v1_dot_coordinator__pb2.PrepareTransactionRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.PrepareTransactionResponse.FromString,
+                _registered_method=True)
+        self.CompleteTransaction = channel.unary_unary(
+                '/oncelog.v1.TransactionCoordinator/CompleteTransaction',
+                request_serializer=oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.FromString,
+                _registered_method=True)
 
 
 class TransactionCoordinatorServicer:
@@ -123,7 +133,26 @@ class TransactionCoordinatorServicer:
 
     def AbortTransaction(self, request, context):
         """Admin: aborts the open transaction of a transactional id now, bumping the
-        epoch so its producer is fenced (the hanging-transaction tool).
+        epoch so its producer is fenced (the hanging-transaction tool). Also a
+        prepared two-phase-commit transaction.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PrepareTransaction(self, request, context):
+        """Two-phase commit (KIP-939): the producer has flushed every write of its
+        transaction (or wrote nothing: an empty one is prepared). From now on only
+        CompleteTransaction, EndTxn or the admin abort decide it; it never times
+        out and survives its producer (see InitProducerId keep_prepared_txn).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteTransaction(self, request, context):
+        """Two-phase commit: commits the prepared transaction if it is the one the
+        given prepared state names, else aborts it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -171,6 +200,16 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.AbortTransaction,
                     request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.SerializeToString,
+            ),
+            'PrepareTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareTransaction,
+                    request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.PrepareTransactionRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_coordinator__pb2.PrepareTransactionResponse.SerializeToString,
+            ),
+            'CompleteTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteTransaction,
+                    request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -389,6 +428,60 @@ class TransactionCoordinator:
             '/oncelog.v1.TransactionCoordinator/AbortTransaction',
             oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.SerializeToString,
             oncelog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.TransactionCoordinator/PrepareTransaction',
+            oncelog_dot_v1_dot_coordinator__pb2.PrepareTransactionRequest.SerializeToString,
+            oncelog_dot_v1_dot_coordinator__pb2.PrepareTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.TransactionCoordinator/CompleteTransaction',
+            oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.SerializeToString,
+            oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,7 +43,18 @@ class TransactionCoordinatorStub:
     DescribeTransactions: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTransactionsRequest, _coordinator_pb2.DescribeTransactionsResponse]
     AbortTransaction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AbortTransactionRequest, _coordinator_pb2.AbortTransactionResponse]
     """Admin: aborts the open transaction of a transactional id now, bumping the
-    epoch so its producer is fenced (the hanging-transaction tool).
+    epoch so its producer is fenced (the hanging-transaction tool). Also a
+    prepared two-phase-commit transaction.
+    """
+    PrepareTransaction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.PrepareTransactionRequest, _coordinator_pb2.PrepareTransactionResponse]
+    """Two-phase commit (KIP-939): the producer has flushed every write of its
+    transaction (or wrote nothing: an empty one is prepared). From now on only
+    CompleteTransaction, EndTxn or the admin abort decide it; it never times
+    out and survives its producer (see InitProducerId keep_prepared_txn).
+    """
+    CompleteTransaction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.CompleteTransactionRequest, _coordinator_pb2.CompleteTransactionResponse]
+    """Two-phase commit: commits the prepared transaction if it is the one the
+    given prepared state names, else aborts it.
     """
 
 @_typing.type_check_only
@@ -58,7 +69,18 @@ class TransactionCoordinatorAsyncStub(TransactionCoordinatorStub):
     DescribeTransactions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTransactionsRequest, _coordinator_pb2.DescribeTransactionsResponse]  # type: ignore[assignment]
     AbortTransaction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AbortTransactionRequest, _coordinator_pb2.AbortTransactionResponse]  # type: ignore[assignment]
     """Admin: aborts the open transaction of a transactional id now, bumping the
-    epoch so its producer is fenced (the hanging-transaction tool).
+    epoch so its producer is fenced (the hanging-transaction tool). Also a
+    prepared two-phase-commit transaction.
+    """
+    PrepareTransaction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.PrepareTransactionRequest, _coordinator_pb2.PrepareTransactionResponse]  # type: ignore[assignment]
+    """Two-phase commit (KIP-939): the producer has flushed every write of its
+    transaction (or wrote nothing: an empty one is prepared). From now on only
+    CompleteTransaction, EndTxn or the admin abort decide it; it never times
+    out and survives its producer (see InitProducerId keep_prepared_txn).
+    """
+    CompleteTransaction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CompleteTransactionRequest, _coordinator_pb2.CompleteTransactionResponse]  # type: ignore[assignment]
+    """Two-phase commit: commits the prepared transaction if it is the one the
+    given prepared state names, else aborts it.
     """
 
 class TransactionCoordinatorServicer(metaclass=_abc_1.ABCMeta):
@@ -118,7 +140,30 @@ class TransactionCoordinatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.AbortTransactionResponse, _abc.Awaitable[_coordinator_pb2.AbortTransactionResponse]]:
         """Admin: aborts the open transaction of a transactional id now, bumping the
-        epoch so its producer is fenced (the hanging-transaction tool).
+        epoch so its producer is fenced (the hanging-transaction tool). Also a
+        prepared two-phase-commit transaction.
+        """
+
+    @_abc_1.abstractmethod
+    def PrepareTransaction(
+        self,
+        request: _coordinator_pb2.PrepareTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.PrepareTransactionResponse, _abc.Awaitable[_coordinator_pb2.PrepareTransactionResponse]]:
+        """Two-phase commit (KIP-939): the producer has flushed every write of its
+        transaction (or wrote nothing: an empty one is prepared). From now on only
+        CompleteTransaction, EndTxn or the admin abort decide it; it never times
+        out and survives its producer (see InitProducerId keep_prepared_txn).
+        """
+
+    @_abc_1.abstractmethod
+    def CompleteTransaction(
+        self,
+        request: _coordinator_pb2.CompleteTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.CompleteTransactionResponse, _abc.Awaitable[_coordinator_pb2.CompleteTransactionResponse]]:
+        """Two-phase commit: commits the prepared transaction if it is the one the
+        given prepared state names, else aborts it.
         """
 
 def add_TransactionCoordinatorServicer_to_server(servicer: TransactionCoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

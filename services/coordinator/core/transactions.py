@@ -10,6 +10,16 @@ Transaction version 2 (KIP-890): the producer epoch is bumped at every commit
 and abort, so the markers of a transaction carry an epoch strictly above the
 epoch of its data, and a delayed EndTxn or marker of an earlier transaction
 can never complete a later one.
+
+Participation in an external two-phase commit (KIP-939): a producer
+initialized with two-phase commit may *prepare* its transaction (state
+Prepared): its writes are flushed and its outcome now belongs to an outside
+coordinator (Spark's driver, say). A prepared transaction never times out,
+survives its producer (a new instance keeps it with keep_prepared_txn) and
+is completed by whoever holds the transactional id then: committed when the
+prepared state it is given — the producer id and epoch of the prepared
+transaction's data — matches, aborted otherwise. docs/coordinator.md, "Two-
+phase commit".
 """
 
 from __future__ import annotations
@@ -35,14 +45,29 @@ class TxnState(enum.Enum):
     EMPTY = "Empty"
     """No transaction open.
     action: InitProducerId bumps the epoch; AddPartitions opens a transaction;
-    EndTxn(commit) is INVALID_TXN_STATE; EndTxn(abort) bumps the epoch (v2).
-    transition: Ongoing, PrepareAbort (v2 empty abort), Dead (expiry)."""
+    EndTxn(commit) is INVALID_TXN_STATE; EndTxn(abort) bumps the epoch (v2);
+    PrepareTransaction (two-phase commit) prepares an empty transaction;
+    CompleteTransaction answers from the last prepared transaction's outcome.
+    transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead (expiry)."""
 
     ONGOING = "Ongoing"
     """A transaction is open with partitions (and maybe a group's offsets).
-    action: AddPartitions adds; EndTxn prepares; InitProducerId aborts it and
-    fences the old producer; the timeout aborts it with an epoch bump.
-    transition: PrepareCommit, PrepareAbort, PrepareEpochFence."""
+    action: AddPartitions adds; EndTxn decides; PrepareTransaction (two-phase
+    commit) prepares it; InitProducerId aborts it and fences the old producer
+    (also with keep_prepared_txn: it was never prepared); the timeout aborts
+    it with an epoch bump, unless the producer uses two-phase commit.
+    transition: Prepared, PrepareCommit, PrepareAbort, PrepareEpochFence."""
+
+    PREPARED = "Prepared"
+    """Two-phase commit (KIP-939): the producer flushed every write and
+    prepared the transaction; an external coordinator decides its outcome.
+    action: CompleteTransaction commits it if the given prepared state
+    matches, else aborts it; EndTxn commits or aborts it; InitProducerId with
+    keep_prepared_txn keeps it and fences the old producer (epoch bump),
+    without it aborts it; a retried PrepareTransaction succeeds;
+    AddPartitions and the stores' verification are refused (nothing more may
+    be written); the timeout never applies; the admin abort aborts it.
+    transition: Prepared (kept by a new instance), PrepareCommit, PrepareAbort."""
 
     PREPARE_COMMIT = "PrepareCommit"
     """The commit is decided and durable; markers are in flight.
@@ -57,12 +82,12 @@ class TxnState(enum.Enum):
     COMPLETE_COMMIT = "CompleteCommit"
     """The last transaction committed and every marker landed.
     action: as Empty; a retried EndTxn(commit) of the last epoch succeeds.
-    transition: Ongoing, PrepareAbort (v2 empty abort), Dead."""
+    transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead."""
 
     COMPLETE_ABORT = "CompleteAbort"
     """The last transaction aborted and every marker landed.
     action: as Empty; a retried EndTxn(abort) of the last epoch succeeds.
-    transition: Ongoing, PrepareAbort (v2 empty abort), Dead."""
+    transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead."""
 
     PREPARE_EPOCH_FENCE = "PrepareEpochFence"
     """An Ongoing transaction is being aborted because a new producer instance
@@ -91,9 +116,13 @@ VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
     TxnState.ONGOING: frozenset(
         {TxnState.ONGOING, TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT}
     ),
-    TxnState.PREPARE_COMMIT: frozenset({TxnState.ONGOING}),
+    TxnState.PREPARED: frozenset(
+        {TxnState.ONGOING, TxnState.PREPARED, TxnState.EMPTY, TxnState.COMPLETE_COMMIT,
+         TxnState.COMPLETE_ABORT}
+    ),
+    TxnState.PREPARE_COMMIT: frozenset({TxnState.ONGOING, TxnState.PREPARED}),
     TxnState.PREPARE_ABORT: frozenset(
-        {TxnState.ONGOING, TxnState.PREPARE_EPOCH_FENCE, TxnState.EMPTY,
+        {TxnState.ONGOING, TxnState.PREPARED, TxnState.PREPARE_EPOCH_FENCE, TxnState.EMPTY,
          TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT}
     ),
     TxnState.COMPLETE_COMMIT: frozenset({TxnState.PREPARE_COMMIT}),
@@ -132,14 +161,36 @@ class TxnMetadata:
     # When the open transaction added its first partition (-1: none open).
     txn_start_ms: int = -1
     last_update_ms: int = 0
-    # Why the epoch last moved: "end_txn" (the producer's own commit/abort, so
-    # a retry from the previous epoch is legitimate), "init" (a new instance
-    # fenced the old one) or "timeout" (the coordinator fenced a late producer).
+    # Why the epoch last moved: "end_txn" (the producer's own commit/abort or
+    # completion of a prepared transaction, so a retry from the previous epoch
+    # is legitimate), "init" (a new instance fenced the old one), "timeout"
+    # (the coordinator fenced a late producer) or "admin" (an operator's abort).
     bump_reason: str = ""
+    # The producer initialized with two-phase commit (KIP-939): its
+    # transactions never time out, and it may prepare them.
+    two_phase_commit: bool = False
+    # The prepared state of the transaction that is Prepared, or of the last
+    # one that was (kept so that a repeated completion can be answered): the
+    # producer id and epoch its data was written with; and how it ended
+    # ("commit", "abort"; "" while it is Prepared).
+    prepared_producer_id: int = NO_PRODUCER_ID
+    prepared_producer_epoch: int = -1
+    prepared_outcome: str = ""
+    # In a Prepare* record: the producer id and epoch its markers carry,
+    # named when the outcome was decided (see `_decide`).
+    marker_producer_id: int = NO_PRODUCER_ID
+    marker_producer_epoch: int = -1
 
     def transition(self, target: TxnState, **changes: object) -> TxnMetadata:
         check_transition(self.state, target, self.transactional_id)
         return replace(self, state=target, **changes)  # type: ignore[arg-type]
+
+    @property
+    def prepared_state(self) -> tuple[int, int] | None:
+        """(producer id, epoch) of the prepared (or last prepared) transaction."""
+        if self.prepared_producer_id == NO_PRODUCER_ID:
+            return None
+        return self.prepared_producer_id, self.prepared_producer_epoch
 
     def to_payload(self) -> dict[str, object]:
         return {
@@ -153,6 +204,12 @@ class TxnMetadata:
             "txn_start_ms": self.txn_start_ms,
             "last_update_ms": self.last_update_ms,
             "bump_reason": self.bump_reason,
+            "two_phase_commit": self.two_phase_commit,
+            "prepared_producer_id": self.prepared_producer_id,
+            "prepared_producer_epoch": self.prepared_producer_epoch,
+            "prepared_outcome": self.prepared_outcome,
+            "marker_producer_id": self.marker_producer_id,
+            "marker_producer_epoch": self.marker_producer_epoch,
         }
 
     @staticmethod
@@ -171,6 +228,13 @@ class TxnMetadata:
             txn_start_ms=int(payload["txn_start_ms"]),
             last_update_ms=int(payload["last_update_ms"]),
             bump_reason=str(payload.get("bump_reason", "")),
+            # Absent from records written before two-phase commit existed.
+            two_phase_commit=bool(payload.get("two_phase_commit", False)),
+            prepared_producer_id=int(payload.get("prepared_producer_id", NO_PRODUCER_ID)),
+            prepared_producer_epoch=int(payload.get("prepared_producer_epoch", -1)),
+            prepared_outcome=str(payload.get("prepared_outcome", "")),
+            marker_producer_id=int(payload.get("marker_producer_id", NO_PRODUCER_ID)),
+            marker_producer_epoch=int(payload.get("marker_producer_epoch", -1)),
         )
 
 
@@ -206,10 +270,23 @@ def _check_producer(md: TxnMetadata | None, transactional_id: str, producer_id: 
 class InitPlan:
     """The outcome of InitProducerId: what to persist, and the ids to answer
     with, or that an open transaction must first be aborted (the client gets
-    CONCURRENT_TRANSACTIONS and retries)."""
+    CONCURRENT_TRANSACTIONS and retries). `kept_prepared` is the prepared
+    state of a transaction kept with keep_prepared_txn (None otherwise)."""
 
     to_persist: TxnMetadata
     abort_started: bool
+    kept_prepared: tuple[int, int] | None = None
+
+
+def _in_flight(md: TxnMetadata, transactional_id: str) -> ServiceError | None:
+    """CONCURRENT_TRANSACTIONS while a decided transaction's markers are out."""
+    if md.state.is_prepare or md.state is TxnState.PREPARE_EPOCH_FENCE:
+        return ServiceError(
+            ErrorCode.CONCURRENT_TRANSACTIONS,
+            f"transactional id {transactional_id!r} is completing a transaction "
+            f"({md.state.value}); retry",
+        )
+    return None
 
 
 def plan_init_producer_id(
@@ -220,13 +297,24 @@ def plan_init_producer_id(
     max_txn_timeout_ms: int,
     now_ms: int,
     fresh_producer_id: int | None,
+    two_phase_commit: bool = False,
+    keep_prepared_txn: bool = False,
 ) -> InitPlan:
     """InitProducerId for a transactional id.
 
     `fresh_producer_id` is a newly allocated id for the cases that need one (a
     new transactional id, epoch exhaustion); the runtime allocates it when
-    `needs_fresh_producer_id` says so.
+    `needs_fresh_producer_id` says so. `two_phase_commit`: the producer takes
+    part in an external two-phase commit (its transactions never time out);
+    `keep_prepared_txn` (which needs it): a Prepared transaction is kept, not
+    aborted, for this instance to complete.
     """
+    if keep_prepared_txn and not two_phase_commit:
+        raise ServiceError(
+            ErrorCode.INVALID_REQUEST,
+            f"transactional id {transactional_id!r}: keep_prepared_txn needs "
+            "enable_two_phase_commit",
+        )
     if not 0 < txn_timeout_ms <= max_txn_timeout_ms:
         raise ServiceError(
             ErrorCode.INVALID_TRANSACTION_TIMEOUT,
@@ -244,22 +332,28 @@ def plan_init_producer_id(
                 txn_timeout_ms=txn_timeout_ms,
                 state=TxnState.EMPTY,
                 last_update_ms=now_ms,
+                two_phase_commit=two_phase_commit,
             ),
             abort_started=False,
         )
-    if md.state.is_prepare or md.state is TxnState.PREPARE_EPOCH_FENCE:
-        raise ServiceError(
-            ErrorCode.CONCURRENT_TRANSACTIONS,
-            f"transactional id {transactional_id!r} is completing a transaction "
-            f"({md.state.value}); retry",
-        )
-    if md.state is TxnState.ONGOING:
-        # Fence the previous instance and abort what it left open. The new
-        # producer retries InitProducerId once the abort has completed.
-        return InitPlan(_bump_epoch(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "init"),
+    busy = _in_flight(md, transactional_id)
+    if busy is not None:
+        raise busy
+    if md.state is TxnState.PREPARED and keep_prepared_txn:
+        # Fence the instance that prepared it; the transaction stays, with its
+        # data under the prepared state, for this instance to complete.
+        kept = _bump_epoch(md, TxnState.PREPARED, now_ms, fresh_producer_id, "init")
+        return InitPlan(kept, abort_started=False, kept_prepared=md.prepared_state)
+    if md.state in (TxnState.ONGOING, TxnState.PREPARED):
+        # Fence the previous instance and abort what it left open (an Ongoing
+        # transaction is aborted even with keep_prepared_txn: it was never
+        # prepared, so nobody holds its prepared state). The new producer
+        # retries InitProducerId once the abort has completed.
+        return InitPlan(_decide(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "init"),
                         abort_started=True)
     bumped = _bump_epoch(md, TxnState.EMPTY, now_ms, fresh_producer_id, "init")
-    return InitPlan(replace(bumped, txn_timeout_ms=txn_timeout_ms), abort_started=False)
+    return InitPlan(replace(bumped, txn_timeout_ms=txn_timeout_ms,
+                            two_phase_commit=two_phase_commit), abort_started=False)
 
 
 def needs_fresh_producer_id(md: TxnMetadata | None) -> bool:
@@ -286,6 +380,30 @@ def _bump_epoch(md: TxnMetadata, target: TxnState, now_ms: int,
     )
 
 
+def _decide(md: TxnMetadata, target: TxnState, now_ms: int, fresh_producer_id: int | None,
+            reason: str) -> TxnMetadata:
+    """Decides the open transaction (or an empty one): Prepare* with an epoch
+    bump, and the producer id and epoch its markers carry.
+
+    Markers go to the producer id the transaction's data was written with, at
+    an epoch strictly above the data's: normally the bumped epoch. The data
+    was written with the prepared state when the transaction is Prepared (a
+    new instance that kept it holds a later epoch); and when the bump rotated
+    the producer id (epoch exhaustion), the markers stay on the data's id at
+    the epoch one above the data's.
+    """
+    invariant(target.is_prepare, lambda: f"deciding into {target.value}")
+    data_pid, data_epoch = (md.prepared_state if md.state is TxnState.PREPARED
+                            else None) or (md.producer_id, md.producer_epoch)
+    decided = _bump_epoch(md, target, now_ms, fresh_producer_id, reason)
+    marker_epoch = decided.producer_epoch if decided.producer_id == data_pid else data_epoch + 1
+    outcome = md.prepared_outcome
+    if md.state is TxnState.PREPARED:
+        outcome = "commit" if target is TxnState.PREPARE_COMMIT else "abort"
+    return replace(decided, marker_producer_id=data_pid, marker_producer_epoch=marker_epoch,
+                   prepared_outcome=outcome)
+
+
 def plan_add_partitions(
     md: TxnMetadata | None,
     *,
@@ -299,11 +417,14 @@ def plan_add_partitions(
     """AddPartitionsToTxn / AddOffsetsToTxn: the metadata to persist, or None
     when every partition is already in the open transaction."""
     current = _check_producer(md, transactional_id, producer_id, producer_epoch)
-    if current.state.is_prepare or current.state is TxnState.PREPARE_EPOCH_FENCE:
+    busy = _in_flight(current, transactional_id)
+    if busy is not None:
+        raise busy
+    if current.state is TxnState.PREPARED:
         raise ServiceError(
-            ErrorCode.CONCURRENT_TRANSACTIONS,
-            f"transactional id {transactional_id!r} is completing its previous transaction "
-            f"({current.state.value}); retry",
+            ErrorCode.INVALID_TXN_STATE,
+            f"transactional id {transactional_id!r}: the transaction is prepared; nothing "
+            "can join it (complete it first)",
         )
     if current.state is TxnState.ONGOING and partitions <= current.partitions:
         return None
@@ -330,6 +451,17 @@ class EndPlan:
     producer_epoch: int
 
 
+def _is_end_retry(md: TxnMetadata, producer_id: int, producer_epoch: int) -> bool:
+    """A retried EndTxn or CompleteTransaction whose first reply was lost: the
+    caller still holds the epoch from before the decision's bump."""
+    return (
+        md.bump_reason == "end_txn"
+        and producer_id == md.previous_producer_id
+        and producer_epoch == md.previous_producer_epoch
+        and (md.state.is_prepare or md.state.is_complete)
+    )
+
+
 def plan_end_txn(
     md: TxnMetadata | None,
     *,
@@ -340,21 +472,14 @@ def plan_end_txn(
     now_ms: int,
     fresh_producer_id: int | None,
 ) -> EndPlan:
-    """EndTxn(commit|abort), with v2's epoch bump and retry detection."""
+    """EndTxn(commit|abort), with v2's epoch bump and retry detection. A
+    Prepared transaction is decided as an Ongoing one is."""
     if md is None or md.state is TxnState.DEAD:
         _check_producer(md, transactional_id, producer_id, producer_epoch)
         raise AssertionError("unreachable")  # pragma: no cover
     wanted_prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
     wanted_complete = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-    # A retry whose first reply was lost: the caller still holds the epoch
-    # from before this transaction's bump.
-    is_retry = (
-        md.bump_reason == "end_txn"
-        and producer_id == md.previous_producer_id
-        and producer_epoch == md.previous_producer_epoch
-        and (md.state.is_prepare or md.state.is_complete)
-    )
-    if is_retry:
+    if _is_end_retry(md, producer_id, producer_epoch):
         if md.state in (wanted_prepare, wanted_complete):
             return EndPlan(None, md.producer_id, md.producer_epoch)
         raise ServiceError(
@@ -363,15 +488,12 @@ def plan_end_txn(
             f"{'commit' if commit else 'abort'} a transaction that is {md.state.value}",
         )
     current = _check_producer(md, transactional_id, producer_id, producer_epoch)
-    if current.state.is_prepare or current.state is TxnState.PREPARE_EPOCH_FENCE:
-        raise ServiceError(
-            ErrorCode.CONCURRENT_TRANSACTIONS,
-            f"transactional id {transactional_id!r} is completing a transaction "
-            f"({current.state.value}); retry",
-        )
-    if current.state is TxnState.ONGOING:
-        bumped = _bump_epoch(current, wanted_prepare, now_ms, fresh_producer_id, "end_txn")
-        return EndPlan(bumped, bumped.producer_id, bumped.producer_epoch)
+    busy = _in_flight(current, transactional_id)
+    if busy is not None:
+        raise busy
+    if current.state in (TxnState.ONGOING, TxnState.PREPARED):
+        decided = _decide(current, wanted_prepare, now_ms, fresh_producer_id, "end_txn")
+        return EndPlan(decided, decided.producer_id, decided.producer_epoch)
     # Empty or Complete*: nothing open.
     if commit:
         raise ServiceError(
@@ -381,9 +503,115 @@ def plan_end_txn(
         )
     # v2: aborting with nothing open still bumps the epoch, so a producer can
     # always recover from an abortable error with a fresh epoch.
-    bumped = _bump_epoch(current, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "end_txn")
-    return EndPlan(replace(bumped, partitions=frozenset()), bumped.producer_id,
-                   bumped.producer_epoch)
+    decided = _decide(current, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "end_txn")
+    return EndPlan(replace(decided, partitions=frozenset()), decided.producer_id,
+                   decided.producer_epoch)
+
+
+def plan_prepare(
+    md: TxnMetadata | None,
+    *,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    now_ms: int,
+) -> TxnMetadata | None:
+    """PrepareTransaction (two-phase commit): the producer has flushed every
+    write of its transaction; from now on only a completion decides it. With
+    nothing open, an empty transaction is prepared (so that it too can be
+    completed by another process). None for a retry of a prepare that
+    already holds. The prepared state is (producer_id, producer_epoch)."""
+    current = _check_producer(md, transactional_id, producer_id, producer_epoch)
+    if not current.two_phase_commit:
+        raise ServiceError(
+            ErrorCode.INVALID_TXN_STATE,
+            f"transactional id {transactional_id!r} was not initialized for two-phase commit "
+            "(transaction_two_phase_commit_enable): it cannot prepare a transaction",
+        )
+    if current.state is TxnState.PREPARED:
+        if current.prepared_state == (producer_id, producer_epoch):
+            return None
+        raise ServiceError(
+            ErrorCode.INVALID_TXN_STATE,
+            f"transactional id {transactional_id!r} holds the prepared transaction "
+            f"{current.prepared_state} of an earlier instance: complete it first",
+        )
+    busy = _in_flight(current, transactional_id)
+    if busy is not None:
+        raise busy
+    start_ms = current.txn_start_ms if current.state is TxnState.ONGOING else now_ms
+    return current.transition(
+        TxnState.PREPARED, prepared_producer_id=producer_id,
+        prepared_producer_epoch=producer_epoch, prepared_outcome="", txn_start_ms=start_ms,
+        last_update_ms=now_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CompletePlan:
+    """The outcome of CompleteTransaction: metadata to persist (None when
+    nothing changes), whether the given prepared transaction is committed,
+    and the producer id and epoch to answer with."""
+
+    to_persist: TxnMetadata | None
+    committed: bool
+    producer_id: int
+    producer_epoch: int
+
+
+def plan_complete_prepared(
+    md: TxnMetadata | None,
+    *,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    prepared: tuple[int, int],
+    now_ms: int,
+    fresh_producer_id: int | None,
+) -> CompletePlan:
+    """CompleteTransaction(prepared state): KIP-939's completeTransaction,
+    decided at the coordinator. A Prepared transaction is committed when its
+    prepared state equals `prepared` and aborted otherwise. With nothing
+    prepared, a completion of the last prepared transaction is answered with
+    how it ended (a repeated completion changes nothing); a retry whose
+    first reply was lost is answered the same way. Anything else is
+    INVALID_TXN_STATE."""
+    if md is None or md.state is TxnState.DEAD:
+        _check_producer(md, transactional_id, producer_id, producer_epoch)
+        raise AssertionError("unreachable")  # pragma: no cover
+    if _is_end_retry(md, producer_id, producer_epoch):
+        return CompletePlan(None, _completed_commit(md, prepared), md.producer_id,
+                            md.producer_epoch)
+    current = _check_producer(md, transactional_id, producer_id, producer_epoch)
+    busy = _in_flight(current, transactional_id)
+    if busy is not None:
+        raise busy
+    if current.state is TxnState.PREPARED:
+        match = current.prepared_state == prepared
+        target = TxnState.PREPARE_COMMIT if match else TxnState.PREPARE_ABORT
+        decided = _decide(current, target, now_ms, fresh_producer_id, "end_txn")
+        return CompletePlan(decided, match, decided.producer_id, decided.producer_epoch)
+    if current.state is TxnState.ONGOING:
+        raise ServiceError(
+            ErrorCode.INVALID_TXN_STATE,
+            f"transactional id {transactional_id!r}: the open transaction is not prepared "
+            "(call prepare_transaction first)",
+        )
+    if current.prepared_state == prepared and current.prepared_outcome:
+        return CompletePlan(None, _completed_commit(current, prepared), current.producer_id,
+                            current.producer_epoch)
+    last = ("none was ever prepared" if current.prepared_state is None else
+            f"the last one was {current.prepared_state} and ended with "
+            f"{current.prepared_outcome or 'nothing yet'}")
+    raise ServiceError(
+        ErrorCode.INVALID_TXN_STATE,
+        f"transactional id {transactional_id!r} has no prepared transaction {prepared} to "
+        f"complete; {last}",
+    )
+
+
+def _completed_commit(md: TxnMetadata, prepared: tuple[int, int]) -> bool:
+    return md.prepared_state == prepared and md.prepared_outcome == "commit"
 
 
 def plan_complete(md: TxnMetadata, *, now_ms: int) -> TxnMetadata:
@@ -393,13 +621,35 @@ def plan_complete(md: TxnMetadata, *, now_ms: int) -> TxnMetadata:
     return md.transition(target, partitions=frozenset(), txn_start_ms=-1, last_update_ms=now_ms)
 
 
+def is_timed_out(md: TxnMetadata, now_ms: int) -> bool:
+    """An Ongoing transaction past its timeout. A two-phase-commit producer's
+    transactions never time out: an external coordinator decides them, and
+    may take as long as it needs (KIP-939)."""
+    return (md.state is TxnState.ONGOING and not md.two_phase_commit
+            and now_ms >= md.txn_start_ms + md.txn_timeout_ms)
+
+
 def plan_timeout_abort(md: TxnMetadata, *, now_ms: int,
                        fresh_producer_id: int | None) -> TxnMetadata | None:
-    """An Ongoing transaction past its timeout is aborted with an epoch bump, so
-    the late producer is fenced. None when it has not timed out."""
-    if md.state is not TxnState.ONGOING or now_ms < md.txn_start_ms + md.txn_timeout_ms:
+    """A transaction past its timeout is aborted with an epoch bump, so the
+    late producer is fenced. None when it has not timed out."""
+    if not is_timed_out(md, now_ms):
         return None
-    return _bump_epoch(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "timeout")
+    return _decide(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "timeout")
+
+
+def plan_admin_abort(md: TxnMetadata | None, *, transactional_id: str, now_ms: int,
+                     fresh_producer_id: int | None) -> TxnMetadata:
+    """The hanging-transaction tool: aborts the open transaction (Ongoing, or
+    Prepared for two-phase commit) now, fencing its producer as a new
+    instance's InitProducerId would."""
+    if md is None or md.state not in (TxnState.ONGOING, TxnState.PREPARED):
+        raise ServiceError(
+            ErrorCode.INVALID_TXN_STATE,
+            f"transactional id {transactional_id!r} has no open transaction "
+            f"({md.state.value if md else 'unknown'})",
+        )
+    return _decide(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "admin")
 
 
 def plan_expire(md: TxnMetadata, *, now_ms: int, expiration_ms: int) -> bool:
@@ -409,13 +659,13 @@ def plan_expire(md: TxnMetadata, *, now_ms: int, expiration_ms: int) -> bool:
 
 
 def marker_target(md: TxnMetadata) -> tuple[int, int]:
-    """The producer id and epoch the markers of a Prepare* transaction carry.
-
-    Normally the bumped epoch. When EndTxn rotated the producer id (epoch
-    exhaustion), the transaction's data was written under the previous id, so
-    the markers go to that id with an epoch one above its last one.
-    """
+    """The producer id and epoch the markers of a Prepare* transaction carry,
+    as `_decide` named them."""
     invariant(md.state.is_prepare, lambda: f"markers for a {md.state.value} transaction")
+    if md.marker_producer_id != NO_PRODUCER_ID:
+        return md.marker_producer_id, md.marker_producer_epoch
+    # A decision recorded before decisions named their markers: the bumped
+    # epoch, or (the bump rotated the producer id) the previous id one above.
     if md.producer_id != md.previous_producer_id and md.previous_producer_id != NO_PRODUCER_ID \
             and md.producer_epoch == 0:
         return md.previous_producer_id, md.previous_producer_epoch + 1

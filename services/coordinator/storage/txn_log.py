@@ -25,6 +25,11 @@ class TxnLog(Protocol):
         ServiceError LOG_END_OFFSET_MISMATCH); returns the new log end offset."""
         ...
 
+    async def log_end_offset(self, partition: int) -> int:
+        """Where the partition's durable records end now (what read_all would
+        return as its log end offset, without reading the records)."""
+        ...
+
 
 class StoreTxnLog:
     def __init__(self, client: StoreClient) -> None:
@@ -41,6 +46,11 @@ class StoreTxnLog:
             expected_log_end_offset=expected_log_end_offset,
         )
         return base + len(entries)
+
+    async def log_end_offset(self, partition: int) -> int:
+        # The store's high watermark: an append is answered once durable, so
+        # every acknowledged record is below it.
+        return await self._client.log_end_offset(TRANSACTION_STATE_TOPIC, partition)
 
 
 class MemoryTxnLog:
@@ -69,3 +79,6 @@ class MemoryTxnLog:
             raise error
         log.extend(entries)
         return len(log)
+
+    async def log_end_offset(self, partition: int) -> int:
+        return len(self.partitions.get(partition, []))

@@ -83,7 +83,7 @@ bring the transaction back as open, so readers must not go past it yet.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from oncelog.errors import ErrorCode
@@ -580,13 +580,15 @@ class ProducerStateManager:
         starts = [self._producers[pid].current_txn_start_time_ms for pid in self._open]
         return min(starts, default=None)
 
-    def remove_expired(self, now_ms: int, expiration_ms: int) -> list[int]:
+    def remove_expired(self, now_ms: int, expiration_ms: int,
+                       keep: Collection[int] = ()) -> list[int]:
         """Drops producers idle for expiration_ms (by the store's clock) that
-        have no open transaction; returns their ids."""
+        have no open transaction and are not in `keep`; returns their ids."""
         expired = [
             pid
             for pid, e in self._producers.items()
             if not e.has_open_txn and now_ms - e.last_append_time_ms >= expiration_ms
+            and pid not in keep
         ]
         for pid in expired:
             del self._producers[pid]
