@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oncelog import Admin, Consumer, ConsumerRecord, Producer, TopicPartition, errors
+from oncelog.admin import OPEN_TRANSACTION_STATES
 from oncelog.testing import LocalCluster
 
 PAYMENTS = "payments"
@@ -52,16 +53,22 @@ LEDGER = "ledger"
 PARTITIONS = 3
 ACCOUNTS = 50
 APP_ID = "ledger-writer"
-WRITERS = 2
+WRITERS = 3
+TWO_PHASE = "two-phase"
+SINKS = {
+    TWO_PHASE: f"two-phase commit: writeStream.format(\"oncelog\"), up to {WRITERS} writers",
+    "foreach-batch": f"foreachBatch: exactly_once_writer, {WRITERS} writers",
+}
 ABORT_EVERY = 10  # about one transaction in ten is aborted on purpose
 MAX_PAYMENTS_PER_TXN = 40
 # Failure guards, not expectations: a job that cannot catch up within this
 # long after the input is complete is a failure, reported as such.
 CATCH_UP_TIMEOUT_S = 600
+# How long chaos waits for a micro-batch to reach its commit before it
+# kills the driver wherever it is.
+HOLD_WAIT_S = 60
 JOB_STOP_TIMEOUT_S = 60
 PROGRESS_EVERY_S = 3.0
-# The transactions the coordinator still owns (nothing may be left in them).
-OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 
 
 def log(started: float, message: str) -> None:
@@ -195,6 +202,7 @@ class SparkJob:
 
     bootstrap: str
     work_dir: Path
+    sink: str
     max_records_per_trigger: int
     starts: int = 0
     failures: int = 0
@@ -210,6 +218,12 @@ class SparkJob:
     def log_file(self) -> Path:
         return self.work_dir / "job.log"
 
+    @property
+    def hold_marker(self) -> Path:
+        """The two-phase sink's commit hold (chaos arms it to kill the driver
+        between the tasks' prepare and the driver's commit)."""
+        return self.work_dir / "hold-commit"
+
     def start(self) -> None:
         with self.lock:
             self._start()
@@ -218,9 +232,11 @@ class SparkJob:
         argv = [sys.executable, "-m", "oncelog_spark.jobs.payments",
                 "--bootstrap", self.bootstrap, "--checkpoint", str(self.work_dir / "checkpoint"),
                 "--app-id", APP_ID, "--input", PAYMENTS, "--output", LEDGER,
-                "--writers", str(WRITERS),
+                "--sink", self.sink, "--writers", str(WRITERS),
                 "--max-records-per-trigger", str(self.max_records_per_trigger),
                 "--progress-file", str(self.progress_file)]
+        if self.sink == TWO_PHASE:
+            argv += ["--hold-commit-marker", str(self.hold_marker)]
         with open(self.log_file, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -304,6 +320,8 @@ class SparkJob:
 
 FAULT_NAMES = {"partition_store": "partition store", "coordinator": "coordinator",
                "driver": "Spark driver"}
+# A driver kill aimed between the two-phase sink's prepare and its commit.
+IN_COMMIT = "driver-in-commit"
 
 
 @dataclass
@@ -318,6 +336,8 @@ class Chaos:
     window_s: float
     started: float
     done: list[str] = field(default_factory=list)
+    # Driver kills that landed between the tasks' prepare and the commit.
+    in_commit: int = 0
     error: BaseException | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -340,7 +360,38 @@ class Chaos:
                                          for _ in range(self.faults - len(kinds))]
         self.rng.shuffle(picked)
         moments = sorted(self.rng.uniform(0, self.window_s) for _ in picked)
-        return list(zip(moments, picked, strict=True))
+        plan = list(zip(moments, picked, strict=True))
+        if self.job.sink == TWO_PHASE and "driver" in picked:
+            # The two-phase sink's hardest moment comes first: the driver
+            # killed with a micro-batch prepared by every task and not yet
+            # committed (the next commit after chaos starts).
+            plan.remove(next(item for item in plan if item[1] == "driver"))
+            plan.insert(0, (0.0, IN_COMMIT))
+        return plan
+
+    def _kill_driver_in_commit(self) -> None:
+        marker = self.job.hold_marker
+        marker.write_text("armed\n")
+        deadline_s = time.monotonic() + HOLD_WAIT_S
+        held = ""
+        while time.monotonic() < deadline_s and not self._stop.is_set():
+            held = marker.read_text().strip()
+            if held.startswith("held"):
+                break
+            time.sleep(0.1)
+        if held.startswith("held"):
+            batch = held.split()[-1]
+            self.job.kill_and_restart(pause_s=self.rng.uniform(0.2, 1.0))
+            self.in_commit += 1
+            log(self.started, f"chaos: kill -9 of the Spark driver with micro-batch {batch} "
+                              f"prepared by every task and not committed; the job restarted "
+                              f"from its checkpoint")
+            return
+        # No micro-batch reached its commit meanwhile: kill it where it is.
+        marker.write_text("disarmed\n")
+        self.job.kill_and_restart(pause_s=self.rng.uniform(0.2, 1.0))
+        log(self.started, "chaos: kill -9 of the Spark driver (no commit came to hold); the "
+                          "job restarted from its checkpoint")
 
     def _run(self) -> None:
         try:
@@ -348,7 +399,10 @@ class Chaos:
             for at_s, kind in self._plan():
                 if self._stop.wait(max(0.0, begun + at_s - time.monotonic())):
                     return
-                if kind == "driver":
+                if kind == IN_COMMIT:
+                    self._kill_driver_in_commit()
+                    kind = "driver"
+                elif kind == "driver":
                     # Kill a job that is really at work, not one still starting.
                     while not self.job.reported_since_start():
                         if self._stop.wait(0.2):
@@ -457,7 +511,7 @@ def verify(bootstrap: str, generator: Generator) -> Verification:
     with Admin(bootstrap=bootstrap) as admin:
         v.hanging = len(admin.find_hanging_transactions(topics=[PAYMENTS, LEDGER]))
         v.open_sink_transactions = sum(
-            1 for t in admin.list_transactions(states=OPEN_STATES)
+            1 for t in admin.list_transactions(states=OPEN_TRANSACTION_STATES)
             if t.transactional_id.startswith(f"{APP_ID}-")
         )
     return v
@@ -500,7 +554,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
             admin.create_topic(LEDGER, partitions=PARTITIONS)
         work_dir = data_dir / "job"
         work_dir.mkdir(parents=True, exist_ok=True)
-        job = SparkJob(bootstrap, work_dir,
+        job = SparkJob(bootstrap, work_dir, args.sink,
                        max_records_per_trigger=max(500, args.payments // 10))
         job.start()
         log(started, f"Spark job started (its log: {job.log_file})")
@@ -550,12 +604,13 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
         result = verify(bootstrap, generator)
     elapsed_s = time.monotonic() - started
     faults = Counter(chaos.done if chaos else [])
-    print_summary(args, generator, job, result, faults, elapsed_s, processing_s)
+    print_summary(args, generator, job, result, faults, chaos.in_commit if chaos else 0,
+                  elapsed_s, processing_s)
     return 1 if result.violations else 0
 
 
 def print_summary(args: argparse.Namespace, generator: Generator, job: SparkJob,
-                  v: Verification, faults: Counter[str], elapsed_s: float,
+                  v: Verification, faults: Counter[str], in_commit: int, elapsed_s: float,
                   processing_s: float) -> None:
     aborted = len(generator.aborted_on_purpose) + len(generator.aborted_by_fault)
     # The Spark job's own pace: the time its micro-batches took, JVM starts
@@ -564,7 +619,7 @@ def print_summary(args: argparse.Namespace, generator: Generator, job: SparkJob,
     batch_s = max(0.001, sum(_trigger_ms(p) for p in progress) / 1000)
     fault_text = ", ".join(f"{FAULT_NAMES[k]} {faults[k]}" for k in FAULT_NAMES if faults[k])
     rows = [
-        ("sink", f"foreachBatch: exactly_once_writer, {WRITERS} writers"),
+        ("sink", SINKS[args.sink]),
         ("payments generated", f"{args.payments:,}"),
         ("  committed", f"{len(generator.committed):,}"),
         ("  aborted on purpose", f"{len(generator.aborted_on_purpose):,}"),
@@ -582,12 +637,13 @@ def print_summary(args: argparse.Namespace, generator: Generator, job: SparkJob,
         ("hanging / open sink transactions", f"{v.hanging} / {v.open_sink_transactions}"),
         ("faults injected (kill -9)", f"{sum(faults.values())}"
                                       + (f" ({fault_text})" if fault_text else "")),
+        ("  driver kills between prepare and commit", f"{in_commit}"),
         ("Spark job starts", f"{job.starts} ({job.failures} after a failed query)"),
         ("elapsed", f"{elapsed_s:.1f} s"),
         ("throughput", f"{v.entries / processing_s:,.0f} ledger entries/s "
                        f"({v.payments_in_log / processing_s:,.0f} payments/s, until caught up)"),
         ("  in micro-batches", f"{v.payments_in_log / batch_s:,.0f} payments/s over "
-                               f"{batch_s:.1f} s of micro-batches ({len(progress)} run)"),
+                               f"{batch_s:.1f} s of {len(progress)} micro-batches"),
     ]
     width = max(len(name) for name, _ in rows)
     print()
@@ -616,6 +672,8 @@ def main() -> None:
                              "when 3 or more)")
     parser.add_argument("--generate-s", type=float, default=60.0,
                         help="spread the payments over this many seconds (default 60)")
+    parser.add_argument("--sink", choices=list(SINKS), default=TWO_PHASE,
+                        help="the exactly-once sink of the Spark job (default two-phase)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (printed)")
     parser.add_argument("--data-dir", type=Path, help="keep the cluster's data and job here")
     args = parser.parse_args()

@@ -40,7 +40,6 @@ from oncelog_spark.writing import (
     SinkColumns,
     WriterOutcome,
     check_not_ahead,
-    check_writers,
     next_batches,
     write_batch,
 )
@@ -84,16 +83,12 @@ class ExactlyOnceWriter:
         self.options = options
         self.num_writers = num_writers
         self.last: BatchOutcome | None = None
-        self._writers_checked = False
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         if type(batch_id) is not int or batch_id < 0:
             raise ValueError(f"batch_id must be an int >= 0, got {batch_id!r}")
         columns = SinkColumns.of(df.schema)
         opts = self.options
-        if not self._writers_checked:
-            check_writers(opts, self.num_writers)
-            self._writers_checked = True
         written = next_batches(opts, range(self.num_writers))
         for writer, next_batch in written.items():
             check_not_ahead(opts, writer, batch_id, next_batch)

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -130,28 +131,27 @@ def batch_offsets(topic: str, writer: int, batch_id: int) -> dict[TopicPartition
     return {TopicPartition(topic, writer): batch_id + 1}
 
 
-def next_batches(options: SinkOptions, writers: Iterable[int]) -> dict[int, int]:
+def next_batches(options: SinkOptions, writers: Sequence[int]) -> dict[int, int]:
     """For each writer, the first micro-batch id it has not written (0: none
     written). Waits while a writer's offset is pending (its transaction not
-    yet ended), so the answer is the outcome of every ended transaction."""
-    tps = [TopicPartition(options.topic, w) for w in writers]
+    yet ended), so the answer is the outcome of every ended transaction.
+
+    A writer's batch ids are offsets of the output topic's partition with
+    its number, so a writer beyond the topic's partitions is an error."""
     with Consumer(bootstrap=options.bootstrap, group_id=options.app_id) as consumer:
+        partitions = len(consumer.partitions_for_topic(options.topic))
+        beyond = [w for w in writers if w >= partitions]
+        if beyond:
+            raise SinkInputError(
+                f"the oncelog sink of app_id {options.app_id!r} writes with {max(beyond) + 1} "
+                f"writers but its topic {options.topic!r} has {partitions} partitions: each "
+                f"writer records its micro-batch ids at the partition with its number. Use at "
+                f"most {partitions} writers (with format(\"oncelog\"): Spark partitions; "
+                f"repartition the stream) or a topic with more partitions"
+            )
+        tps = [TopicPartition(options.topic, w) for w in writers]
         committed = consumer.committed(tps)
     return {tp.partition: committed[tp] or 0 for tp in tps}
-
-
-def check_writers(options: SinkOptions, writers: int) -> None:
-    """A writer's batch id is an offset of the output topic's partition with
-    its number, so there cannot be more writers than partitions."""
-    with Consumer(bootstrap=options.bootstrap) as consumer:
-        partitions = len(consumer.partitions_for_topic(options.topic))
-    if writers > partitions:
-        raise SinkInputError(
-            f"the oncelog sink of app_id {options.app_id!r} has {writers} writers but its "
-            f"topic {options.topic!r} has {partitions} partitions: each writer records its "
-            f"micro-batch ids at the partition with its number, so use at most {partitions} "
-            f"writers (repartition the stream) or a topic with more partitions"
-        )
 
 
 def check_not_ahead(options: SinkOptions, writer: int, batch_id: int, next_batch: int) -> None:
@@ -237,6 +237,46 @@ def write_batch(
         commit_offsets(producer, options, writer, batch_id)
         producer.commit_transaction()
     return WriterOutcome(writer, batch_id, sent, skipped=False)
+
+
+@dataclass(frozen=True)
+class PreparedWrite(WriterCommitMessage):
+    """A write task's commit message in the two-phase-commit sink: what the
+    driver needs to complete the writer's prepared transaction."""
+
+    writer: int
+    batch_id: int
+    transactional_id: str
+    # "producer_id:epoch" of the prepared transaction; None when the writer
+    # had written this micro-batch before (a replay) and prepared nothing.
+    prepared: str | None
+    records: int
+
+
+def prepare_batch(
+    options: SinkOptions,
+    columns: SinkColumns,
+    *,
+    writer: int,
+    batch_id: int,
+    batches: Iterable[pa.RecordBatch],
+) -> PreparedWrite:
+    """Writer `writer`'s part of micro-batch `batch_id`, written with the
+    batch id and *prepared* (KIP-939), not committed: the driver completes
+    it once every task has prepared (the format("oncelog") sink's task).
+
+    A transaction this writer's id left prepared or open before (an earlier
+    attempt whose driver died before completing it) is aborted by
+    init_transactions() here, then written again."""
+    tid = transactional_id(options.app_id, writer)
+    with new_producer(options, writer, transaction_two_phase_commit_enable=True) as producer:
+        if not begin_unless_written(producer, options, writer, batch_id):
+            return PreparedWrite(writer, batch_id, tid, None, 0)
+        sent = send_rows(producer, options, columns, batches)
+        commit_offsets(producer, options, writer, batch_id)
+        state = producer.prepare_transaction()
+        # close() leaves a prepared transaction prepared.
+    return PreparedWrite(writer, batch_id, tid, str(state), sent)
 
 
 def _rows(

@@ -23,36 +23,32 @@ kills its own Python worker (os._exit), leaving the transaction open.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from oncelog import Admin, Producer, errors
+from oncelog import Producer, errors
 from oncelog.testing import LocalCluster
 from oncelog_spark import BatchOutcome, ExactlyOnceWriter, exactly_once_writer
 from oncelog_spark.options import SinkOptions
 from oncelog_spark.writing import SinkColumns, SinkInputError, next_batches, write_batch
-from tests.support.reading import read_all
-
-PARTITIONS = 3
-# Failure guard for a run that never ends (not a timing assumption).
-RUN_TIMEOUT_S = 180
+from tests.spark.sinks import (
+    OUTPUT_PARTITIONS,
+    arrow_values,
+    assert_nothing_left_open,
+    create_output,
+    forget_last_commit,
+    input_stream,
+    run_available_now,
+    values_in,
+    write_input,
+)
 
 
 @pytest.fixture
 def output(shared_cluster: LocalCluster, topic_name: str) -> str:
-    with Admin(bootstrap=shared_cluster.bootstrap) as admin:
-        admin.create_topic(topic_name, partitions=PARTITIONS)
-    return topic_name
-
-
-def values_in(bootstrap: str, topic: str, *, isolation_level: str = "read_committed"
-              ) -> Counter[bytes]:
-    records = read_all(bootstrap, topic, PARTITIONS, isolation_level=isolation_level)
-    return Counter(r.value for r in records if r.value is not None)
+    return create_output(shared_cluster.bootstrap, topic_name)
 
 
 def rows(spark: SparkSession, n: int, prefix: str) -> DataFrame:
@@ -76,22 +72,11 @@ class Recorder:
 
 def run_query(spark: SparkSession, bootstrap: str, source: str, checkpoint: Path,
               recorder: Recorder) -> None:
-    query = (
-        spark.readStream.format("oncelog")
-        .option("bootstrap", bootstrap).option("topics", source)
-        .option("starting_offsets", "earliest").option("max_records_per_trigger", "40")
-        .load()
-        .selectExpr("key", "value")
+    run_available_now(
+        input_stream(spark, bootstrap, source, max_records_per_trigger=40)
         .writeStream.foreachBatch(recorder)
         .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
     )
-    finished = query.awaitTermination(RUN_TIMEOUT_S)
-    if not finished:
-        query.stop()
-    assert finished, f"the AvailableNow run did not finish within {RUN_TIMEOUT_S} s"
-    assert query.exception() is None
 
 
 def test_a_replayed_micro_batch_is_written_once(
@@ -99,12 +84,7 @@ def test_a_replayed_micro_batch_is_written_once(
 ) -> None:
     bootstrap = shared_cluster.bootstrap
     source = f"{output}-in"
-    with Admin(bootstrap=bootstrap) as admin:
-        admin.create_topic(source, partitions=2)
-    sent = [f"p-{i}".encode() for i in range(100)]
-    with Producer(bootstrap=bootstrap) as producer:
-        for i, value in enumerate(sent):
-            producer.send(source, key=f"acct-{i % 7}".encode(), value=value)
+    sent = write_input(bootstrap, source, 100)
     checkpoint = tmp_path / "checkpoint"
     app_id = f"{output}-app"
 
@@ -116,10 +96,8 @@ def test_a_replayed_micro_batch_is_written_once(
 
     # The driver "dies" after the sink committed the last micro-batch and
     # before Spark recorded it: Spark runs that micro-batch again.
-    last = first.calls[-1].batch_id
-    commits = checkpoint / "commits"
-    (commits / str(last)).unlink()
-    (commits / f".{last}.crc").unlink(missing_ok=True)
+    last = forget_last_commit(checkpoint)
+    assert last == first.calls[-1].batch_id
     again = Recorder(exactly_once_writer(bootstrap, output, app_id, 2))
     run_query(spark, bootstrap, source, checkpoint, again)
 
@@ -127,6 +105,7 @@ def test_a_replayed_micro_batch_is_written_once(
     assert again.calls[0].replayed and again.calls[0].records == 0
     assert values_in(bootstrap, output) == Counter(sent), "each row once"
     assert next_batches(first.sink.options, range(2)) == {0: last + 1, 1: last + 1}
+    assert_nothing_left_open(bootstrap, app_id, output)
 
 
 def test_a_task_that_dies_half_way_is_retried_and_writes_once(
@@ -135,7 +114,7 @@ def test_a_task_that_dies_half_way_is_retried_and_writes_once(
     bootstrap = shared_cluster.bootstrap
     marker = tmp_path / "crashed"
     sink = exactly_once_writer(
-        bootstrap, output, f"{output}-app", PARTITIONS,
+        bootstrap, output, f"{output}-app", OUTPUT_PARTITIONS,
         options={"test_crash_after_records": "10", "test_crash_marker": str(marker)},
     )
     df = rows(spark, 120, "r")
@@ -157,10 +136,7 @@ def test_a_task_that_dies_half_way_is_retried_and_writes_once(
     assert sink.last is not None and sink.last.replayed
     sink(rows(spark, 30, "s"), 1)
     assert values_in(bootstrap, output) == expected + Counter(f"s-{i}".encode() for i in range(30))
-
-
-def arrow_rows(values: list[bytes]) -> Iterator[pa.RecordBatch]:
-    yield pa.RecordBatch.from_pydict({"value": values}, schema=pa.schema([("value", pa.binary())]))
+    assert_nothing_left_open(bootstrap, sink.options.app_id, output)
 
 
 def test_a_zombie_attempt_cannot_commit_after_its_retry_started(
@@ -176,7 +152,7 @@ def test_a_zombie_attempt_cannot_commit_after_its_retry_started(
         zombie.send(output, value=b"zombie", partition=1).result()
 
         retry = write_batch(options, columns, writer=1, batch_id=0,
-                            batches=arrow_rows([b"a", b"b"]))
+                            batches=arrow_values([b"a", b"b"]))
 
         assert retry.records == 2 and not retry.skipped
         with pytest.raises(errors.ProducerFencedError):
@@ -185,7 +161,7 @@ def test_a_zombie_attempt_cannot_commit_after_its_retry_started(
             zombie.commit_transaction()
     assert values_in(bootstrap, output) == Counter([b"a", b"b"])
     # The same writer and micro-batch again (a second retry): nothing written.
-    again = write_batch(options, columns, writer=1, batch_id=0, batches=arrow_rows([b"a", b"b"]))
+    again = write_batch(options, columns, writer=1, batch_id=0, batches=arrow_values([b"a", b"b"]))
     assert again.skipped and again.records == 0
     assert values_in(bootstrap, output) == Counter([b"a", b"b"])
 
@@ -195,7 +171,7 @@ def test_wrong_setups_fail_with_what_to_change(
 ) -> None:
     bootstrap = shared_cluster.bootstrap
     df = rows(spark, 3, "x")
-    with pytest.raises(SinkInputError, match=r"4 writers .* 3 partitions"):
+    with pytest.raises(SinkInputError, match=r"writes with 4 writers .* has 3 partitions"):
         exactly_once_writer(bootstrap, output, f"{output}-a", 4)(df, 0)
     with pytest.raises(SinkInputError, match="needs a `value` column"):
         exactly_once_writer(bootstrap, output, f"{output}-b", 1)(df.select("key"), 0)

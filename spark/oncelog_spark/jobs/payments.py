@@ -8,6 +8,11 @@ source (read_committed: aborted payments are never seen) and writes two
 ledger entries per payment to `--output` with an exactly-once oncelog sink:
 a debit of the payer and a credit of the payee, keyed by account.
 
+The sink is the two-phase-commit `format("oncelog")` (the default; its
+tasks prepare, the driver's commit completes) or the `foreachBatch` helper
+(`--sink foreach-batch`). Either way at most `--writers` transactional
+writers write a micro-batch (at most the output's partitions).
+
 A payment is JSON `{"id": 17, "from": "acct-3", "to": "acct-9",
 "amount_cents": 1250}`; an entry is JSON `{"payment_id": 17, "entry":
 "debit", "account": "acct-3", "amount_cents": -1250}` (credits positive),
@@ -49,7 +54,7 @@ from oncelog_spark.session import build_session
 from oncelog_spark.sink import exactly_once_writer
 
 PAYMENT_SCHEMA = "id BIGINT, `from` STRING, `to` STRING, amount_cents BIGINT"
-SINKS = ("foreach-batch",)
+SINKS = ("two-phase", "foreach-batch")
 
 
 def ledger_entries(payments: DataFrame) -> DataFrame:
@@ -120,11 +125,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sink", choices=SINKS, default=SINKS[0],
                         help="the exactly-once sink to write with")
     parser.add_argument("--writers", type=int, default=2,
-                        help="foreach-batch sink: writers (at most the output's partitions)")
+                        help="transactional writers per micro-batch (at most the output's "
+                             "partitions)")
     parser.add_argument("--max-records-per-trigger", type=int, default=None,
                         help="offsets per micro-batch at most")
     parser.add_argument("--progress-file", type=Path, default=None,
                         help="append a JSON line per completed micro-batch here")
+    parser.add_argument("--hold-commit-marker", default=None,
+                        help="tests and chaos only (two-phase sink): the sink option "
+                             "test_hold_commit_marker")
     parser.add_argument("--master", default="local[2,4]",
                         help="Spark master (default local[2,4]: a failed task is tried 4 times)")
     return parser
@@ -148,10 +157,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_records_per_trigger is not None:
             reader = reader.option("max_records_per_trigger", str(args.max_records_per_trigger))
         entries = ledger_entries(reader.load())
-        sink = exactly_once_writer(args.bootstrap, args.output, args.app_id, args.writers)
+        if args.sink == "two-phase":
+            # One writer per Spark partition: coalesce merges the source's
+            # partitions by position, the same way in a replay, so a replayed
+            # writer gets the same rows.
+            writer = (
+                entries.coalesce(args.writers).writeStream.format("oncelog")
+                .option("bootstrap", args.bootstrap).option("topic", args.output)
+                .option("app_id", args.app_id)
+            )
+            if args.hold_commit_marker:
+                writer = writer.option("test_hold_commit_marker", args.hold_commit_marker)
+        else:
+            sink = exactly_once_writer(args.bootstrap, args.output, args.app_id, args.writers)
+            writer = entries.writeStream.foreachBatch(sink)
         query = (
-            entries.writeStream.foreachBatch(sink)
-            .option("checkpointLocation", args.checkpoint)
+            writer.option("checkpointLocation", args.checkpoint)
             .queryName("payments-ledger")
             .start()
         )
