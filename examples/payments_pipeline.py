@@ -67,6 +67,9 @@ CATCH_UP_TIMEOUT_S = 600
 # How long chaos waits for a micro-batch to reach its commit before it
 # kills the driver wherever it is.
 HOLD_WAIT_S = 60
+# A job whose query keeps failing on its own (not killed by chaos) is broken,
+# not unlucky: give up after this many restarts.
+MAX_JOB_FAILURES = 5
 JOB_STOP_TIMEOUT_S = 60
 PROGRESS_EVERY_S = 3.0
 
@@ -574,6 +577,9 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
                 if job.restart_if_exited():
                     log(started, "the Spark job exited on its own; restarted from its "
                                  f"checkpoint\n{job.log_tail(15)}")
+                    if job.failures > MAX_JOB_FAILURES:
+                        log(started, f"the Spark job failed {job.failures} times; giving up")
+                        return 1
                 for thread_error in (generator.error, chaos.error if chaos else None):
                     if thread_error is not None:
                         raise thread_error

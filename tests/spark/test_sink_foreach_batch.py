@@ -37,18 +37,12 @@ from tests.spark.sinks import (
     OUTPUT_PARTITIONS,
     arrow_values,
     assert_nothing_left_open,
-    create_output,
     forget_last_commit,
     input_stream,
     run_available_now,
     values_in,
     write_input,
 )
-
-
-@pytest.fixture
-def output(shared_cluster: LocalCluster, topic_name: str) -> str:
-    return create_output(shared_cluster.bootstrap, topic_name)
 
 
 def rows(spark: SparkSession, n: int, prefix: str) -> DataFrame:

@@ -38,18 +38,12 @@ from oncelog_spark.writing import PreparedWrite, SinkColumns, next_batches, prep
 from tests.spark.sinks import (
     arrow_values,
     assert_nothing_left_open,
-    create_output,
     forget_last_commit,
     input_stream,
     run_available_now,
     values_in,
     write_input,
 )
-
-
-@pytest.fixture
-def output(shared_cluster: LocalCluster, topic_name: str) -> str:
-    return create_output(shared_cluster.bootstrap, topic_name)
 
 
 def start_query(spark: SparkSession, bootstrap: str, source: str, output: str, app_id: str,
