@@ -8,8 +8,10 @@ its checkpoint; when the driver's commit is repeated; when the driver died
 before completing (the next attempt aborts what was prepared and writes
 again, and the stale state can no longer commit); when it died half-way
 through completing (completed writers skip the replay); and after an
-abort. Nothing is left prepared or open, and the hanging-transaction tool
-finds nothing. (The driver process killed between the tasks' prepare and
+abort (Spark's own, after a task refused a Spark partition beyond the
+topic's partitions). Nothing is left prepared or open, and the
+hanging-transaction tool finds nothing; a wrong input fails the query
+with a message saying what to change. (The driver process killed between the tasks' prepare and
 its commit, then restarted from its checkpoint, is the main job's chaos:
 tests/spark/test_payments_pipeline.py.)
 
@@ -29,13 +31,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
+from oncelog import Admin, Producer
 from oncelog.testing import LocalCluster
 from oncelog_spark.options import SinkOptions
 from oncelog_spark.stream_sink import PreparedWriteLostError, abort_batch, complete_batch
 from oncelog_spark.writing import PreparedWrite, SinkColumns, next_batches, prepare_batch
 from tests.spark.sinks import (
+    OUTPUT_PARTITIONS,
+    RUN_TIMEOUT_S,
     arrow_values,
     assert_nothing_left_open,
     forget_last_commit,
@@ -86,6 +93,39 @@ def test_a_query_writes_each_row_once_through_a_task_retry_and_a_replay(
 
     assert (checkpoint / "commits" / str(last)).exists(), "the micro-batch ran again"
     assert values_in(bootstrap, output) == Counter(sent), "each row once"
+    assert_nothing_left_open(bootstrap, app_id, output)
+
+
+def test_wrong_setups_fail_with_what_to_change_and_leave_nothing_open(
+    spark: SparkSession, shared_cluster: LocalCluster, output: str, tmp_path: Path
+) -> None:
+    bootstrap = shared_cluster.bootstrap
+    source = f"{output}-in"
+    with Admin(bootstrap=bootstrap) as admin:
+        admin.create_topic(source, partitions=OUTPUT_PARTITIONS + 1)
+    with Producer(bootstrap=bootstrap) as producer:
+        for i in range(40):
+            producer.send(source, value=f"v{i}".encode(), partition=i % (OUTPUT_PARTITIONS + 1))
+    app_id = f"{output}-app"
+
+    def start(df: DataFrame, name: str) -> StreamingQuery:
+        return (df.writeStream.format("oncelog")
+                .option("bootstrap", bootstrap).option("topic", output)
+                .option("app_id", app_id)
+                .option("checkpointLocation", str(tmp_path / name))
+                .trigger(availableNow=True).start())
+
+    stream = input_stream(spark, bootstrap, source, max_records_per_trigger=1000)
+    with pytest.raises(StreamingQueryException, match="needs a `value` column"):
+        start(stream.select("key"), "no-value").awaitTermination(RUN_TIMEOUT_S)
+    # One Spark partition per input partition: one more than the output has.
+    query = start(stream, "too-many")
+    with pytest.raises(StreamingQueryException,
+                       match=rf"writes with {OUTPUT_PARTITIONS + 1} writers .* has "
+                             rf"{OUTPUT_PARTITIONS} partitions"):
+        query.awaitTermination(RUN_TIMEOUT_S)
+    # The tasks that had prepared were aborted by Spark's abort().
+    assert values_in(bootstrap, output) == Counter()
     assert_nothing_left_open(bootstrap, app_id, output)
 
 
