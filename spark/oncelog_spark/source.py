@@ -24,6 +24,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -48,14 +49,17 @@ from oncelog_spark.offsets import (
     resolve,
     to_json_dict,
 )
-from oncelog_spark.options import OptionError, SourceOptions
+from oncelog_spark.options import OptionError, SinkOptions, SourceOptions
 from oncelog_spark.reading import SCHEMA, read_range
+from oncelog_spark.stream_sink import OncelogStreamWriter
+from oncelog_spark.writing import SinkColumns
 
 FORMAT_NAME = "oncelog"
 
 
 class OncelogDataSource(DataSource):
-    """`format("oncelog")`: batch and streaming reads of oncelog topics."""
+    """`format("oncelog")`: batch and streaming reads of oncelog topics, and
+    exactly-once streaming writes (stream_sink.py)."""
 
     @classmethod
     def name(cls) -> str:
@@ -71,6 +75,14 @@ class OncelogDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         _check_schema(schema)
         return OncelogStreamReader(SourceOptions.parse(self.options, streaming=True))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        if overwrite:
+            raise OptionError(
+                "the oncelog sink appends records to a log; it cannot overwrite (use "
+                "outputMode('append'))"
+            )
+        return OncelogStreamWriter(SinkOptions.parse(self.options), SinkColumns.of(schema))
 
 
 def _check_schema(schema: StructType) -> None:

@@ -22,13 +22,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pyspark.errors import StreamingQueryException
-
-from oncelog.cli import _stop_on_signals
+from oncelog_spark.jobs._running import await_query
 from oncelog_spark.session import build_session
-
-# How often the job looks up from waiting on its query to check for a signal.
-_WAIT_SLICE_S = 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,17 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if args.available_now:
             writer = writer.trigger(availableNow=True)
-        query = writer.start()
-        try:
-            with _stop_on_signals() as stop:
-                while not stop.is_set() and not query.awaitTermination(_WAIT_SLICE_S):
-                    pass
-        except StreamingQueryException as exc:
-            print(f"export failed: {exc}", file=sys.stderr)
-            return 1
-        if query.isActive:
-            query.stop()
-        return 0
+        return await_query(writer.start(), "export")
     finally:
         spark.stop()
 
