@@ -35,6 +35,7 @@ from oncelog.errors import ErrorCode
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
 from services.common.service_error import ServiceError
+from services.common.tasks import TaskGroup
 from services.coordinator import metrics
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.txn_log import (
@@ -117,7 +118,7 @@ class TxnCoordinatorRuntime:
             for p in range(layout.transaction_state_partitions)
             if layout.coordinator_for_partition(p) == node_id
         }
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskGroup()
         self._stopping = False
 
     # ------------------------------------------------------------- lifecycle
@@ -133,19 +134,12 @@ class TxnCoordinatorRuntime:
 
     async def stop(self) -> None:
         self._stopping = True
-        tasks = list(self._tasks)
-        for owned in self.partitions.values():
-            tasks.extend(owned.marker_tasks.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.stop(
+            task for owned in self.partitions.values() for task in owned.marker_tasks.values()
+        )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def _load_until_done(self, owned: OwnedPartition) -> None:
         backoff_s = 0.05

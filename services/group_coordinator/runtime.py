@@ -19,7 +19,6 @@ ends, without waiting for the next write.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.coordinator_epoch import encode_epoch
 from services.common.service_error import ServiceError
 from services.common.store_client import RawRead, TxnWriter
+from services.common.tasks import TaskGroup
 from services.group_coordinator.core import groups as gr
 from services.group_coordinator.core.offsets_log import (
     BatchView,
@@ -134,7 +134,7 @@ class GroupCoordinatorRuntime:
             for p in range(layout.consumer_offsets_partitions)
             if layout.group_coordinator_for_partition(p) == node_id
         }
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskGroup()
         self._stopping = False
         self._counts: dict[str, int] = {}
         self._counts_read_ms: dict[str, int] = {}
@@ -149,17 +149,10 @@ class GroupCoordinatorRuntime:
 
     async def stop(self) -> None:
         self._stopping = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.stop()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def _load_until_done(self, owned: OwnedPartition) -> None:
         backoff_s = 0.05
