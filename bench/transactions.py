@@ -7,19 +7,26 @@ Starts a LocalCluster (one partition store, one coordinator) and measures, for
 * a transactional producer committing every 10 ms, 100 ms and 1 s,
 
 then reads the whole topic back with read_uncommitted and read_committed
-consumers. Prints records/s and each case's ratio to its baseline. The issue's
-targets: with 1 KiB records and a 100 ms commit interval, the transactional
-producer keeps >= 97 % of the idempotent throughput; read_committed reads at
->= 95 % of read_uncommitted.
+consumers. Prints records/s and each case's ratio to its baseline. The targets:
+with 1 KiB records and a 100 ms commit interval, the transactional producer
+keeps >= 97 % of the idempotent throughput; read_committed reads at >= 95 % of
+read_uncommitted.
 
-    .venv/bin/python bench/transactions.py               # 20 s per case
-    .venv/bin/python bench/transactions.py --duration-s 5 --value-bytes 1024
+Client and servers share the machine, so one run of a case swings by several
+per cent with whatever else runs. The cases therefore run in `--rounds`
+rounds (baseline, then each interval, each on a fresh cluster), and the
+summary gives each case's median rate and the median of its per-round ratio
+to the baseline measured next to it.
+
+    .venv/bin/python bench/transactions.py               # 3 rounds of 10 s per case
+    .venv/bin/python bench/transactions.py --duration-s 5 --value-bytes 1024 --intervals-ms 100
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -38,6 +45,7 @@ class Row:
     seconds: float
     records_per_s: float
     ratio_to_baseline: float | None = None
+    round: int = 0
 
 
 def produce(bootstrap: str, topic: str, *, value_bytes: int, duration_s: float,
@@ -81,59 +89,87 @@ def consume(bootstrap: str, topic: str, isolation_level: str) -> tuple[int, floa
     return count, elapsed
 
 
+def run_case(value_bytes: int, interval_ms: int | None, args: argparse.Namespace,
+             read_back: bool) -> tuple[float, list[Row]]:
+    """One producer case on a fresh cluster (a store that already holds the
+    previous case's gigabyte writes measurably slower, which would favour
+    whichever case runs first); returns its rate and the rows of the
+    read-back, when asked."""
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
+            LocalCluster(data_dir, group_coordinators=0) as cluster:
+        with Admin(bootstrap=cluster.bootstrap) as admin:
+            admin.create_topic("bench", partitions=PARTITIONS,
+                               config={"max.message.bytes": str(8 << 20)})
+        sent, secs = produce(cluster.bootstrap, "bench", value_bytes=value_bytes,
+                             duration_s=args.duration_s, commit_interval_ms=interval_ms,
+                             batch_size=args.batch_size)
+        rows.append(Row(case_name(interval_ms), value_bytes, sent, round(secs, 1),
+                        round(sent / secs)))
+        if read_back:
+            n_u, s_u = consume(cluster.bootstrap, "bench", "read_uncommitted")
+            rows.append(Row(f"consume (commit every {interval_ms} ms) read_uncommitted",
+                            value_bytes, n_u, round(s_u, 1), round(n_u / s_u)))
+            n_c, s_c = consume(cluster.bootstrap, "bench", "read_committed")
+            rows.append(Row(f"consume (commit every {interval_ms} ms) read_committed",
+                            value_bytes, n_c, round(s_c, 1), round(n_c / s_c),
+                            round((n_c / s_c) / (n_u / s_u), 3)))
+    return sent / secs, rows
+
+
+def case_name(interval_ms: int | None) -> str:
+    return "idempotent" if interval_ms is None else f"transactional, commit every {interval_ms} ms"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--duration-s", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--value-bytes", type=int, action="append")
     parser.add_argument("--intervals-ms", default="10,100,1000")
     parser.add_argument("--batch-size", type=int, default=512 * 1024)
     parser.add_argument("--json")
     args = parser.parse_args()
+    intervals = [int(x) for x in args.intervals_ms.split(",")]
+    # Read back the 100 ms case (the reference point), or the first one.
+    read_back_ms = 100 if 100 in intervals else intervals[0]
     rows: list[Row] = []
+    summary: list[Row] = []
     for value_bytes in args.value_bytes or [100, 1024]:
-        intervals = [int(x) for x in args.intervals_ms.split(",")]
-        # Each producer case gets a fresh cluster: a store that already holds
-        # the previous case's gigabyte writes measurably slower, which would
-        # favour whichever case runs first.
-        base = 0.0
-        for ms in [None, *intervals]:
-            with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-                    LocalCluster(data_dir, group_coordinators=0) as cluster:
-                with Admin(bootstrap=cluster.bootstrap) as admin:
-                    admin.create_topic("bench", partitions=PARTITIONS,
-                                       config={"max.message.bytes": str(8 << 20)})
-                sent, secs = produce(cluster.bootstrap, "bench", value_bytes=value_bytes,
-                                     duration_s=args.duration_s, commit_interval_ms=ms,
-                                     batch_size=args.batch_size)
-                rate = sent / secs
+        rates: dict[int | None, list[float]] = {}
+        ratios: dict[int, list[float]] = {}
+        for round_no in range(1, args.rounds + 1):
+            base = 0.0
+            for ms in [None, *intervals]:
+                rate, case_rows = run_case(value_bytes, ms, args,
+                                           read_back=ms == read_back_ms and round_no == 1)
+                rates.setdefault(ms, []).append(rate)
                 if ms is None:
                     base = rate
-                    rows.append(Row("idempotent", value_bytes, sent, round(secs, 1), round(rate)))
                 else:
-                    rows.append(Row(f"transactional, commit every {ms} ms", value_bytes, sent,
-                                    round(secs, 1), round(rate), round(rate / base, 3)))
-                print(rows[-1], flush=True)
-                # Read back the 100 ms case (the issue's reference point), or the
-                # first transactional one, with both isolation levels.
-                if ms == (100 if 100 in intervals else intervals[0]):
-                    n_u, s_u = consume(cluster.bootstrap, "bench", "read_uncommitted")
-                    rows.append(Row(f"consume (commit every {ms} ms) read_uncommitted",
-                                    value_bytes, n_u, round(s_u, 1), round(n_u / s_u)))
-                    print(rows[-1], flush=True)
-                    n_c, s_c = consume(cluster.bootstrap, "bench", "read_committed")
-                    rows.append(Row(f"consume (commit every {ms} ms) read_committed",
-                                    value_bytes, n_c, round(s_c, 1), round(n_c / s_c),
-                                    round((n_c / s_c) / (n_u / s_u), 3)))
-                    print(rows[-1], flush=True)
+                    ratios.setdefault(ms, []).append(rate / base)
+                    case_rows[0].ratio_to_baseline = round(rate / base, 3)
+                for row in case_rows:
+                    row.round = round_no
+                    print(row, flush=True)
+                rows.extend(case_rows)
+        for ms in [None, *intervals]:
+            summary.append(Row(case_name(ms), value_bytes, 0, args.duration_s,
+                               round(statistics.median(rates[ms])),
+                               None if ms is None else round(statistics.median(ratios[ms]), 3)))
+        summary.extend(r for r in rows if r.case.startswith("consume")
+                       and r.value_bytes == value_bytes)
     print()
+    print(f"median of {args.rounds} round(s), {args.duration_s:g} s per case")
     print(f"{'case':48} {'value':>6} {'records/s':>11} {'ratio':>6}")
-    for r in rows:
+    for r in summary:
         ratio = f"{r.ratio_to_baseline:.3f}" if r.ratio_to_baseline is not None else ""
         print(f"{r.case:48} {r.value_bytes:>6} {r.records_per_s:>11,.0f} {ratio:>6}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
+            json.dump({"rounds": [asdict(r) for r in rows],
+                       "summary": [asdict(r) for r in summary]}, f, indent=2)
 
 
 if __name__ == "__main__":
