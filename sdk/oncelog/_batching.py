@@ -376,10 +376,6 @@ class RecordAccumulator:
         self.buffered_bytes = 0
         self.flushes_in_progress = 0
         self.closing = False
-        # Transactional producers only (None otherwise): partitions that got a
-        # new batch since the sender last looked, so it can add them to the
-        # transaction while the batch is still lingering.
-        self.new_partitions: set[tuple[str, int]] | None = None
 
     # ------------------------------------------------------------ send side
 
@@ -423,8 +419,6 @@ class RecordAccumulator:
             )
             queue.open = batch
             self.incomplete.add(batch)
-            if self.new_partitions is not None:
-                self.new_partitions.add((topic, partition))
             self._wake()
         count = batch.record_count
         fut = RecordFuture(batch, count, record[3])
@@ -545,15 +539,6 @@ class RecordAccumulator:
                     out.append(queue.open)
                     queue.open = None
         return out
-
-    def take_new_partitions(self) -> set[tuple[str, int]]:
-        """The partitions that got a new batch since the last call (transactional
-        producers). Caller holds `lock`."""
-        taken = self.new_partitions
-        if not taken:
-            return set()
-        self.new_partitions = set()
-        return taken
 
     def completed(self, batches: Sequence[ProducerBatch]) -> None:
         """Releases the memory of finished batches and wakes flush() and send()

@@ -43,6 +43,7 @@ from collections import deque
 from oncelog import errors
 from oncelog._batching import ProducerBatch
 from oncelog._client import backoff_ms
+from oncelog._coordinators import concurrent_transactions_backoff_ms
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.records import next_sequence
 
@@ -297,9 +298,16 @@ class PartitionSequencer:
     def _retry_later(self, batch: ProducerBatch, now_ms: int) -> None:
         if self.mode is PartitionMode.READY:
             self.mode = PartitionMode.RETRYING
-        pause = backoff_ms(
-            batch.attempts, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms
-        )
+        last = batch.last_error
+        if isinstance(last, OncelogError) and last.code is ErrorCode.CONCURRENT_TRANSACTIONS:
+            # The store could not add the partition to the transaction yet: the
+            # previous transaction's markers are still being written, which
+            # takes milliseconds, so the usual backoff would only add latency.
+            pause = concurrent_transactions_backoff_ms(batch.attempts)
+        else:
+            pause = backoff_ms(
+                batch.attempts, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms
+            )
         self.retry_at_ms = max(self.retry_at_ms, now_ms + pause)
         batch.needs_send = True
 

@@ -63,13 +63,10 @@ from oncelog._client import (
     translate_rpc_error,
 )
 from oncelog._coordinators import (
-    COORDINATOR_MOVED,
     GROUP,
     TRANSACTION,
     CoordinatorLocator,
-    NoCoordinatorError,
     call_coordinator,
-    concurrent_transactions_backoff_ms,
 )
 from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._sequencing import PartitionMode, PartitionSequencer
@@ -82,7 +79,6 @@ from oncelog.v1 import (
     errors_pb2,
     group_coordinator_pb2,
     partition_store_pb2,
-    records_pb2,
 )
 
 log = logging.getLogger("oncelog.producer")
@@ -251,7 +247,6 @@ class Producer:
         if transactional_id is not None:
             self._txn = TxnStateMachine(transactional_id)
             self._txn_locator = CoordinatorLocator(self._client, transactional_id, TRANSACTION)
-            self._accumulator.new_partitions = set()
         self._sender = _Sender(
             client=self._client, accumulator=self._accumulator,
             idempotent=enable_idempotence, max_in_flight=max_in_flight,
@@ -915,18 +910,18 @@ class Producer:
 class _Sender:
     """The producer's background thread: drains, numbers, sends, completes.
 
-    Everything here except the completion queues, `fatal_error` and the
+    Everything here except the completion queue, `fatal_error` and the
     hand-over fields of a transactional producer (`_identity_request`,
-    `txn_touched`, `_txn_add_call`) is owned by the sender thread; gRPC
-    callbacks only append to a completion queue (under the accumulator's lock)
-    and wake the thread.
+    `txn_touched`) is owned by the sender thread; gRPC callbacks only append
+    to the completion queue (under the accumulator's lock) and wake the thread.
 
-    For a transactional producer the sender also adds partitions to the
-    transaction: every partition that got a batch joins `_txn_to_add`; one
-    AddPartitionsToTxn at a time carries all of them (so partitions that become
-    ready together share a request); a partition's batches are taken from the
-    accumulator only once it is in `_txn_added`. In abortable_error and
-    aborting it sends nothing new and fails every batch that is not in flight.
+    A transactional producer's Produce requests ask the store to add each
+    partition to the transaction before its first batch there
+    (`add_partitions_to_txn`, Kafka's transaction version 2): the sender sends
+    no AddPartitionsToTxn, so a transaction's first batches leave as soon as
+    they are ready instead of one coordinator round trip later. In
+    abortable_error and aborting it sends nothing new and fails every batch
+    that is not in flight.
     """
 
     def __init__(
@@ -969,19 +964,9 @@ class _Sender:
         self._txn = txn
         self._txn_locator = txn_locator
         self._transactional_id = "" if txn is None else txn.transactional_id
-        # Partitions in the open transaction, and those waiting to be added.
-        self._txn_added: set[tuple[str, int]] = set()
-        self._txn_to_add: set[tuple[str, int]] = set()
-        # The AddPartitionsToTxn in flight (one at a time) and its partitions.
-        self._txn_add_call: grpc.Future | None = None
-        self._txn_add_keys: list[tuple[str, int]] = []
-        self._txn_add_address = ""
-        self._txn_add_attempts = 0
-        self._txn_add_retry_at_ms = 0
-        self._txn_lookup_call: grpc.Future | None = None
-        self._txn_replies: list[tuple[str, grpc.Future]] = []
         # Some request of the open transaction reached (or may have reached)
-        # the coordinator, so ending it needs an EndTxn. Guarded by the lock.
+        # the coordinator, directly or through a store adding a partition, so
+        # ending it needs an EndTxn. Guarded by the lock.
         self.txn_touched = False
         # A new producer id/epoch handed over by the user's thread (after
         # InitProducerId or EndTxn); the sender applies it and clears this.
@@ -1023,8 +1008,6 @@ class _Sender:
         """One round; False when the sender is done."""
         now = _now_ms()
         self._process_completions(now)
-        if self._txn is not None:
-            self._process_txn_replies(now)
         if self._force_close:
             self._abort_all(errors.KafkaTimeoutError(
                 "the producer was closed before the record was acknowledged"
@@ -1044,16 +1027,11 @@ class _Sender:
             self._expire(now)
             self._next_expiry_check_ms = now + EXPIRY_CHECK_INTERVAL_MS
         wake_at_ms = self._send_ready(now)
-        if self._txn is not None and self._txn_to_add:
-            self._maybe_add_partitions(now)
-            retry_at = self._txn_add_retry_at_ms
-            if self._txn_add_call is None and self._txn_lookup_call is None and retry_at > now:
-                wake_at_ms = retry_at if wake_at_ms is None else min(wake_at_ms, retry_at)
         acc = self._acc
         with acc.lock:
             if (
                 acc.closing and not acc.incomplete and not self._requests_in_flight
-                and self._txn_add_call is None and self._identity_request is None
+                and self._identity_request is None
             ):
                 return False
             if acc.woken or self._completions:
@@ -1093,10 +1071,10 @@ class _Sender:
 
     def wait_txn_quiet(self, deadline_s: float) -> None:
         """Waits (user's thread, in aborting) until no batch of the transaction
-        is queued or in flight and no AddPartitionsToTxn is in flight."""
+        is queued or in flight."""
         acc = self._acc
         with acc.lock:
-            while acc.incomplete or self._txn_add_call is not None:
+            while acc.incomplete:
                 if self.fatal_error is not None:
                     raise self._fatal_copy()
                 remaining_s = deadline_s - time.monotonic()
@@ -1116,24 +1094,18 @@ class _Sender:
 
     def _txn_step(self, now: int) -> None:
         """The sender's share of a transaction, once per round: apply a new
-        identity, discard what an aborted transaction will not send, and
-        collect the partitions to add."""
+        identity, discard what an aborted transaction will not send."""
         txn = self._txn
         assert txn is not None
         acc = self._acc
         with acc.lock:
             identity = self._identity_request
             state = txn.state
-            new = acc.take_new_partitions()
         if identity is not None:
             self._apply_identity(identity)
             return
         if state in _TXN_DISCARDING:
             self._discard_unsent(state)
-        elif state in _TXN_SENDING and new:
-            for key in new:
-                if key not in self._txn_added:
-                    self._txn_to_add.add(key)
 
     def _apply_identity(self, identity: tuple[int, int]) -> None:
         if any(seq.window for seq in self._sequencers.values()):
@@ -1142,13 +1114,8 @@ class _Sender:
         self.producer_id, self.producer_epoch = identity
         self._sequencers.clear()
         self._active.clear()
-        self._txn_added.clear()
-        self._txn_to_add.clear()
-        self._txn_add_attempts = 0
-        self._txn_add_retry_at_ms = 0
         acc = self._acc
         with acc.lock:
-            acc.take_new_partitions()
             self.txn_touched = False
             self._identity_request = None
             acc.changed.notify_all()
@@ -1160,7 +1127,6 @@ class _Sender:
         ones and those waiting for a retry. In-flight ones finish normally."""
         txn = self._txn
         assert txn is not None
-        self._txn_to_add.clear()
         drained = self._acc.drain_all()
         unsent: list[ProducerBatch] = list(drained)
         for key in list(self._active):
@@ -1197,156 +1163,6 @@ class _Sender:
                 log.info("transaction of %r is now abortable: %s", self._transactional_id,
                          error)
                 txn.transition_to(TxnState.ABORTABLE_ERROR, error)
-
-    def _maybe_add_partitions(self, now: int) -> None:
-        """Starts one AddPartitionsToTxn for every partition waiting to join the
-        transaction (finding the coordinator first if needed), unless one is in
-        flight or a retry is not due yet."""
-        txn = self._txn
-        locator = self._txn_locator
-        assert txn is not None and locator is not None
-        if (
-            self._txn_add_call is not None or self._txn_lookup_call is not None
-            or now < self._txn_add_retry_at_ms or txn.state not in _TXN_SENDING
-            or self.fatal_error is not None
-        ):
-            return
-        timeout_s = self._request_timeout_ms / 1000
-        address = locator.address
-        if address is None:
-            try:
-                call = locator.lookup_future(timeout_s)
-            except NoCoordinatorError as none:
-                self._on_add_partitions_error(none.error, now)
-                return
-            except OncelogError as exc:
-                self._on_add_partitions_error(exc, now)
-                return
-            self._txn_lookup_call = call
-            call.add_done_callback(functools.partial(self._on_txn_reply, "lookup"))
-            return
-        keys = sorted(self._txn_to_add)
-        request = coordinator_pb2.AddPartitionsToTxnRequest(
-            transactional_id=self._transactional_id,
-            producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch,
-            partitions=[records_pb2.TopicPartition(topic=t, partition=p) for t, p in keys],
-        )
-        try:
-            stub = self._client.coordinator(address)
-        except OncelogError as exc:  # the client is closed
-            self._on_add_partitions_error(exc, now)
-            return
-        acc = self._acc
-        with acc.lock:
-            # Checked again under the lock the state changes under: an abort
-            # either sees this request (and waits for it, and ends the
-            # transaction with EndTxn) or the request is not sent.
-            if txn.state not in _TXN_SENDING:
-                return
-            self.txn_touched = True
-            self._txn_add_keys = keys
-            self._txn_add_address = address
-            self._txn_add_call = stub.AddPartitionsToTxn.future(request, timeout=timeout_s)
-            call = self._txn_add_call
-        call.add_done_callback(functools.partial(self._on_txn_reply, "add"))
-
-    def _on_txn_reply(self, kind: str, call: grpc.Future) -> None:
-        # A gRPC thread: only hand the answer over to the sender thread.
-        acc = self._acc
-        with acc.lock:
-            self._txn_replies.append((kind, call))
-            acc.woken = True
-            acc.wakeup.notify()
-
-    def _process_txn_replies(self, now: int) -> None:
-        acc = self._acc
-        with acc.lock:
-            items = self._txn_replies
-            if not items:
-                return
-            self._txn_replies = []
-        locator = self._txn_locator
-        assert locator is not None
-        for kind, call in items:
-            if kind == "lookup":
-                self._txn_lookup_call = None
-                try:
-                    locator.accept_call(call)
-                except OncelogError as exc:
-                    self._on_add_partitions_error(exc, now)
-                except Exception as other:  # e.g. cancelled at shutdown
-                    self._on_add_partitions_error(errors.error_for(
-                        ErrorCode.NETWORK_EXCEPTION, f"FindCoordinator failed: {other!r}"
-                    ), now)
-            else:
-                self._on_add_partitions_done(call, now)
-
-    def _on_add_partitions_done(self, call: grpc.Future, now: int) -> None:
-        keys = self._txn_add_keys
-        exc: OncelogError | None = None
-        failed: dict[tuple[str, int], OncelogError] = {}
-        try:
-            resp = call.result()
-        except grpc.RpcError as rpc_exc:
-            exc = translate_rpc_error(rpc_exc)
-        except Exception as other:  # e.g. grpc.FutureCancelledError at shutdown
-            exc = errors.error_for(ErrorCode.NETWORK_EXCEPTION,
-                                   f"AddPartitionsToTxn failed: {other!r}")
-        else:
-            exc = error_from_proto(resp.error)
-            if exc is None:
-                for result in resp.results:
-                    part_exc = error_from_proto(result.error)
-                    if part_exc is not None:
-                        failed[(result.partition.topic, result.partition.partition)] = part_exc
-        if exc is None:
-            added = [k for k in keys if k not in failed]
-            self._txn_added.update(added)
-            self._txn_to_add.difference_update(added)
-            if not failed:
-                self._txn_add_attempts = 0
-            else:
-                key, first = next(iter(failed.items()))
-                exc = errors.error_for(first.code, f"{key[0]}-{key[1]}: {first.message}")
-        if exc is not None:
-            parts = ", ".join(f"{t}-{p}" for t, p in keys)
-            self._on_add_partitions_error(
-                errors.error_for(exc.code, f"AddPartitionsToTxn({parts}): "
-                                           f"{exc.message or exc.code.name}"),
-                now,
-            )
-        acc = self._acc
-        with acc.lock:
-            self._txn_add_call = None
-            acc.changed.notify_all()
-
-    def _on_add_partitions_error(self, exc: OncelogError, now: int) -> None:
-        outcome = classify(exc)
-        if outcome is Outcome.FATAL:
-            self.fail_fatal(exc)
-            return
-        if outcome is Outcome.RETRY:
-            self._txn_add_attempts += 1
-            locator = self._txn_locator
-            if exc.code in COORDINATOR_MOVED and locator is not None:
-                locator.invalidate(self._txn_add_address or None)
-                if exc.code is not ErrorCode.REQUEST_TIMED_OUT:
-                    self._client.request_metadata_refresh()
-            if exc.code is ErrorCode.CONCURRENT_TRANSACTIONS:
-                pause = concurrent_transactions_backoff_ms(self._txn_add_attempts)
-            else:
-                pause = backoff_ms(self._txn_add_attempts, base_ms=self._retry_backoff_ms,
-                                   max_ms=self._retry_backoff_max_ms)
-            self._txn_add_retry_at_ms = now + pause
-            log.debug("AddPartitionsToTxn will be retried in %d ms: %s", pause, exc)
-            return
-        txn = self._txn
-        assert txn is not None
-        with self._acc.lock:
-            if txn.state in _TXN_SENDING:
-                log.info("transaction of %r is now abortable: %s", self._transactional_id, exc)
-                txn.transition_to(TxnState.ABORTABLE_ERROR, exc)
 
     # ------------------------------------------------------------ producer id
 
@@ -1468,10 +1284,6 @@ class _Sender:
         md = self._client.cached_metadata
         if can_assign:
             for key in ready:
-                if txn is not None and key not in self._txn_added:
-                    # Not in the transaction yet: AddPartitionsToTxn first.
-                    self._txn_to_add.add(key)
-                    continue
                 seq = self._sequencer(key)
                 info = md.topics.get(key[0]) if md is not None else None
                 num_partitions = info.num_partitions if info is not None else 1
@@ -1544,11 +1356,16 @@ class _Sender:
             ],
             timeout_ms=self._request_timeout_ms,
             transactional_id=self._transactional_id,
+            add_partitions_to_txn=self._txn is not None,
         )
         # The attempt may not outlive the latest delivery deadline among its
         # batches (a cut-short attempt counts as "outcome unknown").
         latest_deadline = max(b.deadline_ms for b in batches)
         timeout_ms = min(self._request_timeout_ms + 1000, max(latest_deadline - now, 50))
+        if self._txn is not None and not self.txn_touched:
+            # The store may add partitions to the transaction for this request.
+            with self._acc.lock:
+                self.txn_touched = True
         try:
             call = self._client.store(address).Produce.future(request, timeout=timeout_ms / 1000)
         except (OncelogError, ValueError, RuntimeError) as exc:
@@ -1697,5 +1514,4 @@ class _Sender:
                 finished.append((batch, -1, exc))
         self._active.clear()
         self._sequencers.clear()
-        self._txn_to_add.clear()
         self._complete([f for f in finished if f[0].state != FINISHED])

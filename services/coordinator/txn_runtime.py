@@ -336,6 +336,13 @@ class TxnCoordinatorRuntime:
                 raise
             if planned is not None:
                 await self._persist(owned, [encode_txn(planned)])
+            else:
+                # Nothing written, so nothing proved that memory is still the
+                # log's state. A store adding partitions on a producer's
+                # behalf appends as soon as this answers, as after a
+                # verification, so a zombie's stale "already in the
+                # transaction" must not pass (see verify_partitions).
+                await self._check_log_end_locked(owned)
 
     async def verify_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -450,9 +457,10 @@ class TxnCoordinatorRuntime:
         INVALID_TXN_STATE, ...), is final for the client: it must not come
         from a zombie's stale memory. The caller holds owned.lock; if the log
         has moved on, this raises NOT_COORDINATOR (retriable) instead.
-        Successes need no such check: what they answer from memory without a
-        write (a retried EndTxn's decision, a completed transaction's outcome,
-        a prepare that holds) was durable and is final."""
+        Most successes need no such check: what they answer from memory
+        without a write (a retried EndTxn's decision, a completed
+        transaction's outcome) was durable and is final. An add that writes
+        nothing is checked (`_change`): a store acts on it at once."""
         if not refusal.code.retriable:
             await self._check_log_end_locked(owned)
 

@@ -41,7 +41,7 @@ class GrpcTxnVerifier:
 
     async def verify(
         self, *, transactional_id: str, producer_id: int, producer_epoch: int,
-        partitions: Sequence[TopicPartitionKey],
+        partitions: Sequence[TopicPartitionKey], add: bool = False,
     ) -> Verdicts:
         layout = self._layout
         if not layout.coordinators:
@@ -56,7 +56,7 @@ class GrpcTxnVerifier:
         address = layout.coordinators[node]
         request = coordinator_pb2.AddPartitionsToTxnRequest(
             transactional_id=transactional_id, producer_id=producer_id,
-            producer_epoch=producer_epoch, verify_only=True,
+            producer_epoch=producer_epoch, verify_only=not add,
             partitions=[records_pb2.TopicPartition(topic=t, partition=p) for t, p in partitions],
         )
         try:

@@ -735,14 +735,20 @@ class StoreRuntime:
 
     async def produce(
         self, items: Sequence[ProduceItem], *, timeout_ms: int = 0, transactional_id: str = "",
+        add_partitions_to_txn: bool = False,
     ) -> list[ProduceOutcome]:
         """Appends one batch per item. Checks and offsets happen synchronously,
         in item order, except for batches that must wait for a transaction
         verification (or behind another batch's); the answer waits until every
-        append is durable or timeout_ms (0: the default) passes."""
+        append is durable or timeout_ms (0: the default) passes.
+        `add_partitions_to_txn`: the verification adds the partition to the
+        producer's transaction (the client sent no AddPartitionsToTxn)."""
         await self._ensure_known({item.topic for item in items})
         now_ms = self._clock_ms()
-        skip_verification = self.config.unsafe_skip_txn_verification
+        # The unsafe test switch skips the check only: a request that asks the
+        # store to add its partitions to the transaction still does.
+        skip_verification = (self.config.unsafe_skip_txn_verification
+                             and not add_partitions_to_txn)
         outcomes: list[ProduceOutcome | None] = []
         waits: dict[int, asyncio.Future[None]] = {}
         deferred: list[_Deferred] = []
@@ -775,11 +781,14 @@ class StoreRuntime:
                 outcomes.append(self._accepted(index, item, part, result, now_ms, waits))
         if deferred:
             asked = {
-                key: asyncio.ensure_future(self._verify(transactional_id, key[0], key[1], tps))
+                key: asyncio.ensure_future(self._verify(
+                    transactional_id, key[0], key[1], tps, add=add_partitions_to_txn))
                 for key, tps in questions.items()
             }
             finished = await asyncio.gather(*(
-                self._append_deferred(d, asked, transactional_id, waits) for d in deferred
+                self._append_deferred(d, asked, transactional_id, waits,
+                                      add=add_partitions_to_txn)
+                for d in deferred
             ))
             for d, outcome in zip(deferred, finished, strict=True):
                 outcomes[d.index] = outcome
@@ -825,7 +834,7 @@ class StoreRuntime:
 
     async def _append_deferred(
         self, deferred: _Deferred, asked: Mapping[tuple[int, int], asyncio.Future[Verdicts]],
-        transactional_id: str, waits: dict[int, asyncio.Future[None]],
+        transactional_id: str, waits: dict[int, asyncio.Future[None]], *, add: bool,
     ) -> ProduceOutcome:
         """Finishes an append that had to wait: for its verification (then
         appends with txn_verified), or for another batch's gate (then checks
@@ -848,7 +857,7 @@ class StoreRuntime:
                     result = part.append(
                         item.batch, expected_log_end_offset=item.expected_log_end_offset,
                         now_ms=self._clock_ms(), transactional_id=transactional_id,
-                        txn_verified=self.config.unsafe_skip_txn_verification,
+                        txn_verified=self.config.unsafe_skip_txn_verification and not add,
                     )
                     if isinstance(result, WaitForGate):
                         pending = result
@@ -858,7 +867,8 @@ class StoreRuntime:
                         gate = part.open_verification_gate(result.producer_id)
                         gate_producer_id = result.producer_id
                         question = asyncio.ensure_future(self._verify(
-                            transactional_id, result.producer_id, result.producer_epoch, [tp]
+                            transactional_id, result.producer_id, result.producer_epoch, [tp],
+                            add=add,
                         ))
                         continue
                     return self._accepted(
@@ -895,10 +905,11 @@ class StoreRuntime:
 
     async def _verify(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
-        partitions: Sequence[TopicPartitionKey],
+        partitions: Sequence[TopicPartitionKey], *, add: bool = False,
     ) -> Verdicts:
-        """The coordinator's verdict per partition; a failure to ask becomes
-        the same (retriable) verdict for every partition. Never raises."""
+        """The coordinator's verdict per partition (`add`: after adding the
+        partitions to the transaction); a failure to ask becomes the same
+        (retriable) verdict for every partition. Never raises."""
         try:
             if self._txn_verifier is None:
                 raise ServiceError(
@@ -908,7 +919,7 @@ class StoreRuntime:
                 )
             verdicts = await self._txn_verifier.verify(
                 transactional_id=transactional_id, producer_id=producer_id,
-                producer_epoch=producer_epoch, partitions=partitions,
+                producer_epoch=producer_epoch, partitions=partitions, add=add,
             )
         except ServiceError as exc:
             log.info("verification of producer %d (epoch %d, transactional id %r) failed: %s",

@@ -162,6 +162,7 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             outcomes = await self._runtime.produce(
                 items, timeout_ms=request.timeout_ms,
                 transactional_id=request.transactional_id,
+                add_partitions_to_txn=request.add_partitions_to_txn,
             )
         except ServiceError as exc:
             await abort_with(context, exc)

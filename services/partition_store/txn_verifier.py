@@ -10,6 +10,13 @@ the coordinator (AddPartitionsToTxn with verify_only) before the write that
 would open a transaction on the partition, and refuses it unless the
 partition is in the producer's ongoing transaction.
 
+A client that sets `ProduceRequest.add_partitions_to_txn` (the SDK does) sends
+no AddPartitionsToTxn for data partitions: the same question then asks the
+coordinator to *add* the partition (`add=True`), which it does only for the
+producer's current id and epoch, so the guarantee is the same (the
+coordinator knows every partition a transaction wrote to) and the client
+saves a round trip per transaction.
+
 The gRPC adapter is coordinator_link.GrpcTxnVerifier.
 """
 
@@ -32,10 +39,11 @@ Verdicts = Mapping[TopicPartitionKey, Rejection | None]
 class TxnVerifier(Protocol):
     async def verify(
         self, *, transactional_id: str, producer_id: int, producer_epoch: int,
-        partitions: Sequence[TopicPartitionKey],
+        partitions: Sequence[TopicPartitionKey], add: bool = False,
     ) -> Verdicts:
         """Asks the coordinator that owns transactional_id whether each
-        partition is in the producer's ongoing transaction. Raises
+        partition is in the producer's ongoing transaction (`add`: adds it
+        first, starting the transaction if none is open). Raises
         ServiceError (a retriable code such as COORDINATOR_NOT_AVAILABLE or
         NOT_COORDINATOR) when it cannot get an answer."""
 
@@ -48,6 +56,7 @@ class VerifyCall:
     producer_id: int
     producer_epoch: int
     partitions: tuple[TopicPartitionKey, ...]
+    add: bool = False
 
 
 @dataclass(slots=True)
@@ -61,9 +70,11 @@ class _Txn:
 class InMemoryTxnVerifier:
     """A coordinator stand-in: tests say which transactions are ongoing
     (`begin`, `add_partitions`, `end`) and it answers as the coordinator's
-    verify_only would. `calls` records every question; `hold()` makes
-    questions wait until `release()` (to test what happens meanwhile);
-    `unavailable` makes it raise that retriable error instead."""
+    verify_only would; with `add` it adds the partitions for the current id
+    and epoch as the coordinator does (opening a new transaction after `end`).
+    `calls` records every question; `hold()` makes questions wait until
+    `release()` (to test what happens meanwhile); `unavailable` makes it
+    raise that retriable error instead."""
 
     def __init__(self) -> None:
         self._txns: dict[str, _Txn] = {}
@@ -97,10 +108,10 @@ class InMemoryTxnVerifier:
 
     async def verify(
         self, *, transactional_id: str, producer_id: int, producer_epoch: int,
-        partitions: Sequence[TopicPartitionKey],
+        partitions: Sequence[TopicPartitionKey], add: bool = False,
     ) -> Verdicts:
         self.calls.append(
-            VerifyCall(transactional_id, producer_id, producer_epoch, tuple(partitions))
+            VerifyCall(transactional_id, producer_id, producer_epoch, tuple(partitions), add)
         )
         released = self._released
         if released is not None:
@@ -111,6 +122,13 @@ class InMemoryTxnVerifier:
                 self.waiting -= 1
         if self.unavailable is not None:
             raise ServiceError(self.unavailable, "the in-memory coordinator is unavailable")
+        txn = self._txns.get(transactional_id)
+        if (add and txn is not None and txn.producer_id == producer_id
+                and txn.producer_epoch == producer_epoch):
+            if not txn.ongoing:
+                txn.partitions.clear()
+                txn.ongoing = True
+            txn.partitions.update(partitions)
         return {tp: self._answer(transactional_id, producer_id, producer_epoch, tp)
                 for tp in partitions}
 

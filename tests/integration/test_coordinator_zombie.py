@@ -18,7 +18,11 @@ start it) loads `__transaction_state` with a higher coordinator epoch and
 aborts the transaction on its timeout: the ABORT marker lands on t-0, whose
 store then forgets the idle producer. The zombie is resumed and the old
 producer's first batch for t-0 arrives at the store, which asks the
-coordinator at the layout's address: the zombie. Waits poll real state with
+coordinator at the layout's address: the zombie. Twice: as a client that
+added the partition itself sends it (the store only verifies), and as the SDK
+sends it (add_partitions_to_txn: the store asks the coordinator to add the
+partition, which the zombie's memory says is already in the transaction, so
+it writes nothing and must confirm its memory first). Waits poll real state with
 generous deadlines (they fail the test instead of hanging it; nothing depends
 on how fast anything is).
 """
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+import pytest
 
 from oncelog import Admin, Consumer, TopicPartition
 from oncelog._status import error_from_rpc
@@ -100,7 +105,10 @@ def _replacement(cluster: LocalCluster) -> Iterator[str]:
         process.wait()
 
 
-def test_a_replaced_coordinator_refuses_to_verify_after_waking(tmp_path: Path) -> None:
+@pytest.mark.parametrize("add_partitions_to_txn", [False, True],
+                         ids=["verify_only", "add_partitions_to_txn"])
+def test_a_replaced_coordinator_refuses_to_verify_after_waking(
+        tmp_path: Path, add_partitions_to_txn: bool) -> None:
     with LocalCluster(
         tmp_path, partition_stores=1, coordinators=1, group_coordinators=0,
         transaction_state_partitions=1,
@@ -155,7 +163,8 @@ def test_a_replaced_coordinator_refuses_to_verify_after_waking(tmp_path: Path) -
                 reply = store.Produce(partition_store_pb2.ProduceRequest(
                     batches=[partition_store_pb2.PartitionBatch(
                         topic=TOPIC, partition=0, batch=batch)],
-                    transactional_id=TID, timeout_ms=10_000), timeout=30)
+                    transactional_id=TID, timeout_ms=10_000,
+                    add_partitions_to_txn=add_partitions_to_txn), timeout=30)
             [result] = reply.results
             code = ErrorCode.from_wire(result.error.code)
             assert code is ErrorCode.NOT_COORDINATOR, (code, result.error.message)

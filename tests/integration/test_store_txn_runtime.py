@@ -13,6 +13,11 @@ version 2) holds end to end below gRPC:
   the producer's pipelined batches wait behind the verification and keep
   their order, while other producers go on; a producer is not expired while
   its verification is out (a marker landing meanwhile fences the batch);
+* with add_partitions_to_txn the question asks the coordinator to add the
+  partitions (once per transaction and partition), and the producer's next
+  transaction may start before the previous one's marker lands: its first
+  batch waits for the coordinator instead of being refused, and is appended
+  after the marker (never inside the old transaction);
 * zombie-coordinator and delayed markers are refused and change nothing;
   identical retries answer with the original offset;
 * the per-partition gauges (LSO, HW - LSO, open transactions, oldest open
@@ -129,11 +134,11 @@ class Producer:
         self.seqs.clear()
 
 
-async def send(rt: StoreRuntime, producer: Producer, *writes: tuple[str, bytes]
-               ) -> list[ProduceOutcome]:
+async def send(rt: StoreRuntime, producer: Producer, *writes: tuple[str, bytes],
+               add: bool = False) -> list[ProduceOutcome]:
     return await rt.produce(
         [ProduceItem(topic, 0, data) for topic, data in writes],
-        transactional_id=producer.tid,
+        transactional_id=producer.tid, add_partitions_to_txn=add,
     )
 
 
@@ -397,6 +402,50 @@ def test_unverified_transactional_write_is_refused_and_changes_nothing(tmp_path:
         assert out.error is None and out.base_offset == 0
         entry = part.producers.get(p.pid)
         assert entry is not None and entry.current_txn_first_offset == 0
+        await rt.close()
+
+    run(body)
+
+
+def test_the_store_adds_partitions_and_a_next_transaction_waits_for_its_marker(
+        tmp_path: Path) -> None:
+    p = Producer(12, "app-add")
+    verifier = InMemoryTxnVerifier()
+    verifier.begin(p.tid, p.pid, p.epoch)           # initialized, nothing added
+
+    async def body() -> None:
+        rt = await _open(tmp_path / "db", verifier)
+        await create(rt, "a", "b")
+        outs = await send(rt, p, ("a", p.batch("a", "1")), ("b", p.batch("b", "1")), add=True)
+        assert all(o.error is None for o in outs), outs
+        [question] = verifier.calls
+        assert question.add and set(question.partitions) == {("a", 0), ("b", 0)}
+        # Later batches of the transaction ask nothing.
+        outs = await send(rt, p, ("a", p.batch("a", "2")), add=True)
+        assert outs[0].error is None and len(verifier.calls) == 1
+
+        # EndTxn answered (the coordinator decided, epoch + 1): the producer's
+        # next transaction starts before the marker reaches "a". The
+        # coordinator answers only once the markers have landed.
+        verifier.end(p.tid)
+        old = Producer(p.pid, p.tid, p.epoch)
+        p.bump()
+        verifier.begin(p.tid, p.pid, p.epoch)
+        verifier.end(p.tid)
+        verifier.hold()
+        pending = asyncio.ensure_future(send(rt, p, ("a", p.batch("a", "3")), add=True))
+        while verifier.waiting == 0 and not pending.done():
+            await asyncio.sleep(0.001)
+        assert not pending.done(), pending.result()
+        part = rt.partition("a", 0)
+        assert part.log.log_end_offset == 2          # not appended inside the old transaction
+        await end_ok(rt, old, MARKER_COMMIT, "a", "b")
+        verifier.release()
+        [out] = await asyncio.wait_for(pending, 30)
+        assert out.error is None and out.base_offset == 3   # after the marker at 2
+        assert verifier.calls[-1].add and verifier.calls[-1].producer_epoch == p.epoch
+        assert (await read(rt, "a", COMMITTED))[0] == ["1", "2"]
+        assert part.log.last_stable_offset == 3      # the new transaction is open from 3
         await rt.close()
 
     run(body)

@@ -181,6 +181,8 @@ class ProduceRequest:
     partition: int
     summary: str
     batch: bytes = field(repr=False)
+    # add_partitions_to_txn: the store adds the partition for the producer.
+    add_partitions: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,13 +282,15 @@ class EndTxnReply:
 
 @dataclass(frozen=True, slots=True)
 class VerifyRequest:
-    """AddPartitionsToTxn(verify_only) from a store to the coordinator."""
+    """AddPartitionsToTxn from a store to the coordinator: verify_only, or
+    (`add`) adding the partition on the producer's behalf."""
 
     call_id: int
     transactional_id: str
     producer_id: int
     producer_epoch: int
     partition: int
+    add: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -932,7 +936,7 @@ class StoreNode(Node):
             dst = self.sim.route_to_coordinator()
             self.call(dst, lambda call_id: VerifyRequest(
                 call_id, request.transactional_id, result.producer_id, result.producer_epoch,
-                self.partition), gate)
+                self.partition, request.add_partitions), gate)
             self.sim.log(f"{self.name}: {request.summary} needs verification, asking {dst}")
             return
         if isinstance(result, WaitForGate):
@@ -1259,8 +1263,26 @@ class CoordinatorNode(Node):
 
     def _verify(self, src: str, request: VerifyRequest) -> None:
         """txn_runtime.verify_partitions: answered from memory once the log
-        end confirms that memory is the log's state."""
+        end confirms that memory is the log's state. With `add`,
+        txn_runtime.add_partitions (a write, or a log-end check when the
+        partition is already in the transaction)."""
         tp = (TOPIC, request.partition)
+        if request.add:
+            def handle() -> Reply:
+                planned = txn.plan_add_partitions(
+                    self.state.transactions.get(request.transactional_id),
+                    transactional_id=request.transactional_id,
+                    producer_id=request.producer_id, producer_epoch=request.producer_epoch,
+                    partitions=frozenset({tp}), max_partitions=1000, now_ms=self.sim.now_ms,
+                )
+                if planned is not None:
+                    self._persist([encode_txn(planned)])
+                else:
+                    self._confirm_ownership()
+                return VerifyReply(request.call_id, ErrorCode.NONE)
+
+            self._serve(src, request, handle, lambda code: VerifyReply(request.call_id, code))
+            return
         try:
             self._owned()
             self._confirm_ownership()
@@ -1619,6 +1641,9 @@ class ProducerNode(Node):
         self.touched = False
         self.two_phase = two_phase
         self.keep_prepared = keep_prepared
+        # The SDK's way: no AddPartitionsToTxn, the store adds each partition
+        # (add_partitions_to_txn); otherwise the client adds them itself.
+        self.store_adds = sim.rng.random() < 0.5
         # The prepared state this instance completes (PREPARED, COMPLETING),
         # and the handed-over state that decision stands for.
         self.complete_with: tuple[int, int] | None = None
@@ -1720,14 +1745,15 @@ class ProducerNode(Node):
     def _write(self, coordinator_free: bool) -> bool:
         rng = self.sim.rng
         partition = rng.randrange(len(self.sim.stores))
-        misbehave = partition not in self.added and rng.random() < 0.03
+        misbehave = (partition not in self.added and not self.store_adds
+                     and rng.random() < 0.03)
         if misbehave:
             # A client bug: a write to a partition never added to the
             # transaction. The store's verification must refuse it, or the
             # transaction would hang on a partition the coordinator does not
             # know about.
             self.sim.log(f"{self.name}: CLIENT BUG: writes p{partition} without AddPartitions")
-        elif partition not in self.added:
+        elif partition not in self.added and not self.store_adds:
             if not coordinator_free:
                 return False
             parts = {partition}
@@ -1768,6 +1794,10 @@ class ProducerNode(Node):
         return True
 
     def _send_batch(self, batch: OutBatch, *, retry: bool) -> None:
+        if self.store_adds:
+            # The store may add the partition for this request: ending the
+            # transaction now needs an EndTxn (the SDK's txn_touched).
+            self.touched = True
         batch.sent_behind_unacked = any(
             b.partition == batch.partition and not b.acked
             and b.base_sequence < batch.base_sequence for b in self.batches.values()
@@ -1775,7 +1805,7 @@ class ProducerNode(Node):
         batch.call_id = self.call(
             f"store-{batch.partition}",
             lambda call_id: ProduceRequest(call_id, self.transactional_id, batch.partition,
-                                           batch.summary, batch.data),
+                                           batch.summary, batch.data, self.store_adds),
             ProduceCtx(batch.batch_no),
         )
         self.sim.log(f"{self.name}: {'re-send' if retry else 'send'} {batch.summary}")
@@ -2132,7 +2162,8 @@ class Simulation:
             old.alive = False
         self.log(f"{producer.name}: started (transaction timeout {timeout_ms} ms"
                  + (", two-phase commit" if two_phase else "")
-                 + (", keeps a prepared transaction" if keep else "") + ")")
+                 + (", keeps a prepared transaction" if keep else "")
+                 + (", the store adds its partitions" if producer.store_adds else "") + ")")
         return producer
 
     def _restartable(self) -> list[str]:

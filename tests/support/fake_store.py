@@ -18,7 +18,10 @@ form too (PrepareTransaction, InitProducerId keeping a prepared transaction,
 CompleteTransaction committing on a matching prepared state, else aborting,
 and answering a repeated completion). A transactional batch is accepted
 only for a partition in its producer's open transaction (the store's
-verification). A `CoordinatorFaultPlan` decides per call whether to answer an
+verification); with `add_partitions_to_txn` on the request (the SDK sets it)
+the store first adds the partition on the producer's behalf, as the real store
+does through the coordinator, recorded and fault-planned as an
+AddPartitionsToTxn call. A `CoordinatorFaultPlan` decides per call whether to answer an
 error (a gRPC status carrying our Error), to apply it and lose the reply, or
 to be unreachable. `calls` records every coordinator call.
 
@@ -201,6 +204,11 @@ class FakeStore:
         # Accept transactional batches without the coordinator's check (the
         # real store's --unsafe-skip-txn-verification), to make hanging ones.
         self.skip_txn_verification = False
+        # AddPartitionsToTxn calls a client made itself (the store's own, made
+        # for add_partitions_to_txn requests, are in `calls` only).
+        self.client_add_partitions_calls = 0
+        # Produce requests that asked the store to add partitions.
+        self.add_partitions_requests = 0
         self.coordinator_epoch = 0
         self.lock = threading.Lock()
         self.appended = threading.Condition(self.lock)
@@ -510,6 +518,7 @@ class FakeStore:
                            ) -> coordinator_pb2.AddPartitionsToTxnResponse:
         def add(req: coordinator_pb2.AddPartitionsToTxnRequest
                 ) -> coordinator_pb2.AddPartitionsToTxnResponse:
+            self.client_add_partitions_calls += 1
             txn = self._txn_of(req.transactional_id, req.producer_id, req.producer_epoch)
             self._open(txn, {(p.topic, p.partition) for p in req.partitions})
             return coordinator_pb2.AddPartitionsToTxnResponse(results=[
@@ -691,11 +700,55 @@ class FakeStore:
                     topic=pb.topic, partition=pb.partition,
                     error=error_proto(action, f"injected {action.name}")))
                 continue
+            if request.add_partitions_to_txn and header.is_transactional:
+                with self.lock:
+                    self.add_partitions_requests += 1
+                refused = self._add_for_producer(request.transactional_id, pb, header)
+                if refused is not None:
+                    results.append(partition_store_pb2.PartitionProduceResult(
+                        topic=pb.topic, partition=pb.partition,
+                        error=error_proto(refused.code, refused.message)))
+                    continue
             results.append(self._append(pb, request.transactional_id))
             drop = drop or action == DROP_REPLY
         if drop:
             context.abort(grpc.StatusCode.UNAVAILABLE, "reply lost (fault plan)")
         return partition_store_pb2.ProduceResponse(results=results)
+
+    def _add_for_producer(self, transactional_id: str, pb: partition_store_pb2.PartitionBatch,
+                          header: codec.BatchHeader) -> _Refused | None:
+        """The store's AddPartitionsToTxn on the producer's behalf, before the
+        producer's first write to the partition in its transaction; the
+        coordinator fault plan applies to it (a lost answer or an unreachable
+        coordinator reaches the client as COORDINATOR_NOT_AVAILABLE)."""
+        tp = (pb.topic, pb.partition)
+        with self.lock:
+            txn = self.txns.get(transactional_id)
+            if (txn is not None and txn.state == "Ongoing" and tp in txn.partitions
+                    and (txn.producer_id, txn.producer_epoch)
+                    == (header.producer_id, header.producer_epoch)):
+                return None
+        request = coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=transactional_id, producer_id=header.producer_id,
+            producer_epoch=header.producer_epoch,
+            partitions=[records_pb2.TopicPartition(topic=tp[0], partition=tp[1])])
+        with self.lock:
+            self.calls.append(("AddPartitionsToTxn", request))
+        action = self.coordinator_fault("AddPartitionsToTxn", request) \
+            if self.coordinator_fault else None
+        if isinstance(action, ErrorCode):
+            return _Refused(action, f"injected {action.name}")
+        if action in (UNREACHABLE, DROP_REPLY):
+            return _Refused(ErrorCode.COORDINATOR_NOT_AVAILABLE, "coordinator unreachable")
+        with self.lock:
+            try:
+                txn = self._txn_of(transactional_id, header.producer_id, header.producer_epoch)
+            except _Refused as refused:
+                return refused
+            if txn.state == "Prepared":
+                return _Refused(ErrorCode.INVALID_TXN_STATE, "the transaction is prepared")
+            self._open(txn, {tp})
+        return None
 
     def _append(self, pb: partition_store_pb2.PartitionBatch, transactional_id: str = ""
                 ) -> partition_store_pb2.PartitionProduceResult:

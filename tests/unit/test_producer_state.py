@@ -194,7 +194,15 @@ ROWS: list[tuple[str, Sequence[B | M], B, object]] = [
      [B(seq=0, txn=True)], B(seq=1), ErrorCode.INVALID_TXN_STATE),
     ("non-transactional batch of a new epoch during an open transaction",
      [B(seq=0, txn=True)], B(epoch=1, seq=0), ErrorCode.INVALID_TXN_STATE),
-    ("transactional batch of a higher epoch while the old transaction is open",
+    # The producer's next transaction, before the previous one's marker: the
+    # coordinator answers once the markers have landed, so ask it first ...
+    ("transactional batch of a higher epoch while the old transaction is open asks first",
+     [B(seq=0, txn=True)], B(epoch=1, seq=0, txn=True), VERIFY),
+    ("... a bad sequence is refused without asking",
+     [B(seq=0, txn=True)], B(epoch=1, seq=2, txn=True),
+     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    # ... and confirmed with no marker, the old one is hanging: refused.
+    ("transactional batch of a higher epoch while the old transaction is open, verified",
      [B(seq=0, txn=True)], B(epoch=1, seq=0, txn=True, verified=True),
      ErrorCode.INVALID_TXN_STATE),
     ("after a marker: the next transaction starts at sequence 0 of the marker's epoch",

@@ -1,8 +1,9 @@
 """The transactional producer against a fake coordinator and store with
 scripted faults.
 
-Goal: a partition joins the transaction (AddPartitionsToTxn, batched) before
-its first transactional batch; a commit whose answer is lost is retried with
+Goal: a partition joins the transaction before its first transactional batch,
+added by the store on the producer's behalf (no AddPartitionsToTxn from the
+client, one add per partition and transaction); a commit whose answer is lost is retried with
 the same producer id and epoch and commits exactly once; CONCURRENT_TRANSACTIONS
 is retried; fencing and the other fatal errors end the producer for good; an
 abortable error is recovered by abort_transaction(), after which the producer
@@ -69,48 +70,24 @@ def markers(store: FakeStore, partition: int) -> list[tuple[int, int]]:
     return out
 
 
-def test_partitions_join_the_transaction_before_their_first_batch(store: FakeStore) -> None:
-    in_txn_at_produce: list[bool] = []
-
-    def check(view: BatchView) -> None:
-        txn = store.txns[TID]
-        in_txn_at_produce.append((view.topic, view.partition) in txn.partitions
-                                 and txn.state == "Ongoing")
-
-    store.fault = check
-    first_add_seen = threading.Event()
-    release = threading.Event()
-
-    def hold_first_add(name: str, _request: object) -> None:
-        if name == "AddPartitionsToTxn" and not first_add_seen.is_set():
-            first_add_seen.set()
-            assert release.wait(30)
-
-    store.coordinator_fault = hold_first_add
-    with txn_producer(store, linger_ms=50) as producer:
+def test_the_store_adds_partitions_to_the_transaction(store: FakeStore) -> None:
+    with txn_producer(store, linger_ms=5) as producer:
         producer.init_transactions()
-        producer.begin_transaction()
-        producer.send("t", value=b"first", partition=0)
-        assert first_add_seen.wait(30)
-        # While the first AddPartitionsToTxn is held, records for three more
-        # partitions arrive: they join together in the next request.
-        for i in range(30):
-            producer.send("t", value=b"more-%d" % i, partition=1 + i % 3)
-        release.set()
-        producer.commit_transaction()
-        adds = [sorted((p.topic, p.partition) for p in r.partitions)
-                for r in store.calls_named("AddPartitionsToTxn")]
-        assert adds == [[("t", 0)], [("t", 1), ("t", 2), ("t", 3)]]
-        assert in_txn_at_produce and all(in_txn_at_produce)
-
-        # The next transaction adds each partition once more, once.
-        producer.begin_transaction()
-        send_all(producer, b"second", per_partition=50)
-        producer.commit_transaction()
-    adds = [sorted((p.topic, p.partition) for p in r.partitions)
-            for r in store.calls_named("AddPartitionsToTxn")][2:]
-    assert sorted(tp for add in adds for tp in add) == [("t", p) for p in range(4)]
-    assert all(in_txn_at_produce)
+        sent = []
+        for round_no in range(2):
+            producer.begin_transaction()
+            sent.append(send_all(producer, b"r%d" % round_no, per_partition=50))
+            producer.commit_transaction()
+    # The client never added a partition itself; every Produce asked the store
+    # to, and the store asked once per partition and transaction (the fake
+    # refuses a transactional batch on a partition not in the transaction).
+    assert store.client_add_partitions_calls == 0
+    assert store.add_partitions_requests > 0
+    adds = [(r.producer_epoch, r.partitions[0].partition)
+            for r in store.calls_named("AddPartitionsToTxn")]
+    assert len(adds) == len(set(adds)) == 8
+    for p in range(4):
+        assert store.committed_values("t", p) == sent[0][p] + sent[1][p]
 
 
 def test_a_commit_whose_answer_is_lost_is_retried_and_commits_once(store: FakeStore) -> None:
@@ -162,7 +139,9 @@ def test_concurrent_transactions_is_retried(store: FakeStore) -> None:
         producer.begin_transaction()
         sent = send_all(producer, b"c", partitions=2)
         producer.commit_transaction()
-    assert answered == {"InitProducerId": 4, "AddPartitionsToTxn": 4, "EndTxn": 4}
+    # The store adds each of the two partitions once it is let through: the
+    # refused batches were retried.
+    assert answered == {"InitProducerId": 4, "AddPartitionsToTxn": 3 + 2, "EndTxn": 4}
     for p in range(2):
         assert store.committed_values("t", p) == sent[p]
 
@@ -171,7 +150,11 @@ def test_coordinator_moves_are_followed(store: FakeStore) -> None:
     count = {"n": 0}
 
     def moving(name: str, _request: object) -> ErrorCode | None:
-        if name in ("AddPartitionsToTxn", "EndTxn") and count["n"] < 4:
+        # The store's adds see the moves too; the producer retries those batches.
+        if name == "AddPartitionsToTxn" and count["n"] < 2:
+            count["n"] += 1
+            return ErrorCode.NOT_COORDINATOR
+        if name == "EndTxn" and count["n"] < 6:
             count["n"] += 1
             return [ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS][
                 count["n"] % 2]
@@ -184,7 +167,7 @@ def test_coordinator_moves_are_followed(store: FakeStore) -> None:
         sent = send_all(producer, b"m", partitions=1)
         producer.commit_transaction()
     assert store.committed_values("t", 0) == sent[0]
-    # Every move made the producer ask FindCoordinator again.
+    # Every move of EndTxn's coordinator made the producer ask FindCoordinator again.
     assert len(store.calls_named("FindCoordinator")) >= 1 + 4
 
 

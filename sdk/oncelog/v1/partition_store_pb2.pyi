@@ -434,11 +434,22 @@ class ProduceRequest(_message.Message):
     BATCHES_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    ADD_PARTITIONS_TO_TXN_FIELD_NUMBER: _builtins.int
     timeout_ms: _builtins.int
     """How long the store may take to make the append durable before answering
     REQUEST_TIMED_OUT.
     """
     transactional_id: _builtins.str
+    add_partitions_to_txn: _builtins.bool
+    """Transactional batches only. Set: before the producer's first write to a
+    partition in its current transaction, the store asks the transaction
+    coordinator to add the partition to that transaction (AddPartitionsToTxn
+    on the producer's behalf; the coordinator starts the transaction if none
+    is open for this producer id and epoch). The client then sends no
+    AddPartitionsToTxn of its own for data partitions, saving a round trip
+    per transaction. Unset: the store only verifies (verify_only) that the
+    client added the partition itself.
+    """
     @_builtins.property
     def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionBatch]: ...
     def __init__(
@@ -447,10 +458,11 @@ class ProduceRequest(_message.Message):
         batches: _abc.Iterable[Global___PartitionBatch] | None = ...,
         timeout_ms: _builtins.int = ...,
         transactional_id: _builtins.str = ...,
+        add_partitions_to_txn: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "timeout_ms", b"timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_partitions_to_txn", b"add_partitions_to_txn", "batches", b"batches", "timeout_ms", b"timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

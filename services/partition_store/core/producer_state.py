@@ -287,6 +287,15 @@ def check_append(
                     f"{entry.current_txn_first_offset}) is open on this partition",
                 )
             if epoch > entry.producer_epoch:
+                if not txn_verified:
+                    # Usually the previous transaction's marker is still on
+                    # its way (the producer's next transaction can start as
+                    # soon as EndTxn answers). The coordinator answers the
+                    # verification only once that transaction's markers have
+                    # all landed, so ask it first and check again after.
+                    return _check_sequence(entry, header, who=who) or NEEDS_VERIFICATION
+                # Verified, yet no marker came: a transaction the coordinator
+                # no longer knows is hanging here (the admin tools abort it).
                 return Rejection(
                     ErrorCode.INVALID_TXN_STATE,
                     f"{who}: the producer's transaction of epoch {entry.producer_epoch} "
