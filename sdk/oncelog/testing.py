@@ -7,8 +7,10 @@
 
 Used by the tests, the demo, and `oncelog cluster up`. Addresses are chosen
 once (free loopback ports) and kept across restarts, as a Kubernetes
-StatefulSet keeps its DNS names. Children die with the process that started
-them (PR_SET_PDEATHSIG), so a crashed test run leaves nothing behind.
+StatefulSet keeps its DNS names; a port that another process takes between
+the pick and the first start gets a fresh pick (`start`), so addresses are
+final once `start` returns. Children die with the process that started them
+(PR_SET_PDEATHSIG), so a crashed test run leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -30,18 +32,35 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from oncelog._port_in_use import GRPC, METRICS, PortInUse, find_ports_in_use
+
 KINDS = ("partition_store", "coordinator", "group_coordinator")
 # How long a started process may take to answer its health check.
 READY_TIMEOUT_S = 60.0
 # How long a graceful stop (SIGTERM: drain, snapshot) may take before SIGKILL.
 STOP_TIMEOUT_S = 15.0
+# How many times one start() picks a fresh port after a process found the
+# port it was given taken by another process; then start() fails.
+START_PORT_RETRIES = 5
 
 
 def free_port() -> int:
-    """A loopback port that was free a moment ago."""
+    """A loopback port that was free a moment ago (another process may take
+    it before it is bound: LocalCluster.start copes with that)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class PortTakenError(RuntimeError):
+    """A service process exited because another process holds the port it
+    was given (gRPC or metrics)."""
+
+    def __init__(self, message: str, *, kind: str, node_id: int, taken: PortInUse) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.node_id = node_id
+        self.taken = taken
 
 
 class _Spawner:
@@ -101,6 +120,9 @@ class ServiceProcess:
     log_path: Path
     argv: list[str]
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # Where the output of the latest start begins in log_path (the log is
+    # appended to across restarts).
+    log_offset: int = 0
 
     @property
     def pid(self) -> int | None:
@@ -134,6 +156,10 @@ class LocalCluster:
         (self.data_dir / "logs").mkdir(exist_ok=True)
         self._extra_args = extra_args or {}
         self._env = {**os.environ, **(env or {})}
+        self._transaction_state_partitions = transaction_state_partitions
+        self._consumer_offsets_partitions = consumer_offsets_partitions
+        self._ports_given: set[int] = set()
+        self._addresses_final = False
         counts = {
             "partition_store": partition_stores,
             "coordinator": coordinators,
@@ -151,21 +177,40 @@ class LocalCluster:
                 ServiceProcess(
                     kind=kind,
                     node_id=i,
-                    address=f"127.0.0.1:{free_port()}",
-                    metrics_port=free_port(),
+                    address=f"127.0.0.1:{self._pick_port()}",
+                    metrics_port=self._pick_port(),
                     data_dir=self.data_dir / f"{kind}-{i}",
                     log_path=self.data_dir / "logs" / f"{kind}-{i}.log",
                     argv=[],
                 )
                 for i in range(count)
             ]
+        self._build_argv()
+        if start:
+            self.start()
+
+    def _pick_port(self) -> int:
+        """A free loopback port not handed to a process of this cluster before:
+        free_port can return a number twice, and two of our own processes on
+        one port would fail each other."""
+        for _ in range(100):
+            port = free_port()
+            if port not in self._ports_given:
+                self._ports_given.add(port)
+                return port
+        raise RuntimeError(f"free_port kept returning ports this cluster was given already "
+                           f"({sorted(self._ports_given)})")
+
+    def _build_argv(self) -> None:
+        """Every process's command line. Each names the whole layout (every
+        process's gRPC address), so a changed address changes them all."""
         layout_args = [
             "--stores", ",".join(p.address for p in self.processes["partition_store"]),
             "--coordinators", ",".join(p.address for p in self.processes["coordinator"]),
             "--group-coordinators",
             ",".join(p.address for p in self.processes["group_coordinator"]),
-            "--transaction-state-partitions", str(transaction_state_partitions),
-            "--consumer-offsets-partitions", str(consumer_offsets_partitions),
+            "--transaction-state-partitions", str(self._transaction_state_partitions),
+            "--consumer-offsets-partitions", str(self._consumer_offsets_partitions),
         ]
         for kind, procs in self.processes.items():
             for proc in procs:
@@ -179,8 +224,6 @@ class LocalCluster:
                 if kind == "partition_store":
                     proc.argv += ["--data-dir", str(proc.data_dir)]
                 proc.argv += self._extra_args.get(kind, [])
-        if start:
-            self.start()
 
     # ------------------------------------------------------------------ info
 
@@ -204,18 +247,75 @@ class LocalCluster:
 
     # ------------------------------------------------------------- lifecycle
 
+    def _all(self) -> list[ServiceProcess]:
+        return [proc for procs in self.processes.values() for proc in procs]
+
     def start(self) -> None:
-        for procs in self.processes.values():
-            for proc in procs:
+        """Starts every process and waits until each serves. If one exits
+        because another process took its port since free_port picked it, the
+        port is picked again and the process started again, up to
+        START_PORT_RETRIES times; any other failure (or one more taken port)
+        stops every process of the cluster and raises, with the log's tail.
+
+        Why retry rather than reserve the ports: a port cannot be held for a
+        child until it binds, because the services bind by number (gRPC's
+        Python server cannot adopt a socket the parent opened) and refuse
+        SO_REUSEPORT on purpose, so that two stores never share a port.
+        A taken metrics port concerns its process alone: only that one starts
+        again. A taken gRPC port changes the layout that every process got on
+        its command line, so every process started with the old layout is
+        killed and the whole cluster starts again with the new one; that is
+        rare and costs a second, and no process can ever talk to a stale
+        address. Nothing was served yet, and the stores recover from a kill
+        by design, so a restart loses nothing. Once a start has succeeded
+        the addresses are final (clients know them), and a later start()
+        fails on a taken port as restart() does.
+        """
+        running = [f"{proc.kind} {proc.node_id}" for proc in self._all() if proc.alive()]
+        if running:
+            raise RuntimeError(f"{', '.join(running)} already running; start() starts a "
+                               f"stopped cluster (restart() starts one process again)")
+        try:
+            for proc in self._all():
                 self._spawn(proc)
-        for procs in self.processes.values():
-            for proc in procs:
-                self.wait_ready(proc.kind, proc.node_id)
+            for retry in range(START_PORT_RETRIES + 1):
+                try:
+                    self._wait_all_ready(self._all(), READY_TIMEOUT_S)
+                    self._addresses_final = True
+                    return
+                except PortTakenError as exc:
+                    if self._addresses_final:
+                        raise
+                    if retry == START_PORT_RETRIES:
+                        raise RuntimeError(
+                            f"{exc}\n(gave up after {START_PORT_RETRIES} fresh ports)"
+                        ) from exc
+                    self._move(self._proc(exc.kind, exc.node_id), exc.taken)
+        except BaseException:
+            for proc in self._all():
+                self.kill(proc.kind, proc.node_id)
+            raise
+
+    def _move(self, proc: ServiceProcess, taken: PortInUse) -> None:
+        """Gives `proc` a fresh port for the one that was taken and starts
+        what must start again (see start)."""
+        if taken.purpose == METRICS:
+            proc.metrics_port = self._pick_port()
+            self._build_argv()
+            self._spawn(proc)
+            return
+        proc.address = f"127.0.0.1:{self._pick_port()}"
+        self._build_argv()
+        for other in self._all():
+            self.kill(other.kind, other.node_id)
+        for other in self._all():
+            self._spawn(other)
 
     def _spawn(self, proc: ServiceProcess, env: dict[str, str] | None = None) -> None:
         if proc.alive():
             raise RuntimeError(f"{proc.kind} {proc.node_id} is already running")
         proc.data_dir.mkdir(parents=True, exist_ok=True)
+        proc.log_offset = proc.log_path.stat().st_size if proc.log_path.exists() else 0
         argv = [sys.executable, "-m", "oncelog._child", str(os.getpid()), *proc.argv]
 
         def start() -> subprocess.Popen[bytes]:
@@ -228,29 +328,67 @@ class LocalCluster:
         proc.process = _Spawner.get().spawn(start)
 
     def wait_ready(self, kind: str, index: int = 0, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Blocks until the process answers its gRPC health check with SERVING."""
-        proc = self._proc(kind, index)
+        """Blocks until the process answers its gRPC health check with SERVING.
+        Raises PortTakenError if it exited because another process holds its
+        port (a restarted process keeps its address, so it is not moved),
+        RuntimeError if it exited for another reason, TimeoutError after
+        timeout_s."""
+        self._wait_all_ready([self._proc(kind, index)], timeout_s)
+
+    def _wait_all_ready(self, procs: list[ServiceProcess], timeout_s: float) -> None:
+        """wait_ready for several processes at once, so that one that exits is
+        noticed at once even while another is still waiting for it (a
+        coordinator loads its state from the stores)."""
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(proc.address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if not proc.alive():
-                    raise RuntimeError(
-                        f"{kind} {index} exited with {proc.process and proc.process.returncode}; "
-                        f"see {proc.log_path}:\n{self.log_tail(kind, index)}"
-                    )
-                try:
-                    resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
+        channels = [grpc.insecure_channel(proc.address) for proc in procs]
+        try:
+            pending = {
+                id(proc): (proc, health_pb2_grpc.HealthStub(channel))
+                for proc, channel in zip(procs, channels, strict=True)
+            }
+            while pending:
+                for key, (proc, stub) in list(pending.items()):
+                    self._raise_if_exited(proc)
+                    try:
+                        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                        if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                            del pending[key]
+                    except grpc.RpcError:
+                        pass
+                if pending and time.monotonic() > deadline:
+                    proc = next(iter(pending.values()))[0]
                     raise TimeoutError(
-                        f"{kind} {index} at {proc.address} not ready after {timeout_s}s; "
-                        f"see {proc.log_path}:\n{self.log_tail(kind, index)}"
+                        f"{proc.kind} {proc.node_id} at {proc.address} not ready after "
+                        f"{timeout_s}s; see {proc.log_path}:\n"
+                        f"{self.log_tail(proc.kind, proc.node_id)}"
                     )
-                time.sleep(0.05)
+                if pending:
+                    time.sleep(0.05)
+        finally:
+            for channel in channels:
+                channel.close()
+
+    def _raise_if_exited(self, proc: ServiceProcess) -> None:
+        """Raises if the process is no longer running: PortTakenError when the
+        output of its latest start says one of its ports is in use."""
+        if proc.alive():
+            return
+        see = f"see {proc.log_path}:\n{self.log_tail(proc.kind, proc.node_id)}"
+        with open(proc.log_path, "rb") as log_file:
+            log_file.seek(proc.log_offset)
+            output = log_file.read().decode(errors="replace")
+        own = {(GRPC, proc.address), (METRICS, f"127.0.0.1:{proc.metrics_port}")}
+        for taken in find_ports_in_use(output):
+            if (taken.purpose, taken.address) in own:
+                raise PortTakenError(
+                    f"{proc.kind} {proc.node_id} cannot listen for {taken.purpose} on "
+                    f"{taken.address}: another process holds port {taken.port}; {see}",
+                    kind=proc.kind, node_id=proc.node_id, taken=taken,
+                )
+        raise RuntimeError(
+            f"{proc.kind} {proc.node_id} exited with "
+            f"{proc.process and proc.process.returncode}; {see}"
+        )
 
     def log_tail(self, kind: str, index: int = 0, lines: int = 30) -> str:
         path = self._proc(kind, index).log_path
@@ -285,7 +423,9 @@ class LocalCluster:
                 env: dict[str, str] | None = None) -> None:
         """Starts the process again (after kill or terminate; kills it first if
         still running) with the same data directory and address. `env` adds to
-        or overrides the cluster's environment for this start only."""
+        or overrides the cluster's environment for this start only. If another
+        process took its port meanwhile, waiting raises PortTakenError naming
+        the port: every other process knows the address, so it stays."""
         proc = self._proc(kind, index)
         if proc.alive():
             self.kill(kind, index)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import errno
 import json
 import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -28,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import disable_created_metrics, start_http_server
 
 from oncelog import __version__
+from oncelog._port_in_use import GRPC, METRICS, port_in_use_line
 from services.common import limits, metrics
 from services.common.cluster import ClusterLayout, split_addresses
 from services.common.rpc_interceptor import RpcInterceptor
@@ -252,10 +255,16 @@ class ServiceServer:
 
     async def start(self, listen: str) -> int:
         """Binds and starts serving (health NOT_SERVING until set_serving);
-        returns the bound port."""
-        port = self.server.add_insecure_port(listen)
+        returns the bound port. Exits with a one-line reason when it cannot
+        bind (a taken port in the words of oncelog._port_in_use)."""
+        try:
+            port = self.server.add_insecure_port(listen)
+        except RuntimeError:
+            # grpcio raises "Failed to bind" without the reason (older
+            # versions returned 0); the reason is asked of the OS below.
+            port = 0
         if port == 0:
-            raise SystemExit(f"{self.service_name}: cannot listen on {listen}")
+            raise SystemExit(listen_failure(self.service_name, GRPC, listen, _bind_error(listen)))
         # The health servicer starts with "" SERVING; nothing is served yet.
         for name in self._names:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -285,6 +294,41 @@ class ServiceServer:
         await self.server.stop(0)
         if self._on_shutdown is not None:
             await self._on_shutdown()
+
+
+def listen_failure(service_name: str, purpose: str, address: str,
+                   error: OSError | None) -> str:
+    """Why a service cannot listen on `address`, in one line. A taken port
+    gets the fixed wording of oncelog._port_in_use, which LocalCluster looks
+    for to pick a fresh port instead of failing."""
+    if error is not None and error.errno == errno.EADDRINUSE:
+        return port_in_use_line(service_name, purpose, address)
+    reason = str(error) if error is not None else (
+        "reason unknown (GRPC_VERBOSITY=debug makes gRPC log it)")
+    return f"{service_name}: cannot listen for {purpose} on {address}: {reason}"
+
+
+def _bind_error(listen: str) -> OSError | None:
+    """The OS's reason a server cannot bind `listen` ("host:port") now, found
+    by binding a plain socket the way gRPC binds its listener (SO_REUSEADDR,
+    so a port left in TIME_WAIT counts as free); None when it binds or the
+    address is not host:port."""
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit():
+        return None
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return exc
+    family, sock_type, proto, _, sockaddr = infos[0]
+    with socket.socket(family, sock_type, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(sockaddr)
+        except OSError as exc:
+            return exc
+    return None
 
 
 async def _probe_event_loop_lag() -> None:
@@ -326,7 +370,11 @@ async def serve(
     metrics.SERVING.set(0)
     if metrics_port:
         host = listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
-        start_http_server(metrics_port, addr=host)
+        try:
+            start_http_server(metrics_port, addr=host)
+        except OSError as exc:
+            address = f"[{host}]:{metrics_port}" if ":" in host else f"{host}:{metrics_port}"
+            raise SystemExit(listen_failure(service_name, METRICS, address, exc)) from exc
     await server.start(listen)
     if on_started is not None:
         await on_started()

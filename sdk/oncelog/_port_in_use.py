@@ -1,0 +1,48 @@
+"""The line a service prints when it cannot listen because another process
+holds its port, and the parser that finds it in a service's log.
+
+The services write it (services/common/server_base.py) and LocalCluster
+(oncelog.testing) reads it to tell "my port was taken between the pick and
+the bind, pick another" from every other reason a process exits at start.
+It lives in the SDK because the services may import the SDK, not the other
+way round; one definition keeps writer and reader from drifting apart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# What a service listens for: its gRPC port and its Prometheus metrics port.
+GRPC = "gRPC"
+METRICS = "metrics"
+PURPOSES = (GRPC, METRICS)
+
+_LINE = re.compile(
+    r"cannot listen for (?P<purpose>" + "|".join(PURPOSES) + r") on (?P<address>\S+?)"
+    r": the port is in use"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PortInUse:
+    purpose: str
+    address: str
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+
+def port_in_use_line(service: str, purpose: str, address: str) -> str:
+    """The message of a service that cannot listen on `address` ("host:port")
+    because another socket holds that port."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose {purpose!r}: expected one of {PURPOSES}")
+    return f"{service}: cannot listen for {purpose} on {address}: the port is in use"
+
+
+def find_ports_in_use(log_text: str) -> list[PortInUse]:
+    """Every port-in-use line in a service's log text, in order (JSON log
+    lines carry the message unescaped: it has no quotes or backslashes)."""
+    return [PortInUse(m["purpose"], m["address"]) for m in _LINE.finditer(log_text)]
