@@ -94,7 +94,8 @@ TXN_MARKERS_WRITTEN = Counter(
 TXN_VERIFICATIONS = Counter(
     "oncelog_store_txn_verifications_total",
     "Questions to the transaction coordinator before a producer's first transactional "
-    "write to a partition, by outcome (the error code name, or NONE)", ["outcome"],
+    "write to a partition (verify, or add for requests with add_partitions_to_txn), "
+    "by outcome (the error code name, or NONE)", ["outcome"],
 )
 COMPACTIONS = Counter(
     "oncelog_store_compactions_total", "Compaction passes completed", ["topic"]
