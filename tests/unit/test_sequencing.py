@@ -351,3 +351,25 @@ def test_an_out_of_order_answer_for_the_oldest_batch_fails_it_in_a_transaction()
     exc = s.on_error(b1, err(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER), 5, dispatched=True)
     assert isinstance(exc, errors.OutOfOrderSequenceNumberError)
     assert s.mode is PartitionMode.HALTED
+
+
+def test_concurrent_transactions_from_the_store_is_retried_after_a_short_pause() -> None:
+    """The store could not add the partition yet (the previous transaction's
+    markers are landing): the same batch, same numbers, goes again after
+    2 ms, doubling to 20 ms, not after retry_backoff_ms."""
+    s = txn_seq()
+    a = batch(1)
+    send_new(s, a)
+    sent_as = identity(a)
+    now = 0
+    pauses = []
+    for _ in range(6):
+        assert s.on_error(a, err(ErrorCode.CONCURRENT_TRANSACTIONS), now, dispatched=True) is None
+        pauses.append(s.retry_at_ms - now)
+        now = s.retry_at_ms
+        assert s.batches_to_send(now) == [a]
+        assert identity(a) == sent_as
+    assert pauses == [2, 4, 8, 16, 20, 20]
+    # Another retriable error keeps the usual backoff.
+    s.on_error(a, err(ErrorCode.NOT_COORDINATOR), now, dispatched=True)
+    assert s.retry_at_ms - now >= 100
