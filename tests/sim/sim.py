@@ -1245,21 +1245,28 @@ class CoordinatorNode(Node):
                     lambda code: InitReply(request.call_id, code, -1, -1))
 
     def _add_partitions(self, src: str, request: AddPartitionsRequest) -> None:
-        """txn_runtime.add_partitions."""
+        """txn_runtime.add_partitions, asked by a client."""
         def handle() -> Reply:
-            planned = txn.plan_add_partitions(
-                self.state.transactions.get(request.transactional_id),
-                transactional_id=request.transactional_id, producer_id=request.producer_id,
-                producer_epoch=request.producer_epoch,
-                partitions=frozenset((TOPIC, p) for p in request.partitions),
-                max_partitions=1000, now_ms=self.sim.now_ms,
-            )
-            if planned is not None:
-                self._persist([encode_txn(planned)])
+            self._add(request.transactional_id, request.producer_id, request.producer_epoch,
+                      frozenset((TOPIC, p) for p in request.partitions))
             return AddPartitionsReply(request.call_id, ErrorCode.NONE)
 
         self._serve(src, request, handle,
                     lambda code: AddPartitionsReply(request.call_id, code))
+
+    def _add(self, tid: str, producer_id: int, producer_epoch: int,
+             partitions: frozenset[tuple[str, int]]) -> None:
+        """txn_runtime._change for an add: a write, or (nothing new) a
+        log-end check, since nothing written proved memory current."""
+        planned = txn.plan_add_partitions(
+            self.state.transactions.get(tid), transactional_id=tid,
+            producer_id=producer_id, producer_epoch=producer_epoch,
+            partitions=partitions, max_partitions=1000, now_ms=self.sim.now_ms,
+        )
+        if planned is not None:
+            self._persist([encode_txn(planned)])
+        else:
+            self._confirm_ownership()
 
     def _verify(self, src: str, request: VerifyRequest) -> None:
         """txn_runtime.verify_partitions: answered from memory once the log
@@ -1269,16 +1276,8 @@ class CoordinatorNode(Node):
         tp = (TOPIC, request.partition)
         if request.add:
             def handle() -> Reply:
-                planned = txn.plan_add_partitions(
-                    self.state.transactions.get(request.transactional_id),
-                    transactional_id=request.transactional_id,
-                    producer_id=request.producer_id, producer_epoch=request.producer_epoch,
-                    partitions=frozenset({tp}), max_partitions=1000, now_ms=self.sim.now_ms,
-                )
-                if planned is not None:
-                    self._persist([encode_txn(planned)])
-                else:
-                    self._confirm_ownership()
+                self._add(request.transactional_id, request.producer_id,
+                          request.producer_epoch, frozenset({tp}))
                 return VerifyReply(request.call_id, ErrorCode.NONE)
 
             self._serve(src, request, handle, lambda code: VerifyReply(request.call_id, code))
