@@ -122,23 +122,6 @@ class CoordinatorLocator:
             raise translate_rpc_error(rpc_exc) from None
         return self.accept(resp)
 
-    def lookup_future(self, timeout_s: float) -> grpc.Future:
-        """Starts a FindCoordinator without blocking (the producer's sender
-        thread); hand the answer to `accept_call`."""
-        address = self._ask_address()
-        return self._client.coordinator(address).FindCoordinator.future(
-            self._request(), timeout=timeout_s
-        )
-
-    def accept_call(self, call: grpc.Future) -> str:
-        """The address from a finished lookup_future; raises its error."""
-        try:
-            resp = call.result()
-        except grpc.RpcError as rpc_exc:
-            self._ask_index += 1
-            raise translate_rpc_error(rpc_exc) from None
-        return self.accept(resp)
-
     def accept(self, resp: coordinator_pb2.FindCoordinatorResponse) -> str:
         exc = error_from_proto(resp.error)
         if exc is not None:

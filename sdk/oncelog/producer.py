@@ -253,7 +253,7 @@ class Producer:
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             transaction_timeout_ms=transaction_timeout_ms,
-            txn=self._txn, txn_locator=self._txn_locator,
+            txn=self._txn,
         )
         self._sender.start()
 
@@ -936,7 +936,6 @@ class _Sender:
         retry_backoff_max_ms: int,
         transaction_timeout_ms: int,
         txn: TxnStateMachine | None = None,
-        txn_locator: CoordinatorLocator | None = None,
     ) -> None:
         self._client = client
         self._acc = accumulator
@@ -962,7 +961,6 @@ class _Sender:
         self._force_close = False
         # Transactions (None / unused for other producers).
         self._txn = txn
-        self._txn_locator = txn_locator
         self._transactional_id = "" if txn is None else txn.transactional_id
         # Some request of the open transaction reached (or may have reached)
         # the coordinator, directly or through a store adding a partition, so
@@ -1050,8 +1048,8 @@ class _Sender:
     def set_identity(self, producer_id: int, producer_epoch: int) -> None:
         """Hands a new producer id and epoch to the sender (user's thread, after
         InitProducerId or EndTxn) and waits until it has taken them: every
-        partition then starts again at sequence 0, and no partition counts as
-        added to a transaction. Only called when nothing is queued or in flight."""
+        partition then starts again at sequence 0. Only called when nothing is
+        queued or in flight."""
         acc = self._acc
         with acc.lock:
             self._identity_request = (producer_id, producer_epoch)
