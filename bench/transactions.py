@@ -5,6 +5,9 @@ Starts a LocalCluster (one partition store, one coordinator) and measures, for
 
 * the idempotent producer (the baseline),
 * a transactional producer committing every 10 ms, 100 ms and 1 s,
+* with --flush-control, the idempotent producer calling flush() at the
+  reference interval: what draining the pipeline costs without any
+  transactional request, to tell the two apart,
 
 then reads the whole topic back with read_uncommitted and read_committed
 consumers. Prints records/s and each case's ratio to its baseline. The targets:
@@ -48,11 +51,31 @@ class Row:
     round: int = 0
 
 
+@dataclass(frozen=True)
+class Case:
+    """What a producer case does every `interval_ms` of sending: nothing
+    (the baseline, interval None), commit ("transactional") or flush()."""
+
+    kind: str
+    interval_ms: int | None = None
+
+    @property
+    def name(self) -> str:
+        if self.interval_ms is None:
+            return "idempotent"
+        if self.kind == "flush":
+            return f"idempotent, flush every {self.interval_ms} ms"
+        return f"transactional, commit every {self.interval_ms} ms"
+
+
+BASELINE = Case("idempotent")
+
+
 def produce(bootstrap: str, topic: str, *, value_bytes: int, duration_s: float,
-            commit_interval_ms: int | None, batch_size: int) -> tuple[int, float]:
+            case: Case, batch_size: int) -> tuple[int, float]:
     value = b"v" * value_bytes
     sent = 0
-    tid = None if commit_interval_ms is None else f"bench-{topic}"
+    tid = f"bench-{topic}" if case.kind == "transactional" else None
     with Producer(bootstrap=bootstrap, transactional_id=tid, linger_ms=5,
                   batch_size=batch_size) as producer:
         if tid:
@@ -62,13 +85,15 @@ def produce(bootstrap: str, topic: str, *, value_bytes: int, duration_s: float,
         while time.perf_counter() < deadline:
             if tid:
                 producer.begin_transaction()
-            window_end = time.perf_counter() + (commit_interval_ms or 1000) / 1000
+            window_end = time.perf_counter() + (case.interval_ms or 1000) / 1000
             while time.perf_counter() < min(window_end, deadline):
                 for _ in range(200):
                     producer.send(topic, value=value, partition=sent % PARTITIONS)
                     sent += 1
             if tid:
                 producer.commit_transaction()
+            elif case.kind == "flush":
+                producer.flush()
         producer.flush()
         elapsed = time.perf_counter() - started
     return sent, elapsed
@@ -89,7 +114,7 @@ def consume(bootstrap: str, topic: str, isolation_level: str) -> tuple[int, floa
     return count, elapsed
 
 
-def run_case(value_bytes: int, interval_ms: int | None, args: argparse.Namespace,
+def run_case(value_bytes: int, case: Case, args: argparse.Namespace,
              read_back: bool) -> tuple[float, list[Row]]:
     """One producer case on a fresh cluster (a store that already holds the
     previous case's gigabyte writes measurably slower, which would favour
@@ -102,10 +127,10 @@ def run_case(value_bytes: int, interval_ms: int | None, args: argparse.Namespace
             admin.create_topic("bench", partitions=PARTITIONS,
                                config={"max.message.bytes": str(8 << 20)})
         sent, secs = produce(cluster.bootstrap, "bench", value_bytes=value_bytes,
-                             duration_s=args.duration_s, commit_interval_ms=interval_ms,
+                             duration_s=args.duration_s, case=case,
                              batch_size=args.batch_size)
-        rows.append(Row(case_name(interval_ms), value_bytes, sent, round(secs, 1),
-                        round(sent / secs)))
+        rows.append(Row(case.name, value_bytes, sent, round(secs, 1), round(sent / secs)))
+        interval_ms = case.interval_ms
         if read_back:
             n_u, s_u = consume(cluster.bootstrap, "bench", "read_uncommitted")
             rows.append(Row(f"consume (commit every {interval_ms} ms) read_uncommitted",
@@ -117,10 +142,6 @@ def run_case(value_bytes: int, interval_ms: int | None, args: argparse.Namespace
     return sent / secs, rows
 
 
-def case_name(interval_ms: int | None) -> str:
-    return "idempotent" if interval_ms is None else f"transactional, commit every {interval_ms} ms"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,35 +150,41 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, action="append")
     parser.add_argument("--intervals-ms", default="10,100,1000")
     parser.add_argument("--batch-size", type=int, default=512 * 1024)
+    parser.add_argument("--flush-control", action="store_true",
+                        help="also run the idempotent producer flushing at the reference interval")
     parser.add_argument("--json")
     args = parser.parse_args()
     intervals = [int(x) for x in args.intervals_ms.split(",")]
     # Read back the 100 ms case (the reference point), or the first one.
     read_back_ms = 100 if 100 in intervals else intervals[0]
+    cases = [BASELINE, *(Case("transactional", ms) for ms in intervals)]
+    if args.flush_control:
+        cases.append(Case("flush", read_back_ms))
     rows: list[Row] = []
     summary: list[Row] = []
     for value_bytes in args.value_bytes or [100, 1024]:
-        rates: dict[int | None, list[float]] = {}
-        ratios: dict[int, list[float]] = {}
+        rates: dict[Case, list[float]] = {}
+        ratios: dict[Case, list[float]] = {}
         for round_no in range(1, args.rounds + 1):
             base = 0.0
-            for ms in [None, *intervals]:
-                rate, case_rows = run_case(value_bytes, ms, args,
-                                           read_back=ms == read_back_ms and round_no == 1)
-                rates.setdefault(ms, []).append(rate)
-                if ms is None:
+            for case in cases:
+                read_back = case == Case("transactional", read_back_ms) and round_no == 1
+                rate, case_rows = run_case(value_bytes, case, args, read_back=read_back)
+                rates.setdefault(case, []).append(rate)
+                if case == BASELINE:
                     base = rate
                 else:
-                    ratios.setdefault(ms, []).append(rate / base)
+                    ratios.setdefault(case, []).append(rate / base)
                     case_rows[0].ratio_to_baseline = round(rate / base, 3)
                 for row in case_rows:
                     row.round = round_no
                     print(row, flush=True)
                 rows.extend(case_rows)
-        for ms in [None, *intervals]:
-            summary.append(Row(case_name(ms), value_bytes, 0, args.duration_s,
-                               round(statistics.median(rates[ms])),
-                               None if ms is None else round(statistics.median(ratios[ms]), 3)))
+        for case in cases:
+            summary.append(Row(case.name, value_bytes, 0, args.duration_s,
+                               round(statistics.median(rates[case])),
+                               round(statistics.median(ratios[case]), 3)
+                               if case != BASELINE else None))
         summary.extend(r for r in rows if r.case.startswith("consume")
                        and r.value_bytes == value_bytes)
     print()
