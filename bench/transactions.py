@@ -49,6 +49,10 @@ class Row:
     records_per_s: float
     ratio_to_baseline: float | None = None
     round: int = 0
+    # Producer cases that commit or flush: the median time one such call
+    # blocked the application thread, and the share of the run spent in them.
+    blocked_ms: float | None = None
+    blocked_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,19 @@ class Case:
 BASELINE = Case("idempotent")
 
 
+@dataclass
+class Produced:
+    records: int
+    seconds: float
+    # How long each commit_transaction() / flush() at the interval took.
+    blocked_s: list[float]
+
+
 def produce(bootstrap: str, topic: str, *, value_bytes: int, duration_s: float,
-            case: Case, batch_size: int) -> tuple[int, float]:
+            case: Case, batch_size: int) -> Produced:
     value = b"v" * value_bytes
     sent = 0
+    blocked_s: list[float] = []
     tid = f"bench-{topic}" if case.kind == "transactional" else None
     with Producer(bootstrap=bootstrap, transactional_id=tid, linger_ms=5,
                   batch_size=batch_size) as producer:
@@ -90,13 +103,16 @@ def produce(bootstrap: str, topic: str, *, value_bytes: int, duration_s: float,
                 for _ in range(200):
                     producer.send(topic, value=value, partition=sent % PARTITIONS)
                     sent += 1
-            if tid:
-                producer.commit_transaction()
-            elif case.kind == "flush":
-                producer.flush()
+            if tid or case.kind == "flush":
+                call_started = time.perf_counter()
+                if tid:
+                    producer.commit_transaction()
+                else:
+                    producer.flush()
+                blocked_s.append(time.perf_counter() - call_started)
         producer.flush()
         elapsed = time.perf_counter() - started
-    return sent, elapsed
+    return Produced(sent, elapsed, blocked_s)
 
 
 def consume(bootstrap: str, topic: str, isolation_level: str) -> tuple[int, float]:
@@ -122,14 +138,20 @@ def run_case(value_bytes: int, case: Case, args: argparse.Namespace,
     read-back, when asked."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-            LocalCluster(data_dir, group_coordinators=0) as cluster:
+            LocalCluster(data_dir, partition_stores=args.stores,
+                         group_coordinators=0) as cluster:
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic("bench", partitions=PARTITIONS,
                                config={"max.message.bytes": str(8 << 20)})
-        sent, secs = produce(cluster.bootstrap, "bench", value_bytes=value_bytes,
-                             duration_s=args.duration_s, case=case,
-                             batch_size=args.batch_size)
-        rows.append(Row(case.name, value_bytes, sent, round(secs, 1), round(sent / secs)))
+        produced = produce(cluster.bootstrap, "bench", value_bytes=value_bytes,
+                           duration_s=args.duration_s, case=case,
+                           batch_size=args.batch_size)
+        sent, secs = produced.records, produced.seconds
+        row = Row(case.name, value_bytes, sent, round(secs, 1), round(sent / secs))
+        if produced.blocked_s:
+            row.blocked_ms = round(statistics.median(produced.blocked_s) * 1000, 1)
+            row.blocked_share = round(sum(produced.blocked_s) / secs, 3)
+        rows.append(row)
         interval_ms = case.interval_ms
         if read_back:
             n_u, s_u = consume(cluster.bootstrap, "bench", "read_uncommitted")
@@ -150,6 +172,8 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, action="append")
     parser.add_argument("--intervals-ms", default="10,100,1000")
     parser.add_argument("--batch-size", type=int, default=512 * 1024)
+    parser.add_argument("--stores", type=int, default=1,
+                        help="partition store processes (the topic's partitions spread over them)")
     parser.add_argument("--flush-control", action="store_true",
                         help="also run the idempotent producer flushing at the reference interval")
     parser.add_argument("--json")
@@ -181,18 +205,28 @@ def main() -> None:
                     print(row, flush=True)
                 rows.extend(case_rows)
         for case in cases:
+            mine = [r for r in rows if r.case == case.name and r.value_bytes == value_bytes]
+            blocked_ms = [r.blocked_ms for r in mine if r.blocked_ms is not None]
+            shares = [r.blocked_share for r in mine if r.blocked_share is not None]
             summary.append(Row(case.name, value_bytes, 0, args.duration_s,
                                round(statistics.median(rates[case])),
                                round(statistics.median(ratios[case]), 3)
-                               if case != BASELINE else None))
+                               if case != BASELINE else None,
+                               blocked_ms=statistics.median(blocked_ms) if blocked_ms else None,
+                               blocked_share=statistics.median(shares) if shares else None))
         summary.extend(r for r in rows if r.case.startswith("consume")
                        and r.value_bytes == value_bytes)
     print()
     print(f"median of {args.rounds} round(s), {args.duration_s:g} s per case")
-    print(f"{'case':48} {'value':>6} {'records/s':>11} {'ratio':>6}")
+    print("blocked: the median commit_transaction() (or flush()) call, and the share of")
+    print("the run the application thread spent in those calls")
+    print(f"{'case':48} {'value':>6} {'records/s':>11} {'ratio':>6} {'blocked':>10} {'share':>6}")
     for r in summary:
         ratio = f"{r.ratio_to_baseline:.3f}" if r.ratio_to_baseline is not None else ""
-        print(f"{r.case:48} {r.value_bytes:>6} {r.records_per_s:>11,.0f} {ratio:>6}")
+        blocked = f"{r.blocked_ms:.1f} ms" if r.blocked_ms is not None else ""
+        share = f"{r.blocked_share:.1%}" if r.blocked_share is not None else ""
+        print(f"{r.case:48} {r.value_bytes:>6} {r.records_per_s:>11,.0f} {ratio:>6} "
+              f"{blocked:>10} {share:>6}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": [asdict(r) for r in rows],
