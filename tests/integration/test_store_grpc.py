@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -30,20 +29,23 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from oncelog._port_in_use import GRPC, find_ports_in_use
 from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.records import CRC_START, crc32c, encode_batch, iter_records, read_header
+from oncelog.testing import free_port
 from oncelog.v1 import errors_pb2, partition_store_pb2_grpc, records_pb2
 from oncelog.v1 import partition_store_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_DEADLINE_S = 60.0
+# How many fresh ports a first start tries when another process takes the
+# picked one between the pick and the bind.
+PORT_ATTEMPTS = 5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class _PortTaken(Exception):
+    pass
 
 
 @dataclass
@@ -57,12 +59,30 @@ class StoreProcess:
     proc: subprocess.Popen[bytes] | None = None
     channel: grpc.Channel | None = None
     starts: int = 0
+    served: bool = False
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        """Starts the store and waits until it is SERVING. A first start of a
+        store with a layout of its own moves to a fresh port when another
+        process took the picked one; a restart keeps its address (clients
+        and the data dir's layout know it), as does a store of a shared
+        layout (the other stores name its port)."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start_once()
+            except _PortTaken:
+                if self.served or self.stores or attempt == PORT_ATTEMPTS:
+                    raise
+                self.port = free_port()
+                continue
+            self.served = True
+            return
+
+    def _start_once(self) -> None:
         self.starts += 1
         log_path = self.data_dir.parent / f"store-{self.node_id}-{self.starts}.log"
         with open(log_path, "wb") as log_file:
@@ -78,9 +98,12 @@ class StoreProcess:
         deadline = time.monotonic() + STARTUP_DEADLINE_S
         while True:
             if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"store exited with {self.proc.returncode}:\n{log_path.read_text()}"
-                )
+                text = log_path.read_text()
+                if any(taken.purpose == GRPC and taken.port == self.port
+                       for taken in find_ports_in_use(text)):
+                    self.channel.close()
+                    raise _PortTaken(text)
+                raise AssertionError(f"store exited with {self.proc.returncode}:\n{text}")
             try:
                 reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -119,7 +142,7 @@ class StoreProcess:
 
 
 def _store(tmp_path: Path, *extra: str) -> Iterator[StoreProcess]:
-    store = StoreProcess(tmp_path / "data", _free_port(), extra)
+    store = StoreProcess(tmp_path / "data", free_port(), extra)
     try:
         store.start()
         yield store
@@ -401,7 +424,7 @@ def test_bad_input_gets_a_code_and_a_message_and_changes_nothing(
 
 
 def test_sigkill_keeps_every_acknowledged_batch_and_retries_dedup(tmp_path: Path) -> None:
-    store = StoreProcess(tmp_path / "data", _free_port(),
+    store = StoreProcess(tmp_path / "data", free_port(),
                          ("--fsync", "--snapshot-interval-batches", "7"))
     try:
         store.start()
@@ -454,7 +477,7 @@ def test_sigkill_keeps_every_acknowledged_batch_and_retries_dedup(tmp_path: Path
 
 def test_graceful_shutdown_snapshots(tmp_path: Path) -> None:
     """SIGTERM drains and snapshots: the next start replays nothing."""
-    store = StoreProcess(tmp_path / "data", _free_port())
+    store = StoreProcess(tmp_path / "data", free_port())
     try:
         store.start()
         create_topic(store.stub, "calm", partitions=1)
@@ -474,7 +497,7 @@ def test_two_nodes_share_the_catalog(tmp_path: Path) -> None:
     """Node 1 forwards topic changes to node 0 (the controller), learns topics
     from it, owns its share of the partitions, and drops the data of a
     deleted topic; a re-created topic starts empty under a new id."""
-    ports = (_free_port(), _free_port())
+    ports = (free_port(), free_port())
     stores = ",".join(f"127.0.0.1:{p}" for p in ports)
     nodes = [
         StoreProcess(tmp_path / f"data{i}", ports[i], node_id=i, stores=stores)

@@ -35,10 +35,11 @@ import pytest
 from oncelog._status import error_from_rpc, error_proto
 from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch, iter_records, read_header
+from oncelog.testing import free_port
 from oncelog.v1 import coordinator_pb2, errors_pb2, partition_store_pb2_grpc, records_pb2
 from oncelog.v1 import partition_store_pb2 as pb
 from services.partition_store.server import build_parser
-from tests.integration.test_store_grpc import StoreProcess, _free_port, create_topic
+from tests.integration.test_store_grpc import StoreProcess, create_topic
 
 NOW_MS = 1_700_000_000_000
 COMMITTED = records_pb2.READ_COMMITTED
@@ -111,7 +112,7 @@ def producers(stub: Stub, topic: str) -> dict[int, pb.ProducerStateView]:
 
 @pytest.fixture
 def unverified_store(tmp_path: Path) -> Iterator[StoreProcess]:
-    store = StoreProcess(tmp_path / "data", _free_port(), ("--unsafe-skip-txn-verification",))
+    store = StoreProcess(tmp_path / "data", free_port(), ("--unsafe-skip-txn-verification",))
     try:
         store.start()
         yield store
@@ -261,7 +262,7 @@ def test_verification_with_a_real_coordinator(tmp_path: Path) -> None:
     server.add_generic_rpc_handlers((fake.handler(),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    store = StoreProcess(tmp_path / "data", _free_port(),
+    store = StoreProcess(tmp_path / "data", free_port(),
                          ("--coordinators", f"127.0.0.1:{port}"))
     try:
         store.start()

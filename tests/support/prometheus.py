@@ -27,6 +27,9 @@ import yaml
 from oncelog.testing import free_port
 
 SCRAPE_INTERVAL_S = 1
+# How many fresh ports start() tries when another process takes the picked
+# one between the pick and Prometheus's bind.
+PORT_ATTEMPTS = 5
 # Failure guards only: every wait below returns as soon as its condition holds.
 READY_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 15.0
@@ -84,6 +87,25 @@ class PrometheusServer:
     # ------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
+        """Starts Prometheus and waits until it is ready, on a fresh port
+        when another process took the picked one before Prometheus bound it."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                self._start_once()
+                return
+            except RuntimeError:
+                with open(self.log_path, "rb") as log_file:
+                    log_file.seek(log_start)
+                    taken = f"127.0.0.1:{self.port}: bind: address already in use"
+                    if taken not in log_file.read().decode(errors="replace") or (
+                        attempt == PORT_ATTEMPTS
+                    ):
+                        raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+
+    def _start_once(self) -> None:
         argv = [
             find_tool("prometheus"),
             f"--config.file={self.config_path}",
@@ -138,7 +160,9 @@ class PrometheusServer:
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
                 return bool(resp.status == 200)
-        except (urllib.error.URLError, ConnectionError):
+        except (urllib.error.URLError, OSError):
+            # Not listening yet, or (a socket timeout) something else holds
+            # the port: start() finds out when the process exits.
             return False
 
     # ----------------------------------------------------------------- API
