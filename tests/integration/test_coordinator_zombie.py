@@ -42,6 +42,7 @@ import grpc
 import pytest
 
 from oncelog import Admin, Consumer, TopicPartition
+from oncelog._port_in_use import GRPC, find_ports_in_use
 from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch
@@ -58,6 +59,8 @@ from tests.support.reading import read_all
 TOPIC = "t"
 TID = "zombie-victim"
 DEADLINE_S = 60.0
+# Fresh ports the replacement coordinator tries when the picked one is taken.
+PORT_ATTEMPTS = 5
 T = TypeVar("T")
 
 
@@ -87,22 +90,50 @@ def _retrying(call: Callable[[], T]) -> T:
 @contextmanager
 def _replacement(cluster: LocalCluster) -> Iterator[str]:
     """A second coordinator process for node 0 on a new address, started
-    while the first one is paused; yields its address."""
+    while the first one is paused; yields its address once it serves there
+    (on a fresh port when another process took the picked one first)."""
     old = cluster.processes["coordinator"][0]
-    address = f"127.0.0.1:{free_port()}"
-    argv = [*old.argv, "--listen", address, "--metrics-port", "0",
-            "--transaction-check-interval-ms", "100"]
     log_path = cluster.data_dir / "logs" / "coordinator-0-replacement.log"
-    with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "oncelog._child", str(os.getpid()), *argv],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        address = f"127.0.0.1:{free_port()}"
+        argv = [*old.argv, "--listen", address, "--metrics-port", "0",
+                "--transaction-check-interval-ms", "100"]
+        with open(log_path, "ab") as log_file:
+            log_start = log_file.tell()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "oncelog._child", str(os.getpid()), *argv],
+                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        if _serves(process, address, log_path, log_start):
+            break
+        process.wait()
+        if attempt == PORT_ATTEMPTS:
+            raise AssertionError(f"no free port for the replacement coordinator in "
+                                 f"{PORT_ATTEMPTS} attempts")
     try:
         yield address
     finally:
         process.kill()
         process.wait()
+
+
+def _serves(process: subprocess.Popen[bytes], address: str, log_path: Path,
+            log_start: int) -> bool:
+    """True once the process logs that it serves on `address`; False when it
+    exits because another process holds that port."""
+    def outcome() -> bool | None:
+        with open(log_path, "rb") as log_file:
+            log_file.seek(log_start)
+            text = log_file.read().decode(errors="replace")
+        if f"serving on {address}" in text:
+            return True
+        if process.poll() is not None:
+            if any(taken.purpose == GRPC and taken.address == address
+                   for taken in find_ports_in_use(text)):
+                return False
+            raise AssertionError(f"the replacement coordinator exited:\n{text}")
+        return None
+    return _until(f"the replacement coordinator serves on {address}", outcome)
 
 
 @pytest.mark.parametrize("add_partitions_to_txn", [False, True],

@@ -2,10 +2,11 @@
 
 Goal: free_port's race (a port free when picked, taken by another process
 before the server binds it) does not fail the tests that start a store
-process through StoreProcess or a Prometheus through PrometheusServer: a
-first start moves to a fresh port and serves there; a restart keeps its
-address (what was stored and told to clients names it) and fails, naming
-the port, while another process holds it.
+process through StoreProcess, a Prometheus through PrometheusServer or the
+zombie test's replacement coordinator: a first start moves to a fresh port
+and serves there; a store restart keeps its address (what was stored and
+told to clients names it) and fails, naming the port, while another process
+holds it.
 
 Method: the test holds a listening socket on the port the server was given.
 Real store and Prometheus processes; no assertion depends on timing.
@@ -13,13 +14,16 @@ Real store and Prometheus processes; no assertion depends on timing.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from oncelog.testing import free_port
+from oncelog import testing
+from oncelog.testing import LocalCluster, free_port
+from tests.integration import test_coordinator_zombie
 from tests.integration.test_local_cluster_ports import held_port
 from tests.integration.test_store_grpc import StoreProcess
 from tests.support.prometheus import PrometheusServer
@@ -73,3 +77,19 @@ def test_prometheus_whose_port_is_taken_starts_on_a_fresh_one(tmp_path: Path) ->
             assert prometheus.port != taken
             assert prometheus.url == f"http://127.0.0.1:{prometheus.port}"
             assert prometheus.query("vector(1)")[0]["value"][1] == "1"
+
+
+def test_the_replacement_coordinator_whose_port_is_taken_starts_on_a_fresh_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with LocalCluster(tmp_path, group_coordinators=0) as cluster, held_port() as taken:
+        real_free_port = testing.free_port
+        picks = itertools.count()
+        monkeypatch.setattr(test_coordinator_zombie, "free_port",
+                            lambda: taken if next(picks) == 0 else real_free_port())
+        cluster.pause("coordinator", 0)
+        try:
+            with test_coordinator_zombie._replacement(cluster) as address:
+                assert address != f"127.0.0.1:{taken}"
+                assert _serving(address)
+        finally:
+            cluster.resume("coordinator", 0)
