@@ -18,6 +18,10 @@ with 1 KiB records and a 100 ms commit interval, the transactional producer
 keeps >= 97 % of the idempotent throughput; read_committed reads at >= 95 % of
 read_uncommitted.
 
+With --pin the services run on the last CPU and the client on the others, as
+if on separate machines (Kafka's published figures come from such a setup);
+by default all share every CPU.
+
 Client and servers share the machine, so one run of a case swings by several
 per cent with whatever else runs. The cases therefore run in `--rounds`
 rounds (baseline, then each interval, each on a fresh cluster), and the
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -145,6 +150,8 @@ def run_case(value_bytes: int, case: Case, args: argparse.Namespace,
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
             LocalCluster(data_dir, partition_stores=args.stores,
                          group_coordinators=0) as cluster:
+        if args.pin:
+            pin_services(cluster)
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic("bench", partitions=PARTITIONS,
                                config={"max.message.bytes": str(8 << 20)})
@@ -175,6 +182,19 @@ def run_case(value_bytes: int, case: Case, args: argparse.Namespace,
     return sent / secs, rows
 
 
+def pin_services(cluster: LocalCluster) -> None:
+    """Every thread of every service process onto the last CPU (the client
+    runs on the others): client and servers as on separate machines."""
+    cpus = sorted(os.sched_getaffinity(0))
+    for procs in cluster.processes.values():
+        for proc in procs:
+            pid = proc.process.pid if proc.process else None
+            if pid is None:
+                continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setaffinity(int(tid), {cpus[-1]})
+
+
 def consume_case(interval_ms: int | None, level: str) -> str:
     return f"consume (commit every {interval_ms} ms) {level}"
 
@@ -191,8 +211,13 @@ def main() -> None:
                         help="partition store processes (the topic's partitions spread over them)")
     parser.add_argument("--flush-control", action="store_true",
                         help="also run the idempotent producer flushing at the reference interval")
+    parser.add_argument("--pin", action="store_true",
+                        help="run the services on the last CPU and the client on the others")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, set(cpus[:-1]))
     intervals = [int(x) for x in args.intervals_ms.split(",")]
     # Read back the 100 ms case (the reference point), or the first one.
     read_back_ms = 100 if 100 in intervals else intervals[0]
