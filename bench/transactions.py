@@ -61,6 +61,9 @@ class Row:
     # blocked the application thread, and the share of the run spent in them.
     blocked_ms: float | None = None
     blocked_share: float | None = None
+    # Summary rows: the lowest and highest per-round ratio (how far one
+    # round can be trusted on this machine).
+    ratio_range: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,10 @@ def pin_services(cluster: LocalCluster) -> None:
                 os.sched_setaffinity(int(tid), {cpus[-1]})
 
 
+def spread(ratios: list[float]) -> tuple[float, float] | None:
+    return (round(min(ratios), 3), round(max(ratios), 3)) if ratios else None
+
+
 def consume_case(interval_ms: int | None, level: str) -> str:
     return f"consume (commit every {interval_ms} ms) {level}"
 
@@ -256,25 +263,30 @@ def main() -> None:
                                round(statistics.median(ratios[case]), 3)
                                if case != BASELINE else None,
                                blocked_ms=statistics.median(blocked_ms) if blocked_ms else None,
-                               blocked_share=statistics.median(shares) if shares else None))
+                               blocked_share=statistics.median(shares) if shares else None,
+                               ratio_range=spread(ratios.get(case, []))))
         for level in ("read_uncommitted", "read_committed"):
             name = consume_case(read_back_ms, level)
             mine = [r for r in rows if r.case == name and r.value_bytes == value_bytes]
             read_ratios = [r.ratio_to_baseline for r in mine if r.ratio_to_baseline is not None]
             summary.append(Row(name, value_bytes, 0, 0.0,
                                round(statistics.median(r.records_per_s for r in mine)),
-                               round(statistics.median(read_ratios), 3) if read_ratios else None))
+                               round(statistics.median(read_ratios), 3) if read_ratios else None,
+                               ratio_range=spread(read_ratios)))
     print()
     print(f"median of {args.rounds} round(s), {args.duration_s:g} s per case")
     print("blocked: the median commit_transaction() (or flush()) call, and the share of")
     print("the run the application thread spent in those calls")
-    print(f"{'case':48} {'value':>6} {'records/s':>11} {'ratio':>6} {'blocked':>10} {'share':>6}")
+    print("rounds: the lowest and highest per-round ratio")
+    print(f"{'case':48} {'value':>6} {'records/s':>11} {'ratio':>6} {'rounds':>12} "
+          f"{'blocked':>10} {'share':>6}")
     for r in summary:
         ratio = f"{r.ratio_to_baseline:.3f}" if r.ratio_to_baseline is not None else ""
+        lo_hi = f"{r.ratio_range[0]:.2f}-{r.ratio_range[1]:.2f}" if r.ratio_range else ""
         blocked = f"{r.blocked_ms:.1f} ms" if r.blocked_ms is not None else ""
         share = f"{r.blocked_share:.1%}" if r.blocked_share is not None else ""
         print(f"{r.case:48} {r.value_bytes:>6} {r.records_per_s:>11,.0f} {ratio:>6} "
-              f"{blocked:>10} {share:>6}")
+              f"{lo_hi:>12} {blocked:>10} {share:>6}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": [asdict(r) for r in rows],
