@@ -745,10 +745,7 @@ class StoreRuntime:
         producer's transaction (the client sent no AddPartitionsToTxn)."""
         await self._ensure_known({item.topic for item in items})
         now_ms = self._clock_ms()
-        # The unsafe test switch skips the check only: a request that asks the
-        # store to add its partitions to the transaction still does.
-        skip_verification = (self.config.unsafe_skip_txn_verification
-                             and not add_partitions_to_txn)
+        skip_verification = self._skips_verification(add_partitions_to_txn)
         outcomes: list[ProduceOutcome | None] = []
         waits: dict[int, asyncio.Future[None]] = {}
         deferred: list[_Deferred] = []
@@ -857,7 +854,7 @@ class StoreRuntime:
                     result = part.append(
                         item.batch, expected_log_end_offset=item.expected_log_end_offset,
                         now_ms=self._clock_ms(), transactional_id=transactional_id,
-                        txn_verified=self.config.unsafe_skip_txn_verification and not add,
+                        txn_verified=self._skips_verification(add),
                     )
                     if isinstance(result, WaitForGate):
                         pending = result
@@ -902,6 +899,11 @@ class StoreRuntime:
         finally:
             if gate is not None:
                 part.close_verification_gate(gate_producer_id, gate)
+
+    def _skips_verification(self, add_partitions_to_txn: bool) -> bool:
+        """The unsafe test switch skips the check only: a request that asks the
+        store to add its partitions to the transaction still does."""
+        return self.config.unsafe_skip_txn_verification and not add_partitions_to_txn
 
     async def _verify(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
