@@ -191,7 +191,7 @@ def pin_services(cluster: LocalCluster) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     for procs in cluster.processes.values():
         for proc in procs:
-            pid = proc.process.pid if proc.process else None
+            pid = proc.pid
             if pid is None:
                 continue
             for tid in os.listdir(f"/proc/{pid}/task"):

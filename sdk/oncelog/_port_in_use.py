@@ -46,3 +46,10 @@ def find_ports_in_use(log_text: str) -> list[PortInUse]:
     """Every port-in-use line in a service's log text, in order (JSON log
     lines carry the message unescaped: it has no quotes or backslashes)."""
     return [PortInUse(m["purpose"], m["address"]) for m in _LINE.finditer(log_text)]
+
+
+def grpc_port_taken(log_text: str, address: str) -> bool:
+    """Whether a service's log says that another process holds the gRPC
+    address it was given."""
+    return any(taken.purpose == GRPC and taken.address == address
+               for taken in find_ports_in_use(log_text))

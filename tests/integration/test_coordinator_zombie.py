@@ -42,7 +42,7 @@ import grpc
 import pytest
 
 from oncelog import Admin, Consumer, TopicPartition
-from oncelog._port_in_use import GRPC, find_ports_in_use
+from oncelog._port_in_use import grpc_port_taken
 from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch
@@ -128,8 +128,7 @@ def _serves(process: subprocess.Popen[bytes], address: str, log_path: Path,
         if f"serving on {address}" in text:
             return True
         if process.poll() is not None:
-            if any(taken.purpose == GRPC and taken.address == address
-                   for taken in find_ports_in_use(text)):
+            if grpc_port_taken(text, address):
                 return False
             raise AssertionError(f"the replacement coordinator exited:\n{text}")
         return None

@@ -29,7 +29,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from oncelog._port_in_use import GRPC, find_ports_in_use
+from oncelog._port_in_use import grpc_port_taken
 from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.records import CRC_START, crc32c, encode_batch, iter_records, read_header
@@ -99,8 +99,7 @@ class StoreProcess:
         while True:
             if self.proc.poll() is not None:
                 text = log_path.read_text()
-                if any(taken.purpose == GRPC and taken.port == self.port
-                       for taken in find_ports_in_use(text)):
+                if grpc_port_taken(text, self.address):
                     self.channel.close()
                     raise _PortTaken(text)
                 raise AssertionError(f"store exited with {self.proc.returncode}:\n{text}")
