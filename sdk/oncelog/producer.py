@@ -97,6 +97,9 @@ MAX_REQUEST_BYTES = MAX_GRPC_MESSAGE_BYTES // 2
 EXPIRY_CHECK_INTERVAL_MS = 50
 # The longest the sender sleeps while anything is incomplete (housekeeping).
 MAX_SENDER_SLEEP_MS = 100
+# How long send() waits at most for a lagging sender thread's pass (a sender
+# blocked in a call, such as InitProducerId, must not stall send() for long).
+SENDER_HAND_OVER_MAX_S = 0.02
 # States in which the sender sends a transaction's batches.
 _TXN_SENDING = frozenset({TxnState.IN_TRANSACTION, TxnState.COMMITTING, TxnState.PREPARING})
 # States in which the sender discards a transaction's unsent batches.
@@ -349,10 +352,14 @@ class Producer:
                 blocked = self._wait_for_buffer(size)
                 if blocked is not None:
                     return failed_future(topic, -1 if partition is None else partition, blocked)
-            return acc.append(
+            fut = acc.append(
                 topic, partition, num_partitions, (key, value, header_tuple, timestamp_ms),
                 size, max_message_bytes,
             )
+            if acc.hand_over_due and threading.current_thread() is not self._sender.thread:
+                # Not from a callback on the sender thread: it would wait for itself.
+                acc.wait_for_sender_pass(SENDER_HAND_OVER_MAX_S)
+            return fut
         finally:
             acc.lock.release()
 
@@ -1027,6 +1034,7 @@ class _Sender:
         wake_at_ms = self._send_ready(now)
         acc = self._acc
         with acc.lock:
+            acc.sender_pass_done()
             if (
                 acc.closing and not acc.incomplete and not self._requests_in_flight
                 and self._identity_request is None

@@ -3,7 +3,9 @@
 Goal: records gather into batches by size and linger as configured; a record
 larger than batch_size gets a batch of its own; keyless records stick to one
 partition until its batch closes; flush and close make everything sendable;
-queued batches expire at their delivery deadline; and the cheap record
+queued batches expire at their delivery deadline; send() is told to hand
+over to the sender thread when batches close faster than it makes passes,
+and waits for one pass at most as long as asked; and the cheap record
 futures behave like any concurrent.futures.Future (result, exception,
 callbacks, wait, as_completed, asyncio) although they are completed a batch
 at a time.
@@ -326,3 +328,52 @@ def test_failed_future_is_done_at_once() -> None:
     with pytest.raises(errors.OncelogError, match="big") as info:
         fut.result()
     assert info.value.code is errors.ErrorCode.MESSAGE_TOO_LARGE
+
+
+# ------------------------------------------------------- hand-over to the sender
+
+
+def close_batch(acc: RecordAccumulator) -> None:
+    """A 600-byte record to partition 0: with batch_size 1,000 it closes the
+    batch the previous call opened, and opens one of its own."""
+    append(acc, b"x" * 600)
+
+
+def test_hand_over_is_due_when_batches_close_without_a_sender_pass_between() -> None:
+    acc = make_acc(Clock())
+    close_batch(acc)   # opens the first batch
+    close_batch(acc)   # closes it: nothing to compare with yet
+    assert not acc.hand_over_due
+    with acc.lock:
+        acc.sender_pass_done()
+    close_batch(acc)   # a pass since the previous close: the sender keeps up
+    assert not acc.hand_over_due
+    close_batch(acc)   # no pass since the previous close: it is falling behind
+    assert acc.hand_over_due
+
+
+def test_wait_for_sender_pass_returns_after_the_next_pass_and_clears_the_flag() -> None:
+    acc = make_acc(Clock())
+    acc.hand_over_due = True
+    passes: list[int] = []
+
+    def sender() -> None:
+        with acc.lock:
+            # Runs once the waiting thread has released the lock in wait().
+            acc.sender_pass_done()
+            passes.append(acc.sender_passes)
+
+    with acc.lock:
+        threading.Thread(target=sender).start()
+        acc.wait_for_sender_pass(max_wait_s=60)
+        assert acc.sender_passes == 1 and passes == [1]
+        assert not acc.hand_over_due
+
+
+def test_wait_for_sender_pass_gives_up_after_its_limit() -> None:
+    """A sender stuck in a blocking call must not stall send() for good."""
+    acc = make_acc(Clock())
+    acc.hand_over_due = True
+    with acc.lock:
+        acc.wait_for_sender_pass(max_wait_s=0.01)
+    assert acc.sender_passes == 0 and not acc.hand_over_due

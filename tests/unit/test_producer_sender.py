@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from oncelog import Producer, errors
-from oncelog._batching import RecordFuture
+from oncelog._batching import RecordAccumulator, RecordFuture
 from oncelog._partitioner import partition_for_key
 from oncelog.errors import ErrorCode
 from tests.support.fake_store import DROP_REPLY, UNREACHABLE, BatchView, FakeStore
@@ -260,6 +260,38 @@ def test_flush_from_a_callback_is_refused(store: FakeStore) -> None:
         producer.send("t", value=b"a").add_done_callback(callback)
         producer.flush()
     assert len(seen) == 1
+
+
+def test_send_hands_over_to_a_lagging_sender_but_never_from_its_own_thread(
+        store: FakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The application thread waits for a sender pass when batches close
+    faster than the sender runs; a send() from a callback, on the sender
+    thread itself, must not wait for its own pass."""
+    waits: list[str] = []
+    original = RecordAccumulator.wait_for_sender_pass
+
+    def spy(self: RecordAccumulator, max_wait_s: float) -> None:
+        waits.append(threading.current_thread().name)
+        original(self, max_wait_s)
+
+    monkeypatch.setattr(RecordAccumulator, "wait_for_sender_pass", spy)
+    from_callback: list[RecordFuture] = []
+    with Producer(bootstrap=store.address, batch_size=64, linger_ms=0) as producer:
+        # Every record fills a batch of its own: from the second close on,
+        # a close with no sender pass since the previous one asks for a wait.
+        sent, futures = produce(producer, partitions=2, per_partition=200)
+
+        def callback(_f: object) -> None:
+            for i in range(50):
+                from_callback.append(producer.send("t", value=b"cb%d" % i, partition=0))
+
+        producer.send("t", value=b"last", partition=1).add_done_callback(callback)
+        producer.flush(timeout=60)
+        producer.flush(timeout=60)
+        sender_name = producer._sender.thread.name
+    assert waits, "a tight send() loop never handed over to the sender"
+    assert sender_name not in waits
+    assert [f.result(timeout=30).offset for f in from_callback] == list(range(200, 250))
 
 
 def test_option_checks() -> None:
