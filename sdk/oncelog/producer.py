@@ -956,7 +956,6 @@ class _Sender:
         # Partitions with unacknowledged batches or a pending retry/reset.
         self._active: set[tuple[str, int]] = set()
         self._completions: list[tuple[list[ProducerBatch], grpc.Future]] = []
-        self._requests_in_flight = 0
         self.producer_id = -1
         self.producer_epoch = -1
         self.fatal_error: OncelogError | None = None
@@ -1036,7 +1035,7 @@ class _Sender:
         with acc.lock:
             acc.sender_pass_done()
             if (
-                acc.closing and not acc.incomplete and not self._requests_in_flight
+                acc.closing and not acc.incomplete and not acc.requests_unanswered
                 and self._identity_request is None
             ):
                 return False
@@ -1368,13 +1367,16 @@ class _Sender:
         # batches (a cut-short attempt counts as "outcome unknown").
         latest_deadline = max(b.deadline_ms for b in batches)
         timeout_ms = min(self._request_timeout_ms + 1000, max(latest_deadline - now, 50))
-        if self._txn is not None and not self.txn_touched:
-            # The store may add partitions to the transaction for this request.
-            with self._acc.lock:
+        with self._acc.lock:
+            if self._txn is not None:
+                # The store may add partitions to the transaction for this request.
                 self.txn_touched = True
+            self._acc.requests_unanswered += 1
         try:
             call = self._client.store(address).Produce.future(request, timeout=timeout_ms / 1000)
         except (OncelogError, ValueError, RuntimeError) as exc:
+            with self._acc.lock:
+                self._acc.requests_unanswered -= 1
             # The client is closed or the channel is unusable: fail this attempt.
             failure = errors.error_for(
                 ErrorCode.NETWORK_EXCEPTION, f"cannot send to {address}: {exc}"
@@ -1385,13 +1387,13 @@ class _Sender:
                                      dispatched=False)
             self._complete(finished)
             return
-        self._requests_in_flight += 1
         call.add_done_callback(functools.partial(self._on_rpc_done, batches))
 
     def _on_rpc_done(self, batches: list[ProducerBatch], call: grpc.Future) -> None:
         # A gRPC thread: only hand the answer over to the sender thread.
         acc = self._acc
         with acc.lock:
+            acc.requests_unanswered -= 1
             self._completions.append((batches, call))
             acc.woken = True
             acc.wakeup.notify()
@@ -1407,7 +1409,6 @@ class _Sender:
         finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
         refresh = False
         for batches, call in items:
-            self._requests_in_flight -= 1
             try:
                 resp = call.result()
             except grpc.RpcError as rpc_exc:

@@ -4,8 +4,9 @@ Goal: records gather into batches by size and linger as configured; a record
 larger than batch_size gets a batch of its own; keyless records stick to one
 partition until its batch closes; flush and close make everything sendable;
 queued batches expire at their delivery deadline; send() is told to hand
-over to the sender thread when batches close faster than it makes passes,
-and waits for one pass at most as long as asked; and the cheap record
+over to the sender thread when a batch closes while the sender has made no
+pass for a while and the stores are running out of its requests, and waits
+for one pass at most as long as asked; and the cheap record
 futures behave like any concurrent.futures.Future (result, exception,
 callbacks, wait, as_completed, asyncio) although they are completed a batch
 at a time.
@@ -339,16 +340,38 @@ def close_batch(acc: RecordAccumulator) -> None:
     append(acc, b"x" * 600)
 
 
-def test_hand_over_is_due_when_batches_close_without_a_sender_pass_between() -> None:
-    acc = make_acc(Clock())
+def test_hand_over_is_due_when_a_batch_closes_long_after_the_last_sender_pass() -> None:
+    clock = Clock()
+    acc = make_acc(clock)
+    assert acc.hand_over_lag_ms == 10
     close_batch(acc)   # opens the first batch
-    close_batch(acc)   # closes it: nothing to compare with yet
+    clock.now_ms += 9
+    close_batch(acc)   # closes it 9 ms after the sender's last pass: it keeps up
     assert not acc.hand_over_due
+    clock.now_ms += 1
+    close_batch(acc)   # 10 ms without a pass while batches close: it is starved
+    assert acc.hand_over_due
+    acc.hand_over_due = False
     with acc.lock:
         acc.sender_pass_done()
-    close_batch(acc)   # a pass since the previous close: the sender keeps up
+    clock.now_ms += 9
+    close_batch(acc)   # a pass 9 ms ago
     assert not acc.hand_over_due
-    close_batch(acc)   # no pass since the previous close: it is falling behind
+
+
+def test_no_hand_over_while_the_stores_have_enough_requests_to_work_on() -> None:
+    """A starved sender costs nothing while its requests keep the stores
+    busy; its work then waits for the application's next pause."""
+    clock = Clock()
+    acc = make_acc(clock)
+    assert acc.hand_over_max_unanswered == 1
+    close_batch(acc)
+    acc.requests_unanswered = 2
+    clock.now_ms += 20
+    close_batch(acc)
+    assert not acc.hand_over_due
+    acc.requests_unanswered = 1   # one answer came: the stores are running dry
+    close_batch(acc)
     assert acc.hand_over_due
 
 

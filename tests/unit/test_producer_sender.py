@@ -265,7 +265,7 @@ def test_flush_from_a_callback_is_refused(store: FakeStore) -> None:
 def test_send_hands_over_to_a_lagging_sender_but_never_from_its_own_thread(
         store: FakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The application thread waits for a sender pass when batches close
-    faster than the sender runs; a send() from a callback, on the sender
+    while the sender is behind; a send() from a callback, on the sender
     thread itself, must not wait for its own pass."""
     waits: list[str] = []
     original = RecordAccumulator.wait_for_sender_pass
@@ -277,9 +277,12 @@ def test_send_hands_over_to_a_lagging_sender_but_never_from_its_own_thread(
     monkeypatch.setattr(RecordAccumulator, "wait_for_sender_pass", spy)
     from_callback: list[RecordFuture] = []
     with Producer(bootstrap=store.address, batch_size=64, linger_ms=0) as producer:
-        # Every record fills a batch of its own: from the second close on,
-        # a close with no sender pass since the previous one asks for a wait.
+        # Every record fills a batch of its own, and with no lag allowed and
+        # no limit on requests outstanding every close finds the sender behind.
+        producer._accumulator.hand_over_lag_ms = 0
+        producer._accumulator.hand_over_max_unanswered = 1 << 30
         sent, futures = produce(producer, partitions=2, per_partition=200)
+        check_exactly_once(store, sent, futures)
 
         def callback(_f: object) -> None:
             for i in range(50):
