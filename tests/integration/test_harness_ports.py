@@ -72,7 +72,6 @@ def test_prometheus_whose_port_is_taken_starts_on_a_fresh_one(tmp_path: Path) ->
     with held_port() as taken:
         prometheus = PrometheusServer(tmp_path / "prometheus", {})
         prometheus.port = taken
-        prometheus.url = f"http://127.0.0.1:{taken}"
         with prometheus:
             assert prometheus.port != taken
             assert prometheus.url == f"http://127.0.0.1:{prometheus.port}"

@@ -65,7 +65,6 @@ class PrometheusServer:
         self.work_dir = work_dir
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = work_dir / "prometheus.log"
         self.scrape_interval_s = scrape_interval_s
         config = {
@@ -83,6 +82,10 @@ class PrometheusServer:
         self.config_path = work_dir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     # ------------------------------------------------------------- lifecycle
 
@@ -103,7 +106,6 @@ class PrometheusServer:
                     ):
                         raise
                 self.port = free_port()
-                self.url = f"http://127.0.0.1:{self.port}"
 
     def _start_once(self) -> None:
         argv = [
