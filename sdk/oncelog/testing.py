@@ -33,6 +33,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from oncelog._port_in_use import GRPC, METRICS, PortInUse, find_ports_in_use
+from oncelog._process_health import process_health_service
 
 KINDS = ("partition_store", "coordinator", "group_coordinator")
 # How long a started process may take to answer its health check.
@@ -328,7 +329,9 @@ class LocalCluster:
         proc.process = _Spawner.get().spawn(start)
 
     def wait_ready(self, kind: str, index: int = 0, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Blocks until the process answers its gRPC health check with SERVING.
+        """Blocks until the process answers its gRPC health check with SERVING,
+        under its own pid's service name (another process that holds the port
+        does not know that name).
         Raises PortTakenError if it exited because another process holds its
         port (a restarted process keeps its address, so it is not moved),
         RuntimeError if it exited for another reason, TimeoutError after
@@ -349,8 +352,11 @@ class LocalCluster:
             while pending:
                 for key, (proc, stub) in list(pending.items()):
                     self._raise_if_exited(proc)
+                    assert proc.process is not None  # alive, so started
+                    own_name = process_health_service(proc.process.pid)
                     try:
-                        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                        resp = stub.Check(health_pb2.HealthCheckRequest(service=own_name),
+                                          timeout=1.0)
                         if resp.status == health_pb2.HealthCheckResponse.SERVING:
                             del pending[key]
                     except grpc.RpcError:

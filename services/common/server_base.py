@@ -31,6 +31,7 @@ from prometheus_client import disable_created_metrics, start_http_server
 
 from oncelog import __version__
 from oncelog._port_in_use import GRPC, METRICS, port_in_use_line
+from oncelog._process_health import process_health_service
 from services.common import limits, metrics
 from services.common.cluster import ClusterLayout, split_addresses
 from services.common.rpc_interceptor import RpcInterceptor
@@ -238,7 +239,9 @@ class ServiceServer:
         if shutdown_grace_ms < 0:
             raise ValueError(f"shutdown grace is {shutdown_grace_ms} ms; it must be >= 0")
         self.service_name = service_name
-        self._names = ["", *full_service_names]
+        # Our pid's name lets a caller that started this process tell it from
+        # another process holding the port (oncelog._process_health).
+        self._names = ["", *full_service_names, process_health_service(os.getpid())]
         self._shutdown_grace_ms = shutdown_grace_ms
         self._on_draining = on_draining
         self._on_shutdown = on_shutdown

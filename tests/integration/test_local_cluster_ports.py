@@ -10,7 +10,9 @@ verification, coordinator -> store markers) commits and reads back. The
 retries are bounded and, when they run out, the error names the port and
 nothing is left running. A restarted process keeps its address: while
 another process holds that port, restart fails naming it; once the port is
-free, the process comes back on the same address.
+free, the process comes back on the same address. A gRPC server of someone
+else's that holds the port and answers health checks as SERVING is not taken
+for our process being ready.
 
 Method: the test holds a listening socket on a port and monkeypatches
 free_port so that LocalCluster's n-th pick returns that port. Real service
@@ -24,10 +26,13 @@ import itertools
 import socket
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from oncelog import Admin, Producer, testing
 from oncelog.testing import LocalCluster, PortTakenError
@@ -48,6 +53,23 @@ def held_port(port: int = 0) -> Iterator[int]:
         sock.bind(("127.0.0.1", port))
         sock.listen()
         yield int(sock.getsockname()[1])
+
+
+@contextmanager
+def impostor_port() -> Iterator[int]:
+    """A loopback port held by a gRPC server of this test that answers every
+    health check with SERVING, as another cluster's service would."""
+    server = grpc.server(ThreadPoolExecutor(max_workers=2),
+                         options=[("grpc.so_reuseport", 0)])
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(grace=None)
 
 
 def hand_out(monkeypatch: pytest.MonkeyPatch, taken: dict[int, int]) -> None:
@@ -119,6 +141,19 @@ def test_a_taken_grpc_port_moves_the_process_and_the_layout(
         cluster.restart("coordinator")
         assert cluster.address("coordinator") == moved_to
         transaction_round_trip(cluster, "moved", "tx-after")
+
+
+def test_another_servers_health_answer_is_not_our_process_ready(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with impostor_port() as port:
+        hand_out(monkeypatch, {COORDINATOR_GRPC_PICK: port})
+        with LocalCluster(tmp_path, group_coordinators=0,
+                          transaction_state_partitions=1) as cluster:
+            # Our coordinator could not bind; it was moved, not believed ready.
+            assert cluster.address("coordinator") != f"127.0.0.1:{port}"
+            with Admin(bootstrap=cluster.bootstrap) as admin:
+                admin.create_topic("impostor", partitions=1)
+            transaction_round_trip(cluster, "impostor", "tx-impostor")
 
 
 def test_a_taken_metrics_port_restarts_only_its_process(
