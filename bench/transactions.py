@@ -22,6 +22,12 @@ With --pin the services run on the last CPU and the client on the others, as
 if on separate machines (Kafka's published figures come from such a setup);
 by default all share every CPU.
 
+With --producers N each case runs N producer processes at once (each its
+own transactional id, all writing every partition), as a store serves many
+producers in production: one producer's commit is then the others' time to
+write, so the ratio shows what transactions cost the store rather than what
+one producer waits. The read-back reads what all of them wrote.
+
 Client and servers share the machine, so one run of a case swings by several
 per cent with whatever else runs. The cases therefore run in `--rounds`
 rounds (baseline, then each interval, each on a fresh cluster), and the
@@ -36,16 +42,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from oncelog import Admin, Consumer, Producer, TopicPartition
 from oncelog.testing import LocalCluster
 
 PARTITIONS = 4
+# With several producer processes: how long before the common start time
+# they are started (a process takes about a second to import and connect).
+CHILD_START_S = 3.0
 
 
 @dataclass
@@ -95,11 +106,11 @@ class Produced:
 
 
 def produce(bootstrap: str, topic: str, *, value_bytes: int, duration_s: float,
-            case: Case, batch_size: int) -> Produced:
+            case: Case, batch_size: int, producer_index: int = 0) -> Produced:
     value = b"v" * value_bytes
     sent = 0
     blocked_s: list[float] = []
-    tid = f"bench-{topic}" if case.kind == "transactional" else None
+    tid = f"bench-{topic}-{producer_index}" if case.kind == "transactional" else None
     with Producer(bootstrap=bootstrap, transactional_id=tid, linger_ms=5,
                   batch_size=batch_size) as producer:
         if tid:
@@ -124,6 +135,35 @@ def produce(bootstrap: str, topic: str, *, value_bytes: int, duration_s: float,
         producer.flush()
         elapsed = time.perf_counter() - started
     return Produced(sent, elapsed, blocked_s)
+
+
+def _produce_in_child(start_at_s: float, kwargs: dict[str, Any]) -> Produced:
+    """One of several producer processes: waits for the common start time
+    (each process needs a moment to import and connect) and produces."""
+    time.sleep(max(0.0, start_at_s - time.time()))
+    return produce(**kwargs)
+
+
+def produce_together(producers: int, bootstrap: str, topic: str, *, value_bytes: int,
+                     duration_s: float, case: Case, batch_size: int) -> Produced:
+    """produce() in this process (one producer), or in `producers` processes
+    started together; their records add up, and the slowest one's time
+    counts. Processes, not threads: each producer needs a GIL of its own."""
+    if producers == 1:
+        return produce(bootstrap, topic, value_bytes=value_bytes, duration_s=duration_s,
+                       case=case, batch_size=batch_size)
+    # spawn, not fork: the parent has gRPC threads, which fork would copy broken.
+    context = multiprocessing.get_context("spawn")
+    start_at_s = time.time() + CHILD_START_S
+    with context.Pool(producers) as pool:
+        results = pool.starmap(_produce_in_child, [
+            (start_at_s, {"bootstrap": bootstrap, "topic": topic, "value_bytes": value_bytes,
+                          "duration_s": duration_s, "case": case, "batch_size": batch_size,
+                          "producer_index": index})
+            for index in range(producers)
+        ])
+    return Produced(sum(r.records for r in results), max(r.seconds for r in results),
+                    [b for r in results for b in r.blocked_s])
 
 
 def consume(bootstrap: str, topic: str, isolation_level: str) -> tuple[int, float]:
@@ -158,14 +198,15 @@ def run_case(value_bytes: int, case: Case, args: argparse.Namespace,
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic("bench", partitions=PARTITIONS,
                                config={"max.message.bytes": str(8 << 20)})
-        produced = produce(cluster.bootstrap, "bench", value_bytes=value_bytes,
-                           duration_s=args.duration_s, case=case,
-                           batch_size=args.batch_size)
+        produced = produce_together(args.producers, cluster.bootstrap, "bench",
+                                    value_bytes=value_bytes, duration_s=args.duration_s,
+                                    case=case, batch_size=args.batch_size)
         sent, secs = produced.records, produced.seconds
         row = Row(case.name, value_bytes, sent, round(secs, 1), round(sent / secs))
         if produced.blocked_s:
             row.blocked_ms = round(statistics.median(produced.blocked_s) * 1000, 1)
-            row.blocked_share = round(sum(produced.blocked_s) / secs, 3)
+            # Each producer's own share of the run, averaged over the producers.
+            row.blocked_share = round(sum(produced.blocked_s) / secs / args.producers, 3)
         rows.append(row)
         interval_ms = case.interval_ms
         if read_back:
@@ -218,10 +259,14 @@ def main() -> None:
                         help="partition store processes (the topic's partitions spread over them)")
     parser.add_argument("--flush-control", action="store_true",
                         help="also run the idempotent producer flushing at the reference interval")
+    parser.add_argument("--producers", type=int, default=1,
+                        help="producer processes per case, writing at the same time")
     parser.add_argument("--pin", action="store_true",
                         help="run the services on the last CPU and the client on the others")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.producers < 1:
+        parser.error(f"--producers is {args.producers}; it must be >= 1")
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, set(cpus[:-1]))
@@ -274,7 +319,8 @@ def main() -> None:
                                round(statistics.median(read_ratios), 3) if read_ratios else None,
                                ratio_range=spread(read_ratios)))
     print()
-    print(f"median of {args.rounds} round(s), {args.duration_s:g} s per case")
+    print(f"median of {args.rounds} round(s), {args.duration_s:g} s per case, "
+          f"{args.producers} producer process(es) at once")
     print("blocked: the median commit_transaction() (or flush()) call, and the share of")
     print("the run the application thread spent in those calls")
     print("rounds: the lowest and highest per-round ratio")
