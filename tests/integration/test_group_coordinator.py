@@ -36,6 +36,7 @@ from oncelog.v1 import group_coordinator_pb2_grpc as gpb_grpc
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
+from tests.support.polling import retrying
 
 PARTITIONS = 4
 SESSION_MS = 2000
@@ -66,19 +67,6 @@ def stub(cluster: LocalCluster) -> Iterator[gpb_grpc.GroupCoordinatorStub]:
 
 def group() -> str:
     return f"g-{next(_ids)}"
-
-
-def retrying(call: Callable[[], T], *, timeout_s: float = 30.0) -> T:
-    """Retries while the coordinator is loading or away (after a restart)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as exc:
-            code = ErrorCode.from_wire(error_from_rpc(exc).code)
-            if not code.retriable or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def code_of(call: Callable[[], object]) -> ErrorCode:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -35,6 +35,7 @@ from oncelog import records as codec
 from oncelog._batching import RecordFuture
 from oncelog.testing import LocalCluster
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
+from tests.support.polling import wait_until
 from tests.support.reading import read_all
 
 PARTITIONS = 3
@@ -61,16 +62,6 @@ def tid() -> str:
 
 def values(records: list[ConsumerRecord]) -> list[bytes]:
     return sorted(r.value or b"" for r in records)
-
-
-def wait_until(what: str, check: Callable[[], bool], deadline_s: float = 60.0) -> None:
-    """Polls `check` until it holds; fails the test (instead of hanging it)
-    after deadline_s."""
-    give_up_at = time.monotonic() + deadline_s
-    while not check():
-        if time.monotonic() > give_up_at:
-            raise AssertionError(f"{what} did not happen within {deadline_s} s")
-        time.sleep(0.05)
 
 
 def end_offsets(bootstrap: str, tp: TopicPartition, isolation_level: str) -> int:
