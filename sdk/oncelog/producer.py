@@ -14,10 +14,9 @@ With a `transactional_id` the producer is transactional (docs/sdk.md,
 "Transactions"): `_transactions.TxnStateMachine` holds the client-side state
 as one table; the user's thread runs InitProducerId, AddOffsetsToTxn,
 TxnOffsetCommit and EndTxn (blocking, with retries), while the sender thread
-adds each partition to the transaction (AddPartitionsToTxn, one request for
-all partitions that got records meanwhile) before the partition's first batch
-goes out, and otherwise sends transactional batches down the same batched,
-pipelined path as idempotent ones.
+sends transactional batches down the same batched, pipelined path as
+idempotent ones, asking the store to add each partition to the transaction
+before its first batch there (`add_partitions_to_txn`; see `_Sender`).
 
 With `transaction_two_phase_commit_enable` the producer can take part in an
 outside two-phase commit (KIP-939; docs/sdk.md, "Two-phase commit"):

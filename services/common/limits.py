@@ -15,6 +15,12 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 MAX_FETCH_WAIT_MS = 30_000
 MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_TOPIC_NAME_LENGTH = 249
+# Ids that clients choose (transactional, group, member, group instance ids),
+# in characters. Error messages name these ids, sometimes several at once, and
+# a gRPC status travels in trailers that a client refuses past its metadata
+# limit (8 KiB by default), losing our error details; the coordinators also
+# store the ids in records of their internal topics.
+MAX_ID_LENGTH = 249
 # How many of a producer's most recent batches per partition are kept for
 # deduplication; also the most batches a producer may have in flight per partition.
 MAX_IN_FLIGHT_BATCHES = 5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2
+from services.common import limits
 
 
 class ServiceError(Exception):
@@ -21,4 +22,17 @@ class ServiceError(Exception):
             code=errors_pb2.ErrorCode.ValueType(int(self.code)),
             retriable=self.code.retriable,
             message=self.message,
+        )
+
+
+def check_id_length(field: str, value: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> None:
+    """Refuses a client-chosen id (transactional, group, member, instance id)
+    longer than limits.MAX_ID_LENGTH. The message names the field, the length
+    and the id's start, never the whole id: a long one would not fit in the
+    status trailers (see limits.MAX_ID_LENGTH)."""
+    if len(value) > limits.MAX_ID_LENGTH:
+        raise ServiceError(
+            code,
+            f"{field} {value[:32]!r}... is {len(value)} characters long, over the limit of "
+            f"{limits.MAX_ID_LENGTH}",
         )

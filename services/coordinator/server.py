@@ -10,6 +10,7 @@ import grpc
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc
 from services.common import server_base
 from services.common.store_client import StoreClient
+from services.common.topic_counts import PartitionCounts
 from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
 from services.coordinator.markers import GrpcMarkerSender
 from services.coordinator.runtime import ProducerIdManager
@@ -17,6 +18,12 @@ from services.coordinator.servicer import TransactionCoordinatorServicer
 from services.coordinator.storage.producer_id_log import StoreProducerIdLog
 from services.coordinator.storage.txn_log import StoreTxnLog
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
+
+# How long a topic's partition count is trusted when AddPartitionsToTxn checks
+# that its partitions exist (a miss is always read again, so this only bounds
+# how long a deleted topic's partitions are still accepted; their markers are
+# then skipped).
+TOPIC_COUNTS_MAX_AGE_MS = 60_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +84,9 @@ async def main(argv: list[str] | None = None) -> None:
         ),
     )
     servicer = TransactionCoordinatorServicer(
-        layout=layout, producer_ids=producer_ids, transactions=transactions
+        layout=layout, producer_ids=producer_ids, transactions=transactions,
+        topics=PartitionCounts(store, lambda: int(time.time() * 1000),
+                               max_age_ms=TOPIC_COUNTS_MAX_AGE_MS),
     )
 
     async def shutdown() -> None:

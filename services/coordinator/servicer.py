@@ -8,8 +8,11 @@ from oncelog.errors import ErrorCode
 from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
 from oncelog.v1 import records_pb2
+from services.common import limits
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.errors import ServiceError, abort_with
+from services.common.service_error import check_id_length
+from services.common.topic_counts import PartitionCounts
 from services.coordinator.core.transactions import TxnMetadata, TxnState
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
@@ -49,10 +52,33 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     AddPartitionsToTxn) are in the per-partition results."""
 
     def __init__(self, *, layout: ClusterLayout, producer_ids: ProducerIdManager,
-                 transactions: TxnCoordinatorRuntime) -> None:
+                 transactions: TxnCoordinatorRuntime, topics: PartitionCounts) -> None:
         self._layout = layout
         self._producer_ids = producer_ids
         self._txns = transactions
+        self._topics = topics
+
+    async def _check_partitions_exist(self, partitions: list[tuple[str, int]]) -> None:
+        """Refuses partitions of topics that do not exist, as Kafka does: the
+        transaction would hold a partition no marker can reach. Answered
+        from the cache (the partitions a store adds on a producer's behalf
+        exist); a miss is read again, since the topic may be new."""
+        def missing(counts: dict[str, int]) -> list[tuple[str, int]]:
+            return [(t, p) for t, p in partitions if p >= counts[t]]
+
+        topics = {t for t, _p in partitions}
+        absent = missing(await self._topics.get(topics))
+        if absent:
+            await self._topics.get({t for t, _p in absent}, refresh=True)
+            absent = missing(await self._topics.get(topics))
+        if absent:
+            named = ", ".join(f"{t}-{p}" for t, p in sorted(absent)[:10])
+            more = f" and {len(absent) - 10} more" if len(absent) > 10 else ""
+            raise ServiceError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"AddPartitionsToTxn names partitions that do not exist: {named}{more}; "
+                "nothing was added",
+            )
 
     async def FindCoordinator(  # noqa: N802 - gRPC method name
         self, request: pb.FindCoordinatorRequest, context: grpc.aio.ServicerContext
@@ -61,6 +87,14 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
             await abort_with(
                 context, ServiceError(ErrorCode.INVALID_REQUEST, "FindCoordinator needs a key")
             )
+        if request.type not in (pb.TRANSACTION, pb.GROUP):
+            # proto3 keeps an enum number it does not know; without this check
+            # it would be answered as a group coordinator lookup.
+            await abort_with(context, ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"FindCoordinator type {request.type} is unknown; expected "
+                f"{pb.TRANSACTION} (TRANSACTION) or {pb.GROUP} (GROUP)",
+            ))
         if request.type == pb.TRANSACTION:
             if not self._layout.coordinators:
                 await abort_with(context, ServiceError(
@@ -119,9 +153,20 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                 raise ServiceError(ErrorCode.INVALID_REQUEST,
                                    "AddPartitionsToTxn needs a transactional id and partitions")
             for topic, partition in partitions:
-                if not topic or partition < 0:
+                if not topic:
                     raise ServiceError(ErrorCode.INVALID_REQUEST,
-                                       f"invalid partition {topic!r}-{partition}")
+                                       f"partition {partition} names no topic (empty topic name)")
+                if len(topic) > limits.MAX_TOPIC_NAME_LENGTH:
+                    # No such topic can exist; and naming it whole would not
+                    # fit in the status (see limits.MAX_ID_LENGTH).
+                    raise ServiceError(
+                        ErrorCode.INVALID_REQUEST,
+                        f"topic name {topic[:32]!r}... is {len(topic)} characters long, over "
+                        f"the limit of {limits.MAX_TOPIC_NAME_LENGTH}",
+                    )
+                if partition < 0:
+                    raise ServiceError(ErrorCode.INVALID_REQUEST,
+                                       f"partition {partition} of topic {topic!r} is negative")
             if request.verify_only:
                 verdicts = await self._txns.verify_partitions(
                     request.transactional_id, request.producer_id, request.producer_epoch,
@@ -134,6 +179,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                     )
                     for (t, p), err in verdicts.items()
                 ])
+            await self._check_partitions_exist(partitions)
             await self._txns.add_partitions(
                 request.transactional_id, request.producer_id, request.producer_epoch,
                 frozenset(partitions),
@@ -150,6 +196,8 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         try:
             if not request.group_id:
                 raise ServiceError(ErrorCode.INVALID_GROUP_ID, "AddOffsetsToTxn needs a group id")
+            # The group coordinator refuses such a group id for every request.
+            check_id_length("group_id", request.group_id, ErrorCode.INVALID_GROUP_ID)
             # The group's __consumer_offsets partition joins the transaction, so
             # it gets the marker that makes the group's pending offsets visible.
             partition = self._layout.consumer_offsets_partition(request.group_id)

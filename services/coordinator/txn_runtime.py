@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from oncelog.errors import ErrorCode
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
-from services.common.service_error import ServiceError
+from services.common.service_error import ServiceError, check_id_length
 from services.common.tasks import TaskGroup
 from services.coordinator import metrics
 from services.coordinator.core import transactions as txn
@@ -207,6 +207,10 @@ class TxnCoordinatorRuntime:
     # ------------------------------------------------------------- plumbing
 
     def owned_for(self, transactional_id: str) -> OwnedPartition:
+        # Every request for a transactional id comes here first. The id is
+        # stored in __transaction_state's records and named in errors, which
+        # must fit in a gRPC status (see limits.MAX_ID_LENGTH).
+        check_id_length("transactional_id", transactional_id)
         partition = self._layout.transaction_state_partition(transactional_id)
         owned = self.partitions.get(partition)
         if owned is None or owned.fenced:

@@ -27,11 +27,13 @@ from typing import Any, Protocol
 
 from oncelog import records
 from oncelog.errors import ErrorCode
+from services.common import limits
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.coordinator_epoch import encode_epoch
-from services.common.service_error import ServiceError
+from services.common.service_error import ServiceError, check_id_length
 from services.common.store_client import RawRead, TxnWriter
 from services.common.tasks import TaskGroup
+from services.common.topic_counts import PartitionCounts
 from services.group_coordinator.core import groups as gr
 from services.group_coordinator.core.offsets_log import (
     BatchView,
@@ -56,6 +58,8 @@ _TXN_REFUSALS = {
     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_REQUEST,
     ErrorCode.INVALID_RECORD,
 }
+# A batch's producer epoch is an int16.
+_MAX_PRODUCER_EPOCH = 2**15 - 1
 
 
 class OffsetsStore(Protocol):
@@ -119,6 +123,22 @@ class FetchedOffset:
     error: ServiceError | None = None
 
 
+def _check_topic_names(where: str, topics: Iterable[str], code: ErrorCode, *,
+                       allow_empty: bool = False) -> None:
+    """Refuses a topic name longer than any topic's may be (no topic has it;
+    it would be stored in the group's records, and an error naming it whole
+    would not fit in a gRPC status), and, unless allowed, an empty one."""
+    for topic in topics:
+        if not topic and not allow_empty:
+            raise ServiceError(code, f"{where} names a topic with an empty name")
+        if len(topic) > limits.MAX_TOPIC_NAME_LENGTH:
+            raise ServiceError(
+                code,
+                f"{where} names topic {topic[:32]!r}..., {len(topic)} characters long, over "
+                f"the limit of {limits.MAX_TOPIC_NAME_LENGTH}",
+            )
+
+
 class GroupCoordinatorRuntime:
     def __init__(self, *, layout: ClusterLayout, node_id: int, store: OffsetsStore,
                  now_ms: Callable[[], int], config: GroupConfig,
@@ -136,8 +156,7 @@ class GroupCoordinatorRuntime:
         }
         self._tasks = TaskGroup()
         self._stopping = False
-        self._counts: dict[str, int] = {}
-        self._counts_read_ms: dict[str, int] = {}
+        self._counts = PartitionCounts(store, now_ms, config.metadata_max_age_ms)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -283,6 +302,16 @@ class GroupCoordinatorRuntime:
                     continue
                 if producer is not None and exc.code in _TXN_REFUSALS:
                     raise
+                if exc.code is ErrorCode.MESSAGE_TOO_LARGE:
+                    # The store refused the batch whole and wrote nothing:
+                    # memory is still the log's state (no reload), and the
+                    # same request can never fit (not retriable). The caller
+                    # says which part of the request is too large.
+                    raise ServiceError(
+                        ErrorCode.MESSAGE_TOO_LARGE,
+                        f"{len(entries)} record(s) do not fit one batch of "
+                        f"{CONSUMER_OFFSETS_TOPIC}, nothing was written: {exc.message}",
+                    ) from exc
                 # Unknown outcome: memory may be behind the log. Reload.
                 self._unload(owned)
                 raise ServiceError(
@@ -333,6 +362,9 @@ class GroupCoordinatorRuntime:
     def owned_for(self, group_id: str) -> OwnedPartition:
         if not group_id:
             raise ServiceError(ErrorCode.INVALID_GROUP_ID, "group_id must not be empty")
+        # Every group request comes here first; the id is in every record of
+        # the group (see limits.MAX_ID_LENGTH).
+        check_id_length("group_id", group_id, ErrorCode.INVALID_GROUP_ID)
         partition = self._layout.consumer_offsets_partition(group_id)
         owned = self.partitions.get(partition)
         if owned is None or owned.fenced:
@@ -350,23 +382,6 @@ class GroupCoordinatorRuntime:
                 ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                 f"{CONSUMER_OFFSETS_TOPIC}-{owned.partition} is loading",
             )
-
-    async def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
-        """Partition counts (0 for a missing topic), cached briefly."""
-        wanted = sorted(set(topics))
-        now = self._now_ms()
-        stale = [t for t in wanted
-                 if now - self._counts_read_ms.get(t, -10**12) > self.config.metadata_max_age_ms]
-        if stale:
-            try:
-                fresh = await self._store.partition_counts(stale)
-            except ServiceError as exc:
-                raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                   f"reading topic metadata: {exc.message}") from exc
-            for t in stale:
-                self._counts[t] = fresh.get(t, 0)
-                self._counts_read_ms[t] = now
-        return {t: self._counts.get(t, 0) for t in wanted}
 
     def _heartbeat_interval_ms(self, session_timeout_ms: int) -> int:
         return max(100, min(self.config.max_heartbeat_interval_ms, session_timeout_ms // 3))
@@ -391,9 +406,17 @@ class GroupCoordinatorRuntime:
                         instance_id: str, topics: Sequence[str], session_timeout_ms: int,
                         owned_partitions: Sequence[TP]) -> HeartbeatAnswer:
         owned = self.owned_for(group_id)
+        # Before anything is looked up or stored: these go into the group's
+        # record (and the topic names into the partition-count cache).
+        check_id_length("member_id", member_id)
+        check_id_length("group_instance_id", instance_id)
+        # An empty name is left alone: subscribing to a topic that does not
+        # exist (yet) is allowed, as in Kafka.
+        _check_topic_names("subscribed_topics", topics, ErrorCode.INVALID_TOPIC_EXCEPTION,
+                           allow_empty=True)
         current = owned.state.groups.get(group_id)
         wanted = set(topics) | (current.subscribed_topics if current else set())
-        counts = await self._partition_counts(wanted)
+        counts = await self._counts.get(wanted)
         async with owned.lock:
             self._check_loaded(owned)
             before = owned.state.groups.get(group_id)
@@ -405,7 +428,17 @@ class GroupCoordinatorRuntime:
                 min_session_timeout_ms=self.config.min_session_timeout_ms,
                 max_session_timeout_ms=self.config.max_session_timeout_ms,
             )
-            await self._persist_group(owned, before, result.group)
+            try:
+                await self._persist_group(owned, before, result.group)
+            except ServiceError as exc:
+                if exc.code is not ErrorCode.MESSAGE_TOO_LARGE:
+                    raise
+                raise ServiceError(exc.code, (
+                    f"group {group_id!r}: the group's state after this heartbeat "
+                    f"({len(result.group.members)} member(s), "
+                    f"{len(result.group.subscribed_topics)} subscribed topics) is too large "
+                    f"to store: {exc.message}"
+                )) from exc
             member = result.group.members.get(result.member_id)
             if member is None:  # it left
                 return HeartbeatAnswer(result.member_id, gr.LEAVE_EPOCH, 0, frozenset())
@@ -429,7 +462,7 @@ class GroupCoordinatorRuntime:
                 group = owned.state.groups.get(group_id)
                 if group is None:
                     continue
-                counts = await self._partition_counts(group.subscribed_topics)
+                counts = await self._counts.get(group.subscribed_topics)
                 async with owned.lock:
                     if not owned.loaded:
                         break
@@ -460,6 +493,9 @@ class GroupCoordinatorRuntime:
         """Bad input fails the whole request, naming what was wrong."""
         if not partitions:
             raise ServiceError(ErrorCode.INVALID_REQUEST, "the commit names no partition")
+        # No topic has such a name: unknown, as below, but named clearly.
+        _check_topic_names(f"group {group_id!r}: the commit", (tp[0] for tp, _, _ in partitions),
+                           ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         seen: set[TP] = set()
         for tp, offset, metadata in partitions:
             where = f"group {group_id!r}, {tp[0]}-{tp[1]}"
@@ -475,7 +511,7 @@ class GroupCoordinatorRuntime:
                     f"{where}: metadata is longer than "
                     f"{self.config.max_offset_metadata_bytes} bytes",
                 )
-        counts = await self._partition_counts(tp[0] for tp in seen)
+        counts = await self._counts.get(tp[0] for tp in seen)
         unknown = sorted(tp for tp in seen if not 0 <= tp[1] < counts.get(tp[0], 0))
         if unknown:
             raise ServiceError(
@@ -503,10 +539,20 @@ class GroupCoordinatorRuntime:
                                  producer_id: int, producer_epoch: int, member_id: str,
                                  generation_id: int,
                                  partitions: Sequence[tuple[TP, int, str]]) -> None:
-        if not transactional_id or producer_id < 0 or producer_epoch < 0:
+        if not transactional_id:
+            raise ServiceError(ErrorCode.INVALID_REQUEST,
+                               "TxnOffsetCommit needs a transactional_id")
+        check_id_length("transactional_id", transactional_id)
+        if producer_id < 0:
+            raise ServiceError(ErrorCode.INVALID_REQUEST,
+                               f"TxnOffsetCommit producer_id is {producer_id}; it must be >= 0")
+        if not 0 <= producer_epoch <= _MAX_PRODUCER_EPOCH:
+            # Checked here: the offsets go into a batch whose header holds
+            # the epoch as an int16.
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
-                "TxnOffsetCommit needs a transactional id, a producer id and an epoch >= 0",
+                f"TxnOffsetCommit producer_epoch is {producer_epoch}; it must be "
+                f"0..{_MAX_PRODUCER_EPOCH}",
             )
         await self._commit(group_id=group_id, member_id=member_id,
                            generation_id=generation_id, partitions=partitions,
@@ -519,6 +565,7 @@ class GroupCoordinatorRuntime:
         producer id, epoch): the offsets then go in a transactional batch of
         that producer and stay pending until its marker."""
         owned = self.owned_for(group_id)
+        check_id_length("member_id", member_id)
         await self._validate_offsets(group_id, partitions)
         async with owned.lock:
             self._check_loaded(owned)
@@ -535,9 +582,18 @@ class GroupCoordinatorRuntime:
                     base_sequence=owned.state.next_sequence_for(producer_id, producer_epoch),
                 )
             now = self._now_ms()
-            await self._persist(owned, [encode_offset(group_id, tp, offset, metadata, now)
-                                        for tp, offset, metadata in partitions],
-                                producer=writer)
+            try:
+                await self._persist(owned, [encode_offset(group_id, tp, offset, metadata, now)
+                                            for tp, offset, metadata in partitions],
+                                    producer=writer)
+            except ServiceError as exc:
+                if exc.code is not ErrorCode.MESSAGE_TOO_LARGE:
+                    raise
+                raise ServiceError(exc.code, (
+                    f"group {group_id!r}: the commit of {len(partitions)} partitions' offsets "
+                    "with their metadata is too large to store; commit fewer partitions at "
+                    f"a time or shorter metadata: {exc.message}"
+                )) from exc
 
     def fetch_offsets(self, *, group_id: str, partitions: Sequence[TP],
                       require_stable: bool) -> list[FetchedOffset]:
@@ -613,7 +669,7 @@ class GroupCoordinatorRuntime:
             if not owned.loaded or owned.fenced:
                 continue
             topics = {tp[0] for offs in owned.state.offsets.values() for tp in offs}
-            counts = await self._partition_counts(topics)
+            counts = await self._counts.get(topics)
             async with owned.lock:
                 if not owned.loaded:
                     continue
