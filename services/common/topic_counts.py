@@ -16,6 +16,11 @@ from typing import Protocol
 from oncelog.errors import ErrorCode
 from services.common.service_error import ServiceError
 
+# Topics that do not exist are cached too (a group may subscribe to one that
+# is created later). Past this many entries those are forgotten, so clients
+# naming ever new unknown topics cannot grow the cache without bound.
+MAX_ENTRIES = 10_000
+
 
 class CatalogReader(Protocol):
     """What the cache needs of the store (services.common.store_client)."""
@@ -50,4 +55,12 @@ class PartitionCounts:
             for t in stale:
                 self._counts[t] = fresh.get(t, 0)
                 self._read_ms[t] = now
+            if len(self._counts) > MAX_ENTRIES:
+                self._forget_absent(keep=wanted)
         return {t: self._counts[t] for t in wanted}
+
+    def _forget_absent(self, keep: list[str]) -> None:
+        absent = [t for t, n in self._counts.items() if n == 0 and t not in keep]
+        for t in absent:
+            del self._counts[t]
+            del self._read_ms[t]

@@ -20,10 +20,12 @@ from services.coordinator.storage.txn_log import StoreTxnLog
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 
 # How long a topic's partition count is trusted when AddPartitionsToTxn checks
-# that its partitions exist (a miss is always read again, so this only bounds
-# how long a deleted topic's partitions are still accepted; their markers are
-# then skipped).
-TOPIC_COUNTS_MAX_AGE_MS = 60_000
+# that its partitions exist. A miss is always read again, so this only bounds
+# how long a deleted topic's partitions are still accepted (harmless: their
+# markers are skipped); long, so that the hot path of a transaction's first
+# write rarely waits for a catalog read, nor fails while the store that keeps
+# the catalog restarts.
+TOPIC_COUNTS_MAX_AGE_MS = 3_600_000
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import pytest
 
 from oncelog.errors import ErrorCode
+from services.common import topic_counts
 from services.common.service_error import ServiceError
 from services.common.topic_counts import PartitionCounts
 
@@ -79,5 +80,24 @@ def test_an_unreadable_catalog_is_retriable_and_caches_nothing() -> None:
         assert "store 0 is restarting" in info.value.message
         catalog.down = False
         assert await counts.get(["a"]) == {"a": 3}
+
+    asyncio.run(scenario())
+
+
+def test_unknown_topics_are_forgotten_past_the_cache_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(topic_counts, "MAX_ENTRIES", 3)
+    catalog = Catalog()
+    counts = PartitionCounts(catalog, lambda: 0, max_age_ms=60_000)
+
+    async def scenario() -> None:
+        await counts.get(["a", "x1", "x2"])
+        await counts.get(["x3"])  # a fourth entry: x1 and x2 are forgotten
+        catalog.reads.clear()
+        assert await counts.get(["a", "x3"]) == {"a": 3, "x3": 0}
+        assert catalog.reads == []
+        assert await counts.get(["x1"]) == {"x1": 0}
+        assert catalog.reads == [["x1"]]
 
     asyncio.run(scenario())
