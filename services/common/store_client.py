@@ -120,6 +120,8 @@ class StoreClient:
                 ps.ProduceRequest(
                     batches=[pb], timeout_ms=int(STORE_RPC_TIMEOUT_S * 1000),
                     transactional_id=producer.transactional_id if producer else "",
+                    # Our writes go to internal topics, which take no others.
+                    coordinator_write=True,
                 ),
                 timeout=STORE_RPC_TIMEOUT_S,
             )

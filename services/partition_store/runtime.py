@@ -709,6 +709,17 @@ class StoreRuntime:
             lookups.append(TopicLookup(name, None, error))
         return lookups
 
+    def _check_not_internal(self, topic: str) -> None:
+        """Only the coordinators append to internal topics: they replay every
+        record there, and one they cannot read (say, a user's record sent to
+        __consumer_offsets by mistake) would stop them loading the partition."""
+        record = self._catalog.get(topic)
+        if record is not None and record.internal:
+            raise ServiceError(
+                ErrorCode.INVALID_TOPIC_EXCEPTION,
+                f"topic {topic!r} is internal: only the coordinators write to it",
+            )
+
     def _resolve(self, topic: str, partition: int) -> PartitionRuntime:
         record = self._catalog.get(topic)
         if record is None:
@@ -735,14 +746,16 @@ class StoreRuntime:
 
     async def produce(
         self, items: Sequence[ProduceItem], *, timeout_ms: int = 0, transactional_id: str = "",
-        add_partitions_to_txn: bool = False,
+        add_partitions_to_txn: bool = False, coordinator_write: bool = False,
     ) -> list[ProduceOutcome]:
         """Appends one batch per item. Checks and offsets happen synchronously,
         in item order, except for batches that must wait for a transaction
         verification (or behind another batch's); the answer waits until every
         append is durable or timeout_ms (0: the default) passes.
         `add_partitions_to_txn`: the verification adds the partition to the
-        producer's transaction (the client sent no AddPartitionsToTxn)."""
+        producer's transaction (the client sent no AddPartitionsToTxn).
+        `coordinator_write`: the coordinators' own writes, the only ones
+        internal topics take."""
         await self._ensure_known({item.topic for item in items})
         now_ms = self._clock_ms()
         skip_verification = self._skips_verification(add_partitions_to_txn)
@@ -756,6 +769,8 @@ class StoreRuntime:
             try:
                 self._check_accepting()
                 part = self._resolve(item.topic, item.partition)
+                if not coordinator_write:
+                    self._check_not_internal(item.topic)
                 result = part.append(
                     item.batch, expected_log_end_offset=item.expected_log_end_offset,
                     now_ms=now_ms, transactional_id=transactional_id,

@@ -163,6 +163,7 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                 items, timeout_ms=request.timeout_ms,
                 transactional_id=request.transactional_id,
                 add_partitions_to_txn=request.add_partitions_to_txn,
+                coordinator_write=request.coordinator_write,
             )
         except ServiceError as exc:
             await abort_with(context, exc)

@@ -52,7 +52,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from oncelog import Admin, GroupMetadata, Producer, TopicPartition
+from oncelog import Admin, GroupMetadata, Producer, TopicPartition, errors
 from oncelog._status import STATUS_DETAILS_KEY, error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch, iter_records
@@ -75,7 +75,7 @@ WIDE = "sweep-wide"
 WIDE_PARTITIONS = 300
 TXN_ID = "sweep-tx"
 GROUP = "sweep-g"
-INTERNAL = ("__transaction_state", "__consumer_offsets")
+INTERNAL = ("__transaction_state", "__consumer_offsets", "__producer_ids")
 # Just over the limit, and far over it (see the module's doc).
 LONG_ID = "i" * (limits.MAX_ID_LENGTH + 1)
 LONG_TOPIC = "t" * (limits.MAX_TOPIC_NAME_LENGTH + 1)
@@ -490,6 +490,11 @@ STORE_CASES = [
     refused_item("Produce-long transactional id",
                  produce(TOPIC, 0, TXN_DATA, transactional_id=LONG_ID), first_result,
                  ErrorCode.INVALID_REQUEST, "transactional_id", f"{len(LONG_ID)} characters"),
+    # Only the coordinators write there (they set coordinator_write): a
+    # record they cannot read would stop them loading the partition.
+    *(refused_item(f"Produce-to internal topic {topic}", produce(topic, 0, DATA), first_result,
+                   ErrorCode.INVALID_TOPIC_EXCEPTION, f"{topic!r} is internal")
+      for topic in INTERNAL),
     refused("Fetch-unknown isolation level", fetch((TOPIC, 0), isolation=7),
             ErrorCode.INVALID_REQUEST, "isolation level 7"),
     refused("Fetch-negative max_wait_ms", fetch((TOPIC, 0), max_wait_ms=-1),
@@ -704,3 +709,25 @@ def test_a_topic_created_after_a_refused_add_can_be_added(
         cpb.DescribeTransactionsRequest(transactional_ids=[tid])).transactions
     assert (described.state, [(p.topic, p.partition) for p in described.partitions]) == (
         "Ongoing", [(late_topic, 0)])
+
+
+def test_a_producer_cannot_write_to_internal_topics(
+    sweep: tuple[Sweep, dict[str, object]]
+) -> None:
+    """Through the SDK, as a user would by mistake: the record fails with
+    the store's refusal and both coordinators go on working."""
+    s, _stored = sweep
+    with Producer(bootstrap=s.cluster.bootstrap) as producer:
+        for topic in INTERNAL:
+            future = producer.send(topic, key=b"user-key", value=b"user value", partition=0)
+            with pytest.raises(errors.InvalidTopicError, match="internal"):
+                future.result(timeout=30)
+    with Producer(bootstrap=s.cluster.bootstrap, transactional_id="sweep-after-internal") as tx:
+        tx.init_transactions()
+        tx.begin_transaction()
+        tx.send(TOPIC, value=b"after", partition=0)
+        tx.send_offsets_to_transaction(
+            {TopicPartition(TOPIC, 0): 1},
+            GroupMetadata(group_id="sweep-after-internal", generation_id=-1, member_id=""),
+        )
+        tx.commit_transaction()

@@ -435,6 +435,7 @@ class ProduceRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
     ADD_PARTITIONS_TO_TXN_FIELD_NUMBER: _builtins.int
+    COORDINATOR_WRITE_FIELD_NUMBER: _builtins.int
     timeout_ms: _builtins.int
     """How long the store may take to make the append durable before answering
     REQUEST_TIMED_OUT.
@@ -450,6 +451,13 @@ class ProduceRequest(_message.Message):
     per transaction. Unset: the store only verifies (verify_only) that the
     client added the partition itself.
     """
+    coordinator_write: _builtins.bool
+    """Set only by the coordinators, for their writes to the internal topics
+    (__transaction_state, __consumer_offsets, __producer_ids). A batch for an
+    internal topic in a request without it is refused with
+    INVALID_TOPIC_EXCEPTION, as Kafka refuses clients' appends to internal
+    topics: a record the coordinators cannot read there stops them loading.
+    """
     @_builtins.property
     def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionBatch]: ...
     def __init__(
@@ -459,10 +467,11 @@ class ProduceRequest(_message.Message):
         timeout_ms: _builtins.int = ...,
         transactional_id: _builtins.str = ...,
         add_partitions_to_txn: _builtins.bool = ...,
+        coordinator_write: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_partitions_to_txn", b"add_partitions_to_txn", "batches", b"batches", "timeout_ms", b"timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_partitions_to_txn", b"add_partitions_to_txn", "batches", b"batches", "coordinator_write", b"coordinator_write", "timeout_ms", b"timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
