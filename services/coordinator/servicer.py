@@ -22,6 +22,13 @@ def _tp(p: records_pb2.TopicPartition) -> tuple[str, int]:
     return p.topic, p.partition
 
 
+def _require_transactional_id(rpc: str, transactional_id: str) -> None:
+    # Kafka's INVALID_REQUEST: "" is no transactional id at all, not an
+    # unknown one.
+    if not transactional_id:
+        raise ServiceError(ErrorCode.INVALID_REQUEST, f"{rpc} needs a transactional_id")
+
+
 def _prepared(state: tuple[int, int] | None) -> pb.PreparedTxnState | None:
     if state is None:
         return None
@@ -194,6 +201,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, request: pb.AddOffsetsToTxnRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddOffsetsToTxnResponse:
         try:
+            _require_transactional_id("AddOffsetsToTxn", request.transactional_id)
             if not request.group_id:
                 raise ServiceError(ErrorCode.INVALID_GROUP_ID, "AddOffsetsToTxn needs a group id")
             # The group coordinator refuses such a group id for every request.
@@ -213,6 +221,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, request: pb.EndTxnRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndTxnResponse:
         try:
+            _require_transactional_id("EndTxn", request.transactional_id)
             producer_id, producer_epoch = await self._txns.end_txn(
                 request.transactional_id, request.producer_id, request.producer_epoch,
                 request.commit,
@@ -287,6 +296,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, request: pb.AbortTransactionRequest, context: grpc.aio.ServicerContext
     ) -> pb.AbortTransactionResponse:
         try:
+            _require_transactional_id("AbortTransaction", request.transactional_id)
             md = await self._txns.force_abort(request.transactional_id)
             _, coordinator_epoch = self._txns.describe(request.transactional_id)
         except ServiceError as exc:

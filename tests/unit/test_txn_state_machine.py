@@ -501,6 +501,10 @@ def test_admin_abort_aborts_a_prepared_transaction_and_nothing_idle() -> None:
         plan_admin_abort(_new_2pc(), transactional_id=TID, now_ms=5000,
                          fresh_producer_id=None)
     assert err.value.code is ErrorCode.INVALID_TXN_STATE
+    with pytest.raises(ServiceError) as err:
+        plan_admin_abort(None, transactional_id=TID, now_ms=5000, fresh_producer_id=None)
+    assert err.value.code is ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+    assert repr(TID) in err.value.message
 
 
 def test_a_kept_transaction_whose_epoch_runs_out_keeps_its_markers_on_the_data_id() -> None:

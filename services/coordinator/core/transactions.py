@@ -643,11 +643,16 @@ def plan_admin_abort(md: TxnMetadata | None, *, transactional_id: str, now_ms: i
     """The hanging-transaction tool: aborts the open transaction (Ongoing, or
     Prepared for two-phase commit) now, fencing its producer as a new
     instance's InitProducerId would."""
-    if md is None or md.state not in (TxnState.ONGOING, TxnState.PREPARED):
+    if md is None or md.state is TxnState.DEAD:
+        raise ServiceError(
+            ErrorCode.TRANSACTIONAL_ID_NOT_FOUND,
+            f"transactional id {transactional_id!r} is unknown to its coordinator",
+        )
+    if md.state not in (TxnState.ONGOING, TxnState.PREPARED):
         raise ServiceError(
             ErrorCode.INVALID_TXN_STATE,
             f"transactional id {transactional_id!r} has no open transaction "
-            f"({md.state.value if md else 'unknown'})",
+            f"({md.state.value})",
         )
     return _decide(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "admin")
 
