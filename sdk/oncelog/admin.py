@@ -38,6 +38,7 @@ from oncelog._group import (
     partition_names,
 )
 from oncelog.errors import ErrorCode, OncelogError
+from oncelog.records import MAX_PRODUCER_EPOCH
 from oncelog.types import (
     GroupDescription,
     GroupListing,
@@ -69,7 +70,6 @@ DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000
 # (Prepared: a two-phase-commit transaction waiting for its completion).
 OPEN_TRANSACTION_STATES = ("Ongoing", "Prepared", "PrepareCommit", "PrepareAbort",
                            "PrepareEpochFence")
-MAX_PRODUCER_EPOCH = 2**15 - 1
 # ListOffsets timestamps with a meaning.
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1

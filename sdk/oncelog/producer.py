@@ -71,7 +71,7 @@ from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._sequencing import PartitionMode, PartitionSequencer
 from oncelog._transactions import Op, Outcome, TxnState, TxnStateMachine, classify
 from oncelog.errors import ErrorCode, OncelogError
-from oncelog.records import Header
+from oncelog.records import MAX_PRODUCER_EPOCH, Header
 from oncelog.types import GroupMetadata, PreparedTxnState, TopicPartition
 from oncelog.v1 import (
     coordinator_pb2,
@@ -84,8 +84,6 @@ log = logging.getLogger("oncelog.producer")
 
 _T = TypeVar("_T")
 
-# Producer epochs are int16 on the wire; past this the producer needs a new id.
-MAX_PRODUCER_EPOCH = 2**15 - 1
 # Kafka's limit for an idempotent producer: the store deduplicates against the
 # producer's last five batches per partition.
 MAX_IN_FLIGHT_IDEMPOTENT = 5

@@ -60,6 +60,8 @@ ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
+# The batch header holds the producer epoch as an int16.
+MAX_PRODUCER_EPOCH = 2**15 - 1
 NO_SEQUENCE = -1
 # Sequence numbers are non-negative int32 values that wrap to 0 after this.
 MAX_SEQUENCE = 2**31 - 1

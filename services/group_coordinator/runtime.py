@@ -58,8 +58,6 @@ _TXN_REFUSALS = {
     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_REQUEST,
     ErrorCode.INVALID_RECORD,
 }
-# A batch's producer epoch is an int16.
-_MAX_PRODUCER_EPOCH = 2**15 - 1
 
 
 class OffsetsStore(Protocol):
@@ -546,13 +544,13 @@ class GroupCoordinatorRuntime:
         if producer_id < 0:
             raise ServiceError(ErrorCode.INVALID_REQUEST,
                                f"TxnOffsetCommit producer_id is {producer_id}; it must be >= 0")
-        if not 0 <= producer_epoch <= _MAX_PRODUCER_EPOCH:
+        if not 0 <= producer_epoch <= records.MAX_PRODUCER_EPOCH:
             # Checked here: the offsets go into a batch whose header holds
             # the epoch as an int16.
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
                 f"TxnOffsetCommit producer_epoch is {producer_epoch}; it must be "
-                f"0..{_MAX_PRODUCER_EPOCH}",
+                f"0..{records.MAX_PRODUCER_EPOCH}",
             )
         await self._commit(group_id=group_id, member_id=member_id,
                            generation_id=generation_id, partitions=partitions,

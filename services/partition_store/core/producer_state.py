@@ -90,6 +90,7 @@ from oncelog.errors import ErrorCode
 from oncelog.records import (
     MARKER_ABORT,
     MARKER_COMMIT,
+    MAX_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     BatchHeader,
@@ -104,8 +105,6 @@ CACHED_BATCHES = limits.MAX_IN_FLIGHT_BATCHES
 NO_OFFSET = -1
 NO_COORDINATOR_EPOCH = -1
 NO_TIME_MS = -1
-# Producer epochs are int16 in the batch header.
-MAX_PRODUCER_EPOCH = 2**15 - 1
 # Kafka's producer.id.expiration.ms default: one day.
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 24 * 60 * 60 * 1000
 MARKER_NAMES = {MARKER_ABORT: "ABORT", MARKER_COMMIT: "COMMIT"}
