@@ -17,11 +17,18 @@ consumer's lock:
 No gRPC, threads or clock here: times come in as `now_ms`, requests go out
 as values. `TABLE` lists every state's allowed next states; `transition_to`
 checks it, and a test walks every pair.
+
+A join carries a member id the member chose itself (a random UUID per join,
+as Kafka's KIP-1082 has it): when a join's answer is lost, the retried join
+names the same member, so the coordinator does not make a second one that
+would hold half the partitions until its session timed out; and a member
+that leaves after such a join can name the member to remove.
 """
 
 from __future__ import annotations
 
 import enum
+import uuid
 from dataclasses import dataclass
 
 from oncelog import errors
@@ -177,6 +184,10 @@ class GroupMembership:
         # told to leave before joining again, so its partitions are released
         # at once instead of at its session timeout.
         self.stale_member_id = ""
+        # The id this member's joins carry (see the module's doc); a join
+        # with it has been sent since the last join began.
+        self._join_member_id = ""
+        self._join_sent = False
         self._due_ms = 0
         # The request sent and not yet answered (one at a time).
         self._in_flight: HeartbeatRequest | None = None
@@ -217,6 +228,10 @@ class GroupMembership:
         if self.state in (MemberState.UNSUBSCRIBED, MemberState.LEAVING):
             return
         join_in_flight = self._in_flight is not None and self._in_flight.kind is RequestKind.JOIN
+        if (self.state is MemberState.JOINING and not self.member_id and self._join_sent
+                and not join_in_flight):
+            # A join went out and its answer was lost: the member may exist.
+            self.member_id = self._join_member_id
         if self.state is MemberState.FATAL or (
             not self.member_id and not self.stale_member_id and not join_in_flight
         ):
@@ -290,7 +305,8 @@ class GroupMembership:
             if self.stale_member_id:
                 req = self._request(RequestKind.LEAVE, self.stale_member_id, LEAVE_EPOCH, ())
             else:
-                req = self._request(RequestKind.JOIN, "", JOIN_EPOCH, ())
+                req = self._request(RequestKind.JOIN, self._join_member_id, JOIN_EPOCH, ())
+                self._join_sent = True
         else:
             req = self._request(RequestKind.HEARTBEAT, self.member_id, self.member_epoch,
                                 tuple(sorted(self.owned)))
@@ -354,7 +370,13 @@ class GroupMembership:
         cluster has no group coordinator), whatever its code says."""
         self._answered(request)
         if request.kind is RequestKind.JOIN and self.state is MemberState.LEAVING:
-            self._left(None)  # no member id to leave with
+            # The join may have created the member before its answer was
+            # lost: leave with the id it carried (a member that does not
+            # exist answers UNKNOWN_MEMBER_ID, which also counts as left).
+            self.member_id = request.member_id
+            self._due_ms = now_ms
+            if not self.member_id:
+                self._left(None)
             return
         if request.kind is RequestKind.LEAVE:
             if exc.retriable and not fatal and self.state in (MemberState.LEAVING,
@@ -416,6 +438,8 @@ class GroupMembership:
 
     def _start_join(self, now_ms: int) -> None:
         self.member_id = ""
+        self._join_member_id = uuid.uuid4().hex
+        self._join_sent = False
         self.member_epoch = JOIN_EPOCH
         self.target = None
         self._acked_sent_ms = None

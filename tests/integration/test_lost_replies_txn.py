@@ -10,7 +10,10 @@ transaction), read_committed readers see each committed record exactly once
 at its offset and nothing of an aborted transaction, a group's committed
 offsets are exactly those sent, the next transaction works, and a second
 instance of the transactional id still fences the first with
-ProducerFencedError.
+ProducerFencedError. And a group consumer whose first join's answer is lost
+joins once: its retried join names the member the first one created (the
+member chooses its id), so no second member holds partitions until its
+session times out.
 
 Method: one LocalCluster (one partition store, one transaction coordinator,
 one group coordinator) for the module; per test a ProxyMesh
@@ -36,6 +39,7 @@ from oncelog.testing import LocalCluster
 from tests.support.grpc_proxy import (
     ADD_OFFSETS_TO_TXN,
     COMPLETE_TRANSACTION,
+    CONSUMER_GROUP_HEARTBEAT,
     END_TXN,
     INIT_PRODUCER_ID,
     PREPARE_TRANSACTION,
@@ -298,3 +302,26 @@ def test_lost_prepare_and_complete_replies_two_phase_commit(cluster: LocalCluste
                 for p in range(PARTITIONS)}
     assert log_of(cluster, topic, "read_committed") == expected
     assert log_of(cluster, topic, "read_uncommitted") == expected
+
+
+def test_a_lost_join_answer_leaves_one_member_with_every_partition(
+    cluster: LocalCluster, topic: str
+) -> None:
+    group = f"lost-join-{next(_ids)}"
+    policy = DropPolicy(drop={CONSUMER_GROUP_HEARTBEAT: {1}})
+    every = {TopicPartition(topic, p) for p in range(PARTITIONS)}
+    # A session far longer than the wait: a second member made by the
+    # retried join would keep its partitions for the whole test.
+    with ProxyMesh.in_front_of(cluster, policy) as mesh, \
+            Consumer(bootstrap=mesh.bootstrap, group_id=group,
+                     session_timeout_ms=120_000) as consumer:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + WAIT_S
+        while consumer.assignment() != every:
+            assert time.monotonic() < deadline, (
+                f"the member has {sorted(consumer.assignment())}, not every partition")
+            consumer.poll(timeout=0.1)
+        assert policy.dropped_calls == [(CONSUMER_GROUP_HEARTBEAT, 1)]
+        with Admin(bootstrap=cluster.bootstrap) as admin:
+            members = admin.describe_group(group).members
+        assert len(members) == 1, members

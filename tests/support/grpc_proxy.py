@@ -38,6 +38,7 @@ END_TXN = "/oncelog.v1.TransactionCoordinator/EndTxn"
 PREPARE_TRANSACTION = "/oncelog.v1.TransactionCoordinator/PrepareTransaction"
 COMPLETE_TRANSACTION = "/oncelog.v1.TransactionCoordinator/CompleteTransaction"
 TXN_OFFSET_COMMIT = "/oncelog.v1.GroupCoordinator/TxnOffsetCommit"
+CONSUMER_GROUP_HEARTBEAT = "/oncelog.v1.GroupCoordinator/ConsumerGroupHeartbeat"
 
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20),
                     ("grpc.max_receive_message_length", 64 << 20)]

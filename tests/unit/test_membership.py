@@ -1,6 +1,8 @@
 """The group consumer's membership state machine, as pure logic.
 
-Goal: the member joins with epoch 0 and an empty member id; it reports as
+Goal: the member joins with epoch 0 and a member id of its own, new for
+each join and kept when the join is retried (a lost answer then names the
+same member), and leaves with it when the join's answer never came; it reports as
 owned only what the application has applied, so a revoked partition leaves
 `owned_partitions` only after poll() ran on_revoke, and that news goes out
 at once; revocations are applied before new partitions are taken on; a
@@ -18,6 +20,7 @@ answers and times as values (no threads, no network, no clock).
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
@@ -104,7 +107,8 @@ def test_join_then_take_on_the_assignment() -> None:
     assert m.next_request(0) is None  # not subscribed: nothing to send
     m.subscribe(("b", "a"), 0)
     join = request(m, 0)
-    assert (join.kind, join.member_id, join.member_epoch) == (RequestKind.JOIN, "", JOIN_EPOCH)
+    assert (join.kind, join.member_epoch) == (RequestKind.JOIN, JOIN_EPOCH)
+    assert re.fullmatch("[0-9a-f]{32}", join.member_id), join.member_id
     assert join.owned_partitions == () and join.session_timeout_ms == SESSION_MS
     assert join.subscribed_topics == ("b", "a")
     m.on_response(join, answer(assignment={A0, A1}), 0, 5)
@@ -221,9 +225,11 @@ def test_a_removed_or_fenced_member_loses_its_partitions_then_rejoins(code: Erro
             RequestKind.LEAVE, "m-1", LEAVE_EPOCH)
         m.on_error(first, error(ErrorCode.UNKNOWN_MEMBER_ID), 25, retry_after_ms=100)
         first = request(m, 25)
-    assert (first.kind, first.member_id, first.member_epoch) == (RequestKind.JOIN, "", 0)
-    m.on_response(first, answer(member_id="m-2", epoch=5, assignment={A1}), 30, 30)
-    assert (m.member_id, m.member_epoch, m.state) == ("m-2", 5, MemberState.RECONCILING)
+    assert (first.kind, first.member_epoch) == (RequestKind.JOIN, 0)
+    assert first.member_id not in ("", "m-1")
+    m.on_response(first, answer(member_id=first.member_id, epoch=5, assignment={A1}), 30, 30)
+    assert (m.member_id, m.member_epoch, m.state) == (first.member_id, 5,
+                                                      MemberState.RECONCILING)
 
 
 def test_a_fenced_static_member_rejoins_with_its_instance_id_without_a_leave() -> None:
@@ -351,3 +357,53 @@ def test_leaving_while_the_join_is_out_leaves_with_the_id_it_brings() -> None:
     assert m.owned == frozenset()  # the assignment was never taken on
     m.on_response(leave, answer(member_id="m-9", epoch=LEAVE_EPOCH), 2, 3)
     assert m.state is MemberState.UNSUBSCRIBED
+
+
+# ------------------------------------------------ lost answers to a join
+
+
+def test_a_join_whose_answer_was_lost_is_retried_with_the_same_member_id() -> None:
+    m = GroupMembership("g", session_timeout_ms=SESSION_MS)
+    m.subscribe(("a",), 0)
+    join = request(m, 0)
+    m.on_error(join, error(ErrorCode.NETWORK_EXCEPTION), 5, retry_after_ms=100)
+    again = request(m, 105)
+    assert (again.kind, again.member_id) == (RequestKind.JOIN, join.member_id)
+    m.on_response(again, answer(member_id=join.member_id, assignment={A0}), 105, 110)
+    assert (m.member_id, m.state) == (join.member_id, MemberState.RECONCILING)
+
+
+def test_each_join_has_a_new_member_id() -> None:
+    ids = set()
+    for _ in range(3):
+        m = GroupMembership("g", session_timeout_ms=SESSION_MS)
+        m.subscribe(("a",), 0)
+        ids.add(request(m, 0).member_id)
+    assert len(ids) == 3
+
+
+def test_leaving_after_a_join_whose_answer_was_lost_leaves_with_its_id() -> None:
+    m = GroupMembership("g", session_timeout_ms=SESSION_MS)
+    m.subscribe(("a",), 0)
+    join = request(m, 0)
+    m.on_error(join, error(ErrorCode.NETWORK_EXCEPTION), 5, retry_after_ms=100)
+    m.leave(10)
+    assert m.state is MemberState.LEAVING
+    leave = request(m, 10)
+    assert (leave.kind, leave.member_id, leave.member_epoch) == (
+        RequestKind.LEAVE, join.member_id, LEAVE_EPOCH)
+    # The join never landed: the coordinator does not know the id.
+    m.on_error(leave, error(ErrorCode.UNKNOWN_MEMBER_ID), 15, retry_after_ms=100)
+    assert m.state is MemberState.UNSUBSCRIBED
+
+
+def test_leaving_while_a_join_is_out_whose_answer_is_lost_leaves_with_its_id() -> None:
+    m = GroupMembership("g", session_timeout_ms=SESSION_MS)
+    m.subscribe(("a",), 0)
+    join = request(m, 0)
+    m.leave(1)
+    m.on_error(join, error(ErrorCode.NETWORK_EXCEPTION), 5, retry_after_ms=100)
+    leave = request(m, 5)
+    assert (leave.kind, leave.member_id) == (RequestKind.LEAVE, join.member_id)
+    m.on_response(leave, answer(member_id=join.member_id, epoch=LEAVE_EPOCH), 5, 6)
+    assert m.state is MemberState.UNSUBSCRIBED and m.member_id == ""

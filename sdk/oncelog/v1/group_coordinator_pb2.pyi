@@ -36,7 +36,11 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     OWNED_PARTITIONS_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     member_id: _builtins.str
-    """Empty on join; the coordinator assigns one."""
+    """On join (member_epoch 0): an id the member chose (a random UUID, as in
+    Kafka's KIP-1082; the Python SDK sends one), so that a join retried after
+    its answer was lost names the member the first attempt created instead
+    of making a second; or empty, and the coordinator assigns one.
+    """
     member_epoch: _builtins.int
     """0 to join, -1 to leave, otherwise the epoch the member last received."""
     group_instance_id: _builtins.str
