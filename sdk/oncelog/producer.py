@@ -1136,13 +1136,16 @@ class _Sender:
         if not unsent:
             return
         cause = txn.error
+        # A batch waiting for a retry may have been written already (its
+        # answer was lost): "acknowledged", not "sent". Either way the abort's
+        # marker keeps it from every read_committed reader.
         if state is TxnState.ABORTING or cause is None:
-            reason = "the transaction was aborted before this record was sent"
+            reason = "the transaction was aborted before this record was acknowledged"
         else:
             detail = (f"{type(cause).__name__}: {cause.message}"
                       if isinstance(cause, OncelogError) else repr(cause))
-            reason = (f"the transaction failed ({detail}) before this record was sent; "
-                      "it must be aborted")
+            reason = (f"the transaction failed ({detail}) before this record was "
+                      "acknowledged; it must be aborted")
         error = errors.TransactionAbortedError(
             f"transactional id {self._transactional_id!r}: {reason}"
         )
