@@ -634,12 +634,12 @@ class PartitionRuntime:
             yield read_header(value), value
 
     def read(self, offset: int, *, max_bytes: int, isolation: Isolation,
-             include_control: bool = False) -> FetchRead:
+             include_control: bool = False, take_first_whole: bool = True) -> FetchRead:
         """Whole batches from the one holding `offset`, up to the HW (the LSO
         under read_committed), without control batches and, under
         read_committed, without batches of aborted transactions
-        (core/fetch_filter.py). The first batch is returned even when it is
-        larger than max_bytes."""
+        (core/fetch_filter.py). With `take_first_whole` the first batch is
+        returned even when it is larger than max_bytes."""
         self.check_fetch_offset(offset)
         upper = self.upper_bound(isolation)
         committed = isolation is Isolation.READ_COMMITTED
@@ -647,6 +647,7 @@ class PartitionRuntime:
             self._batches_from(offset, upper), fetch_offset=offset, upper_offset=upper,
             max_bytes=max_bytes, aborted=self.aborted if committed else None,
             keep_control=include_control and not committed,
+            take_first_whole=take_first_whole,
         )
         return FetchRead(
             selection.batches, selection.size_bytes, selection.next_fetch_offset,

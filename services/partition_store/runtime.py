@@ -1063,7 +1063,10 @@ class StoreRuntime:
         loop = asyncio.get_running_loop()
         wait_s = min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
         deadline = loop.time() + wait_s
-        budget = max_bytes or limits.DEFAULT_FETCH_MAX_BYTES
+        # Capped, as Kafka's broker caps a fetch at its fetch.max.bytes: a
+        # larger response would not fit in a gRPC message (every retry of the
+        # client would fail the same way).
+        budget = min(max_bytes or limits.DEFAULT_FETCH_MAX_BYTES, limits.DEFAULT_FETCH_MAX_BYTES)
         while True:
             outcomes, size, parts, failed = self._fetch_once(
                 items, budget, isolation, include_control
@@ -1097,8 +1100,11 @@ class StoreRuntime:
                 parts.append(part)
                 limit = min(item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
                             budget_bytes - total)
+                # Only the first partition with data may go over the budget
+                # (by one batch, so a fetch always makes progress); the
+                # response holds at most max(budget, one batch).
                 read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation,
-                                 include_control=include_control)
+                                 include_control=include_control, take_first_whole=total == 0)
             except ServiceError as exc:
                 failed = True
                 outcomes.append(FetchOutcome(

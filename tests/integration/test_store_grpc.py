@@ -29,6 +29,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from oncelog._batching import restamp_batch
+from oncelog._client import CHANNEL_OPTIONS
 from oncelog._port_in_use import grpc_port_taken
 from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
@@ -93,7 +95,8 @@ class StoreProcess:
                 cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        self.channel = grpc.insecure_channel(self.address)
+        # The SDK's limits (64 MiB each way), as docs/grpc-api.md tells clients.
+        self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         health = health_pb2_grpc.HealthStub(self.channel)
         deadline = time.monotonic() + STARTUP_DEADLINE_S
         while True:
@@ -420,6 +423,39 @@ def test_bad_input_gets_a_code_and_a_message_and_changes_nothing(
         pb.ListTopicsRequest(include_internal=True)).topics} == topics_before
     # And the producer can go on exactly where it was.
     assert produce(stub, "strict", 0, batch(3)).base_offset == 3
+
+
+def test_a_fetch_answer_stays_within_a_grpc_message_whatever_max_bytes_asks(
+    shared_store: StoreProcess,
+) -> None:
+    """Past 64 MiB the answer cannot be sent (RESOURCE_EXHAUSTED on every
+    retry): the store caps a fetch at 50 MiB, as Kafka's broker caps one at
+    its fetch.max.bytes, and only the first partition with data may go over
+    what is left of it, by one batch."""
+    stub = shared_store.stub
+    create_topic(stub, "bulky", partitions=2, max_message_bytes=str(4 << 20))
+    big = encode_batch([(b"k", b"x" * (3 << 20), None, NOW_MS)],
+                       producer_id=900, producer_epoch=0, base_sequence=0)
+    for seq in range(24):  # 72 MiB in partition 0
+        data = restamp_batch(big, producer_id=900, producer_epoch=0, base_sequence=seq)
+        assert produce(stub, "bulky", 0, data).error.code == 0
+    assert produce(stub, "bulky", 1, big).error.code == 0
+    unlimited = 2**31 - 1
+    reply = stub.Fetch(pb.FetchRequest(
+        partitions=[pb.FetchPartition(topic="bulky", partition=p, fetch_offset=0,
+                                      max_bytes=unlimited) for p in (0, 1)],
+        max_bytes=unlimited,
+    ))
+    first, second = reply.results
+    assert first.error.code == 0 and second.error.code == 0
+    got = sum(len(b) for b in first.batches)
+    assert 0 < got <= 50 << 20 and got + len(big) > 50 << 20
+    # Partition 1's batch did not fit what was left: nothing, and it is
+    # fetched from the same offset next time.
+    assert (list(second.batches), second.next_fetch_offset) == ([], 0)
+    [alone] = stub.Fetch(pb.FetchRequest(partitions=[
+        pb.FetchPartition(topic="bulky", partition=1, fetch_offset=0)])).results
+    assert list(alone.batches) == [big]
 
 
 def test_sigkill_keeps_every_acknowledged_batch_and_retries_dedup(tmp_path: Path) -> None:

@@ -131,11 +131,13 @@ class Log:
 
 
 def _select(log: Log, offset: int, *, committed: bool, max_bytes: int = 1 << 20,
-            upper: int | None = None) -> tuple[list[int], int]:
+            upper: int | None = None, take_first_whole: bool = True
+            ) -> tuple[list[int], int]:
     bound = (log.lso if committed else log.end) if upper is None else upper
     selection = select_batches(
         log.stored_from(offset), fetch_offset=offset, upper_offset=bound,
         max_bytes=max_bytes, aborted=log.aborted if committed else None,
+        take_first_whole=take_first_whole,
     )
     return selection.batches, selection.next_fetch_offset
 
@@ -218,6 +220,16 @@ def test_budget_counts_filtered_bytes_and_always_progresses() -> None:
     # A budget smaller than any batch still takes one whole batch.
     assert _select(log, 1, committed=True, max_bytes=1) == ([1], 2)
     assert _select(log, 0, committed=True, max_bytes=0) == ([], 0)
+
+
+def test_without_take_first_whole_the_budget_is_a_hard_limit() -> None:
+    # For a partition after others in the same response: what does not fit
+    # is left for the next fetch, which starts where this one would have.
+    log = _interleaved()
+    size = log.headers[1].size_bytes
+    assert _select(log, 1, committed=True, max_bytes=size - 1, take_first_whole=False) == (
+        [], 1)
+    assert _select(log, 1, committed=True, max_bytes=size, take_first_whole=False) == ([1], 2)
 
 
 def test_batch_straddling_the_bound_is_a_broken_invariant() -> None:

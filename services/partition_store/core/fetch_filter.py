@@ -21,8 +21,10 @@ any language needs no bookkeeping (DESIGN.md §1, §3):
   never come.
 
 Work per fetch is bounded by bytes scanned, filtered batches included: the
-scan stops once it has covered max_bytes of log (the first batch is always
-taken whole, even when larger, so a fetch always makes progress). A reader
+scan stops once it has covered max_bytes of log (the first batch is taken
+whole, even when larger, so a fetch always makes progress — unless the
+caller says otherwise: a response that already holds other partitions'
+batches must stay within its limit). A reader
 behind a long run of aborted batches therefore gets few or no batches but a
 next_fetch_offset past them, and comes back for more.
 """
@@ -63,11 +65,14 @@ def select_batches(
     max_bytes: int,
     aborted: AbortedIndex | None,
     keep_control: bool = False,
+    take_first_whole: bool = True,
 ) -> FetchSelection[T]:
     """`stored` are the batches from the one holding fetch_offset on, in
     offset order; it is read lazily and only as far as the scan goes.
     `aborted` is the partition's aborted index under read_committed, None
-    under read_uncommitted (which returns aborted batches too)."""
+    under read_uncommitted (which returns aborted batches too).
+    `take_first_whole`: the first batch is taken even when larger than
+    max_bytes."""
     scanned: list[tuple[BatchHeader, T]] = []
     scanned_bytes = 0
     # Whether every stored batch below the upper bound was scanned.
@@ -83,7 +88,7 @@ def select_batches(
                     f"bound {upper_offset} (bounds are batch boundaries)"
                 )
             size = header.size_bytes
-            if scanned and scanned_bytes + size > max_bytes:
+            if (scanned or not take_first_whole) and scanned_bytes + size > max_bytes:
                 reached_upper = False
                 break
             scanned.append((header, payload))
