@@ -80,10 +80,11 @@ def test_the_checker_sees_aborted_records_leak(monkeypatch: pytest.MonkeyPatch) 
     from services.partition_store.core import fetch_filter
 
     def leaky(stored, *, fetch_offset, upper_offset, max_bytes, aborted,  # type: ignore[no-untyped-def]
-              keep_control=False):
+              keep_control=False, take_first_whole=True):
         return fetch_filter.select_batches(stored, fetch_offset=fetch_offset,
                                            upper_offset=upper_offset, max_bytes=max_bytes,
-                                           aborted=None, keep_control=keep_control)
+                                           aborted=None, keep_control=keep_control,
+                                           take_first_whole=take_first_whole)
 
     monkeypatch.setattr(partition, "select_batches", leaky)
     assert "read_committed returned" in _first_failure(range(1, 21), 300)
