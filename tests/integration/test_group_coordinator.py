@@ -36,7 +36,7 @@ from oncelog.v1 import group_coordinator_pb2_grpc as gpb_grpc
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
-from tests.support.polling import retrying
+from tests.support.polling import retrying, wait_until
 
 PARTITIONS = 4
 SESSION_MS = 2000
@@ -287,6 +287,39 @@ def test_transactional_offsets_are_pending_until_the_marker(
         while fetch(stub, g, require_stable=True) != {(topic, 0): 42}:
             assert time.monotonic() < deadline, fetch(stub, g, require_stable=True)
             time.sleep(0.05)
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
+def test_pending_offsets_end_as_decided_when_the_group_coordinator_was_killed(
+    cluster: LocalCluster, stub: gpb_grpc.GroupCoordinatorStub, topic: str, commit: bool
+) -> None:
+    """kill -9 of the group coordinator while a transaction's offsets are
+    pending; the transaction ends while it is down (the marker goes to the
+    store, not to it); after the restart it rebuilds the group from the log,
+    marker included: the new offset if committed, the old one if aborted,
+    never both, never pending."""
+    g = group()
+    meta = GroupMetadata(group_id=g, generation_id=-1, member_id="")
+    tp = TopicPartition(topic, 1)
+    with Producer(bootstrap=cluster.bootstrap, transactional_id=f"t-{g}") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction({tp: 10}, meta)
+        producer.commit_transaction()
+        producer.begin_transaction()
+        producer.send(topic, value=b"y", partition=1)
+        producer.send_offsets_to_transaction({tp: 20}, meta)
+        assert fetch(stub, g, require_stable=True) == {(topic, 1): ErrorCode.UNSTABLE_OFFSET_COMMIT}
+        cluster.kill("group_coordinator", 0)
+        if commit:
+            producer.commit_transaction()
+        else:
+            producer.abort_transaction()
+    cluster.restart("group_coordinator", 0)
+    expected = {(topic, 1): 20 if commit else 10}
+    wait_until("the offsets to settle after the restart",
+               lambda: fetch(stub, g, require_stable=True) == expected)
+    assert fetch(stub, g) == expected
 
 
 def test_a_fenced_producer_cannot_commit_offsets(
