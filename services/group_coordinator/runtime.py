@@ -587,7 +587,8 @@ class GroupCoordinatorRuntime:
             except ServiceError as exc:
                 if exc.code is not ErrorCode.MESSAGE_TOO_LARGE:
                     raise
-                raise ServiceError(exc.code, (
+                # Kafka's code for exactly this (the commit does not fit the log).
+                raise ServiceError(ErrorCode.INVALID_COMMIT_OFFSET_SIZE, (
                     f"group {group_id!r}: the commit of {len(partitions)} partitions' offsets "
                     "with their metadata is too large to store; commit fewer partitions at "
                     f"a time or shorter metadata: {exc.message}"

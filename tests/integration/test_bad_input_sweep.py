@@ -617,7 +617,7 @@ GROUP_CASES = [
             ErrorCode.INVALID_REQUEST, "member_id", f"{len(HUGE)} characters"),
     refused("OffsetCommit-more offsets than one batch holds",
             commit([(WIDE, p, 1, FULL_METADATA) for p in range(WIDE_PARTITIONS)]),
-            ErrorCode.MESSAGE_TOO_LARGE, f"'{GROUP}'", f"{WIDE_PARTITIONS} partitions"),
+            ErrorCode.INVALID_COMMIT_OFFSET_SIZE, f"'{GROUP}'", f"{WIDE_PARTITIONS} partitions"),
     refused("OffsetFetch-empty group id", offset_fetch(""),
             ErrorCode.INVALID_GROUP_ID, "group_id"),
     refused("OffsetFetch-long group id", offset_fetch(LONG_ID),
