@@ -197,6 +197,8 @@ class Consumer:
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
         )
         self._assignment: dict[TopicPartition, _PartitionState] = {}
+        # Where the next fetch starts in the assignment (see _send_fetches).
+        self._fetch_rotation = 0
         self._in_flight: dict[str, _InFlightFetch] = {}
         self._node_retry_at_s: dict[str, float] = {}
         self._node_attempts: dict[str, int] = {}
@@ -828,7 +830,15 @@ class Consumer:
         md = self._client.cached_metadata
         by_address: dict[str, dict[TopicPartition, int]] = {}
         missing_leader = False
-        for tp, st in self._assignment.items():
+        # Each fetch starts one partition further on, as Kafka's consumer
+        # rotates them: only the first partition with data may exceed what
+        # is left of the request's max_bytes, so a fixed order could leave a
+        # later partition's large batch out of every answer.
+        states = list(self._assignment.items())
+        if states:
+            self._fetch_rotation = (self._fetch_rotation + 1) % len(states)
+            states = states[self._fetch_rotation:] + states[:self._fetch_rotation]
+        for tp, st in states:
             if st.position is None or st.has_buffered or now_s < st.retry_at_s:
                 continue
             address = md.leader_address(tp.topic, tp.partition) if md is not None else None

@@ -213,6 +213,8 @@ class FakeStore:
         self.lock = threading.Lock()
         self.appended = threading.Condition(self.lock)
         self.fetch_calls = 0
+        # The partitions of each Fetch request, in request order.
+        self.fetch_orders: list[list[tuple[str, int]]] = []
         self.fetch_fault: Callable[[int], grpc.StatusCode | None] | None = None
         self.topics: dict[str, tuple[int, dict[str, str]]] = {}
         self.logs: dict[tuple[str, int], list[StoredBatch]] = {}
@@ -817,6 +819,7 @@ class FakeStore:
         with self.lock:
             self.fetch_calls += 1
             call_number = self.fetch_calls
+            self.fetch_orders.append([(p.topic, p.partition) for p in request.partitions])
         if self.fetch_fault is not None:
             status = self.fetch_fault(call_number)
             if status is not None:

@@ -128,6 +128,23 @@ def test_a_long_poll_waits_at_the_store(store: FakeStore) -> None:
         assert store.fetch_calls >= calls
 
 
+def test_each_fetch_starts_at_another_partition(store: FakeStore) -> None:
+    # The store lets only the first partition with data go over what is
+    # left of a fetch's max_bytes; a fixed order could starve the others.
+    store.create_topic("r", 3)
+    every = [TopicPartition("r", p) for p in range(3)]
+    with Consumer(bootstrap=store.address, fetch_max_wait_ms=20) as consumer:
+        consumer.assign(every)
+        for tp in every:
+            consumer.seek(tp, 0)
+        for _ in range(6):
+            consumer.poll(timeout=0.05)
+    orders = [order for order in store.fetch_orders if len(order) == 3]
+    assert len(orders) >= 3, store.fetch_orders
+    assert all(sorted(order) == [("r", 0), ("r", 1), ("r", 2)] for order in orders)
+    assert len({order[0] for order in orders}) == 3
+
+
 def test_corrupt_batches_are_refused(store: FakeStore) -> None:
     good = bytearray(batch(b"a"))
     good[-1] ^= 0xFF
