@@ -73,7 +73,11 @@ class History:
     def read(cls, path: Path, killed: dict[str, int]) -> History:
         history = cls()
         open_: dict[tuple[str, int], Interval] = {}
-        lines = path.read_text().splitlines() if path.exists() else []
+        text = path.read_text() if path.exists() else ""
+        # A line without its newline is still being written by a member (a
+        # read can see part of a concurrent append) or was cut by a kill -9:
+        # it is not an event yet.
+        lines = text.splitlines()[:-1] if text and not text.endswith("\n") else text.splitlines()
         events = sorted((json.loads(line) for line in lines), key=lambda e: e["t"])
         history.events = events
         for e in events:
