@@ -1009,12 +1009,11 @@ class Consumer:
                 continue
             topic, partition = tp.topic, tp.partition
             append = out.append
-            for record in st.records:
+            for offset, timestamp_ms, key, value, headers in st.records:
                 append(ConsumerRecord(
-                    topic, partition, record.offset, record.key, record.value,
-                    record.headers, record.timestamp_ms,
+                    topic, partition, offset, key, value, headers, timestamp_ms,
                 ))
-                st.position = record.offset + 1
+                st.position = offset + 1
                 if len(out) >= max_records:
                     break
             else:

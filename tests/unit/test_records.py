@@ -13,6 +13,7 @@ import struct
 
 import pytest
 
+from oncelog import ConsumerRecord
 from oncelog import records as codec
 from oncelog._batching import record_size_bytes, restamp_batch
 
@@ -38,6 +39,27 @@ def test_headers_with_unicode_keys_and_null_values() -> None:
     headers: list[codec.Header] = [("trace-id", b"abc"), ("clé-ü-日本", None), ("", b"")]
     got = roundtrip([(b"k", b"v", headers, 5)])
     assert got[0].headers == tuple(headers)
+
+
+def test_a_batch_decodes_the_same_from_bytes_and_from_a_memoryview() -> None:
+    headers: list[codec.Header] = [("h", b"x"), ("n", None)]
+    batch = codec.encode_batch([(b"k", b"v", headers, 5), (None, None, None, 6)])
+    want = list(codec.iter_records(batch))
+    for view in (memoryview(batch), memoryview(b"pad" + batch)[3:]):
+        got = list(codec.iter_records(view))
+        assert got == want
+        assert all(type(r.key) in (bytes, type(None)) and type(r.value) in (bytes, type(None))
+                   for r in got)
+
+
+def test_a_consumer_record_reads_like_kafka_pythons_and_cannot_change() -> None:
+    record = ConsumerRecord("t", 1, 7, b"k", b"v", (("h", b"x"),), 9)
+    assert (record.topic, record.partition, record.offset, record.key, record.value,
+            record.headers, record.timestamp_ms) == ("t", 1, 7, b"k", b"v", (("h", b"x"),), 9)
+    with pytest.raises(AttributeError):
+        record.value = b"w"  # type: ignore[misc]
+    assert record._replace(value=b"w").value == b"w"
+    assert record == ConsumerRecord("t", 1, 7, b"k", b"v", (("h", b"x"),), 9)
 
 
 def test_timestamps_out_of_order_keep_their_values() -> None:
