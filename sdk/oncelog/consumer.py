@@ -1004,15 +1004,17 @@ class Consumer:
         # Start at a rotating partition, so one busy partition cannot starve the others.
         start = self._next_drain_index % len(tps)
         self._next_drain_index += 1
+        new_tuple = tuple.__new__
         for tp, st in tps[start:] + tps[:start]:
             if st.records is None:
                 continue
             topic, partition = tp.topic, tp.partition
             append = out.append
             for offset, timestamp_ms, key, value, headers in st.records:
-                append(ConsumerRecord(
+                # ConsumerRecord(...), made as codec.iter_records makes Records.
+                append(new_tuple(ConsumerRecord, (
                     topic, partition, offset, key, value, headers, timestamp_ms,
-                ))
+                )))
                 st.position = offset + 1
                 if len(out) >= max_records:
                     break
