@@ -49,6 +49,7 @@ class ErrorCode(enum.IntEnum):
     NOT_LEADER_OR_FOLLOWER = (6, Kind.RETRIABLE)
     REQUEST_TIMED_OUT = (7, Kind.RETRIABLE)
     MESSAGE_TOO_LARGE = (10, Kind.NOT_RETRIABLE)
+    OFFSET_METADATA_TOO_LARGE = (12, Kind.NOT_RETRIABLE)
     NETWORK_EXCEPTION = (13, Kind.RETRIABLE)
     COORDINATOR_LOAD_IN_PROGRESS = (14, Kind.RETRIABLE)
     COORDINATOR_NOT_AVAILABLE = (15, Kind.RETRIABLE)
@@ -176,6 +177,7 @@ _CLASS_NAMES: dict[ErrorCode, str] = {
     ErrorCode.INVALID_SESSION_TIMEOUT: "InvalidSessionTimeoutError",
     ErrorCode.REBALANCE_IN_PROGRESS: "RebalanceInProgressError",
     ErrorCode.INVALID_COMMIT_OFFSET_SIZE: "InvalidCommitOffsetSizeError",
+    ErrorCode.OFFSET_METADATA_TOO_LARGE: "OffsetMetadataTooLargeError",
     ErrorCode.INVALID_TIMESTAMP: "InvalidTimestampError",
     ErrorCode.UNSUPPORTED_VERSION: "UnsupportedVersionError",
     ErrorCode.TOPIC_ALREADY_EXISTS: "TopicAlreadyExistsError",

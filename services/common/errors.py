@@ -39,6 +39,7 @@ _GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.MESSAGE_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.RECORD_LIST_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_COMMIT_OFFSET_SIZE: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.OFFSET_METADATA_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_CONFIG: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_PARTITIONS: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_TOPIC_EXCEPTION: grpc.StatusCode.INVALID_ARGUMENT,

@@ -503,11 +503,12 @@ class GroupCoordinatorRuntime:
             if offset < 0:
                 raise ServiceError(ErrorCode.INVALID_REQUEST,
                                    f"{where}: offset {offset} is negative")
-            if len(metadata.encode()) > self.config.max_offset_metadata_bytes:
+            metadata_bytes = len(metadata.encode())
+            if metadata_bytes > self.config.max_offset_metadata_bytes:
                 raise ServiceError(
-                    ErrorCode.INVALID_REQUEST,
-                    f"{where}: metadata is longer than "
-                    f"{self.config.max_offset_metadata_bytes} bytes",
+                    ErrorCode.OFFSET_METADATA_TOO_LARGE,
+                    f"{where}: metadata is {metadata_bytes} bytes, over the "
+                    f"{self.config.max_offset_metadata_bytes}-byte limit",
                 )
         counts = await self._counts.get(tp[0] for tp in seen)
         unknown = sorted(tp for tp in seen if not 0 <= tp[1] < counts.get(tp[0], 0))

@@ -553,13 +553,14 @@ def commit(partitions: list[tuple[str, int, int, str]], *, group_id: str = GROUP
 
 def txn_commit(*, transactional_id: str = TXN_ID, producer_id: int | None = None,
                producer_epoch: int | None = None,
-               partitions: tuple[tuple[str, int], ...] = ((TOPIC, 0),)) -> Send:
+               partitions: tuple[tuple[str, int], ...] = ((TOPIC, 0),),
+               metadata: str = "") -> Send:
     return lambda s: s.groups.TxnOffsetCommit(gpb.TxnOffsetCommitRequest(
         transactional_id=transactional_id, group_id=GROUP,
         producer_id=s.producer_id if producer_id is None else producer_id,
         producer_epoch=s.producer_epoch if producer_epoch is None else producer_epoch,
         generation_id=-1,
-        partitions=[gpb.OffsetCommitPartition(topic=t, partition=p, offset=9)
+        partitions=[gpb.OffsetCommitPartition(topic=t, partition=p, offset=9, metadata=metadata)
                     for t, p in partitions]))
 
 
@@ -603,7 +604,8 @@ GROUP_CASES = [
             commit([(TOPIC, 0, 1, ""), (TOPIC, 0, 2, "")]),
             ErrorCode.INVALID_REQUEST, f"{TOPIC}-0 appears twice"),
     refused("OffsetCommit-metadata over 4 KiB", commit([(TOPIC, 0, 1, "x" * 4097)]),
-            ErrorCode.INVALID_REQUEST, f"{TOPIC}-0", "metadata", "4096 bytes"),
+            ErrorCode.OFFSET_METADATA_TOO_LARGE, f"{TOPIC}-0", "metadata is 4097 bytes",
+            "4096-byte limit"),
     refused("OffsetCommit-negative partition", commit([(TOPIC, -1, 1, "")]),
             ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{TOPIC}--1"),
     refused("OffsetCommit-empty topic name", commit([("", 0, 1, "")]),
@@ -634,6 +636,8 @@ GROUP_CASES = [
             ErrorCode.INVALID_REQUEST, "producer_epoch is 40000"),
     refused("TxnOffsetCommit-no partitions", txn_commit(partitions=()),
             ErrorCode.INVALID_REQUEST, "no partition"),
+    refused("TxnOffsetCommit-metadata over 4 KiB", txn_commit(metadata="x" * 5000),
+            ErrorCode.OFFSET_METADATA_TOO_LARGE, f"{TOPIC}-0", "metadata is 5000 bytes"),
     refused("TxnOffsetCommit-group not in the producer's transaction", txn_commit(),
             ErrorCode.INVALID_TXN_STATE, f"'{TXN_ID}'", "not in an open transaction"),
     refused_item("DescribeGroups-unknown group", describe_group("no-such-group"), first_group,

@@ -39,6 +39,7 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     NOT_LEADER_OR_FOLLOWER: _ErrorCode.ValueType  # 6
     REQUEST_TIMED_OUT: _ErrorCode.ValueType  # 7
     MESSAGE_TOO_LARGE: _ErrorCode.ValueType  # 10
+    OFFSET_METADATA_TOO_LARGE: _ErrorCode.ValueType  # 12
     NETWORK_EXCEPTION: _ErrorCode.ValueType  # 13
     COORDINATOR_LOAD_IN_PROGRESS: _ErrorCode.ValueType  # 14
     COORDINATOR_NOT_AVAILABLE: _ErrorCode.ValueType  # 15
@@ -100,6 +101,7 @@ LEADER_NOT_AVAILABLE: ErrorCode.ValueType  # 5
 NOT_LEADER_OR_FOLLOWER: ErrorCode.ValueType  # 6
 REQUEST_TIMED_OUT: ErrorCode.ValueType  # 7
 MESSAGE_TOO_LARGE: ErrorCode.ValueType  # 10
+OFFSET_METADATA_TOO_LARGE: ErrorCode.ValueType  # 12
 NETWORK_EXCEPTION: ErrorCode.ValueType  # 13
 COORDINATOR_LOAD_IN_PROGRESS: ErrorCode.ValueType  # 14
 COORDINATOR_NOT_AVAILABLE: ErrorCode.ValueType  # 15
