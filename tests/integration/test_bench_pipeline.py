@@ -4,13 +4,15 @@ Goal: the pipeline benchmark copies what it says and its check can fail.
 Both copy loops (exactly once and at least once) run over a small input and
 pass the benchmark's own exactly-once check; the check then refuses an output
 with a duplicate, with a record on the wrong partition and with a missing
-record.
+record. The latency case reports a transaction and both of its halves.
 
 Method: real service processes (the `cluster` fixture) and the benchmark's
 own functions; no assertion depends on timing.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import pytest
 
@@ -62,3 +64,14 @@ def test_check_refuses_a_wrong_output(
     _write_output(cluster, output)
     with pytest.raises(SystemExit, match=complaint):
         bench.check_output(cluster.bootstrap, 4)
+
+
+def test_latency_reports_a_transaction_and_its_two_halves() -> None:
+    # run_latency starts its own cluster, as the benchmark does.
+    run = bench.run_latency(argparse.Namespace(value_bytes=100, latency_samples=5))
+    for name in ("transaction_p50_ms", "send_p50_ms", "first_send_p50_ms", "commit_p50_ms"):
+        assert getattr(run, name) > 0, name
+    # Every sample's halves add up to that sample, so neither median can pass
+    # the slowest whole transaction.
+    assert run.first_send_p50_ms <= run.transaction_p99_ms
+    assert run.commit_p50_ms <= run.transaction_p99_ms
