@@ -101,11 +101,16 @@ class Admin:
     # ------------------------------------------------------------ topics
 
     def create_topic(
-        self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None
+        self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None,
+        *, exist_ok: bool = False,
     ) -> None:
-        """Creates a topic; raises TopicAlreadyExistsError, InvalidConfigError, ..."""
+        """Creates a topic; raises TopicAlreadyExistsError, InvalidConfigError, ...
+
+        With `exist_ok=True` a topic of that name that already exists is not an
+        error (its partition count and config are left as they are), so a
+        script that sets up its topics can run again."""
         exc = self.create_topics([NewTopic(name, partitions, dict(config or {}))])[name]
-        if exc is not None:
+        if exc is not None and not (exist_ok and isinstance(exc, errors.TopicAlreadyExistsError)):
             raise exc
 
     def create_topics(
