@@ -5,22 +5,14 @@ before every transactional call and `transition_to(state)` after every
 outcome; the table below decides. The same table answers both questions, so
 what a method may do and where the producer may go are written down once.
 
-How errors are sorted (`classify`), after Kafka's transactional producer with
-its "transaction version 2" rules:
-
-* fatal — PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING,
-  TRANSACTION_COORDINATOR_FENCED, and an OUT_OF_ORDER_SEQUENCE_NUMBER the
-  sequencer could not explain: another producer instance owns the
-  transactional id now (or the coordinator aborted our transaction on its
-  timeout and bumped the epoch), or the log lost data. The producer can never
-  go on; every later call raises the same error.
-* retried — retriable codes (coordinator moved or loading, network, timeouts,
-  CONCURRENT_TRANSACTIONS): the same request is sent again, with the same
-  producer id and epoch.
-* abortable — everything else that fails a record or a transactional request
-  (a delivery error, TRANSACTION_ABORTABLE, INVALID_TXN_STATE from a store):
-  the transaction must be aborted; after `abort_transaction()` the producer
-  goes on with the epoch EndTxn hands back.
+How errors are sorted: by `oncelog.errors.PRODUCER_ERROR_CLASSES`, the one
+table of KIP-1050's classes (retriable, abortable, application-recoverable,
+fatal; docs/sdk.md prints it). Retriable errors are retried by whoever met
+them (the sender, `call_coordinator`); once a record or a transactional
+request fails for good, `ends_producer` says whether the producer is done
+(fatal_error) or only the transaction (abortable_error). Any record of a
+transaction that fails, at any stage — refused in send(), refused by the
+store, expired — breaks the transaction (`record_failure` names it).
 """
 
 from __future__ import annotations
@@ -29,43 +21,36 @@ import enum
 from dataclasses import dataclass
 
 from oncelog import errors
-from oncelog.errors import ErrorCode, OncelogError
-
-# Codes after which a transactional producer can never go on.
-FATAL_CODES = frozenset({
-    ErrorCode.PRODUCER_FENCED,
-    ErrorCode.INVALID_PRODUCER_EPOCH,
-    ErrorCode.INVALID_PRODUCER_ID_MAPPING,
-    ErrorCode.TRANSACTION_COORDINATOR_FENCED,
-    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-})
-
-# Codes after which the transaction coordinator may have moved: find it again.
-COORDINATOR_MOVED_CODES = frozenset({
-    ErrorCode.NOT_COORDINATOR,
-    ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-    ErrorCode.NETWORK_EXCEPTION,
-})
+from oncelog.errors import ErrorCode, OncelogError, ProducerErrorClass
 
 
-class Outcome(enum.Enum):
-    """What to do about an error met inside a transaction."""
+def ends_producer(exc: BaseException) -> bool:
+    """True when `exc`, met by a transactional call or a record of a
+    transaction, ends the producer (application-recoverable or fatal); False
+    when it breaks only the transaction (or, if retriable, was retried and
+    ran out of time: then too only the transaction breaks)."""
+    return errors.producer_error_class(exc) in _ENDS_PRODUCER
 
-    RETRY = "retry"
-    ABORTABLE = "abortable"
-    FATAL = "fatal"
+
+_ENDS_PRODUCER = frozenset({ProducerErrorClass.APPLICATION_RECOVERABLE,
+                            ProducerErrorClass.FATAL})
 
 
-def classify(exc: BaseException) -> Outcome:
-    """Sorts an error met by a transactional call or a record of a transaction."""
-    if not isinstance(exc, OncelogError):
-        return Outcome.ABORTABLE
-    if exc.code in FATAL_CODES:
-        return Outcome.FATAL
-    if exc.retriable:
-        return Outcome.RETRY
-    return Outcome.ABORTABLE
+def record_failure(topic: str, partition: int, exc: BaseException) -> BaseException:
+    """The error that breaks a transaction when one of its records failed: of
+    the same class as `exc` (so it is sorted the same), its message naming the
+    record's topic and partition, caused by `exc`. `partition` -1: not chosen
+    yet."""
+    where = topic if partition < 0 else f"{topic}-{partition}"
+    if isinstance(exc, OncelogError):
+        described: BaseException = type(exc)(f"record for {where}: {exc.message or exc.code.name}")
+    else:
+        described = errors.error_for(
+            ErrorCode.TRANSACTION_ABORTABLE,
+            f"record for {where}: {type(exc).__name__}: {exc}",
+        )
+    described.__cause__ = exc
+    return described
 
 
 class Op(enum.Enum):

@@ -10,6 +10,11 @@ the parity) and tags each code with what a client should do about it:
 
 Servers translate their failures into these codes once, at the gRPC boundary;
 the SDK translates them back into the exception classes below, once.
+
+`PRODUCER_ERROR_CLASSES` sorts every code as a producer meets it (KIP-1050's
+classes): retriable, abortable, application-recoverable or fatal. It is the
+one table the producer acts on and docs/sdk.md prints ("What is fatal,
+abortable, retried"; a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -106,6 +111,117 @@ class ErrorCode(enum.IntEnum):
             return cls.UNKNOWN_SERVER_ERROR
 
 
+class ProducerErrorClass(enum.Enum):
+    """What a producer does about an error (KIP-1050's classes)."""
+
+    RETRIABLE = "retriable"
+    """Retried by the producer itself, with the same sequence numbers (or the
+    same producer id and epoch), until delivery_timeout_ms or the call's
+    timeout runs out; then the record or call fails with KafkaTimeoutError,
+    which in a transaction is abortable."""
+
+    ABORTABLE = "abortable"
+    """The record or request failed for good. Outside a transaction only its
+    own future fails. Inside one the transaction can no longer commit:
+    commit_transaction() raises TransactionAbortableError (caused by the first
+    failed record's error); abort_transaction() ends it and the producer goes
+    on."""
+
+    APPLICATION_RECOVERABLE = "application_recoverable"
+    """This producer instance is finished (every later call raises the same
+    error; close it), but the application can recover: a new producer with
+    the same transactional id calls init_transactions() and resumes from the
+    last committed transaction (another instance took over, or the
+    coordinator aborted the transaction and bumped the epoch)."""
+
+    FATAL = "fatal"
+    """Neither retrying nor a new producer helps: a configuration the cluster
+    refuses, a protocol the cluster does not speak, or a log that lost
+    acknowledged data. Close the producer and fix the cause."""
+
+
+_P = ProducerErrorClass
+# Every code a producer can meet, sorted once. The wire kind and the class
+# agree: retriable codes are retriable here, fatal ones end the producer
+# (application-recoverable or fatal), the rest are abortable unless retrying
+# with a new producer cannot help either.
+PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
+    # The cluster is moving or busy: retried.
+    ErrorCode.LEADER_NOT_AVAILABLE: _P.RETRIABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: _P.RETRIABLE,
+    ErrorCode.REQUEST_TIMED_OUT: _P.RETRIABLE,
+    ErrorCode.NETWORK_EXCEPTION: _P.RETRIABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: _P.RETRIABLE,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE: _P.RETRIABLE,
+    ErrorCode.NOT_COORDINATOR: _P.RETRIABLE,
+    ErrorCode.CONCURRENT_TRANSACTIONS: _P.RETRIABLE,
+    ErrorCode.STORAGE_ERROR: _P.RETRIABLE,
+    ErrorCode.UNSTABLE_OFFSET_COMMIT: _P.RETRIABLE,
+    ErrorCode.SHUTTING_DOWN: _P.RETRIABLE,
+    # This record or request is refused, the producer is fine: abortable.
+    ErrorCode.UNKNOWN_SERVER_ERROR: _P.ABORTABLE,
+    ErrorCode.OFFSET_OUT_OF_RANGE: _P.ABORTABLE,
+    ErrorCode.CORRUPT_MESSAGE: _P.ABORTABLE,
+    # Retried once after a metadata refresh (the topic may be newer than the
+    # producer's metadata); send() waits max_block_ms for it to appear.
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: _P.ABORTABLE,
+    ErrorCode.INVALID_FETCH_SIZE: _P.ABORTABLE,
+    ErrorCode.MESSAGE_TOO_LARGE: _P.ABORTABLE,
+    ErrorCode.OFFSET_METADATA_TOO_LARGE: _P.ABORTABLE,
+    ErrorCode.INVALID_TOPIC_EXCEPTION: _P.ABORTABLE,
+    ErrorCode.RECORD_LIST_TOO_LARGE: _P.ABORTABLE,
+    # A group's offsets refused (send_offsets_to_transaction): the consumer
+    # rejoins; this transaction aborts (Kafka's CommitFailedException).
+    ErrorCode.ILLEGAL_GENERATION: _P.ABORTABLE,
+    ErrorCode.INVALID_GROUP_ID: _P.ABORTABLE,
+    ErrorCode.UNKNOWN_MEMBER_ID: _P.ABORTABLE,
+    ErrorCode.INVALID_SESSION_TIMEOUT: _P.ABORTABLE,
+    ErrorCode.REBALANCE_IN_PROGRESS: _P.ABORTABLE,
+    ErrorCode.INVALID_COMMIT_OFFSET_SIZE: _P.ABORTABLE,
+    ErrorCode.INVALID_TIMESTAMP: _P.ABORTABLE,
+    ErrorCode.TOPIC_ALREADY_EXISTS: _P.ABORTABLE,
+    ErrorCode.INVALID_PARTITIONS: _P.ABORTABLE,
+    ErrorCode.INVALID_CONFIG: _P.ABORTABLE,
+    ErrorCode.INVALID_REQUEST: _P.ABORTABLE,
+    ErrorCode.DUPLICATE_SEQUENCE_NUMBER: _P.ABORTABLE,
+    ErrorCode.INVALID_TXN_STATE: _P.ABORTABLE,
+    ErrorCode.UNKNOWN_PRODUCER_ID: _P.ABORTABLE,
+    ErrorCode.NON_EMPTY_GROUP: _P.ABORTABLE,
+    ErrorCode.GROUP_ID_NOT_FOUND: _P.ABORTABLE,
+    ErrorCode.MEMBER_ID_REQUIRED: _P.ABORTABLE,
+    ErrorCode.INVALID_RECORD: _P.ABORTABLE,
+    ErrorCode.TRANSACTIONAL_ID_NOT_FOUND: _P.ABORTABLE,
+    ErrorCode.FENCED_MEMBER_EPOCH: _P.ABORTABLE,
+    ErrorCode.UNRELEASED_INSTANCE_ID: _P.ABORTABLE,
+    ErrorCode.STALE_MEMBER_EPOCH: _P.ABORTABLE,
+    ErrorCode.TRANSACTION_ABORTABLE: _P.ABORTABLE,
+    ErrorCode.LOG_END_OFFSET_MISMATCH: _P.ABORTABLE,
+    # Another instance owns the transactional id (or the coordinator aborted
+    # this one's transaction on its timeout): a new producer recovers.
+    ErrorCode.PRODUCER_FENCED: _P.APPLICATION_RECOVERABLE,
+    ErrorCode.INVALID_PRODUCER_EPOCH: _P.APPLICATION_RECOVERABLE,
+    ErrorCode.INVALID_PRODUCER_ID_MAPPING: _P.APPLICATION_RECOVERABLE,
+    ErrorCode.TRANSACTION_COORDINATOR_FENCED: _P.APPLICATION_RECOVERABLE,
+    ErrorCode.FENCED_INSTANCE_ID: _P.APPLICATION_RECOVERABLE,
+    # Nothing the application can retry its way out of.
+    ErrorCode.UNSUPPORTED_VERSION: _P.FATAL,
+    ErrorCode.INVALID_TRANSACTION_TIMEOUT: _P.FATAL,
+    # A sequence gap the producer cannot explain: the log lost acknowledged
+    # records, and going on would hide it.
+    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER: _P.FATAL,
+}
+del _P
+
+
+def producer_error_class(exc: BaseException) -> ProducerErrorClass:
+    """The class of an error a producer met: by its code for the SDK's
+    errors; any other exception (a bad argument, a serializer that raised)
+    fails only the record it came with, so it is abortable."""
+    if isinstance(exc, OncelogError):
+        return PRODUCER_ERROR_CLASSES.get(exc.code, ProducerErrorClass.ABORTABLE)
+    return ProducerErrorClass.ABORTABLE
+
+
 class OncelogError(Exception):
     """Base of every error the SDK raises for an error code."""
 
@@ -133,6 +249,12 @@ class FatalError(OncelogError):
 
 class TransactionAbortableError(OncelogError):
     """The current transaction must be aborted; the producer can go on after that."""
+
+
+class ApplicationRecoverableError(FatalError):
+    """This producer is finished (close it), but a new one with the same
+    transactional id can init_transactions() and go on from the last
+    committed transaction (KIP-1050's application-recoverable class)."""
 
 
 class KafkaTimeoutError(RetriableError):
@@ -212,7 +334,10 @@ _CLASS_NAMES: dict[ErrorCode, str] = {
 
 ERROR_CLASSES: dict[ErrorCode, type[OncelogError]] = {}
 for _code, _name in _CLASS_NAMES.items():
-    _cls = type(_name, (_BASE_FOR_KIND[_code.kind],), {"code": _code, "__doc__": _code.name})
+    _base = _BASE_FOR_KIND[_code.kind]
+    if PRODUCER_ERROR_CLASSES[_code] is ProducerErrorClass.APPLICATION_RECOVERABLE:
+        _base = ApplicationRecoverableError
+    _cls = type(_name, (_base,), {"code": _code, "__doc__": _code.name})
     _cls.__module__ = __name__
     ERROR_CLASSES[_code] = _cls
     globals()[_name] = _cls

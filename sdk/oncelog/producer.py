@@ -69,7 +69,13 @@ from oncelog._coordinators import (
 )
 from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._sequencing import PartitionMode, PartitionSequencer
-from oncelog._transactions import Op, Outcome, TxnState, TxnStateMachine, classify
+from oncelog._transactions import (
+    Op,
+    TxnState,
+    TxnStateMachine,
+    ends_producer,
+    record_failure,
+)
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.records import MAX_PRODUCER_EPOCH, Header
 from oncelog.types import GroupMetadata, PreparedTxnState, TopicPartition
@@ -271,9 +277,31 @@ class Producer:
         """Queues a record; returns a future of its RecordMetadata.
 
         Bad arguments raise TypeError/ValueError here; anything about the
-        cluster (unknown topic or partition, record over the topic's
-        max.message.bytes, delivery failures) fails the future instead.
+        cluster fails the future instead: a topic (or partition) that is not
+        in the cluster's metadata within max_block_ms, a record over the
+        topic's max.message.bytes, buffer memory still full after
+        max_block_ms, and delivery failures. Inside a transaction, any of
+        these — a bad argument too — breaks the transaction: the record is
+        not in it, so commit_transaction() raises TransactionAbortableError
+        naming it, and abort_transaction() lets the producer go on (as Kafka's
+        producer does).
         """
+        try:
+            return self._send(topic, value, key, partition, headers, timestamp_ms)
+        except (TypeError, ValueError) as exc:
+            self._break_transaction(topic, -1 if type(partition) is not int else partition,
+                                    exc)
+            raise
+
+    def _send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        partition: int | None,
+        headers: Sequence[Header] | Mapping[str, bytes | None] | None,
+        timestamp_ms: int | None,
+    ) -> RecordFuture:
         if self._closed:
             raise errors.IllegalStateError("send() on a closed producer")
         fatal = self._sender.fatal_error
@@ -297,6 +325,8 @@ class Producer:
             timestamp_ms = time.time_ns() // 1_000_000
         elif type(timestamp_ms) is not int or timestamp_ms < 0:
             raise ValueError(f"timestamp_ms must be a non-negative int, got {timestamp_ms!r}")
+        if partition is not None and type(partition) is not int:
+            raise TypeError(f"partition must be an int or None, got {partition!r}")
 
         client = self._client
         # The private field, not the property: this runs once per record.
@@ -304,33 +334,24 @@ class Producer:
             self._topics.clear()
             self._topics_version = client._metadata_version
         info = self._topics.get(topic)
-        if info is None:
+        if info is None or (partition is not None and not 0 <= partition < info[0]):
             if not isinstance(topic, str) or not topic:
                 raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+            if partition is not None and partition < 0:
+                raise ValueError(f"partition must be >= 0 or None, got {partition}")
             if self._txn is not None:
                 # Refuse before a metadata lookup that may block.
                 self._check_txn(Op.SEND)
             try:
-                tinfo = client.topic(topic)
+                info = self._wait_for_topic(topic, partition)
             except OncelogError as exc:
-                return failed_future(topic, -1 if partition is None else partition, exc)
-            info = (tinfo.num_partitions, tinfo.max_message_bytes)
-            self._topics[topic] = info
+                return self._refused(topic, partition, exc)
         num_partitions, max_message_bytes = info
 
-        if partition is None:
-            if key is not None:
-                partition = partition_for_key(key, num_partitions)
-        elif type(partition) is not int:
-            raise TypeError(f"partition must be an int or None, got {partition!r}")
-        elif not 0 <= partition < num_partitions:
-            return failed_future(topic, partition, errors.error_for(
-                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {topic!r} has partitions 0..{num_partitions - 1}, "
-                f"no partition {partition}",
-            ))
+        if partition is None and key is not None:
+            partition = partition_for_key(key, num_partitions)
         if size + BATCH_OVERHEAD_BYTES > max_message_bytes:
-            return failed_future(topic, -1 if partition is None else partition, errors.error_for(
+            return self._refused(topic, partition, errors.error_for(
                 ErrorCode.MESSAGE_TOO_LARGE,
                 f"record is {size + BATCH_OVERHEAD_BYTES} bytes encoded (as a batch of one), "
                 f"over max.message.bytes={max_message_bytes} of topic {topic!r}",
@@ -348,6 +369,8 @@ class Producer:
             if acc.buffered_bytes + size > self._buffer_memory_bytes and acc.buffered_bytes:
                 blocked = self._wait_for_buffer(size)
                 if blocked is not None:
+                    self._break_transaction_locked(topic, -1 if partition is None else partition,
+                                                   blocked)
                     return failed_future(topic, -1 if partition is None else partition, blocked)
             fut = acc.append(
                 topic, partition, num_partitions, (key, value, header_tuple, timestamp_ms),
@@ -359,6 +382,76 @@ class Producer:
             return fut
         finally:
             acc.lock.release()
+
+    def _wait_for_topic(self, topic: str, partition: int | None) -> tuple[int, int]:
+        """(partition count, max.message.bytes) of `topic` once the cluster's
+        metadata has it (and `partition`, if given), asking again with backoff
+        for up to max_block_ms: a topic created a moment ago may be missing
+        from the metadata this producer holds (Kafka's waitOnMetadata)."""
+        client = self._client
+        deadline_s = time.monotonic() + self._max_block_ms / 1000
+        md = client.cached_metadata
+        attempt = 0
+        while True:
+            tinfo = None if md is None else md.topics.get(topic)
+            if tinfo is not None and (partition is None or partition < tinfo.num_partitions):
+                info = (tinfo.num_partitions, tinfo.max_message_bytes)
+                if self._topics_version == client.metadata_version:
+                    self._topics[topic] = info
+                return info
+            remaining_s = deadline_s - time.monotonic()
+            if attempt and remaining_s <= 0:
+                if tinfo is None:
+                    raise errors.error_for(
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        f"topic {topic!r} does not exist: not in the cluster's metadata "
+                        f"after max_block_ms={self._max_block_ms} ms (create it first, "
+                        f"e.g. Admin.create_topic({topic!r}, partitions=N))",
+                    )
+                raise errors.error_for(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {topic!r} has partitions 0..{tinfo.num_partitions - 1}, "
+                    f"no partition {partition} (waited max_block_ms={self._max_block_ms} ms "
+                    "for it to appear)",
+                )
+            if attempt:
+                time.sleep(min(remaining_s, backoff_ms(
+                    attempt, base_ms=client.retry_backoff_ms, max_ms=client.retry_backoff_max_ms,
+                ) / 1000))
+            attempt += 1
+            remaining_ms = max(1, int((deadline_s - time.monotonic()) * 1000))
+            md = client.refresh_metadata(timeout_ms=remaining_ms)
+            if self._topics_version != client.metadata_version:
+                self._topics.clear()
+                self._topics_version = client.metadata_version
+
+    def _refused(self, topic: str, partition: int | None, exc: OncelogError) -> RecordFuture:
+        """A record refused in send(): its future fails, and so does the
+        transaction it was meant for."""
+        where = -1 if partition is None else partition
+        self._break_transaction(topic, where, exc)
+        return failed_future(topic, where, exc)
+
+    def _break_transaction(self, topic: str, partition: int, exc: BaseException) -> None:
+        if self._txn is None:
+            return
+        with self._accumulator.lock:
+            self._break_transaction_locked(topic, partition, exc)
+
+    def _break_transaction_locked(self, topic: str, partition: int, exc: BaseException) -> None:
+        """A record of the open transaction failed before it reached the
+        accumulator: the transaction cannot commit (abortable_error), or the
+        producer cannot go on. Caller holds the accumulator lock."""
+        txn = self._txn
+        if txn is None or txn.state is not _IN_TRANSACTION:
+            # No open transaction (the record was refused for that) or one
+            # that already failed: the first failure is the one reported.
+            return
+        if ends_producer(exc):
+            return  # the sender ends the producer with this error itself
+        described = record_failure(topic, partition, exc)
+        log.info("transaction of %r is now abortable: %s", txn.transactional_id, described)
+        txn.transition_to(TxnState.ABORTABLE_ERROR, described)
 
     def _wait_for_buffer(self, size: int) -> BaseException | None:
         """Blocks (up to max_block_ms) until buffered records leave room for
@@ -818,7 +911,7 @@ class Producer:
                 exc.code, f"{what} for transactional id {txn.transactional_id!r}: "
                 f"{exc.message or exc.code.name}",
             )
-            if classify(exc) is Outcome.FATAL or fatal_on_error:
+            if ends_producer(exc) or fatal_on_error:
                 self._sender.fail_fatal(detailed)
                 raise detailed from exc
             with self._accumulator.lock:
@@ -1152,12 +1245,13 @@ class _Sender:
         error.__cause__ = cause
         self._complete([(batch, -1, error) for batch in unsent if batch.state != FINISHED])
 
-    def _on_txn_record_failed(self, error: BaseException) -> None:
-        """A record of the transaction failed for good: fatal for the producer
-        (fenced, data lost) or abortable for the transaction."""
+    def _on_txn_record_failed(self, batch: ProducerBatch, error: BaseException) -> None:
+        """A record of the transaction failed for good: the end of the producer
+        (fenced, data lost) or of the transaction (everything else, a record
+        that ran out of delivery_timeout_ms included)."""
         if self.fatal_error is not None:
             return
-        if classify(error) is Outcome.FATAL:
+        if ends_producer(error):
             assert isinstance(error, OncelogError)
             self.fail_fatal(error)
             return
@@ -1165,9 +1259,10 @@ class _Sender:
         assert txn is not None
         with self._acc.lock:
             if txn.state in _TXN_SENDING:
+                described = record_failure(batch.topic, batch.partition, error)
                 log.info("transaction of %r is now abortable: %s", self._transactional_id,
-                         error)
-                txn.transition_to(TxnState.ABORTABLE_ERROR, error)
+                         described)
+                txn.transition_to(TxnState.ABORTABLE_ERROR, described)
 
     # ------------------------------------------------------------ producer id
 
@@ -1481,9 +1576,9 @@ class _Sender:
         if self._txn is not None:
             # Before the futures complete: commit_transaction() must find the
             # transaction broken once it sees a record failed.
-            for _batch, _offset, error in finished:
+            for batch, _offset, error in finished:
                 if error is not None:
-                    self._on_txn_record_failed(error)
+                    self._on_txn_record_failed(batch, error)
         for batch, base_offset, error in finished:
             batch.finish(base_offset=base_offset, error=error)
         self._acc.completed([b for b, _, _ in finished])

@@ -208,7 +208,9 @@ def test_long_poll_returns_when_data_arrives(cluster: LocalCluster, admin: Admin
 
 def test_send_time_errors(cluster: LocalCluster, admin: Admin, topic_name: str) -> None:
     admin.create_topic(topic_name, config={"max.message.bytes": "1000"})
-    with Producer(bootstrap=cluster.bootstrap) as producer:
+    # send() waits up to max_block_ms for an unknown topic or partition to
+    # appear in the metadata (Kafka's waitOnMetadata), then fails the record.
+    with Producer(bootstrap=cluster.bootstrap, max_block_ms=300) as producer:
         too_big = producer.send(topic_name, value=b"x" * 2_000)
         assert too_big.done()
         with pytest.raises(errors.MessageTooLargeError, match="max.message.bytes=1000"):

@@ -183,7 +183,8 @@ def test_no_coordinator_is_fatal_for_an_idempotent_producer() -> None:
 
 def test_send_refuses_what_cannot_be_written(store: FakeStore) -> None:
     store.create_topic("small", 1, {"max.message.bytes": "200"})
-    with Producer(bootstrap=store.address) as producer:
+    # max_block_ms bounds the wait for an unknown topic or partition.
+    with Producer(bootstrap=store.address, max_block_ms=300) as producer:
         too_big = producer.send("small", value=b"x" * 200)
         assert too_big.done()
         with pytest.raises(errors.MessageTooLargeError, match="max.message.bytes=200"):

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from oncelog import GroupMetadata, PreparedTxnState, Producer, TopicPartition, errors
-from oncelog._transactions import TABLE, Op, Outcome, TxnState, TxnStateMachine, classify
+from oncelog._transactions import TABLE, Op, TxnState, TxnStateMachine
 from oncelog.errors import ErrorCode
 from tests.support.fake_store import UNREACHABLE, BatchView, FakeStore
 
@@ -73,21 +73,6 @@ def test_the_table_is_complete_and_fatal_is_final() -> None:
     for state in TxnState:
         if state is not TxnState.FATAL_ERROR:
             assert TxnState.FATAL_ERROR in TABLE[state].leads_to, state
-
-
-def test_errors_are_sorted_into_fatal_retried_and_abortable() -> None:
-    for code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH,
-                 ErrorCode.INVALID_PRODUCER_ID_MAPPING,
-                 ErrorCode.TRANSACTION_COORDINATOR_FENCED,
-                 ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER):
-        assert classify(errors.error_for(code, "")) is Outcome.FATAL, code
-    for code in (ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.NOT_COORDINATOR,
-                 ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.REQUEST_TIMED_OUT,
-                 ErrorCode.NETWORK_EXCEPTION):
-        assert classify(errors.error_for(code, "")) is Outcome.RETRY, code
-    for code in (ErrorCode.TRANSACTION_ABORTABLE, ErrorCode.INVALID_TXN_STATE,
-                 ErrorCode.CORRUPT_MESSAGE, ErrorCode.MESSAGE_TOO_LARGE):
-        assert classify(errors.error_for(code, "")) is Outcome.ABORTABLE, code
 
 
 # ------------------------------------------------------ the producer, per state
