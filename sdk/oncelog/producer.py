@@ -61,6 +61,7 @@ from oncelog._client import (
     needs_metadata_refresh,
     translate_rpc_error,
 )
+from oncelog._config import acks_option, bool_option, int_option
 from oncelog._coordinators import (
     GROUP,
     TRANSACTION,
@@ -170,7 +171,8 @@ class Producer:
         *,
         bootstrap: str,
         transactional_id: str | None = None,
-        enable_idempotence: bool = True,
+        enable_idempotence: bool | None = None,
+        acks: str | int = "all",
         linger_ms: int = 5,
         batch_size: int = 16384,
         max_in_flight: int = 5,
@@ -183,40 +185,47 @@ class Producer:
         max_block_ms: int = 60_000,
         transaction_two_phase_commit_enable: bool = False,
     ) -> None:
+        """Options as Kafka's producer has them (in Python spelling); each is
+        checked here, and a wrong one is a ValueError naming it.
+
+        `enable_idempotence` defaults to True, except with `acks=1` (as in
+        Kafka, where an unset enable.idempotence gives way to acks). `acks`:
+        "all" (or -1, the default) or 1; see oncelog._config.acks_option."""
+        transaction_two_phase_commit_enable = bool_option(
+            "transaction_two_phase_commit_enable", transaction_two_phase_commit_enable)
         if transaction_two_phase_commit_enable and transactional_id is None:
             raise ValueError(
                 "transaction_two_phase_commit_enable=True needs a transactional_id"
             )
-        if transactional_id is not None:
-            if not isinstance(transactional_id, str) or not transactional_id:
-                raise ValueError(
-                    f"transactional_id must be a non-empty str or None, got {transactional_id!r}"
-                )
-            if not enable_idempotence:
-                raise ValueError(
-                    "a transactional producer is idempotent: transactional_id needs "
-                    "enable_idempotence=True"
-                )
-        if transaction_timeout_ms <= 0:
+        if transactional_id is not None and (
+                not isinstance(transactional_id, str) or not transactional_id):
             raise ValueError(
-                f"transaction_timeout_ms must be positive, got {transaction_timeout_ms}"
+                f"transactional_id must be a non-empty str or None, got {transactional_id!r}"
             )
-        if linger_ms < 0:
-            raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if enable_idempotence is None:
+            enable_idempotence = transactional_id is not None or acks not in (1, "1")
+        enable_idempotence = bool_option("enable_idempotence", enable_idempotence)
+        if transactional_id is not None and not enable_idempotence:
+            raise ValueError(
+                "a transactional producer is idempotent: transactional_id needs "
+                "enable_idempotence=True"
+            )
+        self.acks = acks_option(acks, idempotent=enable_idempotence)
+        int_option("transaction_timeout_ms", transaction_timeout_ms, minimum=1)
+        int_option("linger_ms", linger_ms, minimum=0)
+        int_option("batch_size", batch_size, minimum=1)
+        int_option("max_in_flight", max_in_flight, minimum=1)
+        int_option("delivery_timeout_ms", delivery_timeout_ms, minimum=1)
+        int_option("request_timeout_ms", request_timeout_ms, minimum=1)
+        int_option("retry_backoff_ms", retry_backoff_ms, minimum=1)
+        int_option("retry_backoff_max_ms", retry_backoff_max_ms, minimum=retry_backoff_ms)
+        int_option("buffer_memory_bytes", buffer_memory_bytes, minimum=1)
+        int_option("max_block_ms", max_block_ms, minimum=0)
         if enable_idempotence and max_in_flight > MAX_IN_FLIGHT_IDEMPOTENT:
             raise ValueError(
                 f"an idempotent producer allows at most {MAX_IN_FLIGHT_IDEMPOTENT} batches in "
                 f"flight per partition (the store deduplicates against the last "
                 f"{MAX_IN_FLIGHT_IDEMPOTENT}), got max_in_flight={max_in_flight}"
-            )
-        if delivery_timeout_ms <= 0 or max_block_ms < 0 or buffer_memory_bytes <= 0:
-            raise ValueError(
-                "delivery_timeout_ms and buffer_memory_bytes must be positive and "
-                "max_block_ms >= 0"
             )
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,

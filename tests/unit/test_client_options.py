@@ -1,0 +1,74 @@
+"""Client options are checked when the client is made, with errors that name them.
+
+Goal: a Kafka user's slip — a string where an int goes, True for a number, an
+acks value Kafka has but we do not — fails at construction with a ValueError
+naming the option and the value received, never later as a raw comparison
+error in a background thread; `acks` takes Kafka's spellings with Kafka's
+meaning (and its rule that idempotence needs acks="all").
+
+Method: construct clients against an address nothing listens on (options are
+checked before any connection) and read the errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from oncelog import Producer
+
+NOWHERE = "127.0.0.1:1"
+
+PRODUCER_INT_OPTIONS = [
+    "linger_ms", "batch_size", "max_in_flight", "transaction_timeout_ms",
+    "delivery_timeout_ms", "request_timeout_ms", "retry_backoff_ms",
+    "retry_backoff_max_ms", "buffer_memory_bytes", "max_block_ms",
+]
+
+
+@pytest.mark.parametrize("option", PRODUCER_INT_OPTIONS)
+@pytest.mark.parametrize("value", ["big", 1.5, True, None])
+def test_a_producer_int_option_of_another_type_is_named(option: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=rf"^{option} must be an int, got {value!r}"):
+        Producer(bootstrap=NOWHERE, **{option: value})
+
+
+@pytest.mark.parametrize("option", ["linger_ms", "max_block_ms"])
+def test_a_negative_time_is_refused(option: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{option} must be >= 0, got -1"):
+        Producer(bootstrap=NOWHERE, **{option: -1})
+
+
+def test_bool_options_take_bools_only() -> None:
+    with pytest.raises(ValueError, match="^enable_idempotence must be True or False"):
+        Producer(bootstrap=NOWHERE, enable_idempotence="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("acks", ["all", -1, "-1"])
+def test_acks_all_is_the_default_and_accepted(acks: Any) -> None:
+    with Producer(bootstrap=NOWHERE, acks=acks) as producer:
+        assert producer.acks == -1
+    with Producer(bootstrap=NOWHERE) as producer:
+        assert producer.acks == -1
+
+
+def test_acks_1_gives_up_idempotence_unless_it_was_asked_for() -> None:
+    with Producer(bootstrap=NOWHERE, acks=1) as producer:
+        assert producer.acks == 1
+    with pytest.raises(ValueError, match="idempotent producer needs acks='all'"):
+        Producer(bootstrap=NOWHERE, acks=1, enable_idempotence=True)
+    with pytest.raises(ValueError, match="idempotent producer needs acks='all'"):
+        Producer(bootstrap=NOWHERE, acks=1, transactional_id="t")
+
+
+@pytest.mark.parametrize("acks", [0, "0"])
+def test_acks_0_is_refused_with_the_reason(acks: Any) -> None:
+    with pytest.raises(ValueError, match="acks=0 .fire and forget. is not supported"):
+        Producer(bootstrap=NOWHERE, acks=acks, enable_idempotence=False)
+
+
+@pytest.mark.parametrize("acks", [2, "leader", False, None])
+def test_unknown_acks_are_named(acks: Any) -> None:
+    with pytest.raises(ValueError, match="^acks must be 'all', -1 or 1"):
+        Producer(bootstrap=NOWHERE, acks=acks, enable_idempotence=False)
