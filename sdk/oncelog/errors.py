@@ -183,6 +183,9 @@ PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
     ErrorCode.INVALID_PARTITIONS: _P.ABORTABLE,
     ErrorCode.INVALID_CONFIG: _P.ABORTABLE,
     ErrorCode.INVALID_REQUEST: _P.ABORTABLE,
+    # As a Produce answer it is no error: the batch was written before, at an
+    # offset the store no longer knows, so the record is acknowledged
+    # (offset -1), as in Kafka. Anywhere else it is a refusal.
     ErrorCode.DUPLICATE_SEQUENCE_NUMBER: _P.ABORTABLE,
     ErrorCode.INVALID_TXN_STATE: _P.ABORTABLE,
     ErrorCode.UNKNOWN_PRODUCER_ID: _P.ABORTABLE,
@@ -337,6 +340,8 @@ for _code, _name in _CLASS_NAMES.items():
     _base = _BASE_FOR_KIND[_code.kind]
     if PRODUCER_ERROR_CLASSES[_code] is ProducerErrorClass.APPLICATION_RECOVERABLE:
         _base = ApplicationRecoverableError
+    elif PRODUCER_ERROR_CLASSES[_code] is ProducerErrorClass.FATAL:
+        _base = FatalError
     _cls = type(_name, (_base,), {"code": _code, "__doc__": _code.name})
     _cls.__module__ = __name__
     ERROR_CLASSES[_code] = _cls

@@ -1,5 +1,5 @@
 """gRPC proxies that sit between clients and oncelog processes and can lose
-replies on purpose.
+replies on purpose, or answer in the process's place.
 
 A `LostReplyProxy` forwards every unary call byte for byte to one upstream
 process. Its `DropPolicy` can let the upstream act on the n-th call of a
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -62,6 +62,10 @@ class DropPolicy:
     calls: Counter[str] = field(default_factory=Counter)
     dropped_calls: list[tuple[str, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # answer(method, request bytes) -> reply bytes to send instead of
+    # forwarding the call (the upstream never sees it), or None to forward:
+    # an error answer the real process would not give on demand.
+    answer: Callable[[str, bytes], bytes | None] | None = None
 
     def __post_init__(self) -> None:
         if self.drop_calls:
@@ -95,6 +99,10 @@ class _Forwarder(grpc.GenericRpcHandler):
         )
 
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+            answer = self._proxy.policy.answer
+            injected = None if answer is None else answer(method, request)
+            if injected is not None:
+                return injected
             try:
                 reply = upstream(request, timeout=30)
             except grpc.RpcError as exc:

@@ -47,6 +47,8 @@ def test_the_class_agrees_with_the_wire_kind_and_the_exception(code: ErrorCode) 
         assert isinstance(exc, errors.TransactionAbortableError)
     else:
         assert cls in (ProducerErrorClass.ABORTABLE, ProducerErrorClass.FATAL)
+    assert isinstance(exc, errors.FatalError) == (
+        cls in (ProducerErrorClass.APPLICATION_RECOVERABLE, ProducerErrorClass.FATAL))
     assert isinstance(exc, errors.ApplicationRecoverableError) == (
         cls is ProducerErrorClass.APPLICATION_RECOVERABLE)
     assert ends_producer(exc) == (cls in (ProducerErrorClass.APPLICATION_RECOVERABLE,
