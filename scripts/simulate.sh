@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs random seeds of the real-runtime simulation (tests/sim/real) for a
+# while and prints every failing seed with the command that replays it.
+#
+#   bash scripts/simulate.sh --minutes 10 [--steps 5000] [--bug NAME]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+minutes=5
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --minutes) minutes="$2"; shift 2 ;;
+    --steps|--bug) extra+=("$1" "$2"); shift 2 ;;
+    *) echo "usage: $0 [--minutes N] [--steps N] [--bug NAME]" >&2; exit 2 ;;
+  esac
+done
+deadline=$(( $(date +%s) + minutes * 60 ))
+# Chunks of 20 seeds from a random start, so parallel runs rarely overlap.
+start=$(( (RANDOM << 15 | RANDOM) % 100000000 + 1000 ))
+failed=0
+runs=0
+while [[ $(date +%s) -lt $deadline ]]; do
+  end=$(( start + 19 ))
+  if ! out=$(.venv/bin/python -m tests.sim.real --seeds "$start..$end" "${extra[@]}" 2>&1); then
+    failed=1
+    grep -E "FAILED|replay:" <<<"$out" || true
+  fi
+  runs=$(( runs + 20 ))
+  start=$(( end + 1 ))
+done
+echo "simulate.sh: $runs seeds in $minutes min; $([[ $failed == 0 ]] && echo 'no failure' || echo 'FAILURES above')"
+exit $failed

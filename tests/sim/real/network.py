@@ -1,0 +1,519 @@
+"""Simulated nodes, network and disk, and the port adapters that use them.
+
+Goal: the production runtimes talk to each other only through ports
+(`TxnLog`, `MarkerSender`, `ProducerIdLog`, `TxnVerifier`, `ControllerLink`,
+the store's `KeyValueStore`). In production a gRPC adapter implements each;
+here an adapter of the same port turns every call into a message in the
+simulated network, and the runtime at the other end handles it by calling
+the same runtime method its servicer calls. Nothing of a runtime is copied.
+
+Method:
+
+* A **node incarnation** (`Incarnation`) is one process: its tasks run in a
+  context marked with it (loop.NODE), so the loop can park them while it is
+  paused and drop them once it is dead. Restarting a node makes a new
+  incarnation from the node's durable state (its `SimDisk`).
+* **The network** (`Network.call`) delivers a request after a seeded delay,
+  or loses it, or delivers it twice; the answer travels back the same way.
+  The caller waits at most the timeout its real gRPC adapter uses, then
+  raises `RpcTimeout`; a request to a dead process fails with
+  `RpcUnavailable` (a refused connection). Each adapter maps those to the
+  error codes its gRPC counterpart raises (DEADLINE_EXCEEDED ->
+  REQUEST_TIMED_OUT, UNAVAILABLE -> NETWORK_EXCEPTION, and then as the
+  adapter does: the verifier says COORDINATOR_NOT_AVAILABLE, the
+  controller link LEADER_NOT_AVAILABLE).
+* **Routing**: a request goes to the node's current incarnation; while an
+  older incarnation of a transaction coordinator is still alive (a zombie:
+  paused, then replaced, then resumed), a share of the requests reach it
+  instead, as through a connection opened before the replacement.
+* **The disk** of a store node is one `MemoryStore` that outlives its
+  incarnations: what the runtime wrote to it survives a crash, as a write
+  with fsync off survives kill -9 of RocksDB's process; what it had only
+  queued (the group-commit writer's queue) dies with the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from oncelog import records
+from oncelog.errors import ErrorCode
+from services.common.cluster import PRODUCER_IDS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterLayout
+from services.common.errors import ServiceError
+from services.common.store_client import STORE_RPC_TIMEOUT_S
+from services.coordinator.core.producer_ids import ProducerIdBlock, decode_block, encode_block
+from services.coordinator.markers import MARKER_RPC_TIMEOUT_S, MarkerSpec
+from services.coordinator.storage.producer_id_log import BLOCK_KEY
+from services.coordinator.storage.txn_log import Entry
+from services.coordinator.txn_runtime import TxnCoordinatorRuntime
+from services.partition_store.core.outcomes import Rejection
+from services.partition_store.core.topics import TopicRecord
+from services.partition_store.partition import Isolation
+from services.partition_store.runtime import (
+    FetchItem,
+    MarkerItem,
+    OffsetQuery,
+    ProduceItem,
+    StoreRuntime,
+    TopicOutcome,
+    TopicSpec,
+)
+from services.partition_store.txn_verifier import TopicPartitionKey, Verdicts
+from tests.sim.real.loop import NODE, DeterministicLoop
+
+T = TypeVar("T")
+
+# The real adapters' deadlines (seconds): coordinator_link.GrpcTxnVerifier and
+# controller_link.GrpcControllerLink default to 5 s; the store client and the
+# marker sender use their module constants.
+VERIFY_TIMEOUT_S = 5.0
+CONTROLLER_TIMEOUT_S = 5.0
+STORE_TIMEOUT_S = STORE_RPC_TIMEOUT_S
+MARKER_TIMEOUT_S = MARKER_RPC_TIMEOUT_S
+
+
+class RpcTimeout(Exception):
+    """No answer within the deadline (gRPC DEADLINE_EXCEEDED)."""
+
+
+class RpcUnavailable(Exception):
+    """The process at the address is dead (gRPC UNAVAILABLE)."""
+
+
+def transport_error(exc: Exception) -> ErrorCode:
+    """The code the SDK's error_from_rpc gives a failed call."""
+    if isinstance(exc, RpcTimeout):
+        return ErrorCode.REQUEST_TIMED_OUT
+    return ErrorCode.NETWORK_EXCEPTION
+
+
+# ------------------------------------------------------------------ nodes
+
+
+class Incarnation:
+    """One process of a node: paused or running until it dies."""
+
+    def __init__(self, loop: DeterministicLoop, name: str, number: int) -> None:
+        self.loop = loop
+        self.name = name
+        self.number = number
+        self.paused = False
+        self.dead = False
+        self.parked: list[asyncio.Handle] = []
+        self.runtime: Any = None
+        self._context = contextvars.copy_context()
+        self._context.run(NODE.set, self)
+
+    def __repr__(self) -> str:
+        return f"{self.name}#{self.number}"
+
+    def spawn(self, coro: Awaitable[T]) -> asyncio.Task[T]:
+        """Runs a coroutine as a task of this process."""
+        return self.loop.create_task(coro, context=self._context.copy())  # type: ignore[arg-type]
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.paused and not self.dead:
+            self.paused = False
+            self.loop.resume(self)
+
+    def kill(self) -> None:
+        self.dead = True
+        self.paused = False
+        self.loop.bury(self)
+
+
+# ---------------------------------------------------------------- network
+
+
+@dataclass(slots=True)
+class FaultProfile:
+    """Per-message fault odds, chosen per seed (all zero: a perfect network)."""
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    # A slow message takes up to slow_ms_max: long enough to outlive its
+    # caller's deadline, and to arrive after later messages.
+    slow: float = 0.0
+    slow_ms_max: int = 12_000
+    # Share of requests to a node that reach a live older incarnation.
+    zombie_route: float = 0.3
+
+
+class Network:
+    def __init__(self, loop: DeterministicLoop, rng: random.Random,
+                 trace: Callable[[str], None]) -> None:
+        self._loop = loop
+        self._rng = rng
+        self._trace = trace
+        self.faults = FaultProfile()
+        # Every incarnation of each node, the current one last.
+        self.nodes: dict[str, list[Incarnation]] = {}
+        self._root = contextvars.copy_context()
+        self._root.run(NODE.set, None)
+        self.messages = 0
+        # Exceptions a handler raised that are not ServiceErrors: a runtime bug.
+        self.handler_errors: list[str] = []
+
+    def add(self, incarnation: Incarnation) -> None:
+        self.nodes.setdefault(incarnation.name, []).append(incarnation)
+
+    def current(self, name: str) -> Incarnation:
+        return self.nodes[name][-1]
+
+    def _route(self, name: str) -> Incarnation:
+        incarnations = self.nodes[name]
+        zombies = [i for i in incarnations[:-1] if not i.dead]
+        if zombies and self._rng.random() < self.faults.zombie_route:
+            return self._rng.choice(zombies)
+        return incarnations[-1]
+
+    def _delay_s(self) -> float:
+        if self._rng.random() < self.faults.slow:
+            return self._rng.randint(1, self.faults.slow_ms_max) / 1000
+        return self._rng.randint(100, 3000) / 1_000_000
+
+    def _send(self, what: str, callback: Callable[[], None]) -> None:
+        """Schedules a message's arrival (or loses it, or sends it twice)."""
+        self.messages += 1
+        faults = self.faults
+        if self._rng.random() < faults.drop:
+            self._trace(f"DROP {what}")
+            return
+        self._trace(f"send {what}")
+        copies = 2 if self._rng.random() < faults.duplicate else 1
+        if copies == 2:
+            self._trace(f"DUPLICATE {what}")
+        for _ in range(copies):
+            self._loop.call_later(self._delay_s(), callback, context=self._root)
+
+    async def call(self, src: Incarnation, dst: str, what: str,
+                   op: Callable[[Incarnation], Awaitable[T]], *, timeout_s: float) -> T:
+        """Sends `op` (a call on the destination's runtime) and waits for its
+        answer; raises what it raised, RpcTimeout or RpcUnavailable."""
+        reply: asyncio.Future[T] = self._loop.create_future()
+
+        def answer(result: T | None, error: BaseException | None) -> None:
+            if reply.done():
+                return
+            if error is not None:
+                reply.set_exception(error)
+            else:
+                reply.set_result(result)  # type: ignore[arg-type]
+
+        def arrive() -> None:
+            target = self._route(dst)
+            if target.dead:
+                self._send(f"{dst}->{src} unavailable",
+                           lambda: answer(None, RpcUnavailable(f"{dst} is down")))
+                return
+            target.spawn(self._serve(target, src, what, op, answer))
+
+        self._send(f"{src}->{dst} {what}", arrive)
+        try:
+            return await asyncio.wait_for(reply, timeout_s)
+        except TimeoutError:
+            raise RpcTimeout(f"{src}->{dst} {what}: no answer in {timeout_s:.0f} s") from None
+
+    async def _serve(self, target: Incarnation, src: Incarnation, what: str,
+                     op: Callable[[Incarnation], Awaitable[T]],
+                     answer: Callable[[T | None, BaseException | None], None]) -> None:
+        try:
+            result = await op(target)
+        except ServiceError as exc:
+            refusal = exc  # `exc` is unbound after the except clause
+            self._send(f"{target}->{src} {what} {exc.code.name}",
+                       lambda: answer(None, refusal))
+            return
+        except Exception as exc:  # a runtime bug: the servicer would answer UNKNOWN
+            self.handler_errors.append(f"{target} {what}: {exc!r}")
+            error = ServiceError(ErrorCode.UNKNOWN_SERVER_ERROR, repr(exc))
+            self._send(f"{target}->{src} {what} UNKNOWN", lambda: answer(None, error))
+            return
+        self._send(f"{target}->{src} {what} ok", lambda: answer(result, None))
+
+
+def store_name(node_id: int) -> str:
+    return f"store-{node_id}"
+
+
+def coordinator_name(node_id: int) -> str:
+    return f"coordinator-{node_id}"
+
+
+def _store(target: Incarnation) -> StoreRuntime:
+    runtime = target.runtime
+    if not isinstance(runtime, StoreRuntime):
+        raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is still starting")
+    if not runtime.started:
+        # The real server starts listening only once recovered.
+        raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is still starting")
+    return runtime
+
+
+def _coordinator(target: Incarnation) -> TxnCoordinatorRuntime:
+    runtime = target.runtime
+    if not isinstance(runtime, TxnCoordinatorRuntime):
+        raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is still starting")
+    return runtime
+
+
+# ------------------------------------------- the store client's three calls
+
+
+class SimStoreClient:
+    """What services/common/store_client.StoreClient does over gRPC, as
+    messages: append (Produce with coordinator_write), read (Fetch,
+    read_committed), log end (ListOffsets)."""
+
+    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout) -> None:
+        self._net = net
+        self._me = me
+        self._layout = layout
+
+    async def _call(self, topic: str, partition: int, what: str,
+                    op: Callable[[StoreRuntime], Awaitable[T]]) -> T:
+        dst = store_name(self._layout.store_for(topic, partition))
+        try:
+            return await self._net.call(self._me, dst, what, lambda t: op(_store(t)),
+                                        timeout_s=STORE_TIMEOUT_S)
+        except (RpcTimeout, RpcUnavailable) as exc:
+            raise ServiceError(transport_error(exc), str(exc)) from None
+
+    async def append(self, topic: str, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int, now_ms: int) -> int:
+        batch = records.encode_batch([(k, v, None, now_ms) for k, v in entries])
+        item = ProduceItem(topic, partition, batch, expected_log_end_offset)
+
+        async def op(store: StoreRuntime) -> int:
+            (outcome,) = await store.produce(
+                [item], timeout_ms=int(STORE_TIMEOUT_S * 1000), coordinator_write=True,
+            )
+            if outcome.error is not None:
+                raise outcome.error
+            return outcome.base_offset
+
+        return await self._call(topic, partition, f"append {topic}-{partition}", op)
+
+    async def read(self, topic: str, partition: int,
+                   from_offset: int) -> tuple[list[Entry], int, int]:
+        """(entries, next offset, high watermark), read_committed."""
+        async def op(store: StoreRuntime) -> tuple[list[Entry], int, int]:
+            (outcome,) = await store.fetch(
+                [FetchItem(topic, partition, from_offset, 8 << 20)],
+                isolation=Isolation.READ_COMMITTED,
+            )
+            if outcome.error is not None:
+                raise outcome.error
+            entries: list[Entry] = [
+                (r.key, r.value) for b in outcome.batches
+                for r in records.iter_records(b, min_offset=from_offset)
+            ]
+            return entries, max(outcome.next_fetch_offset, from_offset), outcome.high_watermark
+
+        return await self._call(topic, partition, f"read {topic}-{partition}", op)
+
+    async def read_to_end(self, topic: str, partition: int) -> tuple[list[Entry], int]:
+        entries: list[Entry] = []
+        offset = 0
+        while True:
+            got, next_offset, high_watermark = await self.read(topic, partition, offset)
+            entries.extend(got)
+            if next_offset <= offset or next_offset >= high_watermark:
+                return entries, high_watermark
+            offset = next_offset
+
+    async def log_end_offset(self, topic: str, partition: int) -> int:
+        async def op(store: StoreRuntime) -> int:
+            (outcome,) = await store.list_offsets(
+                [OffsetQuery(topic, partition, -1)], isolation=Isolation.READ_UNCOMMITTED
+            )
+            if outcome.error is not None:
+                raise outcome.error
+            return outcome.offset
+
+        return await self._call(topic, partition, f"log-end {topic}-{partition}", op)
+
+
+class SimTxnLog:
+    """The TxnLog port (storage/txn_log.StoreTxnLog) over the simulated store."""
+
+    def __init__(self, client: SimStoreClient, now_ms: Callable[[], int]) -> None:
+        self._client = client
+        self._now_ms = now_ms
+
+    async def read_all(self, partition: int) -> tuple[list[Entry], int]:
+        return await self._client.read_to_end(TRANSACTION_STATE_TOPIC, partition)
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        base = await self._client.append(
+            TRANSACTION_STATE_TOPIC, partition, entries,
+            expected_log_end_offset=expected_log_end_offset, now_ms=self._now_ms(),
+        )
+        return base + len(entries)
+
+    async def log_end_offset(self, partition: int) -> int:
+        return await self._client.log_end_offset(TRANSACTION_STATE_TOPIC, partition)
+
+
+class SimProducerIdLog:
+    """The ProducerIdLog port (storage/producer_id_log.StoreProducerIdLog)."""
+
+    def __init__(self, client: SimStoreClient, now_ms: Callable[[], int]) -> None:
+        self._client = client
+        self._now_ms = now_ms
+
+    async def read_last(self) -> tuple[ProducerIdBlock | None, int]:
+        log_end = await self._client.log_end_offset(PRODUCER_IDS_TOPIC, 0)
+        if log_end == 0:
+            return None, 0
+        entries, _next, _hw = await self._client.read(PRODUCER_IDS_TOPIC, 0, log_end - 1)
+        if not entries or entries[-1][1] is None:
+            raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                               f"{PRODUCER_IDS_TOPIC} ends at {log_end} but its last record "
+                               "could not be read")
+        value = entries[-1][1]
+        return decode_block(value), log_end
+
+    async def append(self, block: ProducerIdBlock, *, expected_log_end_offset: int) -> None:
+        await self._client.append(
+            PRODUCER_IDS_TOPIC, 0, [(BLOCK_KEY, encode_block(block))],
+            expected_log_end_offset=expected_log_end_offset, now_ms=self._now_ms(),
+        )
+
+
+class SimMarkerSender:
+    """The MarkerSender port (markers.GrpcMarkerSender): one WriteTxnMarkers
+    message per store node."""
+
+    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout) -> None:
+        self._net = net
+        self._me = me
+        self._layout = layout
+
+    async def write(self, spec: MarkerSpec,
+                    partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], ErrorCode]:
+        by_node: dict[int, list[tuple[str, int]]] = {}
+        for tp in partitions:
+            by_node.setdefault(self._layout.store_for(*tp), []).append(tp)
+        results: dict[tuple[str, int], ErrorCode] = {}
+        for node, tps in sorted(by_node.items()):
+            item = MarkerItem(
+                spec.producer_id, spec.producer_epoch,
+                records.MARKER_COMMIT if spec.commit else records.MARKER_ABORT,
+                spec.coordinator_epoch, tuple(tps), spec.transactional_id,
+            )
+
+            async def op(target: Incarnation, item: MarkerItem = item) -> list[tuple[
+                    tuple[str, int], ErrorCode]]:
+                outcomes = await _store(target).write_txn_markers(
+                    [item], timeout_ms=int(MARKER_TIMEOUT_S * 1000))
+                return [((o.topic, o.partition), ErrorCode.NONE if o.error is None
+                         else o.error.code) for o in outcomes]
+
+            what = (f"marker {'COMMIT' if spec.commit else 'ABORT'} pid={spec.producer_id} "
+                    f"epoch={spec.producer_epoch} {tps}")
+            try:
+                answered = await self._net.call(self._me, store_name(node), what, op,
+                                                timeout_s=MARKER_TIMEOUT_S)
+            except ServiceError as exc:
+                answered = [(tp, exc.code) for tp in tps]
+            except (RpcTimeout, RpcUnavailable) as exc:
+                answered = [(tp, transport_error(exc)) for tp in tps]
+            results.update(answered)
+            for tp in tps:
+                results.setdefault(tp, ErrorCode.UNKNOWN_SERVER_ERROR)
+        return results
+
+
+class SimTxnVerifier:
+    """The TxnVerifier port (coordinator_link.GrpcTxnVerifier): the store asks
+    the coordinator of the transactional id, which answers as its servicer's
+    AddPartitionsToTxn does (verify_only: verify_partitions; else
+    add_partitions, every partition then verified)."""
+
+    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout) -> None:
+        self._net = net
+        self._me = me
+        self._layout = layout
+
+    async def verify(self, *, transactional_id: str, producer_id: int, producer_epoch: int,
+                     partitions: Sequence[TopicPartitionKey], add: bool = False) -> Verdicts:
+        layout = self._layout
+        node = layout.coordinator_for_partition(
+            layout.transaction_state_partition(transactional_id))
+
+        async def op(target: Incarnation) -> dict[TopicPartitionKey, Rejection | None]:
+            coordinator = _coordinator(target)
+            if add:
+                await coordinator.add_partitions(transactional_id, producer_id,
+                                                 producer_epoch, frozenset(partitions))
+                return dict.fromkeys(partitions)
+            verdicts = await coordinator.verify_partitions(
+                transactional_id, producer_id, producer_epoch, partitions)
+            return {tp: None if e is None else Rejection(e.code, e.message)
+                    for tp, e in verdicts.items()}
+
+        what = (f"{'add' if add else 'verify'} {transactional_id} pid={producer_id} "
+                f"epoch={producer_epoch} {list(partitions)}")
+        try:
+            answered = await self._net.call(self._me, coordinator_name(node), what, op,
+                                            timeout_s=VERIFY_TIMEOUT_S)
+        except (RpcTimeout, RpcUnavailable) as exc:
+            raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc)) from None
+        return {tp: answered.get(tp, Rejection(ErrorCode.UNKNOWN_SERVER_ERROR, "no answer"))
+                for tp in partitions}
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+class SimControllerLink:
+    """The ControllerLink port (controller_link.GrpcControllerLink)."""
+
+    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout) -> None:
+        self._net = net
+        self._me = me
+        self._layout = layout
+
+    async def _call(self, what: str, op: Callable[[StoreRuntime], Awaitable[T]]) -> T:
+        dst = store_name(self._layout.controller_node_id)
+        try:
+            return await self._net.call(self._me, dst, what, lambda t: op(_store(t)),
+                                        timeout_s=CONTROLLER_TIMEOUT_S)
+        except (RpcTimeout, RpcUnavailable, ServiceError) as exc:
+            raise ServiceError(ErrorCode.LEADER_NOT_AVAILABLE,
+                               f"the topic catalog's owner did not answer: {exc}") from None
+
+    async def list_topics(self) -> list[TopicRecord]:
+        return await self._call("list-topics",
+                                lambda s: s.list_topics(include_internal=True))
+
+    async def create_topics(self, specs: Sequence[TopicSpec], *,
+                            validate_only: bool) -> list[TopicOutcome]:
+        return await self._call("create-topics",
+                                lambda s: s.create_topics(specs, validate_only=validate_only))
+
+    async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]:
+        return await self._call("delete-topics", lambda s: s.delete_topics(names))
+
+    async def notify_catalog_changed(self, node_id: int) -> None:
+        """Best effort, as the real link (topics are not deleted here)."""
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+__all__ = [
+    "FaultProfile", "Incarnation", "Network", "RpcTimeout", "RpcUnavailable",
+    "SimControllerLink", "SimMarkerSender", "SimProducerIdLog", "SimStoreClient",
+    "SimTxnLog", "SimTxnVerifier", "coordinator_name", "store_name", "transport_error",
+]
