@@ -66,11 +66,11 @@ class Stage:
 def _outcome(send: Callable[[], Any]) -> BaseException:
     try:
         future = send()
-    except (TypeError, ValueError, errors.OncelogError) as exc:
-        return exc
-    exc = future.exception(timeout=60)
-    assert exc is not None, "the failing record was acknowledged"
-    return exc
+    except (TypeError, ValueError, errors.OncelogError) as refused:
+        return refused
+    failed = future.exception(timeout=60)
+    assert failed is not None, "the failing record was acknowledged"
+    return failed
 
 
 def _too_large(producer: Producer, out: str, _cluster: LocalCluster) -> BaseException:

@@ -36,8 +36,9 @@ def test_a_producer_int_option_of_another_type_is_named(option: str, value: Any)
 
 @pytest.mark.parametrize("option", ["linger_ms", "max_block_ms"])
 def test_a_negative_time_is_refused(option: str) -> None:
+    options: dict[str, Any] = {option: -1}
     with pytest.raises(ValueError, match=rf"^{option} must be >= 0, got -1"):
-        Producer(bootstrap=NOWHERE, **{option: -1})
+        Producer(bootstrap=NOWHERE, **options)
 
 
 def test_bool_options_take_bools_only() -> None:
