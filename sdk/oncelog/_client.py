@@ -7,6 +7,13 @@ address over one channel per address. Errors from the wire become typed
 exceptions here, once (`translate_rpc_error`, `error_from_proto`), so the
 producer, consumer and admin only ever see `oncelog.errors` classes.
 
+Timeouts bound whole calls: `metadata`, `topic`, `leader` and `call` take
+the caller's budget and spend no more than it on connecting, waiting for
+another thread's Metadata request, retries and backoff together. When the
+budget runs out because no service answered, the KafkaTimeoutError says so
+in words and names the addresses (`describe_unanswered`); the raw gRPC status
+stays in its `__cause__` chain.
+
 Thread-safe: the producer's sender thread and the caller's threads use one
 client concurrently. Metadata is an immutable snapshot replaced as a whole.
 """
@@ -14,16 +21,18 @@ client concurrently. Metadata is an immutable snapshot replaced as a whole.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from oncelog import errors
-from oncelog._status import error_from_rpc
+from oncelog._status import STATUS_DETAILS_KEY, error_from_rpc
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.v1 import (
     coordinator_pb2_grpc,
@@ -93,6 +102,100 @@ def needs_metadata_refresh(exc: OncelogError) -> bool:
 def backoff_ms(attempt: int, *, base_ms: int, max_ms: int) -> int:
     """Exponential backoff: base, 2*base, 4*base, ... capped at max_ms (attempt >= 1)."""
     return int(min(max_ms, base_ms * (2 ** min(max(attempt - 1, 0), 20))))
+
+
+# A retry loop sleeps no closer to its deadline than this, so its last attempt
+# has time to get an answer (a Metadata answer takes about a millisecond).
+LAST_ATTEMPT_MIN_S = 0.02
+
+# Why a call reached no service of ours (transport_failure). SILENT is a
+# process that accepts connections and never answers: paused (SIGSTOP), hung,
+# or swamped; gRPC reports it as a connection that got no SETTINGS frame in
+# time, or as a deadline that passed on a connection made earlier.
+REFUSED = "connection refused"
+SILENT = "no answer"
+UNRESOLVED = "host name not found"
+CONNECTION_FAILED = "connection failed"
+# What a call expected to find at an address, when nothing more is known (the
+# bootstrap addresses name partition stores, but a typo may name anything).
+SERVICE = "oncelog service"
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """A call that reached no service: why (REFUSED, SILENT, ...), and the
+    service it expected to find there."""
+
+    reason: str
+    service: str = SERVICE
+
+
+def transport_failure(exc: grpc.RpcError) -> str | None:
+    """Why a failed call reached no service of ours (REFUSED, SILENT,
+    UNRESOLVED, CONNECTION_FAILED); None when a service answered it, with our
+    Error in the status or with any other status."""
+    # Typed loosely, as _status reads it: the stubs and the runtime disagree.
+    metadata: Iterable[Any] = (
+        exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    ) or ()
+    if any(key == STATUS_DETAILS_KEY for key, _value in metadata):
+        return None
+    code = exc.code() if hasattr(exc, "code") else None
+    details = ((exc.details() if hasattr(exc, "details") else None) or "").lower()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return SILENT
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return None
+    if "refused" in details:
+        return REFUSED
+    if "settings frame" in details or "timed out" in details or "timeout" in details:
+        return SILENT
+    if "resolv" in details or "lookup" in details or "dns" in details:
+        return UNRESOLVED
+    return CONNECTION_FAILED
+
+
+def remaining_ms(deadline_s: float) -> int:
+    """Whole milliseconds left until a time.monotonic() deadline (0 once past it)."""
+    return max(0, math.ceil((deadline_s - time.monotonic()) * 1000))
+
+
+# Errors raised because no service answered, and the addresses they name: the
+# CLI adds what to do about it (start a cluster, or point --bootstrap at one).
+# Weak keys: an exception carries its addresses for as long as it lives.
+_UNREACHABLE: weakref.WeakKeyDictionary[BaseException, tuple[str, ...]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def unreachable_addresses(exc: BaseException) -> tuple[str, ...]:
+    """The addresses at which no service answered, when that is why `exc`
+    was raised; empty for every other error."""
+    return _UNREACHABLE.get(exc, ())
+
+
+def describe_unanswered(unanswered: Mapping[str, Unanswered], budget_ms: int) -> str:
+    """One sentence saying that nothing answered, where and why, e.g.
+    "no oncelog service answered at 127.0.0.1:9 within 1000 ms (connection
+    refused) — is the cluster running?"."""
+    silent = [f"the {what.service} at {address}" for address, what in unanswered.items()
+              if what.reason == SILENT]
+    others = {address: what for address, what in unanswered.items() if what.reason != SILENT}
+    parts: list[str] = []
+    if silent:
+        parts.append(
+            f"{', '.join(silent)} did not answer within {budget_ms} ms "
+            f"(it accepts connections but sends nothing back: paused, hung or overloaded?)"
+        )
+    if others:
+        services = {what.service for what in others.values()}
+        reasons = {what.reason for what in others.values()}
+        nothing = f"no {services.pop()}" if len(services) == 1 else "nothing"
+        why = (reasons.pop() if len(reasons) == 1
+               else "; ".join(f"{address}: {what.reason}" for address, what in others.items()))
+        parts.append(f"{nothing} answered at {', '.join(others)} within {budget_ms} ms ({why})")
+    sentence = "; ".join(parts)
+    return sentence if silent else f"{sentence} — is the cluster running?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +313,12 @@ class ClusterClient:
         self._stale = False
         self._background_refresh = False
         self._last_background_refresh_s = 0.0
+        # address -> (time.monotonic() of the failure, reason): calls that
+        # reached no service, for the error that says so when a budget runs
+        # out (see gave_up). An answer from the address removes it.
+        self._unanswered: dict[str, tuple[float, Unanswered]] = {}
+        # The address a Metadata request is waiting on now (under _refresh_lock).
+        self._asking: str | None = None
         self._closed = False
 
     # ------------------------------------------------------------- channels
@@ -260,15 +369,85 @@ class ClusterClient:
     def closed(self) -> bool:
         return self._closed
 
+
+    # ------------------------------------------------------------- failures
+
+    def rpc_error(
+        self, exc: grpc.RpcError, address: str, *, service: str = SERVICE
+    ) -> OncelogError:
+        """The typed exception for a failed call to `address`: as
+        translate_rpc_error, except that a call that reached no service
+        (transport_failure) says so in words and names the address and the
+        service expected there, and is remembered for gave_up. The raw gRPC
+        status stays reachable as the exception's __cause__."""
+        translated = translate_rpc_error(exc)
+        reason = transport_failure(exc)
+        if reason is None:
+            return translated
+        self.note_unanswered(address, reason, service=service)
+        phrase = "did not answer in time" if reason == SILENT else reason
+        err = errors.error_for(translated.code, f"the {service} at {address}: {phrase}")
+        err.__cause__ = exc
+        return err
+
+    def note_unanswered(self, address: str, reason: str, *, service: str = SERVICE) -> None:
+        self._unanswered[address] = (time.monotonic(), Unanswered(reason, service))
+
+    def note_answered(self, address: str) -> None:
+        self._unanswered.pop(address, None)
+
+    def unanswered_since(self, started_s: float) -> dict[str, Unanswered]:
+        """Addresses whose latest call since `started_s` reached no service."""
+        return {
+            address: what for address, (at_s, what) in list(self._unanswered.items())
+            if at_s >= started_s
+        }
+
+    def gave_up(
+        self, what: str, budget_ms: int, started_s: float, last: OncelogError | None,
+        *, name_what: bool = True,
+    ) -> errors.KafkaTimeoutError:
+        """The KafkaTimeoutError for a call (`what`, begun at started_s) whose
+        budget ran out: when it failed for want of an answer, it says so in
+        words and names the addresses (describe_unanswered), after "what: "
+        unless name_what is False; else it names the last error. The last
+        error is its __cause__."""
+        unanswered = self.unanswered_since(started_s)
+        transport = last is None or last.code in (
+            ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT
+        )
+        if unanswered and transport:
+            message = describe_unanswered(unanswered, budget_ms)
+            if name_what:
+                message = f"{what}: {message}"
+            if isinstance(last, errors.KafkaTimeoutError) and last.message == message:
+                return last  # an inner call that had the same budget said it already
+            err = errors.KafkaTimeoutError(message)
+            _UNREACHABLE[err] = tuple(unanswered)
+        elif isinstance(last, errors.KafkaTimeoutError):
+            return last  # already says what timed out
+        elif last is None:
+            err = errors.KafkaTimeoutError(f"{what} did not succeed within {budget_ms} ms")
+        else:
+            err = errors.KafkaTimeoutError(
+                f"{what} did not succeed within {budget_ms} ms; last error: "
+                f"{type(last).__name__}: {last.message or last.code.name}"
+            )
+        err.__cause__ = last
+        return err
+
     # ------------------------------------------------------------- metadata
 
-    def metadata(self) -> ClusterMetadata:
-        """The current snapshot, fetched on first use; an old one is refreshed in
-        the background while it keeps serving."""
+    def metadata(self, *, timeout_ms: int | None = None) -> ClusterMetadata:
+        """The current snapshot, fetched on first use (and after
+        invalidate_metadata) within timeout_ms, connecting included
+        (default: request_timeout_ms); an old one is refreshed in the
+        background while it keeps serving."""
         md = self._metadata
         if md is None or self._stale:
-            self._stale = False
-            return self.refresh_metadata(timeout_ms=self.request_timeout_ms)
+            return self.refresh_metadata(
+                timeout_ms=self.request_timeout_ms if timeout_ms is None else timeout_ms
+            )
         if (time.monotonic() - md.fetched_at_s) * 1000 > self.metadata_max_age_ms:
             self.request_metadata_refresh()
         return md
@@ -289,34 +468,65 @@ class ClusterClient:
     def refresh_metadata(self, *, timeout_ms: int | None = None) -> ClusterMetadata:
         """Asks for Metadata: the controller first, then the bootstrap addresses,
         then every other known store. With timeout_ms, keeps retrying with
-        backoff until then; without, tries each address once."""
+        backoff, and returns or raises KafkaTimeoutError within timeout_ms,
+        connecting and waiting for another thread's request included; without,
+        tries each address once (up to request_timeout_ms each)."""
+        started_s = time.monotonic()
+        deadline_s = None if timeout_ms is None else started_s + timeout_ms / 1000
         version = self._metadata_version
-        with self._refresh_lock:
+        if deadline_s is None:
+            self._refresh_lock.acquire()
+        elif not self._refresh_lock.acquire(timeout=max(deadline_s - time.monotonic(), 0.0)):
+            # Another thread's request has been waiting for an answer all this
+            # time: the address it waits on did not answer within our budget,
+            # and those it found silent or refusing before still count.
+            now_s = time.monotonic()
+            for address in self._metadata_addresses():
+                known = self._unanswered.get(address)
+                if known is not None:
+                    self._unanswered[address] = (now_s, known[1])
+            asking = self._asking
+            if asking is not None:
+                self.note_unanswered(asking, SILENT)
+            raise self.gave_up(self._metadata_what(), timeout_ms or 0, started_s, None,
+                               name_what=False)
+        try:
             if self._metadata_version != version and self._metadata is not None:
                 return self._metadata
-            deadline_s = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-            attempt = 0
-            while True:
-                attempt += 1
-                try:
-                    md = self._fetch_metadata_once(deadline_s)
-                except OncelogError as exc:
-                    if deadline_s is None:
-                        raise
-                    pause_s = backoff_ms(
-                        attempt, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms
-                    ) / 1000
-                    if time.monotonic() + pause_s >= deadline_s:
-                        raise errors.KafkaTimeoutError(
-                            f"no Metadata answer from {', '.join(self._metadata_addresses())} "
-                            f"within {timeout_ms} ms; last error: "
-                            f"{type(exc).__name__}: {exc.message or exc.code.name}"
-                        ) from exc
-                    time.sleep(pause_s)
-                    continue
-                self._metadata = md
-                self._metadata_version += 1
-                return md
+            return self._refresh_locked(deadline_s, timeout_ms or 0, started_s)
+        finally:
+            self._refresh_lock.release()
+
+    def _metadata_what(self) -> str:
+        return f"Metadata from {', '.join(self._metadata_addresses())}"
+
+    def _refresh_locked(
+        self, deadline_s: float | None, budget_ms: int, started_s: float
+    ) -> ClusterMetadata:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                md = self._fetch_metadata_once(deadline_s)
+            except OncelogError as exc:
+                if deadline_s is None or self._closed:
+                    raise
+                pause_s = backoff_ms(
+                    attempt, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms
+                ) / 1000
+                left_s = deadline_s - time.monotonic()
+                if left_s <= LAST_ATTEMPT_MIN_S:
+                    # Not `from exc`: gave_up made exc the cause already, and may
+                    # return an error that is exc itself.
+                    raise self.gave_up(  # noqa: B904
+                        self._metadata_what(), budget_ms, started_s, exc, name_what=False
+                    )
+                time.sleep(min(pause_s, left_s - LAST_ATTEMPT_MIN_S))
+                continue
+            self._metadata = md
+            self._metadata_version += 1
+            self._stale = False
+            return md
 
     def _metadata_addresses(self) -> list[str]:
         md = self._metadata
@@ -331,19 +541,32 @@ class ClusterClient:
     def _fetch_metadata_once(self, deadline_s: float | None) -> ClusterMetadata:
         last: OncelogError | None = None
         request = partition_store_pb2.MetadataRequest(include_internal=True)
-        for address in self._metadata_addresses():
+        addresses = self._metadata_addresses()
+        for index, address in enumerate(addresses):
             timeout_s = self.request_timeout_ms / 1000
             if deadline_s is not None:
-                timeout_s = max(0.001, min(timeout_s, deadline_s - time.monotonic()))
+                # What is left is shared among the addresses still to ask, so
+                # one silent address cannot take all the time another one
+                # would answer in (a refused one answers at once).
+                left_s = deadline_s - time.monotonic()
+                if left_s <= 0:
+                    break
+                timeout_s = min(timeout_s, left_s / (len(addresses) - index))
+            self._asking = address
             try:
                 resp = self.store(address).Metadata(request, timeout=timeout_s)
             except grpc.RpcError as exc:
-                last = translate_rpc_error(exc)
+                last = self.rpc_error(exc, address)
                 log.debug("Metadata from %s failed: %s", address, last)
                 continue
+            finally:
+                self._asking = None
+            self.note_answered(address)
             return ClusterMetadata.from_proto(resp)
-        if last is None:  # pragma: no cover - _metadata_addresses is never empty
-            last = errors.error_for(ErrorCode.NETWORK_EXCEPTION, "no address to ask for Metadata")
+        if last is None:
+            last = errors.error_for(
+                ErrorCode.REQUEST_TIMED_OUT, "no time left to ask for Metadata"
+            )
         raise last
 
     def request_metadata_refresh(self) -> None:
@@ -372,27 +595,52 @@ class ClusterClient:
             with self._lock:
                 self._background_refresh = False
 
-    def topic(self, name: str, *, refresh_if_missing: bool = True) -> TopicInfo:
+    def topic(
+        self, name: str, *, refresh_if_missing: bool = True, timeout_ms: int | None = None
+    ) -> TopicInfo:
         """The topic's metadata; asks Metadata again once when it is not known
-        (it may have been created since), then raises UnknownTopicOrPartitionError."""
-        info = self.metadata().topics.get(name)
-        if info is None and refresh_if_missing:
-            info = self.refresh_metadata(timeout_ms=self.request_timeout_ms).topics.get(name)
+        (it may have been created since), then raises UnknownTopicOrPartitionError.
+
+        timeout_ms bounds the whole call, connecting and waiting for another
+        thread's Metadata request included: KafkaTimeoutError after it. None:
+        up to request_timeout_ms for each of the two Metadata requests."""
+        if timeout_ms is None:
+            info = self.metadata().topics.get(name)
+            if info is None and refresh_if_missing:
+                info = self.refresh_metadata(timeout_ms=self.request_timeout_ms).topics.get(name)
+        else:
+            started_s = time.monotonic()
+            deadline_s = started_s + timeout_ms / 1000
+            try:
+                info = self.metadata(timeout_ms=timeout_ms).topics.get(name)
+                if info is None and refresh_if_missing:
+                    info = self.refresh_metadata(
+                        timeout_ms=remaining_ms(deadline_s)
+                    ).topics.get(name)
+            except errors.KafkaTimeoutError as exc:
+                # The inner call names the time it had left; say the caller's.
+                restated = self.gave_up(f"Metadata for topic {name!r}", timeout_ms, started_s, exc)
+                if restated is exc:
+                    raise
+                raise restated from exc
         if info is None:
             raise errors.error_for(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
             )
         return info
 
-    def leader(self, topic: str, partition: int) -> str:
-        """The advertised address of the store that owns a partition."""
-        info = self.topic(topic)
+    def leader(self, topic: str, partition: int, *, timeout_ms: int | None = None) -> str:
+        """The advertised address of the store that owns a partition
+        (timeout_ms: as for topic())."""
+        info = self.topic(topic, timeout_ms=timeout_ms)
         if not 0 <= partition < info.num_partitions:
             raise errors.error_for(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 f"topic {topic!r} has {info.num_partitions} partitions, no partition {partition}",
             )
-        address = self.metadata().stores.get(info.leaders[partition])
+        # The snapshot topic() just read (or a newer one): no second lookup.
+        md = self._metadata
+        address = None if md is None else md.stores.get(info.leaders[partition])
         if address is None:
             raise errors.error_for(
                 ErrorCode.LEADER_NOT_AVAILABLE,
@@ -412,20 +660,26 @@ class ClusterClient:
     ) -> T:
         """Runs attempt_fn(timeout_s) until it returns, retrying retriable errors
         with backoff (refreshing metadata where the owner may have moved) until
-        timeout_ms (default: request_timeout_ms) has passed.
+        timeout_ms (default: request_timeout_ms) has passed, then raises
+        KafkaTimeoutError (see gave_up). Each attempt gets what is left of the
+        budget (at most request_timeout_ms) as timeout_s, and must spend no
+        more than that, metadata lookups included (pass it on as timeout_ms).
 
         attempt_fn raises grpc.RpcError or OncelogError; anything else passes
         through. UNKNOWN_TOPIC_OR_PARTITION is retried once, after a metadata
         refresh (the topic may be newer than our metadata).
         """
         budget_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline_s = time.monotonic() + budget_ms / 1000
+        started_s = time.monotonic()
+        deadline_s = started_s + budget_ms / 1000
         attempt = 0
         unknown_topic_retried = False
+        exc: OncelogError | None = None
         while True:
             attempt += 1
-            remaining_s = deadline_s - time.monotonic()
-            timeout_s = max(0.001, min(self.request_timeout_ms / 1000, remaining_s))
+            timeout_s = min(self.request_timeout_ms / 1000, deadline_s - time.monotonic())
+            if timeout_s <= 0:
+                raise self.gave_up(what, budget_ms, started_s, exc)
             try:
                 return attempt_fn(timeout_s)
             except grpc.RpcError as rpc_exc:
@@ -434,26 +688,27 @@ class ClusterClient:
                 exc = oncelog_exc
             if exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not unknown_topic_retried:
                 unknown_topic_retried = True
-                self._refresh_quietly()
+                self._refresh_quietly(deadline_s)
                 continue
             if not exc.retriable:
                 raise exc
             pause_s = backoff_ms(
                 attempt, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms
             ) / 1000
-            if time.monotonic() + pause_s >= deadline_s:
-                if isinstance(exc, errors.KafkaTimeoutError):
-                    raise exc  # already says what timed out
-                raise errors.KafkaTimeoutError(
-                    f"{what} did not succeed within {budget_ms} ms; last error: "
-                    f"{type(exc).__name__}: {exc.message or exc.code.name}"
-                ) from exc
-            time.sleep(pause_s)
+            left_s = deadline_s - time.monotonic()
+            if left_s <= LAST_ATTEMPT_MIN_S:
+                raise self.gave_up(what, budget_ms, started_s, exc)
+            time.sleep(min(pause_s, left_s - LAST_ATTEMPT_MIN_S))
             if needs_metadata_refresh(exc):
-                self._refresh_quietly()
+                self._refresh_quietly(deadline_s)
 
-    def _refresh_quietly(self) -> None:
+    def _refresh_quietly(self, deadline_s: float) -> None:
+        """A metadata refresh within what is left until deadline_s; a failure
+        is left for the next attempt to run into."""
+        left_ms = remaining_ms(deadline_s) - int(LAST_ATTEMPT_MIN_S * 1000)
+        if left_ms <= 0:
+            return
         try:
-            self.refresh_metadata()
+            self.refresh_metadata(timeout_ms=left_ms)
         except OncelogError as exc:
             log.debug("metadata refresh failed: %s", exc)

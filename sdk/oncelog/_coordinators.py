@@ -7,6 +7,11 @@ asks the coordinators Metadata lists, in turn, and caches the address until a
 call says the coordinator moved (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
 COORDINATOR_LOAD_IN_PROGRESS, a transport error). `call_coordinator` is the
 blocking retry loop the producer's transactional calls and the admin share.
+
+Budgets cover whole calls: a lookup (metadata included) and the call after it
+share one attempt's time, and `call_coordinator` returns or raises within its
+budget_ms; a call that no coordinator answered raises a KafkaTimeoutError
+that names the addresses (`ClusterClient.gave_up`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from typing import TypeVar
 import grpc
 
 from oncelog import errors
-from oncelog._client import ClusterClient, backoff_ms, error_from_proto, translate_rpc_error
+from oncelog._client import (
+    LAST_ATTEMPT_MIN_S,
+    ClusterClient,
+    backoff_ms,
+    error_from_proto,
+    remaining_ms,
+)
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.v1 import coordinator_pb2
 
@@ -90,13 +101,18 @@ class CoordinatorLocator:
             key=self.key, type=coordinator_pb2.CoordinatorType.ValueType(self.kind)
         )
 
-    def _ask_address(self) -> str:
+    @property
+    def service(self) -> str:
+        """What the key's coordinator is, for messages."""
+        return "transaction coordinator" if self.kind == TRANSACTION else "group coordinator"
+
+    def _ask_address(self, deadline_s: float) -> str:
         """A transaction coordinator to ask FindCoordinator (they all know the
         placement); NoCoordinatorError when the cluster has none of the kind
-        wanted."""
-        md = self._client.metadata()
+        wanted. Metadata, when it must be fetched, within deadline_s."""
+        md = self._client.metadata(timeout_ms=remaining_ms(deadline_s))
         if not md.coordinators or (self.kind == GROUP and not md.group_coordinators):
-            md = self._client.refresh_metadata(timeout_ms=self._client.request_timeout_ms)
+            md = self._client.refresh_metadata(timeout_ms=remaining_ms(deadline_s))
         if not md.coordinators:
             if self.kind == GROUP:
                 # Transaction coordinators answer FindCoordinator for groups too.
@@ -111,15 +127,26 @@ class CoordinatorLocator:
         return md.coordinators[self._ask_index % len(md.coordinators)]
 
     def lookup(self, timeout_s: float) -> str:
-        """One FindCoordinator attempt; caches and returns the address."""
-        address = self._ask_address()
+        """One FindCoordinator attempt within timeout_s (metadata included);
+        caches and returns the address."""
+        deadline_s = time.monotonic() + timeout_s
+        address = self._ask_address(deadline_s)
+        left_s = deadline_s - time.monotonic()
+        if left_s <= 0:
+            raise errors.error_for(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"no time left to ask {address} for the {self.service} of {self.key!r}",
+            )
         try:
             resp = self._client.coordinator(address).FindCoordinator(
-                self._request(), timeout=timeout_s
+                self._request(), timeout=left_s
             )
         except grpc.RpcError as rpc_exc:
             self._ask_index += 1
-            raise translate_rpc_error(rpc_exc) from None
+            raise self._client.rpc_error(
+                rpc_exc, address, service="transaction coordinator"
+            ) from rpc_exc
+        self._client.note_answered(address)
         return self.accept(resp)
 
     def accept(self, resp: coordinator_pb2.FindCoordinatorResponse) -> str:
@@ -150,24 +177,43 @@ def call_coordinator_once(
 ) -> T:
     """One attempt(address, timeout_s) at the key's coordinator (found first
     when not cached), for callers that retry on their own schedule (the
-    heartbeat thread, poll()). Every failure is raised as an OncelogError,
-    retriable ones included (after one that says the coordinator may have
-    moved, the next attempt looks it up again), except NoCoordinatorError: the
-    cluster has no coordinator of the kind, and retrying cannot help."""
+    heartbeat thread, poll()); the lookup and the attempt share timeout_s.
+    Every failure is raised as an OncelogError, retriable ones included (after
+    one that says the coordinator may have moved, the next attempt looks it up
+    again), except NoCoordinatorError: the cluster has no coordinator of the
+    kind, and retrying cannot help."""
+    deadline_s = time.monotonic() + timeout_s
     address = locator.address
     try:
         if address is None:
             address = locator.lookup(timeout_s)
-        return attempt(address, timeout_s)
-    except grpc.RpcError as rpc_exc:
-        exc = translate_rpc_error(rpc_exc)
-    except OncelogError as oncelog_exc:
-        exc = oncelog_exc
+        left_s = deadline_s - time.monotonic()
+        if left_s <= 0:
+            raise errors.error_for(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"no time left to call the {locator.service} of {locator.key!r} at {address}",
+            )
+        try:
+            result = attempt(address, left_s)
+        except grpc.RpcError as rpc_exc:
+            raise client.rpc_error(rpc_exc, address, service=locator.service) from rpc_exc
+    except OncelogError as exc:
+        coordinator_failed(client, locator, address, exc)
+        raise
+    client.note_answered(address)
+    return result
+
+
+def coordinator_failed(
+    client: ClusterClient, locator: CoordinatorLocator, address: str | None, exc: OncelogError
+) -> None:
+    """After a failed call at `address` (None: the lookup failed): forgets the
+    address when the coordinator may have moved, and asks for metadata again
+    in the background unless the call merely ran out of time."""
     if exc.code in COORDINATOR_MOVED:
         locator.invalidate(address)
         if exc.code is not ErrorCode.REQUEST_TIMED_OUT:
             client.request_metadata_refresh()
-    raise exc
 
 
 def call_coordinator(
@@ -182,19 +228,24 @@ def call_coordinator(
     """Runs attempt(address, timeout_s) against the key's coordinator until it
     returns, retrying retriable errors (finding the coordinator again when it
     may have moved; CONCURRENT_TRANSACTIONS after a short pause) until
-    `budget_ms` has passed, then raises KafkaTimeoutError naming the last error.
+    `budget_ms` has passed, lookups included, then raises KafkaTimeoutError
+    naming the last error, or the addresses that did not answer.
     Non-retriable errors are raised as they come, and so is the
     CoordinatorNotAvailableError of a cluster that has no such coordinator.
 
-    attempt raises grpc.RpcError or OncelogError; anything else passes through.
+    attempt raises grpc.RpcError or OncelogError; anything else passes
+    through. It must spend no more than the timeout_s it is given.
     """
-    deadline_s = time.monotonic() + budget_ms / 1000
+    started_s = time.monotonic()
+    deadline_s = started_s + budget_ms / 1000
     attempts = 0
     concurrent = 0
+    exc: OncelogError | None = None
     while True:
         attempts += 1
-        remaining_s = deadline_s - time.monotonic()
-        timeout_s = max(0.001, min(client.request_timeout_ms / 1000, remaining_s))
+        timeout_s = min(client.request_timeout_ms / 1000, deadline_s - time.monotonic())
+        if timeout_s <= 0:
+            raise client.gave_up(what, budget_ms, started_s, exc)
         try:
             return call_coordinator_once(client, locator, attempt, timeout_s)
         except OncelogError as oncelog_exc:
@@ -211,10 +262,8 @@ def call_coordinator(
         else:
             pause_ms = backoff_ms(attempts, base_ms=client.retry_backoff_ms,
                                   max_ms=client.retry_backoff_max_ms)
-        if time.monotonic() + pause_ms / 1000 >= deadline_s:
-            raise errors.KafkaTimeoutError(
-                f"{what} did not succeed within {budget_ms} ms; last error: "
-                f"{type(exc).__name__}: {exc.message or exc.code.name}"
-            ) from exc
+        left_s = deadline_s - time.monotonic()
+        if left_s <= LAST_ATTEMPT_MIN_S:
+            raise client.gave_up(what, budget_ms, started_s, exc)
         log.debug("%s: %s; retrying", what, exc)
-        time.sleep(pause_ms / 1000)
+        time.sleep(min(pause_ms / 1000, left_s - LAST_ATTEMPT_MIN_S))

@@ -4,6 +4,8 @@ consumer and the admin) and the consumer's heartbeat thread.
 The coordinator is found with FindCoordinator(group_id, GROUP) and cached by a
 `CoordinatorLocator`; every call here looks it up again after NOT_COORDINATOR,
 COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE or a transport error.
+Every blocking call returns or raises within the budget it is given;
+`send_fetch` does not block on the answer at all (poll() collects it later).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+import grpc
+
 from oncelog import errors
 from oncelog._client import ClusterClient, backoff_ms, error_from_proto, raise_for_error
 from oncelog._coordinators import (
@@ -23,6 +27,7 @@ from oncelog._coordinators import (
     NoCoordinatorError,
     call_coordinator,
     call_coordinator_once,
+    coordinator_failed,
 )
 from oncelog._membership import GroupMembership, HeartbeatAnswer, HeartbeatRequest
 from oncelog.errors import ErrorCode, OncelogError
@@ -151,6 +156,41 @@ class GroupClient:
         except NoCoordinatorError as none:
             raise none.error from None
 
+    def send_fetch(
+        self,
+        partitions: Iterable[TopicPartition],
+        *,
+        require_stable: bool,
+        timeout_s: float,
+        lookup_timeout_s: float,
+    ) -> PendingOffsetFetch:
+        """Sends one OffsetFetch and returns without waiting for its answer
+        (poll() must not wait longer than its timeout; Kafka's consumer keeps
+        such a request pending across polls too). Finding the coordinator,
+        when it is not cached, blocks for up to lookup_timeout_s. Raises
+        OncelogError (retriable ones included) when it cannot be sent."""
+        tps = sorted(set(partitions))
+        request = group_coordinator_pb2.OffsetFetchRequest(
+            group_id=self.group_id, require_stable=require_stable,
+            partitions=[
+                records_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
+                for tp in tps
+            ],
+        )
+        address = self.locator.address
+        try:
+            if address is None:
+                address = self.locator.lookup(lookup_timeout_s)
+        except OncelogError as exc:
+            coordinator_failed(self.client, self.locator, None, exc)
+            raise
+        except NoCoordinatorError as none:
+            raise none.error from None
+        call = self.client.group_coordinator(address).OffsetFetch.future(
+            request, timeout=timeout_s
+        )
+        return PendingOffsetFetch(self, tps, address, call)
+
     def _fetch_result(self, resp: group_coordinator_pb2.OffsetFetchResponse,
                       wanted: list[TopicPartition] | None) -> OffsetFetchResult:
         offsets: dict[TopicPartition, int] = {}
@@ -188,9 +228,17 @@ class GroupClient:
 
         def attempt(_address: str, timeout_s: float) -> dict[TopicPartition, int]:
             nonlocal pending, unstable_attempts
+            # The asks below share this attempt's time.
+            attempt_deadline_s = time.monotonic() + timeout_s
             while True:
+                left_s = attempt_deadline_s - time.monotonic()
+                if left_s <= 0:
+                    raise errors.error_for(
+                        ErrorCode.REQUEST_TIMED_OUT,
+                        f"OffsetFetch of group {self.group_id!r} ran out of time",
+                    )
                 result = self.fetch_once(pending, require_stable=require_stable,
-                                         timeout_s=timeout_s)
+                                         timeout_s=left_s)
                 found.update(result.offsets)
                 if not result.unstable:
                     return found
@@ -207,6 +255,46 @@ class GroupClient:
                 time.sleep(pause_ms / 1000)
 
         return self.call("OffsetFetch", attempt, budget_ms=budget_ms)
+
+
+class PendingOffsetFetch:
+    """An OffsetFetch sent by GroupClient.send_fetch, not yet waited for."""
+
+    def __init__(self, group: GroupClient, partitions: list[TopicPartition], address: str,
+                 call: grpc.Future) -> None:
+        self._group = group
+        self.partitions = frozenset(partitions)
+        self._address = address
+        self._call = call
+
+    def done(self) -> bool:
+        return bool(self._call.done())
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """callback() once the answer is in (on a gRPC thread: keep it short)."""
+        self._call.add_done_callback(lambda _call: callback())
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    def result(self) -> OffsetFetchResult:
+        """The answer of a done() fetch; raises OncelogError, retriable ones
+        included (after one that says the coordinator may have moved, the
+        next call looks it up again)."""
+        group = self._group
+        try:
+            resp = self._call.result(timeout=0)
+            raise_for_error(resp.error)
+            return group._fetch_result(resp, sorted(self.partitions))
+        except grpc.FutureCancelledError:
+            exc = errors.error_for(ErrorCode.NETWORK_EXCEPTION, "the OffsetFetch was cancelled")
+        except grpc.RpcError as rpc_exc:
+            exc = group.client.rpc_error(rpc_exc, self._address,
+                                         service=group.locator.service)
+        except OncelogError as oncelog_exc:
+            exc = oncelog_exc
+        coordinator_failed(group.client, group.locator, self._address, exc)
+        raise exc
 
 
 def raise_partition_errors(

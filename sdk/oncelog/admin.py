@@ -1,12 +1,16 @@
 """Admin: topics, transactions and consumer groups.
 
 Every call is synchronous, retries retriable errors (an unreachable store, the
-catalog owner restarting, a coordinator moving or loading) with backoff for up
-to `default_api_timeout_ms`, and raises the typed error of `oncelog.errors`
-otherwise. Catalog changes go to the store that keeps the topic catalog
-(Metadata's controller); transaction questions go to the transactional id's
-coordinator (FindCoordinator), or to every coordinator Metadata lists; group
-questions go to the group's coordinator, or to every group coordinator.
+catalog owner restarting, a coordinator moving or loading) with backoff, and
+raises the typed error of `oncelog.errors` otherwise. Each public call, with
+every request it makes, returns or raises within `default_api_timeout_ms`
+(Kafka's default.api.timeout.ms), connecting included; KafkaTimeoutError
+names the addresses that did not answer.
+
+Catalog changes go to the store that keeps the topic catalog (Metadata's
+controller); transaction questions go to the transactional id's coordinator
+(FindCoordinator), or to every coordinator Metadata lists; group questions go
+to the group's coordinator, or to every group coordinator.
 
 Hanging transactions: an open transaction on a partition that no coordinator
 will ever end (a coordinator bug, a lost `__transaction_state`, a write that
@@ -19,16 +23,26 @@ marker straight to the partition, as Kafka's admin abort does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import grpc
 
 from oncelog import errors
-from oncelog._client import ClusterClient, error_from_proto, raise_for_error, translate_rpc_error
+from oncelog._client import (
+    SERVICE,
+    ClusterClient,
+    ClusterMetadata,
+    TopicInfo,
+    error_from_proto,
+    raise_for_error,
+    remaining_ms,
+)
 from oncelog._coordinators import TRANSACTION, CoordinatorLocator, call_coordinator
 from oncelog._group import (
     NO_GENERATION,
@@ -76,6 +90,26 @@ LATEST_TIMESTAMP = -1
 RESET_TARGETS = ("earliest", "latest")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _within_budget(
+    method: Callable[Concatenate[Admin, P], T]
+) -> Callable[Concatenate[Admin, P], T]:
+    """A public Admin call: everything it does shares one budget of
+    default_api_timeout_ms (see Admin._within)."""
+
+    @functools.wraps(method)
+    def bounded(self: Admin, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with self._within(name=f"{method.__name__}()"):
+            return method(self, *args, **kwargs)
+
+    return bounded
+
+
+def _ms(timeout_s: float) -> int:
+    """An attempt's timeout_s as the timeout_ms of a client call (at least 1)."""
+    return max(int(timeout_s * 1000), 1)
 
 
 class Admin:
@@ -97,9 +131,12 @@ class Admin:
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
         )
         self._default_api_timeout_ms = default_api_timeout_ms
+        # Per thread: when the public call running in it must have ended.
+        self._budget = threading.local()
 
     # ------------------------------------------------------------ topics
 
+    @_within_budget
     def create_topic(
         self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None,
         *, exist_ok: bool = False,
@@ -113,6 +150,7 @@ class Admin:
         if exc is not None and not (exist_ok and isinstance(exc, errors.TopicAlreadyExistsError)):
             raise exc
 
+    @_within_budget
     def create_topics(
         self, topics: Iterable[NewTopic], *, validate_only: bool = False
     ) -> dict[str, OncelogError | None]:
@@ -137,10 +175,7 @@ class Admin:
             validate_only=validate_only,
         )
 
-        def attempt(timeout_s: float) -> partition_store_pb2.CreateTopicsResponse:
-            return self._controller().CreateTopics(request, timeout=timeout_s)
-
-        resp = self._call("CreateTopics", attempt)
+        resp = self._catalog_call("CreateTopics", lambda stub: stub.CreateTopics, request)
         out: dict[str, OncelogError | None] = {t.name: None for t in specs}
         for result in resp.results:
             out[result.name] = error_from_proto(result.error)
@@ -148,6 +183,7 @@ class Admin:
             self._client.invalidate_metadata()
         return out
 
+    @_within_budget
     def delete_topic(self, name: str) -> None:
         """Deletes a topic and its data; raises UnknownTopicOrPartitionError
         when there is no such topic."""
@@ -155,6 +191,7 @@ class Admin:
         if exc is not None:
             raise exc
 
+    @_within_budget
     def delete_topics(self, names: Iterable[str]) -> dict[str, OncelogError | None]:
         """Per topic, None when it was deleted or the error that prevented it."""
         wanted = list(names)
@@ -162,31 +199,28 @@ class Admin:
             return {}
         request = partition_store_pb2.DeleteTopicsRequest(names=wanted)
 
-        def attempt(timeout_s: float) -> partition_store_pb2.DeleteTopicsResponse:
-            return self._controller().DeleteTopics(request, timeout=timeout_s)
-
-        resp = self._call("DeleteTopics", attempt)
+        resp = self._catalog_call("DeleteTopics", lambda stub: stub.DeleteTopics, request)
         out: dict[str, OncelogError | None] = dict.fromkeys(wanted)
         for result in resp.results:
             out[result.name] = error_from_proto(result.error)
         self._client.invalidate_metadata()
         return out
 
+    @_within_budget
     def list_topics(self) -> dict[str, int]:
         """User topics (not the internal __ ones) and their partition counts."""
         request = partition_store_pb2.ListTopicsRequest(include_internal=False)
 
-        def attempt(timeout_s: float) -> partition_store_pb2.ListTopicsResponse:
-            return self._controller().ListTopics(request, timeout=timeout_s)
-
-        resp = self._call("ListTopics", attempt)
+        resp = self._catalog_call("ListTopics", lambda stub: stub.ListTopics, request)
         return {t.name: len(t.partitions) for t in resp.topics if not t.internal}
 
+    @_within_budget
     def describe_topic(self, name: str) -> TopicDescription:
         """Partitions with their stores and offsets (earliest, high watermark,
         last stable offset), and the topic's effective configuration."""
-        info = self._call_value("Metadata", lambda: self._client.topic(name))
-        md = self._client.metadata()
+        info = self._topic(name)
+        md = self._client.cached_metadata
+        stores = {} if md is None else md.stores
         partitions = list(range(info.num_partitions))
         earliest = self._offsets(name, partitions, -2, records_pb2.READ_UNCOMMITTED)
         high = self._offsets(name, partitions, -1, records_pb2.READ_UNCOMMITTED)
@@ -199,7 +233,7 @@ class Admin:
                 PartitionDescription(
                     partition=p,
                     leader_node_id=info.leaders[p],
-                    leader_address=md.stores.get(info.leaders[p], ""),
+                    leader_address=stores.get(info.leaders[p], ""),
                     earliest_offset=earliest[p],
                     high_watermark=high[p],
                     last_stable_offset=stable[p],
@@ -220,9 +254,11 @@ class Admin:
         found: dict[int, int] = {}
 
         def attempt(timeout_s: float) -> dict[int, int]:
+            deadline_s = time.monotonic() + timeout_s
             by_address: dict[str, list[int]] = {}
             for p in sorted(pending):
-                by_address.setdefault(self._client.leader(topic, p), []).append(p)
+                address = self._client.leader(topic, p, timeout_ms=remaining_ms(deadline_s))
+                by_address.setdefault(address, []).append(p)
             retry: OncelogError | None = None
             for address, ps in by_address.items():
                 request = partition_store_pb2.ListOffsetsRequest(
@@ -234,7 +270,8 @@ class Admin:
                     ],
                     isolation_level=isolation,
                 )
-                resp = self._client.store(address).ListOffsets(request, timeout=timeout_s)
+                resp = self._rpc(address, self._client.store(address).ListOffsets, request,
+                                 deadline_s)
                 for result in resp.results:
                     exc = error_from_proto(result.error)
                     if exc is None:
@@ -257,6 +294,7 @@ class Admin:
 
     # ------------------------------------------------------------ transactions
 
+    @_within_budget
     def list_transactions(
         self,
         states: Iterable[str] | None = None,
@@ -270,7 +308,9 @@ class Admin:
             states=list(states or ()), producer_ids=list(producer_ids or ()),
         )
         def list_at(address: str, timeout_s: float) -> coordinator_pb2.ListTransactionsResponse:
-            resp = self._client.coordinator(address).ListTransactions(request, timeout=timeout_s)
+            resp = self._rpc(address, self._client.coordinator(address).ListTransactions,
+                             request, time.monotonic() + timeout_s,
+                             service="transaction coordinator")
             raise_for_error(resp.error)
             return resp
 
@@ -282,6 +322,7 @@ class Admin:
                 )
         return [out[k] for k in sorted(out)]
 
+    @_within_budget
     def describe_transaction(self, transactional_id: str) -> TransactionDescription:
         """The transactional id's state at its coordinator: producer id and
         epoch, the open transaction's partitions, start time and timeout,
@@ -303,6 +344,7 @@ class Admin:
 
         return self._call_txn_coordinator("DescribeTransactions", transactional_id, attempt)
 
+    @_within_budget
     def abort_transaction(self, transactional_id: str) -> TransactionDescription:
         """Aborts the transactional id's open transaction (also a prepared
         two-phase-commit one) now, at its coordinator, and fences its producer
@@ -320,10 +362,11 @@ class Admin:
                     request, timeout=timeout_s
                 )
             except grpc.RpcError as rpc_exc:
-                lost = translate_rpc_error(rpc_exc)
+                lost = self._client.rpc_error(rpc_exc, address,
+                                              service="transaction coordinator")
                 if lost.code in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
                     outcome_unknown = True
-                raise lost from None
+                raise lost from rpc_exc
             exc = error_from_proto(resp.error)
             if exc is not None:
                 raise exc
@@ -340,6 +383,7 @@ class Admin:
                 return described
             raise
 
+    @_within_budget
     def describe_producers(self, partition: TopicPartition) -> list[ProducerState]:
         """The producers the partition's store keeps state for, with the first
         offset of each one's open transaction there (None when none is open)."""
@@ -347,6 +391,7 @@ class Admin:
             raise TypeError(f"describe_producers() takes a TopicPartition, got {partition!r}")
         return self._describe_producers([partition])[partition]
 
+    @_within_budget
     def find_hanging_transactions(
         self,
         *,
@@ -376,7 +421,7 @@ class Admin:
         names = sorted(self.list_topics()) if topics is None else list(topics)
         partitions: list[TopicPartition] = []
         for name in names:
-            info = self._call_value("Metadata", functools.partial(self._client.topic, name))
+            info = self._topic(name)
             partitions.extend(TopicPartition(name, p) for p in range(info.num_partitions))
         if not partitions:
             return []
@@ -423,6 +468,7 @@ class Admin:
                 ))
         return hanging
 
+    @_within_budget
     def abort_hanging_transaction(self, partition: TopicPartition, producer_id: int) -> None:
         """Aborts the producer's open transaction on one partition by writing
         an ABORT marker straight to the partition's store, with the producer's
@@ -438,6 +484,8 @@ class Admin:
 
         def attempt(timeout_s: float) -> None:
             nonlocal marker_sent
+            # The requests below share this attempt's time.
+            deadline_s = time.monotonic() + timeout_s
             states = self._describe_producers([partition], timeout_s=timeout_s)[partition]
             ps = next((p for p in states if p.producer_id == producer_id), None)
             if ps is None or ps.current_txn_start_offset is None:
@@ -466,9 +514,11 @@ class Admin:
                     )],
                 ),
             ])
-            address = self._client.leader(partition.topic, partition.partition)
+            address = self._client.leader(partition.topic, partition.partition,
+                                          timeout_ms=remaining_ms(deadline_s))
             marker_sent = True
-            resp = self._client.store(address).WriteTxnMarkers(request, timeout=timeout_s)
+            resp = self._rpc(address, self._client.store(address).WriteTxnMarkers, request,
+                             deadline_s)
             for result in resp.results:
                 exc = error_from_proto(result.error)
                 if exc is not None:
@@ -488,18 +538,20 @@ class Admin:
         found: dict[TopicPartition, list[ProducerState]] = {}
 
         def attempt(attempt_timeout_s: float) -> dict[TopicPartition, list[ProducerState]]:
+            deadline_s = time.monotonic() + attempt_timeout_s
             by_address: dict[str, list[TopicPartition]] = {}
             for tp in sorted(pending):
-                by_address.setdefault(self._client.leader(tp.topic, tp.partition), []).append(tp)
+                address = self._client.leader(tp.topic, tp.partition,
+                                              timeout_ms=remaining_ms(deadline_s))
+                by_address.setdefault(address, []).append(tp)
             retry: OncelogError | None = None
             for address, tps in by_address.items():
                 request = partition_store_pb2.DescribeProducersRequest(partitions=[
                     records_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
                     for tp in tps
                 ])
-                resp = self._client.store(address).DescribeProducers(
-                    request, timeout=attempt_timeout_s
-                )
+                resp = self._rpc(address, self._client.store(address).DescribeProducers,
+                                 request, deadline_s)
                 for result in resp.results:
                     tp = TopicPartition(result.topic, result.partition)
                     if tp not in pending:
@@ -545,9 +597,9 @@ class Admin:
             def list_open(timeout_s: float, address: str = address,
                           list_request: coordinator_pb2.ListTransactionsRequest = list_request,
                           ) -> list[str]:
-                resp = self._client.coordinator(address).ListTransactions(
-                    list_request, timeout=timeout_s
-                )
+                resp = self._rpc(address, self._client.coordinator(address).ListTransactions,
+                                 list_request, time.monotonic() + timeout_s,
+                                 service="transaction coordinator")
                 return [t.transactional_id for t in resp.transactions]
 
             ids = self._call(f"ListTransactions at {address}", list_open)
@@ -559,9 +611,9 @@ class Admin:
                          describe_request: coordinator_pb2.DescribeTransactionsRequest
                          = describe_request,
                          ) -> coordinator_pb2.DescribeTransactionsResponse:
-                return self._client.coordinator(address).DescribeTransactions(
-                    describe_request, timeout=timeout_s
-                )
+                return self._rpc(address, self._client.coordinator(address).DescribeTransactions,
+                                 describe_request, time.monotonic() + timeout_s,
+                                 service="transaction coordinator")
 
             for d in self._call(f"DescribeTransactions at {address}", describe).transactions:
                 if d.error.code != 0 or d.state not in OPEN_TRANSACTION_STATES:
@@ -575,12 +627,9 @@ class Admin:
         return out, two_phase
 
     def _coordinator_addresses(self) -> tuple[str, ...]:
-        md = self._call_value("Metadata", self._client.metadata)
+        md = self._metadata()
         if not md.coordinators:
-            md = self._call_value(
-                "Metadata",
-                lambda: self._client.refresh_metadata(timeout_ms=self._client.request_timeout_ms),
-            )
+            md = self._refreshed_metadata()
         return md.coordinators
 
     def _call_txn_coordinator(
@@ -588,7 +637,7 @@ class Admin:
     ) -> T:
         locator = CoordinatorLocator(self._client, transactional_id, TRANSACTION)
         return call_coordinator(self._client, locator, what, attempt,
-                                budget_ms=self._default_api_timeout_ms)
+                                budget_ms=self._left_ms())
 
     @staticmethod
     def _check_transactional_id(transactional_id: str) -> None:
@@ -597,13 +646,15 @@ class Admin:
 
     # ------------------------------------------------------------ groups
 
+    @_within_budget
     def list_groups(self, states: Iterable[str] | None = None) -> list[GroupListing]:
         """Every group every group coordinator (as Metadata lists them) knows,
         optionally only those in `states` (Empty, Assigning, Reconciling,
         Stable, Dead); sorted by group id."""
         request = group_coordinator_pb2.ListGroupsRequest(states=list(states or ()))
         def list_at(address: str, timeout_s: float) -> group_coordinator_pb2.ListGroupsResponse:
-            resp = self._client.group_coordinator(address).ListGroups(request, timeout=timeout_s)
+            resp = self._rpc(address, self._client.group_coordinator(address).ListGroups,
+                             request, time.monotonic() + timeout_s, service="group coordinator")
             raise_for_error(resp.error)
             return resp
 
@@ -613,6 +664,7 @@ class Admin:
                 out[g.group_id] = GroupListing(g.group_id, g.state)
         return [out[k] for k in sorted(out)]
 
+    @_within_budget
     def describe_group(self, group_id: str) -> GroupDescription:
         """The group's state, epoch and members (each with its subscription
         and the partitions it owns), from its coordinator."""
@@ -626,8 +678,9 @@ class Admin:
             d = _answer_for(resp.groups, lambda d: d.group_id, group_id, "DescribeGroups")
             return _group_description(d)
 
-        return group.call("DescribeGroups", attempt, budget_ms=self._default_api_timeout_ms)
+        return group.call("DescribeGroups", attempt, budget_ms=self._left_ms())
 
+    @_within_budget
     def list_group_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, GroupOffset]:
@@ -638,7 +691,7 @@ class Admin:
         one is. Partitions without a committed offset are left out."""
         group = GroupClient(self._client, check_group_id(group_id))
         wanted = None if partitions is None else list(partitions)
-        committed = group.fetch(wanted, budget_ms=self._default_api_timeout_ms,
+        committed = group.fetch(wanted, budget_ms=self._left_ms(),
                                 require_stable=False)
         found = {tp: offset for tp, offset in committed.items() if offset >= 0}
         ends = self._end_offsets(found)
@@ -648,6 +701,7 @@ class Admin:
             out[tp] = GroupOffset(found[tp], end, None if end is None else end - found[tp])
         return out
 
+    @_within_budget
     def alter_group_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
         """Sets the group's committed offsets (each the next offset to read).
         Only while the group has no members: a running consumer would
@@ -656,7 +710,7 @@ class Admin:
         checked = check_offsets(offsets)
         try:
             group.commit(checked, generation_id=NO_GENERATION, member_id="",
-                         budget_ms=self._default_api_timeout_ms)
+                         budget_ms=self._left_ms())
         except errors.OncelogError as exc:
             if exc.code is not ErrorCode.UNKNOWN_MEMBER_ID:
                 raise
@@ -665,6 +719,7 @@ class Admin:
                 f"from outside; stop its consumers first ({exc.message or exc.code.name})",
             ) from exc
 
+    @_within_budget
     def reset_group_offsets(
         self,
         group_id: str,
@@ -732,6 +787,7 @@ class Admin:
             self.alter_group_offsets(group_id, target)
         return target
 
+    @_within_budget
     def delete_group(self, group_id: str) -> None:
         """Deletes an empty group and its committed offsets; raises
         NonEmptyGroupError while it has members, GroupIdNotFoundError for a
@@ -745,7 +801,7 @@ class Admin:
             )
             _answer_for(resp.results, lambda r: r.group_id, group_id, "DeleteGroups")
 
-        group.call("DeleteGroups", attempt, budget_ms=self._default_api_timeout_ms)
+        group.call("DeleteGroups", attempt, budget_ms=self._left_ms())
 
     def _end_offsets(self, partitions: Iterable[TopicPartition], *, missing_ok: bool = True
                      ) -> dict[TopicPartition, int]:
@@ -754,7 +810,7 @@ class Admin:
         left out; without, they raise UnknownTopicOrPartitionError."""
         tps = list(partitions)
         if missing_ok:
-            md = self._call_value("Metadata", self._client.metadata)
+            md = self._metadata()
             tps = [tp for tp in tps if tp.topic in md.topics
                    and tp.partition < md.topics[tp.topic].num_partitions]
         return self._partition_offsets(tps, LATEST_TIMESTAMP, records_pb2.READ_COMMITTED)
@@ -770,7 +826,7 @@ class Admin:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         out: dict[TopicPartition, int] = {}
         for topic, ps in by_topic.items():
-            info = self._call_value("Metadata", functools.partial(self._client.topic, topic))
+            info = self._topic(topic)
             missing = [p for p in ps if not 0 <= p < info.num_partitions]
             if missing:
                 raise errors.error_for(
@@ -783,12 +839,9 @@ class Admin:
         return out
 
     def _group_coordinator_addresses(self) -> tuple[str, ...]:
-        md = self._call_value("Metadata", self._client.metadata)
+        md = self._metadata()
         if not md.group_coordinators:
-            md = self._call_value(
-                "Metadata",
-                lambda: self._client.refresh_metadata(timeout_ms=self._client.request_timeout_ms),
-            )
+            md = self._refreshed_metadata()
         if not md.group_coordinators:
             raise errors.error_for(
                 ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -798,14 +851,95 @@ class Admin:
 
     # ------------------------------------------------------------ plumbing
 
-    def _controller(self) -> partition_store_pb2_grpc.PartitionStoreStub:
+    @contextlib.contextmanager
+    def _within(self, timeout_ms: int | None = None, *, name: str | None = None
+                ) -> Iterator[None]:
+        """Everything done inside shares one budget (default:
+        default_api_timeout_ms): each request gets what is left of it. Inside
+        another _within, the outer budget holds. With a name (the public
+        call's), a KafkaTimeoutError for want of an answer is raised naming
+        the call and its whole budget, rather than the request that ran out
+        and what was left of the budget when it began. (The CLI bounds a
+        whole command with one _within.)"""
+        if getattr(self._budget, "deadline_s", None) is not None:
+            yield
+            return
+        budget_ms = self._default_api_timeout_ms if timeout_ms is None else timeout_ms
+        started_s = time.monotonic()
+        self._budget.deadline_s = started_s + budget_ms / 1000
+        try:
+            yield
+        except errors.KafkaTimeoutError as exc:
+            if name is None:
+                raise
+            restated = self._client.gave_up(name, budget_ms, started_s, exc)
+            if restated is exc:
+                raise
+            raise restated from exc
+        finally:
+            self._budget.deadline_s = None
+
+    def _left_ms(self) -> int:
+        """What is left of the running call's budget (see _within)."""
+        deadline_s: float | None = getattr(self._budget, "deadline_s", None)
+        if deadline_s is None:
+            return self._default_api_timeout_ms
+        return remaining_ms(deadline_s)
+
+    def _controller(
+        self, timeout_s: float
+    ) -> tuple[str, partition_store_pb2_grpc.PartitionStoreStub]:
         """The store that keeps the topic catalog (any store forwards to it,
-        but asking it directly saves a hop)."""
+        but asking it directly saves a hop), and its address; metadata, when
+        it must be fetched first, within timeout_s."""
         md = self._client.cached_metadata
         if md is None:
-            md = self._client.metadata()
+            md = self._client.metadata(timeout_ms=_ms(timeout_s))
         address = md.stores.get(md.controller_node_id, self._client.bootstrap[0])
-        return self._client.store(address)
+        return address, self._client.store(address)
+
+    def _rpc(self, address: str, method: Callable[..., T], request: Any, deadline_s: float,
+             *, service: str = SERVICE) -> T:
+        """method(request) (a stub method of `address`'s) with what is left
+        until deadline_s; a call that reached no service raises an error
+        naming the address (ClusterClient.rpc_error)."""
+        try:
+            answer = method(request, timeout=max(deadline_s - time.monotonic(), 0.001))
+        except grpc.RpcError as rpc_exc:
+            raise self._client.rpc_error(rpc_exc, address, service=service) from rpc_exc
+        self._client.note_answered(address)
+        return answer
+
+    def _catalog_call(
+        self, what: str,
+        method: Callable[[partition_store_pb2_grpc.PartitionStoreStub], Callable[..., T]],
+        request: Any,
+    ) -> T:
+        """A catalog request (method(stub): CreateTopics, ...) at the
+        controller, with retries."""
+
+        def attempt(timeout_s: float) -> T:
+            deadline_s = time.monotonic() + timeout_s
+            address, stub = self._controller(timeout_s)
+            return self._rpc(address, method(stub), request, deadline_s)
+
+        return self._call(what, attempt)
+
+    def _metadata(self) -> ClusterMetadata:
+        return self._call(
+            "Metadata", lambda timeout_s: self._client.metadata(timeout_ms=_ms(timeout_s))
+        )
+
+    def _topic(self, name: str) -> TopicInfo:
+        return self._call(
+            "Metadata", lambda timeout_s: self._client.topic(name, timeout_ms=_ms(timeout_s))
+        )
+
+    def _refreshed_metadata(self) -> ClusterMetadata:
+        return self._call(
+            "Metadata",
+            lambda timeout_s: self._client.refresh_metadata(timeout_ms=_ms(timeout_s)),
+        )
 
     def _ask_each(self, addresses: Iterable[str], what: str,
                   attempt: Callable[[str, float], T]) -> list[T]:
@@ -817,11 +951,7 @@ class Admin:
         ]
 
     def _call(self, what: str, attempt: Callable[[float], T]) -> T:
-        return self._client.call(what, attempt, timeout_ms=self._default_api_timeout_ms)
-
-    def _call_value(self, what: str, fn: Callable[[], T]) -> T:
-        return self._client.call(what, lambda _timeout_s: fn(),
-                                 timeout_ms=self._default_api_timeout_ms)
+        return self._client.call(what, attempt, timeout_ms=self._left_ms())
 
     def close(self) -> None:
         self._client.close()

@@ -15,8 +15,12 @@
 
 Every command that talks to a cluster takes --bootstrap (default: the
 ONCELOG_BOOTSTRAP environment variable, else 127.0.0.1:9092, Kafka's usual
-port). A failure prints one line naming the problem to stderr and exits 1
-(2 for bad usage).
+port) and --timeout-ms: how long it keeps trying to reach the cluster (a
+topics, transactions or groups command as a whole; consume and produce, each
+step of getting started). A failure prints one line naming the problem to
+stderr and exits 1 (2 for bad usage); when no cluster answered, a second line
+says what to do about it. gRPC's own status text is shown only with
+--verbose.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -32,6 +37,7 @@ from concurrent.futures import Future
 from typing import BinaryIO
 
 from oncelog import __version__, errors
+from oncelog._client import unreachable_addresses
 from oncelog.admin import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, Admin
 from oncelog.consumer import Consumer
 from oncelog.producer import Producer
@@ -41,6 +47,9 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
 # How long a command waits for the cluster before giving up.
 DEFAULT_TIMEOUT_MS = 15_000
+# gRPC's status text inside an error message ("StatusCode.UNAVAILABLE: failed
+# to connect to all addresses; ..."): shown only with --verbose.
+_GRPC_STATUS = re.compile(r"StatusCode\.[A-Z_]+.*", re.DOTALL)
 
 
 class CliError(Exception):
@@ -60,6 +69,10 @@ def _add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) 
     parser.add_argument(
         "--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS if defaults else argparse.SUPPRESS,
         help=f"how long to keep trying to reach the cluster (default {DEFAULT_TIMEOUT_MS})",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", default=False if defaults else argparse.SUPPRESS,
+        help="on failure, also print the errors behind it, gRPC's status text included",
     )
 
 
@@ -225,7 +238,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.timeout_ms <= 0:
+        parser.error(f"--timeout-ms must be positive, got {args.timeout_ms}")
+    verbose: bool = args.verbose
+    bootstrap: str = args.bootstrap
     try:
         if args.command == "cluster":
             return _cluster_up(args)
@@ -239,11 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _groups(args)
         return _consume(args)
     except errors.OncelogError as exc:
-        _fail(f"{type(exc).__name__}: {exc.message or exc.code.name}")
+        _fail(f"{type(exc).__name__}: {exc.message or exc.code.name}", exc,
+              verbose=verbose, bootstrap=bootstrap)
     except CliError as exc:
-        _fail(str(exc))
+        _fail(str(exc), exc, verbose=verbose, bootstrap=bootstrap)
     except ValueError as exc:  # bad option values the SDK refuses (bootstrap, sizes)
-        _fail(str(exc))
+        _fail(str(exc), exc, verbose=verbose, bootstrap=bootstrap)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -253,9 +272,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1  # pragma: no cover - _fail exits
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, exc: BaseException | None = None, *, verbose: bool,
+          bootstrap: str = "") -> None:
+    """Prints the error in one line, then what to do when a service did not
+    answer; with verbose, every error behind it (raw gRPC status included),
+    else no gRPC status text at all. Exits 1."""
+    if not verbose:
+        message = _GRPC_STATUS.sub(
+            "the connection failed (--verbose shows gRPC's status)", message
+        )
     print(f"oncelog: error: {' '.join(message.split())}", file=sys.stderr)
+    unreachable = _unreachable(exc)
+    bootstrap_addresses = {a.strip() for a in bootstrap.split(",")}
+    if unreachable and bootstrap_addresses.intersection(unreachable):
+        print(
+            f"oncelog: no cluster answered at {bootstrap}. Start one with "
+            f"`oncelog cluster up --data-dir DIR`, or point --bootstrap (or {BOOTSTRAP_ENV}) "
+            f"at a running cluster.",
+            file=sys.stderr,
+        )
+    elif unreachable:
+        print(
+            f"oncelog: the cluster at {bootstrap} answered, but its service at "
+            f"{', '.join(unreachable)} did not: is it running, and not paused or overloaded?",
+            file=sys.stderr,
+        )
+    if verbose:
+        seen: set[int] = set()
+        cause = None if exc is None else exc.__cause__ or exc.__context__
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            text = str(cause).replace("\n", "\n    ")
+            print(f"  caused by {type(cause).__name__}: {text}", file=sys.stderr)
+            cause = cause.__cause__ or cause.__context__
     sys.exit(1)
+
+
+def _unreachable(exc: BaseException | None) -> tuple[str, ...]:
+    """The addresses at which no service answered, if that is what `exc`
+    (or an error behind it) says."""
+    while exc is not None:
+        addresses = unreachable_addresses(exc)
+        if addresses:
+            return addresses
+        exc = exc.__cause__
+    return ()
 
 
 def _silence_stdout() -> None:
@@ -310,11 +371,16 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------- topics
 
-def _topics(args: argparse.Namespace) -> int:
-    with Admin(
+def _admin(args: argparse.Namespace) -> Admin:
+    return Admin(
         bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
         default_api_timeout_ms=args.timeout_ms,
-    ) as admin:
+    )
+
+
+def _topics(args: argparse.Namespace) -> int:
+    # --timeout-ms bounds the whole command, not each of its requests.
+    with _admin(args) as admin, admin._within(args.timeout_ms):
         if args.action == "create":
             config = _parse_config(args.config)
             admin.create_topic(args.name, partitions=args.partitions, config=config)
@@ -359,10 +425,7 @@ def _parse_config(items: list[str]) -> dict[str, str]:
 # --------------------------------------------------------------- transactions
 
 def _transactions(args: argparse.Namespace) -> int:
-    with Admin(
-        bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
-        default_api_timeout_ms=args.timeout_ms,
-    ) as admin:
+    with _admin(args) as admin, admin._within(args.timeout_ms):
         rows: list[tuple[str, ...]]
         if args.action == "list":
             rows = [("transactional_id", "producer_id", "state")]
@@ -427,10 +490,7 @@ def _transactions(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------- groups
 
 def _groups(args: argparse.Namespace) -> int:
-    with Admin(
-        bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
-        default_api_timeout_ms=args.timeout_ms,
-    ) as admin:
+    with _admin(args) as admin, admin._within(args.timeout_ms):
         rows: list[tuple[str, ...]]
         if args.action == "list":
             rows = [("group_id", "state")]
@@ -562,7 +622,7 @@ def _produce(args: argparse.Namespace) -> int:
         detail = first.message if isinstance(first, errors.OncelogError) else str(first)
         raise CliError(
             f"{len(failures)} of {count} records failed; first: {name}: {detail}"
-        )
+        ) from first
     print(f"{count} records produced to {args.topic}")
     return 0
 

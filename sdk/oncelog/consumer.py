@@ -19,6 +19,13 @@ on_revoke, then forgotten), then new ones (on_assign; they start at the
 group's committed offset, fetched with OffsetFetch(require_stable)). The
 state machine in `_membership` decides what to apply and when.
 
+Timeouts mean what they say: poll(timeout) returns within its timeout (a
+call it must make first gets at least POLL_CALL_MIN_MS), and every other
+blocking method within its `timeout` argument or default_api_timeout_ms
+(Kafka's default.api.timeout.ms), connecting included; a cluster that does
+not answer makes them raise KafkaTimeoutError naming the addresses, or makes
+poll() return nothing and log that once.
+
 Not thread-safe, like Kafka's consumer: use one consumer from one thread.
 """
 
@@ -41,11 +48,13 @@ from oncelog._client import (
     backoff_ms,
     error_from_proto,
     needs_metadata_refresh,
-    translate_rpc_error,
+    remaining_ms,
+    unreachable_addresses,
 )
 from oncelog._group import (
     GroupClient,
     HeartbeatThread,
+    PendingOffsetFetch,
     check_group_id,
     check_offsets,
     now_ms,
@@ -75,6 +84,12 @@ MAX_FETCH_WAIT_MS = 30_000
 # Revoke, then assign, then perhaps a fence that came meanwhile: the plans one
 # poll() applies at most before it goes on reading.
 MAX_PLANS_PER_POLL = 4
+# What poll() must ask before it can fetch (metadata, a position reset's
+# ListOffsets, finding the group's coordinator, an auto-commit) gets at least
+# this long together, even from poll(timeout=0): a shorter deadline could
+# never be met, and the consumer would never start. It stays inside the
+# margin poll's timeout allows (the larger of 10 % and 200 ms).
+POLL_CALL_MIN_MS = 150
 
 # on_assign / on_revoke / on_lost: called with the partitions, sorted.
 RebalanceCallback = Callable[[list[TopicPartition]], None]
@@ -209,6 +224,14 @@ class Consumer:
         self._changed = threading.Condition(self._lock)
         self._next_drain_index = 0
         self._last_refresh_s = 0.0
+        # When poll() may ask for metadata again for partitions it has no
+        # owner for (0.0: it need not).
+        self._metadata_retry_at_s = 0.0
+        # poll() logs a cluster that does not answer once, until it answers.
+        self._unreachable_logged = False
+        # The OffsetFetch poll() sent for partitions a group assigned, until
+        # a later poll() takes its answer.
+        self._offset_fetch: PendingOffsetFetch | None = None
         self._closed = False
         # The group's offsets (with a group_id); the membership and its
         # heartbeat thread once subscribe() is called.
@@ -324,9 +347,13 @@ class Consumer:
         self._leave_group(self._request_timeout_ms / 1000)
         self._subscription = None
 
-    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+    def commit(
+        self, offsets: Mapping[TopicPartition, int] | None = None, *,
+        timeout: float | None = None,
+    ) -> None:
         """Commits offsets for the group, synchronously: `offsets` (each the
-        next offset to read), or the position of every partition read now.
+        next offset to read), or the position of every partition read now;
+        within `timeout` seconds (default default_api_timeout_ms).
 
         In a group, only partitions this member owns can be committed (the
         coordinator answers StaleMemberEpochError for others), and a member
@@ -343,22 +370,36 @@ class Consumer:
             return
         generation_id, member_id = self._commit_identity()
         group.commit(wanted, generation_id=generation_id, member_id=member_id,
-                     budget_ms=self._default_api_timeout_ms)
+                     budget_ms=self._budget_ms(timeout))
 
-    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+    def committed(
+        self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
+    ) -> dict[TopicPartition, int | None]:
         """The group's committed offset of each partition (None: nothing
         committed). Waits while a transactional offset is pending (its
-        transaction not yet ended), so the answer is a stable one."""
+        transaction not yet ended), so the answer is a stable one; raises
+        KafkaTimeoutError after `timeout` seconds (default
+        default_api_timeout_ms)."""
         self._check_open()
         group = self._require_group("committed")
         tps = _check_partitions(partitions)
         if not tps:
             return {}
-        found = group.fetch(tps, budget_ms=self._default_api_timeout_ms)
+        found = group.fetch(tps, budget_ms=self._budget_ms(timeout))
         return {tp: None if found.get(tp, -1) < 0 else found[tp] for tp in tps}
 
+    def _budget_ms(self, timeout: float | None) -> int:
+        """A blocking method's budget: its `timeout` (seconds), else
+        default_api_timeout_ms, as Kafka's consumer does for calls given none."""
+        if timeout is None:
+            return self._default_api_timeout_ms
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        return int(timeout * 1000)
+
     def seek_to_committed(
-        self, partitions: Iterable[TopicPartition] | None = None
+        self, partitions: Iterable[TopicPartition] | None = None, *,
+        timeout: float | None = None,
     ) -> dict[TopicPartition, int | None]:
         """Moves every assigned partition (or those given) back to the group's
         committed offset, dropping what was fetched beyond it: after
@@ -369,7 +410,7 @@ class Consumer:
         tps = list(self._assignment) if partitions is None else _check_partitions(partitions)
         for tp in tps:
             self._state(tp)
-        found = self.committed(tps)
+        found = self.committed(tps, timeout=timeout)
         for tp, offset in found.items():
             st = self._assignment.get(tp)
             if st is None:
@@ -417,9 +458,10 @@ class Consumer:
             f"were lost or not assigned yet, and their offsets cannot be committed",
         )
 
-    def _group_step(self) -> None:
+    def _group_step(self, deadline_s: float) -> None:
         """Applies what the membership asks for (lost, revoked, assigned
-        partitions), raises its fatal error, and auto-commits when due."""
+        partitions), raises its fatal error, and auto-commits when due; its
+        commits end by deadline_s."""
         m = self._membership
         if m is None:
             return
@@ -429,7 +471,7 @@ class Consumer:
                 plan = m.plan()
             if plan is None:
                 break
-            self._apply_plan(plan)
+            self._apply_plan(plan, deadline_s)
         with self._lock:
             fatal = m.error if m.state is MemberState.FATAL else None
         if fatal is not None:
@@ -437,13 +479,19 @@ class Consumer:
                 fatal.code, f"consumer group {self.group_id!r}: {fatal.message or fatal.code.name}"
             ) from fatal
         if self.enable_auto_commit and time.monotonic() >= self._next_auto_commit_s:
-            self._auto_commit(list(self._assignment))
+            self._auto_commit(list(self._assignment), deadline_s)
 
-    def _apply_plan(self, plan: Plan) -> None:
+    def _apply_plan(self, plan: Plan, deadline_s: float) -> None:
         """Runs one plan in the application's thread, then tells the heartbeat
         thread, which reports it to the coordinator at once. A callback that
-        raises does not stop the plan; its exception is raised afterwards."""
+        raises does not stop the plan; its exception is raised afterwards.
+        The auto-commit of revoked partitions ends by deadline_s."""
         failure: BaseException | None = None
+        if self._offset_fetch is not None:
+            # Asked before this change of ownership: a commit made since
+            # (the revocation's) would not be in its answer.
+            self._offset_fetch.cancel()
+            self._offset_fetch = None
         if plan.lost:
             with self._lock:
                 reason = self._membership.error if self._membership is not None else None
@@ -453,7 +501,7 @@ class Consumer:
             self._forget(plan.lost)
         if plan.revoke:
             if self.enable_auto_commit:
-                self._auto_commit(sorted(plan.revoke))
+                self._auto_commit(sorted(plan.revoke), deadline_s)
             failure = self._run_callback(self._on_revoke, plan.revoke) or failure
             self._forget(plan.revoke)
         if plan.assign:
@@ -486,17 +534,17 @@ class Consumer:
         for tp in partitions:
             self._assignment.pop(tp, None)
 
-    def _auto_commit(self, partitions: list[TopicPartition]) -> None:
+    def _auto_commit(self, partitions: list[TopicPartition], deadline_s: float) -> None:
         """Commits the positions of `partitions` (what earlier polls returned
-        has been processed once the application polls again). A failure is
-        logged, not raised, as Kafka's auto-commit does."""
+        has been processed once the application polls again), by deadline_s.
+        A failure is logged, not raised, as Kafka's auto-commit does."""
         self._next_auto_commit_s = time.monotonic() + self.auto_commit_interval_ms / 1000
         positions = {tp: st.position for tp in partitions
                      if (st := self._assignment.get(tp)) is not None and st.position is not None}
         if not positions:
             return
         try:
-            self.commit(positions)
+            self.commit(positions, timeout=remaining_ms(deadline_s) / 1000)
         except OncelogError as exc:
             log.warning("group %r: auto-commit of %s failed: %s", self.group_id,
                         partition_names(positions), exc)
@@ -510,13 +558,14 @@ class Consumer:
         with self._lock:
             owned = m.owned if m.state in (MemberState.RECONCILING, MemberState.STABLE) else None
         failure: BaseException | None = None
+        deadline_s = time.monotonic() + timeout_s
         if owned:
             try:
-                self._apply_plan(Plan(lost=frozenset(), revoke=owned, assign=frozenset()))
+                self._apply_plan(Plan(lost=frozenset(), revoke=owned, assign=frozenset()),
+                                 deadline_s)
             except Exception as exc:  # still leave; raised below
                 failure = exc
         self._assignment = {}
-        deadline_s = time.monotonic() + timeout_s
         with self._lock:
             m.leave(now_ms())
             if self._heartbeat is not None:
@@ -530,12 +579,15 @@ class Consumer:
         if failure is not None:
             raise failure
 
-    def partitions_for_topic(self, topic: str) -> set[int]:
-        """The topic's partition numbers; raises UnknownTopicOrPartitionError."""
+    def partitions_for_topic(self, topic: str, *, timeout: float | None = None) -> set[int]:
+        """The topic's partition numbers; raises UnknownTopicOrPartitionError,
+        or KafkaTimeoutError after `timeout` seconds (default
+        default_api_timeout_ms)."""
         self._check_open()
         info = self._client.call(
-            "Metadata", lambda _timeout_s: self._client.topic(topic),
-            timeout_ms=self._default_api_timeout_ms,
+            "Metadata",
+            lambda timeout_s: self._client.topic(topic, timeout_ms=int(timeout_s * 1000)),
+            timeout_ms=self._budget_ms(timeout),
         )
         return set(range(info.num_partitions))
 
@@ -578,38 +630,50 @@ class Consumer:
             st.reset = where
             st.clear_buffer()
 
-    def position(self, partition: TopicPartition) -> int:
-        """The offset of the next record poll() will return for the partition."""
+    def position(self, partition: TopicPartition, *, timeout: float | None = None) -> int:
+        """The offset of the next record poll() will return for the partition;
+        raises KafkaTimeoutError when it cannot be found within `timeout`
+        seconds (default default_api_timeout_ms)."""
         self._check_open()
         st = self._state(partition)
         if st.position is None:
-            self._resolve_positions(
-                [partition], budget_ms=self._default_api_timeout_ms, raise_errors=True
-            )
+            deadline_s = time.monotonic() + self._budget_ms(timeout) / 1000
+            self._resolve_positions([partition], deadline_s=deadline_s, raise_errors=True)
         if st.position is None:  # pragma: no cover - _resolve_positions raised
             raise errors.KafkaTimeoutError(f"no position for {partition}")
         return st.position
 
-    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The earliest offset still in each partition's log."""
-        answers = self._list_offsets({tp: -2 for tp in partitions})
+    def beginning_offsets(
+        self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
+        """The earliest offset still in each partition's log; KafkaTimeoutError
+        after `timeout` seconds (default default_api_timeout_ms)."""
+        answers = self._list_offsets({tp: -2 for tp in partitions},
+                                     budget_ms=self._budget_ms(timeout))
         return {tp: offset for tp, (offset, _ts) in answers.items()}
 
-    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+    def end_offsets(
+        self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
         """The end of each partition for this consumer: the last stable offset
-        under read_committed, the high watermark under read_uncommitted."""
-        answers = self._list_offsets({tp: -1 for tp in partitions})
+        under read_committed, the high watermark under read_uncommitted;
+        KafkaTimeoutError after `timeout` seconds (default
+        default_api_timeout_ms)."""
+        answers = self._list_offsets({tp: -1 for tp in partitions},
+                                     budget_ms=self._budget_ms(timeout))
         return {tp: offset for tp, (offset, _ts) in answers.items()}
 
     def offsets_for_times(
-        self, timestamps: Mapping[TopicPartition, int]
+        self, timestamps: Mapping[TopicPartition, int], *, timeout: float | None = None
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """Per partition, the first offset whose record timestamp is at or after
-        the given one (milliseconds), or None when there is none."""
+        the given one (milliseconds), or None when there is none;
+        KafkaTimeoutError after `timeout` seconds (default
+        default_api_timeout_ms)."""
         for tp, ts in timestamps.items():
             if ts < 0:
                 raise ValueError(f"timestamp for {tp} must be >= 0, got {ts}")
-        answers = self._list_offsets(dict(timestamps))
+        answers = self._list_offsets(dict(timestamps), budget_ms=self._budget_ms(timeout))
         return {
             tp: None if offset < 0 else OffsetAndTimestamp(offset, ts)
             for tp, (offset, ts) in answers.items()
@@ -619,20 +683,25 @@ class Consumer:
         self,
         timestamps: Mapping[TopicPartition, int],
         *,
-        budget_ms: int | None = None,
+        budget_ms: int,
     ) -> dict[TopicPartition, tuple[int, int]]:
-        """ListOffsets for each partition at its owner, with retries."""
+        """ListOffsets for each partition at its owner, with retries, within
+        budget_ms (metadata lookups included)."""
         self._check_open()
         pending = dict(timestamps)
         for tp in pending:
             if not isinstance(tp, TopicPartition):
                 raise TypeError(f"expected TopicPartition values, got {tp!r}")
         answers: dict[TopicPartition, tuple[int, int]] = {}
+        client = self._client
 
         def attempt(timeout_s: float) -> dict[TopicPartition, tuple[int, int]]:
+            # The lookups and the requests below share this attempt's time.
+            deadline_s = time.monotonic() + timeout_s
             by_address: dict[str, list[TopicPartition]] = {}
             for tp in pending:
-                by_address.setdefault(self._client.leader(tp.topic, tp.partition), []).append(tp)
+                address = client.leader(tp.topic, tp.partition, timeout_ms=remaining_ms(deadline_s))
+                by_address.setdefault(address, []).append(tp)
             retry: OncelogError | None = None
             for address, tps in by_address.items():
                 request = partition_store_pb2.ListOffsetsRequest(
@@ -644,7 +713,13 @@ class Consumer:
                     ],
                     isolation_level=self._isolation,
                 )
-                resp = self._client.store(address).ListOffsets(request, timeout=timeout_s)
+                try:
+                    resp = client.store(address).ListOffsets(
+                        request, timeout=max(deadline_s - time.monotonic(), 0.001)
+                    )
+                except grpc.RpcError as rpc_exc:
+                    raise client.rpc_error(rpc_exc, address) from rpc_exc
+                client.note_answered(address)
                 for result in resp.results:
                     tp = TopicPartition(result.topic, result.partition)
                     if tp not in pending:
@@ -674,17 +749,16 @@ class Consumer:
                 )
             return answers
 
-        return self._client.call(
-            "ListOffsets", attempt,
-            timeout_ms=self._default_api_timeout_ms if budget_ms is None else budget_ms,
-        )
+        return client.call("ListOffsets", attempt, timeout_ms=budget_ms)
 
     def _resolve_positions(
-        self, tps: list[TopicPartition], *, budget_ms: int, raise_errors: bool
+        self, tps: list[TopicPartition], *, deadline_s: float, raise_errors: bool
     ) -> None:
         """Sets the position of partitions waiting for a reset (earliest or
-        latest). With raise_errors False, a failure leaves them unresolved, to
-        be tried again on a later poll (after a backoff)."""
+        latest) or for the group's committed offset, by deadline_s. With
+        raise_errors False (poll), a failure leaves them unresolved, to be
+        tried again on a later poll (after a backoff), and the committed
+        offsets are asked without waiting for the answer."""
         now_s = time.monotonic()
         committed = [
             tp for tp in tps
@@ -692,7 +766,10 @@ class Consumer:
             and (raise_errors or now_s >= st.retry_at_s)
         ]
         if committed:
-            self._resolve_committed(committed, budget_ms=budget_ms, raise_errors=raise_errors)
+            if raise_errors:
+                self._resolve_committed(committed, budget_ms=remaining_ms(deadline_s))
+            else:
+                self._poll_committed(committed, deadline_s)
         wanted: dict[TopicPartition, int] = {}
         for tp in tps:
             st = self._assignment[tp]
@@ -709,13 +786,13 @@ class Consumer:
         if not wanted:
             return
         try:
-            answers = self._list_offsets(wanted, budget_ms=budget_ms)
+            answers = self._list_offsets(wanted, budget_ms=remaining_ms(deadline_s))
         except OncelogError as exc:
             if raise_errors or not exc.retriable:
                 raise
             for tp in wanted:
                 self._back_off(self._assignment[tp])
-            log.debug("position reset failed, will retry: %s", exc)
+            self._log_unreachable(exc, "a position reset")
             return
         for tp, (offset, _ts) in answers.items():
             resolved = self._assignment.get(tp)
@@ -724,36 +801,62 @@ class Consumer:
                 resolved.reset = None
                 resolved.attempts = 0
 
-    def _resolve_committed(
-        self, tps: list[TopicPartition], *, budget_ms: int, raise_errors: bool
-    ) -> None:
+    def _resolve_committed(self, tps: list[TopicPartition], *, budget_ms: int) -> None:
         """Starts partitions a group assigned at the group's committed offsets
         (OffsetFetch with require_stable: a transactional offset still pending
-        is waited for, not skipped); those without one fall back to
-        auto_offset_reset. With raise_errors False, one attempt: partitions
-        whose offset is unstable, or a retriable failure, are tried again on a
-        later poll."""
+        is waited for, not skipped), within budget_ms; those without one fall
+        back to auto_offset_reset."""
+        group = self._require_group("position")
+        self._apply_committed(group.fetch(tps, budget_ms=budget_ms), frozenset())
+
+    def _poll_committed(self, tps: list[TopicPartition], deadline_s: float) -> None:
+        """poll()'s way to _resolve_committed: sends one OffsetFetch and takes
+        its answer on a later poll (finding the coordinator, when it is not
+        cached, by deadline_s). Partitions whose offset is unstable, or a
+        retriable failure, are tried again on a later poll (after a backoff)."""
         group = self._require_group("poll")
-        if raise_errors:
-            found = group.fetch(tps, budget_ms=budget_ms)
-            unstable: frozenset[TopicPartition] = frozenset()
-        else:
-            # At least a second for the call, even from poll(timeout=0): a
-            # shorter deadline could never be met.
-            timeout_s = min(self._request_timeout_ms, max(budget_ms, 1_000)) / 1000
+        pending = self._offset_fetch
+        if pending is None:
+            left_s = deadline_s - time.monotonic()
             try:
-                result = group.fetch_once(tps, require_stable=True, timeout_s=timeout_s)
+                if left_s <= 0:
+                    raise errors.error_for(ErrorCode.REQUEST_TIMED_OUT,
+                                           "no time left to find the group's coordinator")
+                pending = group.send_fetch(
+                    tps, require_stable=True, timeout_s=self._request_timeout_ms / 1000,
+                    lookup_timeout_s=left_s,
+                )
             except OncelogError as exc:
-                if not exc.retriable:
-                    raise
-                log.debug("group %r: committed offsets not fetched, will retry: %s",
-                          self.group_id, exc)
-                for tp in tps:
-                    self._back_off(self._assignment[tp])
+                self._committed_not_fetched(tps, exc)
                 return
-            found, unstable = result.offsets, result.unstable
+            self._offset_fetch = pending
+            pending.add_done_callback(self._wake)
+        if not pending.done():
+            return  # poll() wakes when it answers
+        self._offset_fetch = None
+        try:
+            result = pending.result()
+        except OncelogError as exc:
+            self._committed_not_fetched(
+                [tp for tp in pending.partitions if tp in self._assignment], exc
+            )
+            return
+        self._apply_committed(result.offsets, result.unstable)
+
+    def _committed_not_fetched(self, tps: Iterable[TopicPartition], exc: OncelogError) -> None:
+        if not exc.retriable:
+            raise exc
+        log.debug("group %r: committed offsets not fetched, will retry: %s", self.group_id, exc)
+        for tp in tps:
+            self._back_off(self._assignment[tp])
+
+    def _apply_committed(
+        self, found: Mapping[TopicPartition, int], unstable: frozenset[TopicPartition]
+    ) -> None:
         for tp in unstable:
-            st = self._assignment[tp]
+            st = self._assignment.get(tp)
+            if st is None:
+                continue  # revoked meanwhile
             st.attempts += 1
             st.retry_at_s = time.monotonic() + unstable_offset_backoff_ms(
                 st.attempts, self._retry_backoff_ms) / 1000
@@ -778,45 +881,53 @@ class Consumer:
 
     def poll(self, timeout: float = 1.0) -> list[ConsumerRecord]:
         """Records from the assigned partitions, at most max_poll_records;
-        waits up to `timeout` seconds for some to arrive, then returns an
-        empty list."""
+        returns as soon as it has some, or after `timeout` seconds with an
+        empty list. What it must ask first (metadata, a position reset, the
+        group's committed offsets, an auto-commit) is asked within the same
+        timeout (at least POLL_CALL_MIN_MS for all of it, so that
+        poll(timeout=0) can get started); a cluster that does not answer
+        makes it return an empty list in time, and is logged once."""
         self._check_open()
         if not self._assignment and self._subscription is None:
             raise errors.IllegalStateError(
                 "poll() without assigned partitions; assign() or subscribe() first"
             )
-        deadline_s = time.monotonic() + max(timeout, 0.0)
+        started_s = time.monotonic()
+        deadline_s = started_s + max(timeout, 0.0)
+        calls_deadline_s = max(deadline_s, started_s + POLL_CALL_MIN_MS / 1000)
         while True:
-            self._group_step()
-            self._collect_fetches()
+            self._group_step(calls_deadline_s)
+            self._collect_fetches(calls_deadline_s)
             out = self._drain(self._max_poll_records)
             if out:
-                self._send_fetches()  # prefetch while the caller works on these
+                self._send_fetches(calls_deadline_s)  # prefetch while the caller works on these
                 return out
-            remaining_s = deadline_s - time.monotonic()
             unresolved = [tp for tp, st in self._assignment.items() if st.position is None]
             if unresolved:
-                self._resolve_positions(
-                    unresolved, budget_ms=max(int(remaining_s * 1000), 1), raise_errors=False,
-                )
-            self._send_fetches()
+                self._resolve_positions(unresolved, deadline_s=calls_deadline_s,
+                                        raise_errors=False)
+            self._send_fetches(calls_deadline_s)
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
                 return []
             self._wait_for_fetch(remaining_s)
 
     def _wait_for_fetch(self, max_wait_s: float) -> None:
-        """Sleeps until a fetch answers, the membership has something for
-        poll() to apply, a backoff ends, or max_wait_s passes."""
-        wake_s = time.monotonic() + max_wait_s
-        for st in self._assignment.values():
-            if st.retry_at_s > time.monotonic():
-                wake_s = min(wake_s, st.retry_at_s)
-        for retry_at in self._node_retry_at_s.values():
-            if retry_at > time.monotonic():
+        """Sleeps until a fetch (or an OffsetFetch) answers, the membership
+        has something for poll() to apply, a backoff ends, metadata may be
+        asked again, or max_wait_s passes."""
+        now_s = time.monotonic()
+        wake_s = now_s + max_wait_s
+        retry_times = [st.retry_at_s for st in self._assignment.values()]
+        retry_times.extend(self._node_retry_at_s.values())
+        retry_times.append(self._metadata_retry_at_s)
+        for retry_at in retry_times:
+            if retry_at > now_s:
                 wake_s = min(wake_s, retry_at)
         with self._changed:
             if any(f.call.done() for f in self._in_flight.values()):
+                return
+            if self._offset_fetch is not None and self._offset_fetch.done():
                 return
             m = self._membership
             if m is not None and (m.plan() is not None or m.state is MemberState.FATAL):
@@ -825,11 +936,12 @@ class Consumer:
             if wait_s > 0:
                 self._changed.wait(wait_s)
 
-    def _send_fetches(self) -> None:
-        now_s = time.monotonic()
-        md = self._client.cached_metadata
-        by_address: dict[str, dict[TopicPartition, int]] = {}
-        missing_leader = False
+    def _send_fetches(self, deadline_s: float) -> None:
+        """Sends a Fetch to each store that owns partitions ready to be
+        fetched and has none in flight; asks for metadata first (by
+        deadline_s) when a partition's owner is not known, and then fetches
+        in the same call, so that the first poll() does not wait for a
+        fetch that was never sent."""
         # Each fetch starts one partition further on, as Kafka's consumer
         # rotates them: only the first partition with data may exceed what
         # is left of the request's max_bytes, so a fixed order could leave a
@@ -838,18 +950,13 @@ class Consumer:
         if states:
             self._fetch_rotation = (self._fetch_rotation + 1) % len(states)
             states = states[self._fetch_rotation:] + states[:self._fetch_rotation]
-        for tp, st in states:
-            if st.position is None or st.has_buffered or now_s < st.retry_at_s:
-                continue
-            address = md.leader_address(tp.topic, tp.partition) if md is not None else None
-            if address is None:
-                missing_leader = True
-                continue
-            if address in self._in_flight or now_s < self._node_retry_at_s.get(address, 0.0):
-                continue
-            by_address.setdefault(address, {})[tp] = st.position
+        by_address, missing_leader = self._fetches_to_send(states)
+        self._metadata_retry_at_s = 0.0
         if missing_leader:
-            self._refresh_metadata_for_fetch()
+            if self._refresh_metadata_for_fetch(deadline_s):
+                by_address, missing_leader = self._fetches_to_send(states)
+            if missing_leader:
+                self._metadata_retry_at_s = self._last_refresh_s + self._retry_backoff_ms / 1000
         for address, offsets in by_address.items():
             request = partition_store_pb2.FetchRequest(
                 partitions=[
@@ -864,6 +971,8 @@ class Consumer:
                 max_bytes=self._fetch_max_bytes,
                 isolation_level=self._isolation,
             )
+            # In flight across polls: poll() never waits on it longer than
+            # its own timeout, so its deadline can be a generous one.
             timeout_s = (self._fetch_max_wait_ms + self._request_timeout_ms) / 1000
             try:
                 call = self._client.store(address).Fetch.future(request, timeout=timeout_s)
@@ -874,22 +983,52 @@ class Consumer:
             self._in_flight[address] = _InFlightFetch(address, call, offsets)
             call.add_done_callback(self._on_fetch_done)
 
+    def _fetches_to_send(
+        self, states: list[tuple[TopicPartition, _PartitionState]]
+    ) -> tuple[dict[str, dict[TopicPartition, int]], bool]:
+        """The partitions to fetch now, by owner's address, and whether some
+        partition ready to be fetched has no known owner."""
+        now_s = time.monotonic()
+        md = self._client.cached_metadata
+        by_address: dict[str, dict[TopicPartition, int]] = {}
+        missing_leader = False
+        for tp, st in states:
+            if st.position is None or st.has_buffered or now_s < st.retry_at_s:
+                continue
+            address = md.leader_address(tp.topic, tp.partition) if md is not None else None
+            if address is None:
+                missing_leader = True
+                continue
+            if address in self._in_flight or now_s < self._node_retry_at_s.get(address, 0.0):
+                continue
+            by_address.setdefault(address, {})[tp] = st.position
+        return by_address, missing_leader
+
     def _on_fetch_done(self, _call: grpc.Future) -> None:
+        self._wake()
+
+    def _wake(self) -> None:
         with self._changed:
             self._changed.notify_all()
 
-    def _refresh_metadata_for_fetch(self) -> None:
-        """Asks for metadata again, at most once per retry_backoff_ms; raises
-        UnknownTopicOrPartitionError for an assigned partition that does not exist."""
+    def _refresh_metadata_for_fetch(self, deadline_s: float) -> bool:
+        """Asks for metadata again, at most once per retry_backoff_ms, by
+        deadline_s; True when it got an answer. Raises
+        UnknownTopicOrPartitionError for an assigned partition that does not
+        exist."""
         now_s = time.monotonic()
         if (now_s - self._last_refresh_s) * 1000 < self._retry_backoff_ms:
-            return
+            return False
         self._last_refresh_s = now_s
+        budget_ms = remaining_ms(deadline_s)
+        if budget_ms <= 0:
+            return False
         try:
-            md = self._client.refresh_metadata()
+            md = self._client.refresh_metadata(timeout_ms=budget_ms)
         except OncelogError as exc:
-            log.debug("metadata refresh failed: %s", exc)
-            return
+            self._log_unreachable(exc, "metadata")
+            return False
+        self._unreachable_logged = False
         for tp in self._assignment:
             info = md.topics.get(tp.topic)
             if info is None or tp.partition >= info.num_partitions:
@@ -898,6 +1037,17 @@ class Consumer:
                     f"assigned partition {tp.topic}-{tp.partition} does not exist"
                     + ("" if info is None else f" (the topic has {info.num_partitions})"),
                 )
+        return True
+
+    def _log_unreachable(self, exc: OncelogError, what: str) -> None:
+        """poll() returns nothing rather than raise when the cluster does not
+        answer (as Kafka's does); it says so in the log, once until it
+        answers again, naming the addresses."""
+        if unreachable_addresses(exc) and not self._unreachable_logged:
+            self._unreachable_logged = True
+            log.warning("poll() could not get %s: %s", what, exc)
+        else:
+            log.debug("poll() could not get %s: %s", what, exc)
 
     def _back_off_node(self, address: str) -> None:
         attempts = self._node_attempts.get(address, 0) + 1
@@ -906,8 +1056,9 @@ class Consumer:
             attempts, base_ms=self._retry_backoff_ms, max_ms=self._retry_backoff_max_ms
         ) / 1000
 
-    def _collect_fetches(self) -> None:
-        """Takes the answers of finished fetches into the partition buffers."""
+    def _collect_fetches(self, deadline_s: float) -> None:
+        """Takes the answers of finished fetches into the partition buffers;
+        asks for metadata again (by deadline_s) when one says an owner moved."""
         refresh = False
         for address, fetch in list(self._in_flight.items()):
             if not fetch.call.done():
@@ -916,7 +1067,7 @@ class Consumer:
             try:
                 resp = fetch.call.result()
             except grpc.RpcError as rpc_exc:
-                exc = translate_rpc_error(rpc_exc)
+                exc = self._client.rpc_error(rpc_exc, address)
                 log.debug("Fetch from %s failed: %s", address, exc)
                 if not exc.retriable:
                     raise exc from None
@@ -928,6 +1079,7 @@ class Consumer:
                 continue
             self._node_attempts.pop(address, None)
             self._node_retry_at_s.pop(address, None)
+            self._client.note_answered(address)
             for result in resp.results:
                 tp = TopicPartition(result.topic, result.partition)
                 st = self._assignment.get(tp)
@@ -936,7 +1088,7 @@ class Consumer:
                     continue  # unassigned or moved by seek() meanwhile
                 refresh = self._take_result(tp, st, result) or refresh
         if refresh:
-            self._refresh_metadata_for_fetch()
+            self._refresh_metadata_for_fetch(deadline_s)
 
     def _take_result(
         self,
@@ -1037,7 +1189,8 @@ class Consumer:
         """Leaves the group, if in one (auto-commit and on_revoke first; a
         static member leaves with epoch -2 and keeps its partitions until its
         session times out), waiting up to `timeout` seconds (default
-        request_timeout_ms) for the coordinator; then closes the connections."""
+        request_timeout_ms) for the coordinator, the auto-commit included;
+        then closes the connections."""
         if self._closed:
             return
         try:
@@ -1058,6 +1211,9 @@ class Consumer:
         for fetch in self._in_flight.values():
             fetch.call.cancel()
         self._in_flight.clear()
+        if self._offset_fetch is not None:
+            self._offset_fetch.cancel()
+            self._offset_fetch = None
         self._client.close()
         if self._heartbeat is not None:
             self._heartbeat.join(self._request_timeout_ms / 1000)
