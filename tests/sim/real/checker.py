@@ -58,6 +58,9 @@ class TxnFacts:
     commit_sent: bool = False
     # True/False once EndTxn(commit/abort) was answered with success.
     outcome: bool | None = None
+    # The error code that refused EndTxn(commit) on its only attempt ("":
+    # not refused so): nothing else can commit the transaction.
+    commit_refused: str = ""
 
 
 def record_value(key: TxnKey, partition: int, index: int) -> bytes:
@@ -169,6 +172,10 @@ class Checker:
             if facts.outcome is False:
                 raise Violation(f"{where}: record {seen.value!r} at {seen.offset} is visible, "
                                 f"but the abort of {key} was acknowledged")
+            if facts.commit_refused:
+                raise Violation(f"{where}: record {seen.value!r} at {seen.offset} is visible, "
+                                f"but the commit of {key} was refused "
+                                f"({facts.commit_refused}) on its only attempt (aborted read)")
             by_txn.setdefault(key, []).append(seen.value)
         for key, values in by_txn.items():
             # A prefix: the rest may lie above the last stable offset (behind

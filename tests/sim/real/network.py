@@ -26,6 +26,10 @@ Method:
   older incarnation of a transaction coordinator is still alive (a zombie:
   paused, then replaced, then resumed), a share of the requests reach it
   instead, as through a connection opened before the replacement.
+* **Scripted schedules** (script.py) steer the same network by hand: a
+  `Hold` rule holds back or drops the messages whose description matches,
+  `release` delivers what it held, and `route_to` sends every request for a
+  node to one incarnation (a zombie, say).
 * **The disk** of a store node is one `MemoryStore` that outlives its
   incarnations: what the runtime wrote to it survives a crash, as a write
   with fsync off survives kill -9 of RocksDB's process; what it had only
@@ -38,7 +42,7 @@ import asyncio
 import contextvars
 import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from oncelog import records
@@ -147,6 +151,24 @@ class FaultProfile:
     zombie_route: float = 0.3
 
 
+@dataclass(slots=True, eq=False)
+class Hold:
+    """A scripted schedule's rule: the next `count` messages whose description
+    contains every one of `parts` are held back (or dropped) instead of sent.
+    A description is `src->dst what` for a request, `dst->src what <answer>`
+    for its answer, with node incarnations written `name#number`."""
+
+    parts: tuple[str, ...]
+    drop: bool = False
+    # How many messages the rule still takes (None: every one until removed).
+    count: int | None = 1
+    # (description, delivery) of each message held, in the order sent.
+    held: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+
+    def matches(self, what: str) -> bool:
+        return (self.count is None or self.count > 0) and all(p in what for p in self.parts)
+
+
 class Network:
     def __init__(self, loop: DeterministicLoop, rng: random.Random,
                  trace: Callable[[str], None]) -> None:
@@ -161,6 +183,10 @@ class Network:
         self.messages = 0
         # Exceptions a handler raised that are not ServiceErrors: a runtime bug.
         self.handler_errors: list[str] = []
+        # Scripted schedules: rules that hold or drop matching messages, and
+        # node name -> the incarnation every request to it reaches.
+        self.holds: list[Hold] = []
+        self.route_to: dict[str, Incarnation] = {}
 
     def add(self, incarnation: Incarnation) -> None:
         self.nodes.setdefault(incarnation.name, []).append(incarnation)
@@ -168,7 +194,44 @@ class Network:
     def current(self, name: str) -> Incarnation:
         return self.nodes[name][-1]
 
+    # ------------------------------------------------ scripted schedules
+
+    def hold(self, *parts: str, count: int | None = 1, drop: bool = False) -> Hold:
+        """Holds back (or, with drop, loses) the next `count` messages whose
+        description contains every part; `release` delivers what it held."""
+        rule = Hold(tuple(parts), drop=drop, count=count)
+        self.holds.append(rule)
+        return rule
+
+    def release(self, rule: Hold, *, delay_s: float = 0.0) -> list[str]:
+        """Stops the rule and delivers what it held, in the order it was
+        sent, `delay_s` from now; returns their descriptions."""
+        if rule in self.holds:
+            self.holds.remove(rule)
+        released = [what for what, _ in rule.held]
+        for what, deliver in rule.held:
+            self._trace(f"RELEASE {what}")
+            self._loop.call_later(delay_s, deliver, context=self._root)
+        rule.held.clear()
+        return released
+
+    def _scripted(self, what: str, callback: Callable[[], None]) -> bool:
+        """Whether a hold rule took the message."""
+        for rule in self.holds:
+            if rule.matches(what):
+                if rule.count is not None:
+                    rule.count -= 1
+                if rule.drop:
+                    self._trace(f"DROP (scripted) {what}")
+                else:
+                    self._trace(f"HOLD {what}")
+                    rule.held.append((what, callback))
+                return True
+        return False
+
     def _route(self, name: str) -> Incarnation:
+        if name in self.route_to:
+            return self.route_to[name]
         incarnations = self.nodes[name]
         zombies = [i for i in incarnations[:-1] if not i.dead]
         if zombies and self._rng.random() < self.faults.zombie_route:
@@ -183,6 +246,8 @@ class Network:
     def _send(self, what: str, callback: Callable[[], None]) -> None:
         """Schedules a message's arrival (or loses it, or sends it twice)."""
         self.messages += 1
+        if self.holds and self._scripted(what, callback):
+            return
         faults = self.faults
         if self._rng.random() < faults.drop:
             self._trace(f"DROP {what}")
@@ -513,7 +578,7 @@ class SimControllerLink:
 
 
 __all__ = [
-    "FaultProfile", "Incarnation", "Network", "RpcTimeout", "RpcUnavailable",
+    "FaultProfile", "Hold", "Incarnation", "Network", "RpcTimeout", "RpcUnavailable",
     "SimControllerLink", "SimMarkerSender", "SimProducerIdLog", "SimStoreClient",
     "SimTxnLog", "SimTxnVerifier", "coordinator_name", "store_name", "transport_error",
 ]

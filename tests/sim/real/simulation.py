@@ -22,7 +22,9 @@ Method, per seed:
    pauses any node for a while, stalls a producer past its transaction
    timeout, and starts a new instance of a transactional id (fencing the
    old one, which may keep running as a zombie). The network drops,
-   duplicates and delays messages with per-seed odds.
+   duplicates and delays messages with per-seed odds. A share of the seeds
+   also run a fault recipe that lines faults up in time for one kind of
+   bug (`SLOW_CLIENT_ZOMBIE`, see `_after_add`).
 3. **Quiesce**: faults off, a perfect network, every node up and every
    zombie dead, producers told to stop after their current transaction;
    then simulated time runs on until every producer has finished and the
@@ -39,18 +41,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from oncelog.errors import OncelogError
+from oncelog.errors import ErrorCode, OncelogError
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
 from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
+from services.partition_store.core import producer_state
+from services.partition_store.core.outcomes import Rejection
 from services.partition_store.runtime import StoreConfig, StoreRuntime, TopicSpec
 from services.partition_store.storage.memory import MemoryStore
 from tests.sim.real.checker import Checker, Ledger, Violation
@@ -78,6 +83,9 @@ DEFAULT_STEPS = 5_000
 # not settling (a liveness failure): long enough for every timeout to fire.
 QUIESCE_LIMIT_S = 600.0
 TRACE_TAIL_LINES = 60
+# Fault recipes (see Simulation._after_add): the share of seeds that run one.
+SLOW_CLIENT_ZOMBIE = "slow-client-zombie"
+RECIPE_SHARE = 0.25
 
 
 @contextlib.contextmanager
@@ -113,11 +121,39 @@ def _ack_before_durable() -> Iterator[None]:
         StoreRuntime._await_durable = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _no_marker_epoch_check() -> Iterator[None]:
+    """A store that writes a marker whose producer epoch is not above the
+    producer's current one (transaction version 2's rule): a delayed marker
+    of an earlier transaction then ends a later one."""
+    original = producer_state.check_marker
+
+    def unchecked(entry: Any, marker: Any, *, topic_partition: str) -> Any:
+        decision = original(entry, marker, topic_partition=topic_partition)
+        if isinstance(decision, Rejection) and decision.code is ErrorCode.INVALID_PRODUCER_EPOCH:
+            return producer_state.WRITE_MARKER
+        return decision
+
+    producer_state.check_marker = unchecked
+    try:
+        yield
+    finally:
+        producer_state.check_marker = original
+
+
 # Deliberately broken runtimes for the "checker has teeth" tests.
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-confirm-ownership": _no_confirm_ownership,
     "ack-before-durable": _ack_before_durable,
+    "no-marker-epoch-check": _no_marker_epoch_check,
 }
+
+
+@contextlib.contextmanager
+def broken(bug: str | None) -> Iterator[None]:
+    """Runs the block with BUGS[bug] patched in (None: the real code)."""
+    with BUGS[bug]() if bug else contextlib.nullcontext():
+        yield
 
 
 @dataclass(slots=True)
@@ -147,7 +183,8 @@ class SimResult:
 
 class Simulation:
     def __init__(self, seed: int, *, steps: int = DEFAULT_STEPS, check_every_steps: int = 25,
-                 faults: bool = True, verbose: bool = False, fifo: bool = False) -> None:
+                 faults: bool = True, verbose: bool = False, fifo: bool = False,
+                 layout: ClusterLayout | None = None, data_partitions: int | None = None) -> None:
         self.seed = seed
         self.steps = steps
         self.check_every_steps = check_every_steps
@@ -159,13 +196,13 @@ class Simulation:
         self.loop.expected_errors += (ServiceError, OncelogError, RpcTimeout, RpcUnavailable,
                                       ProducerDone)
         rng = self.rng
-        self.layout = ClusterLayout(
+        self.layout = layout or ClusterLayout(
             stores=tuple(f"store-{i}:0" for i in range(rng.randint(2, 3))),
             coordinators=tuple(f"coordinator-{i}:0" for i in range(rng.randint(1, 2))),
             transaction_state_partitions=rng.randint(1, 3),
             consumer_offsets_partitions=1,
         )
-        self.data_partitions = rng.randint(2, 4)
+        self.data_partitions = data_partitions or rng.randint(2, 4)
         self.disks = [MemoryStore() for _ in self.layout.stores]
         self.ledger = Ledger()
         self.counters = Counters()
@@ -173,6 +210,14 @@ class Simulation:
         self.producers: list[TxnProducer] = []
         self.fault_counts: dict[str, int] = {}
         self._incarnations = 0
+        # A fault recipe: a pattern of faults aimed at one kind of bug, for a
+        # share of the seeds (drawn apart from the run's generator, so the
+        # other seeds run as they did before recipes existed).
+        self.recipe = (SLOW_CLIENT_ZOMBIE if faults
+                       and random.Random(f"recipe {seed}").random() < RECIPE_SHARE else None)
+        # Armed from the start: the recipe needs about a minute, and a run
+        # quiesces after a minute or two.
+        self._slow_client_armed = self.recipe == SLOW_CLIENT_ZOMBIE
         self._quiescing = False
         self._failure: Violation | None = None
 
@@ -246,18 +291,25 @@ class Simulation:
         self.trace(f"start {inc}")
         return inc
 
-    def start_producer(self, transactional_id: str, instance: int) -> TxnProducer:
+    def start_producer(self, transactional_id: str, instance: int, *,
+                       run: bool = True) -> TxnProducer:
+        """A producer instance of the transactional id; `run`: it runs
+        transactions by itself (else a script drives it, step by step, from
+        tasks of its own incarnation: `producer.me.spawn(...)`)."""
         inc = self._new_incarnation(f"producer-{transactional_id}")
         self.net.add(inc)
         producer = TxnProducer(
             me=inc, net=self.net, loop=self.loop, rng=self.rng, layout=self.layout,
             ledger=self.ledger, transactional_id=transactional_id, instance=instance,
             topic=DATA_TOPIC, partitions=self.data_partitions, counters=self.counters,
-            trace=self.trace,
+            trace=self.trace, after_add=self._after_add,
         )
         inc.runtime = producer
         self.producers.append(producer)
-        inc.spawn(producer.run(max_txns=1_000))
+        if run:
+            inc.spawn(producer.run(max_txns=1_000))
+        else:
+            producer.done = True  # nothing for quiescing to wait for
         self.trace(f"start {producer}")
         return producer
 
@@ -273,7 +325,9 @@ class Simulation:
             slow=rng.choice([0.0, 0.01, 0.05]),
             zombie_route=rng.choice([0.2, 0.5]),
         )
-        self.trace(f"faults {self.net.faults}")
+        if self.recipe == SLOW_CLIENT_ZOMBIE:
+            self.net.faults.zombie_route = rng.choice([0.5, 0.9])
+        self.trace(f"faults {self.net.faults} recipe {self.recipe}")
 
     async def _faults(self) -> None:
         rng = self.rng
@@ -281,6 +335,8 @@ class Simulation:
             self._crash_store, self._replace_coordinator, self._pause_node,
             self._stall_producer, self._new_producer_instance, self._crash_coordinator,
         ]
+        if self.recipe == SLOW_CLIENT_ZOMBIE:
+            actions += [self._arm_slow_client] * 2
         while not self._quiescing:
             await asyncio.sleep(rng.randint(2_000, 15_000) / 1000)
             if self._quiescing:
@@ -315,17 +371,45 @@ class Simulation:
         if self.net.current(coordinator_name(node_id)).dead:
             self.start_coordinator(node_id)
 
-    def _replace_coordinator(self) -> None:
+    def _replace_coordinator(self, node_id: int | None = None,
+                             wake_s: float | None = None) -> None:
         """The old process is paused, a new one takes its partitions; the old
-        one resumes later as a zombie and dies some time after."""
-        node_id = self.rng.randrange(len(self.layout.coordinators))
+        one resumes later (`wake_s`) as a zombie and dies some time after."""
+        if node_id is None:
+            node_id = self.rng.randrange(len(self.layout.coordinators))
         old = self.net.current(coordinator_name(node_id))
         if old.dead:
             return
         old.pause()
         self._fault("takeover", f"{old} paused, replaced")
         self.start_coordinator(node_id)
-        self.loop.call_later(self.rng.randint(1_000, 30_000) / 1000, self._wake_zombie, old)
+        if wake_s is None:
+            wake_s = self.rng.randint(1_000, 30_000) / 1000
+        self.loop.call_later(wake_s, self._wake_zombie, old)
+
+    def _arm_slow_client(self) -> None:
+        self._slow_client_armed = True
+
+    async def _after_add(self, producer: TxnProducer) -> None:
+        """The slow-client-zombie recipe (SLOW_CLIENT_ZOMBIE), once armed: a
+        producer that has just added its partitions stalls before its first
+        write, long enough for its transaction to time out and the stores to
+        forget it, while its coordinator is replaced and the old process
+        stays paused a little longer than the client: the client's late
+        first write is then verified by a zombie that resumes with the
+        question waiting (issue 3's interleaving)."""
+        coordinator = self.net.current(producer.coordinator_node)
+        if not self._slow_client_armed or self._quiescing or coordinator.paused \
+                or coordinator.dead:
+            return
+        self._slow_client_armed = False
+        rng = self.rng
+        stall_s = rng.randint(40_000, 55_000) / 1000
+        self._fault("slow-client", f"{producer} stalls {stall_s:.1f} s before its first write")
+        node_id = self.layout.coordinator_for_partition(
+            self.layout.transaction_state_partition(producer.transactional_id))
+        self._replace_coordinator(node_id, wake_s=stall_s + rng.randint(200, 4_000) / 1000)
+        await asyncio.sleep(stall_s)
 
     def _wake_zombie(self, zombie: Incarnation) -> None:
         if zombie.dead:
@@ -388,7 +472,8 @@ class Simulation:
         if self.loop.steps % 1_000 == 0:
             self.loop.forget_done_tasks()
 
-    async def _main(self) -> None:
+    async def setup(self) -> None:
+        """Starts the stores, creates the data topic, starts the coordinators."""
         for node_id in range(len(self.layout.stores)):
             self.start_store(node_id)
         controller = self.net.current(store_name(self.layout.controller_node_id)).runtime
@@ -398,22 +483,28 @@ class Simulation:
                                        validate_only=False)
         for node_id in range(len(self.layout.coordinators)):
             self.start_coordinator(node_id)
+
+    async def _main(self) -> None:
+        await self.setup()
         for index in range(self.rng.randint(2, 4)):
             self.start_producer(f"txn-{index}", 0)
         self._pick_faults()
         faults = asyncio.ensure_future(self._faults()) if self.with_faults else None
         while self.loop.steps < self.steps:
             await asyncio.sleep(0.05)
-        await self._quiesce(faults)
+        await self.quiesce(faults)
         # Inside the loop: the checker reads through the stores' fetch.
         self.checker.check_final(runtime_errors=self.net.handler_errors + self.loop.errors)
 
-    async def _quiesce(self, faults: asyncio.Future[None] | None) -> None:
+    async def quiesce(self, faults: asyncio.Future[None] | None = None) -> None:
         self.trace("QUIESCE")
         self._quiescing = True
         if faults is not None:
             faults.cancel()
         self.net.faults = FaultProfile(zombie_route=0.0)
+        self.net.route_to.clear()
+        for rule in list(self.net.holds):
+            self.net.release(rule)
         for name, incarnations in sorted(self.net.nodes.items()):
             for inc in incarnations[:-1]:
                 if not inc.dead and not name.startswith("producer"):
@@ -437,20 +528,26 @@ class Simulation:
         # killed producers) and their markers.
         await asyncio.sleep(TxnConfig().check_interval_ms / 1000 + 60.0)
 
-    def run(self) -> SimResult:
+    def run(self, main: Callable[[], Coroutine[Any, Any, None]] | None = None) -> SimResult:
+        """Runs `_main` (or `main`: a scripted schedule) to its end and judges it."""
         started_s = time.perf_counter()
         self.loop.on_step = self._on_step
         failure = ""
         try:
-            self.loop.run_until_complete(self._main())
+            self.loop.run_until_complete((main or self._main)())
+        except Violation as exc:
+            failure = str(exc)
         except RuntimeError as exc:
             if self._failure is None and not isinstance(exc, SimulationStuck):
                 # loop.stop() from the checker ends run_until_complete so.
                 failure = f"{type(exc).__name__}: {exc}"
             elif isinstance(exc, SimulationStuck):
                 failure = f"liveness: {exc}"
-        except Violation as exc:
-            failure = str(exc)
+        except BaseException:
+            # A scripted schedule's own assertion (or a bug of the harness):
+            # not the checker's verdict, so it propagates.
+            self._close()
+            raise
         if self._failure is not None:
             failure = str(self._failure)
         result = SimResult(
@@ -482,7 +579,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, bug: str | None = None,
              verbose: bool = False, faults: bool = True) -> SimResult:
     """Runs one seed (with a deliberately broken runtime when `bug` names one
     of BUGS)."""
-    guard = BUGS[bug]() if bug else contextlib.nullcontext()
+    guard = broken(bug)
     # The runtimes log every retry and failover; the trace says what matters.
     logging.disable(logging.NOTSET if verbose else logging.CRITICAL)
     try:
@@ -498,5 +595,6 @@ def replay_command(seed: int, *, steps: int = DEFAULT_STEPS, bug: str | None = N
     return f".venv/bin/python -m tests.sim.real --seed {seed}{extra}"
 
 
-__all__ = ["BUGS", "DEFAULT_STEPS", "SimResult", "Simulation", "replay_command", "run_seed",
-           "DeterministicLoop"]
+__all__ = ["BUGS", "DATA_TOPIC", "DEFAULT_STEPS", "RECIPE_SHARE", "SLOW_CLIENT_ZOMBIE",
+           "DeterministicLoop", "SimResult", "Simulation", "broken", "replay_command",
+           "run_seed"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -83,7 +83,8 @@ class TxnProducer:
     def __init__(self, *, me: Incarnation, net: Network, loop: DeterministicLoop,
                  rng: random.Random, layout: ClusterLayout, ledger: Ledger,
                  transactional_id: str, instance: int, topic: str, partitions: int,
-                 counters: Counters, trace: Callable[[str], None]) -> None:
+                 counters: Counters, trace: Callable[[str], None],
+                 after_add: Callable[[TxnProducer], Awaitable[None]] | None = None) -> None:
         self.me = me
         self._net = net
         self._loop = loop
@@ -96,10 +97,15 @@ class TxnProducer:
         self._partitions = partitions
         self._counters = counters
         self._trace = trace
+        # A fault hook: runs after a successful AddPartitionsToTxn, before
+        # the transaction's first write (a client stalling in between).
+        self._after_add = after_add
         self.sm = TxnStateMachine(transactional_id)
         self.producer_id = -1
         self.producer_epoch = -1
         self.txn_number = 0
+        # How many attempts the last coordinator call that failed took.
+        self.last_call_attempts = 0
         self.stop_requested = False
         self.done = False
 
@@ -108,7 +114,8 @@ class TxnProducer:
 
     # --------------------------------------------------------------- calls
 
-    def _coordinator(self) -> str:
+    @property
+    def coordinator_node(self) -> str:
         layout = self._layout
         return coordinator_name(layout.coordinator_for_partition(
             layout.transaction_state_partition(self.transactional_id)))
@@ -123,11 +130,12 @@ class TxnProducer:
             attempt += 1
             try:
                 return await self._net.call(
-                    self.me, self._coordinator(), what,
+                    self.me, self.coordinator_node, what,
                     lambda t: op(t.runtime), timeout_s=REQUEST_TIMEOUT_S)
             except (ServiceError, RpcTimeout, RpcUnavailable) as exc:
                 error = as_client_error(exc)
             if not error.retriable:
+                self.last_call_attempts = attempt
                 raise error
             await asyncio.sleep(min(RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * attempt) / 1000)
 
@@ -160,7 +168,7 @@ class TxnProducer:
 
     async def run(self, max_txns: int) -> None:
         try:
-            await self._init()
+            await self.init()
             while not self.stop_requested and self.txn_number < max_txns:
                 await self._one_txn()
                 await asyncio.sleep(self._rng.randint(0, 200) / 1000)
@@ -175,7 +183,7 @@ class TxnProducer:
         self._trace(f"{self} is done: {error}")
         return ProducerDone(str(error))
 
-    async def _init(self) -> None:
+    async def init(self) -> None:
         self.sm.check(Op.INIT_TRANSACTIONS)
         self.sm.transition_to(TxnState.INITIALIZING)
         try:
@@ -188,47 +196,68 @@ class TxnProducer:
         self.sm.transition_to(TxnState.READY)
         self._trace(f"{self} has pid={producer_id} epoch={epoch}")
 
-    async def _one_txn(self) -> None:
+    def begin(self) -> TxnFacts:
+        """beginTransaction: the ledger's facts for the new transaction."""
         self.sm.check(Op.BEGIN_TRANSACTION)
         self.sm.transition_to(TxnState.IN_TRANSACTION)
         key: TxnKey = (self.transactional_id, self.instance, self.txn_number)
         self.txn_number += 1
-        facts = self._ledger.begin(key)
+        return self._ledger.begin(key)
+
+    async def add_partitions(self, facts: TxnFacts,
+                             partitions: Sequence[tuple[str, int]]) -> OncelogError | None:
+        """AddPartitionsToTxn (the Kafka way; AddOffsetsToTxn is the same call
+        for the group's __consumer_offsets partition); the error, if any."""
+        try:
+            await self._call_coordinator(
+                f"add-partitions {facts.key} {sorted(partitions)}",
+                lambda c: c.add_partitions(
+                    self.transactional_id, self.producer_id, self.producer_epoch,
+                    frozenset(partitions)))
+        except OncelogError as exc:
+            return exc
+        return None
+
+    async def _one_txn(self) -> None:
+        facts = self.begin()
         chosen = sorted(self._rng.sample(range(self._partitions),
                                          self._rng.randint(1, min(3, self._partitions))))
         explicit_add = self._rng.random() < 0.5
         failure: BaseException | None = None
         if explicit_add:
-            try:
-                await self._call_coordinator(
-                    f"add-partitions {key} {chosen}",
-                    lambda c: c.add_partitions(
-                        self.transactional_id, self.producer_id, self.producer_epoch,
-                        frozenset((self._topic, p) for p in chosen)))
-            except OncelogError as exc:
-                failure = exc
+            failure = await self.add_partitions(facts, [(self._topic, p) for p in chosen])
+            if failure is None and self._after_add is not None:
+                await self._after_add(self)
         if failure is None:
             results = await asyncio.gather(*(
-                self._write_partition(facts, p, add=not explicit_add) for p in chosen))
+                self.write(facts, p, add=not explicit_add) for p in chosen))
             failure = next((r for r in results if r is not None), None)
+        await self.finish(facts, failure, commit=self._rng.random() < 0.85)
+
+    async def finish(self, facts: TxnFacts, failure: BaseException | None, *,
+                     commit: bool) -> None:
+        """Ends a transaction as the SDK does after its writes: a fatal error
+        ends the producer, an abortable one aborts, else commit or abort."""
         if failure is not None:
             if ends_producer(failure):
                 raise self._fatal(failure)
             self.sm.transition_to(TxnState.ABORTABLE_ERROR, failure)
-            await self._end(facts, commit=False)
+            await self.end(facts, commit=False)
             return
-        await self._end(facts, commit=self._rng.random() < 0.85)
+        await self.end(facts, commit=commit)
 
-    async def _write_partition(self, facts: TxnFacts, partition: int, *,
-                               add: bool) -> BaseException | None:
-        """Sends 1-2 batches to a partition through the SDK's sequencer; the
-        error that broke the transaction, or None once all are acknowledged."""
+    async def write(self, facts: TxnFacts, partition: int, *, add: bool,
+                    batches: int | None = None) -> BaseException | None:
+        """Sends 1-2 batches (or `batches`) of 1-3 records to a partition
+        through the SDK's sequencer; the error that broke the transaction, or
+        None once all are acknowledged. `add`: the store adds the partition
+        to the transaction (else it asks the coordinator to verify it)."""
         sequencer = PartitionSequencer(
             idempotent=True, transactional=True, max_in_flight=5,
             retry_backoff_ms=RETRY_BACKOFF_MS, retry_backoff_max_ms=RETRY_BACKOFF_MAX_MS)
         now_ms = self._loop.now_ms()
         values = facts.values.setdefault(partition, [])
-        for _ in range(self._rng.randint(1, 2)):
+        for _ in range(batches if batches is not None else self._rng.randint(1, 2)):
             batch = ProducerBatch(self._topic, partition, created_ms=now_ms,
                                   deadline_ms=now_ms + DELIVERY_TIMEOUT_MS,
                                   limit_bytes=1 << 20)
@@ -272,7 +301,7 @@ class TxnProducer:
         sequencer.on_success(batch)
         return None
 
-    async def _end(self, facts: TxnFacts, *, commit: bool) -> None:
+    async def end(self, facts: TxnFacts, *, commit: bool) -> None:
         """EndTxn, retried with the same producer id and epoch until answered."""
         self.sm.transition_to(TxnState.COMMITTING if commit else TxnState.ABORTING)
         if commit:
@@ -284,11 +313,15 @@ class TxnProducer:
                 f"epoch={epoch}",
                 lambda c: c.end_txn(self.transactional_id, producer_id, epoch, commit))
         except OncelogError as exc:
+            if commit and self.last_call_attempts == 1:
+                # Refused on its only attempt (copies of one request are
+                # answered alike): this EndTxn committed nothing.
+                facts.commit_refused = exc.code.name
             if commit and not ends_producer(exc):
                 # A commit refused for good (e.g. the transaction timed out and
                 # was aborted): the SDK's state is abortable; abort it.
                 self.sm.transition_to(TxnState.ABORTABLE_ERROR, exc)
-                await self._end(facts, commit=False)
+                await self.end(facts, commit=False)
                 return
             raise self._fatal(exc) from None
         facts.outcome = commit

@@ -1,0 +1,152 @@
+"""Known interleavings of past bugs, as scripted schedules through the simulator.
+
+Goal: each bug the simulation found once stays found: its interleaving is
+written down as a schedule (script.py) that runs the real runtimes and the
+same checker as the seeded search, passes on the code as it is, and fails
+when the fix is taken out again (a deliberately broken runtime from
+simulation.BUGS, patched in for the run). A schedule that passes on the
+broken code would pin nothing, so both directions are tested.
+
+Method: one script per bug; the test runs it under a few seeds (the seed
+still orders whatever the script leaves open, so what it pins must hold
+under all of them) with the real code, then with the bug, and requires the
+checker's verdict, not an assertion of the script, to tell them apart.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from oncelog.errors import OncelogError
+from tests.sim.real.script import Scenario
+from tests.sim.real.simulation import DATA_TOPIC, SimResult, broken
+
+SCHEDULE_SEEDS = [0, 1, 2]
+
+
+def _explain(result: SimResult) -> str:
+    return f"{result.summary()}\n{result.trace_tail}\nFAILED: {result.failure}"
+
+
+def _run(script: object, *, seed: int, bug: str | None) -> tuple[Scenario, SimResult]:
+    scenario = Scenario(seed=seed)
+    with broken(bug):
+        result = scenario.run(script)  # type: ignore[arg-type]
+    return scenario, result
+
+
+# ------------------------------------------ issue 3: the zombie's verification
+
+
+async def zombie_verification(sc: Scenario) -> None:
+    """Issue 3 (docs/coordinator.md, "The hole"). A coordinator is paused
+    while producer tx#0's transaction has p0 in it; a replacement takes over
+    and aborts the transaction on its timeout (ABORT lands on p0), and p0's
+    store then forgets the idle producer. The old producer's first batch on
+    p0 reaches the store, which asks the coordinator to verify it: the
+    question goes to the old process, which resumes with it waiting. From
+    memory the answer is "p0 is in the open transaction"; the store, which
+    no longer knows the producer's epoch, would append the batch as a new
+    open transaction that the next transaction's COMMIT marker on p0 commits.
+    The real coordinator first reads the log end, finds the replacement's
+    records there and answers NOT_COORDINATOR."""
+    old = sc.producer("tx", 0)
+    await sc.do(old, old.init())
+    stale = old.begin()
+    assert await sc.do(old, old.add_partitions(stale, [(DATA_TOPIC, 0)])) is None
+    zombie, successor = await sc.replace_coordinator()
+    store = sc.store_node(0)
+
+    def aborted_and_forgotten() -> bool:
+        md, _epoch = sc.coordinator_runtime(successor).describe("tx")
+        return (md is not None and md.state.value == "CompleteAbort"
+                and sc.store_runtime(store).partition(DATA_TOPIC, 0)
+                .producers.get(old.producer_id) is None)
+
+    await sc.until(aborted_and_forgotten, what="the timeout's abort, then p0 forgets tx#0")
+    # The old producer's first batch on p0 (verify_only): the store's
+    # question reaches the paused zombie and waits there.
+    sc.route("coordinator-0", zombie)
+    write = sc.start(old, old.write(stale, 0, add=False, batches=1))
+    await sc.sleep(0.5)
+    sc.resume(zombie)
+    await sc.sleep(1.0)
+    sc.route("coordinator-0", None)
+    sc.crash(zombie)
+    failure = await write
+    sc.notes["stale write"] = failure
+    # A new instance's transaction adds p0 and p1, writes p1 only, commits:
+    # its COMMIT marker reaches p0 too.
+    new = sc.producer("tx", 1)
+    await sc.do(new, new.init())
+    txn = new.begin()
+    assert await sc.do(new, new.add_partitions(txn, [(DATA_TOPIC, 0), (DATA_TOPIC, 1)])) is None
+    assert await sc.do(new, new.write(txn, 1, add=False, batches=1)) is None
+    await sc.do(new, new.end(txn, commit=True))
+    sc.notes["committed"] = txn.outcome
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS, ids=lambda s: f"seed{s}")
+def test_a_zombie_coordinator_cannot_verify_a_fenced_first_write(seed: int) -> None:
+    scenario, result = _run(zombie_verification, seed=seed, bug=None)
+    assert result.ok, _explain(result)
+    # The stale batch was refused (retriable at first, then fenced for good).
+    assert isinstance(scenario.notes["stale write"], OncelogError), scenario.notes
+    assert scenario.notes["committed"] is True
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS, ids=lambda s: f"seed{s}")
+def test_teeth_the_zombie_schedule_catches_verification_without_ownership(seed: int) -> None:
+    """With `_confirm_ownership` disabled, the zombie's stale "yes" lets the
+    batch in and the next transaction's marker commits it: the checker sees
+    a record whose producer never asked to commit."""
+    scenario, result = _run(zombie_verification, seed=seed, bug="no-confirm-ownership")
+    assert scenario.notes["stale write"] is None, scenario.notes  # accepted
+    assert not result.ok, _explain(result)
+    assert "never asked to commit" in result.failure, result.failure
+
+
+# ------------------------------------ the delayed marker of an earlier transaction
+
+
+async def delayed_marker(sc: Scenario) -> None:
+    """Transaction version 2's rule (docs/partition-store.md, WriteTxnMarkers):
+    a marker must carry an epoch above the producer's current one on the
+    partition, so a delayed marker of an earlier transaction cannot end a
+    later one. T1 writes p0 and aborts; its ABORT marker's first copy to p0
+    is held back, the coordinator's retry lands. T2 writes p0 and commits.
+    T3 writes p0; then T1's held ABORT arrives. Without the rule it would
+    abort T3's records, and T3's acknowledged commit would be lost."""
+    producer = sc.producer("tx", 0)
+    await sc.do(producer, producer.init())
+    store = f"->store-{sc.store_node(0)} marker ABORT"
+    t1 = producer.begin()
+    assert await sc.do(producer, producer.write(t1, 0, add=True, batches=1)) is None
+    held = sc.hold(store)
+    await sc.do(producer, producer.end(t1, commit=False))
+    await sc.until(lambda: bool(held.held), what="T1's ABORT marker held")
+    t2 = producer.begin()
+    assert await sc.do(producer, producer.write(t2, 0, add=True, batches=1)) is None
+    await sc.do(producer, producer.end(t2, commit=True))
+    t3 = producer.begin()
+    assert await sc.do(producer, producer.write(t3, 0, add=True, batches=1)) is None
+    sc.notes["released"] = sc.release(held)
+    await sc.sleep(1.0)
+    await sc.do(producer, producer.end(t3, commit=True))
+    sc.notes["outcomes"] = (t1.outcome, t2.outcome, t3.outcome)
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS, ids=lambda s: f"seed{s}")
+def test_a_delayed_marker_of_an_earlier_transaction_ends_nothing(seed: int) -> None:
+    scenario, result = _run(delayed_marker, seed=seed, bug=None)
+    assert result.ok, _explain(result)
+    assert scenario.notes["outcomes"] == (False, True, True), scenario.notes
+    assert len(scenario.notes["released"]) == 1, scenario.notes  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS, ids=lambda s: f"seed{s}")
+def test_teeth_the_delayed_marker_schedule_catches_a_store_without_the_epoch_rule(
+        seed: int) -> None:
+    _scenario, result = _run(delayed_marker, seed=seed, bug="no-marker-epoch-check")
+    assert not result.ok, _explain(result)
+    assert "lost write" in result.failure, result.failure
