@@ -1,6 +1,12 @@
 """The transaction coordinator's runtime: owned `__transaction_state`
 partitions, the two-phase commit, timers.
 
+The machinery it shares with the group coordinator — owning partitions,
+loading them by replay, claiming the coordinator epoch, fencing, conditional
+append then replay, reload after an uncertain write, ownership confirmation —
+is services/common/coordinator_runtime.py; this module is what only
+transactions have.
+
 For each request: the pure core plans a new TxnMetadata; the runtime appends
 it to the partition's log (a conditional append on the log end offset this
 coordinator knows, so a coordinator that lost ownership, or whose earlier
@@ -27,21 +33,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from oncelog.errors import ErrorCode
-from services.common.cluster import ClusterLayout
+from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
+from services.common.coordinator_runtime import (
+    CoordinatorRuntime,
+    LogBatch,
+    LogRead,
+    OwnedPartition,
+)
 from services.common.crashpoints import crash_point
+from services.common.invariants import invariant
 from services.common.service_error import ServiceError, check_id_length
-from services.common.tasks import TaskGroup
 from services.coordinator import metrics
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.txn_log import (
     TXN_KEY_PREFIX,
     TxnPartitionState,
-    encode_epoch,
     encode_tombstone,
     encode_txn,
 )
@@ -77,24 +88,49 @@ class TxnConfig:
 
 
 @dataclass
-class OwnedPartition:
-    partition: int
-    state: TxnPartitionState = field(default_factory=TxnPartitionState)
-    log_end_offset: int = 0
-    loaded: bool = False
-    # Another coordinator took the partition over: this one must not touch it.
-    fenced: bool = False
-    # The coordinator epoch this process claimed (-1: not yet).
-    my_epoch: int = -1
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+class TxnPartition(OwnedPartition[TxnPartitionState]):
+    """An owned `__transaction_state` partition, with the marker tasks of its
+    decided transactions (not replayed: a load starts them again)."""
+
     marker_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    # Verifications waiting for the next read of the log end (None: nobody
-    # waits), and whether the task that runs those reads is alive.
-    next_ownership_check: asyncio.Future[None] | None = None
-    checking_ownership: bool = False
+
+
+class _TxnStateLog:
+    """The shared runtime's log port over the TxnLog port: the transaction
+    coordinator is the only writer of `__transaction_state`, and replays it
+    record by record."""
+
+    def __init__(self, txn_log: TxnLog) -> None:
+        self._log = txn_log
+
+    async def read(self, partition: int, from_offset: int, *,
+                   max_wait_ms: int = 0) -> LogRead[Entry]:
+        # Only loads read (this log has no other writer to follow), from the start.
+        invariant(from_offset == 0 and max_wait_ms == 0,
+                  lambda: f"__transaction_state-{partition} read from {from_offset}")
+        entries, log_end = await self._log.read_all(partition)
+        return LogRead([LogBatch(log_end, entries)], log_end, log_end)
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int, writer: None) -> LogBatch[Entry]:
+        log_end = await self._log.append(partition, entries,
+                                         expected_log_end_offset=expected_log_end_offset)
+        return LogBatch(log_end, entries)
+
+    async def log_end_offset(self, partition: int) -> int:
+        return await self._log.log_end_offset(partition)
+
+
+def _replay(state: TxnPartitionState, record: Entry) -> None:
+    state.replay(*record)
 
 
 class TxnCoordinatorRuntime:
+    """The transaction coordinator: a shard of the shared coordinator runtime
+    (services/common/coordinator_runtime.py) per owned `__transaction_state`
+    partition, plus what only transactions have: producer ids, markers,
+    timers."""
+
     def __init__(
         self,
         *,
@@ -108,18 +144,22 @@ class TxnCoordinatorRuntime:
     ) -> None:
         self._layout = layout
         self._node_id = node_id
-        self._log = txn_log
         self._markers = markers
         self._producer_ids = producer_ids
         self._now_ms = now_ms
         self.config = config
-        self.partitions = {
-            p: OwnedPartition(p)
-            for p in range(layout.transaction_state_partitions)
-            if layout.coordinator_for_partition(p) == node_id
-        }
-        self._tasks = TaskGroup()
-        self._stopping = False
+        self._runtime: CoordinatorRuntime[TxnPartition, TxnPartitionState, Entry, None] = \
+            CoordinatorRuntime(
+                topic=TRANSACTION_STATE_TOPIC, node_id=node_id, kind="coordinator",
+                partitions=(p for p in range(layout.transaction_state_partitions)
+                            if layout.coordinator_for_partition(p) == node_id),
+                log=_TxnStateLog(txn_log),
+                new_partition=lambda p: TxnPartition(p, TxnPartitionState()),
+                new_shard=TxnPartitionState, replay=_replay,
+                others_write=False, on_loaded=self._resume_markers,
+                on_unloaded=self._stop_markers,
+            )
+        self.partitions = self._runtime.partitions
 
     # ------------------------------------------------------------- lifecycle
 
@@ -128,132 +168,54 @@ class TxnCoordinatorRuntime:
         be starting) and starts the timer."""
         metrics.MAX_TRANSACTION_TIMEOUT_SECONDS.set(self.config.max_txn_timeout_ms / 1000)
         self.publish_gauges()
-        for owned in self.partitions.values():
-            self._spawn(self._load_until_done(owned))
-        self._spawn(self._timer_loop())
+        self._runtime.start()
+        self._runtime.spawn(self._timer_loop())
 
     async def stop(self) -> None:
-        self._stopping = True
-        await self._tasks.stop(
+        await self._runtime.stop(
             task for owned in self.partitions.values() for task in owned.marker_tasks.values()
         )
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        self._tasks.spawn(coro)
-
-    async def _load_until_done(self, owned: OwnedPartition) -> None:
-        backoff_s = 0.05
-        while not self._stopping and not owned.loaded and not owned.fenced:
-            try:
-                async with owned.lock:
-                    await self._load(owned)
-            except ServiceError as exc:
-                log.info("loading __transaction_state-%d: %s; retrying", owned.partition, exc)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 1.0)
-
-    async def _load(self, owned: OwnedPartition) -> None:
-        """Replays the partition, then claims it with a higher coordinator epoch
-        (a reload after an uncertain write keeps the epoch this process claimed,
-        unless another coordinator has claimed a newer one: then it is fenced)."""
-        entries, log_end = await self._log.read_all(owned.partition)
-        state = TxnPartitionState()
-        for key, value in entries:
-            state.replay(key, value)
-        if owned.my_epoch >= 0:
-            if state.coordinator_epoch != owned.my_epoch:
-                log.warning("__transaction_state-%d: coordinator epoch %d superseded by %d; "
-                            "this coordinator is fenced", owned.partition, owned.my_epoch,
-                            state.coordinator_epoch)
-                owned.fenced = True
-                return
-            owned.state = state
-            owned.log_end_offset = log_end
-            owned.loaded = True
-            self._resume_markers(owned)
-            return
-        epoch_record = encode_epoch(state.coordinator_epoch + 1, self._node_id)
-        try:
-            owned.log_end_offset = await self._log.append(
-                owned.partition, [epoch_record], expected_log_end_offset=log_end
-            )
-        except ServiceError as exc:
-            if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH:
-                raise ServiceError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                                   "the log moved while loading") from exc
-            raise
-        state.replay(*epoch_record)
-        owned.state = state
-        owned.my_epoch = state.coordinator_epoch
-        owned.loaded = True
-        log.info("loaded __transaction_state-%d: coordinator epoch %d, %d transactional ids",
-                 owned.partition, state.coordinator_epoch, len(state.transactions))
-        self._resume_markers(owned)
-
-    def _resume_markers(self, owned: OwnedPartition) -> None:
+    def _resume_markers(self, owned: TxnPartition) -> None:
         """Prepare* transactions are decided: their markers go out again."""
         for md in owned.state.transactions.values():
             if md.state.is_prepare:
                 self._start_markers(owned, md.transactional_id)
 
-    def _unload(self, owned: OwnedPartition) -> None:
-        """Forgets memory that may be behind the log; a reload follows."""
-        owned.loaded = False
+    @staticmethod
+    def _stop_markers(owned: TxnPartition) -> None:
+        """Memory may be behind the log: the reload resumes the markers."""
         for task in owned.marker_tasks.values():
             task.cancel()
         owned.marker_tasks.clear()
-        self._spawn(self._load_until_done(owned))
 
     # ------------------------------------------------------------- plumbing
 
-    def owned_for(self, transactional_id: str) -> OwnedPartition:
+    def owned_for(self, transactional_id: str) -> TxnPartition:
         # Every request for a transactional id comes here first. The id is
         # stored in __transaction_state's records and named in errors, which
         # must fit in a gRPC status (see limits.MAX_ID_LENGTH).
         check_id_length("transactional_id", transactional_id)
-        partition = self._layout.transaction_state_partition(transactional_id)
-        owned = self.partitions.get(partition)
-        if owned is None or owned.fenced:
-            raise ServiceError(
-                ErrorCode.NOT_COORDINATOR,
-                f"transactional id {transactional_id!r} belongs to __transaction_state-"
-                f"{partition}, which coordinator {self._node_id} does not own",
-            )
-        if not owned.loaded:
-            raise ServiceError(
-                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                f"__transaction_state-{partition} is still loading",
-            )
-        return owned
+        return self._runtime.owned(self._layout.transaction_state_partition(transactional_id),
+                                   f"transactional id {transactional_id!r}")
 
-    async def _persist(self, owned: OwnedPartition, records: Sequence[Entry]) -> None:
-        """Appends records and then replays them (counting the state
-        transitions); the caller holds owned.lock."""
-        try:
-            owned.log_end_offset = await self._log.append(
-                owned.partition, records, expected_log_end_offset=owned.log_end_offset
-            )
-        except ServiceError as exc:
-            # The outcome is unknown (a lost reply) or the log moved under us
-            # (a newer coordinator): memory may be behind the log. Reload.
-            self._unload(owned)
-            code = (ErrorCode.NOT_COORDINATOR if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH
-                    else ErrorCode.COORDINATOR_NOT_AVAILABLE)
-            raise ServiceError(code, f"transaction log write failed: {exc.message}") from exc
-        for key, value in records:
-            if key is None or not key.startswith(TXN_KEY_PREFIX):
-                owned.state.replay(key, value)  # a coordinator-epoch record
-                continue
-            transactional_id = key[len(TXN_KEY_PREFIX):].decode()
-            before = owned.state.transactions.get(transactional_id)
-            owned.state.replay(key, value)
-            after = owned.state.transactions.get(transactional_id)
+    async def _persist(self, owned: TxnPartition, records: Sequence[Entry]) -> None:
+        """Appends records and then replays them (the shared runtime),
+        counting the state transitions; the caller holds owned.lock."""
+        # Every write here is one record per transactional id, so the states
+        # before the write and after its replay are each id's transition.
+        ids = [key[len(TXN_KEY_PREFIX):].decode() for key, _ in records
+               if key is not None and key.startswith(TXN_KEY_PREFIX)]
+        before = {tid: owned.state.transactions.get(tid) for tid in ids}
+        await self._runtime.append(owned, records)
+        for tid in ids:
+            previous, after = before[tid], owned.state.transactions.get(tid)
             metrics.TXN_STATE_TRANSITIONS.labels(
-                before.state.value if before else "none",
+                previous.state.value if previous else "none",
                 after.state.value if after else txn.TxnState.DEAD.value,
             ).inc()
 
-    async def _wait_for_markers(self, owned: OwnedPartition, transactional_id: str) -> None:
+    async def _wait_for_markers(self, owned: TxnPartition, transactional_id: str) -> None:
         """Holds a request that arrives while the previous transaction's markers
         are in flight until they have landed (bounded), instead of answering
         CONCURRENT_TRANSACTIONS at once: back-to-back transactions then pay no
@@ -286,7 +248,7 @@ class TxnCoordinatorRuntime:
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
-            self._check_loaded(owned)
+            self._runtime.check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
             fresh_producer_id = await self._fresh_id_if_needed(md)
             try:
@@ -332,7 +294,7 @@ class TxnCoordinatorRuntime:
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
-            self._check_loaded(owned)
+            self._runtime.check_loaded(owned)
             try:
                 planned = plan(owned.state.transactions.get(transactional_id))
             except ServiceError as exc:
@@ -346,7 +308,7 @@ class TxnCoordinatorRuntime:
                 # behalf appends as soon as this answers, as after a
                 # verification, so a zombie's stale "already in the
                 # transaction" must not pass (see verify_partitions).
-                await self._check_log_end_locked(owned)
+                await self._runtime.check_log_end_locked(owned)
 
     async def verify_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -359,104 +321,17 @@ class TxnCoordinatorRuntime:
         await self._confirm_ownership(owned)
         # Memory may have been unloaded or fenced while the check ran.
         owned = self.owned_for(transactional_id)
-        md = owned.state.transactions.get(transactional_id)
-        out: dict[tuple[str, int], ServiceError | None] = {}
-        for tp in partitions:
-            error: ServiceError | None = None
-            if md is None or md.state is txn.TxnState.DEAD or md.producer_id != producer_id:
-                error = ServiceError(
-                    ErrorCode.INVALID_PRODUCER_ID_MAPPING,
-                    f"transactional id {transactional_id!r} does not map to producer {producer_id}",
-                )
-            elif md.producer_epoch != producer_epoch:
-                error = ServiceError(
-                    ErrorCode.PRODUCER_FENCED,
-                    f"producer {producer_id} epoch {producer_epoch} is fenced; current epoch "
-                    f"{md.producer_epoch}",
-                )
-            elif md.state is not txn.TxnState.ONGOING or tp not in md.partitions:
-                error = ServiceError(
-                    ErrorCode.INVALID_TXN_STATE,
-                    f"partition {tp[0]}-{tp[1]} is not in an open transaction of "
-                    f"{transactional_id!r} (state {md.state.value}); call AddPartitionsToTxn "
-                    "before writing",
-                )
-            out[tp] = error
-        return out
-
-    async def _confirm_ownership(self, owned: OwnedPartition) -> None:
-        """Returns once a read of the partition's log end that started after
-        this call found the log ending where this coordinator's memory ends:
-        nobody else has written it, so memory was the log's state at that read.
-
-        Concurrent callers share one read (one that starts after the last of
-        them arrived: a read already in flight may have been answered before
-        they came), so under load a batch of verifications costs one store
-        round trip, not one each. Raises NOT_COORDINATOR when another
-        coordinator has written the log (this one reloads, and the reload
-        finds it fenced), a retriable error when the store cannot be asked."""
-        waiter = owned.next_ownership_check
-        if waiter is None:
-            waiter = asyncio.get_running_loop().create_future()
-            # A waiter whose caller went away leaves its exception unread.
-            waiter.add_done_callback(
-                lambda f: None if f.cancelled() else f.exception())
-            owned.next_ownership_check = waiter
-            if not owned.checking_ownership:
-                owned.checking_ownership = True
-                self._spawn(self._run_ownership_checks(owned))
-        await asyncio.shield(waiter)
-
-    async def _run_ownership_checks(self, owned: OwnedPartition) -> None:
-        """Answers the waiting verifications with one read each round, until
-        none is waiting."""
-        try:
-            while owned.next_ownership_check is not None:
-                waiter, owned.next_ownership_check = owned.next_ownership_check, None
-                try:
-                    await self._check_log_end(owned)
-                except ServiceError as exc:
-                    waiter.set_exception(exc)
-                except BaseException:
-                    waiter.cancel()
-                    raise
-                else:
-                    waiter.set_result(None)
-        finally:
-            owned.checking_ownership = False
-            if owned.next_ownership_check is not None:  # stopped with callers waiting
-                owned.next_ownership_check.cancel()
-                owned.next_ownership_check = None
-
-    async def _check_log_end(self, owned: OwnedPartition) -> None:
-        if await self._read_log_end(owned) == owned.log_end_offset:
-            return
-        # Our own write may have landed without its answer having come back
-        # yet (or have come back after the read): look again once no write
-        # of ours is in flight.
-        async with owned.lock:
-            self._check_loaded(owned)
-            await self._check_log_end_locked(owned)
-
-    async def _check_log_end_locked(self, owned: OwnedPartition) -> None:
-        """With owned.lock held (no write of ours in flight): the log must end
-        where memory does, else another coordinator has written it: reload
-        and answer NOT_COORDINATOR."""
-        log_end = await self._read_log_end(owned)
-        if log_end == owned.log_end_offset:
-            return
-        log.warning("__transaction_state-%d ends at %d, this coordinator's memory at %d: "
-                    "another coordinator has written it; reloading", owned.partition,
-                    log_end, owned.log_end_offset)
-        self._unload(owned)
-        raise ServiceError(
-            ErrorCode.NOT_COORDINATOR,
-            f"__transaction_state-{owned.partition} was written by another coordinator "
-            f"(it ends at {log_end}, coordinator {self._node_id} knows it up to "
-            f"{owned.log_end_offset})",
+        return txn.verify_partitions(
+            owned.state.transactions.get(transactional_id), transactional_id=transactional_id,
+            producer_id=producer_id, producer_epoch=producer_epoch, partitions=partitions,
         )
 
-    async def _confirm_refusal(self, owned: OwnedPartition, refusal: ServiceError) -> None:
+    async def _confirm_ownership(self, owned: TxnPartition) -> None:
+        """The shared runtime's confirmation that the log ends where memory
+        does (a method of its own: the simulation's "teeth" test replaces it)."""
+        await self._runtime.confirm_ownership(owned)
+
+    async def _confirm_refusal(self, owned: TxnPartition, refusal: ServiceError) -> None:
         """A refusal planned from memory, with nothing written (PRODUCER_FENCED,
         INVALID_TXN_STATE, ...), is final for the client: it must not come
         from a zombie's stale memory. The caller holds owned.lock; if the log
@@ -466,17 +341,7 @@ class TxnCoordinatorRuntime:
         transaction's outcome) was durable and is final. An add that writes
         nothing is checked (`_change`): a store acts on it at once."""
         if not refusal.code.retriable:
-            await self._check_log_end_locked(owned)
-
-    async def _read_log_end(self, owned: OwnedPartition) -> int:
-        try:
-            return await self._log.log_end_offset(owned.partition)
-        except ServiceError as exc:
-            raise ServiceError(
-                ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                f"cannot confirm that coordinator {self._node_id} still owns "
-                f"__transaction_state-{owned.partition}: {exc.message}",
-            ) from exc
+            await self._runtime.check_log_end_locked(owned)
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                       commit: bool) -> tuple[int, int]:
@@ -497,7 +362,7 @@ class TxnCoordinatorRuntime:
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
         async with owned.lock:
-            self._check_loaded(owned)
+            self._runtime.check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
             fresh_producer_id = await self._fresh_id_if_needed(md) if md else None
             try:
@@ -535,19 +400,9 @@ class TxnCoordinatorRuntime:
             ))
         return plan.committed, plan.producer_id, plan.producer_epoch
 
-    def _check_loaded(self, owned: OwnedPartition) -> None:
-        if not owned.loaded:
-            raise ServiceError(
-                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                f"__transaction_state-{owned.partition} is reloading",
-            )
-
     def list_transactions(self) -> list[txn.TxnMetadata]:
-        return [
-            md
-            for owned in self.partitions.values() if owned.loaded and not owned.fenced
-            for md in owned.state.transactions.values()
-        ]
+        return [md for owned in self._runtime.serving()
+                for md in owned.state.transactions.values()]
 
     def describe(self, transactional_id: str) -> tuple[txn.TxnMetadata | None, int]:
         owned = self.owned_for(transactional_id)
@@ -559,7 +414,7 @@ class TxnCoordinatorRuntime:
         instance's InitProducerId would)."""
         owned = self.owned_for(transactional_id)
         async with owned.lock:
-            self._check_loaded(owned)
+            self._runtime.check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
             fresh_producer_id = await self._fresh_id_if_needed(md)
             try:
@@ -577,7 +432,7 @@ class TxnCoordinatorRuntime:
 
     # --------------------------------------------------------------- markers
 
-    def _start_markers(self, owned: OwnedPartition, transactional_id: str) -> None:
+    def _start_markers(self, owned: TxnPartition, transactional_id: str) -> None:
         if transactional_id in owned.marker_tasks:
             return
         task = asyncio.ensure_future(self._complete_with_markers(owned, transactional_id))
@@ -589,7 +444,7 @@ class TxnCoordinatorRuntime:
 
         task.add_done_callback(forget)
 
-    async def _complete_with_markers(self, owned: OwnedPartition, transactional_id: str) -> None:
+    async def _complete_with_markers(self, owned: TxnPartition, transactional_id: str) -> None:
         """Writes markers to every partition of a Prepare* transaction until all
         landed, then persists Complete*."""
         md = owned.state.transactions.get(transactional_id)
@@ -613,7 +468,7 @@ class TxnCoordinatorRuntime:
                 elif code is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
                     log.warning("__transaction_state-%d: a newer coordinator owns it; fenced",
                                 owned.partition)
-                    owned.fenced = True
+                    self._runtime.fence(owned)
                     return
                 elif not code.retriable:
                     # A marker the store refuses for good (e.g. its epoch is not
@@ -646,15 +501,14 @@ class TxnCoordinatorRuntime:
     # ----------------------------------------------------------------- timer
 
     async def _timer_loop(self) -> None:
-        while not self._stopping:
+        while not self._runtime.stopping:
             await asyncio.sleep(self.config.check_interval_ms / 1000)
-            for owned in self.partitions.values():
-                if owned.loaded and not owned.fenced:
-                    try:
-                        await self._check_timeouts(owned)
-                    except ServiceError as exc:
-                        log.info("timeout check of __transaction_state-%d: %s",
-                                 owned.partition, exc)
+            for owned in self._runtime.serving():
+                try:
+                    await self._check_timeouts(owned)
+                except ServiceError as exc:
+                    log.info("timeout check of __transaction_state-%d: %s",
+                             owned.partition, exc)
             self.publish_gauges()
 
     def publish_gauges(self) -> None:
@@ -688,7 +542,7 @@ class TxnCoordinatorRuntime:
             0 if oldest_start_ms is None else max(0, now_ms - oldest_start_ms) / 1000
         )
 
-    async def _check_timeouts(self, owned: OwnedPartition) -> None:
+    async def _check_timeouts(self, owned: TxnPartition) -> None:
         now_ms = self._now_ms()
         for transactional_id, md in list(owned.state.transactions.items()):
             if txn.is_timed_out(md, now_ms):

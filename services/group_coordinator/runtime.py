@@ -1,6 +1,12 @@
 """The group coordinator's runtime: owned `__consumer_offsets` partitions,
 membership timers, offsets, transactional offsets.
 
+The machinery it shares with the transaction coordinator — owning
+partitions, loading them by replay, claiming the coordinator epoch, fencing,
+conditional append then replay, catching up, reload after an uncertain write
+— is services/common/coordinator_runtime.py; this module is what only groups
+have.
+
 Every change is a record appended to the group's `__consumer_offsets`
 partition with a conditional append on the log end offset this process has
 replayed up to; only after the append is durable is the record replayed into
@@ -21,29 +27,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oncelog import records
 from oncelog.errors import ErrorCode
-from services.common import limits
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
-from services.common.coordinator_epoch import encode_epoch
+from services.common.coordinator_runtime import (
+    CoordinatorRuntime,
+    LogBatch,
+    LogEntry,
+    LogRead,
+    OwnedPartition,
+    WriteRefused,
+)
 from services.common.service_error import ServiceError, check_id_length
 from services.common.store_client import RawRead, TxnWriter
-from services.common.tasks import TaskGroup
 from services.common.topic_counts import PartitionCounts
 from services.group_coordinator.core import groups as gr
+from services.group_coordinator.core import offsets as offs
+from services.group_coordinator.core.offsets import FetchedOffset
 from services.group_coordinator.core.offsets_log import (
     BatchView,
     CommittedOffset,
     Entry,
     OffsetsPartitionState,
     encode_group,
-    encode_group_tombstone,
     encode_offset,
-    encode_offset_tombstone,
 )
 
 log = logging.getLogger(__name__)
@@ -92,14 +103,10 @@ class GroupConfig:
 
 
 @dataclass
-class OwnedPartition:
-    partition: int
-    state: OffsetsPartitionState = field(default_factory=OffsetsPartitionState)
-    log_end_offset: int = 0
-    loaded: bool = False
-    fenced: bool = False
-    my_epoch: int = -1
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+class GroupPartition(OwnedPartition[OffsetsPartitionState]):
+    """An owned `__consumer_offsets` partition, with its members' session
+    deadlines."""
+
     # (group id, member id) -> when its session ends (ms, this process's
     # clock; not persisted: a new owner gives every member a full session).
     deadlines: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -113,28 +120,76 @@ class HeartbeatAnswer:
     assignment: frozenset[TP]
 
 
-@dataclass(frozen=True, slots=True)
-class FetchedOffset:
-    tp: TP
-    offset: int
-    metadata: str
-    error: ServiceError | None = None
+class _OffsetsLog:
+    """The shared runtime's log port over the partition store: batches, read
+    with control batches (the transaction coordinators' markers), replayed
+    whole."""
 
+    def __init__(self, store: OffsetsStore, now_ms: Callable[[], int]) -> None:
+        self._store = store
+        self._now_ms = now_ms
 
-def _check_topic_names(where: str, topics: Iterable[str], code: ErrorCode, *,
-                       allow_empty: bool = False) -> None:
-    """Refuses a topic name longer than any topic's may be (no topic has it;
-    it would be stored in the group's records, and an error naming it whole
-    would not fit in a gRPC status), and, unless allowed, an empty one."""
-    for topic in topics:
-        if not topic and not allow_empty:
-            raise ServiceError(code, f"{where} names a topic with an empty name")
-        if len(topic) > limits.MAX_TOPIC_NAME_LENGTH:
-            raise ServiceError(
-                code,
-                f"{where} names topic {topic[:32]!r}..., {len(topic)} characters long, over "
-                f"the limit of {limits.MAX_TOPIC_NAME_LENGTH}",
+    async def read(self, partition: int, from_offset: int, *,
+                   max_wait_ms: int = 0) -> LogRead[BatchView]:
+        read = await self._store.read_batches(CONSUMER_OFFSETS_TOPIC, partition, from_offset,
+                                              max_wait_ms=max_wait_ms)
+        return LogRead([_batch_view(raw) for raw in read.batches], read.next_offset,
+                       read.high_watermark)
+
+    async def append(self, partition: int, entries: Sequence[LogEntry], *,
+                     expected_log_end_offset: int,
+                     writer: TxnWriter | None) -> LogBatch[BatchView]:
+        try:
+            base = await self._store.append(
+                CONSUMER_OFFSETS_TOPIC, partition, entries,
+                expected_log_end_offset=expected_log_end_offset, now_ms=self._now_ms(),
+                producer=writer,
             )
+        except ServiceError as exc:
+            if writer is not None and exc.code in _TXN_REFUSALS:
+                raise WriteRefused(exc) from exc
+            if exc.code is ErrorCode.MESSAGE_TOO_LARGE:
+                # The store refused the batch whole and wrote nothing:
+                # memory is still the log's state (no reload), and the
+                # same request can never fit (not retriable). The caller
+                # says which part of the request is too large.
+                raise WriteRefused(ServiceError(
+                    ErrorCode.MESSAGE_TOO_LARGE,
+                    f"{len(entries)} record(s) do not fit one batch of "
+                    f"{CONSUMER_OFFSETS_TOPIC}, nothing was written: {exc.message}",
+                )) from exc
+            raise
+        return LogBatch(base + len(entries), [BatchView(
+            base_offset=base, next_offset=base + len(entries),
+            producer_id=writer.producer_id if writer else records.NO_PRODUCER_ID,
+            producer_epoch=writer.producer_epoch if writer else records.NO_PRODUCER_EPOCH,
+            last_sequence=(records.next_sequence(writer.base_sequence, len(entries) - 1)
+                           if writer else records.NO_SEQUENCE),
+            is_transactional=writer is not None, is_control=False,
+            records=[(base + i, k, v) for i, (k, v) in enumerate(entries)],
+        )])
+
+    async def log_end_offset(self, partition: int) -> int:
+        # Not asked today: the group coordinator answers from memory without
+        # confirming ownership (as Kafka's does). The store's high watermark.
+        read = await self._store.read_batches(CONSUMER_OFFSETS_TOPIC, partition, 0, max_bytes=1)
+        return read.high_watermark
+
+
+def _batch_view(raw: bytes) -> LogBatch[BatchView]:
+    header = records.read_header(raw)
+    control_type = -1
+    rows: list[tuple[int, bytes | None, bytes | None]] = []
+    if header.is_control:
+        control_type, _coordinator_epoch = records.control_marker(raw)
+    else:
+        rows = [(r.offset, r.key, r.value) for r in records.iter_records(raw)]
+    return LogBatch(header.next_offset, [BatchView(
+        base_offset=header.base_offset, next_offset=header.next_offset,
+        producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+        last_sequence=header.last_sequence, is_transactional=header.is_transactional,
+        is_control=header.is_control, records=rows, control_type=control_type,
+    )])
 
 
 class GroupCoordinatorRuntime:
@@ -143,248 +198,71 @@ class GroupCoordinatorRuntime:
                  on_rebalance: Callable[[str], None] | None = None) -> None:
         self._layout = layout
         self._node_id = node_id
-        self._store = store
         self._now_ms = now_ms
         self.config = config
         self._on_rebalance = on_rebalance or (lambda _group_id: None)
-        self.partitions = {
-            p: OwnedPartition(p)
-            for p in range(layout.consumer_offsets_partitions)
-            if layout.group_coordinator_for_partition(p) == node_id
-        }
-        self._tasks = TaskGroup()
-        self._stopping = False
+        self._runtime: CoordinatorRuntime[
+            GroupPartition, OffsetsPartitionState, BatchView, TxnWriter,
+        ] = CoordinatorRuntime(
+            topic=CONSUMER_OFFSETS_TOPIC, node_id=node_id, kind="group coordinator",
+            partitions=(p for p in range(layout.consumer_offsets_partitions)
+                        if layout.group_coordinator_for_partition(p) == node_id),
+            log=_OffsetsLog(store, now_ms),
+            new_partition=lambda p: GroupPartition(p, OffsetsPartitionState()),
+            new_shard=OffsetsPartitionState, replay=OffsetsPartitionState.replay,
+            # The transaction coordinators write markers here: a moved log end
+            # is caught up, and a tail task per partition long-polls the store
+            # for them.
+            others_write=True, tail_wait_ms=config.tail_wait_ms,
+            on_loaded=self._start_sessions,
+        )
+        self.partitions = self._runtime.partitions
         self._counts = PartitionCounts(store, now_ms, config.metadata_max_age_ms)
 
     # ------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        for owned in self.partitions.values():
-            self._spawn(self._load_until_done(owned))
-        self._spawn(self._every(self.config.session_check_interval_ms, self._expire_sessions))
-        self._spawn(self._every(self.config.retention_check_interval_ms, self._apply_retention))
+        self._runtime.start()
+        self._runtime.spawn(
+            self._every(self.config.session_check_interval_ms, self._expire_sessions))
+        self._runtime.spawn(
+            self._every(self.config.retention_check_interval_ms, self._apply_retention))
 
     async def stop(self) -> None:
-        self._stopping = True
-        await self._tasks.stop()
+        await self._runtime.stop()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        self._tasks.spawn(coro)
-
-    async def _load_until_done(self, owned: OwnedPartition) -> None:
-        backoff_s = 0.05
-        while not self._stopping and not owned.loaded and not owned.fenced:
-            try:
-                async with owned.lock:
-                    await self._load(owned)
-            except ServiceError as exc:
-                log.info("loading %s-%d: %s; retrying", CONSUMER_OFFSETS_TOPIC,
-                         owned.partition, exc)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 1.0)
-        if owned.loaded and not self._stopping:
-            self._spawn(self._tail(owned))
-
-    async def _load(self, owned: OwnedPartition) -> None:
-        """Replays the partition from the start, then claims it with a higher
-        coordinator epoch (a reload after an uncertain write keeps the epoch
-        this process claimed, unless a newer owner exists: then it is fenced)."""
-        owned.state = OffsetsPartitionState()
-        owned.log_end_offset = 0
-        await self._catch_up(owned, until_high_watermark=True)
-        if owned.my_epoch >= 0:
-            if owned.state.coordinator_epoch != owned.my_epoch:
-                self._fence(owned)
-                return
-        else:
-            record = encode_epoch(owned.state.coordinator_epoch + 1, self._node_id)
-            try:
-                base = await self._store.append(
-                    CONSUMER_OFFSETS_TOPIC, owned.partition, [record],
-                    expected_log_end_offset=owned.log_end_offset,
-                )
-            except ServiceError as exc:
-                if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH:
-                    raise ServiceError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                                       "the log moved while loading") from exc
-                raise
-            self._replay_own(owned, base, [record], None)
-            owned.my_epoch = owned.state.coordinator_epoch
+    def _start_sessions(self, owned: GroupPartition) -> None:
+        """A new owner gives every member a full session (deadlines are this
+        process's clock, not persisted)."""
         now = self._now_ms()
         owned.deadlines = {
             (g.group_id, m.member_id): now + m.session_timeout_ms
             for g in owned.state.groups.values() for m in g.members.values()
         }
-        owned.loaded = True
-        log.info("loaded %s-%d: coordinator epoch %d, %d groups", CONSUMER_OFFSETS_TOPIC,
-                 owned.partition, owned.my_epoch, len(owned.state.known_groups()))
-
-    def _fence(self, owned: OwnedPartition) -> None:
-        log.warning("%s-%d: coordinator epoch %d superseded by %d; this coordinator is fenced",
-                    CONSUMER_OFFSETS_TOPIC, owned.partition, owned.my_epoch,
-                    owned.state.coordinator_epoch)
-        owned.fenced = True
-        owned.loaded = False
-
-    def _unload(self, owned: OwnedPartition) -> None:
-        owned.loaded = False
-        self._spawn(self._load_until_done(owned))
-
-    # ------------------------------------------------------------ log access
-
-    def _apply_read(self, owned: OwnedPartition, read: RawRead) -> None:
-        """Replays fetched batches not yet replayed, in order."""
-        for raw in read.batches:
-            header = records.read_header(raw)
-            if header.next_offset <= owned.log_end_offset:
-                continue  # ours, or already replayed
-            control_type = -1
-            rows: list[tuple[int, bytes | None, bytes | None]] = []
-            if header.is_control:
-                control_type, _coordinator_epoch = records.control_marker(raw)
-            else:
-                rows = [(r.offset, r.key, r.value) for r in records.iter_records(raw)]
-            owned.state.replay(BatchView(
-                base_offset=header.base_offset, next_offset=header.next_offset,
-                producer_id=header.producer_id, producer_epoch=header.producer_epoch,
-                last_sequence=header.last_sequence, is_transactional=header.is_transactional,
-                is_control=header.is_control, records=rows, control_type=control_type,
-            ))
-            owned.log_end_offset = header.next_offset
-        owned.log_end_offset = max(owned.log_end_offset, read.next_offset)
-
-    async def _catch_up(self, owned: OwnedPartition, *, until_high_watermark: bool) -> None:
-        """Reads and replays from where memory ends up to the high watermark."""
-        while True:
-            read = await self._store.read_batches(
-                CONSUMER_OFFSETS_TOPIC, owned.partition, owned.log_end_offset
-            )
-            before = owned.log_end_offset
-            self._apply_read(owned, read)
-            if (not until_high_watermark or owned.log_end_offset >= read.high_watermark
-                    or owned.log_end_offset == before):
-                return
-
-    def _replay_own(self, owned: OwnedPartition, base_offset: int, entries: Sequence[Entry],
-                    producer: TxnWriter | None) -> None:
-        owned.state.replay(BatchView(
-            base_offset=base_offset, next_offset=base_offset + len(entries),
-            producer_id=producer.producer_id if producer else records.NO_PRODUCER_ID,
-            producer_epoch=producer.producer_epoch if producer else records.NO_PRODUCER_EPOCH,
-            last_sequence=(records.next_sequence(producer.base_sequence, len(entries) - 1)
-                           if producer else records.NO_SEQUENCE),
-            is_transactional=producer is not None, is_control=False,
-            records=[(base_offset + i, k, v) for i, (k, v) in enumerate(entries)],
-        ))
-        owned.log_end_offset = base_offset + len(entries)
-
-    async def _persist(self, owned: OwnedPartition, entries: Sequence[Entry], *,
-                       producer: TxnWriter | None = None) -> None:
-        """Appends records and replays them; the caller holds owned.lock.
-        `producer` (transactional offsets) is rebuilt by `make_producer` after
-        a catch-up, since a marker read then may change the next sequence."""
-        for _attempt in range(20):
-            try:
-                base = await self._store.append(
-                    CONSUMER_OFFSETS_TOPIC, owned.partition, entries,
-                    expected_log_end_offset=owned.log_end_offset, now_ms=self._now_ms(),
-                    producer=producer,
-                )
-            except ServiceError as exc:
-                if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH:
-                    # A marker (or a newer owner) moved the log: read it and retry.
-                    await self._catch_up_or_unload(owned)
-                    if producer is not None:
-                        producer = replace(producer, base_sequence=owned.state.next_sequence_for(
-                            producer.producer_id, producer.producer_epoch))
-                    continue
-                if producer is not None and exc.code in _TXN_REFUSALS:
-                    raise
-                if exc.code is ErrorCode.MESSAGE_TOO_LARGE:
-                    # The store refused the batch whole and wrote nothing:
-                    # memory is still the log's state (no reload), and the
-                    # same request can never fit (not retriable). The caller
-                    # says which part of the request is too large.
-                    raise ServiceError(
-                        ErrorCode.MESSAGE_TOO_LARGE,
-                        f"{len(entries)} record(s) do not fit one batch of "
-                        f"{CONSUMER_OFFSETS_TOPIC}, nothing was written: {exc.message}",
-                    ) from exc
-                # Unknown outcome: memory may be behind the log. Reload.
-                self._unload(owned)
-                raise ServiceError(
-                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                    f"{CONSUMER_OFFSETS_TOPIC}-{owned.partition} write failed: {exc.message}",
-                ) from exc
-            self._replay_own(owned, base, entries, producer)
-            return
-        raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                           f"{CONSUMER_OFFSETS_TOPIC}-{owned.partition}: the log kept moving")
-
-    async def _catch_up_or_unload(self, owned: OwnedPartition) -> None:
-        try:
-            await self._catch_up(owned, until_high_watermark=True)
-        except ServiceError as exc:
-            self._unload(owned)
-            raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                               f"catching up {CONSUMER_OFFSETS_TOPIC}-{owned.partition}: "
-                               f"{exc.message}") from exc
-        if owned.state.coordinator_epoch != owned.my_epoch:
-            self._fence(owned)
-            raise ServiceError(ErrorCode.NOT_COORDINATOR,
-                               f"{CONSUMER_OFFSETS_TOPIC}-{owned.partition} has a newer owner")
-
-    async def _tail(self, owned: OwnedPartition) -> None:
-        """Follows the partition for markers written by transaction coordinators."""
-        backoff_s = 0.05
-        while not self._stopping and owned.loaded and not owned.fenced:
-            try:
-                read = await self._store.read_batches(
-                    CONSUMER_OFFSETS_TOPIC, owned.partition, owned.log_end_offset,
-                    max_wait_ms=self.config.tail_wait_ms,
-                )
-                backoff_s = 0.05
-            except ServiceError as exc:
-                log.debug("tailing %s-%d: %s", CONSUMER_OFFSETS_TOPIC, owned.partition, exc)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 1.0)
-                continue
-            async with owned.lock:
-                if owned.loaded and not owned.fenced:
-                    self._apply_read(owned, read)
-                    if owned.state.coordinator_epoch != owned.my_epoch:
-                        self._fence(owned)
+        log.info("%s-%d: %d groups", CONSUMER_OFFSETS_TOPIC, owned.partition,
+                 len(owned.state.known_groups()))
 
     # ------------------------------------------------------------- plumbing
 
-    def owned_for(self, group_id: str) -> OwnedPartition:
+    def owned_for(self, group_id: str) -> GroupPartition:
         if not group_id:
             raise ServiceError(ErrorCode.INVALID_GROUP_ID, "group_id must not be empty")
         # Every group request comes here first; the id is in every record of
         # the group (see limits.MAX_ID_LENGTH).
         check_id_length("group_id", group_id, ErrorCode.INVALID_GROUP_ID)
-        partition = self._layout.consumer_offsets_partition(group_id)
-        owned = self.partitions.get(partition)
-        if owned is None or owned.fenced:
-            raise ServiceError(
-                ErrorCode.NOT_COORDINATOR,
-                f"group {group_id!r} belongs to {CONSUMER_OFFSETS_TOPIC}-{partition}, which "
-                f"group coordinator {self._node_id} does not own",
-            )
-        self._check_loaded(owned)
-        return owned
+        return self._runtime.owned(self._layout.consumer_offsets_partition(group_id),
+                                   f"group {group_id!r}")
 
-    def _check_loaded(self, owned: OwnedPartition) -> None:
-        if not owned.loaded:
-            raise ServiceError(
-                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                f"{CONSUMER_OFFSETS_TOPIC}-{owned.partition} is loading",
-            )
+    async def _persist(self, owned: GroupPartition, entries: Sequence[Entry], *,
+                       writer: Callable[[OffsetsPartitionState], TxnWriter] | None = None
+                       ) -> None:
+        """Appends records and replays them (the shared runtime); the caller
+        holds owned.lock. `writer` (transactional offsets) is built from the
+        partition's state, again after a catch-up, since a marker read then
+        may change the next sequence."""
+        await self._runtime.append(owned, entries, writer=writer)
 
-    def _heartbeat_interval_ms(self, session_timeout_ms: int) -> int:
-        return max(100, min(self.config.max_heartbeat_interval_ms, session_timeout_ms // 3))
-
-    async def _persist_group(self, owned: OwnedPartition, before: gr.Group | None,
+    async def _persist_group(self, owned: GroupPartition, before: gr.Group | None,
                              after: gr.Group) -> None:
         if after == before:
             return
@@ -410,13 +288,13 @@ class GroupCoordinatorRuntime:
         check_id_length("group_instance_id", instance_id)
         # An empty name is left alone: subscribing to a topic that does not
         # exist (yet) is allowed, as in Kafka.
-        _check_topic_names("subscribed_topics", topics, ErrorCode.INVALID_TOPIC_EXCEPTION,
-                           allow_empty=True)
+        offs.check_topic_names("subscribed_topics", topics, ErrorCode.INVALID_TOPIC_EXCEPTION,
+                               allow_empty=True)
         current = owned.state.groups.get(group_id)
         wanted = set(topics) | (current.subscribed_topics if current else set())
         counts = await self._counts.get(wanted)
         async with owned.lock:
-            self._check_loaded(owned)
+            self._runtime.check_loaded(owned)
             before = owned.state.groups.get(group_id)
             result = gr.plan_heartbeat(
                 before, group_id=group_id, member_id=member_id, member_epoch=member_epoch,
@@ -444,14 +322,14 @@ class GroupCoordinatorRuntime:
                 owned.deadlines[(group_id, member.member_id)] = (
                     self._now_ms() + member.session_timeout_ms)
             return HeartbeatAnswer(member.member_id, member.member_epoch,
-                                   self._heartbeat_interval_ms(member.session_timeout_ms),
+                                   offs.heartbeat_interval_ms(
+                                       member.session_timeout_ms,
+                                       max_interval_ms=self.config.max_heartbeat_interval_ms),
                                    member.assignment)
 
     async def _expire_sessions(self) -> None:
         now = self._now_ms()
-        for owned in self.partitions.values():
-            if not owned.loaded or owned.fenced:
-                continue
+        for owned in self._runtime.serving():
             expired: dict[str, list[str]] = {}
             for (group_id, member_id), deadline in owned.deadlines.items():
                 if deadline <= now:
@@ -477,7 +355,7 @@ class GroupCoordinatorRuntime:
 
     async def _every(self, interval_ms: int,
                      step: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        while not self._stopping:
+        while not self._runtime.stopping:
             await asyncio.sleep(interval_ms / 1000)
             try:
                 await step()
@@ -489,45 +367,9 @@ class GroupCoordinatorRuntime:
     async def _validate_offsets(self, group_id: str,
                                 partitions: Sequence[tuple[TP, int, str]]) -> None:
         """Bad input fails the whole request, naming what was wrong."""
-        if not partitions:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, "the commit names no partition")
-        # No topic has such a name: unknown, as below, but named clearly.
-        _check_topic_names(f"group {group_id!r}: the commit", (tp[0] for tp, _, _ in partitions),
-                           ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        seen: set[TP] = set()
-        for tp, offset, metadata in partitions:
-            where = f"group {group_id!r}, {tp[0]}-{tp[1]}"
-            if tp in seen:
-                raise ServiceError(ErrorCode.INVALID_REQUEST, f"{where} appears twice")
-            seen.add(tp)
-            if offset < 0:
-                raise ServiceError(ErrorCode.INVALID_REQUEST,
-                                   f"{where}: offset {offset} is negative")
-            metadata_bytes = len(metadata.encode())
-            if metadata_bytes > self.config.max_offset_metadata_bytes:
-                raise ServiceError(
-                    ErrorCode.OFFSET_METADATA_TOO_LARGE,
-                    f"{where}: metadata is {metadata_bytes} bytes, over the "
-                    f"{self.config.max_offset_metadata_bytes}-byte limit",
-                )
-        counts = await self._counts.get(tp[0] for tp in seen)
-        unknown = sorted(tp for tp in seen if not 0 <= tp[1] < counts.get(tp[0], 0))
-        if unknown:
-            raise ServiceError(
-                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"group {group_id!r}: no such partition(s): "
-                + ", ".join(f"{t}-{p}" for t, p in unknown),
-            )
-
-    @staticmethod
-    def _raise_not_owned(refused: Mapping[TP, ServiceError]) -> None:
-        if refused:
-            first = refused[min(refused)]
-            raise ServiceError(
-                first.code,
-                first.message if len(refused) == 1 else
-                f"{first.message} (and {len(refused) - 1} more partition(s))",
-            )
+        seen = offs.check_offsets(group_id, partitions,
+                                  max_metadata_bytes=self.config.max_offset_metadata_bytes)
+        offs.check_known(group_id, seen, await self._counts.get(tp[0] for tp in seen))
 
     async def commit_offsets(self, *, group_id: str, member_id: str, generation_id: int,
                              partitions: Sequence[tuple[TP, int, str]]) -> None:
@@ -567,24 +409,26 @@ class GroupCoordinatorRuntime:
         check_id_length("member_id", member_id)
         await self._validate_offsets(group_id, partitions)
         async with owned.lock:
-            self._check_loaded(owned)
-            self._raise_not_owned(gr.check_commit_member(
+            self._runtime.check_loaded(owned)
+            offs.raise_first_refusal(gr.check_commit_member(
                 owned.state.groups.get(group_id), group_id=group_id, member_id=member_id,
                 generation_id=generation_id, partitions=[tp for tp, _, _ in partitions],
             ))
             writer = None
             if txn is not None:
                 transactional_id, producer_id, producer_epoch = txn
-                writer = TxnWriter(
-                    transactional_id=transactional_id, producer_id=producer_id,
-                    producer_epoch=producer_epoch,
-                    base_sequence=owned.state.next_sequence_for(producer_id, producer_epoch),
-                )
+
+                def writer(state: OffsetsPartitionState) -> TxnWriter:
+                    return TxnWriter(
+                        transactional_id=transactional_id, producer_id=producer_id,
+                        producer_epoch=producer_epoch,
+                        base_sequence=state.next_sequence_for(producer_id, producer_epoch),
+                    )
             now = self._now_ms()
             try:
                 await self._persist(owned, [encode_offset(group_id, tp, offset, metadata, now)
                                             for tp, offset, metadata in partitions],
-                                    producer=writer)
+                                    writer=writer)
             except ServiceError as exc:
                 if exc.code is not ErrorCode.MESSAGE_TOO_LARGE:
                     raise
@@ -597,35 +441,14 @@ class GroupCoordinatorRuntime:
 
     def fetch_offsets(self, *, group_id: str, partitions: Sequence[TP],
                       require_stable: bool) -> list[FetchedOffset]:
-        owned = self.owned_for(group_id)
-        committed = owned.state.offsets.get(group_id, {})
-        wanted = sorted(committed) if not partitions else list(partitions)
-        if not partitions and require_stable:
-            wanted = sorted(set(wanted) | {
-                tp for by_group in owned.state.pending.values()
-                for tp in by_group.get(group_id, {})
-            })
-        out = []
-        for tp in wanted:
-            if require_stable and owned.state.has_pending(group_id, tp):
-                out.append(FetchedOffset(tp, -1, "", ServiceError(
-                    ErrorCode.UNSTABLE_OFFSET_COMMIT,
-                    f"group {group_id!r}, {tp[0]}-{tp[1]}: a transactional offset commit is "
-                    "pending; retry",
-                )))
-                continue
-            value: CommittedOffset | None = committed.get(tp)
-            out.append(FetchedOffset(tp, value.offset if value else -1,
-                                     value.metadata if value else ""))
-        return out
+        return offs.fetch_offsets(self.owned_for(group_id).state, group_id=group_id,
+                                  partitions=partitions, require_stable=require_stable)
 
     # ----------------------------------------------------------------- admin
 
     def list_groups(self) -> list[tuple[str, str]]:
         out = []
-        for owned in self.partitions.values():
-            if not owned.loaded or owned.fenced:
-                continue
+        for owned in self._runtime.serving():
             for group_id in sorted(owned.state.known_groups()):
                 group = owned.state.groups.get(group_id)
                 out.append((group_id, (group.state if group else gr.GroupState.EMPTY).value))
@@ -641,53 +464,23 @@ class GroupCoordinatorRuntime:
     async def delete_group(self, group_id: str) -> None:
         owned = self.owned_for(group_id)
         async with owned.lock:
-            self._check_loaded(owned)
-            group = owned.state.groups.get(group_id)
-            if group is not None and group.members:
-                raise ServiceError(
-                    ErrorCode.NON_EMPTY_GROUP,
-                    f"group {group_id!r} has {len(group.members)} member(s); only an empty "
-                    "group can be deleted",
-                )
-            if group is None and group_id not in owned.state.known_groups():
-                raise ServiceError(ErrorCode.GROUP_ID_NOT_FOUND,
-                                   f"group {group_id!r} does not exist")
-            await self._persist(owned, self._removal_records(owned, group_id))
-
-    @staticmethod
-    def _removal_records(owned: OwnedPartition, group_id: str) -> list[Entry]:
-        entries = [encode_offset_tombstone(group_id, tp)
-                   for tp in sorted(owned.state.offsets.get(group_id, {}))]
-        if group_id in owned.state.groups:
-            entries.append(encode_group_tombstone(group_id))
-        return entries
+            self._runtime.check_loaded(owned)
+            await self._persist(owned, offs.plan_delete_group(owned.state, group_id))
 
     async def _apply_retention(self) -> None:
         """Removes offsets of deleted topics and expired empty groups."""
         now = self._now_ms()
-        for owned in self.partitions.values():
-            if not owned.loaded or owned.fenced:
-                continue
+        for owned in self._runtime.serving():
             topics = {tp[0] for offs in owned.state.offsets.values() for tp in offs}
             counts = await self._counts.get(topics)
             async with owned.lock:
                 if not owned.loaded:
                     continue
-                entries: list[Entry] = []
-                for group_id in sorted(owned.state.known_groups()):
-                    group = owned.state.groups.get(group_id)
-                    committed = owned.state.offsets.get(group_id, {})
-                    newest_ms = max((c.commit_ms for c in committed.values()), default=0)
-                    if ((group is None or not group.members)
-                            and now - newest_ms > self.config.offsets_retention_ms):
-                        log.info("group %r expired (empty, no commit for %d ms)", group_id,
-                                 now - newest_ms)
-                        entries.extend(self._removal_records(owned, group_id))
-                        continue
-                    entries.extend(
-                        encode_offset_tombstone(group_id, tp) for tp in sorted(committed)
-                        if not 0 <= tp[1] < counts.get(tp[0], 0)
-                    )
+                entries, expired = offs.plan_retention(
+                    owned.state, now_ms=now, counts=counts,
+                    retention_ms=self.config.offsets_retention_ms)
+                for group_id, idle_ms in expired:
+                    log.info("group %r expired (empty, no commit for %d ms)", group_id, idle_ms)
                 if entries:
                     await self._persist(owned, entries)
 
@@ -696,9 +489,7 @@ class GroupCoordinatorRuntime:
     def snapshot(self) -> list[tuple[gr.Group | None, str, dict[TP, CommittedOffset], int]]:
         """(group, group id, committed offsets, pending count) per known group."""
         out = []
-        for owned in self.partitions.values():
-            if not owned.loaded or owned.fenced:
-                continue
+        for owned in self._runtime.serving():
             for group_id in owned.state.known_groups():
                 pending = sum(len(by_group.get(group_id, {}))
                               for by_group in owned.state.pending.values())

@@ -25,6 +25,7 @@ phase commit".
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -619,6 +620,41 @@ def plan_complete(md: TxnMetadata, *, now_ms: int) -> TxnMetadata:
     target = (TxnState.COMPLETE_COMMIT if md.state is TxnState.PREPARE_COMMIT
               else TxnState.COMPLETE_ABORT)
     return md.transition(target, partitions=frozenset(), txn_start_ms=-1, last_update_ms=now_ms)
+
+
+def verify_partitions(
+    md: TxnMetadata | None, *, transactional_id: str, producer_id: int, producer_epoch: int,
+    partitions: Iterable[tuple[str, int]],
+) -> dict[tuple[str, int], ServiceError | None]:
+    """A partition store's question before a producer's first transactional
+    write to a partition: is it in this producer's open transaction? Per
+    partition, None (yes) or why not. Only an Ongoing transaction takes
+    writes: a Prepared one is flushed and closed to them, so a zombie task
+    cannot add to it. The caller must have confirmed that `md` is the log's
+    state (a zombie coordinator's memory is not; docs/coordinator.md)."""
+    out: dict[tuple[str, int], ServiceError | None] = {}
+    for tp in partitions:
+        error: ServiceError | None = None
+        if md is None or md.state is TxnState.DEAD or md.producer_id != producer_id:
+            error = ServiceError(
+                ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                f"transactional id {transactional_id!r} does not map to producer {producer_id}",
+            )
+        elif md.producer_epoch != producer_epoch:
+            error = ServiceError(
+                ErrorCode.PRODUCER_FENCED,
+                f"producer {producer_id} epoch {producer_epoch} is fenced; current epoch "
+                f"{md.producer_epoch}",
+            )
+        elif md.state is not TxnState.ONGOING or tp not in md.partitions:
+            error = ServiceError(
+                ErrorCode.INVALID_TXN_STATE,
+                f"partition {tp[0]}-{tp[1]} is not in an open transaction of "
+                f"{transactional_id!r} (state {md.state.value}); call AddPartitionsToTxn "
+                "before writing",
+            )
+        out[tp] = error
+    return out
 
 
 def is_timed_out(md: TxnMetadata, now_ms: int) -> bool:

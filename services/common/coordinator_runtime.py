@@ -1,0 +1,474 @@
+"""The machinery both coordinators share (Kafka's coordinator-common
+`CoordinatorRuntime`): one runtime that owns internal-topic partitions and,
+per partition, a shard — the memory that replaying the partition's records
+builds (`TxnPartitionState` for `__transaction_state`,
+`OffsetsPartitionState` for `__consumer_offsets`).
+
+What the runtime does for every coordinator:
+
+* **Ownership.** It owns the partitions the layout gives this node, loads
+  each in the background (the store may still be starting; retried with
+  backoff), and answers NOT_COORDINATOR for a partition it does not own or
+  lost, COORDINATOR_LOAD_IN_PROGRESS for one it is loading.
+* **Load = replay, then claim.** Loading replays the partition from the
+  start into a fresh shard, then claims it by appending a coordinator-epoch
+  record one above the last (`services/common/coordinator_epoch.py`). A reload
+  (after a write whose outcome is unknown) keeps the epoch this process
+  claimed, unless it finds a newer one: then another coordinator owns the
+  partition and this one is fenced for good.
+* **One writer per partition.** Each partition has a lock; a coordinator
+  holds it from planning a change until the change is replayed, so its plans
+  see every change before them.
+* **Write = conditional append, then replay.** Records are appended on the
+  log end offset this process has replayed up to, so a process that lost the
+  partition, or whose earlier write's outcome is unknown, cannot write past
+  what it has seen. Only after the append is durable are the records replayed
+  into the shard (replay is the only way a shard changes: live traffic and
+  recovery run the same code), and only then does the caller answer. A write
+  whose outcome is unknown unloads the partition and reloads it from the log,
+  the only source of truth.
+* **Ownership confirmation.** Before an answer given from memory alone (no
+  write proved that memory is the log's state), `confirm_ownership` checks
+  that the log still ends where memory does; docs/coordinator.md says why that
+  is enough.
+
+What differs between the coordinators is given to the runtime, not copied
+into it: the log port (how records are read, appended and handed to replay),
+the shard's constructor and replay, what happens when a partition is loaded
+or unloaded (markers, session deadlines, a tail task), and whether others
+write the log too (`others_write`): the transaction coordinator is the only
+writer of `__transaction_state`, so a moved log end there means another
+coordinator; `__consumer_offsets` also receives the transaction
+coordinators' markers, so a moved log end there is read, replayed and the
+write tried again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from oncelog.errors import ErrorCode
+from services.common.coordinator_epoch import encode_epoch
+from services.common.service_error import ServiceError
+from services.common.tasks import TaskGroup
+
+log = logging.getLogger(__name__)
+
+LogEntry = tuple[bytes | None, bytes | None]
+
+# A conditional append that keeps failing because others keep writing (markers
+# on __consumer_offsets) is given up after this many catch-ups.
+MAX_APPEND_ATTEMPTS = 20
+
+R = TypeVar("R")  # what a log hands to replay: one record, or one batch
+S = TypeVar("S", bound="Shard")
+W = TypeVar("W")  # how a write is stamped (a transactional producer), or nothing
+W_contra = TypeVar("W_contra", contravariant=True)
+
+
+class Shard(Protocol):
+    """One partition's memory. It changes only through its coordinator's
+    replay of the partition's records; the runtime needs to read the newest
+    coordinator epoch replayed."""
+
+    coordinator_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogBatch(Generic[R]):
+    """Records to replay, and the offset past them in the log."""
+
+    next_offset: int
+    records: Sequence[R]
+
+
+@dataclass(frozen=True, slots=True)
+class LogRead(Generic[R]):
+    batches: Sequence[LogBatch[R]]
+    # Where the next read starts (past records the store filtered out).
+    next_offset: int
+    high_watermark: int
+
+
+class WriteRefused(Exception):
+    """Raised by a log's append when the store refused the write whole and
+    wrote nothing: memory is still the log's state (no reload), and `error`
+    goes to the caller as it is."""
+
+    def __init__(self, error: ServiceError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class CoordinatorLog(Protocol[R, W_contra]):
+    """The port to one internal topic's partitions."""
+
+    async def read(self, partition: int, from_offset: int, *,
+                   max_wait_ms: int = 0) -> LogRead[R]:
+        """Records from from_offset on (one read; the runtime loops to the
+        high watermark); with max_wait_ms, waits that long for something new."""
+        ...
+
+    async def append(self, partition: int, entries: Sequence[LogEntry], *,
+                     expected_log_end_offset: int, writer: W_contra | None) -> LogBatch[R]:
+        """Appends if the log still ends at expected_log_end_offset (else
+        ServiceError LOG_END_OFFSET_MISMATCH); returns what was written, as
+        replay takes it. Raises WriteRefused when nothing was written."""
+        ...
+
+    async def log_end_offset(self, partition: int) -> int:
+        """Where the partition's durable records end now."""
+        ...
+
+
+@dataclass
+class OwnedPartition(Generic[S]):
+    """A partition this process owns, with its shard. Coordinators subclass
+    it for what they keep beside the shard that replay does not build
+    (marker tasks, session deadlines)."""
+
+    partition: int
+    state: S
+    # Where the records replayed into `state` end: the offset every
+    # conditional append expects.
+    log_end_offset: int = 0
+    loaded: bool = False
+    # Another coordinator took the partition over: this one must not touch it.
+    fenced: bool = False
+    # The coordinator epoch this process claimed (-1: not yet).
+    my_epoch: int = -1
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Ownership confirmations waiting for the next read of the log end (None:
+    # nobody waits), and whether the task that runs those reads is alive.
+    next_ownership_check: asyncio.Future[None] | None = None
+    checking_ownership: bool = False
+
+
+P = TypeVar("P", bound=OwnedPartition[Any])
+
+
+def _ignore(_owned: Any) -> None:
+    return None
+
+
+class CoordinatorRuntime(Generic[P, S, R, W]):
+    """Owns a coordinator's partitions; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        node_id: int,
+        kind: str,
+        partitions: Iterable[int],
+        log: CoordinatorLog[R, W],
+        new_partition: Callable[[int], P],
+        new_shard: Callable[[], S],
+        replay: Callable[[S, R], None],
+        others_write: bool,
+        tail_wait_ms: int = 1000,
+        on_loaded: Callable[[P], None] = _ignore,
+        on_unloaded: Callable[[P], None] = _ignore,
+    ) -> None:
+        """`kind` names this coordinator in errors ("coordinator", "group
+        coordinator"); `replay` applies one record to a shard; `on_loaded`
+        runs under the partition's lock once it is loaded, `on_unloaded` when
+        its memory is dropped for a reload. With `others_write`, a moved log end
+        is caught up and the write retried, and a tail task follows each loaded
+        partition (long polls of `tail_wait_ms`)."""
+        self.topic = topic
+        self.node_id = node_id
+        self.kind = kind
+        self._log = log
+        self._new_shard = new_shard
+        self._replay = replay
+        self._others_write = others_write
+        self._tail_wait_ms = tail_wait_ms
+        self._on_loaded = on_loaded
+        self._on_unloaded = on_unloaded
+        self.partitions: dict[int, P] = {p: new_partition(p) for p in partitions}
+        self.tasks = TaskGroup()
+        self.stopping = False
+
+    # ------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Loads every owned partition in the background."""
+        for owned in self.partitions.values():
+            self.spawn(self._load_until_done(owned))
+
+    async def stop(self, extra: Iterable[asyncio.Task[None]] = ()) -> None:
+        self.stopping = True
+        await self.tasks.stop(extra)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.tasks.spawn(coro)
+
+    async def _load_until_done(self, owned: P) -> None:
+        backoff_s = 0.05
+        while not self.stopping and not owned.loaded and not owned.fenced:
+            try:
+                async with owned.lock:
+                    await self._load(owned)
+            except ServiceError as exc:
+                log.info("loading %s-%d: %s; retrying", self.topic, owned.partition, exc)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 1.0)
+        if self._others_write and owned.loaded and not self.stopping:
+            self.spawn(self._tail(owned))
+
+    async def _load(self, owned: P) -> None:
+        """Replays the partition from the start, then claims it with a higher
+        coordinator epoch (a reload after an uncertain write keeps the epoch
+        this process claimed, unless a newer owner exists: then it is fenced)."""
+        owned.state = self._new_shard()
+        owned.log_end_offset = 0
+        await self._catch_up(owned)
+        if owned.my_epoch >= 0:
+            if owned.state.coordinator_epoch != owned.my_epoch:
+                self._fence(owned)
+                return
+        else:
+            record = encode_epoch(owned.state.coordinator_epoch + 1, self.node_id)
+            try:
+                written = await self._log.append(
+                    owned.partition, [record], expected_log_end_offset=owned.log_end_offset,
+                    writer=None,
+                )
+            except ServiceError as exc:
+                if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH:
+                    raise ServiceError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                       "the log moved while loading") from exc
+                raise
+            self._apply(owned, written)
+            owned.my_epoch = owned.state.coordinator_epoch
+        owned.loaded = True
+        log.info("loaded %s-%d: coordinator epoch %d", self.topic, owned.partition,
+                 owned.my_epoch)
+        self._on_loaded(owned)
+
+    def _fence(self, owned: P) -> None:
+        log.warning("%s-%d: coordinator epoch %d superseded by %d; this coordinator is fenced",
+                    self.topic, owned.partition, owned.my_epoch, owned.state.coordinator_epoch)
+        owned.fenced = True
+        owned.loaded = False
+
+    def fence(self, owned: P) -> None:
+        """Another coordinator owns the partition (a store said so): this one
+        must not touch it again."""
+        owned.fenced = True
+
+    def unload(self, owned: P) -> None:
+        """Forgets memory that may be behind the log; a reload follows."""
+        owned.loaded = False
+        self._on_unloaded(owned)
+        self.spawn(self._load_until_done(owned))
+
+    # ------------------------------------------------------------ log access
+
+    def _apply(self, owned: P, batch: LogBatch[R]) -> None:
+        for record in batch.records:
+            self._replay(owned.state, record)
+        owned.log_end_offset = batch.next_offset
+
+    def apply_read(self, owned: P, read: LogRead[R]) -> None:
+        """Replays the read's batches not yet replayed, in order (a read made
+        without the lock may return our own writes since)."""
+        for batch in read.batches:
+            if batch.next_offset <= owned.log_end_offset:
+                continue  # ours, or already replayed
+            self._apply(owned, batch)
+        owned.log_end_offset = max(owned.log_end_offset, read.next_offset)
+
+    async def _catch_up(self, owned: P) -> None:
+        """Reads and replays from where memory ends up to the high watermark."""
+        while True:
+            read = await self._log.read(owned.partition, owned.log_end_offset)
+            before = owned.log_end_offset
+            self.apply_read(owned, read)
+            if owned.log_end_offset >= read.high_watermark or owned.log_end_offset == before:
+                return
+
+    async def _tail(self, owned: P) -> None:
+        """Follows a partition others write too, so their records (markers)
+        are replayed soon after they land, without waiting for our next write."""
+        backoff_s = 0.05
+        while not self.stopping and owned.loaded and not owned.fenced:
+            try:
+                read = await self._log.read(owned.partition, owned.log_end_offset,
+                                            max_wait_ms=self._tail_wait_ms)
+                backoff_s = 0.05
+            except ServiceError as exc:
+                log.debug("tailing %s-%d: %s", self.topic, owned.partition, exc)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 1.0)
+                continue
+            async with owned.lock:
+                if owned.loaded and not owned.fenced:
+                    self.apply_read(owned, read)
+                    if owned.state.coordinator_epoch != owned.my_epoch:
+                        self._fence(owned)
+
+    async def _catch_up_or_unload(self, owned: P) -> None:
+        try:
+            await self._catch_up(owned)
+        except ServiceError as exc:
+            self.unload(owned)
+            raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                               f"catching up {self.topic}-{owned.partition}: "
+                               f"{exc.message}") from exc
+        self.check_epoch(owned)
+
+    def check_epoch(self, owned: P) -> None:
+        """After replaying others' records: a newer coordinator-epoch record
+        among them means another process took the partition over."""
+        if owned.state.coordinator_epoch != owned.my_epoch:
+            self._fence(owned)
+            raise ServiceError(ErrorCode.NOT_COORDINATOR,
+                               f"{self.topic}-{owned.partition} has a newer owner")
+
+    async def append(self, owned: P, entries: Sequence[LogEntry], *,
+                     writer: Callable[[S], W] | None = None) -> None:
+        """Appends records, then replays them; the caller holds owned.lock.
+        `writer` stamps the write (a transactional producer), built from the
+        shard: again after a catch-up, since a marker read then may change
+        what it must be (the next sequence)."""
+        for _attempt in range(MAX_APPEND_ATTEMPTS):
+            try:
+                written = await self._log.append(
+                    owned.partition, entries, expected_log_end_offset=owned.log_end_offset,
+                    writer=writer(owned.state) if writer is not None else None,
+                )
+            except WriteRefused as refused:
+                raise refused.error from refused
+            except ServiceError as exc:
+                if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH and self._others_write:
+                    # A marker (or a newer owner) moved the log: read it and retry.
+                    await self._catch_up_or_unload(owned)
+                    continue
+                # The outcome is unknown (a lost reply) or the log moved under
+                # us (a newer coordinator): memory may be behind the log. Reload.
+                self.unload(owned)
+                code = (ErrorCode.NOT_COORDINATOR if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH
+                        else ErrorCode.COORDINATOR_NOT_AVAILABLE)
+                raise ServiceError(
+                    code, f"{self.topic}-{owned.partition} write failed: {exc.message}"
+                ) from exc
+            self._apply(owned, written)
+            return
+        raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                           f"{self.topic}-{owned.partition}: the log kept moving")
+
+    # ------------------------------------------------------------- ownership
+
+    def owned(self, partition: int, what: str) -> P:
+        """The loaded partition a request for `what` (e.g. "group 'g'") goes
+        to, or NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS."""
+        owned = self.partitions.get(partition)
+        if owned is None or owned.fenced:
+            raise ServiceError(
+                ErrorCode.NOT_COORDINATOR,
+                f"{what} belongs to {self.topic}-{partition}, which {self.kind} "
+                f"{self.node_id} does not own",
+            )
+        self.check_loaded(owned)
+        return owned
+
+    def check_loaded(self, owned: P) -> None:
+        if not owned.loaded:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                f"{self.topic}-{owned.partition} is loading",
+            )
+
+    def serving(self) -> Iterator[P]:
+        """The partitions loaded and not fenced: what information requests
+        and timers walk. Lazy, so a walk that awaits skips a partition
+        unloaded or fenced meanwhile."""
+        return (o for o in self.partitions.values() if o.loaded and not o.fenced)
+
+    async def confirm_ownership(self, owned: P) -> None:
+        """Returns once a read of the partition's log end that started after
+        this call found the log ending where this coordinator's memory ends:
+        nobody else has written it, so memory was the log's state at that read.
+
+        Concurrent callers share one read (one that starts after the last of
+        them arrived: a read already in flight may have been answered before
+        they came), so under load a batch of verifications costs one store
+        round trip, not one each. Raises NOT_COORDINATOR when another
+        coordinator has written the log (this one reloads, and the reload
+        finds it fenced), a retriable error when the store cannot be asked."""
+        waiter = owned.next_ownership_check
+        if waiter is None:
+            waiter = asyncio.get_running_loop().create_future()
+            # A waiter whose caller went away leaves its exception unread.
+            waiter.add_done_callback(
+                lambda f: None if f.cancelled() else f.exception())
+            owned.next_ownership_check = waiter
+            if not owned.checking_ownership:
+                owned.checking_ownership = True
+                self.spawn(self._run_ownership_checks(owned))
+        await asyncio.shield(waiter)
+
+    async def _run_ownership_checks(self, owned: P) -> None:
+        """Answers the waiting confirmations with one read each round, until
+        none is waiting."""
+        try:
+            while owned.next_ownership_check is not None:
+                waiter, owned.next_ownership_check = owned.next_ownership_check, None
+                try:
+                    await self._check_log_end(owned)
+                except ServiceError as exc:
+                    waiter.set_exception(exc)
+                except BaseException:
+                    waiter.cancel()
+                    raise
+                else:
+                    waiter.set_result(None)
+        finally:
+            owned.checking_ownership = False
+            if owned.next_ownership_check is not None:  # stopped with callers waiting
+                owned.next_ownership_check.cancel()
+                owned.next_ownership_check = None
+
+    async def _check_log_end(self, owned: P) -> None:
+        if await self._read_log_end(owned) == owned.log_end_offset:
+            return
+        # Our own write may have landed without its answer having come back
+        # yet (or have come back after the read): look again once no write
+        # of ours is in flight.
+        async with owned.lock:
+            self.check_loaded(owned)
+            await self.check_log_end_locked(owned)
+
+    async def check_log_end_locked(self, owned: P) -> None:
+        """With owned.lock held (no write of ours in flight): the log must end
+        where memory does, else another coordinator has written it: reload
+        and answer NOT_COORDINATOR."""
+        log_end = await self._read_log_end(owned)
+        if log_end == owned.log_end_offset:
+            return
+        log.warning("%s-%d ends at %d, this coordinator's memory at %d: another coordinator "
+                    "has written it; reloading", self.topic, owned.partition, log_end,
+                    owned.log_end_offset)
+        self.unload(owned)
+        raise ServiceError(
+            ErrorCode.NOT_COORDINATOR,
+            f"{self.topic}-{owned.partition} was written by another {self.kind} "
+            f"(it ends at {log_end}, {self.kind} {self.node_id} knows it up to "
+            f"{owned.log_end_offset})",
+        )
+
+    async def _read_log_end(self, owned: P) -> int:
+        try:
+            return await self._log.log_end_offset(owned.partition)
+        except ServiceError as exc:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"cannot confirm that {self.kind} {self.node_id} still owns "
+                f"{self.topic}-{owned.partition}: {exc.message}",
+            ) from exc
