@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 import weakref
@@ -99,9 +100,23 @@ def needs_metadata_refresh(exc: OncelogError) -> bool:
     return exc.code in _REFRESH_ON
 
 
-def backoff_ms(attempt: int, *, base_ms: int, max_ms: int) -> int:
-    """Exponential backoff: base, 2*base, 4*base, ... capped at max_ms (attempt >= 1)."""
-    return int(min(max_ms, base_ms * (2 ** min(max(attempt - 1, 0), 20))))
+# Each backoff is spread by up to this fraction either way (Kafka's KIP-580),
+# so clients that failed together do not all retry in the same millisecond.
+BACKOFF_JITTER = 0.2
+
+
+def backoff_ms(attempt: int, *, base_ms: int, max_ms: int,
+               rng: random.Random | None = None) -> int:
+    """Exponential backoff with jitter (KIP-580): base, 2*base, 4*base, ...
+    capped at max_ms (attempt >= 1), each times a random factor in
+    [1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER]. `rng`: a seeded generator for
+    reproducible runs (default: the module's)."""
+    term_ms = min(max_ms, base_ms * (2 ** min(max(attempt - 1, 0), 20)))
+    factor = (rng or _jitter_rng).uniform(1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER)
+    return max(1, int(term_ms * factor))
+
+
+_jitter_rng = random.Random()
 
 
 # A retry loop sleeps no closer to its deadline than this, so its last attempt

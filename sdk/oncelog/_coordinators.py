@@ -52,10 +52,11 @@ CONCURRENT_TRANSACTIONS_BACKOFF_MS = 2
 CONCURRENT_TRANSACTIONS_BACKOFF_MAX_MS = 20
 
 
-def concurrent_transactions_backoff_ms(attempt: int) -> int:
+def concurrent_transactions_backoff_ms(attempt: int, *,
+                                       rng: random.Random | None = None) -> int:
     """The pause before retry `attempt` (>= 1) after CONCURRENT_TRANSACTIONS."""
     return backoff_ms(attempt, base_ms=CONCURRENT_TRANSACTIONS_BACKOFF_MS,
-                      max_ms=CONCURRENT_TRANSACTIONS_BACKOFF_MAX_MS)
+                      max_ms=CONCURRENT_TRANSACTIONS_BACKOFF_MAX_MS, rng=rng)
 
 # After these the key's coordinator may be another process: look it up again.
 COORDINATOR_MOVED = frozenset({

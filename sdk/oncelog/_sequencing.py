@@ -38,6 +38,7 @@ answers and `now_ms`, and it says what to send and what to fail. The rules:
 from __future__ import annotations
 
 import enum
+import random
 from collections import deque
 
 from oncelog import errors
@@ -104,8 +105,12 @@ class PartitionSequencer:
         retry_backoff_ms: int,
         retry_backoff_max_ms: int,
         transactional: bool = False,
+        rng: random.Random | None = None,
     ) -> None:
+        """`rng` draws the retry backoffs' jitter: a seeded one makes a run
+        reproducible (the simulation), None uses the client module's."""
         self.idempotent = idempotent
+        self.rng = rng
         self.transactional = transactional
         self.max_in_flight = max_in_flight
         self.retry_backoff_ms = retry_backoff_ms
@@ -303,10 +308,11 @@ class PartitionSequencer:
             # The store could not add the partition to the transaction yet: the
             # previous transaction's markers are still being written, which
             # takes milliseconds, so the usual backoff would only add latency.
-            pause = concurrent_transactions_backoff_ms(batch.attempts)
+            pause = concurrent_transactions_backoff_ms(batch.attempts, rng=self.rng)
         else:
             pause = backoff_ms(
-                batch.attempts, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms
+                batch.attempts, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms,
+                rng=self.rng,
             )
         self.retry_at_ms = max(self.retry_at_ms, now_ms + pause)
         batch.needs_send = True

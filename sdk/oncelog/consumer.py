@@ -51,6 +51,7 @@ from oncelog._client import (
     remaining_ms,
     unreachable_addresses,
 )
+from oncelog._config import bool_option, choice_option, int_option
 from oncelog._group import (
     GroupClient,
     HeartbeatThread,
@@ -155,15 +156,8 @@ class Consumer:
         default_api_timeout_ms: int = 60_000,
         check_crcs: bool = True,
     ) -> None:
-        if isolation_level not in _ISOLATION:
-            raise ValueError(
-                f"isolation_level must be one of {sorted(_ISOLATION)}, got {isolation_level!r}"
-            )
-        if auto_offset_reset not in (EARLIEST, LATEST, NONE):
-            raise ValueError(
-                f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
-                f"got {auto_offset_reset!r}"
-            )
+        choice_option("isolation_level", isolation_level, sorted(_ISOLATION))
+        choice_option("auto_offset_reset", auto_offset_reset, (EARLIEST, LATEST, NONE))
         if group_id is not None:
             check_group_id(group_id)
         if group_instance_id is not None:
@@ -173,22 +167,25 @@ class Consumer:
                 )
             if group_id is None:
                 raise ValueError("group_instance_id needs a group_id")
+        bool_option("enable_auto_commit", enable_auto_commit)
+        bool_option("check_crcs", check_crcs)
         if enable_auto_commit and group_id is None:
             raise ValueError("enable_auto_commit needs a group_id (offsets are the group's)")
-        if auto_commit_interval_ms <= 0:
-            raise ValueError(
-                f"auto_commit_interval_ms must be positive, got {auto_commit_interval_ms}"
-            )
-        if max_poll_records < 1:
-            raise ValueError(f"max_poll_records must be >= 1, got {max_poll_records}")
-        if not 0 <= fetch_max_wait_ms <= MAX_FETCH_WAIT_MS:
+        int_option("auto_commit_interval_ms", auto_commit_interval_ms, minimum=1)
+        int_option("max_poll_records", max_poll_records, minimum=1)
+        int_option("fetch_max_wait_ms", fetch_max_wait_ms, minimum=0)
+        if fetch_max_wait_ms > MAX_FETCH_WAIT_MS:
             raise ValueError(
                 f"fetch_max_wait_ms must be within 0..{MAX_FETCH_WAIT_MS}, got {fetch_max_wait_ms}"
             )
-        if fetch_min_bytes < 0 or fetch_max_bytes <= 0 or max_partition_fetch_bytes <= 0:
-            raise ValueError("fetch sizes must be positive (fetch_min_bytes may be 0)")
-        if session_timeout_ms <= 0:
-            raise ValueError(f"session_timeout_ms must be positive, got {session_timeout_ms}")
+        int_option("fetch_min_bytes", fetch_min_bytes, minimum=0)
+        int_option("fetch_max_bytes", fetch_max_bytes, minimum=1)
+        int_option("max_partition_fetch_bytes", max_partition_fetch_bytes, minimum=1)
+        int_option("session_timeout_ms", session_timeout_ms, minimum=1)
+        int_option("request_timeout_ms", request_timeout_ms, minimum=1)
+        int_option("retry_backoff_ms", retry_backoff_ms, minimum=1)
+        int_option("retry_backoff_max_ms", retry_backoff_max_ms, minimum=retry_backoff_ms)
+        int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
         self.group_id = group_id
         self.group_instance_id = group_instance_id
         self.enable_auto_commit = enable_auto_commit

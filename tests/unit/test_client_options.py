@@ -6,17 +6,23 @@ naming the option and the value received, never later as a raw comparison
 error in a background thread; `acks` takes Kafka's spellings with Kafka's
 meaning (and its rule that idempotence needs acks="all").
 
+Also: retry backoff is exponential with KIP-580's jitter, so clients that
+failed together do not retry in step.
+
 Method: construct clients against an address nothing listens on (options are
-checked before any connection) and read the errors.
+checked before any connection) and read the errors; draw backoffs from
+seeded generators.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
-from oncelog import Producer
+from oncelog import Admin, Consumer, Producer
+from oncelog._client import BACKOFF_JITTER, backoff_ms
 
 NOWHERE = "127.0.0.1:1"
 
@@ -73,3 +79,46 @@ def test_acks_0_is_refused_with_the_reason(acks: Any) -> None:
 def test_unknown_acks_are_named(acks: Any) -> None:
     with pytest.raises(ValueError, match="^acks must be 'all', -1 or 1"):
         Producer(bootstrap=NOWHERE, acks=acks, enable_idempotence=False)
+
+
+CONSUMER_INT_OPTIONS = [
+    "auto_commit_interval_ms", "max_poll_records", "session_timeout_ms",
+    "fetch_max_wait_ms", "fetch_min_bytes", "fetch_max_bytes", "max_partition_fetch_bytes",
+    "request_timeout_ms", "retry_backoff_ms", "retry_backoff_max_ms", "default_api_timeout_ms",
+]
+ADMIN_INT_OPTIONS = ["request_timeout_ms", "default_api_timeout_ms", "retry_backoff_ms",
+                     "retry_backoff_max_ms"]
+
+
+@pytest.mark.parametrize("option", CONSUMER_INT_OPTIONS)
+def test_a_consumer_int_option_of_another_type_is_named(option: str) -> None:
+    options: dict[str, Any] = {option: "big"}
+    with pytest.raises(ValueError, match=rf"^{option} must be an int, got 'big' \(str\)"):
+        Consumer(bootstrap=NOWHERE, **options)
+
+
+@pytest.mark.parametrize("option", ADMIN_INT_OPTIONS)
+def test_an_admin_int_option_of_another_type_is_named(option: str) -> None:
+    options: dict[str, Any] = {option: 2.5}
+    with pytest.raises(ValueError, match=rf"^{option} must be an int, got 2.5 \(float\)"):
+        Admin(bootstrap=NOWHERE, **options)
+
+
+def test_consumer_choices_and_flags_are_named() -> None:
+    with pytest.raises(ValueError, match="^isolation_level must be one of 'read_committed'"):
+        Consumer(bootstrap=NOWHERE, isolation_level="serializable")
+    with pytest.raises(ValueError, match="^auto_offset_reset must be one of 'earliest'"):
+        Consumer(bootstrap=NOWHERE, auto_offset_reset="smallest")
+    with pytest.raises(ValueError, match="^enable_auto_commit must be True or False"):
+        Consumer(bootstrap=NOWHERE, group_id="g", enable_auto_commit="yes")  # type: ignore[arg-type]
+
+
+def test_backoff_grows_exponentially_within_the_jitter() -> None:
+    rng = random.Random(7)
+    for attempt, term_ms in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 1000), (30, 1000)]:
+        drawn = [backoff_ms(attempt, base_ms=100, max_ms=1000, rng=rng) for _ in range(200)]
+        low = term_ms * (1 - BACKOFF_JITTER)
+        high = term_ms * (1 + BACKOFF_JITTER)
+        assert all(low - 1 <= d <= high for d in drawn), (attempt, min(drawn), max(drawn))
+        # Spread, not one value: two clients that failed together drift apart.
+        assert max(drawn) - min(drawn) > term_ms * BACKOFF_JITTER, (attempt, drawn[:5])

@@ -19,6 +19,7 @@ import pytest
 
 from oncelog import errors
 from oncelog._batching import ProducerBatch
+from oncelog._client import BACKOFF_JITTER
 from oncelog._sequencing import PartitionMode, PartitionSequencer
 from oncelog.errors import ErrorCode
 from oncelog.records import MAX_SEQUENCE, iter_records, read_header
@@ -242,7 +243,9 @@ def test_backoff_grows_with_attempts() -> None:
         pauses.append(s.retry_at_ms - now)
         now = s.retry_at_ms
         assert s.batches_to_send(now) == [a]
-    assert pauses == [100, 200, 400, 800, 1_000, 1_000]
+    # Doubling up to the cap, each spread by KIP-580's jitter.
+    for pause, term in zip(pauses, [100, 200, 400, 800, 1_000, 1_000], strict=True):
+        assert term * (1 - BACKOFF_JITTER) - 1 <= pause <= term * (1 + BACKOFF_JITTER), pauses
 
 
 def test_partition_adopts_a_new_epoch_only_when_idle() -> None:
@@ -369,7 +372,8 @@ def test_concurrent_transactions_from_the_store_is_retried_after_a_short_pause()
         now = s.retry_at_ms
         assert s.batches_to_send(now) == [a]
         assert identity(a) == sent_as
-    assert pauses == [2, 4, 8, 16, 20, 20]
+    for pause, term in zip(pauses, [2, 4, 8, 16, 20, 20], strict=True):
+        assert int(term * (1 - BACKOFF_JITTER)) <= pause <= term * (1 + BACKOFF_JITTER), pauses
     # Another retriable error keeps the usual backoff.
     s.on_error(a, err(ErrorCode.NOT_COORDINATOR), now, dispatched=True)
     assert s.retry_at_ms - now >= 100

@@ -87,11 +87,14 @@ def test_checker_catches_a_store_that_acknowledges_before_durable() -> None:
 # Seeds of the CI set where the slow-client-zombie recipe (simulation.py,
 # `Simulation._after_add`) exposes a coordinator that answers a store's
 # verification without confirming that it still owns the transaction log
-# (issue 3): 1, 23, 27, 31, 32 and 38, six of the seven recipe seeds in
-# 1..40 (each a transaction left open after quiescing). Over 1..200: 19 seeds,
-# all recipe seeds (46 of the 200; a share of 41 %). Two are run here; the
-# scripted schedule in test_scripted.py pins the same interleaving exactly.
-NO_CONFIRM_OWNERSHIP_SEEDS = [1, 23]
+# (issue 3): 23, 27 and 32 of 1..40 (each a transaction left open after
+# quiescing). Over 1..200: 19 seeds, all recipe seeds. The seeds move when
+# anything the run draws from its generator changes (the clients' backoff
+# jitter, say): find them again with
+# `.venv/bin/python -m tests.sim.real --seeds 1..200 --bug no-confirm-ownership`.
+# Two are run here; the scripted schedule in test_scripted.py pins the same
+# interleaving exactly, whatever the seeds do.
+NO_CONFIRM_OWNERSHIP_SEEDS = [23, 27]
 
 
 def test_checker_catches_verification_without_confirming_ownership() -> None:

@@ -254,7 +254,8 @@ class TxnProducer:
         to the transaction (else it asks the coordinator to verify it)."""
         sequencer = PartitionSequencer(
             idempotent=True, transactional=True, max_in_flight=5,
-            retry_backoff_ms=RETRY_BACKOFF_MS, retry_backoff_max_ms=RETRY_BACKOFF_MAX_MS)
+            retry_backoff_ms=RETRY_BACKOFF_MS, retry_backoff_max_ms=RETRY_BACKOFF_MAX_MS,
+            rng=self._rng)
         now_ms = self._loop.now_ms()
         values = facts.values.setdefault(partition, [])
         for _ in range(batches if batches is not None else self._rng.randint(1, 2)):
