@@ -9,31 +9,68 @@ idempotence guarantees.
 
 from __future__ import annotations
 
-from oncelog import errors
-from oncelog.admin import Admin
-from oncelog.consumer import Consumer
-from oncelog.producer import Producer
-from oncelog.types import (
-    ConsumerRecord,
-    GroupDescription,
-    GroupListing,
-    GroupMetadata,
-    GroupOffset,
-    HangingTransaction,
-    MemberDescription,
-    NewTopic,
-    OffsetAndTimestamp,
-    PartitionDescription,
-    PreparedTxnState,
-    ProducerState,
-    RecordMetadata,
-    TopicDescription,
-    TopicPartition,
-    TransactionDescription,
-    TransactionListing,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from oncelog.wire import VERSION
+
+if TYPE_CHECKING:
+    from oncelog import errors
+    from oncelog.admin import Admin
+    from oncelog.consumer import Consumer
+    from oncelog.producer import Producer
+    from oncelog.types import (
+        ConsumerRecord,
+        GroupDescription,
+        GroupListing,
+        GroupMetadata,
+        GroupOffset,
+        HangingTransaction,
+        MemberDescription,
+        NewTopic,
+        OffsetAndTimestamp,
+        PartitionDescription,
+        PreparedTxnState,
+        ProducerState,
+        RecordMetadata,
+        TopicDescription,
+        TopicPartition,
+        TransactionDescription,
+        TransactionListing,
+    )
+
+__version__ = VERSION
+
+# The public names, each loaded on first use (PEP 562): the services import
+# `oncelog.wire`, which imports this package first, and must not load the
+# client (its threads, its channels) with it.
+_LAZY = {
+    "Admin": "oncelog.admin",
+    "Consumer": "oncelog.consumer",
+    "Producer": "oncelog.producer",
+    "errors": None,
+    **{name: "oncelog.types" for name in (
+        "ConsumerRecord", "GroupDescription", "GroupListing", "GroupMetadata", "GroupOffset",
+        "HangingTransaction", "MemberDescription", "NewTopic", "OffsetAndTimestamp",
+        "PartitionDescription", "PreparedTxnState", "ProducerState", "RecordMetadata",
+        "TopicDescription", "TopicPartition", "TransactionDescription", "TransactionListing",
+    )},
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'oncelog' has no attribute {name!r}")
+    module_name = _LAZY[name]
+    value = (importlib.import_module(f"oncelog.{name}") if module_name is None
+             else getattr(importlib.import_module(module_name), name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Admin",

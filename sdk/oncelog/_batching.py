@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import _base as _futures_base
 
-from oncelog import records as codec
 from oncelog._partitioner import StickyPartitioner
 from oncelog.types import RecordMetadata
+from oncelog.wire import records as codec
 
 log = logging.getLogger("oncelog.producer")
 

@@ -26,15 +26,12 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 
-from oncelog import errors
-from oncelog._status import STATUS_DETAILS_KEY, error_from_rpc
-from oncelog.errors import ErrorCode, OncelogError
 from oncelog.v1 import (
     coordinator_pb2_grpc,
     errors_pb2,
@@ -42,27 +39,19 @@ from oncelog.v1 import (
     partition_store_pb2,
     partition_store_pb2_grpc,
 )
+from oncelog.wire import errors
+from oncelog.wire.errors import ErrorCode, OncelogError
+from oncelog.wire.limits import (
+    CHANNEL_OPTIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+)
+from oncelog.wire.status import STATUS_DETAILS_KEY, error_from_rpc
 
 log = logging.getLogger("oncelog.client")
 
 T = TypeVar("T")
 
-# Mirrors services/common/limits.py (the SDK may not import the services): a
-# produce or fetch message may carry this much.
-MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
-# A topic's max.message.bytes (largest encoded batch) when its config leaves it out.
-DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_MESSAGE_BYTES_CONFIG = "max.message.bytes"
-
-CHANNEL_OPTIONS: Sequence[tuple[str, int]] = (
-    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-    # gRPC's default reconnect backoff grows to two minutes; a restarted store
-    # must be found again within about a second (Kafka's reconnect.backoff.max.ms).
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
 
 # Errors after which the partition's owner may have moved: ask Metadata again.
 _REFRESH_ON = frozenset({

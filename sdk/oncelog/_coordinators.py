@@ -24,7 +24,6 @@ from typing import TypeVar
 
 import grpc
 
-from oncelog import errors
 from oncelog._client import (
     LAST_ATTEMPT_MIN_S,
     ClusterClient,
@@ -32,8 +31,9 @@ from oncelog._client import (
     error_from_proto,
     remaining_ms,
 )
-from oncelog.errors import ErrorCode, OncelogError
 from oncelog.v1 import coordinator_pb2
+from oncelog.wire import errors
+from oncelog.wire.errors import ErrorCode, OncelogError
 
 log = logging.getLogger("oncelog.coordinators")
 

@@ -19,7 +19,6 @@ from typing import TypeVar
 
 import grpc
 
-from oncelog import errors
 from oncelog._client import ClusterClient, backoff_ms, error_from_proto, raise_for_error
 from oncelog._coordinators import (
     GROUP,
@@ -30,9 +29,10 @@ from oncelog._coordinators import (
     coordinator_failed,
 )
 from oncelog._membership import GroupMembership, HeartbeatAnswer, HeartbeatRequest
-from oncelog.errors import ErrorCode, OncelogError
 from oncelog.types import TopicPartition
 from oncelog.v1 import errors_pb2, group_coordinator_pb2, records_pb2
+from oncelog.wire import errors
+from oncelog.wire.errors import ErrorCode, OncelogError
 
 log = logging.getLogger("oncelog.group")
 

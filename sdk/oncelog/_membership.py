@@ -31,9 +31,9 @@ import enum
 import uuid
 from dataclasses import dataclass
 
-from oncelog import errors
-from oncelog.errors import ErrorCode, OncelogError
 from oncelog.types import TopicPartition
+from oncelog.wire import errors
+from oncelog.wire.errors import ErrorCode, OncelogError
 
 # member_epoch values of ConsumerGroupHeartbeat with a special meaning.
 JOIN_EPOCH = 0

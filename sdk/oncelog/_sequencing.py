@@ -41,12 +41,12 @@ import enum
 import random
 from collections import deque
 
-from oncelog import errors
 from oncelog._batching import ProducerBatch
 from oncelog._client import backoff_ms
 from oncelog._coordinators import concurrent_transactions_backoff_ms
-from oncelog.errors import ErrorCode, OncelogError
-from oncelog.records import next_sequence
+from oncelog.wire import errors
+from oncelog.wire.errors import ErrorCode, OncelogError
+from oncelog.wire.records import next_sequence
 
 # Answers after which the batch may or may not have been written.
 UNKNOWN_OUTCOME = frozenset({

@@ -20,8 +20,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from oncelog import errors
-from oncelog.errors import ErrorCode, OncelogError, ProducerErrorClass
+from oncelog.wire import errors
+from oncelog.wire.errors import ErrorCode, OncelogError, ProducerErrorClass
 
 
 def ends_producer(exc: BaseException) -> bool:

@@ -33,7 +33,6 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import grpc
 
-from oncelog import errors
 from oncelog._client import (
     SERVICE,
     ClusterClient,
@@ -52,8 +51,6 @@ from oncelog._group import (
     check_offsets,
     partition_names,
 )
-from oncelog.errors import ErrorCode, OncelogError
-from oncelog.records import MAX_PRODUCER_EPOCH
 from oncelog.types import (
     GroupDescription,
     GroupListing,
@@ -77,6 +74,9 @@ from oncelog.v1 import (
     partition_store_pb2_grpc,
     records_pb2,
 )
+from oncelog.wire import errors
+from oncelog.wire.errors import ErrorCode, OncelogError
+from oncelog.wire.records import MAX_PRODUCER_EPOCH
 
 # Kafka's transaction.max.timeout.ms default, and our coordinator's: no
 # transaction may stay open longer, so one open longer is hanging.

@@ -41,8 +41,6 @@ from types import TracebackType
 
 import grpc
 
-from oncelog import errors
-from oncelog import records as codec
 from oncelog._client import (
     ClusterClient,
     backoff_ms,
@@ -63,9 +61,11 @@ from oncelog._group import (
     unstable_offset_backoff_ms,
 )
 from oncelog._membership import GroupMembership, MemberState, Plan
-from oncelog.errors import ErrorCode, OncelogError
 from oncelog.types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
 from oncelog.v1 import partition_store_pb2, records_pb2
+from oncelog.wire import errors
+from oncelog.wire import records as codec
+from oncelog.wire.errors import ErrorCode, OncelogError
 
 log = logging.getLogger("oncelog.consumer")
 

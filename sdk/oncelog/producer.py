@@ -42,7 +42,6 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from oncelog import errors
 from oncelog._batching import (
     BATCH_OVERHEAD_BYTES,
     FINISHED,
@@ -54,7 +53,6 @@ from oncelog._batching import (
     record_size_bytes,
 )
 from oncelog._client import (
-    MAX_GRPC_MESSAGE_BYTES,
     ClusterClient,
     backoff_ms,
     error_from_proto,
@@ -77,8 +75,6 @@ from oncelog._transactions import (
     ends_producer,
     record_failure,
 )
-from oncelog.errors import ErrorCode, OncelogError
-from oncelog.records import MAX_PRODUCER_EPOCH, Header
 from oncelog.types import GroupMetadata, PreparedTxnState, TopicPartition
 from oncelog.v1 import (
     coordinator_pb2,
@@ -86,6 +82,10 @@ from oncelog.v1 import (
     group_coordinator_pb2,
     partition_store_pb2,
 )
+from oncelog.wire import errors
+from oncelog.wire.errors import ErrorCode, OncelogError
+from oncelog.wire.limits import MAX_GRPC_MESSAGE_BYTES
+from oncelog.wire.records import MAX_PRODUCER_EPOCH, Header
 
 log = logging.getLogger("oncelog.producer")
 

@@ -32,8 +32,7 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from oncelog._port_in_use import GRPC, METRICS, PortInUse, find_ports_in_use
-from oncelog._process_health import process_health_service
+from oncelog.wire.process import GRPC, METRICS, PortInUse, find_ports_in_use, process_health_service
 
 KINDS = ("partition_store", "coordinator", "group_coordinator")
 # How long a started process may take to answer its health check.

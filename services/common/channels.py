@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import grpc
 
-from oncelog._client import CHANNEL_OPTIONS
+from oncelog.wire.limits import CHANNEL_OPTIONS
 
 
 class ChannelPool:

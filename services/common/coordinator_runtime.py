@@ -51,7 +51,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 from services.common.coordinator_epoch import encode_epoch
 from services.common.service_error import ServiceError
 from services.common.tasks import TaskGroup

@@ -20,7 +20,7 @@ import json
 import struct
 from typing import Any
 
-from oncelog.records import crc32c
+from oncelog.wire.records import crc32c
 
 _ENVELOPE = struct.Struct(">BI")
 ENVELOPE_SIZE_BYTES = _ENVELOPE.size

@@ -16,9 +16,9 @@ from google.protobuf import any_pb2
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 
-from oncelog._status import error_proto
-from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.status import error_proto
 from services.common.invariants import InvariantViolation, invariant
 from services.common.service_error import ServiceError
 

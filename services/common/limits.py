@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from oncelog.wire.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_GRPC_MESSAGE_BYTES
 from services.common.invariants import invariant
 
-# gRPC messages: a produce or fetch request/response may carry this much.
-MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+# gRPC messages (a produce or fetch request/response may carry
+# MAX_GRPC_MESSAGE_BYTES) and the default max.message.bytes are bounds the
+# clients enforce too: they live in oncelog.wire.limits, once.
 # Default and ceiling for a topic's max.message.bytes (one encoded batch).
-DEFAULT_MAX_BATCH_BYTES = 1024 * 1024
+DEFAULT_MAX_BATCH_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 MAX_BATCH_BYTES_CEILING = 16 * 1024 * 1024
 # Default and ceiling for one fetch response.
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024

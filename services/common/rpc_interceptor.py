@@ -33,9 +33,9 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from prometheus_client import Counter
 
-from oncelog._status import error_from_status
-from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.status import error_from_status
 from services.common import metrics
 from services.common.errors import ServiceError, abort_with
 

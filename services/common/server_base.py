@@ -29,9 +29,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import disable_created_metrics, start_http_server
 
-from oncelog import __version__
-from oncelog._port_in_use import GRPC, METRICS, port_in_use_line
-from oncelog._process_health import process_health_service
+from oncelog.wire import VERSION
+from oncelog.wire.process import GRPC, METRICS, port_in_use_line, process_health_service
 from services.common import limits, metrics
 from services.common.cluster import ClusterLayout, split_addresses
 from services.common.rpc_interceptor import RpcInterceptor
@@ -240,7 +239,7 @@ class ServiceServer:
             raise ValueError(f"shutdown grace is {shutdown_grace_ms} ms; it must be >= 0")
         self.service_name = service_name
         # Our pid's name lets a caller that started this process tell it from
-        # another process holding the port (oncelog._process_health).
+        # another process holding the port (oncelog.wire.process).
         self._names = ["", *full_service_names, process_health_service(os.getpid())]
         self._shutdown_grace_ms = shutdown_grace_ms
         self._on_draining = on_draining
@@ -259,7 +258,7 @@ class ServiceServer:
     async def start(self, listen: str) -> int:
         """Binds and starts serving (health NOT_SERVING until set_serving);
         returns the bound port. Exits with a one-line reason when it cannot
-        bind (a taken port in the words of oncelog._port_in_use)."""
+        bind (a taken port in the words of oncelog.wire.process)."""
         try:
             port = self.server.add_insecure_port(listen)
         except RuntimeError:
@@ -302,7 +301,7 @@ class ServiceServer:
 def listen_failure(service_name: str, purpose: str, address: str,
                    error: OSError | None) -> str:
     """Why a service cannot listen on `address`, in one line. A taken port
-    gets the fixed wording of oncelog._port_in_use, which LocalCluster looks
+    gets the fixed wording of oncelog.wire.process, which LocalCluster looks
     for to pick a fresh port instead of failing."""
     if error is not None and error.errno == errno.EADDRINUSE:
         return port_in_use_line(service_name, purpose, address)
@@ -369,7 +368,7 @@ async def serve(
     # The client's *_created series would double the series count for
     # nothing a dashboard uses.
     disable_created_metrics()
-    metrics.SERVICE_INFO.labels(service_name, str(node_id), __version__).set(1)
+    metrics.SERVICE_INFO.labels(service_name, str(node_id), VERSION).set(1)
     metrics.SERVING.set(0)
     if metrics_port:
         host = listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"

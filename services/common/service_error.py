@@ -4,8 +4,8 @@ errors at the gRPC boundary."""
 
 from __future__ import annotations
 
-from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2
+from oncelog.wire.errors import ErrorCode
 from services.common import limits
 
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from oncelog import records
-from oncelog._status import error_from_rpc
-from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2, records_pb2
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
+from oncelog.wire import records
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.status import error_from_rpc
 from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError

@@ -13,11 +13,11 @@ from typing import Protocol
 
 import grpc
 
-from oncelog._status import error_from_rpc
-from oncelog.errors import ErrorCode
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.status import error_from_rpc
 from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point

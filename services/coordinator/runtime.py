@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 from services.common.errors import ServiceError
 from services.coordinator.core.producer_ids import ProducerIdBlock, next_block
 from services.coordinator.storage.producer_id_log import ProducerIdLog

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 
-from oncelog.errors import ErrorCode
 from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
 from oncelog.v1 import records_pb2
+from oncelog.wire.errors import ErrorCode
 from services.common import limits
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.errors import ServiceError, abort_with

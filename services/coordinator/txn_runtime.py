@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
 from services.common.coordinator_runtime import (
     CoordinatorRuntime,

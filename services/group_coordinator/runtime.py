@@ -31,8 +31,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from oncelog import records
-from oncelog.errors import ErrorCode
+from oncelog.wire import records
+from oncelog.wire.errors import ErrorCode
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.coordinator_runtime import (
     CoordinatorRuntime,

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from oncelog.records import control_marker, iter_record_keys, retain_records
+from oncelog.wire.records import control_marker, iter_record_keys, retain_records
 from services.common.crashpoints import crash_point
 from services.common.errors import InvariantViolation, invariant
 from services.partition_store import metrics

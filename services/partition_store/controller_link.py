@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import grpc
 
-from oncelog.errors import ErrorCode
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
+from oncelog.wire.errors import ErrorCode
 from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError

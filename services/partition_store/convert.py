@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2, partition_store_pb2
+from oncelog.wire.errors import ErrorCode
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
 from services.partition_store.core.codec import CorruptValueError

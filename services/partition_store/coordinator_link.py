@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import grpc
 
-from oncelog._status import error_from_rpc
-from oncelog.errors import ErrorCode
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc, records_pb2
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.status import error_from_rpc
 from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError

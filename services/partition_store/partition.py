@@ -27,8 +27,8 @@ import logging
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
-from oncelog.errors import ErrorCode
-from oncelog.records import (
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.records import (
     BatchHeader,
     control_marker,
     encode_control_batch,

@@ -38,8 +38,8 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from oncelog.errors import ErrorCode
-from oncelog.records import BatchFormatError
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.records import BatchFormatError
 from services.common import limits
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 from services.common.service_error import ServiceError
 from services.partition_store.core.outcomes import Rejection
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 from services.common.errors import ServiceError
 from services.partition_store import metrics
 from services.partition_store.storage.port import KeyValueStore, WriteGroup

@@ -53,7 +53,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from oncelog import Admin, GroupMetadata, Producer, TopicPartition, errors
-from oncelog._status import STATUS_DETAILS_KEY, error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch, iter_records
 from oncelog.testing import KINDS, LocalCluster
@@ -64,6 +63,7 @@ from oncelog.v1 import group_coordinator_pb2 as gpb
 from oncelog.v1 import group_coordinator_pb2_grpc as gpb_grpc
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
+from oncelog.wire.status import STATUS_DETAILS_KEY, error_from_rpc
 from services.common import limits
 from tests.support.polling import retrying, wait_until
 

@@ -42,8 +42,6 @@ import grpc
 import pytest
 
 from oncelog import Admin, Consumer, TopicPartition
-from oncelog._port_in_use import grpc_port_taken
-from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch
 from oncelog.testing import LocalCluster, free_port
@@ -54,6 +52,8 @@ from oncelog.v1 import (
     partition_store_pb2_grpc,
     records_pb2,
 )
+from oncelog.wire.process import grpc_port_taken
+from oncelog.wire.status import error_from_rpc
 from tests.support.reading import read_all
 
 TOPIC = "t"

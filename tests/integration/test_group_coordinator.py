@@ -28,7 +28,6 @@ import grpc
 import pytest
 
 from oncelog import Admin, GroupMetadata, Producer, TopicPartition, errors
-from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.testing import LocalCluster
 from oncelog.v1 import group_coordinator_pb2 as gpb
@@ -36,6 +35,7 @@ from oncelog.v1 import group_coordinator_pb2_grpc as gpb_grpc
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
+from oncelog.wire.status import error_from_rpc
 from tests.support.polling import retrying, wait_until
 
 PARTITIONS = 4

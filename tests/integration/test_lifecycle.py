@@ -44,11 +44,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from oncelog import Admin, Producer
 from oncelog._batching import RecordFuture
-from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.testing import STOP_TIMEOUT_S, LocalCluster
 from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
+from oncelog.wire.status import error_from_rpc
 from services.common.server_base import ServiceServer
 from services.partition_store.servicer import SERVICE_NAME as STORE_SERVICE
 from tests.support.reading import read_all

@@ -32,12 +32,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from oncelog._status import error_from_rpc, error_proto
 from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch, iter_records, read_header
 from oncelog.testing import free_port
 from oncelog.v1 import coordinator_pb2, errors_pb2, partition_store_pb2_grpc, records_pb2
 from oncelog.v1 import partition_store_pb2 as pb
+from oncelog.wire.status import error_from_rpc, error_proto
 from services.partition_store.server import build_parser
 from tests.integration.test_store_grpc import StoreProcess, create_topic
 

@@ -42,9 +42,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from prometheus_client.parser import text_string_to_metric_families
 
 import oncelog.v1
-from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
 from oncelog.testing import KINDS
+from oncelog.wire.status import error_from_rpc
 from tests.integration import test_bad_input_sweep as bad_input
 from tests.integration.test_bad_input_sweep import Sweep, observe
 

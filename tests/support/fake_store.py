@@ -53,7 +53,6 @@ from typing import Any, cast
 import grpc
 
 from oncelog import records as codec
-from oncelog._status import error_proto
 from oncelog.errors import ErrorCode
 from oncelog.v1 import (
     coordinator_pb2,
@@ -64,6 +63,7 @@ from oncelog.v1 import (
     partition_store_pb2_grpc,
     records_pb2,
 )
+from oncelog.wire.status import error_proto
 from services.common.errors import to_grpc_status
 
 DROP_REPLY = "drop_reply"  # append, then fail the RPC as if the reply was lost

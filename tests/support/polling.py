@@ -9,8 +9,8 @@ from typing import TypeVar
 
 import grpc
 
-from oncelog._status import error_from_rpc
 from oncelog.errors import ErrorCode
+from oncelog.wire.status import error_from_rpc
 
 T = TypeVar("T")
 

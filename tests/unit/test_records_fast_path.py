@@ -8,7 +8,7 @@ round-trip mixed batches through iter_records.
 
 from __future__ import annotations
 
-from oncelog import records
+from oncelog.wire import records
 
 
 def _general(rows: list[tuple[bytes | None, bytes | None, None, int]]) -> bytes:

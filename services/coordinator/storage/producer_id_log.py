@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 from services.common.cluster import PRODUCER_IDS_TOPIC
 from services.common.errors import ServiceError
 from services.common.store_client import StoreClient

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 from services.common.cluster import TRANSACTION_STATE_TOPIC
 from services.common.service_error import ServiceError
 from services.common.store_client import StoreClient

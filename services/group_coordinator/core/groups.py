@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 from services.common.service_error import ServiceError
 from services.group_coordinator.core.assignor import TP, assign
 

@@ -26,7 +26,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from oncelog.records import MARKER_COMMIT, next_sequence
+from oncelog.wire.records import MARKER_COMMIT, next_sequence
 from services.common import durable
 from services.common.coordinator_epoch import EPOCH_KEY, decode_epoch
 from services.group_coordinator.core.groups import Group

@@ -14,8 +14,8 @@ Order and codes (every message names the partition and the sizes or fields):
 
 from __future__ import annotations
 
-from oncelog.errors import ErrorCode
-from oncelog.records import (
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.records import (
     CRC_START,
     HEADER_SIZE_BYTES,
     BatchFormatError,

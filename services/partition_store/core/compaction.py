@@ -56,7 +56,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from oncelog.records import MARKER_ABORT, BatchHeader, RecordKey
+from oncelog.wire.records import MARKER_ABORT, BatchHeader, RecordKey
 from services.common.invariants import invariant
 from services.partition_store.core.codec import CorruptValueError, seal, unseal
 from services.partition_store.core.txn_index import AbortedTxn

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from oncelog.records import BatchHeader
+from oncelog.wire.records import BatchHeader
 from services.common.invariants import InvariantViolation
 from services.partition_store.core.txn_index import AbortedIndex, AbortedTxn
 

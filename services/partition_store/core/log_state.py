@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from oncelog.records import BatchHeader
+from oncelog.wire.records import BatchHeader
 from services.common.invariants import invariant
 
 

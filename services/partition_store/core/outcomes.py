@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oncelog.errors import ErrorCode
+from oncelog.wire.errors import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)

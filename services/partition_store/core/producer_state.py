@@ -86,8 +86,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from oncelog.errors import ErrorCode
-from oncelog.records import (
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.records import (
     MARKER_ABORT,
     MARKER_COMMIT,
     MAX_PRODUCER_EPOCH,

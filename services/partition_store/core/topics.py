@@ -32,8 +32,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from oncelog.errors import ErrorCode
-from oncelog.records import HEADER_SIZE_BYTES
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.records import HEADER_SIZE_BYTES
 from services.common import limits
 from services.common.cluster import INTERNAL_PREFIX
 from services.partition_store.core.codec import CorruptValueError, seal, unseal

@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 from google.rpc import status_pb2
 
-from oncelog.errors import ErrorCode
 from oncelog.v1 import errors_pb2
+from oncelog.wire.errors import ErrorCode
 
 # Where gRPC carries a google.rpc.Status (with our Error in its details).
 STATUS_DETAILS_KEY = "grpc-status-details-bin"

@@ -1,11 +1,19 @@
-"""The line a service prints when it cannot listen because another process
-holds its port, and the parser that finds it in a service's log.
+"""What a service process says about itself to whoever started it.
 
-The services write it (services/common/server_base.py) and LocalCluster
-(oncelog.testing) reads it to tell "my port was taken between the pick and
-the bind, pick another" from every other reason a process exits at start.
-It lives in the SDK because the services may import the SDK, not the other
-way round; one definition keeps writer and reader from drifting apart.
+* The line a service prints when it cannot listen because another process
+  holds its port, and the parser that finds it in a service's log. The
+  services write it (services/common/server_base.py) and LocalCluster
+  (oncelog.testing) reads it to tell "my port was taken between the pick and
+  the bind, pick another" from every other reason a process exits at start.
+* The health-check service name by which a service process answers for
+  itself, and not for whatever else holds its port: every service registers
+  the gRPC health service `oncelog.process.<pid>` with the same status as its
+  other services. LocalCluster waits for that name with the pid it started:
+  a process that took the port before ours could bind answers "" as SERVING,
+  but not our pid's name, so a process about to exit because its port is
+  taken is never mistaken for ready.
+
+One definition keeps writer and reader from drifting apart.
 """
 
 from __future__ import annotations
@@ -53,3 +61,10 @@ def grpc_port_taken(log_text: str, address: str) -> bool:
     address it was given."""
     return any(taken.purpose == GRPC and taken.address == address
                for taken in find_ports_in_use(log_text))
+
+
+def process_health_service(pid: int) -> str:
+    """The health service name of the service process with this pid."""
+    if pid <= 0:
+        raise ValueError(f"pid is {pid}; it must be > 0")
+    return f"oncelog.process.{pid}"

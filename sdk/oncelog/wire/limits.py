@@ -1,0 +1,24 @@
+"""Bounds the SDK and the services must agree on, in one place.
+
+Each side adds its own (services/common/limits.py imports these and checks
+its limits against them at import), but a bound both sides enforce lives
+here only: a copy elsewhere would drift.
+"""
+
+from __future__ import annotations
+
+# A produce or fetch message may carry this much (gRPC's message limit on
+# every channel and server).
+MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+# A topic's max.message.bytes (largest encoded batch) when its config leaves it out.
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+    # gRPC's default reconnect backoff grows to two minutes; a restarted store
+    # must be found again within about a second (Kafka's reconnect.backoff.max.ms).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
