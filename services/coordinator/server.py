@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     defaults = TxnConfig()
     for flag, default, help_text in (
-        ("max-transaction-timeout-ms", defaults.max_txn_timeout_ms,
+        ("max-transaction-timeout-ms", defaults.max_transaction_timeout_ms,
          "the longest transaction timeout a producer may ask for"),
         ("transactional-id-expiration-ms", defaults.transactional_id_expiration_ms,
          "an idle transactional id is forgotten after this"),
@@ -79,7 +79,7 @@ async def main(argv: list[str] | None = None) -> None:
         layout=layout, node_id=args.node_id, txn_log=StoreTxnLog(store), markers=markers,
         producer_ids=producer_ids, now_ms=lambda: int(time.time() * 1000),
         config=TxnConfig(
-            max_txn_timeout_ms=args.max_transaction_timeout_ms,
+            max_transaction_timeout_ms=args.max_transaction_timeout_ms,
             transactional_id_expiration_ms=args.transactional_id_expiration_ms,
             check_interval_ms=args.transaction_check_interval_ms,
             allow_two_phase_commit=args.allow_two_phase_commit,

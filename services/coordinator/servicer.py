@@ -41,7 +41,7 @@ def _describe(md: TxnMetadata, coordinator_epoch: int) -> pb.TransactionDescript
         state=md.state.value,
         producer_id=md.producer_id,
         producer_epoch=md.producer_epoch,
-        transaction_timeout_ms=md.txn_timeout_ms,
+        transaction_timeout_ms=md.transaction_timeout_ms,
         transaction_start_time_ms=md.txn_start_ms,
         partitions=[records_pb2.TopicPartition(topic=t, partition=p)
                     for t, p in sorted(md.partitions)],

@@ -72,7 +72,7 @@ _MARKER_DONE = {ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TxnConfig:
-    max_txn_timeout_ms: int = 900_000
+    max_transaction_timeout_ms: int = 900_000
     # Idle transactional ids are forgotten after this (Kafka: 7 days).
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     # How often timeouts and expirations are checked.
@@ -166,7 +166,7 @@ class TxnCoordinatorRuntime:
     async def start(self) -> None:
         """Loads every owned partition in the background (the store may still
         be starting) and starts the timer."""
-        metrics.MAX_TRANSACTION_TIMEOUT_SECONDS.set(self.config.max_txn_timeout_ms / 1000)
+        metrics.MAX_TRANSACTION_TIMEOUT_SECONDS.set(self.config.max_transaction_timeout_ms / 1000)
         self.publish_gauges()
         self._runtime.start()
         self._runtime.spawn(self._timer_loop())
@@ -234,7 +234,7 @@ class TxnCoordinatorRuntime:
     # ------------------------------------------------------------- requests
 
     async def init_producer_id(
-        self, transactional_id: str, txn_timeout_ms: int, *, two_phase_commit: bool = False,
+        self, transactional_id: str, transaction_timeout_ms: int, *, two_phase_commit: bool = False,
         keep_prepared_txn: bool = False,
     ) -> tuple[int, int, tuple[int, int] | None]:
         """The producer id and epoch, and the prepared state of a transaction
@@ -253,8 +253,10 @@ class TxnCoordinatorRuntime:
             fresh_producer_id = await self._fresh_id_if_needed(md)
             try:
                 plan = txn.plan_init_producer_id(
-                    md, transactional_id=transactional_id, txn_timeout_ms=txn_timeout_ms,
-                    max_txn_timeout_ms=self.config.max_txn_timeout_ms, now_ms=self._now_ms(),
+                    md, transactional_id=transactional_id,
+                    transaction_timeout_ms=transaction_timeout_ms,
+                    max_transaction_timeout_ms=self.config.max_transaction_timeout_ms,
+                    now_ms=self._now_ms(),
                     fresh_producer_id=fresh_producer_id, two_phase_commit=two_phase_commit,
                     keep_prepared_txn=keep_prepared_txn,
                 )
@@ -557,7 +559,7 @@ class TxnCoordinatorRuntime:
                     if planned is None:
                         continue
                     log.info("transaction of %r timed out after %d ms: aborting",
-                             transactional_id, current.txn_timeout_ms)
+                             transactional_id, current.transaction_timeout_ms)
                     await self._persist(owned, [encode_txn(planned)])
                     metrics.TXN_TIMEOUTS.inc()
                     metrics.PRODUCER_FENCINGS.labels("timeout").inc()

@@ -30,12 +30,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from oncelog._batching import restamp_batch
-from oncelog.wire.limits import CHANNEL_OPTIONS
 from oncelog.errors import ErrorCode
 from oncelog.records import CRC_START, crc32c, encode_batch, iter_records, read_header
 from oncelog.testing import free_port
 from oncelog.v1 import errors_pb2, partition_store_pb2_grpc, records_pb2
 from oncelog.v1 import partition_store_pb2 as pb
+from oncelog.wire.limits import CHANNEL_OPTIONS
 from oncelog.wire.process import grpc_port_taken
 from oncelog.wire.status import error_from_rpc
 

@@ -197,7 +197,7 @@ class ProduceReply:
 class InitRequest:
     call_id: int
     transactional_id: str
-    txn_timeout_ms: int
+    transaction_timeout_ms: int
     two_phase_commit: bool = False
     keep_prepared_txn: bool = False
 
@@ -1228,8 +1228,8 @@ class CoordinatorNode(Node):
         def handle() -> Reply:
             md = self.state.transactions.get(tid)
             plan = txn.plan_init_producer_id(
-                md, transactional_id=tid, txn_timeout_ms=request.txn_timeout_ms,
-                max_txn_timeout_ms=MAX_TXN_TIMEOUT_MS, now_ms=self.sim.now_ms,
+                md, transactional_id=tid, transaction_timeout_ms=request.transaction_timeout_ms,
+                max_transaction_timeout_ms=MAX_TXN_TIMEOUT_MS, now_ms=self.sim.now_ms,
                 fresh_producer_id=self._fresh_id_if_needed(md),
                 two_phase_commit=request.two_phase_commit,
                 keep_prepared_txn=request.keep_prepared_txn,
@@ -1620,11 +1620,11 @@ class ProducerNode(Node):
     complete an already completed state again."""
 
     def __init__(self, sim: Simulation, transactional_id: str, instance: int,
-                 txn_timeout_ms: int, *, two_phase: bool = False,
+                 transaction_timeout_ms: int, *, two_phase: bool = False,
                  keep_prepared: bool = False) -> None:
         super().__init__(sim, f"{transactional_id}#{instance}")
         self.transactional_id = transactional_id
-        self.txn_timeout_ms = txn_timeout_ms
+        self.transaction_timeout_ms = transaction_timeout_ms
         self.status = Status.INIT
         self.producer_id = -1
         self.producer_epoch = -1
@@ -1667,7 +1667,7 @@ class ProducerNode(Node):
             if coordinator_free:
                 self._coordinator_call(
                     lambda call_id: InitRequest(call_id, self.transactional_id,
-                                                self.txn_timeout_ms, self.two_phase,
+                                                self.transaction_timeout_ms, self.two_phase,
                                                 self.keep_prepared), InitCtx())
                 return True
             return False
@@ -2134,7 +2134,7 @@ class Simulation:
         md = txn.TxnMetadata(
             transactional_id=tid, producer_id=self.allocate_producer_id(),
             producer_epoch=txn.MAX_PRODUCER_EPOCH - 2, previous_producer_id=txn.NO_PRODUCER_ID,
-            previous_producer_epoch=-1, txn_timeout_ms=TXN_TIMEOUT_MS_RANGE[0],
+            previous_producer_epoch=-1, transaction_timeout_ms=TXN_TIMEOUT_MS_RANGE[0],
             state=txn.TxnState.COMPLETE_COMMIT, last_update_ms=self.now_ms, bump_reason="init",
         )
         self.txn_log.append([encode_txn(md)], expected_log_end_offset=0, writer="setup")
@@ -2335,7 +2335,8 @@ class Simulation:
             if producers:
                 def stall() -> None:
                     producer = rng.choice(producers)
-                    pause_ms = producer.txn_timeout_ms + rng.randint(0, producer.txn_timeout_ms)
+                    timeout_ms = producer.transaction_timeout_ms
+                    pause_ms = timeout_ms + rng.randint(0, timeout_ms)
                     producer.stalled_until_ms = self.now_ms + pause_ms
                     self.log(f"STALL: {producer.name} pauses for {pause_ms} ms")
                 actions.append((0.2 * scale, stall))

@@ -113,7 +113,7 @@ def test_the_checker_sees_a_two_phase_commit_transaction_timed_out(
 
     def any_timeout(md, now_ms):  # type: ignore[no-untyped-def]
         return md.state is transactions.TxnState.ONGOING and \
-            now_ms >= md.txn_start_ms + md.txn_timeout_ms
+            now_ms >= md.txn_start_ms + md.transaction_timeout_ms
 
     monkeypatch.setattr(transactions, "is_timed_out", any_timeout)
     assert "aborted on its timeout" in _first_failure(range(1, 41), 300)

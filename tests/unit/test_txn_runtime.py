@@ -49,7 +49,7 @@ def make(log: MemoryTxnLog, markers: FakeMarkerSender, clock: Clock,
     return TxnCoordinatorRuntime(
         layout=LAYOUT, node_id=0, txn_log=log, markers=markers,
         producer_ids=ProducerIdManager(ids, node_id=0, block_size=10), now_ms=clock,
-        config=TxnConfig(check_interval_ms=10, max_txn_timeout_ms=60_000),
+        config=TxnConfig(check_interval_ms=10, max_transaction_timeout_ms=60_000),
     )
 
 

@@ -47,7 +47,8 @@ P2 = frozenset({("payments", 1), ("ledger", 0)})
 
 def _new(now_ms: int = 1000, producer_id: int = 7) -> TxnMetadata:
     return plan_init_producer_id(
-        None, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        None, transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=now_ms, fresh_producer_id=producer_id,
     ).to_persist
 
@@ -79,17 +80,19 @@ def test_new_transactional_id_gets_epoch_zero() -> None:
 
 def test_init_again_bumps_the_epoch_and_keeps_the_id() -> None:
     plan = plan_init_producer_id(
-        _new(), transactional_id=TID, txn_timeout_ms=30_000, max_txn_timeout_ms=900_000,
+        _new(), transactional_id=TID, transaction_timeout_ms=30_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=5000, fresh_producer_id=None,
     )
     md = plan.to_persist
-    assert (md.producer_id, md.producer_epoch, md.txn_timeout_ms) == (7, 1, 30_000)
+    assert (md.producer_id, md.producer_epoch, md.transaction_timeout_ms) == (7, 1, 30_000)
     assert not plan.abort_started
 
 
 def test_init_with_an_open_transaction_fences_and_aborts_it() -> None:
     plan = plan_init_producer_id(
-        _ongoing(), transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        _ongoing(), transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=5000, fresh_producer_id=None,
     )
     assert plan.abort_started
@@ -102,7 +105,8 @@ def test_init_with_an_open_transaction_fences_and_aborts_it() -> None:
 def test_init_rejects_timeouts_outside_the_limit(timeout_ms: int) -> None:
     with pytest.raises(ServiceError) as err:
         plan_init_producer_id(
-            None, transactional_id=TID, txn_timeout_ms=timeout_ms, max_txn_timeout_ms=900_000,
+            None, transactional_id=TID, transaction_timeout_ms=timeout_ms,
+            max_transaction_timeout_ms=900_000,
             now_ms=0, fresh_producer_id=1,
         )
     assert err.value.code is ErrorCode.INVALID_TRANSACTION_TIMEOUT
@@ -209,7 +213,8 @@ def test_commit_with_nothing_open_is_invalid_but_abort_bumps() -> None:
 
 def test_stale_epoch_end_txn_is_fenced() -> None:
     md = plan_init_producer_id(
-        _ongoing(), transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        _ongoing(), transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=5000, fresh_producer_id=None,
     ).to_persist
     done = plan_complete(md, now_ms=5100)
@@ -239,11 +244,11 @@ def test_timeout_aborts_with_an_epoch_bump() -> None:
 
 def test_epoch_exhaustion_rotates_the_producer_id() -> None:
     md = TxnMetadata(transactional_id=TID, producer_id=7, producer_epoch=MAX_PRODUCER_EPOCH,
-                     previous_producer_id=-1, previous_producer_epoch=-1, txn_timeout_ms=1000,
-                     state=TxnState.EMPTY)
+                     previous_producer_id=-1, previous_producer_epoch=-1,
+                     transaction_timeout_ms=1000, state=TxnState.EMPTY)
     assert needs_fresh_producer_id(md)
-    plan = plan_init_producer_id(md, transactional_id=TID, txn_timeout_ms=1000,
-                                 max_txn_timeout_ms=900_000, now_ms=0, fresh_producer_id=99)
+    plan = plan_init_producer_id(md, transactional_id=TID, transaction_timeout_ms=1000,
+                                 max_transaction_timeout_ms=900_000, now_ms=0, fresh_producer_id=99)
     assert (plan.to_persist.producer_id, plan.to_persist.producer_epoch) == (99, 0)
     assert plan.to_persist.previous_producer_id == 7
 
@@ -278,7 +283,8 @@ def test_records_from_before_two_phase_commit_still_load() -> None:
 
 def _new_2pc() -> TxnMetadata:
     return plan_init_producer_id(
-        None, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        None, transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=1000, fresh_producer_id=7, two_phase_commit=True,
     ).to_persist
 
@@ -298,7 +304,8 @@ def _prepared() -> TxnMetadata:
 def _kept() -> TxnMetadata:
     """A new instance kept the prepared transaction: it holds epoch 1."""
     plan = plan_init_producer_id(
-        _prepared(), transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        _prepared(), transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=4000, fresh_producer_id=None, two_phase_commit=True, keep_prepared_txn=True,
     )
     assert plan.kept_prepared == (7, 0) and not plan.abort_started
@@ -363,7 +370,8 @@ def test_keep_prepared_txn_fences_the_old_instance_and_keeps_the_transaction() -
         assert err.value.code is ErrorCode.PRODUCER_FENCED
     # A third instance keeps it again.
     again = plan_init_producer_id(
-        md, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        md, transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=4500, fresh_producer_id=None, two_phase_commit=True, keep_prepared_txn=True,
     )
     assert (again.to_persist.producer_epoch, again.kept_prepared) == (2, (7, 0))
@@ -372,8 +380,8 @@ def test_keep_prepared_txn_fences_the_old_instance_and_keeps_the_transaction() -
 def test_keep_prepared_txn_needs_two_phase_commit() -> None:
     with pytest.raises(ServiceError) as err:
         plan_init_producer_id(
-            _prepared(), transactional_id=TID, txn_timeout_ms=60_000,
-            max_txn_timeout_ms=900_000, now_ms=4000, fresh_producer_id=None,
+            _prepared(), transactional_id=TID, transaction_timeout_ms=60_000,
+            max_transaction_timeout_ms=900_000, now_ms=4000, fresh_producer_id=None,
             keep_prepared_txn=True,
         )
     assert err.value.code is ErrorCode.INVALID_REQUEST
@@ -386,7 +394,8 @@ def test_init_aborts_an_open_transaction_that_was_never_prepared(keep: bool) -> 
         max_partitions=100, now_ms=2000,
     )
     plan = plan_init_producer_id(
-        ongoing, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        ongoing, transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=4000, fresh_producer_id=None, two_phase_commit=True, keep_prepared_txn=keep,
     )
     assert plan.abort_started and plan.kept_prepared is None
@@ -396,7 +405,8 @@ def test_init_aborts_an_open_transaction_that_was_never_prepared(keep: bool) -> 
 
 def test_init_without_keep_aborts_a_prepared_transaction() -> None:
     plan = plan_init_producer_id(
-        _prepared(), transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        _prepared(), transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=4000, fresh_producer_id=None,
     )
     assert plan.abort_started
@@ -452,7 +462,8 @@ def test_repeated_and_retried_completions_are_answered_without_a_change(
     # Another process completes the same prepared state again, later: it
     # inits (nothing prepared any more: a plain bump) and asks.
     later = plan_init_producer_id(
-        done, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        done, transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=6000, fresh_producer_id=None, two_phase_commit=True, keep_prepared_txn=True,
     )
     assert later.kept_prepared is None and later.to_persist.state is TxnState.EMPTY
@@ -511,7 +522,8 @@ def test_a_kept_transaction_whose_epoch_runs_out_keeps_its_markers_on_the_data_i
     prepared = replace(_prepared(), producer_epoch=MAX_PRODUCER_EPOCH,
                        prepared_producer_epoch=MAX_PRODUCER_EPOCH)
     kept = plan_init_producer_id(
-        prepared, transactional_id=TID, txn_timeout_ms=60_000, max_txn_timeout_ms=900_000,
+        prepared, transactional_id=TID, transaction_timeout_ms=60_000,
+        max_transaction_timeout_ms=900_000,
         now_ms=4000, fresh_producer_id=99, two_phase_commit=True, keep_prepared_txn=True,
     ).to_persist
     assert (kept.producer_id, kept.producer_epoch, kept.prepared_state) == (

@@ -156,7 +156,7 @@ class TxnMetadata:
     # or InitProducerId whose reply was lost be recognised.
     previous_producer_id: int
     previous_producer_epoch: int
-    txn_timeout_ms: int
+    transaction_timeout_ms: int
     state: TxnState
     partitions: frozenset[tuple[str, int]] = field(default_factory=frozenset)
     # When the open transaction added its first partition (-1: none open).
@@ -199,7 +199,8 @@ class TxnMetadata:
             "producer_epoch": self.producer_epoch,
             "previous_producer_id": self.previous_producer_id,
             "previous_producer_epoch": self.previous_producer_epoch,
-            "txn_timeout_ms": self.txn_timeout_ms,
+            # The stored key keeps its first name: records already written use it.
+            "txn_timeout_ms": self.transaction_timeout_ms,
             "state": self.state.value,
             "partitions": sorted([t, p] for t, p in self.partitions),
             "txn_start_ms": self.txn_start_ms,
@@ -223,7 +224,7 @@ class TxnMetadata:
             producer_epoch=int(payload["producer_epoch"]),
             previous_producer_id=int(payload["previous_producer_id"]),
             previous_producer_epoch=int(payload["previous_producer_epoch"]),
-            txn_timeout_ms=int(payload["txn_timeout_ms"]),
+            transaction_timeout_ms=int(payload["txn_timeout_ms"]),
             state=TxnState(payload["state"]),
             partitions=frozenset((str(t), int(p)) for t, p in parts),
             txn_start_ms=int(payload["txn_start_ms"]),
@@ -294,8 +295,8 @@ def plan_init_producer_id(
     md: TxnMetadata | None,
     *,
     transactional_id: str,
-    txn_timeout_ms: int,
-    max_txn_timeout_ms: int,
+    transaction_timeout_ms: int,
+    max_transaction_timeout_ms: int,
     now_ms: int,
     fresh_producer_id: int | None,
     two_phase_commit: bool = False,
@@ -316,10 +317,11 @@ def plan_init_producer_id(
             f"transactional id {transactional_id!r}: keep_prepared_txn needs "
             "enable_two_phase_commit",
         )
-    if not 0 < txn_timeout_ms <= max_txn_timeout_ms:
+    if not 0 < transaction_timeout_ms <= max_transaction_timeout_ms:
         raise ServiceError(
             ErrorCode.INVALID_TRANSACTION_TIMEOUT,
-            f"transaction timeout {txn_timeout_ms} ms is outside 1..{max_txn_timeout_ms} ms",
+            f"transaction timeout {transaction_timeout_ms} ms is outside "
+            f"1..{max_transaction_timeout_ms} ms",
         )
     if md is None or md.state is TxnState.DEAD:
         invariant(fresh_producer_id is not None, "a new transactional id needs a producer id")
@@ -330,7 +332,7 @@ def plan_init_producer_id(
                 producer_epoch=0,
                 previous_producer_id=NO_PRODUCER_ID,
                 previous_producer_epoch=-1,
-                txn_timeout_ms=txn_timeout_ms,
+                transaction_timeout_ms=transaction_timeout_ms,
                 state=TxnState.EMPTY,
                 last_update_ms=now_ms,
                 two_phase_commit=two_phase_commit,
@@ -353,7 +355,7 @@ def plan_init_producer_id(
         return InitPlan(_decide(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "init"),
                         abort_started=True)
     bumped = _bump_epoch(md, TxnState.EMPTY, now_ms, fresh_producer_id, "init")
-    return InitPlan(replace(bumped, txn_timeout_ms=txn_timeout_ms,
+    return InitPlan(replace(bumped, transaction_timeout_ms=transaction_timeout_ms,
                             two_phase_commit=two_phase_commit), abort_started=False)
 
 
@@ -662,7 +664,7 @@ def is_timed_out(md: TxnMetadata, now_ms: int) -> bool:
     transactions never time out: an external coordinator decides them, and
     may take as long as it needs (KIP-939)."""
     return (md.state is TxnState.ONGOING and not md.two_phase_commit
-            and now_ms >= md.txn_start_ms + md.txn_timeout_ms)
+            and now_ms >= md.txn_start_ms + md.transaction_timeout_ms)
 
 
 def plan_timeout_abort(md: TxnMetadata, *, now_ms: int,

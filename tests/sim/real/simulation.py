@@ -281,7 +281,7 @@ class Simulation:
             producer_ids=ProducerIdManager(SimProducerIdLog(client, self.loop.now_ms),
                                            node_id=node_id, block_size=DEFAULT_BLOCK_SIZE),
             now_ms=self.loop.now_ms,
-            config=TxnConfig(max_txn_timeout_ms=60_000, check_interval_ms=1_000,
+            config=TxnConfig(max_transaction_timeout_ms=60_000, check_interval_ms=1_000,
                              transactional_id_expiration_ms=3_600_000,
                              allow_two_phase_commit=False),
         )
