@@ -54,6 +54,7 @@ from oncelog._batching import (
 )
 from oncelog._client import (
     ClusterClient,
+    TopicInfo,
     backoff_ms,
     error_from_proto,
     needs_metadata_refresh,
@@ -101,6 +102,9 @@ MAX_REQUEST_BYTES = MAX_GRPC_MESSAGE_BYTES // 2
 EXPIRY_CHECK_INTERVAL_MS = 50
 # The longest the sender sleeps while anything is incomplete (housekeeping).
 MAX_SENDER_SLEEP_MS = 100
+# send() waiting for a topic asks Metadata again only with at least this much
+# of max_block_ms left; with less, the last answer decides.
+MIN_METADATA_REFRESH_MS = 50
 # How long send() waits at most for a lagging sender thread's pass (a sender
 # blocked in a call, such as InitProducerId, must not stall send() for long).
 SENDER_HAND_OVER_MAX_S = 0.02
@@ -356,6 +360,13 @@ class Producer:
             except OncelogError as exc:
                 return self._refused(topic, partition, exc)
         num_partitions, max_message_bytes = info
+        txn = self._txn
+        if txn is not None and txn.state is not _IN_TRANSACTION:
+            # The state answers first: a record refused for its size in
+            # `ready` would say "too large" where the caller's mistake is
+            # "no transaction", and in abortable_error the transaction's own
+            # failure is the one to report. (Checked again under the lock.)
+            self._check_txn(Op.SEND)
 
         if partition is None and key is not None:
             partition = partition_for_key(key, num_partitions)
@@ -396,7 +407,11 @@ class Producer:
         """(partition count, max.message.bytes) of `topic` once the cluster's
         metadata has it (and `partition`, if given), asking again with backoff
         for up to max_block_ms: a topic created a moment ago may be missing
-        from the metadata this producer holds (Kafka's waitOnMetadata)."""
+        from the metadata this producer holds (Kafka's waitOnMetadata).
+
+        When max_block_ms runs out, the verdict rests on the last Metadata
+        answer: the topic (or partition) is unknown. Only when no answer came
+        at all is it a KafkaTimeoutError naming the addresses asked."""
         client = self._client
         deadline_s = time.monotonic() + self._max_block_ms / 1000
         md = client.cached_metadata
@@ -410,29 +425,43 @@ class Producer:
                 return info
             remaining_s = deadline_s - time.monotonic()
             if attempt and remaining_s <= 0:
-                if tinfo is None:
-                    raise errors.error_for(
-                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                        f"topic {topic!r} does not exist: not in the cluster's metadata "
-                        f"after max_block_ms={self._max_block_ms} ms (create it first, "
-                        f"e.g. Admin.create_topic({topic!r}, partitions=N))",
-                    )
-                raise errors.error_for(
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                    f"topic {topic!r} has partitions 0..{tinfo.num_partitions - 1}, "
-                    f"no partition {partition} (waited max_block_ms={self._max_block_ms} ms "
-                    "for it to appear)",
-                )
+                raise self._missing(topic, partition, tinfo)
             if attempt:
                 time.sleep(min(remaining_s, backoff_ms(
                     attempt, base_ms=client.retry_backoff_ms, max_ms=client.retry_backoff_max_ms,
                 ) / 1000))
             attempt += 1
-            remaining_ms = max(1, int((deadline_s - time.monotonic()) * 1000))
-            md = client.refresh_metadata(timeout_ms=remaining_ms)
+            remaining_ms = int((deadline_s - time.monotonic()) * 1000)
+            if md is not None and remaining_ms < MIN_METADATA_REFRESH_MS:
+                # Too little time left for an answer: decide on the last one.
+                raise self._missing(topic, partition, tinfo)
+            try:
+                md = client.refresh_metadata(timeout_ms=max(1, remaining_ms))
+            except errors.KafkaTimeoutError:
+                if md is None:
+                    raise  # no answer at all: the cluster is unreachable
+                raise self._missing(topic, partition, tinfo) from None
             if self._topics_version != client.metadata_version:
                 self._topics.clear()
                 self._topics_version = client.metadata_version
+
+    def _missing(self, topic: str, partition: int | None,
+                 tinfo: TopicInfo | None) -> OncelogError:
+        """The error for a topic or partition the last Metadata answer lacked
+        after waiting max_block_ms."""
+        if tinfo is None:
+            return errors.error_for(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"topic {topic!r} does not exist: not in the cluster's metadata "
+                f"after max_block_ms={self._max_block_ms} ms (create it first, "
+                f"e.g. Admin.create_topic({topic!r}, partitions=N))",
+            )
+        return errors.error_for(
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            f"topic {topic!r} has partitions 0..{tinfo.num_partitions - 1}, "
+            f"no partition {partition} (waited max_block_ms={self._max_block_ms} ms "
+            "for it to appear)",
+        )
 
     def _refused(self, topic: str, partition: int | None, exc: OncelogError) -> RecordFuture:
         """A record refused in send(): its future fails, and so does the
