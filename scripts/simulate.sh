@@ -14,6 +14,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "usage: $0 [--minutes N] [--steps N] [--bug NAME]" >&2; exit 2 ;;
   esac
 done
+bash scripts/setup.sh >/dev/null
 deadline=$(( $(date +%s) + minutes * 60 ))
 # Chunks of 20 seeds from a random start, so parallel runs rarely overlap.
 start=$(( (RANDOM << 15 | RANDOM) % 100000000 + 1000 ))
