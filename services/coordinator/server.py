@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc
 from services.common import server_base
+from services.common.cluster import ClusterLayout
 from services.common.store_client import StoreClient
 from services.common.topic_counts import PartitionCounts
 from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
@@ -65,19 +68,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class WiredCoordinator:
+    """A transaction coordinator wired to the partition stores: the runtime,
+    the servicer that answers for it, and what has to be stopped. `main`
+    serves one; tests run one in-process (tests/support/inprocess_cluster.py)."""
+
+    runtime: TxnCoordinatorRuntime
+    servicer: TransactionCoordinatorServicer
+    markers: GrpcMarkerSender
+    store: StoreClient
+
+    async def start(self) -> None:
+        await self.runtime.start()
+
+    async def stop(self) -> None:
+        await self.runtime.stop()
+        await self.markers.close()
+        await self.store.close()
+
+
+def wire(layout: ClusterLayout, node_id: int, *, config: TxnConfig,
+         producer_id_block_size: int = DEFAULT_BLOCK_SIZE,
+         now_ms: Callable[[], int] = wall_clock_ms) -> WiredCoordinator:
+    """The coordinator's parts, connected as every deployment connects them."""
+    store = StoreClient(layout)
+    producer_ids = ProducerIdManager(
+        StoreProducerIdLog(store), node_id=node_id, block_size=producer_id_block_size
+    )
+    markers = GrpcMarkerSender(layout)
+    transactions = TxnCoordinatorRuntime(
+        layout=layout, node_id=node_id, txn_log=StoreTxnLog(store), markers=markers,
+        producer_ids=producer_ids, now_ms=now_ms, config=config,
+    )
+    servicer = TransactionCoordinatorServicer(
+        layout=layout, producer_ids=producer_ids, transactions=transactions,
+        topics=PartitionCounts(store, now_ms, max_age_ms=TOPIC_COUNTS_MAX_AGE_MS),
+    )
+    return WiredCoordinator(transactions, servicer, markers, store)
+
+
 async def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     server_base.configure_logging(args.log_format, args.log_level, "coordinator")
     layout = server_base.layout_from_args(args)
     advertised = args.advertised or layout.coordinators[args.node_id]
-    store = StoreClient(layout)
-    producer_ids = ProducerIdManager(
-        StoreProducerIdLog(store), node_id=args.node_id, block_size=args.producer_id_block_size
-    )
-    markers = GrpcMarkerSender(layout)
-    transactions = TxnCoordinatorRuntime(
-        layout=layout, node_id=args.node_id, txn_log=StoreTxnLog(store), markers=markers,
-        producer_ids=producer_ids, now_ms=lambda: int(time.time() * 1000),
+    wired = wire(
+        layout, args.node_id, producer_id_block_size=args.producer_id_block_size,
         config=TxnConfig(
             max_transaction_timeout_ms=args.max_transaction_timeout_ms,
             transactional_id_expiration_ms=args.transactional_id_expiration_ms,
@@ -85,19 +126,9 @@ async def main(argv: list[str] | None = None) -> None:
             allow_two_phase_commit=args.allow_two_phase_commit,
         ),
     )
-    servicer = TransactionCoordinatorServicer(
-        layout=layout, producer_ids=producer_ids, transactions=transactions,
-        topics=PartitionCounts(store, lambda: int(time.time() * 1000),
-                               max_age_ms=TOPIC_COUNTS_MAX_AGE_MS),
-    )
-
-    async def shutdown() -> None:
-        await transactions.stop()
-        await markers.close()
-        await store.close()
 
     def register(server: grpc.aio.Server) -> None:
-        coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(servicer, server)
+        coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(wired.servicer, server)
 
     await server_base.serve(
         service_name="coordinator",
@@ -109,6 +140,6 @@ async def main(argv: list[str] | None = None) -> None:
         node_id=args.node_id,
         metrics_port=args.metrics_port,
         shutdown_grace_ms=args.shutdown_grace_ms,
-        on_started=transactions.start,
-        on_shutdown=shutdown,
+        on_started=wired.start,
+        on_shutdown=wired.stop,
     )

@@ -7,11 +7,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import grpc
 
 from oncelog.v1 import group_coordinator_pb2, group_coordinator_pb2_grpc
 from services.common import server_base
+from services.common.cluster import ClusterLayout
 from services.common.service_error import ServiceError
 from services.common.store_client import StoreClient
 from services.group_coordinator import metrics
@@ -66,15 +69,56 @@ async def _refresh_end_offsets(runtime: GroupCoordinatorRuntime, store: StoreCli
             del into[gone]
 
 
+@dataclass
+class WiredGroupCoordinator:
+    """A group coordinator wired to the partition stores: the runtime, the
+    servicer that answers for it, the end offsets its lag metric reads, and
+    what has to be stopped. `main` serves one; tests run one in-process
+    (tests/support/inprocess_cluster.py)."""
+
+    runtime: GroupCoordinatorRuntime
+    servicer: GroupCoordinatorServicer
+    store: StoreClient
+    # None: no lag metric refresh (the metric then shows no lag).
+    lag_refresh_interval_ms: int | None
+    end_offsets: dict[TP, int] = field(default_factory=dict)
+    _lag_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.runtime.start()
+        if self.lag_refresh_interval_ms is not None:
+            self._lag_task = asyncio.ensure_future(_refresh_end_offsets(
+                self.runtime, self.store, self.end_offsets, self.lag_refresh_interval_ms))
+
+    async def stop(self) -> None:
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+        await self.runtime.stop()
+        await self.store.close()
+
+
+def wire(layout: ClusterLayout, node_id: int, *, config: GroupConfig,
+         lag_refresh_interval_ms: int | None = DEFAULT_LAG_REFRESH_INTERVAL_MS,
+         now_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> WiredGroupCoordinator:
+    """The group coordinator's parts, connected as every deployment connects them."""
+    store = StoreClient(layout)
+    runtime = GroupCoordinatorRuntime(
+        layout=layout, node_id=node_id, store=store, now_ms=now_ms, config=config,
+        on_rebalance=lambda group_id: metrics.REBALANCES.labels(group_id).inc(),
+    )
+    return WiredGroupCoordinator(runtime, GroupCoordinatorServicer(runtime), store,
+                                 lag_refresh_interval_ms)
+
+
 async def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     server_base.configure_logging(args.log_format, args.log_level, "group_coordinator")
     layout = server_base.layout_from_args(args)
     advertised = args.advertised or layout.group_coordinators[args.node_id]
-    store = StoreClient(layout)
-    runtime = GroupCoordinatorRuntime(
-        layout=layout, node_id=args.node_id, store=store,
-        now_ms=lambda: int(time.time() * 1000),
+    wired = wire(
+        layout, args.node_id, lag_refresh_interval_ms=args.lag_refresh_interval_ms,
         config=GroupConfig(
             min_session_timeout_ms=args.min_session_timeout_ms,
             max_session_timeout_ms=args.max_session_timeout_ms,
@@ -82,29 +126,11 @@ async def main(argv: list[str] | None = None) -> None:
             offsets_retention_ms=args.offsets_retention_ms,
             retention_check_interval_ms=args.retention_check_interval_ms,
         ),
-        on_rebalance=lambda group_id: metrics.REBALANCES.labels(group_id).inc(),
     )
-    end_offsets: dict[TP, int] = {}
-    metrics.register(runtime, lambda: dict(end_offsets))
-    servicer = GroupCoordinatorServicer(runtime)
-    lag_task: asyncio.Task[None] | None = None
-
-    async def started() -> None:
-        nonlocal lag_task
-        await runtime.start()
-        lag_task = asyncio.ensure_future(_refresh_end_offsets(
-            runtime, store, end_offsets, args.lag_refresh_interval_ms))
-
-    async def shutdown() -> None:
-        if lag_task is not None:
-            lag_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lag_task
-        await runtime.stop()
-        await store.close()
+    metrics.register(wired.runtime, lambda: dict(wired.end_offsets))
 
     def register(server: grpc.aio.Server) -> None:
-        group_coordinator_pb2_grpc.add_GroupCoordinatorServicer_to_server(servicer, server)
+        group_coordinator_pb2_grpc.add_GroupCoordinatorServicer_to_server(wired.servicer, server)
 
     await server_base.serve(
         service_name="group_coordinator",
@@ -114,6 +140,6 @@ async def main(argv: list[str] | None = None) -> None:
         listen=args.listen or advertised,
         register=register,
         metrics_port=args.metrics_port,
-        on_started=started,
-        on_shutdown=shutdown,
+        on_started=wired.start,
+        on_shutdown=wired.stop,
     )

@@ -54,6 +54,7 @@ from services.partition_store.runtime import (
     StoreRuntime,
 )
 from services.partition_store.servicer import SERVICE_NAME, PartitionStoreServicer
+from services.partition_store.storage.port import KeyValueStore
 from services.partition_store.storage.rocksdb import RocksStore
 
 log = logging.getLogger("oncelog.partition_store")
@@ -122,6 +123,17 @@ def config_from_args(args: argparse.Namespace) -> StoreConfig:
     )
 
 
+def wire(store: KeyValueStore, config: StoreConfig) -> StoreRuntime:
+    """The store's runtime over `store`, connected to the controller and the
+    transaction coordinators as every deployment connects it. `main_async`
+    serves one over RocksDB; tests run one in-process over a MemoryStore
+    (tests/support/inprocess_cluster.py)."""
+    return StoreRuntime(
+        store, config, controller=GrpcControllerLink(config.layout),
+        txn_verifier=GrpcTxnVerifier(config.layout),
+    )
+
+
 async def main_async(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -140,10 +152,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             "--unsafe-skip-txn-verification is set: transactional writes are NOT verified "
             "with the transaction coordinator (test only; hanging transactions possible)"
         )
-    runtime = StoreRuntime(
-        store, config, controller=GrpcControllerLink(layout),
-        txn_verifier=GrpcTxnVerifier(layout),
-    )
+    runtime = wire(store, config)
     try:
         await runtime.start()
 

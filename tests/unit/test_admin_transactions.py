@@ -1,4 +1,4 @@
-"""Admin's transaction tools against a fake coordinator and store.
+"""Admin's transaction tools against the real coordinators and store.
 
 Goal: list/describe/abort reach the right coordinator and translate its
 answers; describe_producers shows each producer's open transaction; a
@@ -8,10 +8,12 @@ one is not, and abort_hanging_transaction ends it with an ABORT marker whose
 producer epoch is one above the producer's and whose coordinator epoch is the
 one the store last saw, after which the last stable offset moves on.
 
-Method: tests/support/fake_store.FakeStore; the hanging transaction is a raw
+Method: tests/support/inprocess_cluster.InProcessCluster (the real store and
+coordinators in this process); the hanging transaction is a raw
 transactional Produce with a producer id the coordinator never handed out,
-accepted because the fake skips its verification (as the real store does
-with --unsafe-skip-txn-verification).
+accepted because the store runs with --unsafe-skip-txn-verification (which
+skips the check only for requests that do not ask the store to add their
+partitions: the SDK's producers are still verified).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pytest
 from oncelog import Admin, Producer, TopicPartition, errors
 from oncelog import records as codec
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
-from tests.support.fake_store import FakeStore
+from tests.support.inprocess_cluster import InProcessCluster
 
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
@@ -33,15 +35,14 @@ ROGUE_PID = 777
 
 
 @pytest.fixture
-def store() -> Iterator[FakeStore]:
-    with FakeStore() as s:
+def store() -> Iterator[InProcessCluster]:
+    with InProcessCluster(group_coordinator=False, unsafe_skip_txn_verification=True) as s:
         s.create_topic("t", 2)
         yield s
 
 
-def rogue_transactional_write(store: FakeStore, partition: int, *, epoch: int = 3) -> None:
+def rogue_transactional_write(store: InProcessCluster, partition: int, *, epoch: int = 3) -> None:
     """A transactional batch no coordinator knows about."""
-    store.skip_txn_verification = True
     batch = codec.encode_batch([(None, b"rogue", None, int(time.time() * 1000))],
                                producer_id=ROGUE_PID, producer_epoch=epoch, base_sequence=0,
                                transactional=True)
@@ -53,10 +54,9 @@ def rogue_transactional_write(store: FakeStore, partition: int, *, epoch: int = 
                 transactional_id="nobody"),
             timeout=10)
     assert resp.results[0].error.code == 0
-    store.skip_txn_verification = False
 
 
-def test_list_describe_and_abort(store: FakeStore) -> None:
+def test_list_describe_and_abort(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address, transactional_id="copier-0") as producer, \
             Admin(bootstrap=store.address) as admin:
         producer.init_transactions()
@@ -83,7 +83,7 @@ def test_list_describe_and_abort(store: FakeStore) -> None:
     assert store.committed_values("t", 1) == []
 
 
-def test_describe_producers_shows_open_transactions(store: FakeStore) -> None:
+def test_describe_producers_shows_open_transactions(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address, transactional_id="a") as producer, \
             Admin(bootstrap=store.address) as admin:
         producer.init_transactions()
@@ -93,12 +93,13 @@ def test_describe_producers_shows_open_transactions(store: FakeStore) -> None:
         assert state.producer_id == producer.producer_id
         assert state.current_txn_start_offset == 0
         producer.commit_transaction()
+        store.settle()  # the marker is written after EndTxn's answer
         [state] = admin.describe_producers(TP0)
         assert state.current_txn_start_offset is None
         assert admin.describe_producers(TP1) == []
 
 
-def test_hanging_transactions_are_found_and_aborted(store: FakeStore) -> None:
+def test_hanging_transactions_are_found_and_aborted(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address, transactional_id="healthy") as producer, \
             Admin(bootstrap=store.address) as admin:
         producer.init_transactions()
@@ -114,7 +115,8 @@ def test_hanging_transactions_are_found_and_aborted(store: FakeStore) -> None:
         assert admin.find_hanging_transactions(topics=["t"]) == [hanging]
 
         admin.abort_hanging_transaction(TP1, ROGUE_PID)
-        [marker] = [r for n, r in store.calls if n == "WriteTxnMarkers"]
+        [marker] = [r for r in store.calls_named("WriteTxnMarkers")
+                    if r.markers[0].producer_id == ROGUE_PID]
         m = marker.markers[0]
         assert (m.producer_id, m.producer_epoch, m.coordinator_epoch, m.type) == (
             ROGUE_PID, 4, -1, partition_store_pb2.ABORT)

@@ -8,8 +8,10 @@ hand out for the next poll (max_poll_records); drops an answer for a
 partition whose position moved by seek() meanwhile; survives a failing fetch;
 refuses corrupt batches.
 
-Method: tests/support/fake_store.FakeStore, whose Fetch honours max_bytes,
-long polls, and leaves out batches appended with filtered=True.
+Method: tests/support/inprocess_cluster.InProcessCluster, the real store (and
+coordinators) in this process: data appended through the store's produce
+path, aborted transactions made by a real transactional producer, fetch
+failures and corrupted replies injected by its fault layer.
 """
 
 from __future__ import annotations
@@ -19,16 +21,17 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from oncelog import Consumer, ConsumerRecord, TopicPartition, errors
+from oncelog import Consumer, ConsumerRecord, Producer, TopicPartition, errors
 from oncelog import records as codec
-from tests.support.fake_store import FakeStore
+from oncelog.v1 import partition_store_pb2
+from tests.support.inprocess_cluster import InProcessCluster
 
 TP = TopicPartition("t", 0)
 
 
 @pytest.fixture
-def store() -> Iterator[FakeStore]:
-    with FakeStore(workers=4) as s:
+def store() -> Iterator[InProcessCluster]:
+    with InProcessCluster() as s:
         s.create_topic("t", 1)
         yield s
 
@@ -48,37 +51,49 @@ def drain(consumer: Consumer, *, polls: int = 400) -> list[ConsumerRecord]:
     return out
 
 
-def consumer_for(store: FakeStore, **kwargs: int | str) -> Consumer:
+def consumer_for(store: InProcessCluster, **kwargs: int | str) -> Consumer:
     consumer = Consumer(bootstrap=store.address, fetch_max_wait_ms=50, **kwargs)  # type: ignore[arg-type]
     consumer.assign([TP])
     return consumer
 
 
-def test_filtered_and_control_batches_are_skipped(store: FakeStore) -> None:
-    store.append_raw("t", 0, batch(b"a", b"b", b"c"))                     # 0..2
-    store.append_raw("t", 0, batch(b"aborted1", b"aborted2"), filtered=True)  # 3..4
-    store.append_raw("t", 0, codec.encode_control_batch(
-        marker=codec.MARKER_ABORT, coordinator_epoch=0, producer_id=1, producer_epoch=0,
-        timestamp_ms=1))                                                  # 5
-    store.append_raw("t", 0, batch(b"d", b"e"))                           # 6..7
-    store.append_raw("t", 0, batch(b"aborted3"), filtered=True)           # 8
+def test_aborted_and_control_batches_are_skipped(store: InProcessCluster) -> None:
+    with Producer(bootstrap=store.address, transactional_id="aborter",
+                  linger_ms=60_000) as aborter:
+        aborter.init_transactions()
+
+        def aborted(*values: bytes) -> None:
+            """One batch of `values` in a transaction that aborts (then its marker)."""
+            aborter.begin_transaction()
+            for value in values:
+                aborter.send("t", value=value, partition=0)
+            aborter.flush()
+            aborter.abort_transaction()
+            store.settle()  # the marker is in the log before what comes next
+
+        store.append_raw("t", 0, batch(b"a", b"b", b"c"))  # 0..2
+        aborted(b"aborted1", b"aborted2")                  # 3..4, ABORT marker 5
+        store.append_raw("t", 0, batch(b"d", b"e"))        # 6..7
+        aborted(b"aborted3")                               # 8, ABORT marker 9
+    assert [h.base_offset for h in store.headers("t", 0) if h.is_control] == [5, 9]
     with consumer_for(store) as consumer:
         got = drain(consumer)
         assert [(r.offset, r.value) for r in got] == [
             (0, b"a"), (1, b"b"), (2, b"c"), (6, b"d"), (7, b"e"),
         ]
-        # Past the trailing filtered batch too, though no record came from it.
-        assert consumer.position(TP) == 9
+        # Past the trailing aborted batch and its marker too, though no
+        # record came from them.
+        assert consumer.position(TP) == 10
 
 
-def test_a_first_batch_starting_before_the_position_is_trimmed(store: FakeStore) -> None:
+def test_a_first_batch_starting_before_the_position_is_trimmed(store: InProcessCluster) -> None:
     store.append_raw("t", 0, batch(b"a", b"b", b"c", b"d"))
     with consumer_for(store) as consumer:
         consumer.seek(TP, 2)
         assert [r.value for r in drain(consumer)] == [b"c", b"d"]
 
 
-def test_records_not_handed_out_wait_for_the_next_poll(store: FakeStore) -> None:
+def test_records_not_handed_out_wait_for_the_next_poll(store: InProcessCluster) -> None:
     for i in range(5):
         store.append_raw("t", 0, batch(*[b"%d" % (i * 4 + j) for j in range(4)]))
     with consumer_for(store, max_poll_records=3) as consumer:
@@ -94,7 +109,7 @@ def test_records_not_handed_out_wait_for_the_next_poll(store: FakeStore) -> None
     assert values == [b"%d" % i for i in range(20)]
 
 
-def test_small_fetch_sizes_still_make_progress(store: FakeStore) -> None:
+def test_small_fetch_sizes_still_make_progress(store: InProcessCluster) -> None:
     for i in range(10):
         store.append_raw("t", 0, batch(b"x" * 500, b"%d" % i))
     with consumer_for(store, max_partition_fetch_bytes=1, fetch_max_bytes=1) as consumer:
@@ -102,7 +117,7 @@ def test_small_fetch_sizes_still_make_progress(store: FakeStore) -> None:
     assert [r.value for r in got if r.value != b"x" * 500] == [b"%d" % i for i in range(10)]
 
 
-def test_seek_discards_data_fetched_for_the_old_position(store: FakeStore) -> None:
+def test_seek_discards_data_fetched_for_the_old_position(store: InProcessCluster) -> None:
     store.append_raw("t", 0, batch(*[b"%d" % i for i in range(10)]))
     with consumer_for(store, max_poll_records=2) as consumer:
         assert [r.offset for r in consumer.poll(timeout=5)] == [0, 1]
@@ -110,7 +125,7 @@ def test_seek_discards_data_fetched_for_the_old_position(store: FakeStore) -> No
         assert [r.offset for r in drain(consumer)] == [7, 8, 9]
 
 
-def test_a_failed_fetch_is_retried_quietly(store: FakeStore) -> None:
+def test_a_failed_fetch_is_retried_quietly(store: InProcessCluster) -> None:
     store.append_raw("t", 0, batch(b"a", b"b"))
     store.fetch_fault = lambda n: grpc.StatusCode.UNAVAILABLE if n <= 2 else None
     with consumer_for(store, retry_backoff_ms=10) as consumer:
@@ -118,7 +133,7 @@ def test_a_failed_fetch_is_retried_quietly(store: FakeStore) -> None:
     assert store.fetch_calls >= 3
 
 
-def test_a_long_poll_waits_at_the_store(store: FakeStore) -> None:
+def test_a_long_poll_waits_at_the_store(store: InProcessCluster) -> None:
     with consumer_for(store) as consumer:
         consumer.seek_to_end()
         assert consumer.poll(timeout=0.1) == []
@@ -128,7 +143,7 @@ def test_a_long_poll_waits_at_the_store(store: FakeStore) -> None:
         assert store.fetch_calls >= calls
 
 
-def test_each_fetch_starts_at_another_partition(store: FakeStore) -> None:
+def test_each_fetch_starts_at_another_partition(store: InProcessCluster) -> None:
     # The store lets only the first partition with data go over what is
     # left of a fetch's max_bytes; a fixed order could starve the others.
     store.create_topic("r", 3)
@@ -139,21 +154,30 @@ def test_each_fetch_starts_at_another_partition(store: FakeStore) -> None:
             consumer.seek(tp, 0)
         for _ in range(6):
             consumer.poll(timeout=0.05)
-    orders = [order for order in store.fetch_orders if len(order) == 3]
-    assert len(orders) >= 3, store.fetch_orders
+    fetch_orders = [[(p.topic, p.partition) for p in request.partitions]
+                    for request in store.calls_named("Fetch")]
+    orders = [order for order in fetch_orders if len(order) == 3]
+    assert len(orders) >= 3, fetch_orders
     assert all(sorted(order) == [("r", 0), ("r", 1), ("r", 2)] for order in orders)
     assert len({order[0] for order in orders}) == 3
 
 
-def test_corrupt_batches_are_refused(store: FakeStore) -> None:
-    good = bytearray(batch(b"a"))
-    good[-1] ^= 0xFF
-    store.append_raw("t", 0, bytes(good))
+def test_corrupt_batches_are_refused(store: InProcessCluster) -> None:
+    store.append_raw("t", 0, batch(b"a"))
+
+    def corrupt(reply: partition_store_pb2.FetchResponse) -> partition_store_pb2.FetchResponse:
+        """Flips the last byte of every batch on its way to the consumer."""
+        for result in reply.results:
+            for i, data in enumerate(result.batches):
+                result.batches[i] = data[:-1] + bytes([data[-1] ^ 0xFF])
+        return reply
+
+    store.fetch_reply = corrupt
     with consumer_for(store) as consumer, pytest.raises(errors.CorruptRecordError, match="CRC"):
         drain(consumer)
 
 
-def test_poll_needs_an_assignment_and_an_open_consumer(store: FakeStore) -> None:
+def test_poll_needs_an_assignment_and_an_open_consumer(store: InProcessCluster) -> None:
     consumer = Consumer(bootstrap=store.address)
     with pytest.raises(errors.IllegalStateError, match="assign"):
         consumer.poll(timeout=0)

@@ -7,16 +7,18 @@ partition; records reported failed are not duplicated; the futures carry the
 offsets the records really have; delivery_timeout_ms and close() bound the
 wait; send() refuses bad input at once.
 
-Method: tests/support/fake_store.FakeStore (a gRPC PartitionStore and
-TransactionCoordinator in this process, applying the idempotent append rules)
-with a FaultPlan per test; the log is read back from the fake and compared
-with what was sent.
+Method: tests/support/inprocess_cluster.InProcessCluster (the real partition
+store, transaction coordinator and group coordinator in this process, on
+in-memory storage) with a FaultPlan per test in front of the store; the log
+is read back through the store's own fetch and compared with what was sent.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -25,29 +27,34 @@ from oncelog import Producer, errors
 from oncelog._batching import RecordAccumulator, RecordFuture
 from oncelog._partitioner import partition_for_key
 from oncelog.errors import ErrorCode
-from tests.support.fake_store import DROP_REPLY, UNREACHABLE, BatchView, FakeStore
+from tests.support.inprocess_cluster import (
+    DROP_REPLY,
+    UNREACHABLE,
+    BatchView,
+    InProcessCluster,
+)
 
 
 @pytest.fixture
-def store() -> Iterator[FakeStore]:
-    with FakeStore() as s:
+def store() -> Iterator[InProcessCluster]:
+    with InProcessCluster() as s:
         s.create_topic("t", 2)
         yield s
 
 
-def values(store: FakeStore, partition: int, topic: str = "t") -> list[bytes | None]:
+def values(store: InProcessCluster, partition: int, topic: str = "t") -> list[bytes | None]:
     return [r.value for r in store.records(topic, partition)]
 
 
-def check_exactly_once(store: FakeStore, sent: dict[int, list[bytes]],
-                       futures: dict[int, list[RecordFuture]]) -> None:
+def check_exactly_once(store: InProcessCluster, sent: dict[int, list[bytes]],
+                       futures: dict[int, list[RecordFuture]], *, topic: str = "t") -> None:
     for partition, expected in sent.items():
-        assert values(store, partition) == expected
+        assert values(store, partition, topic) == expected
         offsets = [f.result(timeout=30).offset for f in futures[partition]]
         assert offsets == list(range(len(expected)))
 
 
-def produce(producer: Producer, *, partitions: int, per_partition: int
+def produce(producer: Producer, *, partitions: int, per_partition: int, topic: str = "t"
             ) -> tuple[dict[int, list[bytes]], dict[int, list[RecordFuture]]]:
     sent: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
     futures: dict[int, list[RecordFuture]] = {p: [] for p in range(partitions)}
@@ -55,22 +62,23 @@ def produce(producer: Producer, *, partitions: int, per_partition: int
         for p in range(partitions):
             value = b"%d:%d" % (p, i)
             sent[p].append(value)
-            futures[p].append(producer.send("t", value=value, partition=p))
+            futures[p].append(producer.send(topic, value=value, partition=p))
     producer.flush(timeout=60)
     return sent, futures
 
 
-def test_plain_produce_assigns_offsets_in_order(store: FakeStore) -> None:
+def test_plain_produce_assigns_offsets_in_order(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address, linger_ms=1, batch_size=512) as producer:
         sent, futures = produce(producer, partitions=2, per_partition=300)
-        assert producer.producer_id == 1000
+        producer_id = producer.producer_id
     check_exactly_once(store, sent, futures)
     headers = store.headers("t", 0)
     assert len(headers) > 5  # many batches, several in flight
-    assert all(h.producer_id == 1000 and h.producer_epoch == 0 for h in headers)
+    assert producer_id >= 0
+    assert all(h.producer_id == producer_id and h.producer_epoch == 0 for h in headers)
 
 
-def test_lost_replies_are_retried_with_the_same_sequences(store: FakeStore) -> None:
+def test_lost_replies_are_retried_with_the_same_sequences(store: InProcessCluster) -> None:
     lost = {3, 4, 9, 15}
 
     def plan(view: BatchView) -> str | None:
@@ -83,7 +91,7 @@ def test_lost_replies_are_retried_with_the_same_sequences(store: FakeStore) -> N
     check_exactly_once(store, sent, futures)
 
 
-def test_not_leader_and_storage_errors_are_retried_in_order(store: FakeStore) -> None:
+def test_not_leader_and_storage_errors_are_retried_in_order(store: InProcessCluster) -> None:
     def plan(view: BatchView) -> ErrorCode | None:
         if view.call_number % 7 == 3:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -98,18 +106,28 @@ def test_not_leader_and_storage_errors_are_retried_in_order(store: FakeStore) ->
     check_exactly_once(store, sent, futures)
 
 
-def test_reordering_store_threads_do_not_break_order(store: FakeStore) -> None:
-    """Four server threads may handle pipelined requests out of order: later
-    batches then get OUT_OF_ORDER and are retried after their predecessors."""
-    with FakeStore(workers=4) as busy:
-        busy.create_topic("t", 3)
-        with Producer(bootstrap=busy.address, linger_ms=0, batch_size=256,
-                      retry_backoff_ms=5) as producer:
-            sent, futures = produce(producer, partitions=3, per_partition=300)
-        check_exactly_once(busy, sent, futures)
+def test_requests_that_overtake_each_other_do_not_break_order(store: InProcessCluster
+                                                              ) -> None:
+    """Pipelined requests held back a little at random reach the store out of
+    order: later batches then get OUT_OF_ORDER and are retried after their
+    predecessors."""
+    rng = random.Random(7)
+
+    def hold_back(view: BatchView) -> None:
+        time.sleep(rng.random() * 0.004)
+
+    store.create_topic("r", 3)
+    store.fault = hold_back
+    with Producer(bootstrap=store.address, linger_ms=0, batch_size=256,
+                  retry_backoff_ms=5) as producer:
+        sent, futures = produce(producer, partitions=3, per_partition=300, topic="r")
+    check_exactly_once(store, sent, futures, topic="r")
+    # Some batches were refused out of order and sent again.
+    stored = sum(len(store.headers("r", p)) for p in range(3))
+    assert sum(len(r.batches) for r in store.calls_named("Produce")) > stored
 
 
-def test_a_permanent_failure_mid_pipeline_fails_only_its_batch(store: FakeStore) -> None:
+def test_a_permanent_failure_mid_pipeline_fails_only_its_batch(store: InProcessCluster) -> None:
     failed_once = threading.Event()
 
     def plan(view: BatchView) -> ErrorCode | None:
@@ -141,7 +159,7 @@ def test_a_permanent_failure_mid_pipeline_fails_only_its_batch(store: FakeStore)
     assert offsets == list(range(len(expected)))
 
 
-def test_delivery_timeout_fails_records_when_the_store_is_unreachable(store: FakeStore
+def test_delivery_timeout_fails_records_when_the_store_is_unreachable(store: InProcessCluster
                                                                       ) -> None:
     store.fault = lambda view: UNREACHABLE
     with Producer(bootstrap=store.address, linger_ms=1, delivery_timeout_ms=1_500,
@@ -159,17 +177,24 @@ def test_delivery_timeout_fails_records_when_the_store_is_unreachable(store: Fak
     assert store.headers("t", 0)[0].producer_epoch >= 1
 
 
-def test_producer_id_is_retried_while_the_coordinator_is_unavailable() -> None:
-    with FakeStore(init_producer_id_failures=3) as s:
-        s.create_topic("t", 1)
-        with Producer(bootstrap=s.address, retry_backoff_ms=10) as producer:
-            assert producer.send("t", value=b"a").result(timeout=30).offset == 0
-            assert producer.producer_id == 1000
-        assert s.init_producer_id_calls == 4
+def test_producer_id_is_retried_while_the_coordinator_is_unavailable(
+        store: InProcessCluster) -> None:
+    answered = itertools.count(1)
+
+    def loading(name: str, _request: object) -> ErrorCode | None:
+        if name == "InitProducerId" and next(answered) <= 3:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return None
+
+    store.coordinator_fault = loading
+    with Producer(bootstrap=store.address, retry_backoff_ms=10) as producer:
+        assert producer.send("t", value=b"a").result(timeout=30).offset == 0
+        assert producer.producer_id >= 0
+    assert len(store.calls_named("InitProducerId")) == 4
 
 
 def test_no_coordinator_is_fatal_for_an_idempotent_producer() -> None:
-    with FakeStore(with_coordinator=False) as s:
+    with InProcessCluster(coordinator=False, group_coordinator=False) as s:
         s.create_topic("t", 1)
         with Producer(bootstrap=s.address) as producer:
             exc = producer.send("t", value=b"a").exception(timeout=30)
@@ -181,7 +206,7 @@ def test_no_coordinator_is_fatal_for_an_idempotent_producer() -> None:
         assert (header.producer_id, header.base_sequence) == (-1, -1)
 
 
-def test_send_refuses_what_cannot_be_written(store: FakeStore) -> None:
+def test_send_refuses_what_cannot_be_written(store: InProcessCluster) -> None:
     store.create_topic("small", 1, {"max.message.bytes": "200"})
     # max_block_ms bounds the wait for an unknown topic or partition.
     with Producer(bootstrap=store.address, max_block_ms=300) as producer:
@@ -205,7 +230,7 @@ def test_send_refuses_what_cannot_be_written(store: FakeStore) -> None:
         producer.send("t", value=b"late")
 
 
-def test_keys_pick_partitions_like_kafka_and_headers_travel(store: FakeStore) -> None:
+def test_keys_pick_partitions_like_kafka_and_headers_travel(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address) as producer:
         futures = {
             key: producer.send("t", value=b"v", key=key, headers=[("h", b"1"), ("n", None)],
@@ -222,7 +247,7 @@ def test_keys_pick_partitions_like_kafka_and_headers_travel(store: FakeStore) ->
         assert record.headers == (("h", b"1"), ("n", None))
 
 
-def test_keyless_records_fill_batches_on_one_partition(store: FakeStore) -> None:
+def test_keyless_records_fill_batches_on_one_partition(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address, linger_ms=10_000, batch_size=1_000) as producer:
         futures = [producer.send("t", value=b"x" * 72) for _ in range(27)]
         producer.flush()
@@ -232,14 +257,14 @@ def test_keyless_records_fill_batches_on_one_partition(store: FakeStore) -> None
     assert all(run % 9 == 0 for run in runs)
 
 
-def test_flush_sends_without_waiting_for_linger(store: FakeStore) -> None:
+def test_flush_sends_without_waiting_for_linger(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address, linger_ms=600_000) as producer:
         fut = producer.send("t", value=b"a", partition=1)
         producer.flush(timeout=30)
         assert fut.done() and fut.result().offset == 0
 
 
-def test_close_with_timeout_fails_what_is_still_undelivered(store: FakeStore) -> None:
+def test_close_with_timeout_fails_what_is_still_undelivered(store: InProcessCluster) -> None:
     store.fault = lambda view: UNREACHABLE
     producer = Producer(bootstrap=store.address, retry_backoff_ms=50)
     fut = producer.send("t", value=b"a", partition=0)
@@ -249,7 +274,7 @@ def test_close_with_timeout_fails_what_is_still_undelivered(store: FakeStore) ->
     assert "closed" in exc.message
 
 
-def test_flush_from_a_callback_is_refused(store: FakeStore) -> None:
+def test_flush_from_a_callback_is_refused(store: InProcessCluster) -> None:
     seen: list[BaseException] = []
     with Producer(bootstrap=store.address) as producer:
         def callback(_f: object) -> None:
@@ -264,7 +289,7 @@ def test_flush_from_a_callback_is_refused(store: FakeStore) -> None:
 
 
 def test_send_hands_over_to_a_lagging_sender_but_never_from_its_own_thread(
-        store: FakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: InProcessCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """The application thread waits for a sender pass when batches close
     while the sender is behind; a send() from a callback, on the sender
     thread itself, must not wait for its own pass."""

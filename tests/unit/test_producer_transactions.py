@@ -1,4 +1,4 @@
-"""The transactional producer against a fake coordinator and store with
+"""The transactional producer against the real coordinator and store, with
 scripted faults.
 
 Goal: a partition joins the transaction before its first transactional batch,
@@ -12,15 +12,18 @@ was not sent, and so does a transaction that broke (TransactionAbortedError
 on the dropped records' futures); offsets join a transaction; read_committed end offsets are the
 last stable offset.
 
-Method: tests/support/fake_store.FakeStore serves the store, coordinator and
-group coordinator RPCs in this process; coordinator and produce fault plans
-inject lost replies and error answers; the fake's log (with its markers) is
-read back and compared with what each transaction sent.
+Method: tests/support/inprocess_cluster.InProcessCluster runs the real store,
+transaction coordinator and (where a test needs one) group coordinator in
+this process; its coordinator and produce fault plans inject lost replies
+and error answers (the coordinator plan also reaches the store's own
+AddPartitionsToTxn calls); the log (with its markers) is read back through
+the store's fetch and compared with what each transaction sent.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,19 +32,22 @@ import pytest
 from oncelog import Consumer, GroupMetadata, Producer, TopicPartition, errors
 from oncelog import records as codec
 from oncelog.errors import ErrorCode
-from tests.support.fake_store import DROP_REPLY, BatchView, FakeStore
+from services.coordinator.core.transactions import TxnState
+from tests.support.inprocess_cluster import DROP_REPLY, BatchView, InProcessCluster
 
 TID = "tx-1"
 
 
 @pytest.fixture
-def store() -> Iterator[FakeStore]:
-    with FakeStore() as s:
+def store() -> Iterator[InProcessCluster]:
+    # No group coordinator (test_offsets_without_a_group_coordinator_fail_clearly);
+    # timeouts are checked often (test_a_transaction_timed_out_by_the_coordinator...).
+    with InProcessCluster(group_coordinator=False, transaction_check_interval_ms=20) as s:
         s.create_topic("t", 4)
         yield s
 
 
-def txn_producer(store: FakeStore, **options: Any) -> Producer:
+def txn_producer(store: InProcessCluster, **options: Any) -> Producer:
     options.setdefault("linger_ms", 1)
     options.setdefault("retry_backoff_ms", 10)
     return Producer(bootstrap=store.address, transactional_id=TID, **options)
@@ -58,19 +64,12 @@ def send_all(producer: Producer, tag: bytes, partitions: int = 4, per_partition:
     return sent
 
 
-def markers(store: FakeStore, partition: int) -> list[tuple[int, int]]:
+def markers(store: InProcessCluster, partition: int) -> list[tuple[int, int]]:
     """(marker type, producer epoch) of the partition's control batches."""
-    out = []
-    with store.lock:
-        stored = list(store.logs[("t", partition)])
-    for b in stored:
-        header = codec.read_header(b.data)
-        if header.is_control:
-            out.append((codec.control_marker(b.data)[0], header.producer_epoch))
-    return out
+    return store.markers("t", partition)
 
 
-def test_the_store_adds_partitions_to_the_transaction(store: FakeStore) -> None:
+def test_the_store_adds_partitions_to_the_transaction(store: InProcessCluster) -> None:
     with txn_producer(store, linger_ms=5) as producer:
         producer.init_transactions()
         sent = []
@@ -78,19 +77,20 @@ def test_the_store_adds_partitions_to_the_transaction(store: FakeStore) -> None:
             producer.begin_transaction()
             sent.append(send_all(producer, b"r%d" % round_no, per_partition=50))
             producer.commit_transaction()
-    # The client never added a partition itself; every Produce asked the store
-    # to, and the store asked once per partition and transaction (the fake
-    # refuses a transactional batch on a partition not in the transaction).
-    assert store.client_add_partitions_calls == 0
-    assert store.add_partitions_requests > 0
-    adds = [(r.producer_epoch, r.partitions[0].partition)
-            for r in store.calls_named("AddPartitionsToTxn")]
+    # Every transactional Produce asked the store to add its partitions, and
+    # the coordinator was asked once per partition and transaction (the store
+    # refuses a transactional batch on a partition not in the transaction;
+    # an add by the client itself would have asked a second time).
+    produces = [r for r in store.calls_named("Produce") if r.transactional_id]
+    assert produces and all(r.add_partitions_to_txn for r in produces)
+    adds = [(r.producer_epoch, tp.partition)
+            for r in store.calls_named("AddPartitionsToTxn") for tp in r.partitions]
     assert len(adds) == len(set(adds)) == 8
     for p in range(4):
         assert store.committed_values("t", p) == sent[0][p] + sent[1][p]
 
 
-def test_a_commit_whose_answer_is_lost_is_retried_and_commits_once(store: FakeStore) -> None:
+def test_a_commit_whose_answer_is_lost_is_retried_and_commits_once(store: InProcessCluster) -> None:
     lost = threading.Event()
 
     def lose_first_end(name: str, _request: object) -> str | None:
@@ -108,7 +108,8 @@ def test_a_commit_whose_answer_is_lost_is_retried_and_commits_once(store: FakeSt
         producer.commit_transaction()
         ends = store.calls_named("EndTxn")
         assert len(ends) == 2 and all(e.commit for e in ends)
-        assert {(e.producer_id, e.producer_epoch) for e in ends} == {(1000, epoch)}
+        assert {(e.producer_id, e.producer_epoch) for e in ends} == {
+            (producer.producer_id, epoch)}
         assert producer.producer_epoch == epoch + 1
         # The next transaction uses the new epoch.
         producer.begin_transaction()
@@ -123,7 +124,7 @@ def test_a_commit_whose_answer_is_lost_is_retried_and_commits_once(store: FakeSt
             (codec.MARKER_COMMIT, epoch + 1)]
 
 
-def test_concurrent_transactions_is_retried(store: FakeStore) -> None:
+def test_concurrent_transactions_is_retried(store: InProcessCluster) -> None:
     answered: dict[str, int] = {}
 
     def busy(name: str, _request: object) -> ErrorCode | None:
@@ -139,14 +140,17 @@ def test_concurrent_transactions_is_retried(store: FakeStore) -> None:
         producer.begin_transaction()
         sent = send_all(producer, b"c", partitions=2)
         producer.commit_transaction()
-    # The store adds each of the two partitions once it is let through: the
-    # refused batches were retried.
-    assert answered == {"InitProducerId": 4, "AddPartitionsToTxn": 3 + 2, "EndTxn": 4}
+    # The refused batches were retried, and the store added each of the two
+    # partitions once it was let through (both in one call when one request
+    # carried both).
+    assert (answered["InitProducerId"], answered["EndTxn"]) == (4, 4)
+    adds = store.calls_named("AddPartitionsToTxn")
+    assert sorted(tp.partition for add in adds[3:] for tp in add.partitions) == [0, 1]
     for p in range(2):
         assert store.committed_values("t", p) == sent[p]
 
 
-def test_coordinator_moves_are_followed(store: FakeStore) -> None:
+def test_coordinator_moves_are_followed(store: InProcessCluster) -> None:
     count = {"n": 0}
 
     def moving(name: str, _request: object) -> ErrorCode | None:
@@ -175,7 +179,8 @@ def test_coordinator_moves_are_followed(store: FakeStore) -> None:
     ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH,
     ErrorCode.INVALID_PRODUCER_ID_MAPPING, ErrorCode.TRANSACTION_COORDINATOR_FENCED,
 ])
-def test_fatal_coordinator_errors_end_the_producer(store: FakeStore, code: ErrorCode) -> None:
+def test_fatal_coordinator_errors_end_the_producer(store: InProcessCluster,
+                                                   code: ErrorCode) -> None:
     store.coordinator_fault = lambda name, _r: code if name == "AddPartitionsToTxn" else None
     producer = txn_producer(store)
     try:
@@ -198,7 +203,7 @@ def test_fatal_coordinator_errors_end_the_producer(store: FakeStore, code: Error
     assert store.data_values("t", 0) == []
 
 
-def test_an_unexpected_out_of_order_in_a_transaction_is_fatal(store: FakeStore) -> None:
+def test_an_unexpected_out_of_order_in_a_transaction_is_fatal(store: InProcessCluster) -> None:
     store.fault = lambda view: ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     with txn_producer(store) as producer:
         producer.init_transactions()
@@ -210,7 +215,7 @@ def test_an_unexpected_out_of_order_in_a_transaction_is_fatal(store: FakeStore) 
         assert producer.transaction_state == "fatal_error"
 
 
-def test_a_new_instance_fences_the_old_one(store: FakeStore) -> None:
+def test_a_new_instance_fences_the_old_one(store: InProcessCluster) -> None:
     old = txn_producer(store)
     try:
         old.init_transactions()
@@ -234,14 +239,18 @@ def test_a_new_instance_fences_the_old_one(store: FakeStore) -> None:
     assert store.committed_values("t", 0) == [b"new"]
 
 
-def test_a_transaction_timed_out_by_the_coordinator_fences_its_producer(store: FakeStore
-                                                                       ) -> None:
-    with txn_producer(store) as producer:
+def test_a_transaction_timed_out_by_the_coordinator_fences_its_producer(
+        store: InProcessCluster) -> None:
+    with txn_producer(store, transaction_timeout_ms=300) as producer:
         producer.init_transactions()
         producer.begin_transaction()
         producer.send("t", value=b"late", partition=0)
         producer.flush()
-        store.time_out_transaction(TID)
+        # The coordinator's timer aborts the transaction with an epoch bump.
+        deadline = time.monotonic() + 30
+        while (txn := store.transaction(TID)) is None or txn.state is not TxnState.COMPLETE_ABORT:
+            assert time.monotonic() < deadline, txn
+            time.sleep(0.01)
         # A partition not added yet: AddPartitionsToTxn is fenced.
         exc = producer.send("t", value=b"late-2", partition=1).exception(timeout=30)
         assert isinstance(exc, errors.ProducerFencedError)
@@ -254,7 +263,7 @@ def test_a_transaction_timed_out_by_the_coordinator_fences_its_producer(store: F
 @pytest.mark.parametrize("code", [
     ErrorCode.CORRUPT_MESSAGE, ErrorCode.TRANSACTION_ABORTABLE, ErrorCode.INVALID_TXN_STATE,
 ])
-def test_abortable_error_then_abort_then_the_next_transaction_works(store: FakeStore,
+def test_abortable_error_then_abort_then_the_next_transaction_works(store: InProcessCluster,
                                                                     code: ErrorCode) -> None:
     failed_once = threading.Event()
 
@@ -290,7 +299,7 @@ def test_abortable_error_then_abort_then_the_next_transaction_works(store: FakeS
         assert good and good[0].base_sequence == 0
 
 
-def test_abort_drops_records_not_yet_sent(store: FakeStore) -> None:
+def test_abort_drops_records_not_yet_sent(store: InProcessCluster) -> None:
     with txn_producer(store, linger_ms=60_000) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -311,7 +320,7 @@ def test_abort_drops_records_not_yet_sent(store: FakeStore) -> None:
     assert [e.commit for e in ends][-1] is True
 
 
-def test_records_queued_when_the_transaction_broke_fail_as_aborted(store: FakeStore) -> None:
+def test_records_queued_when_the_transaction_broke_fail_as_aborted(store: InProcessCluster) -> None:
     def corrupt_p1(view: BatchView) -> ErrorCode | None:
         return ErrorCode.CORRUPT_MESSAGE if view.partition == 1 else None
 
@@ -331,7 +340,7 @@ def test_records_queued_when_the_transaction_broke_fail_as_aborted(store: FakeSt
     assert store.data_values("t", 0) == []
 
 
-def test_abort_waits_for_batches_in_flight(store: FakeStore) -> None:
+def test_abort_waits_for_batches_in_flight(store: InProcessCluster) -> None:
     release = threading.Event()
     in_produce = threading.Event()
 
@@ -359,26 +368,37 @@ def test_abort_waits_for_batches_in_flight(store: FakeStore) -> None:
 
 
 def test_offsets_join_the_transaction() -> None:
-    with FakeStore(group_coordinator=True) as store:
+    with InProcessCluster() as store:
         store.create_topic("t", 1)
-        group = GroupMetadata("copier", 3, "member-1")
-        with txn_producer(store) as producer:
+        store.create_topic("in", 1)
+        source = TopicPartition("in", 0)
+        # A real member of the group, owning the partition whose offsets commit.
+        with Consumer(bootstrap=store.address, group_id="copier",
+                      fetch_max_wait_ms=20) as member, txn_producer(store) as producer:
+            member.subscribe(["in"])
+            deadline = time.monotonic() + 30
+            while not any(source.partition in [p.partition for p in hb.owned_partitions]
+                          for hb in store.calls_named("ConsumerGroupHeartbeat")):
+                assert time.monotonic() < deadline, "the member never owned in-0"
+                member.poll(timeout=0.02)
+            group = member.group_metadata()
             producer.init_transactions()
             producer.begin_transaction()
             producer.send("t", value=b"out", partition=0)
-            producer.send_offsets_to_transaction({TopicPartition("in", 0): 43}, group)
-            assert store.committed_offsets == {}
+            producer.send_offsets_to_transaction({source: 43}, group)
+            assert store.committed_offsets("copier", stable=False) == {}
             producer.commit_transaction()
-            assert store.committed_offsets == {"copier": {("in", 0): 43}}
+            assert store.committed_offsets("copier") == {("in", 0): 43}
             producer.begin_transaction()
-            producer.send_offsets_to_transaction({TopicPartition("in", 0): 99}, group)
+            producer.send_offsets_to_transaction({source: 99}, group)
             producer.abort_transaction()
-        assert store.committed_offsets == {"copier": {("in", 0): 43}}
+            assert store.committed_offsets("copier") == {("in", 0): 43}
         commits = store.calls_named("TxnOffsetCommit")
-        assert [(c.generation_id, c.member_id) for c in commits] == [(3, "member-1")] * 2
+        assert [(c.generation_id, c.member_id) for c in commits] == [
+            (group.generation_id, group.member_id)] * 2
 
 
-def test_offsets_without_a_group_coordinator_fail_clearly(store: FakeStore) -> None:
+def test_offsets_without_a_group_coordinator_fail_clearly(store: InProcessCluster) -> None:
     with txn_producer(store) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -392,17 +412,18 @@ def test_offsets_without_a_group_coordinator_fail_clearly(store: FakeStore) -> N
     assert store.calls_named("AddOffsetsToTxn") == []
 
 
-def test_close_aborts_an_open_transaction(store: FakeStore) -> None:
+def test_close_aborts_an_open_transaction(store: InProcessCluster) -> None:
     producer = txn_producer(store)
     producer.init_transactions()
     producer.begin_transaction()
     producer.send("t", value=b"x", partition=0).result(timeout=30)
     producer.close()
-    assert store.txns[TID].state == "CompleteAbort"
+    txn = store.transaction(TID)
+    assert txn is not None and txn.state is TxnState.COMPLETE_ABORT
     assert store.committed_values("t", 0) == []
 
 
-def test_read_committed_end_offsets_are_the_last_stable_offset(store: FakeStore) -> None:
+def test_read_committed_end_offsets_are_the_last_stable_offset(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address) as plain:
         for i in range(3):
             plain.send("t", value=b"p%d" % i, partition=0)
@@ -416,4 +437,5 @@ def test_read_committed_end_offsets_are_the_last_stable_offset(store: FakeStore)
             assert committed.end_offsets([tp]) == {tp: 3}
             assert dirty.end_offsets([tp]) == {tp: 4}
             producer.commit_transaction()
+            store.settle()  # the marker is written after EndTxn's answer
             assert committed.end_offsets([tp]) == {tp: 5}  # data + marker

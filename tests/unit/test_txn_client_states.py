@@ -7,9 +7,10 @@ other call raises IllegalStateError naming the state; and no transition
 happens that the table does not list.
 
 Method: the pure table walked pair by pair; then a real Producer (with
-two-phase commit enabled) against tests/support/fake_store.FakeStore (a fake
-coordinator with scripted faults) driven into each of the eleven states, and
-each of the eight calls tried on a fresh producer in that state.
+two-phase commit enabled) against tests/support/inprocess_cluster.InProcessCluster
+(the real store and coordinators in this process, with scripted faults in
+front of them) driven into each of the eleven states, and each of the eight
+calls tried on a fresh producer in that state.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 from oncelog import GroupMetadata, PreparedTxnState, Producer, TopicPartition, errors
 from oncelog._transactions import TABLE, Op, TxnState, TxnStateMachine
 from oncelog.errors import ErrorCode
-from tests.support.fake_store import UNREACHABLE, BatchView, FakeStore
+from tests.support.inprocess_cluster import UNREACHABLE, BatchView, InProcessCluster
 
 _tid_counter = itertools.count()
 
@@ -79,13 +80,13 @@ def test_the_table_is_complete_and_fatal_is_final() -> None:
 
 
 @pytest.fixture(scope="module")
-def store() -> Iterator[FakeStore]:
-    with FakeStore(group_coordinator=True) as s:
+def store() -> Iterator[InProcessCluster]:
+    with InProcessCluster() as s:
         s.create_topic("t", 2)
         yield s
 
 
-def _producer(store: FakeStore) -> Producer:
+def _producer(store: InProcessCluster) -> Producer:
     return Producer(bootstrap=store.address, transactional_id=f"tx-{next(_tid_counter)}",
                     linger_ms=1, retry_backoff_ms=10, max_block_ms=10_000,
                     transaction_two_phase_commit_enable=True)
@@ -105,7 +106,7 @@ def _unreachable(call: str) -> Callable[[str, object], str | None]:
     return lambda name, _r: UNREACHABLE if name == call else None
 
 
-def _in_state(store: FakeStore, state: TxnState) -> Producer:
+def _in_state(store: InProcessCluster, state: TxnState) -> Producer:
     """A fresh producer driven into `state`; the store's faults are cleared."""
     store.fault = None
     store.coordinator_fault = None
@@ -183,7 +184,7 @@ _CALLS: dict[Op, Callable[[Producer], object]] = {
     Op.BEGIN_TRANSACTION: lambda p: p.begin_transaction(),
     Op.SEND: lambda p: p.send("t", value=b"y", partition=0),
     Op.SEND_OFFSETS: lambda p: p.send_offsets_to_transaction(
-        {TopicPartition("t", 0): 5}, GroupMetadata("g", 1, "m"), timeout=10),
+        {TopicPartition("t", 0): 5}, GroupMetadata("g", -1, ""), timeout=10),
     Op.COMMIT_TRANSACTION: lambda p: p.commit_transaction(timeout=10),
     Op.ABORT_TRANSACTION: lambda p: p.abort_transaction(timeout=10),
     Op.PREPARE_TRANSACTION: lambda p: p.prepare_transaction(timeout=10),
@@ -193,7 +194,7 @@ _CALLS: dict[Op, Callable[[Producer], object]] = {
 
 
 @pytest.mark.parametrize("state", list(TxnState), ids=lambda s: s.value)
-def test_every_call_in_every_state_of_a_real_producer(store: FakeStore, state: TxnState
+def test_every_call_in_every_state_of_a_real_producer(store: InProcessCluster, state: TxnState
                                                       ) -> None:
     row = TABLE[state]
     for op in Op:
@@ -218,7 +219,7 @@ def test_every_call_in_every_state_of_a_real_producer(store: FakeStore, state: T
             _prepared.pop(id(p), None)
 
 
-def test_two_phase_commit_calls_need_two_phase_commit(store: FakeStore) -> None:
+def test_two_phase_commit_calls_need_two_phase_commit(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address, transactional_id=f"tx-{next(_tid_counter)}",
                   linger_ms=1) as p:
         with pytest.raises(ValueError, match="transaction_two_phase_commit_enable"):
@@ -236,7 +237,7 @@ def test_two_phase_commit_calls_need_two_phase_commit(store: FakeStore) -> None:
             p.complete_transaction("1:0")  # type: ignore[arg-type]
 
 
-def test_transactional_calls_need_a_transactional_producer(store: FakeStore) -> None:
+def test_transactional_calls_need_a_transactional_producer(store: InProcessCluster) -> None:
     with Producer(bootstrap=store.address) as p:
         for op, call in _CALLS.items():
             if op is Op.SEND:
