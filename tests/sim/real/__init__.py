@@ -1,5 +1,5 @@
 """A deterministic simulation that runs the production runtimes (issue 18).
 
-See simulation.py for the method and docs/testing.md ("The real-runtime
-simulation") for how to run and replay it.
+See simulation.py for the method and docs/testing.md ("The simulation")
+for how to run and replay it.
 """

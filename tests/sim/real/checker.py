@@ -1,14 +1,26 @@
 """The exactly-once checker of the real-runtime simulation.
 
-Goal: say whether a run kept the guarantees, without trusting the code under
-test. It never asks a runtime what it believes (no coordinator state, no
-producer state); it knows only what the clients did and were told — which
-records each transaction wrote, whether its producer asked to commit, what
-EndTxn answered — and what a reader sees: every data partition read from
-offset 0 under read_committed through the store runtime's real fetch path.
+Goal: say whether a run kept the guarantees (Jepsen's list for Kafka: lost
+write, duplicate, aborted read, torn transaction, non-monotonic offsets,
+read of uncommitted data, offset committed past unprocessed input), without
+trusting the code under test. It never asks a runtime what it believes (no
+coordinator state, no producer state; the one exception is the final
+comparison of the group coordinator's OffsetFetch answer with what the
+durable log says); it knows what the clients did and were told — which
+records each transaction wrote, with which producer id and epoch, whether
+its producer asked to commit, what EndTxn and CompleteTransaction answered
+— and what the stores hold: every data partition read from offset 0 under
+read_committed through the store runtime's real fetch path, and every
+partition's durable log (read_uncommitted, markers included), the
+transaction log and `__consumer_offsets` among them, read and judged
+independently.
 
 Method: every record's value names its transaction and place
-(`tid|instance|txn|partition|index`), so a read maps back to the ledger.
+(`tid|instance|txn|partition|index`, and a copier's output adds the input
+record it copies), so a read maps back to the ledger. `TxnLogView` replays
+the durable transaction log record by record into its own model of the
+decisions (Prepare* records): which marker (producer id, epoch) commits or
+aborts, and which data (producer id, epoch) each marker ends.
 
 After every N steps, on each data partition whose store is up:
 * no record appears twice, and offsets strictly increase;
@@ -18,24 +30,52 @@ After every N steps, on each data partition whose store is up:
 * what was visible stays visible at the same offset (no acknowledged,
   committed write is lost by a crash, nothing is rewritten);
 * a transaction's records on a partition are visible in the order written,
-  without gaps (the rest may still be above the last stable offset).
+  without gaps (the rest may still be above the last stable offset);
+* the durable log, read on its own: no gap, it ends at the HW, LSO <= HW <=
+  LEO; every COMMIT/ABORT marker matches a decision in the transaction log
+  and commits only the data that decision ended (never another
+  transaction's batch, never a batch of a fenced producer); every record is
+  under the producer id and epoch its transaction wrote with; the LSO is the
+  first open batch's offset (or the HW), and read_committed returns exactly
+  the committed records below it, never a control batch, ending at the LSO;
+* from the transaction log: no data decided both ways, no two-phase-commit
+  transaction aborted on its timeout, every EndTxn answered with success
+  matches the decision for its data (and names the bumped epoch, or a
+  rotated producer id at epoch exhaustion), every CompleteTransaction's
+  `committed` matches the decision for the prepared state (unless a newer
+  transaction was prepared since), no commit decided for a transaction its
+  client never asked to commit;
+* no client got an OUT_OF_ORDER_SEQUENCE_NUMBER it cannot explain (every
+  earlier batch acknowledged and its transaction open in the log: lost
+  deduplication state), reported by the workload through the ledger;
+* the read-process-write workload (`GroupChecker`): see its docstring.
 
 At the end, after quiescing (faults off, every node up, producers done,
 timers run): every transaction is visible whole or not at all, on every
 partition together (no torn transaction); every transaction whose commit
 was acknowledged is visible whole (no lost write); no partition has an open
-transaction (its last stable offset equals its high watermark); no runtime
-task died of an exception that is not an expected error.
+transaction (LSO = HW = LEO); every answer above matches the log; no
+runtime task died of an exception that is not an expected error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from oncelog import records
+from services.common import durable
+from services.common.cluster import (
+    CONSUMER_OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    ClusterLayout,
+)
+from services.coordinator.core import transactions as txn
+from services.coordinator.core.txn_log import TXN_KEY_PREFIX, TxnPartitionState
+from services.group_coordinator.runtime import GroupCoordinatorRuntime
 from services.partition_store.partition import Isolation
 from services.partition_store.runtime import FetchItem, FetchOutcome, StoreRuntime
 
@@ -61,6 +101,23 @@ class TxnFacts:
     # The error code that refused EndTxn(commit) on its only attempt ("":
     # not refused so): nothing else can commit the transaction.
     commit_refused: str = ""
+    # The topic its records went to.
+    topic: str = ""
+    # (producer id, epoch) its data carries ((-1, -1): not known yet).
+    producer: tuple[int, int] = (-1, -1)
+    # A copier's transaction: input partition -> (first, end) offsets of the
+    # input it processed, and whether it sent those ends as the group's
+    # offsets (TxnOffsetCommit answered or not).
+    inputs: dict[int, tuple[int, int]] = field(default_factory=dict)
+    offsets_sent: bool = False
+    # EndTxn answered with success: (commit?, the producer id and epoch
+    # it answered).
+    end_answer: tuple[bool, int, int] | None = None
+
+    def may_commit(self) -> bool:
+        """Whether the transaction may have committed, by what its client
+        did and was told."""
+        return self.commit_sent and self.outcome is not False and not self.commit_refused
 
 
 def record_value(key: TxnKey, partition: int, index: int) -> bytes:
@@ -69,18 +126,119 @@ def record_value(key: TxnKey, partition: int, index: int) -> bytes:
 
 
 def parse_value(value: bytes) -> tuple[TxnKey, int]:
-    tid, instance, number, partition, _index = value.decode().split("|")
+    """The transaction and partition a record was written by and to (a
+    copier's output value carries the input record after these fields)."""
+    tid, instance, number, partition, _index = value.decode().split("|")[:5]
     return (tid, int(instance), int(number)), int(partition)
 
 
 class Ledger:
     def __init__(self) -> None:
         self.txns: dict[TxnKey, TxnFacts] = {}
+        # CompleteTransaction answers: (transactional id, prepared state,
+        # committed?), checked against the log once it is readable.
+        self.completions: list[tuple[str, tuple[int, int], bool]] = []
+        # What a client saw that must not happen (an OUT_OF_ORDER_SEQUENCE_NUMBER
+        # it cannot explain), raised by the next check.
+        self.violations: list[str] = []
 
-    def begin(self, key: TxnKey) -> TxnFacts:
-        facts = TxnFacts(key)
+
+    def begin(self, key: TxnKey, topic: str = "") -> TxnFacts:
+        facts = TxnFacts(key, topic=topic)
         self.txns[key] = facts
         return facts
+
+
+class TxnLogView:
+    """The decisions in the durable transaction log, read independently.
+
+    Every `__transaction_state` partition is read (through the store's
+    fetch, read_uncommitted, up to the high watermark: what is durable) and
+    each new record replayed on its own; the view keeps, per transactional
+    id, its newest record, and every decision (a Prepare* record): the
+    (producer id, epoch) its markers carry -> commit?, and the data
+    (producer id, epoch) each marker ends: the epoch just below the
+    marker's, or the prepared state of a two-phase-commit transaction that
+    a new instance kept. It checks, as records arrive, that no data is
+    decided both ways and that no two-phase-commit transaction is aborted
+    on its timeout."""
+
+    def __init__(self, partitions: int, store_for: Callable[[str, int], StoreRuntime | None]
+                 ) -> None:
+        self._partitions = partitions
+        self._store_for = store_for
+        self._read_to = [0] * partitions
+        self.decisions: dict[tuple[int, int], bool] = {}
+        self.decisions_by_data: dict[tuple[int, int], bool] = {}
+        self.data_of_marker: dict[tuple[int, int], tuple[int, int]] = {}
+        self.last_record: dict[str, txn.TxnMetadata] = {}
+        self.last_prepared: dict[str, tuple[int, int]] = {}
+
+    def refresh(self) -> bool:
+        """Reads what is new; False when a partition's store is down."""
+        complete = True
+        for partition in range(self._partitions):
+            store = self._store_for(TRANSACTION_STATE_TOPIC, partition)
+            if store is None or not store.started:
+                complete = False
+                continue
+            while True:
+                offset = self._read_to[partition]
+                outcomes = run_now(store.fetch(
+                    [FetchItem(TRANSACTION_STATE_TOPIC, partition, offset, 1 << 20)],
+                    isolation=Isolation.READ_UNCOMMITTED))
+                if outcomes is None or outcomes[0].error is not None:
+                    complete = False
+                    break
+                (outcome,) = outcomes
+                for batch in outcome.batches:
+                    for record in records.iter_records(batch, min_offset=offset):
+                        self._replay(record.key, record.value)
+                if outcome.next_fetch_offset <= offset or not outcome.batches:
+                    break
+                self._read_to[partition] = outcome.next_fetch_offset
+        return complete
+
+    def _replay(self, key: bytes | None, value: bytes | None) -> None:
+        scratch = TxnPartitionState()
+        scratch.replay(key, value)
+        if value is None and key is not None and key.startswith(TXN_KEY_PREFIX):
+            self.last_record.pop(key[len(TXN_KEY_PREFIX):].decode(), None)  # expired
+        for md in scratch.transactions.values():
+            previous = self.last_record.get(md.transactional_id)
+            self.last_record[md.transactional_id] = md
+            if md.state is txn.TxnState.PREPARED and md.prepared_state is not None:
+                self.last_prepared[md.transactional_id] = md.prepared_state
+            if not md.state.is_prepare:
+                continue
+            target = txn.marker_target(md)
+            commit = md.state is txn.TxnState.PREPARE_COMMIT
+            if previous is not None and previous.state is txn.TxnState.PREPARED \
+                    and previous.prepared_state is not None:
+                data = previous.prepared_state
+            else:
+                data = (target[0], target[1] - 1)
+            if previous is not None and previous.two_phase_commit and md.bump_reason == "timeout":
+                raise Violation(f"the two-phase-commit transaction of {md.transactional_id} "
+                                f"(data {data}) was aborted on its timeout")
+            if self.decisions_by_data.get(data, commit) != commit:
+                raise Violation(f"the transaction log decided the data of producer {data[0]} "
+                                f"epoch {data[1]} both ways")
+            if self.decisions.get(target, commit) != commit:
+                raise Violation(f"the transaction log decided marker {target} both ways")
+            self.decisions_by_data[data] = commit
+            self.decisions[target] = commit
+            self.data_of_marker[target] = data
+
+    def open_txn(self, transactional_id: str, producer: tuple[int, int]) -> bool:
+        """Whether the log holds an open transaction of that producer."""
+        md = self.last_record.get(transactional_id)
+        return (md is not None and (md.producer_id, md.producer_epoch) == producer
+                and md.state is txn.TxnState.ONGOING)
+
+
+def decision_name(decided: bool | None) -> str:
+    return "no decision" if decided is None else ("commit" if decided else "abort")
 
 
 @dataclass(slots=True)
@@ -103,11 +261,19 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T | None:
 
 class Checker:
     def __init__(self, ledger: Ledger, topic: str, partitions: int,
-                 store_of: Callable[[int], StoreRuntime | None]) -> None:
+                 store_of: Callable[[int], StoreRuntime | None],
+                 txn_log: TxnLogView | None = None) -> None:
         self._ledger = ledger
         self._topic = topic
         self._partitions = partitions
         self._store_of = store_of
+        self._txn_log = txn_log
+        self._parsed: dict[bytes, tuple[records.BatchHeader, tuple[int, int] | None,
+                                        list[tuple[int, bytes]]]] = {}
+        # partition -> (its log's state, the read_committed view then,
+        # whether the durable log was judged whole, the last fetch outcome).
+        self._last_read: dict[int, tuple[tuple[int, int, int, int], list[Seen], bool,
+                                         FetchOutcome]] = {}
         # partition -> the read_committed view at the last check
         self._seen: dict[int, list[Seen]] = {}
         self.checks = 0
@@ -131,19 +297,158 @@ class Checker:
             if outcome.error is not None:
                 return None
             for batch in outcome.batches:
+                header = records.read_header(batch)
+                if header.is_control:
+                    raise Violation(f"{self._topic}-{partition}: read_committed returned a "
+                                    f"control batch at {header.base_offset}")
                 out.extend(Seen(r.offset, r.value or b"")
                            for r in records.iter_records(batch, min_offset=offset))
             if outcome.next_fetch_offset <= offset or not outcome.batches:
+                if outcome.next_fetch_offset != outcome.last_stable_offset:
+                    raise Violation(f"{self._topic}-{partition}: read_committed from 0 ends at "
+                                    f"{outcome.next_fetch_offset}, the LSO is "
+                                    f"{outcome.last_stable_offset}")
                 return out, outcome
             offset = outcome.next_fetch_offset
 
-    def check_step(self) -> None:
+    def check_step(self, *, log_complete: bool = False) -> None:
+        """`log_complete`: the transaction log view has read every
+        partition of the log just now (else a marker whose decision it has
+        not read yet is not judged)."""
         self.checks += 1
+        if self._ledger.violations:
+            raise Violation(self._ledger.violations[0])
         for partition in range(self._partitions):
-            read = self.read_committed(partition)
-            if read is None:
+            store = self._store_of(partition)
+            state = _log_state(store, self._topic, partition)
+            cached = self._last_read.get(partition)
+            if cached is not None and state is not None and cached[0] == state:
+                # Nothing was written or decided there since: the same view,
+                # judged again against what the clients know now.
+                self._check_partition(partition, cached[1])
+                if cached[2]:
+                    continue
+                view, last = cached[1], cached[3]
+            else:
+                read = self.read_committed(partition)
+                if read is None:
+                    continue
+                view, last = read
+                self._check_partition(partition, view)
+            judged = self._check_durable(partition, view, last, log_complete=log_complete)
+            if state is not None:
+                self._last_read[partition] = (state, view, judged, last)
+        if log_complete and self._txn_log is not None:
+            self.check_answers(self._txn_log)
+
+    def _parse(self, raw: bytes) -> tuple[records.BatchHeader, tuple[int, int] | None,
+                                          list[tuple[int, bytes]]]:
+        parsed = self._parsed.get(raw)
+        if parsed is None:
+            header = records.read_header(raw)
+            if header.is_control:
+                parsed = (header, records.control_marker(raw), [])
+            else:
+                parsed = (header, None, [(r.offset, r.value or b"")
+                                         for r in records.iter_records(raw)])
+            self._parsed[raw] = parsed
+        return parsed
+
+    def _check_durable(self, partition: int, view: list[Seen], last: FetchOutcome, *,
+                       log_complete: bool) -> bool:
+        """The partition's durable log (every batch, markers included) read
+        on its own and judged against the transaction log's decisions: every
+        marker matches a decision, and commits only the data that decision
+        ended (so never a batch of a fenced producer, nor of another
+        transaction); each record is under the producer id and epoch its
+        transaction wrote with; the LSO is the first open batch's offset
+        (or the HW), and read_committed returns exactly the committed
+        records below it, in log order."""
+        log = self._txn_log
+        store = self._store_of(partition)
+        if log is None or store is None:
+            return False
+        where = f"{self._topic}-{partition}"
+        batches: list[bytes] = []
+        offset = 0
+        while True:
+            outcomes = run_now(store.fetch(
+                [FetchItem(self._topic, partition, offset, 1 << 20)],
+                isolation=Isolation.READ_UNCOMMITTED, include_control=True))
+            if outcomes is None or outcomes[0].error is not None:
+                return False
+            (outcome,) = outcomes
+            batches.extend(outcome.batches)
+            if outcome.next_fetch_offset <= offset or not outcome.batches:
+                break
+            offset = outcome.next_fetch_offset
+        high_watermark = outcome.high_watermark
+        if high_watermark != last.high_watermark:
+            return False  # not the same moment (cannot happen within one step)
+        state = _log_state(store, self._topic, partition)
+        if state is not None and not state[2] <= high_watermark <= state[3]:
+            raise Violation(f"{where}: offsets out of order: LSO {state[2]}, HW "
+                            f"{high_watermark}, LEO {state[3]}")
+        open_batches: dict[int, list[tuple[records.BatchHeader, list[tuple[int, bytes]]]]] = {}
+        committed: list[tuple[int, bytes]] = []
+        next_offset = 0
+        for raw in batches:
+            header, control, rows = self._parse(raw)
+            if header.base_offset != next_offset:
+                raise Violation(f"{where}: the log has a gap: a batch at {header.base_offset}, "
+                                f"expected {next_offset}")
+            next_offset = header.next_offset
+            pid, epoch = header.producer_id, header.producer_epoch
+            if control is not None:
+                commit = control[0] == records.MARKER_COMMIT
+                decided = log.decisions.get((pid, epoch))
+                if decided is None and not log_complete:
+                    return False  # the view has not read that decision yet
+                if decided != commit:
+                    raise Violation(f"{where}@{header.base_offset}: "
+                                    f"{'COMMIT' if commit else 'ABORT'} marker of producer "
+                                    f"{pid} epoch {epoch}, but the transaction log holds "
+                                    f"{decision_name(decided)}")
+                ended = log.data_of_marker.get((pid, epoch))
+                for data, data_rows in open_batches.pop(pid, []):
+                    if not commit:
+                        continue
+                    if ended != (pid, data.producer_epoch):
+                        raise Violation(
+                            f"{where}@{data.base_offset}: batch of producer {pid} epoch "
+                            f"{data.producer_epoch} committed by the marker of epoch {epoch} "
+                            f"at {header.base_offset}, which ends {ended} (another "
+                            "transaction's marker, or a fenced producer's batch)")
+                    committed.extend(data_rows)
                 continue
-            self._check_partition(partition, read[0])
+            if not header.is_transactional:
+                raise Violation(f"{where}@{header.base_offset}: a non-transactional batch")
+            for _offset, value in rows:
+                facts = self._ledger.txns.get(parse_value(value)[0])
+                if facts is not None and facts.producer != (pid, epoch):
+                    raise Violation(f"{where}@{header.base_offset}: record {value!r} under "
+                                    f"producer {pid} epoch {epoch}, but its transaction "
+                                    f"wrote with {facts.producer}")
+            open_batches.setdefault(pid, []).append((header, rows))
+        if next_offset != high_watermark:
+            raise Violation(f"{where}: the log ends at {next_offset}, the HW is "
+                            f"{high_watermark}")
+        first_open = min((h.base_offset for bs in open_batches.values() for h, _r in bs),
+                         default=None)
+        lso = high_watermark if first_open is None else min(high_watermark, first_open)
+        if last.last_stable_offset != lso:
+            raise Violation(f"{where}: the LSO is {last.last_stable_offset}, the durable log "
+                            f"says {lso} (HW {high_watermark}, first open batch {first_open})")
+        expected = [value for at, value in sorted(committed) if at < lso]
+        visible = [seen.value for seen in view]
+        if visible != expected:
+            extra = [v for v in visible if v not in set(expected)]
+            missing = [v for v in expected if v not in set(visible)]
+            raise Violation(f"{where}: read_committed returned {len(visible)} records, the "
+                            f"durable log says {len(expected)} are committed below the LSO "
+                            f"{lso}; not committed but returned: {extra[:5]}; committed but "
+                            f"not returned: {missing[:5]}")
+        return True
 
     def _check_partition(self, partition: int, view: list[Seen]) -> None:
         where = f"{self._topic}-{partition}"
@@ -202,14 +507,18 @@ class Checker:
                 raise Violation(f"{self._topic}-{partition}: not readable after quiescing")
             view, last = read
             self._check_partition(partition, view)
-            if last.last_stable_offset != last.high_watermark:
+            state = _log_state(self._store_of(partition), self._topic, partition)
+            if last.last_stable_offset != last.high_watermark or (
+                    state is not None and state[3] != last.high_watermark):
                 raise Violation(f"{self._topic}-{partition}: a transaction is still open after "
                                 f"quiescing (LSO {last.last_stable_offset}, HW "
-                                f"{last.high_watermark})")
+                                f"{last.high_watermark}, LEO {state and state[3]})")
             for seen in view:
                 key, _p = parse_value(seen.value)
                 visible.setdefault(key, {}).setdefault(partition, []).append(seen.value)
         for key, facts in self._ledger.txns.items():
+            if facts.topic != self._topic:
+                continue
             got = visible.get(key, {})
             written = {p: v for p, v in facts.values.items() if v}
             if got and got != written:
@@ -219,7 +528,280 @@ class Checker:
                 raise Violation(f"transaction {key}: its commit was acknowledged but "
                                 f"{sum(map(len, written.values())) - sum(map(len, got.values()))}"
                                 " of its records are not visible (lost write)")
+        if self._txn_log is not None:
+            self.check_answers(self._txn_log)
+
+    def check_answers(self, log: TxnLogView) -> None:
+        """Every EndTxn answered with success (of this checker's topic) and
+        every CompleteTransaction answer matches the decision in the log."""
+        for key, facts in self._ledger.txns.items():
+            if facts.topic != self._topic or facts.end_answer is None:
+                continue
+            commit, answered_id, answered_epoch = facts.end_answer
+            decided = log.decisions_by_data.get(facts.producer)
+            pid, epoch = facts.producer
+            answer_ok = (answered_id, answered_epoch) == (pid, epoch + 1) or (
+                answered_id != pid and answered_epoch == 0
+                and epoch == txn.MAX_PRODUCER_EPOCH)
+            if decided != commit or not answer_ok:
+                raise Violation(f"EndTxn({'commit' if commit else 'abort'}) of {key} (producer "
+                                f"{pid} epoch {epoch}) answered success with ({answered_id}, "
+                                f"{answered_epoch}), but the transaction log holds "
+                                f"{decision_name(decided)} for its data")
+        by_producer = {f.producer: f for f in self._ledger.txns.values()}
+        for data, commit in log.decisions_by_data.items():
+            decided_facts = by_producer.get(data)
+            if commit and decided_facts is not None and decided_facts.topic == self._topic \
+                    and not decided_facts.commit_sent:
+                raise Violation(f"the transaction log decided to commit {decided_facts.key} "
+                                f"(producer "
+                                f"{data[0]} epoch {data[1]}), which its client never asked to "
+                                "commit")
+        for tid, prepared, committed in self._ledger.completions:
+            decided = log.decisions_by_data.get(prepared)
+            superseded = log.last_prepared.get(tid) != prepared
+            if committed and decided is not True or \
+                    not committed and decided is True and not superseded:
+                raise Violation(f"CompleteTransaction({prepared}) of {tid} answered "
+                                f"committed={committed}, but the transaction log holds "
+                                f"{decision_name(decided)} for that data")
 
 
-__all__ = ["Checker", "Ledger", "TxnFacts", "TxnKey", "Violation", "parse_value",
-           "record_value", "run_now", "asyncio"]
+def _log_state(store: StoreRuntime | None, topic: str,
+               partition: int) -> tuple[int, int, int, int] | None:
+    """What identifies a partition's log at one moment (no retention or
+    compaction runs here): the partition object, HW, LSO and log end."""
+    if store is None or not store.started:
+        return None
+    try:
+        log = store.partition(topic, partition).log
+    except Exception:
+        return None
+    return (id(log), log.high_watermark, log.last_stable_offset, log.log_end_offset)
+
+
+def input_value(partition: int, index: int) -> bytes:
+    """The copiers' input record at `index` of input partition `partition`."""
+    return f"in-{partition}-{index}".encode()
+
+
+def copied_input(value: bytes) -> bytes | None:
+    """The input record a copier's output record copies (None: not one)."""
+    fields = value.split(b"|")
+    return fields[5] if len(fields) > 5 else None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOffset:
+    """A committed offset of the group, as the durable log decides it."""
+
+    offset: int
+    log_offset: int
+    producer: tuple[int, int]  # the transactional batch's (id, epoch); (-1, -1): plain
+
+
+class GroupChecker:
+    """The read-process-write workload's guarantees: exactly-once from input
+    to output, and the group's committed offsets against the transactions.
+
+    The group's committed offsets are recomputed from the durable
+    `__consumer_offsets` partition (every batch, markers included, read
+    through the store's fetch), never asked of the group coordinator: a
+    transactional offset batch of a producer becomes committed when that
+    producer's next marker on the partition is a COMMIT (only over an older
+    offset), and is dropped by an ABORT.
+
+    After every N steps: each committed offset came from a transaction its
+    client asked to commit (not one whose abort was acknowledged), with the
+    input end that transaction processed; no committed offset passes input
+    that no transaction its client asked to commit has processed (offset
+    committed past unprocessed input); no input record is copied twice in
+    the committed output. After quiescing: every input record below the
+    committed offset is in the committed output exactly once, none above it
+    (the copiers drained their input, so the offsets are the input's ends),
+    and the group coordinator's own answer (OffsetFetch) is what the
+    durable log says."""
+
+    def __init__(self, ledger: Ledger, *, group_id: str, input_topic: str,
+                 inputs: list[list[bytes]], output: Checker, layout: ClusterLayout,
+                 store_for: Callable[[str, int], StoreRuntime | None],
+                 group_coordinator: Callable[[int], GroupCoordinatorRuntime | None]) -> None:
+        self._ledger = ledger
+        self._group_id = group_id
+        self._input_topic = input_topic
+        self._inputs = inputs
+        self._output = output
+        self._layout = layout
+        self._store_for = store_for
+        self._group_coordinator = group_coordinator
+        self._where = (CONSUMER_OFFSETS_TOPIC, layout.consumer_offsets_partition(group_id))
+        self._cached: tuple[tuple[int, int, int, int], dict[int, GroupOffset]] | None = None
+
+    def committed_offsets(self) -> dict[int, GroupOffset] | None:
+        """Input partition -> the group's committed offset, from the durable
+        log; None while the partition's store is down."""
+        store = self._store_for(*self._where)
+        state = _log_state(store, *self._where)
+        if store is None or state is None:
+            return None
+        if self._cached is not None and self._cached[0] == state:
+            return self._cached[1]
+        committed = self._read_committed_offsets(store)
+        if committed is not None:
+            self._cached = (state, committed)
+        return committed
+
+    def _read_committed_offsets(self, store: StoreRuntime) -> dict[int, GroupOffset] | None:
+        pending: dict[int, dict[int, GroupOffset]] = {}
+        committed: dict[int, GroupOffset] = {}
+        offset = 0
+        while True:
+            outcomes = run_now(store.fetch(
+                [FetchItem(*self._where, offset, 1 << 20)],
+                isolation=Isolation.READ_UNCOMMITTED, include_control=True))
+            if outcomes is None:
+                return None
+            (outcome,) = outcomes
+            if outcome.error is not None:
+                return None
+            for raw in outcome.batches:
+                header = records.read_header(raw)
+                pid = header.producer_id
+                if header.is_control:
+                    marker, _coordinator_epoch = records.control_marker(raw)
+                    for part, value in pending.pop(pid, {}).items():
+                        current = committed.get(part)
+                        if marker == records.MARKER_COMMIT and (
+                                current is None or current.log_offset < value.log_offset):
+                            committed[part] = value
+                    continue
+                for record in records.iter_records(raw, min_offset=offset):
+                    found = self._offset_record(record.key, record.value)
+                    if found is None:
+                        continue
+                    part, found_offset = found
+                    at = GroupOffset(found_offset, record.offset, (pid, header.producer_epoch)
+                                     if header.is_transactional else (-1, -1))
+                    target = (pending.setdefault(pid, {}) if header.is_transactional
+                              else committed)
+                    if found_offset < 0:
+                        target.pop(part, None)
+                    else:
+                        target[part] = at
+            if outcome.next_fetch_offset <= offset or not outcome.batches:
+                return committed
+            offset = outcome.next_fetch_offset
+
+    def _offset_record(self, key: bytes | None,
+                       value: bytes | None) -> tuple[int, int] | None:
+        """(input partition, offset; -1 for a tombstone) of an offset record
+        of this group's input, None for any other record."""
+        if key is None or not key.startswith(b"O"):
+            return None
+        group_id, topic, partition = json.loads(key[1:])
+        if group_id != self._group_id or topic != self._input_topic:
+            return None
+        if value is None:
+            return int(partition), -1
+        payload = durable.decode(value, expected_version=1, what="an offset record")
+        return int(partition), int(payload["offset"])
+
+    def _txn_of(self, producer: tuple[int, int]) -> TxnFacts | None:
+        for facts in self._ledger.txns.values():
+            if facts.producer == producer and facts.inputs:
+                return facts
+        return None
+
+    def check_step(self) -> None:
+        if not self._inputs:
+            return
+        committed = self.committed_offsets()
+        if committed is not None:
+            self._check_offsets(committed)
+        self._copied_once()
+
+    def _check_offsets(self, committed: dict[int, GroupOffset]) -> None:
+        covered: dict[int, list[tuple[int, int]]] = {}
+        for facts in self._ledger.txns.values():
+            if facts.may_commit():
+                for part, span in facts.inputs.items():
+                    covered.setdefault(part, []).append(span)
+        for part, at in sorted(committed.items()):
+            where = f"group {self._group_id!r} {self._input_topic}-{part}"
+            sent_by = self._txn_of(at.producer)
+            if sent_by is None:
+                raise Violation(f"{where}: committed offset {at.offset} (log offset "
+                                f"{at.log_offset}) of producer {at.producer}, which no "
+                                "copier transaction sent")
+            if not sent_by.may_commit():
+                raise Violation(f"{where}: committed offset {at.offset} comes from "
+                                f"transaction {sent_by.key}, which its client did not commit "
+                                f"(outcome {sent_by.outcome}, commit sent {sent_by.commit_sent}, "
+                                f"refused {sent_by.commit_refused or '-'})")
+            if sent_by.inputs.get(part, (0, -1))[1] != at.offset:
+                raise Violation(f"{where}: committed offset {at.offset}, but transaction "
+                                f"{sent_by.key} processed {sent_by.inputs.get(part)}")
+            done = 0
+            for start, end in sorted(covered.get(part, [])):
+                if start <= done:
+                    done = max(done, end)
+            if done < at.offset:
+                raise Violation(f"{where}: offset {at.offset} committed past unprocessed "
+                                f"input: no transaction that may commit processed "
+                                f"{self._input_topic}-{part}@{done}")
+
+    def _copied_once(self) -> dict[bytes, int]:
+        """Input record -> how often the committed output copies it."""
+        counts: dict[bytes, int] = {}
+        for partition, view in sorted(self._output._seen.items()):
+            for seen in view:
+                copied = copied_input(seen.value)
+                if copied is None:
+                    continue
+                counts[copied] = counts.get(copied, 0) + 1
+                if counts[copied] > 1:
+                    raise Violation(f"input {copied!r} is copied twice in the committed output "
+                                    f"(duplicate; again at output-{partition}@{seen.offset})")
+        return counts
+
+    def check_final(self) -> None:
+        if not self._inputs:
+            return
+        committed = self.committed_offsets()
+        if committed is None:
+            raise Violation(f"{self._where}: not readable after quiescing")
+        self._check_offsets(committed)
+        counts = self._copied_once()
+        for part, values in enumerate(self._inputs):
+            at = committed.get(part)
+            offset = at.offset if at is not None else 0
+            where = f"group {self._group_id!r} {self._input_topic}-{part}"
+            for index, value in enumerate(values):
+                got = counts.get(value, 0)
+                if index < offset and got != 1:
+                    raise Violation(f"{where}: committed offset {offset}, but input "
+                                    f"{value!r} is not in the committed output (lost input: "
+                                    "offset committed past unprocessed input)")
+                if index >= offset and got:
+                    raise Violation(f"{where}: input {value!r} is in the committed output, "
+                                    f"but the committed offset is {offset} (it would be "
+                                    "copied again: duplicate)")
+            if offset != len(values):
+                raise Violation(f"{where}: committed offset {offset} after quiescing, but the "
+                                f"input ends at {len(values)} (the copiers did not finish)")
+        node = self._layout.group_coordinator_for_partition(self._where[1])
+        runtime = self._group_coordinator(node)
+        if runtime is None:
+            raise Violation(f"group coordinator {node} is not up after quiescing")
+        tps = [(self._input_topic, p) for p in range(len(self._inputs))]
+        answered = {f.tp[1]: f.offset for f in runtime.fetch_offsets(
+            group_id=self._group_id, partitions=tps, require_stable=False)}
+        expected = {p: committed[p].offset if p in committed else -1
+                    for p in range(len(self._inputs))}
+        if answered != expected:
+            raise Violation(f"group {self._group_id!r}: the group coordinator answers "
+                            f"OffsetFetch with {answered}, the durable log says {expected}")
+
+
+__all__ = ["Checker", "GroupChecker", "Ledger", "TxnFacts", "TxnKey", "TxnLogView", "Violation",
+           "copied_input", "input_value", "parse_value", "record_value", "run_now", "asyncio"]

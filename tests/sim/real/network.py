@@ -2,10 +2,11 @@
 
 Goal: the production runtimes talk to each other only through ports
 (`TxnLog`, `MarkerSender`, `ProducerIdLog`, `TxnVerifier`, `ControllerLink`,
-the store's `KeyValueStore`). In production a gRPC adapter implements each;
-here an adapter of the same port turns every call into a message in the
-simulated network, and the runtime at the other end handles it by calling
-the same runtime method its servicer calls. Nothing of a runtime is copied.
+the group coordinator's `OffsetsStore`, the store's `KeyValueStore`). In
+production a gRPC adapter implements each; here an adapter of the same port
+turns every call into a message in the simulated network, and the runtime at
+the other end handles it by calling the same runtime method its servicer
+calls. Nothing of a runtime is copied.
 
 Method:
 
@@ -49,12 +50,13 @@ from oncelog import records
 from oncelog.errors import ErrorCode
 from services.common.cluster import PRODUCER_IDS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterLayout
 from services.common.errors import ServiceError
-from services.common.store_client import STORE_RPC_TIMEOUT_S
+from services.common.store_client import STORE_RPC_TIMEOUT_S, RawRead, TxnWriter
 from services.coordinator.core.producer_ids import ProducerIdBlock, decode_block, encode_block
 from services.coordinator.markers import MARKER_RPC_TIMEOUT_S, MarkerSpec
 from services.coordinator.storage.producer_id_log import BLOCK_KEY
 from services.coordinator.storage.txn_log import Entry
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
+from services.group_coordinator.runtime import GroupCoordinatorRuntime
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.topics import TopicRecord
 from services.partition_store.partition import Isolation
@@ -149,6 +151,13 @@ class FaultProfile:
     slow_ms_max: int = 12_000
     # Share of requests to a node that reach a live older incarnation.
     zombie_route: float = 0.3
+    # Odds that a store process dies right after sending a successful answer
+    # (before anything else of it runs): nothing it acknowledged may be lost.
+    crash_after_reply: float = 0.0
+    # Odds that a store process dies as a request reaches it (just before or
+    # just after it starts handling it, as the seed orders them): with a
+    # write taken but not yet group-committed, the write is lost.
+    crash_on_request: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -187,6 +196,9 @@ class Network:
         # node name -> the incarnation every request to it reaches.
         self.holds: list[Hold] = []
         self.route_to: dict[str, Incarnation] = {}
+        # Called with a store incarnation to crash (crash_after_reply,
+        # crash_on_request) and why.
+        self.on_store_crash: Callable[[Incarnation, str], None] | None = None
 
     def add(self, incarnation: Incarnation) -> None:
         self.nodes.setdefault(incarnation.name, []).append(incarnation)
@@ -280,6 +292,11 @@ class Network:
                            lambda: answer(None, RpcUnavailable(f"{dst} is down")))
                 return
             target.spawn(self._serve(target, src, what, op, answer))
+            if self.faults.crash_on_request and self.on_store_crash is not None \
+                    and target.name.startswith("store-") \
+                    and self._rng.random() < self.faults.crash_on_request:
+                self._loop.call_soon(self.on_store_crash, target, f"as {what} arrived",
+                                     context=self._root)
 
         self._send(f"{src}->{dst} {what}", arrive)
         try:
@@ -303,6 +320,10 @@ class Network:
             self._send(f"{target}->{src} {what} UNKNOWN", lambda: answer(None, error))
             return
         self._send(f"{target}->{src} {what} ok", lambda: answer(result, None))
+        if self.faults.crash_after_reply and self.on_store_crash is not None \
+                and target.name.startswith("store-") \
+                and self._rng.random() < self.faults.crash_after_reply:
+            self.on_store_crash(target, f"right after answering {what}")
 
 
 def store_name(node_id: int) -> str:
@@ -311,6 +332,10 @@ def store_name(node_id: int) -> str:
 
 def coordinator_name(node_id: int) -> str:
     return f"coordinator-{node_id}"
+
+
+def group_coordinator_name(node_id: int) -> str:
+    return f"group-coordinator-{node_id}"
 
 
 def _store(target: Incarnation) -> StoreRuntime:
@@ -330,13 +355,23 @@ def _coordinator(target: Incarnation) -> TxnCoordinatorRuntime:
     return runtime
 
 
+def _group_coordinator(target: Incarnation) -> GroupCoordinatorRuntime:
+    runtime = target.runtime
+    if not isinstance(runtime, GroupCoordinatorRuntime):
+        raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is still starting")
+    return runtime
+
+
 # ------------------------------------------- the store client's three calls
 
 
 class SimStoreClient:
     """What services/common/store_client.StoreClient does over gRPC, as
-    messages: append (Produce with coordinator_write), read (Fetch,
-    read_committed), log end (ListOffsets)."""
+    messages: append (Produce with coordinator_write, optionally as a
+    producer's transactional batch), read (Fetch, read_committed), read
+    batches (Fetch, read_uncommitted with markers, a long poll), log end
+    (ListOffsets), partition counts (Metadata). It is the group
+    coordinator's `OffsetsStore` as it is."""
 
     def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout) -> None:
         self._net = net
@@ -353,19 +388,74 @@ class SimStoreClient:
             raise ServiceError(transport_error(exc), str(exc)) from None
 
     async def append(self, topic: str, partition: int, entries: Sequence[Entry], *,
-                     expected_log_end_offset: int, now_ms: int) -> int:
-        batch = records.encode_batch([(k, v, None, now_ms) for k, v in entries])
+                     expected_log_end_offset: int | None = None, now_ms: int | None = None,
+                     producer: TxnWriter | None = None) -> int:
+        """StoreClient.append: one batch, conditional on the log end; with
+        `producer`, a transactional batch of that producer (the group
+        coordinator's transactional offsets)."""
+        rows = [(k, v, None, now_ms or 0) for k, v in entries]
+        if producer is None:
+            batch = records.encode_batch(rows)
+        else:
+            batch = records.encode_batch(
+                rows, producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
+                base_sequence=producer.base_sequence, transactional=True)
         item = ProduceItem(topic, partition, batch, expected_log_end_offset)
 
         async def op(store: StoreRuntime) -> int:
             (outcome,) = await store.produce(
                 [item], timeout_ms=int(STORE_TIMEOUT_S * 1000), coordinator_write=True,
+                transactional_id=producer.transactional_id if producer else "",
             )
             if outcome.error is not None:
                 raise outcome.error
             return outcome.base_offset
 
-        return await self._call(topic, partition, f"append {topic}-{partition}", op)
+        what = f"append {topic}-{partition}"
+        if producer is not None:
+            what += (f" pid={producer.producer_id} epoch={producer.producer_epoch} "
+                     f"seq={producer.base_sequence}")
+        return await self._call(topic, partition, what, op)
+
+    async def read_batches(self, topic: str, partition: int, from_offset: int, *,
+                           max_wait_ms: int = 0, max_bytes: int = 8 << 20) -> RawRead:
+        """StoreClient.read_batches: whole batches under read_uncommitted,
+        markers included; with max_wait_ms, a long poll."""
+        async def op(store: StoreRuntime) -> RawRead:
+            (outcome,) = await store.fetch(
+                [FetchItem(topic, partition, from_offset, max_bytes)],
+                max_wait_ms=max_wait_ms, min_bytes=1 if max_wait_ms else 0,
+                max_bytes=max_bytes, isolation=Isolation.READ_UNCOMMITTED,
+                include_control=True,
+            )
+            if outcome.error is not None:
+                raise outcome.error
+            return RawRead(list(outcome.batches), max(outcome.next_fetch_offset, from_offset),
+                           outcome.high_watermark)
+
+        dst = store_name(self._layout.store_for(topic, partition))
+        try:
+            return await self._net.call(self._me, dst, f"read-batches {topic}-{partition}",
+                                        lambda t: op(_store(t)),
+                                        timeout_s=STORE_TIMEOUT_S + max_wait_ms / 1000)
+        except (RpcTimeout, RpcUnavailable) as exc:
+            raise ServiceError(transport_error(exc), str(exc)) from None
+
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """StoreClient.partition_counts: Metadata from the catalog's store."""
+        if not topics:
+            return {}
+        names = list(topics)
+
+        async def op(target: Incarnation) -> dict[str, int]:
+            lookups = await _store(target).metadata(names, include_internal=True)
+            return {lk.name: lk.record.partitions for lk in lookups if lk.record is not None}
+
+        try:
+            return await self._net.call(self._me, store_name(self._layout.controller_node_id),
+                                        "metadata", op, timeout_s=STORE_TIMEOUT_S)
+        except (RpcTimeout, RpcUnavailable) as exc:
+            raise ServiceError(transport_error(exc), str(exc)) from None
 
     async def read(self, topic: str, partition: int,
                    from_offset: int) -> tuple[list[Entry], int, int]:
@@ -580,5 +670,6 @@ class SimControllerLink:
 __all__ = [
     "FaultProfile", "Hold", "Incarnation", "Network", "RpcTimeout", "RpcUnavailable",
     "SimControllerLink", "SimMarkerSender", "SimProducerIdLog", "SimStoreClient",
-    "SimTxnLog", "SimTxnVerifier", "coordinator_name", "store_name", "transport_error",
+    "SimTxnLog", "SimTxnVerifier", "coordinator_name", "group_coordinator_name", "store_name",
+    "transport_error",
 ]

@@ -18,8 +18,10 @@ and says what happens, in order, with a small vocabulary:
 * **nodes**: `sc.pause`, `sc.resume`, `sc.crash`, `sc.restart_store`,
   `sc.replace_coordinator` (the old process paused, a new one loads);
 * **clients**: `sc.producer(tid)` is a producer of the workload (the SDK's
-  sans-I/O pieces) that does nothing by itself; `await sc.do(producer,
-  producer.write(...))` runs one of its steps as a task of its process.
+  sans-I/O pieces) that does nothing by itself, `sc.copier()` a copier of
+  the read-process-write workload (with `Scenario(copiers=1)`); `await
+  sc.do(producer, producer.write(...))` runs one of its steps as a task of
+  its process.
 
 Everything else (the order of callbacks that are ready together, message
 delays) still comes from the seed, so a schedule can be run under several
@@ -40,7 +42,7 @@ from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.partition_store.runtime import StoreRuntime
 from tests.sim.real.network import Hold, Incarnation, coordinator_name, store_name
 from tests.sim.real.simulation import DATA_TOPIC, SimResult, Simulation
-from tests.sim.real.workload import TxnProducer
+from tests.sim.real.workload import Copier, TxnProducer
 
 T = TypeVar("T")
 
@@ -51,14 +53,16 @@ class ScheduleStuck(AssertionError):
 
 class Scenario:
     def __init__(self, *, seed: int = 0, stores: int = 2, coordinators: int = 1,
-                 data_partitions: int = 2, verbose: bool = False) -> None:
+                 data_partitions: int = 2, copiers: int = 0, verbose: bool = False) -> None:
         layout = ClusterLayout(
             stores=tuple(f"store-{i}:0" for i in range(stores)),
             coordinators=tuple(f"coordinator-{i}:0" for i in range(coordinators)),
+            group_coordinators=("group-coordinator-0:0",) if copiers else (),
             transaction_state_partitions=1, consumer_offsets_partitions=1,
         )
         self.sim = Simulation(seed, faults=False, verbose=verbose, layout=layout,
-                              data_partitions=data_partitions, check_every_steps=1)
+                              data_partitions=data_partitions, check_every_steps=1,
+                              copiers=copiers)
         self.net = self.sim.net
         self.loop = self.sim.loop
         self.layout = layout
@@ -74,8 +78,7 @@ class Scenario:
             await self.until(self._coordinators_loaded, what="the coordinators loaded")
             await script(self)
             await self.sim.quiesce()
-            self.sim.checker.check_final(
-                runtime_errors=self.net.handler_errors + self.loop.errors)
+            self.sim.check_final()
 
         logging.disable(logging.NOTSET if self.sim.verbose else logging.CRITICAL)
         try:
@@ -181,6 +184,11 @@ class Scenario:
 
     def producer(self, transactional_id: str, instance: int = 0) -> TxnProducer:
         return self.sim.start_producer(transactional_id, instance, run=False)
+
+    def copier(self, index: int = 0, instance: int = 0) -> Copier:
+        """Copier `index` of the read-process-write workload (the Scenario
+        needs `copiers`), driven step by step like a producer."""
+        return self.sim.start_copier(index, instance, run=False)
 
     def start(self, producer: TxnProducer, step: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Starts one step of a producer as a task of its process."""

@@ -1,17 +1,20 @@
 """The real-runtime simulation's CI seeds, its determinism, and its teeth.
 
 Goal: every change to a production runtime (the store's, the transaction
-coordinator's) runs under a fixed set of seeds of tests/sim/real, where the
-unchanged runtimes meet lost, duplicated and delayed messages, crashes,
-pauses, coordinator takeovers with zombies and fenced producers, and an
-independent checker judges the exactly-once guarantees.
+coordinator's, the group coordinator's) runs under a fixed set of seeds of
+tests/sim/real, where the unchanged runtimes meet lost, duplicated and
+delayed messages, crashes, pauses, coordinator takeovers with zombies,
+fenced producers, two-phase commit, admin aborts, clock jumps and epoch
+exhaustion, and an independent checker judges the exactly-once guarantees
+(checker.py), read-process-write included.
 
 Method: each CI seed is one run of `run_seed`; a failure prints the seed,
 the trace's tail and the one command that replays it. Determinism is checked
 by running one seed twice (and under two string-hash seeds in two
 processes, since the replay command runs in its own process). The "teeth"
-tests run a deliberately broken runtime (simulation.BUGS) over a seed budget
-and require the checker to catch it.
+tests run each deliberately broken runtime (simulation.BUGS) on the CI
+seeds listed in TEETH and require the checker to fail them, for the right
+reason.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.real.simulation import SimResult, replay_command, run_seed
+from tests.sim.real.simulation import BUGS, SimResult, replay_command, run_seed
 
-# Fixed seeds for the default run (~0.3 s each).
-CI_SEEDS = list(range(1, 41))
+# Fixed seeds for the default run (~0.25 s each).
+CI_SEEDS = list(range(1, 61))
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -72,35 +75,41 @@ def test_replay_does_not_depend_on_the_string_hash_seed() -> None:
     assert traces[0] == traces[1] and traces[0] and "seed 5: ok" in outputs[0]
 
 
-# Seeds of 1..150 where the broken store is caught (46: producers stuck on a
-# transaction-log write the store acknowledged and then lost in a crash).
-ACK_BEFORE_DURABLE_SEEDS = [46, 52]
+# Teeth: each deliberately broken runtime of simulation.BUGS, CI seeds where
+# the checker catches it, and what the failure must say. The seeds move
+# whenever a run draws differently from its generator; find them again with
+# `.venv/bin/python -m tests.sim.real --seeds 1..60 --bug NAME`.
+# (no-marker-epoch-check is caught by its scripted schedule, test_scripted.py.)
+TEETH: dict[str, tuple[list[int], tuple[str, ...]]] = {
+    # Issue 3, through the slow-client-zombie recipe (`Simulation._after_add`):
+    # a stale batch opens a transaction nobody ends. The scripted schedule in
+    # test_scripted.py pins the interleaving whatever the seeds do.
+    "no-confirm-ownership": ([27, 31], ("still open after quiescing",)),
+    # A store that dies right after answering (`crash_after_reply`) loses an
+    # acknowledged transaction-log write: 38 a decision whose marker landed,
+    # 55 the decision of an EndTxn answered with success.
+    "ack-before-durable": ([38, 55], ("transaction log holds",)),
+    # The group coordinator materializes an aborted transaction's offsets.
+    "offsets-on-abort": ([2, 3], ("committed past unprocessed input",)),
+    "leaky-read-committed": ([1, 2], ("never asked to commit", "read_committed returned")),
+    # A write to a partition the transaction never added hangs.
+    "skip-verification": ([1, 2], ("still open after quiescing",)),
+    "two-phase-timeout": ([3, 7], ("aborted on its timeout",)),
+    "complete-any-state": ([16, 29], ("CompleteTransaction",)),
+}
 
 
-def test_checker_catches_a_store_that_acknowledges_before_durable() -> None:
-    """Teeth: a store that answers before its group commit wrote the batch
-    loses acknowledged writes in a crash; the run must fail."""
-    results = [run_seed(seed, bug="ack-before-durable") for seed in ACK_BEFORE_DURABLE_SEEDS]
-    assert any(not r.ok for r in results), [r.summary() for r in results]
-
-
-# Seeds of the CI set where the slow-client-zombie recipe (simulation.py,
-# `Simulation._after_add`) exposes a coordinator that answers a store's
-# verification without confirming that it still owns the transaction log
-# (issue 3): 23, 27 and 32 of 1..40 (each a transaction left open after
-# quiescing). Over 1..200: 19 seeds, all recipe seeds. The seeds move when
-# anything the run draws from its generator changes (the clients' backoff
-# jitter, say): find them again with
-# `.venv/bin/python -m tests.sim.real --seeds 1..200 --bug no-confirm-ownership`.
-# Two are run here; the scripted schedule in test_scripted.py pins the same
-# interleaving exactly, whatever the seeds do.
-NO_CONFIRM_OWNERSHIP_SEEDS = [23, 27]
-
-
-def test_checker_catches_verification_without_confirming_ownership() -> None:
-    """Teeth: the seeded search finds issue 3's bug within the CI seed set."""
-    assert set(NO_CONFIRM_OWNERSHIP_SEEDS) <= set(CI_SEEDS)
-    results = [run_seed(seed, bug="no-confirm-ownership") for seed in NO_CONFIRM_OWNERSHIP_SEEDS]
+@pytest.mark.parametrize("bug", sorted(TEETH))
+def test_the_checker_catches_a_broken_runtime(bug: str) -> None:
+    """Teeth: with the deliberately broken piece patched in, every listed
+    seed fails, for the right reason."""
+    seeds, reasons = TEETH[bug]
+    assert set(seeds) <= set(CI_SEEDS)
+    results = [run_seed(seed, bug=bug) for seed in seeds]
     assert all(not r.ok for r in results), [r.summary() for r in results]
-    assert all("still open after quiescing" in r.failure for r in results), \
-        [r.failure for r in results]
+    assert all(any(reason in r.failure for reason in reasons) for r in results), \
+        [_explain(r, bug=bug) for r in results]
+
+
+def test_every_bug_has_teeth() -> None:
+    assert set(TEETH) | {"no-marker-epoch-check"} == set(BUGS)

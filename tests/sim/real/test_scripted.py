@@ -150,3 +150,56 @@ def test_teeth_the_delayed_marker_schedule_catches_a_store_without_the_epoch_rul
     _scenario, result = _run(delayed_marker, seed=seed, bug="no-marker-epoch-check")
     assert not result.ok, _explain(result)
     assert "lost write" in result.failure, result.failure
+
+
+# ------------------------------- an aborted transaction's offsets (read-process-write)
+
+
+async def aborted_offsets(sc: Scenario) -> None:
+    """Read-process-write (docs/groups.md, "Transactional offsets"): a
+    copier commits T1 (output and input offsets together), then aborts T2,
+    whose ABORT marker to `__consumer_offsets` is held back. Meanwhile the
+    copier asks for the group's offsets to start again from (require_stable)
+    and is told UNSTABLE_OFFSET_COMMIT until the marker lands; then it must
+    get T1's offsets, not T2's, and copy T2's input again in T3. A group
+    coordinator that materializes pending offsets on an ABORT too skips
+    T2's input: offset committed past unprocessed input."""
+    copier = sc.copier()
+    await sc.do(copier, copier.init())
+    await sc.do(copier, copier.fetch_positions())
+    assert await sc.do(copier, copier.copy_once(commit=True))
+    after_t1 = dict(copier.positions)
+    held = sc.hold("marker ABORT", "__consumer_offsets")
+    # T2 aborts, then the copier fetches the group's offsets to go back to.
+    t2 = sc.start(copier, copier.copy_once(commit=False))
+    await sc.until(lambda: bool(held.held), what="T2's ABORT marker held")
+    await sc.sleep(2.0)
+    sc.notes["waiting while held"] = not t2.done()
+    sc.release(held)
+    assert await t2
+    sc.notes["after T1"], sc.notes["after T2"] = after_t1, dict(copier.positions)
+    while not copier.drained():
+        await sc.do(copier, copier.copy_once(commit=True))
+
+
+def _run_copier(script: object, *, seed: int, bug: str | None) -> tuple[Scenario, SimResult]:
+    scenario = Scenario(seed=seed, copiers=1)
+    with broken(bug):
+        result = scenario.run(script)  # type: ignore[arg-type]
+    return scenario, result
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS, ids=lambda s: f"seed{s}")
+def test_an_aborted_transactions_offsets_never_become_the_groups(seed: int) -> None:
+    scenario, result = _run_copier(aborted_offsets, seed=seed, bug=None)
+    assert result.ok, _explain(result)
+    assert scenario.notes["after T2"] == scenario.notes["after T1"], scenario.notes
+    assert scenario.notes["waiting while held"] is True, scenario.notes
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS, ids=lambda s: f"seed{s}")
+def test_teeth_the_aborted_offsets_schedule_catches_offsets_materialized_on_abort(
+        seed: int) -> None:
+    scenario, result = _run_copier(aborted_offsets, seed=seed, bug="offsets-on-abort")
+    assert not result.ok, _explain(result)
+    assert "committed past unprocessed input" in result.failure, result.failure

@@ -1,4 +1,4 @@
-"""The transactional producers of the simulation: the SDK's own sans-I/O logic.
+"""The clients of the simulation: the SDK's own sans-I/O logic.
 
 Goal: drive the runtimes as the Python SDK does, without copying its rules:
 `TxnStateMachine` (sdk/oncelog/_transactions.py) decides which call is
@@ -16,8 +16,16 @@ live on as a zombie after a new instance took the id over). A transaction
 writes 1-2 batches to each of 1-3 partitions; half the transactions register
 their partitions with AddPartitionsToTxn first (the Kafka way: the store then
 asks the coordinator to verify, verify_only), the others let the store add
-them (`add_partitions_to_txn`, the SDK's one-round-trip way). 85% commit.
-Every outcome is written to the checker's ledger.
+them (`add_partitions_to_txn`, the SDK's one-round-trip way); now and then a
+client bug writes to a partition it never added. 85% commit. A
+two-phase-commit producer (KIP-939) mostly prepares instead of committing,
+hands the prepared state to the outside coordinator (`Handoff`) and then
+completes it itself or exits; a new instance initialized with
+keep_prepared_txn completes it (now and then with a wrong state, which must
+abort it), or completes an already completed state again. A `Copier` is the
+read-process-write loop of send_offsets_to_transaction. Every outcome is
+written to the checker's ledger, and an OUT_OF_ORDER_SEQUENCE_NUMBER the
+client cannot explain is reported there.
 """
 
 from __future__ import annotations
@@ -25,18 +33,22 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from oncelog import errors
 from oncelog._batching import ProducerBatch
 from oncelog._sequencing import PartitionSequencer
 from oncelog._transactions import Op, TxnState, TxnStateMachine, ends_producer
 from oncelog.errors import ErrorCode, OncelogError
-from services.common.cluster import ClusterLayout
+from oncelog.records import iter_records
+from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.errors import ServiceError
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
-from services.partition_store.runtime import ProduceItem, StoreRuntime
+from services.group_coordinator.core.offsets import FetchedOffset
+from services.group_coordinator.runtime import GroupCoordinatorRuntime
+from services.partition_store.partition import Isolation
+from services.partition_store.runtime import FetchItem, ProduceItem, StoreRuntime
 from tests.sim.real.checker import Ledger, TxnFacts, TxnKey, record_value
 from tests.sim.real.loop import DeterministicLoop
 from tests.sim.real.network import (
@@ -45,6 +57,7 @@ from tests.sim.real.network import (
     RpcTimeout,
     RpcUnavailable,
     coordinator_name,
+    group_coordinator_name,
     store_name,
     transport_error,
 )
@@ -57,6 +70,8 @@ TXN_TIMEOUT_MS = 20_000
 DELIVERY_TIMEOUT_MS = 60_000
 RETRY_BACKOFF_MS = 100
 RETRY_BACKOFF_MAX_MS = 1_000
+# Added to a producer id to name a prepared state that never existed.
+WRONG_PRODUCER_ID = 1 << 50
 
 
 class ProducerDone(Exception):
@@ -73,6 +88,21 @@ def as_client_error(exc: BaseException) -> OncelogError:
 
 
 @dataclass(slots=True)
+class Handoff:
+    """The outside coordinator of two-phase-commit producers (KIP-939; Spark's
+    driver): the prepared state each transactional id last handed over, and
+    the last one whose completion was answered."""
+
+    handed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    completed: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def pending(self, transactional_id: str) -> tuple[int, int] | None:
+        state = self.handed.get(transactional_id)
+        return state if state is not None and self.completed.get(transactional_id) != state \
+            else None
+
+
+@dataclass(slots=True)
 class Counters:
     committed: int = 0
     aborted: int = 0
@@ -84,7 +114,9 @@ class TxnProducer:
                  rng: random.Random, layout: ClusterLayout, ledger: Ledger,
                  transactional_id: str, instance: int, topic: str, partitions: int,
                  counters: Counters, trace: Callable[[str], None],
-                 after_add: Callable[[TxnProducer], Awaitable[None]] | None = None) -> None:
+                 after_add: Callable[[TxnProducer], Awaitable[None]] | None = None,
+                 txn_open: Callable[[str, tuple[int, int]], bool] | None = None,
+                 handoff: Handoff | None = None, keep_prepared: bool = False) -> None:
         self.me = me
         self._net = net
         self._loop = loop
@@ -100,6 +132,17 @@ class TxnProducer:
         # A fault hook: runs after a successful AddPartitionsToTxn, before
         # the transaction's first write (a client stalling in between).
         self._after_add = after_add
+        # Whether the transaction log holds an open transaction of (producer
+        # id, epoch) for the transactional id (the checker's view of it).
+        self._txn_open = txn_open
+        # Two-phase commit (KIP-939): this id's producers mostly prepare
+        # instead of committing and hand the prepared state to `handoff`;
+        # `keep_prepared`: this instance is the outside coordinator's, which
+        # keeps a prepared transaction on init and completes it.
+        self.handoff = handoff
+        self.keep_prepared = keep_prepared
+        # The instance handed its prepared state over and exited.
+        self.handed_over = False
         self.sm = TxnStateMachine(transactional_id)
         self.producer_id = -1
         self.producer_epoch = -1
@@ -186,15 +229,103 @@ class TxnProducer:
     async def init(self) -> None:
         self.sm.check(Op.INIT_TRANSACTIONS)
         self.sm.transition_to(TxnState.INITIALIZING)
+        two_phase = self.handoff is not None
         try:
-            producer_id, epoch, _kept = await self._call_coordinator(
-                f"init {self.transactional_id}",
-                lambda c: c.init_producer_id(self.transactional_id, TXN_TIMEOUT_MS))
+            producer_id, epoch, kept = await self._call_coordinator(
+                f"init {self.transactional_id}"
+                + (" two-phase" if two_phase else "")
+                + (" keep-prepared" if self.keep_prepared else ""),
+                lambda c: c.init_producer_id(self.transactional_id, TXN_TIMEOUT_MS,
+                                             two_phase_commit=two_phase,
+                                             keep_prepared_txn=self.keep_prepared))
         except OncelogError as exc:
             raise self._fatal(exc) from None
         self.producer_id, self.producer_epoch = producer_id, epoch
+        self._trace(f"{self} has pid={producer_id} epoch={epoch}"
+                    + (f", keeps prepared {kept}" if kept else ""))
+        if kept is not None:
+            self.sm.transition_to(TxnState.PREPARED_TRANSACTION)
+            await self._complete_handed(kept=True)
+            return
         self.sm.transition_to(TxnState.READY)
-        self._trace(f"{self} has pid={producer_id} epoch={epoch}")
+        if self.handoff is not None and self.handoff.pending(self.transactional_id) \
+                and self.keep_prepared and (self.stop_requested or self._rng.random() < 0.5):
+            # Nothing was kept: the outside coordinator completes the state
+            # it holds anyway (a repeated completion, answered from the log).
+            await self._complete_handed(kept=False)
+
+    async def _complete_handed(self, *, kept: bool) -> None:
+        """CompleteTransaction with the prepared state the outside coordinator
+        holds (now and then a wrong one, which must abort a kept
+        transaction); the answer says whether it committed."""
+        assert self.handoff is not None  # noqa: S101 - a two-phase-commit producer
+        handed = self.handoff.pending(self.transactional_id) or \
+            self.handoff.handed.get(self.transactional_id)
+        if handed is None:
+            return
+        # A wrong state names a producer id no coordinator hands out, so it
+        # can never be the prepared state of a later transaction.
+        state = handed if self._rng.random() >= 0.15 else (handed[0] + WRONG_PRODUCER_ID,
+                                                            handed[1])
+        await self.complete(state, handed, kept=kept)
+
+    async def complete(self, state: tuple[int, int], handed: tuple[int, int], *,
+                       kept: bool) -> None:
+        """CompleteTransaction(state), retried until answered."""
+        assert self.handoff is not None  # noqa: S101 - a two-phase-commit producer
+        self.sm.transition_to(TxnState.COMPLETING)
+        producer_id, epoch = self.producer_id, self.producer_epoch
+        try:
+            committed, new_id, new_epoch = await self._call_coordinator(
+                f"complete {self.transactional_id} {state} pid={producer_id} epoch={epoch}",
+                lambda c: c.complete_prepared(self.transactional_id, producer_id, epoch, state))
+        except OncelogError as exc:
+            if exc.code is ErrorCode.INVALID_TXN_STATE and not kept:
+                # The coordinator knows no such prepared state: nothing changed.
+                self.sm.transition_to(TxnState.READY)
+                self.handoff.completed[self.transactional_id] = handed
+                self._trace(f"{self}: {state} is not known")
+                return
+            raise self._fatal(exc) from None
+        self._ledger.completions.append((self.transactional_id, state, committed))
+        if committed:
+            facts = next((f for f in self._ledger.txns.values() if f.producer == state
+                          and f.key[0] == self.transactional_id), None)
+            if facts is not None:
+                facts.outcome = True
+        self.handoff.completed[self.transactional_id] = handed
+        self.producer_id, self.producer_epoch = new_id, new_epoch
+        self.sm.transition_to(TxnState.READY)
+        self._trace(f"{self} completed {state}: {'committed' if committed else 'not committed'}")
+
+    async def prepare(self, facts: TxnFacts) -> None:
+        """PrepareTransaction (after every batch was acknowledged): the
+        prepared state goes to the outside coordinator; then this instance
+        completes it itself, or exits (a task's way) and leaves it to a new
+        instance."""
+        assert self.handoff is not None  # noqa: S101 - a two-phase-commit producer
+        self.sm.transition_to(TxnState.PREPARING)
+        facts.commit_sent = True  # the client consents; the outside coordinator decides
+        producer_id, epoch = self.producer_id, self.producer_epoch
+        try:
+            state = await self._call_coordinator(
+                f"prepare {facts.key} pid={producer_id} epoch={epoch}",
+                lambda c: c.prepare(self.transactional_id, producer_id, epoch))
+        except OncelogError as exc:
+            if ends_producer(exc):
+                raise self._fatal(exc) from None
+            self.sm.transition_to(TxnState.ABORTABLE_ERROR, exc)
+            await self.end(facts, commit=False)
+            return
+        self.sm.transition_to(TxnState.PREPARED_TRANSACTION)
+        self.handoff.handed[self.transactional_id] = state
+        self._trace(f"{self} prepared {facts.key} as {state}")
+        if self._rng.random() < 0.5:
+            self.handed_over = True
+            self._trace(f"{self} hands {state} over and exits")
+            raise ProducerDone("handed over")
+        await asyncio.sleep(self._rng.randint(0, 3_000) / 1000)
+        await self.complete(state, state, kept=False)
 
     def begin(self) -> TxnFacts:
         """beginTransaction: the ledger's facts for the new transaction."""
@@ -202,7 +333,9 @@ class TxnProducer:
         self.sm.transition_to(TxnState.IN_TRANSACTION)
         key: TxnKey = (self.transactional_id, self.instance, self.txn_number)
         self.txn_number += 1
-        return self._ledger.begin(key)
+        facts = self._ledger.begin(key, self._topic)
+        facts.producer = (self.producer_id, self.producer_epoch)
+        return facts
 
     async def add_partitions(self, facts: TxnFacts,
                              partitions: Sequence[tuple[str, int]]) -> OncelogError | None:
@@ -224,13 +357,22 @@ class TxnProducer:
                                          self._rng.randint(1, min(3, self._partitions))))
         explicit_add = self._rng.random() < 0.5
         failure: BaseException | None = None
+        unadded: list[int] = []
         if explicit_add:
             failure = await self.add_partitions(facts, [(self._topic, p) for p in chosen])
             if failure is None and self._after_add is not None:
                 await self._after_add(self)
+            others = [p for p in range(self._partitions) if p not in chosen]
+            if others and self._rng.random() < 0.03:
+                # A client bug: a write to a partition it never added. The
+                # store's verification must refuse it, or the transaction
+                # would hang there (no marker would ever come).
+                unadded = [self._rng.choice(others)]
+                self._trace(f"{self} CLIENT BUG: writes {self._topic}-{unadded[0]} of "
+                            f"{facts.key} without adding it")
         if failure is None:
             results = await asyncio.gather(*(
-                self.write(facts, p, add=not explicit_add) for p in chosen))
+                self.write(facts, p, add=not explicit_add) for p in [*chosen, *unadded]))
             failure = next((r for r in results if r is not None), None)
         await self.finish(facts, failure, commit=self._rng.random() < 0.85)
 
@@ -244,21 +386,30 @@ class TxnProducer:
             self.sm.transition_to(TxnState.ABORTABLE_ERROR, failure)
             await self.end(facts, commit=False)
             return
+        if commit and self.handoff is not None and self._rng.random() < 0.8:
+            await self.prepare(facts)
+            return
         await self.end(facts, commit=commit)
 
     async def write(self, facts: TxnFacts, partition: int, *, add: bool,
-                    batches: int | None = None) -> BaseException | None:
+                    batches: int | None = None,
+                    payloads: Sequence[bytes] | None = None) -> BaseException | None:
         """Sends 1-2 batches (or `batches`) of 1-3 records to a partition
         through the SDK's sequencer; the error that broke the transaction, or
         None once all are acknowledged. `add`: the store adds the partition
-        to the transaction (else it asks the coordinator to verify it)."""
+        to the transaction (else it asks the coordinator to verify it).
+        `payloads` (a copier's output): one record each, appended to the
+        record's value, in batches of 1-3."""
         sequencer = PartitionSequencer(
             idempotent=True, transactional=True, max_in_flight=5,
             retry_backoff_ms=RETRY_BACKOFF_MS, retry_backoff_max_ms=RETRY_BACKOFF_MAX_MS,
             rng=self._rng)
         now_ms = self._loop.now_ms()
         values = facts.values.setdefault(partition, [])
-        for _ in range(batches if batches is not None else self._rng.randint(1, 2)):
+        todo = list(payloads) if payloads is not None else None
+        count = batches if batches is not None else self._rng.randint(1, 2)
+        while (count > 0) if todo is None else bool(todo):
+            count -= 1
             batch = ProducerBatch(self._topic, partition, created_ms=now_ms,
                                   deadline_ms=now_ms + DELIVERY_TIMEOUT_MS,
                                   limit_bytes=1 << 20)
@@ -266,6 +417,10 @@ class TxnProducer:
             assert records is not None  # noqa: S101 - a new batch holds its records
             for _ in range(self._rng.randint(1, 3)):
                 value = record_value(facts.key, partition, len(values))
+                if todo is not None:
+                    if not todo:
+                        break
+                    value += b"|" + todo.pop(0)
                 values.append(value)
                 records.append((None, value, None, now_ms))
                 batch.record_count += 1
@@ -298,6 +453,19 @@ class TxnProducer:
         try:
             await self._produce(batch, add=add)
         except OncelogError as exc:
+            producer = (batch.producer_id, batch.producer_epoch)
+            if exc.code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and batch.sent_as_oldest \
+                    and self._txn_open is not None \
+                    and self._txn_open(self.transactional_id, producer):
+                # Every earlier batch of the partition was acknowledged (so
+                # durable) before this attempt left, and the log says the
+                # transaction is still open, so the store may not have
+                # forgotten the producer: it lost deduplication state.
+                self._ledger.violations.append(
+                    f"{self}: {batch.topic}-{batch.partition} seq={batch.base_sequence} of "
+                    f"producer {producer} refused as OUT_OF_ORDER_SEQUENCE_NUMBER ({exc}), "
+                    "although every earlier batch was acknowledged and the transaction is "
+                    "open in the log (lost deduplication state?)")
             return sequencer.on_error(batch, exc, self._loop.now_ms(), dispatched=True)
         sequencer.on_success(batch)
         return None
@@ -326,6 +494,7 @@ class TxnProducer:
                 return
             raise self._fatal(exc) from None
         facts.outcome = commit
+        facts.end_answer = (commit, new_id, new_epoch)
         self.producer_id, self.producer_epoch = new_id, new_epoch
         self.sm.transition_to(TxnState.READY)
         if commit:
@@ -335,4 +504,186 @@ class TxnProducer:
         self._trace(f"{self} {'committed' if commit else 'aborted'} {facts.key}")
 
 
-__all__ = ["Counters", "ProducerDone", "TxnProducer"]
+class Copier(TxnProducer):
+    """A read-process-write application (the SDK's consume-transform-produce
+    loop, as examples/copier.py): it reads its input partitions under
+    read_committed through the store's fetch, writes each input record's
+    output to the output topic in a transaction, and commits the input
+    offsets in the same transaction (AddOffsetsToTxn to the transaction
+    coordinator, then TxnOffsetCommit to the group coordinator, as
+    Producer.send_offsets_to_transaction does; the group is used outside
+    the group protocol: generation -1, no member id). It starts from the
+    group's committed offsets (OffsetFetch with require_stable), and goes
+    back to them after every transaction that did not commit."""
+
+    def __init__(self, *, group_id: str, input_topic: str, input_partitions: Sequence[int],
+                 output_partitions: int, **kwargs: Any) -> None:
+        super().__init__(partitions=output_partitions, **kwargs)
+        self.group_id = group_id
+        self._input_topic = input_topic
+        self._inputs = list(input_partitions)
+        self.positions: dict[int, int] = {}
+        # Input partition -> where its input ends (what the copier has seen).
+        self.input_ends: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"copier {self.transactional_id}#{self.instance}"
+
+    @property
+    def group_coordinator_node(self) -> str:
+        layout = self._layout
+        return group_coordinator_name(layout.group_coordinator_for_partition(
+            layout.consumer_offsets_partition(self.group_id)))
+
+    async def _call_group(self, what: str,
+                          op: Callable[[GroupCoordinatorRuntime], Awaitable[T]]) -> T:
+        """A group coordinator call, retried while retriable (the SDK's)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._net.call(
+                    self.me, self.group_coordinator_node, what,
+                    lambda t: op(_group_runtime(t)), timeout_s=REQUEST_TIMEOUT_S)
+            except (ServiceError, RpcTimeout, RpcUnavailable) as exc:
+                error = as_client_error(exc)
+            if not error.retriable:
+                raise error
+            await asyncio.sleep(min(RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * attempt) / 1000)
+
+    async def run(self, max_txns: int) -> None:
+        try:
+            await self.init()
+            await self.fetch_positions()
+            while self.txn_number < max_txns:
+                if not await self.copy_once():
+                    if self.stop_requested and self.drained():
+                        return
+                    await asyncio.sleep(self._rng.randint(50, 500) / 1000)
+                elif self.stop_requested and self.drained():
+                    return
+                await asyncio.sleep(self._rng.randint(0, 200) / 1000)
+        except ProducerDone:
+            pass
+        finally:
+            self.done = True
+
+    def drained(self) -> bool:
+        return all(p in self.input_ends and self.positions.get(p, 0) >= self.input_ends[p]
+                   for p in self._inputs)
+
+    async def fetch_positions(self) -> None:
+        """OffsetFetch(require_stable): the group's committed offsets, asked
+        again while a transactional offset is pending (UNSTABLE_OFFSET_COMMIT)."""
+        tps = [(self._input_topic, p) for p in self._inputs]
+
+        async def op(rt: GroupCoordinatorRuntime) -> list[FetchedOffset]:
+            return rt.fetch_offsets(group_id=self.group_id, partitions=tps, require_stable=True)
+
+        while True:
+            try:
+                fetched = await self._call_group(f"offset-fetch {self.group_id} {tps}", op)
+            except OncelogError as exc:
+                raise self._fatal(exc) from None
+            if all(f.error is None for f in fetched):
+                self.positions = {f.tp[1]: max(f.offset, 0) for f in fetched}
+                self._trace(f"{self} starts at {self.positions}")
+                return
+            await asyncio.sleep(RETRY_BACKOFF_MS / 1000)
+
+    async def _read_input(self, partition: int, offset: int) -> list[bytes] | None:
+        """Input records from `offset` (read_committed), None if unreadable now."""
+        item = FetchItem(self._input_topic, partition, offset, 1 << 16)
+
+        async def op(target: Incarnation) -> tuple[list[bytes], int]:
+            store = target.runtime
+            if not isinstance(store, StoreRuntime) or not store.started:
+                raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is starting")
+            (outcome,) = await store.fetch([item], isolation=Isolation.READ_COMMITTED)
+            if outcome.error is not None:
+                raise outcome.error
+            return ([r.value or b"" for b in outcome.batches
+                     for r in iter_records(b, min_offset=offset)], outcome.high_watermark)
+
+        dst = store_name(self._layout.store_for(self._input_topic, partition))
+        try:
+            values, end = await self._net.call(
+                self.me, dst, f"fetch {self._input_topic}-{partition}@{offset}", op,
+                timeout_s=REQUEST_TIMEOUT_S)
+        except (ServiceError, RpcTimeout, RpcUnavailable):
+            return None
+        self.input_ends[partition] = end
+        return values
+
+    async def copy_once(self, *, commit: bool | None = None) -> bool:
+        """One transaction over a chunk of input; False if there was none.
+        It commits (`commit`, or 85% of the time), else aborts."""
+        chunks: dict[int, list[bytes]] = {}
+        for p in self._inputs:
+            got = await self._read_input(p, self.positions.get(p, 0))
+            if got:
+                chunks[p] = got[:self._rng.randint(1, 6)]
+        if not chunks:
+            return False
+        facts = self.begin()
+        facts.inputs = {p: (self.positions[p], self.positions[p] + len(v))
+                        for p, v in chunks.items()}
+        by_output: dict[int, list[bytes]] = {}
+        for p, values in sorted(chunks.items()):
+            by_output.setdefault(p % self._partitions, []).extend(values)
+        explicit_add = self._rng.random() < 0.5
+        failure: BaseException | None = None
+        if explicit_add:
+            failure = await self.add_partitions(
+                facts, [(self._topic, p) for p in sorted(by_output)])
+        if failure is None:
+            results = await asyncio.gather(*(
+                self.write(facts, p, add=not explicit_add, payloads=v)
+                for p, v in sorted(by_output.items())))
+            failure = next((r for r in results if r is not None), None)
+        if failure is None:
+            failure = await self.send_offsets(facts, {p: end for p, (_s, end)
+                                                      in facts.inputs.items()})
+        await self.finish(facts, failure,
+                          commit=self._rng.random() < 0.85 if commit is None else commit)
+        if facts.outcome is True:
+            self.positions.update({p: end for p, (_s, end) in facts.inputs.items()})
+        else:
+            await self.fetch_positions()
+        return True
+
+    async def send_offsets(self, facts: TxnFacts,
+                           offsets: dict[int, int]) -> OncelogError | None:
+        """send_offsets_to_transaction: AddOffsetsToTxn (the group's
+        __consumer_offsets partition joins the transaction), then
+        TxnOffsetCommit; the error that broke the transaction, if any."""
+        partition = self._layout.consumer_offsets_partition(self.group_id)
+        failure = await self.add_partitions(facts, [(CONSUMER_OFFSETS_TOPIC, partition)])
+        if failure is not None:
+            return failure
+        parts = [((self._input_topic, p), offset, "") for p, offset in sorted(offsets.items())]
+        producer_id, epoch = self.producer_id, self.producer_epoch
+        facts.offsets_sent = True
+
+        async def op(rt: GroupCoordinatorRuntime) -> None:
+            await rt.txn_commit_offsets(
+                transactional_id=self.transactional_id, group_id=self.group_id,
+                producer_id=producer_id, producer_epoch=epoch, member_id="",
+                generation_id=-1, partitions=parts)
+
+        try:
+            await self._call_group(f"txn-offset-commit {facts.key} pid={producer_id} "
+                                   f"epoch={epoch} {offsets}", op)
+        except OncelogError as exc:
+            return exc
+        return None
+
+
+def _group_runtime(target: Incarnation) -> GroupCoordinatorRuntime:
+    runtime = target.runtime
+    if not isinstance(runtime, GroupCoordinatorRuntime):
+        raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is still starting")
+    return runtime
+
+
+__all__ = ["Copier", "Counters", "Handoff", "ProducerDone", "TxnProducer"]
