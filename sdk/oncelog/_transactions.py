@@ -66,7 +66,7 @@ class Op(enum.Enum):
     COMPLETE_TRANSACTION = "complete_transaction"
 
 
-class TxnState(enum.Enum):
+class ProducerTxnState(enum.Enum):
     """The transactional producer's state. Each state's doc says how it answers
     the calls (action) and where it can go (transition); `TABLE` holds the same
     as data."""
@@ -157,17 +157,17 @@ class Row:
 
     accepts: frozenset[Op]
     raises_error: frozenset[Op]
-    leads_to: frozenset[TxnState]
+    leads_to: frozenset[ProducerTxnState]
 
 
-def _row(accepts: set[Op], leads_to: set[TxnState],
+def _row(accepts: set[Op], leads_to: set[ProducerTxnState],
          raises_error: frozenset[Op] | set[Op] = frozenset()) -> Row:
     return Row(frozenset(accepts), frozenset(raises_error), frozenset(leads_to))
 
 
-S = TxnState
+S = ProducerTxnState
 # The one table: every call and every transition of the transactional producer.
-TABLE: dict[TxnState, Row] = {
+TABLE: dict[ProducerTxnState, Row] = {
     S.UNINITIALIZED: _row({Op.INIT_TRANSACTIONS}, {S.INITIALIZING, S.FATAL_ERROR}),
     S.INITIALIZING: _row({Op.INIT_TRANSACTIONS},
                          {S.READY, S.PREPARED_TRANSACTION, S.FATAL_ERROR}),
@@ -209,7 +209,7 @@ class TxnStateMachine:
 
     def __init__(self, transactional_id: str) -> None:
         self.transactional_id = transactional_id
-        self.state = TxnState.UNINITIALIZED
+        self.state = ProducerTxnState.UNINITIALIZED
         # The error that broke the transaction (abortable_error) or the
         # producer (fatal_error); None otherwise.
         self.error: BaseException | None = None
@@ -235,7 +235,7 @@ class TxnStateMachine:
         if refusal is not None:
             raise refusal
 
-    def transition_to(self, target: TxnState, error: BaseException | None = None) -> None:
+    def transition_to(self, target: ProducerTxnState, error: BaseException | None = None) -> None:
         """Moves to `target` if the table allows it; crashes loudly otherwise
         (the producer only asks for allowed moves, so a refusal is a bug).
         `error` is kept for abortable_error and fatal_error."""
@@ -247,16 +247,16 @@ class TxnStateMachine:
                 f"{self.state.value} -> {target.value}"
             )
         self.state = target
-        if target in (TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR):
+        if target in (ProducerTxnState.ABORTABLE_ERROR, ProducerTxnState.FATAL_ERROR):
             self.error = error
-        elif target is not TxnState.ABORTING:
+        elif target is not ProducerTxnState.ABORTING:
             self.error = None
 
     # ------------------------------------------------------------- helpers
 
     def _state_error(self, op: Op) -> BaseException:
         err = self.error
-        if self.state is TxnState.FATAL_ERROR:
+        if self.state is ProducerTxnState.FATAL_ERROR:
             if isinstance(err, OncelogError):
                 # The same error, a fresh instance per raise (tracebacks grow).
                 dup = type(err)(err.message)
@@ -277,23 +277,23 @@ class TxnStateMachine:
 
     def _hint(self, op: Op) -> str:
         state = self.state
-        if state is TxnState.UNINITIALIZED:
+        if state is ProducerTxnState.UNINITIALIZED:
             return "; call init_transactions() first"
-        if state is TxnState.READY and op in (Op.SEND, Op.SEND_OFFSETS,
+        if state is ProducerTxnState.READY and op in (Op.SEND, Op.SEND_OFFSETS,
                                               Op.COMMIT_TRANSACTION, Op.ABORT_TRANSACTION):
             return "; call begin_transaction() first"
-        if state is TxnState.IN_TRANSACTION and op is Op.BEGIN_TRANSACTION:
+        if state is ProducerTxnState.IN_TRANSACTION and op is Op.BEGIN_TRANSACTION:
             return "; a transaction is already open"
-        if state is TxnState.COMMITTING:
+        if state is ProducerTxnState.COMMITTING:
             return "; the commit's outcome is not known yet: call commit_transaction() again"
-        if state is TxnState.ABORTING:
+        if state is ProducerTxnState.ABORTING:
             return "; the abort is not finished: call abort_transaction() again"
-        if state is TxnState.PREPARING:
+        if state is ProducerTxnState.PREPARING:
             return "; the prepare is not finished: call prepare_transaction() again"
-        if state is TxnState.PREPARED_TRANSACTION:
+        if state is ProducerTxnState.PREPARED_TRANSACTION:
             return ("; the transaction is prepared: end it with complete_transaction(), "
                     "commit_transaction() or abort_transaction()")
-        if state is TxnState.COMPLETING:
+        if state is ProducerTxnState.COMPLETING:
             return ("; the completion's outcome is not known yet: call "
                     "complete_transaction() again with the same prepared state")
         return ""

@@ -71,7 +71,7 @@ from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._sequencing import PartitionMode, PartitionSequencer
 from oncelog._transactions import (
     Op,
-    TxnState,
+    ProducerTxnState,
     TxnStateMachine,
     ends_producer,
     record_failure,
@@ -109,10 +109,12 @@ MIN_METADATA_REFRESH_MS = 50
 # blocked in a call, such as InitProducerId, must not stall send() for long).
 SENDER_HAND_OVER_MAX_S = 0.02
 # States in which the sender sends a transaction's batches.
-_TXN_SENDING = frozenset({TxnState.IN_TRANSACTION, TxnState.COMMITTING, TxnState.PREPARING})
+_TXN_SENDING = frozenset({
+    ProducerTxnState.IN_TRANSACTION, ProducerTxnState.COMMITTING, ProducerTxnState.PREPARING,
+})
 # States in which the sender discards a transaction's unsent batches.
-_TXN_DISCARDING = frozenset({TxnState.ABORTABLE_ERROR, TxnState.ABORTING})
-_IN_TRANSACTION = TxnState.IN_TRANSACTION
+_TXN_DISCARDING = frozenset({ProducerTxnState.ABORTABLE_ERROR, ProducerTxnState.ABORTING})
+_IN_TRANSACTION = ProducerTxnState.IN_TRANSACTION
 
 
 def _now_ms() -> int:
@@ -258,7 +260,7 @@ class Producer:
         # prepare_transaction(), or kept by init_transactions), and the state
         # it was in when complete_transaction() started.
         self._prepared: PreparedTxnState | None = None
-        self._completing_from = TxnState.READY
+        self._completing_from = ProducerTxnState.READY
         self._txn: TxnStateMachine | None = None
         self._txn_locator: CoordinatorLocator | None = None
         # Group id -> its coordinator's locator (send_offsets_to_transaction).
@@ -489,7 +491,7 @@ class Producer:
             return  # the sender ends the producer with this error itself
         described = record_failure(topic, partition, exc)
         log.info("transaction of %r is now abortable: %s", txn.transactional_id, described)
-        txn.transition_to(TxnState.ABORTABLE_ERROR, described)
+        txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, described)
 
     def _wait_for_buffer(self, size: int) -> BaseException | None:
         """Blocks (up to max_block_ms) until buffered records leave room for
@@ -568,7 +570,7 @@ class Producer:
             )
         with self._accumulator.lock:
             txn.check(Op.INIT_TRANSACTIONS)
-            txn.transition_to(TxnState.INITIALIZING)
+            txn.transition_to(ProducerTxnState.INITIALIZING)
         request = coordinator_pb2.InitProducerIdRequest(
             transactional_id=txn.transactional_id,
             transaction_timeout_ms=self._transaction_timeout_ms,
@@ -591,8 +593,8 @@ class Producer:
         with self._accumulator.lock:
             self._prepared = (None if kept is None
                               else PreparedTxnState(kept.producer_id, kept.producer_epoch))
-            txn.transition_to(TxnState.READY if kept is None
-                              else TxnState.PREPARED_TRANSACTION)
+            txn.transition_to(ProducerTxnState.READY if kept is None
+                              else ProducerTxnState.PREPARED_TRANSACTION)
         log.debug("transactional id %r: producer id %d epoch %d%s", txn.transactional_id,
                   resp.producer_id, resp.producer_epoch,
                   "" if kept is None else f", keeps prepared transaction {self._prepared}")
@@ -603,7 +605,7 @@ class Producer:
         txn, _locator = self._txn_parts("begin_transaction")
         with self._accumulator.lock:
             txn.check(Op.BEGIN_TRANSACTION)
-            txn.transition_to(TxnState.IN_TRANSACTION)
+            txn.transition_to(ProducerTxnState.IN_TRANSACTION)
 
     def send_offsets_to_transaction(
         self,
@@ -736,7 +738,8 @@ class Producer:
         producer id and epoch (a commit is never turned into an abort).
         Blocks up to `timeout` seconds (default: max_block_ms)."""
         txn, locator = self._txn_parts("commit_transaction")
-        deadline_s = self._flush_transaction(txn, Op.COMMIT_TRANSACTION, TxnState.COMMITTING,
+        deadline_s = self._flush_transaction(txn, Op.COMMIT_TRANSACTION,
+                                             ProducerTxnState.COMMITTING,
                                              timeout)
         self._end_txn(txn, locator, commit=True, deadline_s=deadline_s)
 
@@ -756,7 +759,8 @@ class Producer:
         Blocks up to `timeout` seconds (default: max_block_ms)."""
         txn, locator = self._txn_parts("prepare_transaction")
         self._check_two_phase_commit("prepare_transaction")
-        deadline_s = self._flush_transaction(txn, Op.PREPARE_TRANSACTION, TxnState.PREPARING,
+        deadline_s = self._flush_transaction(txn, Op.PREPARE_TRANSACTION,
+                                             ProducerTxnState.PREPARING,
                                              timeout)
         sender = self._sender
         request = coordinator_pb2.PrepareTransactionRequest(
@@ -776,7 +780,7 @@ class Producer:
                                  resp.prepared_transaction.producer_epoch)
         with self._accumulator.lock:
             self._prepared = state
-            txn.transition_to(TxnState.PREPARED_TRANSACTION)
+            txn.transition_to(ProducerTxnState.PREPARED_TRANSACTION)
         return state
 
     def complete_transaction(self, prepared_state: PreparedTxnState,
@@ -803,9 +807,9 @@ class Producer:
         self._check_two_phase_commit("complete_transaction")
         with self._accumulator.lock:
             txn.check(Op.COMPLETE_TRANSACTION)
-            if txn.state is not TxnState.COMPLETING:
+            if txn.state is not ProducerTxnState.COMPLETING:
                 self._completing_from = txn.state
-                txn.transition_to(TxnState.COMPLETING)
+                txn.transition_to(ProducerTxnState.COMPLETING)
         sender = self._sender
         request = coordinator_pb2.CompleteTransactionRequest(
             transactional_id=txn.transactional_id, producer_id=sender.producer_id,
@@ -829,13 +833,13 @@ class Producer:
             with self._accumulator.lock:
                 # The coordinator refused and changed nothing (fatal errors
                 # have ended the producer already).
-                if txn.state is TxnState.COMPLETING:
+                if txn.state is ProducerTxnState.COMPLETING:
                     txn.transition_to(self._completing_from)
             raise
         sender.set_identity(resp.producer_id, resp.producer_epoch)
         with self._accumulator.lock:
             self._prepared = None
-            txn.transition_to(TxnState.READY)
+            txn.transition_to(ProducerTxnState.READY)
         return bool(resp.committed)
 
     def _check_two_phase_commit(self, method: str) -> None:
@@ -846,7 +850,7 @@ class Producer:
                 "transaction_two_phase_commit_enable=True",
             )
 
-    def _flush_transaction(self, txn: TxnStateMachine, op: Op, state: TxnState,
+    def _flush_transaction(self, txn: TxnStateMachine, op: Op, state: ProducerTxnState,
                            timeout: float | None) -> float:
         """commit_transaction and prepare_transaction: moves to `state` (no
         new records from here), sends every record of the transaction and
@@ -885,7 +889,7 @@ class Producer:
         acc = self._accumulator
         with acc.lock:
             txn.check(Op.ABORT_TRANSACTION)
-            txn.transition_to(TxnState.ABORTING)
+            txn.transition_to(ProducerTxnState.ABORTING)
             acc.woken = True
             acc.wakeup.notify()
         self._sender.wait_txn_quiet(deadline_s)
@@ -918,7 +922,7 @@ class Producer:
             sender.set_identity(resp.producer_id, resp.producer_epoch)
         with self._accumulator.lock:
             self._prepared = None
-            txn.transition_to(TxnState.READY)
+            txn.transition_to(ProducerTxnState.READY)
 
     def _txn_call(
         self,
@@ -953,8 +957,8 @@ class Producer:
                 self._sender.fail_fatal(detailed)
                 raise detailed from exc
             with self._accumulator.lock:
-                if txn.state in (TxnState.IN_TRANSACTION, TxnState.PREPARING):
-                    txn.transition_to(TxnState.ABORTABLE_ERROR, detailed)
+                if txn.state in (ProducerTxnState.IN_TRANSACTION, ProducerTxnState.PREPARING):
+                    txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, detailed)
             if isinstance(detailed, errors.TransactionAbortableError):
                 raise detailed from exc
             # The code's own class (StaleMemberEpochError, say) does not say
@@ -988,7 +992,7 @@ class Producer:
 
     @property
     def transaction_state(self) -> str | None:
-        """The transactional state's name (TxnState values: "ready",
+        """The transactional state's name (ProducerTxnState values: "ready",
         "in_transaction", ...), or None for a producer without transactions."""
         return None if self._txn is None else self._txn.state.value
 
@@ -1006,8 +1010,9 @@ class Producer:
                 return
             txn = self._txn
             if txn is not None and txn.state in (
-                TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING,
-                TxnState.PREPARING,
+                ProducerTxnState.IN_TRANSACTION, ProducerTxnState.ABORTABLE_ERROR,
+                ProducerTxnState.ABORTING,
+                ProducerTxnState.PREPARING,
             ):
                 try:
                     self.abort_transaction(timeout)
@@ -1255,7 +1260,7 @@ class _Sender:
         log.debug("transactional producer %r now producer id %d epoch %d",
                   self._transactional_id, self.producer_id, self.producer_epoch)
 
-    def _discard_unsent(self, state: TxnState) -> None:
+    def _discard_unsent(self, state: ProducerTxnState) -> None:
         """Fails every batch of the transaction that is not in flight: queued
         ones and those waiting for a retry. In-flight ones finish normally."""
         txn = self._txn
@@ -1270,7 +1275,7 @@ class _Sender:
         # A batch waiting for a retry may have been written already (its
         # answer was lost): "acknowledged", not "sent". Either way the abort's
         # marker keeps it from every read_committed reader.
-        if state is TxnState.ABORTING or cause is None:
+        if state is ProducerTxnState.ABORTING or cause is None:
             reason = "the transaction was aborted before this record was acknowledged"
         else:
             detail = (f"{type(cause).__name__}: {cause.message}"
@@ -1300,7 +1305,7 @@ class _Sender:
                 described = record_failure(batch.topic, batch.partition, error)
                 log.info("transaction of %r is now abortable: %s", self._transactional_id,
                          described)
-                txn.transition_to(TxnState.ABORTABLE_ERROR, described)
+                txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, described)
 
     # ------------------------------------------------------------ producer id
 
@@ -1368,7 +1373,7 @@ class _Sender:
             if self.fatal_error is None:
                 self.fatal_error = exc
             if self._txn is not None:
-                self._txn.transition_to(TxnState.FATAL_ERROR, self.fatal_error)
+                self._txn.transition_to(ProducerTxnState.FATAL_ERROR, self.fatal_error)
             acc.woken = True
             acc.wakeup.notify()
             acc.changed.notify_all()

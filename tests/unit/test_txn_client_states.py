@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from oncelog import GroupMetadata, PreparedTxnState, Producer, TopicPartition, errors
-from oncelog._transactions import TABLE, Op, TxnState, TxnStateMachine
+from oncelog._transactions import TABLE, Op, ProducerTxnState, TxnStateMachine
 from oncelog.errors import ErrorCode
 from tests.support.inprocess_cluster import UNREACHABLE, BatchView, InProcessCluster
 
@@ -32,7 +32,7 @@ _tid_counter = itertools.count()
 
 
 def test_every_transition_pair_is_checked_against_the_table() -> None:
-    for source, target in itertools.product(TxnState, TxnState):
+    for source, target in itertools.product(ProducerTxnState, ProducerTxnState):
         sm = TxnStateMachine("t")
         sm.state = source
         if target is source or target in TABLE[source].leads_to:
@@ -47,16 +47,16 @@ def test_every_transition_pair_is_checked_against_the_table() -> None:
 def test_every_call_in_every_state_is_allowed_or_refused_by_the_table() -> None:
     fenced = errors.error_for(ErrorCode.PRODUCER_FENCED, "fenced by epoch 3")
     broken = errors.error_for(ErrorCode.CORRUPT_MESSAGE, "bad batch")
-    for state, op in itertools.product(TxnState, Op):
+    for state, op in itertools.product(ProducerTxnState, Op):
         sm = TxnStateMachine("tx-a")
         sm.state = state
-        sm.error = fenced if state is TxnState.FATAL_ERROR else broken
+        sm.error = fenced if state is ProducerTxnState.FATAL_ERROR else broken
         refusal = sm.refusal(op)
         row = TABLE[state]
         if op in row.accepts:
             assert refusal is None, (state, op)
         elif op in row.raises_error:
-            if state is TxnState.FATAL_ERROR:
+            if state is ProducerTxnState.FATAL_ERROR:
                 assert isinstance(refusal, errors.ProducerFencedError), (state, op)
                 assert refusal.__cause__ is fenced
             else:
@@ -68,12 +68,12 @@ def test_every_call_in_every_state_is_allowed_or_refused_by_the_table() -> None:
 
 
 def test_the_table_is_complete_and_fatal_is_final() -> None:
-    assert set(TABLE) == set(TxnState)
-    assert TABLE[TxnState.FATAL_ERROR].leads_to == frozenset()
-    assert TABLE[TxnState.FATAL_ERROR].raises_error == frozenset(Op)
-    for state in TxnState:
-        if state is not TxnState.FATAL_ERROR:
-            assert TxnState.FATAL_ERROR in TABLE[state].leads_to, state
+    assert set(TABLE) == set(ProducerTxnState)
+    assert TABLE[ProducerTxnState.FATAL_ERROR].leads_to == frozenset()
+    assert TABLE[ProducerTxnState.FATAL_ERROR].raises_error == frozenset(Op)
+    for state in ProducerTxnState:
+        if state is not ProducerTxnState.FATAL_ERROR:
+            assert ProducerTxnState.FATAL_ERROR in TABLE[state].leads_to, state
 
 
 # ------------------------------------------------------ the producer, per state
@@ -106,14 +106,14 @@ def _unreachable(call: str) -> Callable[[str, object], str | None]:
     return lambda name, _r: UNREACHABLE if name == call else None
 
 
-def _in_state(store: InProcessCluster, state: TxnState) -> Producer:
+def _in_state(store: InProcessCluster, state: ProducerTxnState) -> Producer:
     """A fresh producer driven into `state`; the store's faults are cleared."""
     store.fault = None
     store.coordinator_fault = None
     p = _producer(store)
-    if state is TxnState.UNINITIALIZED:
+    if state is ProducerTxnState.UNINITIALIZED:
         return p
-    if state is TxnState.INITIALIZING:
+    if state is ProducerTxnState.INITIALIZING:
         store.coordinator_fault = lambda name, _r: UNREACHABLE if name == "InitProducerId" else None
         with pytest.raises(errors.KafkaTimeoutError, match="InitProducerId"):
             p.init_transactions(timeout=0.3)
@@ -122,15 +122,15 @@ def _in_state(store: InProcessCluster, state: TxnState) -> Producer:
         return p
     p.init_transactions()
     p.begin_transaction()
-    if state is TxnState.READY:
+    if state is ProducerTxnState.READY:
         # Ready after a completed two-phase commit, so completing again works.
         _prepare(p)
         assert p.complete_transaction(_prepared[id(p)])
         assert p.transaction_state == "ready"
         return p
-    if state is TxnState.IN_TRANSACTION:
+    if state is ProducerTxnState.IN_TRANSACTION:
         return p
-    if state is TxnState.PREPARING:
+    if state is ProducerTxnState.PREPARING:
         store.coordinator_fault = _unreachable("PrepareTransaction")
         with pytest.raises(errors.KafkaTimeoutError, match="PrepareTransaction"):
             p.prepare_transaction(timeout=0.3)
@@ -138,28 +138,28 @@ def _in_state(store: InProcessCluster, state: TxnState) -> Producer:
         _prepared[id(p)] = PreparedTxnState(p.producer_id, p.producer_epoch)
         assert p.transaction_state == "preparing"
         return p
-    if state in (TxnState.PREPARED_TRANSACTION, TxnState.COMPLETING):
+    if state in (ProducerTxnState.PREPARED_TRANSACTION, ProducerTxnState.COMPLETING):
         _prepare(p)
-        if state is TxnState.COMPLETING:
+        if state is ProducerTxnState.COMPLETING:
             store.coordinator_fault = _unreachable("CompleteTransaction")
             with pytest.raises(errors.KafkaTimeoutError, match="CompleteTransaction"):
                 p.complete_transaction(_prepared[id(p)], timeout=0.3)
             store.coordinator_fault = None
         assert p.transaction_state == state.value
         return p
-    if state in (TxnState.COMMITTING, TxnState.ABORTING):
+    if state in (ProducerTxnState.COMMITTING, ProducerTxnState.ABORTING):
         p.send("t", value=b"x", partition=0)
         p.flush()
         store.coordinator_fault = _unreachable("EndTxn")
         with pytest.raises(errors.KafkaTimeoutError, match="EndTxn"):
-            if state is TxnState.COMMITTING:
+            if state is ProducerTxnState.COMMITTING:
                 p.commit_transaction(timeout=0.3)
             else:
                 p.abort_transaction(timeout=0.3)
         store.coordinator_fault = None
         assert p.transaction_state == state.value
         return p
-    if state is TxnState.ABORTABLE_ERROR:
+    if state is ProducerTxnState.ABORTABLE_ERROR:
         def corrupt(view: BatchView) -> ErrorCode | None:
             return ErrorCode.CORRUPT_MESSAGE if view.partition == 1 else None
         store.fault = corrupt
@@ -168,7 +168,7 @@ def _in_state(store: InProcessCluster, state: TxnState) -> Producer:
         store.fault = None
         assert p.transaction_state == "abortable_error"
         return p
-    assert state is TxnState.FATAL_ERROR
+    assert state is ProducerTxnState.FATAL_ERROR
     store.coordinator_fault = (
         lambda name, _r: ErrorCode.PRODUCER_FENCED if name == "AddPartitionsToTxn" else None
     )
@@ -193,9 +193,9 @@ _CALLS: dict[Op, Callable[[Producer], object]] = {
 }
 
 
-@pytest.mark.parametrize("state", list(TxnState), ids=lambda s: s.value)
-def test_every_call_in_every_state_of_a_real_producer(store: InProcessCluster, state: TxnState
-                                                      ) -> None:
+@pytest.mark.parametrize("state", list(ProducerTxnState), ids=lambda s: s.value)
+def test_every_call_in_every_state_of_a_real_producer(
+        store: InProcessCluster, state: ProducerTxnState) -> None:
     row = TABLE[state]
     for op in Op:
         p = _in_state(store, state)
@@ -203,7 +203,7 @@ def test_every_call_in_every_state_of_a_real_producer(store: InProcessCluster, s
             if op in row.accepts:
                 _CALLS[op](p)  # must simply work
             elif op in row.raises_error:
-                expected = (errors.ProducerFencedError if state is TxnState.FATAL_ERROR
+                expected = (errors.ProducerFencedError if state is ProducerTxnState.FATAL_ERROR
                             else errors.TransactionAbortableError)
                 with pytest.raises(expected):
                     _CALLS[op](p)

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from oncelog import errors
 from oncelog._batching import ProducerBatch
 from oncelog._sequencing import PartitionSequencer
-from oncelog._transactions import Op, TxnState, TxnStateMachine, ends_producer
+from oncelog._transactions import Op, ProducerTxnState, TxnStateMachine, ends_producer
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.records import iter_records
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
@@ -221,14 +221,14 @@ class TxnProducer:
             self.done = True
 
     def _fatal(self, error: BaseException) -> ProducerDone:
-        self.sm.transition_to(TxnState.FATAL_ERROR, error)
+        self.sm.transition_to(ProducerTxnState.FATAL_ERROR, error)
         self._counters.fenced += 1
         self._trace(f"{self} is done: {error}")
         return ProducerDone(str(error))
 
     async def init(self) -> None:
         self.sm.check(Op.INIT_TRANSACTIONS)
-        self.sm.transition_to(TxnState.INITIALIZING)
+        self.sm.transition_to(ProducerTxnState.INITIALIZING)
         two_phase = self.handoff is not None
         try:
             producer_id, epoch, kept = await self._call_coordinator(
@@ -244,10 +244,10 @@ class TxnProducer:
         self._trace(f"{self} has pid={producer_id} epoch={epoch}"
                     + (f", keeps prepared {kept}" if kept else ""))
         if kept is not None:
-            self.sm.transition_to(TxnState.PREPARED_TRANSACTION)
+            self.sm.transition_to(ProducerTxnState.PREPARED_TRANSACTION)
             await self._complete_handed(kept=True)
             return
-        self.sm.transition_to(TxnState.READY)
+        self.sm.transition_to(ProducerTxnState.READY)
         if self.handoff is not None and self.handoff.pending(self.transactional_id) \
                 and self.keep_prepared and (self.stop_requested or self._rng.random() < 0.5):
             # Nothing was kept: the outside coordinator completes the state
@@ -273,7 +273,7 @@ class TxnProducer:
                        kept: bool) -> None:
         """CompleteTransaction(state), retried until answered."""
         assert self.handoff is not None  # noqa: S101 - a two-phase-commit producer
-        self.sm.transition_to(TxnState.COMPLETING)
+        self.sm.transition_to(ProducerTxnState.COMPLETING)
         producer_id, epoch = self.producer_id, self.producer_epoch
         try:
             committed, new_id, new_epoch = await self._call_coordinator(
@@ -282,7 +282,7 @@ class TxnProducer:
         except OncelogError as exc:
             if exc.code is ErrorCode.INVALID_TXN_STATE and not kept:
                 # The coordinator knows no such prepared state: nothing changed.
-                self.sm.transition_to(TxnState.READY)
+                self.sm.transition_to(ProducerTxnState.READY)
                 self.handoff.completed[self.transactional_id] = handed
                 self._trace(f"{self}: {state} is not known")
                 return
@@ -295,7 +295,7 @@ class TxnProducer:
                 facts.outcome = True
         self.handoff.completed[self.transactional_id] = handed
         self.producer_id, self.producer_epoch = new_id, new_epoch
-        self.sm.transition_to(TxnState.READY)
+        self.sm.transition_to(ProducerTxnState.READY)
         self._trace(f"{self} completed {state}: {'committed' if committed else 'not committed'}")
 
     async def prepare(self, facts: TxnFacts) -> None:
@@ -304,7 +304,7 @@ class TxnProducer:
         completes it itself, or exits (a task's way) and leaves it to a new
         instance."""
         assert self.handoff is not None  # noqa: S101 - a two-phase-commit producer
-        self.sm.transition_to(TxnState.PREPARING)
+        self.sm.transition_to(ProducerTxnState.PREPARING)
         facts.commit_sent = True  # the client consents; the outside coordinator decides
         producer_id, epoch = self.producer_id, self.producer_epoch
         try:
@@ -314,10 +314,10 @@ class TxnProducer:
         except OncelogError as exc:
             if ends_producer(exc):
                 raise self._fatal(exc) from None
-            self.sm.transition_to(TxnState.ABORTABLE_ERROR, exc)
+            self.sm.transition_to(ProducerTxnState.ABORTABLE_ERROR, exc)
             await self.end(facts, commit=False)
             return
-        self.sm.transition_to(TxnState.PREPARED_TRANSACTION)
+        self.sm.transition_to(ProducerTxnState.PREPARED_TRANSACTION)
         self.handoff.handed[self.transactional_id] = state
         self._trace(f"{self} prepared {facts.key} as {state}")
         if self._rng.random() < 0.5:
@@ -330,7 +330,7 @@ class TxnProducer:
     def begin(self) -> TxnFacts:
         """beginTransaction: the ledger's facts for the new transaction."""
         self.sm.check(Op.BEGIN_TRANSACTION)
-        self.sm.transition_to(TxnState.IN_TRANSACTION)
+        self.sm.transition_to(ProducerTxnState.IN_TRANSACTION)
         key: TxnKey = (self.transactional_id, self.instance, self.txn_number)
         self.txn_number += 1
         facts = self._ledger.begin(key, self._topic)
@@ -383,7 +383,7 @@ class TxnProducer:
         if failure is not None:
             if ends_producer(failure):
                 raise self._fatal(failure)
-            self.sm.transition_to(TxnState.ABORTABLE_ERROR, failure)
+            self.sm.transition_to(ProducerTxnState.ABORTABLE_ERROR, failure)
             await self.end(facts, commit=False)
             return
         if commit and self.handoff is not None and self._rng.random() < 0.8:
@@ -472,7 +472,7 @@ class TxnProducer:
 
     async def end(self, facts: TxnFacts, *, commit: bool) -> None:
         """EndTxn, retried with the same producer id and epoch until answered."""
-        self.sm.transition_to(TxnState.COMMITTING if commit else TxnState.ABORTING)
+        self.sm.transition_to(ProducerTxnState.COMMITTING if commit else ProducerTxnState.ABORTING)
         if commit:
             facts.commit_sent = True
         producer_id, epoch = self.producer_id, self.producer_epoch
@@ -489,14 +489,14 @@ class TxnProducer:
             if commit and not ends_producer(exc):
                 # A commit refused for good (e.g. the transaction timed out and
                 # was aborted): the SDK's state is abortable; abort it.
-                self.sm.transition_to(TxnState.ABORTABLE_ERROR, exc)
+                self.sm.transition_to(ProducerTxnState.ABORTABLE_ERROR, exc)
                 await self.end(facts, commit=False)
                 return
             raise self._fatal(exc) from None
         facts.outcome = commit
         facts.end_answer = (commit, new_id, new_epoch)
         self.producer_id, self.producer_epoch = new_id, new_epoch
-        self.sm.transition_to(TxnState.READY)
+        self.sm.transition_to(ProducerTxnState.READY)
         if commit:
             self._counters.committed += 1
         else:
