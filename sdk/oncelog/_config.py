@@ -70,3 +70,11 @@ def acks_option(value: object, *, idempotent: bool) -> int:
             "pass enable_idempotence=False to use acks=1"
         )
     return acks
+
+
+def client_timing_options(*, request_timeout_ms: object, retry_backoff_ms: object,
+                          retry_backoff_max_ms: object) -> None:
+    """The options every client (producer, consumer, admin) has for its requests."""
+    int_option("request_timeout_ms", request_timeout_ms, minimum=1)
+    backoff_ms = int_option("retry_backoff_ms", retry_backoff_ms, minimum=1)
+    int_option("retry_backoff_max_ms", retry_backoff_max_ms, minimum=backoff_ms)

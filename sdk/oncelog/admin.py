@@ -42,7 +42,7 @@ from oncelog._client import (
     raise_for_error,
     remaining_ms,
 )
-from oncelog._config import int_option
+from oncelog._config import client_timing_options, int_option
 from oncelog._coordinators import TRANSACTION, CoordinatorLocator, call_coordinator
 from oncelog._group import (
     NO_GENERATION,
@@ -127,10 +127,10 @@ class Admin:
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 1_000,
     ) -> None:
-        int_option("request_timeout_ms", request_timeout_ms, minimum=1)
+        client_timing_options(request_timeout_ms=request_timeout_ms,
+                              retry_backoff_ms=retry_backoff_ms,
+                              retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
-        int_option("retry_backoff_ms", retry_backoff_ms, minimum=1)
-        int_option("retry_backoff_max_ms", retry_backoff_max_ms, minimum=retry_backoff_ms)
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,

@@ -49,7 +49,7 @@ from oncelog._client import (
     remaining_ms,
     unreachable_addresses,
 )
-from oncelog._config import bool_option, choice_option, int_option
+from oncelog._config import bool_option, choice_option, client_timing_options, int_option
 from oncelog._group import (
     GroupClient,
     HeartbeatThread,
@@ -182,9 +182,9 @@ class Consumer:
         int_option("fetch_max_bytes", fetch_max_bytes, minimum=1)
         int_option("max_partition_fetch_bytes", max_partition_fetch_bytes, minimum=1)
         int_option("session_timeout_ms", session_timeout_ms, minimum=1)
-        int_option("request_timeout_ms", request_timeout_ms, minimum=1)
-        int_option("retry_backoff_ms", retry_backoff_ms, minimum=1)
-        int_option("retry_backoff_max_ms", retry_backoff_max_ms, minimum=retry_backoff_ms)
+        client_timing_options(request_timeout_ms=request_timeout_ms,
+                              retry_backoff_ms=retry_backoff_ms,
+                              retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
         self.group_id = group_id
         self.group_instance_id = group_instance_id

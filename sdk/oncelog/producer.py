@@ -60,7 +60,7 @@ from oncelog._client import (
     needs_metadata_refresh,
     translate_rpc_error,
 )
-from oncelog._config import acks_option, bool_option, int_option
+from oncelog._config import acks_option, bool_option, client_timing_options, int_option
 from oncelog._coordinators import (
     GROUP,
     TRANSACTION,
@@ -222,9 +222,9 @@ class Producer:
         int_option("batch_size", batch_size, minimum=1)
         int_option("max_in_flight", max_in_flight, minimum=1)
         int_option("delivery_timeout_ms", delivery_timeout_ms, minimum=1)
-        int_option("request_timeout_ms", request_timeout_ms, minimum=1)
-        int_option("retry_backoff_ms", retry_backoff_ms, minimum=1)
-        int_option("retry_backoff_max_ms", retry_backoff_max_ms, minimum=retry_backoff_ms)
+        client_timing_options(request_timeout_ms=request_timeout_ms,
+                              retry_backoff_ms=retry_backoff_ms,
+                              retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("buffer_memory_bytes", buffer_memory_bytes, minimum=1)
         int_option("max_block_ms", max_block_ms, minimum=0)
         if enable_idempotence and max_in_flight > MAX_IN_FLIGHT_IDEMPOTENT:
