@@ -480,15 +480,15 @@ class Producer:
 
     def _break_transaction_locked(self, topic: str, partition: int, exc: BaseException) -> None:
         """A record of the open transaction failed before it reached the
-        accumulator: the transaction cannot commit (abortable_error), or the
-        producer cannot go on. Caller holds the accumulator lock."""
+        accumulator: the transaction cannot commit (abortable_error). Caller
+        holds the accumulator lock."""
         txn = self._txn
-        if txn is None or txn.state is not _IN_TRANSACTION:
-            # No open transaction (the record was refused for that) or one
-            # that already failed: the first failure is the one reported.
+        if (txn is None or txn.state is not _IN_TRANSACTION
+                or self._sender.fatal_error is not None):
+            # No open transaction (the record was refused for that), one that
+            # already failed (the first failure is the one reported), or a
+            # producer the sender has already ended.
             return
-        if ends_producer(exc):
-            return  # the sender ends the producer with this error itself
         described = record_failure(topic, partition, exc)
         log.info("transaction of %r is now abortable: %s", txn.transactional_id, described)
         txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, described)
