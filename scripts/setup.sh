@@ -58,6 +58,37 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   fi
 fi
 
+# etcd (Debian's etcd-server) holds a replicated cluster's metadata; the tests
+# and LocalCluster(etcd_members=...) start their own members on free ports
+# (sdk/oncelog/_etcd.py). The package would also start (and enable at boot) a
+# system etcd on :2379: as for prometheus, a policy-rc.d denying every start
+# keeps it from starting now (one that is already there is left alone; ours
+# is removed after the install), and the service is disabled at boot.
+if ! command -v etcd >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing etcd (Debian's etcd-server package)"
+    etcd_policy_created=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+      chmod +x /usr/sbin/policy-rc.d
+      etcd_policy_created=1
+      trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      etcd-server >/dev/null
+    update-rc.d etcd disable >/dev/null 2>&1 || true
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now etcd >/dev/null 2>&1 || true
+    fi
+    if [ -n "$etcd_policy_created" ]; then
+      rm -f /usr/sbin/policy-rc.d
+    fi
+  else
+    echo "etcd missing: install Debian's etcd-server package (as root)" >&2
+  fi
+fi
+
 stamp=".venv/.oncelog-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

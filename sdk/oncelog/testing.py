@@ -5,6 +5,12 @@
         cluster.kill("partition_store", 0)      # SIGKILL
         cluster.restart("partition_store", 0)   # same data dir, same address
 
+With `etcd_members=1` (or 3) the cluster also runs etcd, the metadata store
+(oncelog._etcd.EtcdCluster, under the cluster's data dir), started before the
+services and stopped after them; kind "etcd" with a member index works with
+kill, terminate, restart, pause, resume, alive and wipe, and every service
+gets the endpoints in ONCELOG_ETCD_ENDPOINTS.
+
 Used by the tests, the demo, and `oncelog cluster up`. Addresses are chosen
 once (free loopback ports) and kept across restarts, as a Kubernetes
 StatefulSet keeps its DNS names; a port that another process takes between
@@ -18,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,13 +35,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from oncelog.wire.process import GRPC, METRICS, PortInUse, find_ports_in_use, process_health_service
 
+if TYPE_CHECKING:
+    from oncelog._etcd import EtcdCluster
+
 KINDS = ("partition_store", "coordinator", "group_coordinator")
+# The kind name of etcd members in kill/restart/... (not a service: not in KINDS).
+ETCD = "etcd"
+# The comma-separated etcd endpoints every service gets in its environment
+# when the cluster runs etcd: the environment form of --etcd-endpoints (every
+# flag has one), so a service with that flag uses etcd; the others ignore it.
+ETCD_ENDPOINTS_ENV = "ONCELOG_ETCD_ENDPOINTS"
 # How long a started process may take to answer its health check.
 READY_TIMEOUT_S = 60.0
 # How long a graceful stop (SIGTERM: drain, snapshot) may take before SIGKILL.
@@ -103,6 +120,36 @@ class _Spawner:
         return result  # type: ignore[return-value]
 
 
+def kill_process(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL a child if it runs (SIGCONT first: a paused one must die too), and reap it."""
+    if process is not None and process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+        process.wait()
+
+
+def terminate_process(process: subprocess.Popen[bytes] | None, timeout_s: float) -> int:
+    """SIGTERM a child if it runs and wait, SIGKILL after timeout_s; its exit
+    code (0 for one never started)."""
+    if process is None:
+        return 0
+    if process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return int(process.returncode)
+
+
+def signal_process(process: subprocess.Popen[bytes] | None, signum: signal.Signals) -> None:
+    """Sends a signal to a child that runs (SIGSTOP, SIGCONT)."""
+    if process is not None and process.poll() is None:
+        process.send_signal(signum)
+
+
 def _service_available(kind: str) -> bool:
     try:
         return importlib.util.find_spec(f"services.{kind}.__main__") is not None
@@ -110,17 +157,13 @@ def _service_available(kind: str) -> bool:
         return False
 
 
-@dataclass
-class ServiceProcess:
-    kind: str
-    node_id: int
-    address: str
-    metrics_port: int
-    data_dir: Path
-    log_path: Path
-    argv: list[str]
+@dataclass(kw_only=True)
+class ChildProcess:
+    """A process this module starts, again after each stop (a service, an
+    etcd member)."""
+
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    # Where the output of the latest start begins in log_path (the log is
+    # Where the output of the latest start begins in its log (the log is
     # appended to across restarts).
     log_offset: int = 0
 
@@ -132,9 +175,20 @@ class ServiceProcess:
         return self.process is not None and self.process.poll() is None
 
 
+@dataclass
+class ServiceProcess(ChildProcess):
+    kind: str
+    node_id: int
+    address: str
+    metrics_port: int
+    data_dir: Path
+    log_path: Path
+    argv: list[str]
+
+
 class LocalCluster:
     """Partition stores, transaction coordinators and group coordinators as
-    separate processes on 127.0.0.1."""
+    separate processes on 127.0.0.1, and optionally etcd (etcd_members)."""
 
     def __init__(
         self,
@@ -147,10 +201,13 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         transaction_state_partitions: int = 4,
         consumer_offsets_partitions: int = 4,
+        etcd_members: int = 0,
         start: bool = True,
     ) -> None:
         if partition_stores < 1:
             raise ValueError("a cluster needs at least one partition store")
+        if etcd_members not in (0, 1, 3):
+            raise ValueError(f"etcd_members={etcd_members}; expected 0 (no etcd), 1 or 3")
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
@@ -160,6 +217,15 @@ class LocalCluster:
         self._consumer_offsets_partitions = consumer_offsets_partitions
         self._ports_given: set[int] = set()
         self._addresses_final = False
+        self.etcd: EtcdCluster | None = None
+        if etcd_members:
+            from oncelog._etcd import EtcdCluster
+
+            self.etcd = EtcdCluster(self.data_dir, etcd_members, log_dir=self.data_dir / "logs",
+                                    pick_port=self._pick_port)
+            # Ports kept from an earlier run of this data dir are not picked
+            # by _pick_port: no service may get them.
+            self._ports_given.update(self.etcd.ports)
         counts = {
             "partition_store": partition_stores,
             "coordinator": coordinators,
@@ -231,15 +297,32 @@ class LocalCluster:
     def bootstrap(self) -> str:
         return self.processes["partition_store"][0].address
 
+    @property
+    def etcd_endpoints(self) -> tuple[str, ...]:
+        """etcd's client addresses ("127.0.0.1:port"); empty without etcd."""
+        return () if self.etcd is None else self.etcd.endpoints
+
     def address(self, kind: str, index: int = 0) -> str:
+        if kind == ETCD:
+            return self._etcd_cluster(index).endpoints[index]
         return self._proc(kind, index).address
 
     def metrics_url(self, kind: str, index: int = 0) -> str:
         return f"http://127.0.0.1:{self._proc(kind, index).metrics_port}/metrics"
 
+    def _etcd_cluster(self, index: int) -> EtcdCluster:
+        """The cluster's etcd, with member `index` checked to exist."""
+        if self.etcd is None:
+            raise ValueError("this cluster runs no etcd (etcd_members=0)")
+        if not 0 <= index < len(self.etcd.members):
+            raise ValueError(f"etcd member {index} does not exist; the cluster has "
+                             f"{len(self.etcd.members)}")
+        return self.etcd
+
     def _proc(self, kind: str, index: int) -> ServiceProcess:
         if kind not in self.processes:
-            raise ValueError(f"unknown service kind {kind!r}; expected one of {KINDS}")
+            raise ValueError(f"unknown service kind {kind!r}; expected one of "
+                             f"{(*KINDS, ETCD)}")
         procs = self.processes[kind]
         if not 0 <= index < len(procs):
             raise ValueError(f"{kind} {index} does not exist; the cluster has {len(procs)}")
@@ -272,10 +355,15 @@ class LocalCluster:
         fails on a taken port as restart() does.
         """
         running = [f"{proc.kind} {proc.node_id}" for proc in self._all() if proc.alive()]
+        if self.etcd is not None:
+            running += [f"etcd {m.index}" for m in self.etcd.members if m.alive()]
         if running:
             raise RuntimeError(f"{', '.join(running)} already running; start() starts a "
                                f"stopped cluster (restart() starts one process again)")
         try:
+            # etcd first: the services find their metadata there.
+            if self.etcd is not None:
+                self.etcd.start()
             for proc in self._all():
                 self._spawn(proc)
             for retry in range(START_PORT_RETRIES + 1):
@@ -294,6 +382,9 @@ class LocalCluster:
         except BaseException:
             for proc in self._all():
                 self.kill(proc.kind, proc.node_id)
+            if self.etcd is not None:
+                for member in self.etcd.members:
+                    self.etcd.kill(member.index)
             raise
 
     def _move(self, proc: ServiceProcess, taken: PortInUse) -> None:
@@ -318,11 +409,13 @@ class LocalCluster:
         proc.log_offset = proc.log_path.stat().st_size if proc.log_path.exists() else 0
         argv = [sys.executable, "-m", "oncelog._child", str(os.getpid()), *proc.argv]
 
+        etcd_env = {} if self.etcd is None else {ETCD_ENDPOINTS_ENV: ",".join(self.etcd.endpoints)}
+
         def start() -> subprocess.Popen[bytes]:
             with open(proc.log_path, "ab") as log_file:
                 return subprocess.Popen(
                     argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env={**self._env, **(env or {})},
+                    env={**self._env, **etcd_env, **(env or {})},
                 )
 
         proc.process = _Spawner.get().spawn(start)
@@ -330,11 +423,15 @@ class LocalCluster:
     def wait_ready(self, kind: str, index: int = 0, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Blocks until the process answers its gRPC health check with SERVING,
         under its own pid's service name (another process that holds the port
-        does not know that name).
+        does not know that name); an etcd member: until it is healthy (has a
+        leader).
         Raises PortTakenError if it exited because another process holds its
         port (a restarted process keeps its address, so it is not moved),
         RuntimeError if it exited for another reason, TimeoutError after
         timeout_s."""
+        if kind == ETCD:
+            self._etcd_cluster(index).wait_ready(timeout_s, members=[index])
+            return
         self._wait_all_ready([self._proc(kind, index)], timeout_s)
 
     def _wait_all_ready(self, procs: list[ServiceProcess], timeout_s: float) -> None:
@@ -396,6 +493,8 @@ class LocalCluster:
         )
 
     def log_tail(self, kind: str, index: int = 0, lines: int = 30) -> str:
+        if kind == ETCD:
+            return self._etcd_cluster(index).log_tail(index, lines)
         path = self._proc(kind, index).log_path
         if not path.exists():
             return ""
@@ -403,26 +502,16 @@ class LocalCluster:
 
     def kill(self, kind: str, index: int = 0) -> None:
         """SIGKILL: no drain, no snapshot — a crash."""
-        proc = self._proc(kind, index)
-        if proc.process is not None and proc.alive():
-            proc.process.send_signal(signal.SIGCONT)  # a paused process must die too
-            proc.process.kill()
-            proc.process.wait()
+        if kind == ETCD:
+            self._etcd_cluster(index).kill(index)
+            return
+        kill_process(self._proc(kind, index).process)
 
     def terminate(self, kind: str, index: int = 0, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM and wait: a graceful shutdown. Returns the exit code."""
-        proc = self._proc(kind, index)
-        if proc.process is None:
-            return 0
-        if proc.alive():
-            proc.process.send_signal(signal.SIGCONT)
-            proc.process.terminate()
-            try:
-                proc.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.process.kill()
-                proc.process.wait()
-        return int(proc.process.returncode)
+        if kind == ETCD:
+            return self._etcd_cluster(index).terminate(index, timeout_s)
+        return terminate_process(self._proc(kind, index).process, timeout_s)
 
     def restart(self, kind: str, index: int = 0, *, wait: bool = True,
                 env: dict[str, str] | None = None) -> None:
@@ -430,7 +519,14 @@ class LocalCluster:
         still running) with the same data directory and address. `env` adds to
         or overrides the cluster's environment for this start only. If another
         process took its port meanwhile, waiting raises PortTakenError naming
-        the port: every other process knows the address, so it stays."""
+        the port: every other process knows the address, so it stays.
+        An etcd member rejoins its cluster; waiting for it needs a majority
+        of the members running (`env` does not apply to etcd)."""
+        if kind == ETCD:
+            if env:
+                raise ValueError("env applies to oncelog services, not to etcd members")
+            self._etcd_cluster(index).restart(index, wait=wait)
+            return
         proc = self._proc(kind, index)
         if proc.alive():
             self.kill(kind, index)
@@ -449,21 +545,47 @@ class LocalCluster:
     def pause(self, kind: str, index: int = 0) -> None:
         """SIGSTOP: the process stops answering but keeps its sockets (a GC pause,
         a partitioned zombie)."""
-        proc = self._proc(kind, index)
-        if proc.process is not None and proc.alive():
-            proc.process.send_signal(signal.SIGSTOP)
+        if kind == ETCD:
+            self._etcd_cluster(index).pause(index)
+            return
+        signal_process(self._proc(kind, index).process, signal.SIGSTOP)
 
     def resume(self, kind: str, index: int = 0) -> None:
+        if kind == ETCD:
+            self._etcd_cluster(index).resume(index)
+            return
+        signal_process(self._proc(kind, index).process, signal.SIGCONT)
+
+    def alive(self, kind: str, index: int = 0) -> bool:
+        """Whether the process (or etcd member) is running (paused counts)."""
+        if kind == ETCD:
+            return self._etcd_cluster(index).alive(index)
+        return self._proc(kind, index).alive()
+
+    def wipe(self, kind: str, index: int = 0) -> None:
+        """Deletes the data directory of a process that is down (after kill or
+        terminate): its next start begins with nothing, as on a new disk.
+        Raises RuntimeError while it runs. A wiped etcd member of three is
+        removed from etcd's cluster and added again, and then joins empty
+        (oncelog._etcd); a single member starts a new, empty etcd."""
+        if kind == ETCD:
+            self._etcd_cluster(index).wipe(index)
+            return
         proc = self._proc(kind, index)
-        if proc.process is not None and proc.alive():
-            proc.process.send_signal(signal.SIGCONT)
+        if proc.alive():
+            raise RuntimeError(f"{kind} {index} (pid {proc.pid}) is running; kill or "
+                               f"terminate it before wiping {proc.data_dir}")
+        shutil.rmtree(proc.data_dir, ignore_errors=True)
 
     def stop(self) -> None:
         """Graceful stop of every process (coordinators first, stores last, so
-        coordinators can still write their final state)."""
+        coordinators can still write their final state; etcd after them all,
+        so the services can still write their metadata)."""
         for kind in ("group_coordinator", "coordinator", "partition_store"):
             for proc in self.processes[kind]:
                 self.terminate(kind, proc.node_id)
+        if self.etcd is not None:
+            self.etcd.stop()
 
     def __enter__(self) -> LocalCluster:
         return self
