@@ -39,6 +39,7 @@ const commands = {
     return {
       header: {
         base_offset: header.baseOffset,
+        partition_leader_epoch: header.partitionLeaderEpoch,
         attributes: header.attributes,
         is_transactional: header.isTransactional,
         is_control: header.isControl,

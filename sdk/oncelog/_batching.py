@@ -171,7 +171,6 @@ class ProducerBatch:
                 fut._notify_finished()
 
 
-_PRODUCER_ID_OFFSET = 39
 _IDENTITY = struct.Struct(">qhi")  # producer_id, producer_epoch, base_sequence
 _CRC = struct.Struct(">I")
 
@@ -182,8 +181,8 @@ def restamp_batch(
     """The same encoded batch with a new producer id, epoch and base sequence
     (and its CRC recomputed: the CRC covers them)."""
     buf = bytearray(data)
-    _IDENTITY.pack_into(buf, _PRODUCER_ID_OFFSET, producer_id, producer_epoch, base_sequence)
-    _CRC.pack_into(buf, 13, codec.crc32c(memoryview(buf)[codec.CRC_START:]))
+    _IDENTITY.pack_into(buf, codec.PRODUCER_ID_POS, producer_id, producer_epoch, base_sequence)
+    _CRC.pack_into(buf, codec.CRC_POS, codec.crc32c(memoryview(buf)[codec.CRC_START:]))
     return bytes(buf)
 
 

@@ -131,6 +131,8 @@ class _ChunkWriter:
             if value is None:
                 raise InvariantViolation(f"{part.topic_partition}: the batch at "
                                          f"{header.base_offset} to rewrite is gone")
+            # Same key and header (base offset, partition leader epoch,
+            # producer fields): only records go.
             new = retain_records(value, decision.retained)
             self._group.put(key, new)
             self._group_bytes += len(new) + _OP_OVERHEAD_BYTES

@@ -129,15 +129,17 @@ def test_node_encodes_batches_byte_for_byte_as_python(
 
 
 def test_node_decodes_what_python_encodes() -> None:
-    batch = codec.with_base_offset(
+    # As the store appends it: base offset and partition leader epoch stamped.
+    batch = codec.stamp_batch(
         codec.encode_batch(CODEC_RECORDS, producer_id=11, producer_epoch=2, base_sequence=5,
                            transactional=True),
-        1000,
+        base_offset=1000, leader_epoch=4,
     )
     # min_offset skips the records below it, as a Fetch reader must.
     out = codec_tool("decode", {"batch": batch.hex(), "min_offset": 1002})
     assert out["header"] == {
-        "base_offset": 1000, "attributes": codec.ATTR_TRANSACTIONAL, "is_transactional": True,
+        "base_offset": 1000, "partition_leader_epoch": 4,
+        "attributes": codec.ATTR_TRANSACTIONAL, "is_transactional": True,
         "is_control": False, "producer_id": "11", "producer_epoch": 2, "base_sequence": 5,
         "record_count": len(CODEC_RECORDS), "base_timestamp_ms": 1_700_000_000_100,
         "max_timestamp_ms": 1_700_000_000_200,

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from oncelog.errors import ErrorCode
 from oncelog.records import (
+    CRC_POS,
     CRC_START,
     HEADER_SIZE_BYTES,
     MARKER_ABORT,
@@ -468,7 +469,7 @@ def test_a_damaged_batch_stops_only_its_partition(tmp_path: Path) -> None:
             key = keys.log_key(topic_id, 0, 1)
             raw = bytearray(store.get(key) or b"")
             struct.pack_into(">i", raw, HEADER_SIZE_BYTES, 1 << 20)   # record length
-            struct.pack_into(">I", raw, 13, crc32c(bytes(raw[CRC_START:])))
+            struct.pack_into(">I", raw, CRC_POS, crc32c(bytes(raw[CRC_START:])))
             group = WriteGroup()
             group.put(key, bytes(raw))
             store.write(group)

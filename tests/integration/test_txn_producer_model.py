@@ -86,6 +86,7 @@ from oncelog import (
     TopicPartition,
     errors,
 )
+from oncelog.records import HEADER_SIZE_BYTES
 from oncelog.testing import LocalCluster
 
 EXAMPLES = int(os.environ.get("ONCELOG_MODEL_EXAMPLES", "100"))
@@ -98,8 +99,8 @@ SHRINK = os.environ.get("ONCELOG_MODEL_SHRINK") == "1"
 
 # Topic "a" (two partitions) is small, so a record can be too large for it.
 SMALL_TOPIC_MAX_BYTES = 1_000
-# An encoded batch of one record: 57 header bytes + 28 per record + key + value.
-BATCH_OF_ONE_OVERHEAD_BYTES = 57 + 28
+# An encoded batch of one record: the header + 28 per record + key + value.
+BATCH_OF_ONE_OVERHEAD_BYTES = HEADER_SIZE_BYTES + 28
 # Short, so a send to a missing topic or partition gives up quickly. Every
 # blocking call gets an explicit timeout instead of this default budget.
 MAX_BLOCK_MS = 300

@@ -73,7 +73,7 @@ def test_batches_close_at_batch_size() -> None:
     per_record = record_size_bytes(None, b"x" * 72, None)  # 100 bytes
     for _ in range(10):
         append(acc, b"x" * 72)
-    # 57 + 4 * 100 <= 500 < 57 + 5 * 100: four records per batch.
+    # header (61) + 4 * 100 <= 500 < header + 5 * 100: four records per batch.
     assert per_record == 100
     ready, _ = acc.ready_partitions(clock.now_ms)
     assert ready == [("t", 0)]
@@ -115,7 +115,7 @@ def test_batch_size_is_capped_by_max_message_bytes() -> None:
     clock = Clock()
     acc = make_acc(clock, batch_size=1 << 20)
     for _ in range(3):
-        append(acc, b"x" * 72, max_message_bytes=300)  # 57 + 2 * 100 fits, 3 do not
+        append(acc, b"x" * 72, max_message_bytes=300)  # header (61) + 2 * 100 fits, 3 do not
     batch = acc.pop(("t", 0), clock.now_ms, 1)
     assert batch is not None and batch.record_count == 2
 

@@ -16,8 +16,12 @@ import pytest
 
 from oncelog.errors import ErrorCode
 from oncelog.records import (
+    CRC_POS,
     CRC_START,
+    HEADER_SIZE_BYTES,
+    LAST_OFFSET_DELTA_POS,
     MARKER_ABORT,
+    RECORD_COUNT_POS,
     crc32c,
     encode_batch,
     encode_control_batch,
@@ -50,13 +54,15 @@ from services.partition_store.core.topics import (
         ("t", 0, {}, ErrorCode.INVALID_PARTITIONS, "got 0"),
         ("t", -2, {}, ErrorCode.INVALID_PARTITIONS, "got -2"),
         ("t", 10_001, {}, ErrorCode.INVALID_PARTITIONS, "got 10001"),
-        ("t", 1, {"retention.ms": "-1", "retention.bytes": "0", "max.message.bytes": "57",
+        ("t", 1, {"retention.ms": "-1", "retention.bytes": "0",
+                  "max.message.bytes": str(HEADER_SIZE_BYTES),
                   "cleanup.policy": "compact,delete"}, None, ""),
         ("t", 1, {"segment.ms": "1"}, ErrorCode.INVALID_CONFIG, "'segment.ms'"),
         ("t", 1, {"retention.ms": "soon"}, ErrorCode.INVALID_CONFIG, "not an integer"),
         ("t", 1, {"retention.ms": "-2"}, ErrorCode.INVALID_CONFIG, "retention.ms=-2"),
         ("t", 1, {"retention.bytes": "-5"}, ErrorCode.INVALID_CONFIG, "retention.bytes=-5"),
-        ("t", 1, {"max.message.bytes": "56"}, ErrorCode.INVALID_CONFIG, "max.message.bytes=56"),
+        ("t", 1, {"max.message.bytes": str(HEADER_SIZE_BYTES - 1)}, ErrorCode.INVALID_CONFIG,
+         f"max.message.bytes={HEADER_SIZE_BYTES - 1}"),
         ("t", 1, {"max.message.bytes": str(16 * 1024 * 1024 + 1)}, ErrorCode.INVALID_CONFIG,
          "max.message.bytes"),
         ("t", 1, {"cleanup.policy": "shred"}, ErrorCode.INVALID_CONFIG, "cleanup.policy"),
@@ -143,9 +149,9 @@ def _batch(count: int = 2) -> bytes:
 
 def _with_zero_records() -> bytes:
     raw = bytearray(_batch(1))
-    struct.pack_into(">i", raw, 19, -1)   # last_offset_delta
-    struct.pack_into(">i", raw, 53, 0)    # record_count
-    struct.pack_into(">I", raw, 13, crc32c(bytes(raw[CRC_START:])))
+    struct.pack_into(">i", raw, LAST_OFFSET_DELTA_POS, -1)
+    struct.pack_into(">i", raw, RECORD_COUNT_POS, 0)
+    struct.pack_into(">I", raw, CRC_POS, crc32c(bytes(raw[CRC_START:])))
     return bytes(raw)
 
 

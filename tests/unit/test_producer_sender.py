@@ -27,6 +27,7 @@ from oncelog import Producer, errors
 from oncelog._batching import RecordAccumulator, RecordFuture
 from oncelog._partitioner import partition_for_key
 from oncelog.errors import ErrorCode
+from oncelog.records import HEADER_SIZE_BYTES
 from tests.support.inprocess_cluster import (
     DROP_REPLY,
     UNREACHABLE,
@@ -214,8 +215,9 @@ def test_send_refuses_what_cannot_be_written(store: InProcessCluster) -> None:
         assert too_big.done()
         with pytest.raises(errors.MessageTooLargeError, match="max.message.bytes=200"):
             too_big.result()
-        # 57 + 28 + 115 = 200: exactly fits.
-        assert producer.send("small", value=b"x" * 115).result(timeout=30).offset == 0
+        # The header, 28 bytes of record fields and the value: exactly 200.
+        fits = b"x" * (200 - HEADER_SIZE_BYTES - 28)
+        assert producer.send("small", value=fits).result(timeout=30).offset == 0
         with pytest.raises(errors.UnknownTopicOrPartitionError, match="nope"):
             producer.send("nope", value=b"a").result(timeout=30)
         with pytest.raises(errors.UnknownTopicOrPartitionError, match="no partition 2"):

@@ -120,13 +120,13 @@ def _valid() -> bytes:
 
 
 def _with_crc(buf: bytearray) -> bytes:
-    struct.pack_into(">I", buf, 13, codec.crc32c(memoryview(buf)[codec.CRC_START:]))
+    struct.pack_into(">I", buf, codec.CRC_POS, codec.crc32c(memoryview(buf)[codec.CRC_START:]))
     return bytes(buf)
 
 
 def test_validate_rejects_bad_magic() -> None:
     buf = bytearray(_valid())
-    buf[12] = 1
+    buf[codec.MAGIC_POS] = 1
     with pytest.raises(codec.BatchFormatError, match="magic is 1"):
         codec.validate_batch(bytes(buf), max_size_bytes=1 << 20)
 
@@ -155,18 +155,18 @@ def test_validate_rejects_truncated_and_oversized() -> None:
 
 def test_validate_rejects_inconsistent_counts() -> None:
     buf = bytearray(_valid())
-    struct.pack_into(">i", buf, 19, 5)  # last_offset_delta != record_count - 1
+    struct.pack_into(">i", buf, codec.LAST_OFFSET_DELTA_POS, 5)  # != record_count - 1
     with pytest.raises(codec.BatchFormatError, match="last_offset_delta"):
         codec.validate_batch(_with_crc(buf), max_size_bytes=1 << 20)
     buf = bytearray(_valid())
-    struct.pack_into(">i", buf, 53, 0)  # record_count 0
+    struct.pack_into(">i", buf, codec.RECORD_COUNT_POS, 0)  # record_count 0
     with pytest.raises(codec.BatchFormatError, match="0 records"):
         codec.validate_batch(_with_crc(buf), max_size_bytes=1 << 20)
 
 
 def test_validate_rejects_producer_without_sequence() -> None:
     buf = bytearray(_valid())
-    struct.pack_into(">i", buf, 49, -1)
+    struct.pack_into(">i", buf, codec.BASE_SEQUENCE_POS, -1)
     with pytest.raises(codec.BatchFormatError, match="no base_sequence"):
         codec.validate_batch(_with_crc(buf), max_size_bytes=1 << 20)
 
@@ -219,6 +219,98 @@ def test_retain_records_keeps_offsets_header_fields_and_record_bytes() -> None:
 
 def test_compacted_validation_still_checks_counts() -> None:
     buf = bytearray(codec.encode_batch([(b"k", b"v", None, 1)] * 2))
-    struct.pack_into(">i", buf, 53, 3)  # more records than offsets
+    struct.pack_into(">i", buf, codec.RECORD_COUNT_POS, 3)  # more records than offsets
     with pytest.raises(codec.BatchFormatError, match="expected 0..2"):
         codec.validate_batch(_with_crc(buf), max_size_bytes=1 << 20, compacted=True)
+
+
+def test_header_fields_sit_where_the_layout_says() -> None:
+    batch = codec.stamp_batch(
+        codec.encode_batch([(b"k", b"v", None, 100), (None, b"w", None, 90)],
+                           producer_id=77, producer_epoch=3, base_sequence=40,
+                           transactional=True),
+        base_offset=1_000, leader_epoch=12,
+    )
+    header = codec.read_header(batch)
+
+    def at(fmt: str, pos: int) -> int:
+        return int(struct.unpack_from(fmt, batch, pos)[0])
+
+    # 28 bytes per record, plus its key and value.
+    assert len(batch) == codec.HEADER_SIZE_BYTES + (28 + 2) + (28 + 1)
+    assert at(">q", 0) == header.base_offset == 1_000
+    assert at(">i", 8) == header.batch_length == len(batch) - 12
+    assert at(">i", codec.PARTITION_LEADER_EPOCH_POS) == header.partition_leader_epoch == 12
+    assert at(">b", codec.MAGIC_POS) == header.magic == codec.BATCH_MAGIC
+    assert at(">I", codec.CRC_POS) == header.crc == codec.crc32c(batch[codec.CRC_START:])
+    assert at(">h", codec.CRC_START) == header.attributes == codec.ATTR_TRANSACTIONAL
+    assert at(">i", codec.LAST_OFFSET_DELTA_POS) == header.last_offset_delta == 1
+    assert at(">q", codec.PRODUCER_ID_POS) == header.producer_id == 77
+    assert at(">h", codec.PRODUCER_ID_POS + 8) == header.producer_epoch == 3
+    assert at(">i", codec.BASE_SEQUENCE_POS) == header.base_sequence == 40
+    assert at(">i", codec.RECORD_COUNT_POS) == header.record_count == 2
+    assert (header.base_timestamp_ms, header.max_timestamp_ms) == (90, 100)
+
+
+def test_a_produced_batch_carries_no_leader_epoch() -> None:
+    batch = codec.encode_batch([(None, b"a", None, 1)])
+    assert codec.read_header(batch).partition_leader_epoch == codec.NO_PARTITION_LEADER_EPOCH
+    assert codec.read_header(codec.with_base_offset(batch, 5)).partition_leader_epoch == -1
+
+
+@pytest.mark.parametrize("leader_epoch", [0, 1, 2**31 - 1, codec.NO_PARTITION_LEADER_EPOCH])
+def test_stamp_batch_sets_offset_and_epoch_and_keeps_the_crc_valid(leader_epoch: int) -> None:
+    batch = codec.encode_batch([(b"k", b"v", [("h", b"x")], 5), (None, None, None, 6)],
+                               producer_id=4, producer_epoch=1, base_sequence=9)
+    stamped = codec.stamp_batch(batch, base_offset=300, leader_epoch=leader_epoch)
+    header = codec.validate_batch(stamped, max_size_bytes=len(stamped))
+    assert (header.base_offset, header.partition_leader_epoch) == (300, leader_epoch)
+    # Only the two fields changed; the CRC'd part and the length are the producer's.
+    assert len(stamped) == len(batch)
+    assert stamped[8:codec.PARTITION_LEADER_EPOCH_POS] == batch[8:codec.PARTITION_LEADER_EPOCH_POS]
+    assert stamped[codec.MAGIC_POS:] == batch[codec.MAGIC_POS:]
+    assert header.crc == codec.read_header(batch).crc
+    assert [r.offset for r in codec.iter_records(stamped)] == [300, 301]
+    # The same as with_base_offset then the epoch, and stamping again overwrites.
+    assert codec.read_header(codec.with_base_offset(stamped, 7)).partition_leader_epoch == (
+        leader_epoch)
+    again = codec.stamp_batch(stamped, base_offset=0, leader_epoch=3)
+    assert codec.read_header(again).partition_leader_epoch == 3
+    assert codec.stamp_batch(again, base_offset=300, leader_epoch=leader_epoch) == stamped
+    # A memoryview stamps the same.
+    assert codec.stamp_batch(memoryview(batch), base_offset=300,
+                             leader_epoch=leader_epoch) == stamped
+
+
+def test_the_crc_does_not_cover_the_leader_epoch() -> None:
+    # As in Kafka: a store stamps the epoch without recomputing the CRC.
+    buf = bytearray(_valid())
+    struct.pack_into(">i", buf, codec.PARTITION_LEADER_EPOCH_POS, 42)
+    assert codec.validate_batch(bytes(buf), max_size_bytes=1 << 20).partition_leader_epoch == 42
+
+
+def test_control_batches_carry_the_leader_epoch() -> None:
+    def marker(**kwargs: int) -> bytes:
+        return codec.encode_control_batch(marker=codec.MARKER_COMMIT, coordinator_epoch=6,
+                                          producer_id=8, producer_epoch=2, timestamp_ms=50,
+                                          base_offset=70, **kwargs)
+
+    default = codec.validate_batch(marker(), max_size_bytes=1 << 20)
+    assert default.partition_leader_epoch == codec.NO_PARTITION_LEADER_EPOCH
+    stamped = marker(leader_epoch=9)
+    header = codec.validate_batch(stamped, max_size_bytes=1 << 20)
+    assert (header.partition_leader_epoch, header.base_offset) == (9, 70)
+    assert header.is_control and header.is_transactional
+    assert codec.control_marker(stamped) == (codec.MARKER_COMMIT, 6)
+    assert codec.stamp_batch(marker(), base_offset=70, leader_epoch=9) == stamped
+
+
+def test_retain_records_keeps_the_leader_epoch() -> None:
+    batch = codec.stamp_batch(
+        codec.encode_batch([(b"a", b"1", None, 10), (b"b", b"2", None, 11)]),
+        base_offset=100, leader_epoch=5,
+    )
+    for offsets in ({101}, set()):
+        kept = codec.retain_records(batch, offsets)
+        header = codec.validate_batch(kept, max_size_bytes=len(kept), compacted=True)
+        assert (header.partition_leader_epoch, header.base_offset) == (5, 100)

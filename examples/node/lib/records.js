@@ -5,19 +5,20 @@
 // docs/grpc-api.md ("Record batches"). Big-endian throughout.
 //
 //   offset  size  field
-//        0     8  base_offset          set by the store; 0 when produced
-//        8     4  batch_length         bytes after this field
-//       12     1  magic                2
-//       13     4  crc                  CRC32C of every byte from offset 17 on
-//       17     2  attributes           0x10 transactional, 0x20 control
-//       19     4  last_offset_delta    record_count - 1
-//       23     8  base_timestamp_ms
-//       31     8  max_timestamp_ms
-//       39     8  producer_id          -1: none
-//       47     2  producer_epoch       -1: none
-//       49     4  base_sequence        -1: none
-//       53     4  record_count
-//       57     -  records
+//        0     8  base_offset             set by the store; 0 when produced
+//        8     4  batch_length            bytes after this field
+//       12     4  partition_leader_epoch  set by the store; -1 when produced
+//       16     1  magic                   2
+//       17     4  crc                     CRC32C of every byte from offset 21 on
+//       21     2  attributes              0x10 transactional, 0x20 control
+//       23     4  last_offset_delta       record_count - 1
+//       27     8  base_timestamp_ms
+//       35     8  max_timestamp_ms
+//       43     8  producer_id             -1: none
+//       51     2  producer_epoch          -1: none
+//       53     4  base_sequence           -1: none
+//       57     4  record_count
+//       61     -  records
 //
 // Each record: int32 length of the rest, int32 offset_delta, int64
 // timestamp_delta_ms, int32 key length (-1: null) + key, int32 value length
@@ -27,11 +28,13 @@
 const { crc32c } = require('./crc32c');
 
 const BATCH_MAGIC = 2;
-const HEADER_SIZE_BYTES = 57;
+const HEADER_SIZE_BYTES = 61;
 // The CRC covers every byte from here to the end: base_offset, batch_length,
-// magic and the CRC itself are outside it, so the store can set base_offset
-// without recomputing it.
-const CRC_START = 17;
+// partition_leader_epoch, magic and the CRC itself are outside it, so the
+// store can set base_offset and the epoch without recomputing it.
+const CRC_START = 21;
+// What a producer writes as partition_leader_epoch (the store overwrites it).
+const NO_PARTITION_LEADER_EPOCH = -1;
 const ATTR_TRANSACTIONAL = 0x10;
 const ATTR_CONTROL = 0x20;
 const NO_PRODUCER_ID = -1n;
@@ -150,18 +153,19 @@ function encodeBatch(records, options = {}) {
   const batch = Buffer.alloc(HEADER_SIZE_BYTES + body.length);
   batch.writeBigInt64BE(0n, 0);
   batch.writeInt32BE(batch.length - 12, 8);
-  batch.writeInt8(BATCH_MAGIC, 12);
-  batch.writeInt16BE(transactional ? ATTR_TRANSACTIONAL : 0, 17);
-  batch.writeInt32BE(records.length - 1, 19);
-  batch.writeBigInt64BE(baseTimestampMs, 23);
-  batch.writeBigInt64BE(maxTimestampMs, 31);
-  batch.writeBigInt64BE(producerId, 39);
-  batch.writeInt16BE(producerEpoch, 47);
-  batch.writeInt32BE(baseSequence, 49);
-  batch.writeInt32BE(records.length, 53);
+  batch.writeInt32BE(NO_PARTITION_LEADER_EPOCH, 12);
+  batch.writeInt8(BATCH_MAGIC, 16);
+  batch.writeInt16BE(transactional ? ATTR_TRANSACTIONAL : 0, 21);
+  batch.writeInt32BE(records.length - 1, 23);
+  batch.writeBigInt64BE(baseTimestampMs, 27);
+  batch.writeBigInt64BE(maxTimestampMs, 35);
+  batch.writeBigInt64BE(producerId, 43);
+  batch.writeInt16BE(producerEpoch, 51);
+  batch.writeInt32BE(baseSequence, 53);
+  batch.writeInt32BE(records.length, 57);
   body.copy(batch, HEADER_SIZE_BYTES);
   // Last: the CRC covers everything after its own field.
-  batch.writeUInt32BE(crc32c(batch.subarray(CRC_START)), 13);
+  batch.writeUInt32BE(crc32c(batch.subarray(CRC_START)), 17);
   return batch;
 }
 
@@ -182,22 +186,23 @@ function readHeader(batch) {
     throw new BatchFormatError(
       `record batch is ${batch.length} bytes, shorter than the ${HEADER_SIZE_BYTES}-byte header`);
   }
-  const attributes = batch.readInt16BE(17);
+  const attributes = batch.readInt16BE(21);
   return {
     baseOffset: toOffset(batch.readBigInt64BE(0), 'base_offset'),
     batchLength: batch.readInt32BE(8),
-    magic: batch.readInt8(12),
-    crc: batch.readUInt32BE(13),
+    partitionLeaderEpoch: batch.readInt32BE(12),
+    magic: batch.readInt8(16),
+    crc: batch.readUInt32BE(17),
     attributes,
     isTransactional: Boolean(attributes & ATTR_TRANSACTIONAL),
     isControl: Boolean(attributes & ATTR_CONTROL),
-    lastOffsetDelta: batch.readInt32BE(19),
-    baseTimestampMs: batch.readBigInt64BE(23),
-    maxTimestampMs: batch.readBigInt64BE(31),
-    producerId: batch.readBigInt64BE(39),
-    producerEpoch: batch.readInt16BE(47),
-    baseSequence: batch.readInt32BE(49),
-    recordCount: batch.readInt32BE(53),
+    lastOffsetDelta: batch.readInt32BE(23),
+    baseTimestampMs: batch.readBigInt64BE(27),
+    maxTimestampMs: batch.readBigInt64BE(35),
+    producerId: batch.readBigInt64BE(43),
+    producerEpoch: batch.readInt16BE(51),
+    baseSequence: batch.readInt32BE(53),
+    recordCount: batch.readInt32BE(57),
   };
 }
 
@@ -281,6 +286,7 @@ module.exports = {
   BatchFormatError,
   CRC_START,
   HEADER_SIZE_BYTES,
+  NO_PARTITION_LEADER_EPOCH,
   NO_SEQUENCE,
   SEQUENCE_MODULUS,
   decodeBatch,

@@ -2,22 +2,31 @@
 
 A batch travels and is stored as one opaque byte string. Servers read only the
 fixed header (and check the CRC); clients encode and decode the records. The
-layout follows Kafka's record batch v2, big-endian:
+layout follows Kafka's record batch v2 (magic 2), partition_leader_epoch
+included, big-endian:
 
     offset  size  field
-         0     8  base_offset          assigned by the store; 0 when produced
-         8     4  batch_length         bytes after this field
-        12     1  magic                BATCH_MAGIC
-        13     4  crc                  CRC32C of every byte from offset 17 to the end
-        17     2  attributes           bit 4: transactional, bit 5: control
-        19     4  last_offset_delta    record_count - 1
-        23     8  base_timestamp_ms
-        31     8  max_timestamp_ms
-        39     8  producer_id          -1: no producer state
-        47     2  producer_epoch
-        49     4  base_sequence        -1: not idempotent
-        53     4  record_count
-        57     -  records
+         0     8  base_offset             assigned by the store; 0 when produced
+         8     4  batch_length            bytes after this field
+        12     4  partition_leader_epoch  set by the store: the leader epoch of the
+                                          replica that appended the batch; -1 when
+                                          produced (NO_PARTITION_LEADER_EPOCH)
+        16     1  magic                   BATCH_MAGIC
+        17     4  crc                     CRC32C of every byte from offset 21 to the end
+        21     2  attributes              bit 4: transactional, bit 5: control
+        23     4  last_offset_delta       record_count - 1
+        27     8  base_timestamp_ms
+        35     8  max_timestamp_ms
+        43     8  producer_id             -1: no producer state
+        51     2  producer_epoch
+        53     4  base_sequence           -1: not idempotent
+        57     4  record_count
+        61     -  records
+
+This is format v2 with the partition_leader_epoch field (a 61-byte header).
+Batches of the earlier layout (57 bytes, no epoch, same magic) do not parse
+as this one and nothing converts them: there was no installed base to carry
+over.
 
 Each record, fixed-width (cheaper to encode in Python than varints):
 
@@ -29,15 +38,18 @@ Each record, fixed-width (cheaper to encode in Python than varints):
     int32  header_count               then per header:
            int32 key_length, utf-8 key, int32 value_length (-1: null), value
 
-The CRC leaves out base_offset, so the store can set it without recomputing.
+The CRC leaves out base_offset and partition_leader_epoch (as Kafka's does),
+so the store sets both without recomputing it (`stamp_batch`). Whatever epoch a
+producer writes is overwritten when the store stamps the batch, as Kafka's
+broker does.
 
 Compaction (the store's log cleaner) rewrites a stored batch with some of
 its records left out, as Kafka does: the header keeps its base offset,
-last_offset_delta, producer fields and timestamps, record_count shrinks, and
-the records that remain keep their offset deltas, so offsets have gaps and a
-batch may hold no record at all (kept only for its producer fields). Only
-`validate_batch(..., compacted=True)` accepts such a batch; a produced batch
-never has gaps.
+partition_leader_epoch, last_offset_delta, producer fields and timestamps,
+record_count shrinks, and the records that remain keep their offset deltas,
+so offsets have gaps and a batch may hold no record at all (kept only for
+its producer fields). Only `validate_batch(..., compacted=True)` accepts
+such a batch; a produced batch never has gaps.
 
 A control batch (COMMIT/ABORT marker) holds one record whose key is
 (int16 version, int16 marker type) and whose value is
@@ -54,9 +66,21 @@ from typing import NamedTuple
 import crc32c as _crc32c
 
 BATCH_MAGIC = 2
-HEADER_SIZE_BYTES = 57
-# Offset of the first byte the CRC covers.
-CRC_START = 17
+HEADER_SIZE_BYTES = 61
+# Byte positions of the header fields that code patches in place (the store
+# stamps offset and epoch; the producer restamps its identity; tests damage a
+# field on purpose). Nothing else should spell a position out.
+PARTITION_LEADER_EPOCH_POS = 12
+MAGIC_POS = 16
+CRC_POS = 17
+# The first byte the CRC covers (attributes).
+CRC_START = 21
+LAST_OFFSET_DELTA_POS = 23
+PRODUCER_ID_POS = 43
+BASE_SEQUENCE_POS = 53
+RECORD_COUNT_POS = 57
+# The leader epoch of a batch no store has stamped (what producers write).
+NO_PARTITION_LEADER_EPOCH = -1
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 NO_PRODUCER_ID = -1
@@ -70,8 +94,15 @@ MAX_SEQUENCE = 2**31 - 1
 MARKER_ABORT = 0
 MARKER_COMMIT = 1
 
-_HEADER = struct.Struct(">qibIhiqqqhii")
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+# The fields before the CRC'd part: base_offset, batch_length,
+# partition_leader_epoch, magic, crc.
+_PREFIX = struct.Struct(">qiibI")
+# The fields the CRC covers up to the records.
+_CRC_HEADER = struct.Struct(">hiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
+# base_offset, batch_length, partition_leader_epoch: what stamp_batch writes.
+_STAMP = struct.Struct(">qii")
 _REC_FIXED = struct.Struct(">iiqi")  # length, offset_delta, timestamp_delta, key_length
 # The same followed by value_length, for records with a null key.
 _REC_NULL_KEY = struct.Struct(">iiqii")
@@ -80,6 +111,19 @@ _CONTROL_KEY = struct.Struct(">hh")
 _CONTROL_VALUE = struct.Struct(">hi")
 _NULL = _I32.pack(-1)
 _NO_HEADERS = _I32.pack(0)
+
+if not (
+    _PREFIX.size == CRC_START
+    and _PREFIX.size + _CRC_HEADER.size == _HEADER.size == HEADER_SIZE_BYTES
+    and struct.calcsize(">qi") == PARTITION_LEADER_EPOCH_POS
+    and struct.calcsize(">qii") == MAGIC_POS
+    and struct.calcsize(">qiib") == CRC_POS
+    and struct.calcsize(">qiibIh") == LAST_OFFSET_DELTA_POS
+    and struct.calcsize(">qiibIhiqq") == PRODUCER_ID_POS
+    and struct.calcsize(">qiibIhiqqqh") == BASE_SEQUENCE_POS
+    and struct.calcsize(">qiibIhiqqqhi") == RECORD_COUNT_POS
+):
+    raise RuntimeError("records.py: the header positions do not match the header layout")
 
 Header = tuple[str, bytes | None]
 
@@ -103,6 +147,7 @@ class BatchHeader:
 
     base_offset: int
     batch_length: int
+    partition_leader_epoch: int
     magic: int
     crc: int
     attributes: int
@@ -239,8 +284,10 @@ def encode_control_batch(
     producer_epoch: int,
     timestamp_ms: int,
     base_offset: int = 0,
+    leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
 ) -> bytes:
-    """A control batch carrying one COMMIT or ABORT marker."""
+    """A control batch carrying one COMMIT or ABORT marker, written by the
+    store at `leader_epoch` (its partition_leader_epoch)."""
     key = _CONTROL_KEY.pack(0, marker)
     value = _CONTROL_VALUE.pack(0, coordinator_epoch)
     record = (
@@ -249,20 +296,27 @@ def encode_control_batch(
     )
     return _finish(
         record, ATTR_TRANSACTIONAL | ATTR_CONTROL, 1, timestamp_ms, timestamp_ms,
-        producer_id, producer_epoch, NO_SEQUENCE, base_offset,
+        producer_id, producer_epoch, NO_SEQUENCE, base_offset, leader_epoch=leader_epoch,
     )
 
 
 def _finish(
     body: bytes, attributes: int, count: int, base_ts: int, max_ts: int,
     producer_id: int, producer_epoch: int, base_sequence: int, base_offset: int,
+    *, leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
 ) -> bytes:
-    tail = struct.pack(
-        ">hiqqqhii", attributes, count - 1, base_ts, max_ts,
+    tail = _CRC_HEADER.pack(
+        attributes, count - 1, base_ts, max_ts,
         producer_id, producer_epoch, base_sequence, count,
     ) + body
-    crc = crc32c(tail)
-    return struct.pack(">qibI", base_offset, len(tail) + 5, BATCH_MAGIC, crc) + tail
+    return _assemble(tail, base_offset=base_offset, leader_epoch=leader_epoch)
+
+
+def _assemble(tail: bytes, *, base_offset: int, leader_epoch: int) -> bytes:
+    """The whole batch: the fields before the CRC'd part, then `tail` (from
+    attributes to the end), whose CRC this computes."""
+    batch_length = len(tail) + _PREFIX.size - 12
+    return _PREFIX.pack(base_offset, batch_length, leader_epoch, BATCH_MAGIC, crc32c(tail)) + tail
 
 
 def read_header(batch: bytes | memoryview) -> BatchHeader:
@@ -329,8 +383,20 @@ def validate_batch(
 
 
 def with_base_offset(batch: bytes, base_offset: int) -> bytes:
-    """The same batch with its base_offset field set (the CRC does not cover it)."""
+    """The same batch with its base_offset field set (the CRC does not cover it).
+    Its partition_leader_epoch stays as it was: the store uses stamp_batch."""
     return _BASE_OFFSET.pack(base_offset) + batch[8:]
+
+
+def stamp_batch(batch: bytes | memoryview, *, base_offset: int, leader_epoch: int) -> bytes:
+    """The same batch with base_offset and partition_leader_epoch set, as the
+    store appends it (neither is covered by the CRC, so it stays valid).
+    One copy of the batch."""
+    (batch_length,) = _I32.unpack_from(batch, 8)
+    return b"".join((
+        _STAMP.pack(base_offset, batch_length, leader_epoch),
+        memoryview(batch)[MAGIC_POS:],
+    ))
 
 
 def iter_records(batch: bytes | memoryview, *, min_offset: int = 0) -> Iterator[Record]:
@@ -442,8 +508,9 @@ def first_null_key_offset(batch: bytes | memoryview) -> int | None:
 
 def retain_records(batch: bytes | memoryview, offsets: Collection[int]) -> bytes:
     """The batch with only the records at `offsets`: their bytes unchanged,
-    the header's base offset, last_offset_delta, producer fields and
-    timestamps kept, record_count and length updated, the CRC recomputed.
+    the header's base offset, partition_leader_epoch, last_offset_delta,
+    producer fields and timestamps kept, record_count and length updated, the
+    CRC recomputed.
     An empty `offsets` leaves a batch of no records (its header only)."""
     header = read_header(batch)
     mv = memoryview(batch)
@@ -457,12 +524,12 @@ def retain_records(batch: bytes | memoryview, offsets: Collection[int]) -> bytes
         raise BatchFormatError(
             f"batch at offset {base} holds {len(kept)} of the {len(wanted)} offsets to retain"
         )
-    tail = struct.pack(
-        ">hiqqqhii", header.attributes, header.last_offset_delta, header.base_timestamp_ms,
+    tail = _CRC_HEADER.pack(
+        header.attributes, header.last_offset_delta, header.base_timestamp_ms,
         header.max_timestamp_ms, header.producer_id, header.producer_epoch,
         header.base_sequence, len(kept),
     ) + b"".join(kept)
-    return struct.pack(">qibI", base, len(tail) + 5, BATCH_MAGIC, crc32c(tail)) + tail
+    return _assemble(tail, base_offset=base, leader_epoch=header.partition_leader_epoch)
 
 
 def control_marker(batch: bytes | memoryview) -> tuple[int, int]:

@@ -10,6 +10,12 @@ Order and codes (every message names the partition and the sizes or fields):
 * on a compacted topic, a record without a key: INVALID_RECORD (Kafka's
   "Compacted topic cannot accept message without key": compaction keeps the
   newest record per key, and a record without one has no place in that).
+
+Not checked: partition_leader_epoch. Producers write -1, but whatever a
+batch carries is overwritten when the store appends it (records.stamp_batch
+sets the leader's epoch), as Kafka's broker overwrites it; the CRC does not
+cover it, so refusing a batch for it would only punish a client for a field
+it does not own.
 """
 
 from __future__ import annotations

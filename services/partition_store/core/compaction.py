@@ -32,13 +32,19 @@ Two phases, as Kafka's cleaner:
    A removed ABORT marker takes its aborted-index entry with it.
 
    Per batch: KEEP (nothing removed), REWRITE (some records removed: the
-   batch keeps its header's offsets, producer fields and timestamps, and the
-   surviving records their offsets) or DROP (nothing left). Except: the
+   batch keeps its header's offsets, partition leader epoch, producer fields
+   and timestamps, and the surviving records their offsets) or DROP (nothing
+   left). Except: the
    last batch in range of each producer still in the producer table is
    never dropped, only emptied (a header with no records, or the marker
    kept), as Kafka keeps each active producer's last batch: recovery that
    falls back to an older snapshot or to the log start still replays that
    producer's epoch and last sequence from it.
+
+   The leader-epoch cache (core/leader_epochs.py) is stored apart from the
+   batches, so compaction leaves it as it is, even when it drops an epoch's
+   first batch (as in Kafka, that epoch's start offset then names an offset
+   no batch holds any more).
 
 `CompactionState` is what persists between passes (the `K` key): the clean
 offset (Kafka's cleaner checkpoint), the bytes below it (for the dirty

@@ -19,6 +19,9 @@ re-created topic never sees the old topic's data.
   K | topic_id(8) | partition(4)                   -> compaction state of a compacted partition:
                                                       clean offset, clean bytes, cleaning
                                                       history (core/compaction.py)
+  E | topic_id(8) | partition(4) | epoch(4)        -> start offset of the leader epoch `epoch`
+                                                      on this replica's log (one entry of the
+                                                      leader-epoch cache, core/leader_epochs.py)
   C | topic name (utf-8)                           -> topic catalog record (core/topics.py)
   N                                                -> next topic id (controller only)
 
@@ -30,6 +33,11 @@ A|..|new_start) in the same WriteBatch as the batches.
 Compaction rewrites `L` values in place (same key, fewer records) or
 deletes them, deletes the `A` entry of a removed ABORT marker, and writes
 `M` and `K`, each chunk in one WriteBatch.
+
+`E` entries mirror the partition's leader-epoch cache, written in the same
+WriteBatch as the log change that changed the cache (a batch of a new
+epoch, a truncation of the log's end or start); core/leader_epochs.py says
+how.
 
 Values other than batches are sealed (version byte + CRC32C, core/codec.py).
 ListOffsets by timestamp seeks to the first T key >= ts: every batch before
@@ -47,12 +55,16 @@ META = b"M"
 TIME_INDEX = b"T"
 ABORTED_TXN = b"A"
 COMPACTION = b"K"
+LEADER_EPOCH = b"E"
 CATALOG = b"C"
 TOPIC_ID_COUNTER = b"N"
+# Every kind whose keys start with topic_id | partition: a partition's data.
+PARTITION_KINDS = (LOG, SNAPSHOT, META, TIME_INDEX, ABORTED_TXN, COMPACTION, LEADER_EPOCH)
 
 _TOPIC = struct.Struct(">Q")
 _PARTITION = struct.Struct(">QI")
 _TAIL = struct.Struct(">Q")
+_EPOCH = struct.Struct(">I")
 _SIGN_BIT = 1 << 63
 _MAX_U64 = (1 << 64) - 1
 PARTITION_KEY_SIZE = 1 + _PARTITION.size
@@ -81,7 +93,7 @@ def topic_prefix(kind: bytes, topic_id: int) -> bytes:
 def topic_ranges(topic_id: int) -> list[tuple[bytes, bytes]]:
     """[start, end) of every key that holds data of a topic (for deletion)."""
     ranges = []
-    for kind in (LOG, SNAPSHOT, META, TIME_INDEX, ABORTED_TXN, COMPACTION):
+    for kind in PARTITION_KINDS:
         prefix = topic_prefix(kind, topic_id)
         ranges.append((prefix, next_prefix(prefix)))
     return ranges
@@ -129,6 +141,16 @@ def meta_key(topic_id: int, partition: int) -> bytes:
 
 def compaction_key(topic_id: int, partition: int) -> bytes:
     return partition_prefix(COMPACTION, topic_id, partition)
+
+
+def leader_epoch_key(topic_id: int, partition: int, epoch: int) -> bytes:
+    """The key of one leader-epoch cache entry (epoch >= 0, as an unsigned
+    int32, so a partition's entries sort by epoch)."""
+    return partition_prefix(LEADER_EPOCH, topic_id, partition) + _EPOCH.pack(epoch)
+
+
+def leader_epoch_key_epoch(key: bytes) -> int:
+    return int(_EPOCH.unpack_from(key, PARTITION_KEY_SIZE)[0])
 
 
 def encode_timestamp(timestamp_ms: int) -> int:
