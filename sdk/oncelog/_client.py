@@ -57,8 +57,14 @@ MAX_MESSAGE_BYTES_CONFIG = "max.message.bytes"
 _REFRESH_ON = frozenset({
     ErrorCode.NOT_LEADER_OR_FOLLOWER,
     ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.FENCED_LEADER_EPOCH,
+    ErrorCode.UNKNOWN_LEADER_EPOCH,
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     ErrorCode.NETWORK_EXCEPTION,
+    # A node that accepts connections and answers nothing (paused, hung):
+    # its partitions may have moved meanwhile (Kafka's client treats a
+    # request timeout as a disconnection and refreshes metadata too).
+    ErrorCode.REQUEST_TIMED_OUT,
     ErrorCode.NOT_COORDINATOR,
     ErrorCode.COORDINATOR_NOT_AVAILABLE,
 })
@@ -209,9 +215,13 @@ class TopicInfo:
     name: str
     topic_id: int
     internal: bool
-    # leaders[p] is the store node id that owns partition p.
+    # leaders[p] is the store node id that leads partition p (-1: none now).
     leaders: tuple[int, ...]
     config: Mapping[str, str]
+    # Per partition: the leader epoch, every replica, the in-sync replicas.
+    leader_epochs: tuple[int, ...] = ()
+    replicas: tuple[tuple[int, ...], ...] = ()
+    isr: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_partitions(self) -> int:
@@ -245,19 +255,35 @@ class ClusterMetadata:
             return None
         return self.stores.get(info.leaders[partition])
 
+    def leader_epoch(self, topic: str, partition: int) -> int | None:
+        """The partition's leader epoch as this snapshot knows it; requests
+        carry it so a replica can refuse a sender with stale metadata."""
+        info = self.topics.get(topic)
+        if info is None or not 0 <= partition < len(info.leader_epochs):
+            return None
+        return info.leader_epochs[partition]
+
     @classmethod
     def from_proto(cls, resp: partition_store_pb2.MetadataResponse) -> ClusterMetadata:
         topics: dict[str, TopicInfo] = {}
         for t in resp.topics:
             if t.error.code != 0:
                 continue
-            leaders = [0] * len(t.partitions)
+            count = len(t.partitions)
+            leaders = [-1] * count
+            epochs = [0] * count
+            replicas: list[tuple[int, ...]] = [()] * count
+            isr: list[tuple[int, ...]] = [()] * count
             for p in t.partitions:
-                if 0 <= p.partition < len(leaders):
+                if 0 <= p.partition < count:
                     leaders[p.partition] = p.leader_node_id
+                    epochs[p.partition] = p.leader_epoch
+                    replicas[p.partition] = tuple(p.replica_node_ids)
+                    isr[p.partition] = tuple(p.isr_node_ids)
             topics[t.name] = TopicInfo(
                 name=t.name, topic_id=t.topic_id, internal=t.internal,
-                leaders=tuple(leaders), config=dict(t.config),
+                leaders=tuple(leaders), config=dict(t.config), leader_epochs=tuple(epochs),
+                replicas=tuple(replicas), isr=tuple(isr),
             )
         return cls(
             stores={n.node_id: n.address for n in resp.stores},

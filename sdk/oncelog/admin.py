@@ -144,14 +144,15 @@ class Admin:
     @_within_budget
     def create_topic(
         self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None,
-        *, exist_ok: bool = False,
+        *, replication_factor: int = 0, exist_ok: bool = False,
     ) -> None:
         """Creates a topic; raises TopicAlreadyExistsError, InvalidConfigError, ...
 
         With `exist_ok=True` a topic of that name that already exists is not an
         error (its partition count and config are left as they are), so a
         script that sets up its topics can run again."""
-        exc = self.create_topics([NewTopic(name, partitions, dict(config or {}))])[name]
+        exc = self.create_topics(
+            [NewTopic(name, partitions, dict(config or {}), replication_factor)])[name]
         if exc is not None and not (exist_ok and isinstance(exc, errors.TopicAlreadyExistsError)):
             raise exc
 
@@ -167,6 +168,9 @@ class Admin:
                 raise TypeError(f"create_topics() takes NewTopic values, got {spec!r}")
             if type(spec.partitions) is not int:
                 raise TypeError(f"partitions must be an int, got {spec.partitions!r}")
+            if type(spec.replication_factor) is not int or spec.replication_factor < 0:
+                raise ValueError(f"replication_factor must be an int >= 0 (0: the cluster's "
+                                 f"default), got {spec.replication_factor!r}")
         if not specs:
             return {}
         request = partition_store_pb2.CreateTopicsRequest(
@@ -174,6 +178,7 @@ class Admin:
                 partition_store_pb2.TopicSpec(
                     name=t.name, partitions=t.partitions,
                     config={str(k): str(v) for k, v in t.config.items()},
+                    replication_factor=t.replication_factor,
                 )
                 for t in specs
             ],
@@ -242,6 +247,9 @@ class Admin:
                     earliest_offset=earliest[p],
                     high_watermark=high[p],
                     last_stable_offset=stable[p],
+                    leader_epoch=info.leader_epochs[p] if info.leader_epochs else 0,
+                    replicas=info.replicas[p] if info.replicas else (),
+                    isr=info.isr[p] if info.isr else (),
                 )
                 for p in partitions
             ),

@@ -954,12 +954,15 @@ class Consumer:
                 by_address, missing_leader = self._fetches_to_send(states)
             if missing_leader:
                 self._metadata_retry_at_s = self._last_refresh_s + self._retry_backoff_ms / 1000
+        md = self._client.cached_metadata
         for address, offsets in by_address.items():
             request = partition_store_pb2.FetchRequest(
                 partitions=[
                     partition_store_pb2.FetchPartition(
                         topic=tp.topic, partition=tp.partition, fetch_offset=offset,
                         max_bytes=self._max_partition_fetch_bytes,
+                        current_leader_epoch=(
+                            md.leader_epoch(tp.topic, tp.partition) if md else None),
                     )
                     for tp, offset in offsets.items()
                 ],

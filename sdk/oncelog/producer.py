@@ -1490,10 +1490,12 @@ class _Sender:
             self._send_request(address, chunk, now)
 
     def _send_request(self, address: str, batches: list[ProducerBatch], now: int) -> None:
+        md = self._client.cached_metadata
         request = partition_store_pb2.ProduceRequest(
             batches=[
                 partition_store_pb2.PartitionBatch(
                     topic=b.topic, partition=b.partition, batch=b.data or b"",
+                    leader_epoch=md.leader_epoch(b.topic, b.partition) if md else None,
                 )
                 for b in batches
             ],

@@ -110,11 +110,15 @@ class NewTopic:
     name: str
     partitions: int = 1
     config: Mapping[str, str] = field(default_factory=dict)
+    # Copies of each partition; 0: the cluster's default (min(3, stores) on
+    # a replicated cluster, 1 on a cluster without etcd).
+    replication_factor: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionDescription:
-    """One partition of Admin.describe_topic: its store and its offsets.
+    """One partition of Admin.describe_topic: its leader, replicas and
+    in-sync replicas (ISR), and its offsets.
 
     `high_watermark` is the end of the log; `last_stable_offset` is where a
     read_committed consumer stops (the first offset of the oldest open
@@ -127,6 +131,11 @@ class PartitionDescription:
     earliest_offset: int
     high_watermark: int
     last_stable_offset: int
+    # Bumped at every change of leader.
+    leader_epoch: int = 0
+    # Store node ids holding a copy, and those in sync with the leader.
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """The services' own client of the partition store, for internal topics.
 
 Coordinators keep no disk: their state is records in internal topics, read and
-appended through this client. It talks to the store node that owns each
-partition (placement comes from the shared ClusterLayout, not from Metadata, so
-it works while the cluster is still starting).
+appended through this client. It talks to each partition's leader, found
+through Metadata and forgotten when a store says it moved (leaders.py); the
+callers retry.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from oncelog.wire.status import error_from_rpc
 from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
+from services.common.leaders import LeaderDirectory
 
 # A single RPC to a store should not take longer than this; the caller retries.
 STORE_RPC_TIMEOUT_S = 10.0
@@ -75,10 +76,16 @@ class StoreClient:
     def __init__(self, layout: ClusterLayout) -> None:
         self._layout = layout
         self._channels = ChannelPool()
+        self._leaders = LeaderDirectory(layout, self._channels)
 
-    def _stub(self, topic: str, partition: int) -> ps_grpc.PartitionStoreAsyncStub:
-        address = self._layout.stores[self._layout.store_for(topic, partition)]
-        return ps_grpc.PartitionStoreStub(self._channels.get(address))
+    async def _stub(self, topic: str, partition: int) -> ps_grpc.PartitionStoreAsyncStub:
+        return self._leaders.stub(await self._leaders.leader(topic, partition))
+
+    def _failed(self, topic: str, partition: int, error: errors_pb2.Error) -> ServiceError:
+        """Our error for a failed call, forgetting the leader if it moved."""
+        failure = _service_error(error)
+        self._leaders.forget_on(topic, partition, failure.code)
+        return failure
 
     async def close(self) -> None:
         await self._channels.close()
@@ -116,7 +123,7 @@ class StoreClient:
         if expected_log_end_offset is not None:
             pb.expected_log_end_offset = expected_log_end_offset
         try:
-            resp = await self._stub(topic, partition).Produce(
+            resp = await (await self._stub(topic, partition)).Produce(
                 ps.ProduceRequest(
                     batches=[pb], timeout_ms=int(STORE_RPC_TIMEOUT_S * 1000),
                     transactional_id=producer.transactional_id if producer else "",
@@ -126,10 +133,10 @@ class StoreClient:
                 timeout=STORE_RPC_TIMEOUT_S,
             )
         except grpc.RpcError as exc:
-            raise _service_error(error_from_rpc(exc)) from exc
+            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
         result = resp.results[0]
         if result.error.code != 0:
-            raise _service_error(result.error)
+            raise self._failed(topic, partition, result.error)
         return result.base_offset
 
     async def read(
@@ -145,12 +152,13 @@ class StoreClient:
             isolation_level=records_pb2.READ_COMMITTED,
         )
         try:
-            resp = await self._stub(topic, partition).Fetch(req, timeout=STORE_RPC_TIMEOUT_S)
+            stub = await self._stub(topic, partition)
+            resp = await stub.Fetch(req, timeout=STORE_RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
-            raise _service_error(error_from_rpc(exc)) from exc
+            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
         result = resp.results[0]
         if result.error.code != 0:
-            raise _service_error(result.error)
+            raise self._failed(topic, partition, result.error)
         entries = [
             LogEntry(r.offset, r.key, r.value, r.timestamp_ms)
             for batch in result.batches
@@ -176,30 +184,23 @@ class StoreClient:
             include_control_batches=True,
         )
         try:
-            resp = await self._stub(topic, partition).Fetch(
+            resp = await (await self._stub(topic, partition)).Fetch(
                 req, timeout=STORE_RPC_TIMEOUT_S + max_wait_ms / 1000
             )
         except grpc.RpcError as exc:
-            raise _service_error(error_from_rpc(exc)) from exc
+            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
         result = resp.results[0]
         if result.error.code != 0:
-            raise _service_error(result.error)
+            raise self._failed(topic, partition, result.error)
         return RawRead(list(result.batches), max(result.next_fetch_offset, from_offset),
                        result.high_watermark)
 
     async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
-        """Partition counts of existing topics, from the store that keeps the
-        catalog (a missing topic is left out)."""
+        """Partition counts of existing topics, from any store's Metadata (a
+        missing topic is left out)."""
         if not topics:
             return {}
-        address = self._layout.stores[self._layout.controller_node_id]
-        stub = ps_grpc.PartitionStoreStub(self._channels.get(address))
-        try:
-            resp = await stub.Metadata(ps.MetadataRequest(topics=list(topics)),
-                                       timeout=STORE_RPC_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            raise _service_error(error_from_rpc(exc)) from exc
-        return {t.name: len(t.partitions) for t in resp.topics if t.error.code == 0}
+        return await self._leaders.partition_counts(list(topics))
 
     async def read_to_end(self, topic: str, partition: int, from_offset: int = 0) -> ReadResult:
         """Reads everything from an offset up to the high watermark at the time of the call."""
@@ -221,11 +222,12 @@ class StoreClient:
                              else records_pb2.READ_UNCOMMITTED),
         )
         try:
-            resp = await self._stub(topic, partition).ListOffsets(req, timeout=STORE_RPC_TIMEOUT_S)
+            stub = await self._stub(topic, partition)
+            resp = await stub.ListOffsets(req, timeout=STORE_RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
-            raise _service_error(error_from_rpc(exc)) from exc
+            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
         result = resp.results[0]
         if result.error.code != 0:
-            raise _service_error(result.error)
+            raise self._failed(topic, partition, result.error)
         return result.offset
 

@@ -14,13 +14,14 @@ from typing import Protocol
 import grpc
 
 from oncelog.v1 import partition_store_pb2 as ps
-from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 from services.common.channels import ChannelPool
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
+from services.common.errors import ServiceError
+from services.common.leaders import LeaderDirectory
 
 MARKER_RPC_TIMEOUT_S = 10.0
 
@@ -43,12 +44,13 @@ class MarkerSender(Protocol):
 
 
 class GrpcMarkerSender:
+    """Sends each marker to its partitions' leaders (one request per
+    leader), following them as they move (services/common/leaders.py)."""
+
     def __init__(self, layout: ClusterLayout) -> None:
         self._layout = layout
         self._channels = ChannelPool()
-
-    def _stub(self, address: str) -> ps_grpc.PartitionStoreAsyncStub:
-        return ps_grpc.PartitionStoreStub(self._channels.get(address))
+        self._leaders = LeaderDirectory(layout, self._channels)
 
     async def close(self) -> None:
         await self._channels.close()
@@ -57,11 +59,14 @@ class GrpcMarkerSender:
         self, spec: MarkerSpec, partitions: Iterable[tuple[str, int]]
     ) -> dict[tuple[str, int], ErrorCode]:
         by_node: dict[int, list[tuple[str, int]]] = {}
-        for topic, partition in partitions:
-            by_node.setdefault(self._layout.store_for(topic, partition), []).append(
-                (topic, partition)
-            )
         results: dict[tuple[str, int], ErrorCode] = {}
+        for topic, partition in partitions:
+            try:
+                leader = await self._leaders.leader(topic, partition)
+            except ServiceError as exc:
+                results[(topic, partition)] = exc.code
+                continue
+            by_node.setdefault(leader, []).append((topic, partition))
         for index, (node, tps) in enumerate(sorted(by_node.items())):
             if index > 0:
                 # Some stores have the marker, others not yet.
@@ -75,16 +80,19 @@ class GrpcMarkerSender:
                 transactional_id=spec.transactional_id,
             )
             try:
-                resp = await self._stub(self._layout.stores[node]).WriteTxnMarkers(
+                resp = await self._leaders.stub(node).WriteTxnMarkers(
                     ps.WriteTxnMarkersRequest(markers=[marker]), timeout=MARKER_RPC_TIMEOUT_S
                 )
             except grpc.RpcError as exc:
                 code = ErrorCode.from_wire(error_from_rpc(exc).code)
                 for tp in tps:
                     results[tp] = code
+                    self._leaders.forget_on(tp[0], tp[1], code)
                 continue
             for r in resp.results:
-                results[(r.topic, r.partition)] = ErrorCode.from_wire(r.error.code)
+                code = ErrorCode.from_wire(r.error.code)
+                results[(r.topic, r.partition)] = code
+                self._leaders.forget_on(r.topic, r.partition, code)
             for tp in tps:
                 results.setdefault(tp, ErrorCode.UNKNOWN_SERVER_ERROR)
         return results

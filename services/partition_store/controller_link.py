@@ -97,5 +97,9 @@ class GrpcControllerLink:
             log.info("could not tell store node %d to refresh its catalog: %s", node_id,
                      exc.code().name)
 
+    def partition_states(self) -> None:
+        """Single copies: placement is layout.store_for."""
+        return None
+
     async def close(self) -> None:
         await self._channels.close()

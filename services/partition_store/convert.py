@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from oncelog.v1 import errors_pb2, partition_store_pb2
 from oncelog.wire.errors import ErrorCode
-from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
 from services.partition_store.core.codec import CorruptValueError
+from services.partition_store.core.replicas import PartitionState
 from services.partition_store.core.topics import TopicRecord
 
 OK = errors_pb2.Error()
@@ -23,18 +25,22 @@ def error_from_proto(error: errors_pb2.Error) -> ServiceError | None:
 
 
 def topic_metadata(
-    record: TopicRecord, layout: ClusterLayout
+    record: TopicRecord, state_of: Callable[[str, int], PartitionState]
 ) -> partition_store_pb2.TopicMetadata:
+    """A topic's metadata; `state_of(topic, partition)` gives each
+    partition's replicas, leader, epoch and ISR."""
+    partitions = []
+    for p in range(record.partitions):
+        state = state_of(record.name, p)
+        partitions.append(partition_store_pb2.PartitionMetadata(
+            partition=p, leader_node_id=state.leader, leader_epoch=state.leader_epoch,
+            replica_node_ids=state.replicas, isr_node_ids=state.isr,
+        ))
     return partition_store_pb2.TopicMetadata(
         name=record.name,
         topic_id=record.topic_id,
         internal=record.internal,
-        partitions=[
-            partition_store_pb2.PartitionMetadata(
-                partition=p, leader_node_id=layout.store_for(record.name, p)
-            )
-            for p in range(record.partitions)
-        ],
+        partitions=partitions,
         config=record.config.as_strings(),
     )
 

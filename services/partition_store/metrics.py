@@ -104,3 +104,53 @@ COMPACTION_REMOVED_BYTES = Counter(
     "oncelog_store_compaction_removed_bytes_total",
     "Stored bytes compaction removed (records, emptied batches, markers)", ["topic"],
 )
+
+# ------------------------------------------------------------- replication
+# (docs/replication.md). Gauges are per store: each leader reports its own
+# partitions, so a sum over stores is the cluster's figure.
+CONTROLLER_ELECTIONS = Counter(
+    "oncelog_store_controller_elections_total",
+    "Times this store became the controller",
+)
+LEADER_ELECTIONS = Counter(
+    "oncelog_store_leader_elections_total",
+    "Clean leader changes this store decided as controller (a leader from the ISR)",
+)
+UNCLEAN_LEADER_ELECTIONS = Counter(
+    "oncelog_store_unclean_leader_elections_total",
+    "Leaders this store elected from outside the ISR (unclean.leader.election; may lose "
+    "acknowledged records)",
+)
+ISR_SHRINKS = Counter(
+    "oncelog_store_isr_shrinks_total", "Followers this store removed from an ISR as leader",
+    ["topic"],
+)
+ISR_EXPANDS = Counter(
+    "oncelog_store_isr_expands_total", "Followers this store added back to an ISR as leader",
+    ["topic"],
+)
+UNDER_REPLICATED_PARTITIONS = Gauge(
+    "oncelog_store_under_replicated_partitions",
+    "Partitions this store leads whose ISR is smaller than their replica list",
+)
+UNDER_MIN_ISR_PARTITIONS = Gauge(
+    "oncelog_store_under_min_isr_partitions",
+    "Partitions this store leads whose ISR is below min.insync.replicas (writes refused)",
+)
+OFFLINE_PARTITIONS = Gauge(
+    "oncelog_store_offline_partitions",
+    "Partitions without a leader (reported by the controller only)",
+)
+LEADER_PARTITIONS = Gauge(
+    "oncelog_store_leader_partitions", "Partitions this store leads",
+)
+REPLICA_LAG_OFFSETS = Gauge(
+    "oncelog_store_replica_lag_offsets",
+    "As follower: the leader's log end offset minus this replica's, at the last fetch",
+    ["topic", "partition"],
+)
+TRUNCATIONS = Counter(
+    "oncelog_store_replica_truncations_total",
+    "Times a follower truncated a divergent tail (records a deposed leader never had "
+    "acknowledged)", ["topic"],
+)

@@ -20,6 +20,7 @@ later batches on this partition wait behind a per-producer gate (see
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import enum
@@ -34,7 +35,7 @@ from oncelog.wire.records import (
     encode_control_batch,
     iter_records,
     read_header,
-    with_base_offset,
+    stamp_batch,
 )
 from services.common.errors import ServiceError, invariant
 from services.partition_store import metrics
@@ -54,6 +55,11 @@ from services.partition_store.core.compaction import (
     initial_state,
 )
 from services.partition_store.core.fetch_filter import select_batches
+from services.partition_store.core.leader_epochs import (
+    LeaderEpochCache,
+    decode_epoch_entry,
+    encode_epoch_entry,
+)
 from services.partition_store.core.log_state import (
     BatchInfo,
     LogState,
@@ -68,6 +74,11 @@ from services.partition_store.core.producer_state import (
     NeedsVerification,
     ProducerStateManager,
     TxnMarker,
+)
+from services.partition_store.core.replicas import (
+    PartitionState,
+    effective_min_insync,
+    high_watermark,
 )
 from services.partition_store.core.snapshot import (
     SnapshotError,
@@ -143,6 +154,7 @@ class PartitionRuntime:
         producers: ProducerStateManager, log_state: LogState,
         snapshot_offsets: list[int], aborted: AbortedIndex | None = None,
         compaction: CompactionState | None = None, last_batch_base_offset: int | None = None,
+        epochs: LeaderEpochCache | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -151,6 +163,8 @@ class PartitionRuntime:
         self.producers = producers
         self.log = log_state
         self.aborted = aborted if aborted is not None else AbortedIndex(self.topic_partition)
+        # epoch -> first offset of this replica's log (core/leader_epochs.py).
+        self.epochs = epochs if epochs is not None else LeaderEpochCache(self.topic_partition)
         self.log.first_unstable_offset = producers.first_unstable_offset
         self.snapshot_offsets = snapshot_offsets
         # Cleaning progress (compacted topics; kept for every topic, so a
@@ -177,6 +191,25 @@ class PartitionRuntime:
         # is waiting for; that producer's later appends wait for it.
         self._gates: dict[int, asyncio.Future[None]] = {}
         self.closed = False
+        # Replication (docs/replication.md). `state` is this replica's view of
+        # who leads at which epoch and who is in sync; set by the runtime.
+        # Until then the partition is its own single copy.
+        self.node_id = -1
+        self.state = PartitionState((-1,), -1, 0, (-1,))
+        self.min_insync_replicas = 1
+        # As leader: each follower's log end offset (from its last fetch) and
+        # when it last reached the leader's log end.
+        self.follower_end_offsets: dict[int, int] = {}
+        self.last_caught_up_ms: dict[int, int] = {}
+        # As follower: the leader's high watermark from its last answer.
+        self.leader_high_watermark = 0
+        # (next_offset, base_offset, future) of appends waiting for the HW,
+        # in offset order.
+        self._acks: collections.deque[tuple[int, int, asyncio.Future[None]]] = (
+            collections.deque()
+        )
+        # Replica fetches waiting for more durable data.
+        self._durable_waiters: set[asyncio.Future[None]] = set()
         self._log_prefix = keys.partition_prefix(keys.LOG, topic.topic_id, partition)
         self._log_end_key = keys.log_key_end(topic.topic_id, partition)
         labels = (topic.name, str(partition))
@@ -257,9 +290,15 @@ class PartitionRuntime:
             running_max_ts = keys.time_index_key_timestamp(last_time[0])
         log_state = LogState(
             tp, log_start_offset=log_start, log_end_offset=replay_from,
-            high_watermark=replay_from, size_bytes=size_bytes, max_timestamp_ms=running_max_ts,
+            high_watermark=replay_from, durable_end_offset=replay_from, size_bytes=size_bytes,
+            max_timestamp_ms=running_max_ts,
         )
         aborted = cls._recover_aborted_index(store, topic, partition, log_start, log_end)
+        epoch_prefix = keys.partition_prefix(keys.LEADER_EPOCH, tid, partition)
+        epochs = LeaderEpochCache(tp, (
+            decode_epoch_entry(value, what=f"{tp} leader-epoch entry")
+            for _key, value in store.scan(epoch_prefix, keys.next_prefix(epoch_prefix))
+        ))
         part = cls(
             topic, partition, store, producers=producers, log_state=log_state,
             snapshot_offsets=[keys.snapshot_key_offset(k) for k, _v in stored_snapshots],
@@ -268,6 +307,7 @@ class PartitionRuntime:
             last_batch_base_offset=(
                 last_header.base_offset if last_header is not None else log_start
             ),
+            epochs=epochs,
         )
         replayed = 0
         for key, value in store.scan(keys.log_key(tid, partition, replay_from), log_end_key):
@@ -451,8 +491,10 @@ class PartitionRuntime:
                 f"but it is {self.log.log_end_offset}",
             )
         base_offset = self.log.log_end_offset
-        stored = with_base_offset(batch, base_offset)
-        header = dataclasses.replace(checked, base_offset=base_offset)
+        epoch = self.state.leader_epoch
+        stored = stamp_batch(batch, base_offset=base_offset, leader_epoch=epoch)
+        header = dataclasses.replace(checked, base_offset=base_offset,
+                                     partition_leader_epoch=epoch)
         group = self._replay(header, None, now_ms)
         self._add_stored(header, stored, group)
         self._records_counter.inc(header.record_count)
@@ -482,7 +524,7 @@ class PartitionRuntime:
         stored = encode_control_batch(
             marker=marker.control_type, coordinator_epoch=marker.coordinator_epoch,
             producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
-            timestamp_ms=now_ms, base_offset=base_offset,
+            timestamp_ms=now_ms, base_offset=base_offset, leader_epoch=self.state.leader_epoch,
         )
         header = read_header(stored)
         group = self._replay(header, (marker.control_type, marker.coordinator_epoch), now_ms)
@@ -497,7 +539,7 @@ class PartitionRuntime:
 
     def _replay(
         self, header: BatchHeader, control: tuple[int, int] | None, now_ms: int, *,
-        recovering: bool = False,
+        recovering: bool = False, allow_gap: bool = False,
     ) -> WriteGroup:
         """Applies one stored batch (data or control) to memory: the offsets,
         producer state, aborted index and LSO inputs. The same code for live
@@ -507,7 +549,11 @@ class PartitionRuntime:
         group = WriteGroup()
         tid, p = self.topic.topic_id, self.partition
         self.last_batch_base_offset = header.base_offset
-        if self.log.replay_append(header, recovering=recovering):
+        # Recovery finds the cache on disk already (written with the batches).
+        if not recovering and header.partition_leader_epoch >= 0 and self.epochs.assign(
+                header.partition_leader_epoch, header.base_offset):
+            self.add_epoch_writes(group)
+        if self.log.replay_append(header, recovering=recovering or allow_gap):
             group.put(
                 keys.time_index_key(tid, p, header.max_timestamp_ms),
                 encode_offset(header.base_offset),
@@ -582,27 +628,198 @@ class PartitionRuntime:
         if not gate.done():
             gate.set_result(None)
 
-    def track_pending(self, base_offset: int, future: asyncio.Future[None]) -> None:
-        self._pending[base_offset] = future
+    @property
+    def is_leader(self) -> bool:
+        return self.state.leader == self.node_id
+
+    def set_state(self, state: PartitionState, *, node_id: int, min_insync_replicas: int,
+                  now_ms: int) -> WriteGroup | None:
+        """Takes the partition's replication state (the runtime calls this on
+        every change it learns of). Becoming leader starts the followers'
+        lag clocks now; losing leadership fails the appends still waiting
+        for the HW (the new leader has them, or the producer's retry will
+        put them there, deduplicated)."""
+        was_leader = self.node_id >= 0 and self.is_leader
+        epoch_changed = state.leader_epoch != self.state.leader_epoch
+        self.node_id = node_id
+        self.state = state
+        self.min_insync_replicas = effective_min_insync(min_insync_replicas, len(state.replicas))
+        group = None
+        if self.is_leader:
+            if not was_leader or epoch_changed:
+                self.follower_end_offsets = {}
+                self.last_caught_up_ms = {r: now_ms for r in state.isr}
+                # The new epoch starts at the log end, before any batch of
+                # it (Kafka's makeLeader), so followers asking about it get
+                # an answer at once.
+                if state.leader_epoch > self.epochs.latest_epoch:
+                    self.epochs.assign(state.leader_epoch, self.log.log_end_offset)
+                    group = WriteGroup()
+                    self.add_epoch_writes(group)
+            for replica in state.isr:
+                self.last_caught_up_ms.setdefault(replica, now_ms)
+            self.update_high_watermark()
+        elif was_leader:
+            self.fail_acks(ServiceError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"{self.topic_partition}: store node {node_id} stopped leading (leader epoch "
+                f"{state.leader_epoch}, leader {state.leader}) before the append was "
+                "replicated; retry (the retry is deduplicated)",
+            ))
+            self.wake_waiters()
+        return group
+
+    def add_epoch_writes(self, group: WriteGroup) -> None:
+        """Rewrites the stored leader-epoch cache whole (one key per leader
+        change, so it stays small) in `group`, beside the change that
+        caused it."""
+        tid, p = self.topic.topic_id, self.partition
+        prefix = keys.partition_prefix(keys.LEADER_EPOCH, tid, p)
+        group.delete_range(prefix, keys.next_prefix(prefix))
+        for entry in self.epochs.entries:
+            group.put(keys.leader_epoch_key(tid, p, entry.epoch), encode_epoch_entry(entry))
+
+    def track_pending(self, base_offset: int, next_offset: int,
+                      written: asyncio.Future[None]) -> asyncio.Future[None]:
+        """The future of an accepted append: done when the HW passes it (the
+        write failing fails it too)."""
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # The request may have stopped waiting (timed out) before a failure.
+        ack.add_done_callback(_retrieve)
+        self._acks.append((next_offset, base_offset, ack))
+        self._pending[base_offset] = ack
+
+        def on_written(done: asyncio.Future[None]) -> None:
+            if not ack.done() and not done.cancelled() and done.exception() is not None:
+                ack.set_exception(done.exception())  # type: ignore[arg-type]
+
+        written.add_done_callback(on_written)
+        return ack
 
     def pending_future(self, base_offset: int) -> asyncio.Future[None] | None:
-        """The group commit a duplicate's original is still waiting for."""
+        """The acknowledgement a duplicate's original is still waiting for."""
         return self._pending.get(base_offset)
 
     def on_durable(self, base_offset: int, next_offset: int) -> None:
         """Called by the writer, in offset order, once a batch is durable."""
-        self._pending.pop(base_offset, None)
         if self.closed:
             return
+        self.log.mark_locally_durable(next_offset)
+        self._wake(self._durable_waiters)
+        self.update_high_watermark()
+
+    def update_high_watermark(self) -> bool:
+        """Moves the HW to what replication allows (core/replicas.py): as
+        leader the least log end offset over the ISR, as follower the
+        leader's HW, never past what is durable here. Wakes readers and
+        completes the appends it passed. Returns True when it moved."""
+        durable = self.log.durable_end_offset
+        if self.node_id < 0 or self.is_leader:
+            target = high_watermark(
+                current=self.log.high_watermark, leader=self.node_id,
+                leader_end_offset=durable,
+                isr=self.state.isr if self.node_id >= 0 else (),
+                follower_end_offsets=self.follower_end_offsets,
+            )
+        else:
+            target = min(durable, self.leader_high_watermark)
         lso_before = self.log.last_stable_offset
-        if self.log.mark_durable(next_offset):
-            self.producers.on_high_watermark(self.log.high_watermark)
-            self._sync_unstable()
-            self._hw_gauge.set(self.log.high_watermark)
-            self._size_gauge.set(self.log.size_bytes)
-            self._wake(self._hw_waiters)
-            if self.log.last_stable_offset != lso_before:
-                self._wake(self._lso_waiters)
+        if not self.log.advance_high_watermark(min(target, durable)):
+            return False
+        self.producers.on_high_watermark(self.log.high_watermark)
+        self._sync_unstable()
+        self._hw_gauge.set(self.log.high_watermark)
+        self._size_gauge.set(self.log.size_bytes)
+        self._wake(self._hw_waiters)
+        if self.log.last_stable_offset != lso_before:
+            self._wake(self._lso_waiters)
+        self._complete_acks()
+        return True
+
+    def _complete_acks(self) -> None:
+        hw = self.log.high_watermark
+        too_few = self.node_id >= 0 and len(self.state.isr) < self.min_insync_replicas
+        while self._acks and self._acks[0][0] <= hw:
+            _next, base_offset, ack = self._acks.popleft()
+            self._pending.pop(base_offset, None)
+            if ack.done():
+                continue
+            if too_few:
+                # Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND: the HW passed it
+                # with fewer copies than min.insync.replicas promises.
+                ack.set_exception(ServiceError(
+                    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                    f"{self.topic_partition}: appended at offset {base_offset}, but only "
+                    f"{len(self.state.isr)} replicas {list(self.state.isr)} are in sync "
+                    f"(min.insync.replicas {self.min_insync_replicas}); retry (the retry is "
+                    "deduplicated)",
+                ))
+            else:
+                ack.set_result(None)
+
+    def fail_acks(self, error: ServiceError) -> None:
+        """Fails every append still waiting for the HW."""
+        while self._acks:
+            _next, base_offset, ack = self._acks.popleft()
+            self._pending.pop(base_offset, None)
+            if not ack.done():
+                ack.set_exception(error)
+
+    def record_follower_fetch(self, replica: int, fetch_offset: int, now_ms: int) -> None:
+        """As leader: a follower asked for `fetch_offset`, so it holds
+        everything below it. It counts as caught up when that reaches the
+        log end (Kafka's lastCaughtUpTime)."""
+        self.follower_end_offsets[replica] = fetch_offset
+        if fetch_offset >= self.log.durable_end_offset:
+            self.last_caught_up_ms[replica] = now_ms
+        self.update_high_watermark()
+
+    def add_durable_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._durable_waiters.add(waiter)
+
+    def remove_durable_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._durable_waiters.discard(waiter)
+
+    # ---------------------------------------------------------- replication
+
+    def read_replica(self, offset: int, *, max_bytes: int) -> tuple[list[bytes], int]:
+        """For a follower: the stored batches from `offset` (a batch
+        boundary: its log end offset) up to this replica's durable end,
+        control batches and aborted transactions included, the first one
+        whole; and the offset after the last one returned."""
+        batches: list[bytes] = []
+        size = 0
+        next_offset = offset
+        for header, value in self._batches_from(offset, self.log.durable_end_offset):
+            if batches and size + len(value) > max_bytes:
+                break
+            batches.append(value)
+            size += len(value)
+            next_offset = header.next_offset
+        return batches, next_offset
+
+    def append_replicated(self, stored: bytes, *, now_ms: int) -> Appended:
+        """A follower's append of a batch as its leader stored it: the same
+        offsets, the same bytes, replayed into memory through the same
+        `_replay` as a live append or recovery, so producer state, the
+        aborted index and the LSO match the leader's. The leader has checked
+        it; here only its place is checked (it starts at or after the log
+        end: the leader's compaction may have left a gap)."""
+        header = read_header(stored)
+        if header.base_offset < self.log.log_end_offset:
+            raise ServiceError(
+                ErrorCode.CORRUPT_MESSAGE,
+                f"{self.topic_partition}: the leader sent a batch at offset "
+                f"{header.base_offset}, below this replica's log end offset "
+                f"{self.log.log_end_offset}",
+            )
+        control = control_marker(stored) if header.is_control else None
+        group = self._replay(header, control, now_ms, allow_gap=True)
+        self._add_stored(header, stored, group)
+        return Appended(
+            base_offset=header.base_offset, next_offset=header.next_offset,
+            record_count=header.record_count, size_bytes=len(stored), group=group,
+        )
 
     def _meta_value(self) -> bytes:
         return encode_partition_meta(self.log.log_start_offset, self.log.size_bytes)
@@ -708,6 +925,7 @@ class PartitionRuntime:
     def wake_waiters(self) -> None:
         self._wake(self._hw_waiters)
         self._wake(self._lso_waiters)
+        self._wake(self._durable_waiters)
 
     @staticmethod
     def _wake(waiters: set[asyncio.Future[None]]) -> None:
@@ -821,6 +1039,8 @@ class PartitionRuntime:
             keys.partition_prefix(keys.ABORTED_TXN, tid, p), keys.aborted_txn_key(tid, p, new_start)
         )
         self.aborted.prune_below(new_start)
+        if self.epochs.truncate_from_start(new_start):
+            self.add_epoch_writes(group)
         self.compaction = self.compaction.after_retention(new_start, plan.deleted_bytes)
         if self.topic.compacted:
             group.put(keys.compaction_key(tid, p), encode_compaction_state(self.compaction))
@@ -907,3 +1127,8 @@ class PartitionRuntime:
         self._start_gauge.set(self.log.log_start_offset)
         self._size_gauge.set(self.log.size_bytes)
         self._sync_unstable()
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -46,7 +46,12 @@ from services.common.crashpoints import crash_point
 from services.common.errors import InvariantViolation, ServiceError, invariant
 from services.partition_store import metrics
 from services.partition_store.cleaner import CompactionReport, compact_partition
-from services.partition_store.core.codec import CorruptValueError, decode_offset, encode_offset
+from services.partition_store.core.codec import (
+    CorruptValueError,
+    decode_offset,
+    encode_offset,
+    encode_partition_meta,
+)
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -54,6 +59,12 @@ from services.partition_store.core.producer_state import (
     DuplicateMarker,
     ProducerEntry,
     TxnMarker,
+)
+from services.partition_store.core.replicas import (
+    DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+    PartitionState,
+    check_leader_epoch,
+    initial_state,
 )
 from services.partition_store.core.topics import (
     INTERNAL_TOPIC_CONFIG,
@@ -117,6 +128,13 @@ class StoreConfig:
     # without asking the transaction coordinator. Lets tests make hanging
     # transactions on purpose; never set it in production.
     unsafe_skip_txn_verification: bool = False
+    # Partitions are replicated, their metadata in the metadata store (etcd;
+    # docs/replication.md); no store keeps the catalog locally. Off: every
+    # partition is one copy on `layout.store_for`, node 0 keeps the catalog.
+    replicated: bool = False
+    # A follower that has not reached the leader's log end for this long
+    # leaves the ISR (Kafka's replica.lag.time.max.ms).
+    replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS
 
     def __post_init__(self) -> None:
         if not 0 <= self.node_id < len(self.layout.stores):
@@ -127,14 +145,16 @@ class StoreConfig:
             "snapshot_interval_batches", "snapshot_interval_ms", "retention_check_interval_ms",
             "producer_id_expiration_ms", "catalog_refresh_interval_ms",
             "retention_max_batches_per_run", "compaction_interval_ms",
-            "compaction_max_keys_per_pass", "compaction_chunk_bytes",
+            "compaction_max_keys_per_pass", "compaction_chunk_bytes", "replica_lag_time_max_ms",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def is_controller(self) -> bool:
-        return self.node_id == self.layout.controller_node_id
+        """Whether this node keeps the topic catalog itself (single-copy
+        clusters only: a replicated cluster keeps it in the metadata store)."""
+        return not self.replicated and self.node_id == self.layout.controller_node_id
 
 
 # ---------------------------------------------------------------- requests
@@ -145,6 +165,8 @@ class TopicSpec:
     name: str
     partitions: int
     config: dict[str, str] = field(default_factory=dict)
+    # 0: the cluster's default (core/replicas.py); 1 without a metadata store.
+    replication_factor: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +189,8 @@ class ProduceItem:
     partition: int
     batch: bytes
     expected_log_end_offset: int | None = None
+    # The leader epoch the sender knows (None: not checked).
+    leader_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +210,8 @@ class FetchItem:
     partition: int
     fetch_offset: int
     max_bytes: int = 0
+    # The leader epoch the sender knows (None: not checked).
+    current_leader_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +267,35 @@ class MarkerOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaFetchItem:
+    topic: str
+    partition: int
+    fetch_offset: int
+    current_leader_epoch: int
+    max_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFetchOutcome:
+    topic: str
+    partition: int
+    error: ServiceError | None = None
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    batches: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEndOutcome:
+    topic: str
+    partition: int
+    error: ServiceError | None = None
+    leader_epoch: int = -1
+    end_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class ProducersOutcome:
     topic: str
     partition: int
@@ -261,6 +316,10 @@ class ControllerLink(Protocol):
 
     async def notify_catalog_changed(self, node_id: int) -> None:
         """Tells another store node to refresh its catalog now (best effort)."""
+
+    def partition_states(self) -> Mapping[tuple[str, int], PartitionState] | None:
+        """Every partition's replication state as of the last list_topics
+        (a replicated cluster), or None (single copies on layout.store_for)."""
 
     async def close(self) -> None: ...
 
@@ -291,6 +350,15 @@ class StoreRuntime:
         self._writer = GroupCommitWriter(store, fsync=config.fsync)
         self._catalog: dict[str, TopicRecord] = {}
         self._partitions: dict[tuple[str, int], PartitionRuntime] = {}
+        # Replicated clusters: every partition's state from the metadata
+        # store (None: single copies, see partition_state).
+        self._states: Mapping[tuple[str, int], PartitionState] | None = None
+        # Called after each catalog/state refresh (the replica manager
+        # starts and stops followers there).
+        self.on_states_applied: Callable[[], None] | None = None
+        # Called when a follower outside the ISR has caught up (the replica
+        # manager adds it back through the metadata store).
+        self.on_isr_expand: Callable[[PartitionRuntime, int], None] | None = None
         self._next_topic_id = 1
         self._refresh: asyncio.Future[None] | None = None
         self._last_refresh_ms: int | None = None
@@ -425,12 +493,51 @@ class StoreRuntime:
 
     def _open_local_partitions(self, record: TopicRecord, now_ms: int) -> None:
         for p in range(record.partitions):
-            if self.layout.store_for(record.name, p) != self.config.node_id:
+            if self.config.node_id in self.partition_state(record.name, p).replicas:
+                self._open_partition(record, p, now_ms)
+
+    def _open_partition(self, record: TopicRecord, p: int, now_ms: int) -> PartitionRuntime:
+        part = PartitionRuntime.recover(
+            record, p, self._store, now_ms=now_ms,
+            producer_id_expiration_ms=self.config.producer_id_expiration_ms,
+        )
+        self._partitions[(record.name, p)] = part
+        self._set_state(part, self.partition_state(record.name, p), record, now_ms)
+        return part
+
+    def _set_state(self, part: PartitionRuntime, state: PartitionState, record: TopicRecord,
+                   now_ms: int) -> None:
+        group = part.set_state(state, node_id=self.config.node_id,
+                               min_insync_replicas=record.config.min_insync_replicas,
+                               now_ms=now_ms)
+        if group is not None and group.ops:
+            self._writer.submit(group)
+
+    def partition_state(self, topic: str, partition: int) -> PartitionState:
+        """Replicas, leader, leader epoch and ISR of a partition: from the
+        metadata store, or the single copy on layout.store_for. A partition
+        the metadata store does not list (yet) has no replica here."""
+        if self._states is None:
+            return initial_state((self.layout.store_for(topic, partition),))
+        state = self._states.get((topic, partition))
+        return state if state is not None else PartitionState((-1,), -1, 0, (-1,))
+
+    def _apply_states(self, now_ms: int) -> None:
+        """Hands each local partition its current state (leader changes,
+        ISR changes); opens partitions newly placed here."""
+        if self._states is None:
+            return
+        for (name, p), state in self._states.items():
+            record = self._catalog.get(name)
+            if record is None or p >= record.partitions:
                 continue
-            self._partitions[(record.name, p)] = PartitionRuntime.recover(
-                record, p, self._store, now_ms=now_ms,
-                producer_id_expiration_ms=self.config.producer_id_expiration_ms,
-            )
+            part = self._partitions.get((name, p))
+            if part is None:
+                if self.config.node_id in state.replicas:
+                    self._open_partition(record, p, now_ms)
+                continue
+            if part.state != state:
+                self._set_state(part, state, record, now_ms)
 
     def _drop_topic(self, record: TopicRecord, group: WriteGroup) -> None:
         """Forgets a topic here and queues the deletion of its data."""
@@ -504,6 +611,14 @@ class StoreRuntime:
                 outcomes.append(
                     TopicOutcome(spec.name, ServiceError(checked.code, checked.message))
                 )
+                continue
+            if spec.replication_factor > 1:
+                outcomes.append(TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"topic {spec.name!r}: replication factor {spec.replication_factor} needs "
+                    "a replicated cluster (stores started with --etcd-endpoints); this one "
+                    "keeps one copy of each partition",
+                )))
                 continue
             existing = self._catalog.get(spec.name)
             if existing is not None:
@@ -635,6 +750,9 @@ class StoreRuntime:
     async def _apply_catalog(self, records: Iterable[TopicRecord]) -> None:
         if self._closing:
             return
+        states = self._link().partition_states()
+        if states is not None:
+            self._states = states
         fresh = {r.name: r for r in records}
         now_ms = self._clock_ms()
         group = WriteGroup()
@@ -654,13 +772,25 @@ class StoreRuntime:
                     part = self._partitions.get((name, p))
                     if part is not None:
                         part.topic = record
-                    elif self.layout.store_for(name, p) == self.config.node_id:
-                        self._partitions[(name, p)] = PartitionRuntime.recover(
-                            record, p, self._store, now_ms=now_ms,
-                            producer_id_expiration_ms=self.config.producer_id_expiration_ms,
-                        )
+                    elif self.config.node_id in self.partition_state(name, p).replicas:
+                        self._open_partition(record, p, now_ms)
+        self._apply_states(now_ms)
         if group.ops:
             await self._writer.submit(group)
+        if self.on_states_applied is not None:
+            self.on_states_applied()
+
+    async def ensure_known(self, names: Iterable[str]) -> None:
+        await self._ensure_known(names)
+
+    @property
+    def catalog_node_id(self) -> int:
+        """The store that takes CreateTopics/DeleteTopics: node 0 with single
+        copies; on a replicated cluster any store (this one) does."""
+        return self.config.node_id if self.config.replicated else self.layout.controller_node_id
+
+    def clock_ms(self) -> int:
+        return self._clock_ms()
 
     async def _ensure_known(self, names: Iterable[str]) -> None:
         """On a non-controller node, asks the controller once when a topic is
@@ -734,13 +864,52 @@ class StoreRuntime:
             )
         part = self._partitions.get((topic, partition))
         if part is None:
-            owner = self.layout.store_for(topic, partition)
+            raise self._not_leader(topic, partition)
+        return part
+
+    def _not_leader(self, topic: str, partition: int) -> ServiceError:
+        state = self.partition_state(topic, partition)
+        where = (
+            f"led by store node {state.leader} ({self.layout.stores[state.leader]}) at leader "
+            f"epoch {state.leader_epoch}" if 0 <= state.leader < len(self.layout.stores)
+            else "without a leader right now"
+        )
+        return ServiceError(
+            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+            f"partition {topic}-{partition} is {where}, not by store node "
+            f"{self.config.node_id}; refresh metadata and retry",
+        )
+
+    def _resolve_leader(self, topic: str, partition: int,
+                        leader_epoch: int | None = None) -> PartitionRuntime:
+        """The partition, when this node leads it at the epoch the sender
+        knows (None: any)."""
+        part = self._resolve(topic, partition)
+        if not part.is_leader:
+            raise self._not_leader(topic, partition)
+        stale = check_leader_epoch(known=leader_epoch, current=part.state.leader_epoch)
+        if stale == "fenced":
             raise ServiceError(
-                ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                f"partition {topic}-{partition} is on store node {owner} "
-                f"({self.layout.stores[owner]}), not on node {self.config.node_id}",
+                ErrorCode.FENCED_LEADER_EPOCH,
+                f"{topic}-{partition}: the request names leader epoch {leader_epoch}, but the "
+                f"partition is at epoch {part.state.leader_epoch}; refresh metadata and retry",
+            )
+        if stale == "unknown":
+            raise ServiceError(
+                ErrorCode.UNKNOWN_LEADER_EPOCH,
+                f"{topic}-{partition}: the request names leader epoch {leader_epoch}, newer "
+                f"than this replica's {part.state.leader_epoch}; retry",
             )
         return part
+
+    def _check_enough_replicas(self, part: PartitionRuntime) -> None:
+        if len(part.state.isr) < part.min_insync_replicas:
+            raise ServiceError(
+                ErrorCode.NOT_ENOUGH_REPLICAS,
+                f"{part.topic_partition}: only {len(part.state.isr)} replicas "
+                f"{list(part.state.isr)} are in sync, min.insync.replicas is "
+                f"{part.min_insync_replicas}; nothing was written, retry",
+            )
 
     # --------------------------------------------------------------- produce
 
@@ -768,9 +937,10 @@ class StoreRuntime:
         for index, item in enumerate(items):
             try:
                 self._check_accepting()
-                part = self._resolve(item.topic, item.partition)
+                part = self._resolve_leader(item.topic, item.partition, item.leader_epoch)
                 if not coordinator_write:
                     self._check_not_internal(item.topic)
+                self._check_enough_replicas(part)
                 result = part.append(
                     item.batch, expected_log_end_offset=item.expected_log_end_offset,
                     now_ms=now_ms, transactional_id=transactional_id,
@@ -829,8 +999,7 @@ class StoreRuntime:
                 result.group,
                 on_durable=_durable_callback(part, result.base_offset, result.next_offset),
             )
-            part.track_pending(result.base_offset, future)
-            waits[index] = future
+            waits[index] = part.track_pending(result.base_offset, result.next_offset, future)
             self._maybe_snapshot(part, now_ms)
             return ProduceOutcome(
                 item.topic, item.partition, None, result.base_offset, False,
@@ -993,7 +1162,8 @@ class StoreRuntime:
             for topic, partition in item.partitions:
                 try:
                     self._check_accepting()
-                    part = self._resolve(topic, partition)
+                    part = self._resolve_leader(topic, partition)
+                    self._check_enough_replicas(part)
                     result = part.append_marker(marker, now_ms=now_ms)
                 except ServiceError as exc:
                     outcomes.append(MarkerOutcome(item.producer_id, topic, partition, exc))
@@ -1009,8 +1179,9 @@ class StoreRuntime:
                         result.group,
                         on_durable=_durable_callback(part, result.base_offset, result.next_offset),
                     )
-                    part.track_pending(result.base_offset, future)
-                    waits[len(outcomes)] = future
+                    waits[len(outcomes)] = part.track_pending(
+                        result.base_offset, result.next_offset, future
+                    )
                     self._maybe_snapshot(part, now_ms)
                     log.info(
                         "%s: %s marker of producer %d (epoch %d, coordinator epoch %d) at "
@@ -1096,7 +1267,8 @@ class StoreRuntime:
         failed = False
         for item in items:
             try:
-                part = self._resolve(item.topic, item.partition)
+                part = self._resolve_leader(item.topic, item.partition,
+                                            item.current_leader_epoch)
                 parts.append(part)
                 limit = min(item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
                             budget_bytes - total)
@@ -1131,7 +1303,7 @@ class StoreRuntime:
         outcomes = []
         for q in queries:
             try:
-                offset, ts = self._resolve(q.topic, q.partition).list_offset(
+                offset, ts = self._resolve_leader(q.topic, q.partition).list_offset(
                     q.timestamp_ms, isolation
                 )
             except ServiceError as exc:
@@ -1147,12 +1319,213 @@ class StoreRuntime:
         outcomes = []
         for topic, p in partitions:
             try:
-                part = self._resolve(topic, p)
+                part = self._resolve_leader(topic, p)
             except ServiceError as exc:
                 outcomes.append(ProducersOutcome(topic, p, exc))
                 continue
             outcomes.append(ProducersOutcome(topic, p, None, tuple(part.producers.entries())))
         return outcomes
+
+    # ----------------------------------------------------------- replication
+
+    async def replica_fetch(
+        self, replica_id: int, items: Sequence[ReplicaFetchItem], *, max_wait_ms: int,
+    ) -> list[ReplicaFetchOutcome]:
+        """As leader: what a follower copies next. The fetch offset tells
+        how far the follower has copied (which moves the HW and may bring it
+        back into the ISR); the answer holds stored batches from there, as
+        they are, up to this replica's durable end. Long-polls up to
+        max_wait_ms while there is nothing new."""
+        await self._ensure_known({item.topic for item in items})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
+        first = True
+        while True:
+            now_ms = self._clock_ms()
+            outcomes: list[ReplicaFetchOutcome] = []
+            parts: list[PartitionRuntime] = []
+            ready = False
+            for item in items:
+                resolved: PartitionRuntime | None = None
+                try:
+                    part = resolved = self._resolve_leader(item.topic, item.partition,
+                                                           item.current_leader_epoch)
+                    if replica_id not in part.state.replicas:
+                        raise ServiceError(
+                            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                            f"{part.topic_partition}: store node {replica_id} is not one of "
+                            f"its replicas {list(part.state.replicas)}",
+                        )
+                    log_state = part.log
+                    if not log_state.log_start_offset <= item.fetch_offset <= (
+                            log_state.log_end_offset):
+                        raise ServiceError(
+                            ErrorCode.OFFSET_OUT_OF_RANGE,
+                            f"{part.topic_partition}: replica fetch offset {item.fetch_offset} "
+                            f"is outside the leader's log [{log_state.log_start_offset}, "
+                            f"{log_state.log_end_offset})",
+                        )
+                    if first:
+                        part.record_follower_fetch(replica_id, item.fetch_offset, now_ms)
+                        self._maybe_expand_isr(part, replica_id, item.fetch_offset)
+                    batches, _next = part.read_replica(
+                        item.fetch_offset,
+                        max_bytes=item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
+                    )
+                except ServiceError as exc:
+                    # The leader's bounds tell a follower out of range whether
+                    # to truncate (it is ahead) or start over (it is behind
+                    # the log start).
+                    outcomes.append(ReplicaFetchOutcome(
+                        item.topic, item.partition, exc,
+                        log_start_offset=resolved.log.log_start_offset if resolved else -1,
+                        log_end_offset=resolved.log.log_end_offset if resolved else -1,
+                    ))
+                    ready = True
+                    continue
+                parts.append(part)
+                ready = ready or bool(batches)
+                outcomes.append(ReplicaFetchOutcome(
+                    item.topic, item.partition, None,
+                    high_watermark=part.log.high_watermark,
+                    log_start_offset=part.log.log_start_offset,
+                    log_end_offset=part.log.log_end_offset,
+                    batches=tuple(batches),
+                ))
+            first = False
+            remaining_s = deadline - loop.time()
+            if ready or remaining_s <= 0 or self._closing:
+                return outcomes
+            waiter: asyncio.Future[None] = loop.create_future()
+            for part in parts:
+                part.add_durable_waiter(waiter)
+            try:
+                await asyncio.wait_for(waiter, remaining_s)
+            except TimeoutError:
+                pass
+            finally:
+                for part in parts:
+                    part.remove_durable_waiter(waiter)
+
+    def _maybe_expand_isr(self, part: PartitionRuntime, replica_id: int,
+                          fetch_offset: int) -> None:
+        """A follower outside the ISR rejoins once it has everything the
+        ISR has (the HW) and everything of the current leader epoch (Kafka's
+        rule); the change goes through the metadata store."""
+        if replica_id in part.state.isr or self.on_isr_expand is None:
+            return
+        epoch_start = part.epochs.start_offset_of(part.state.leader_epoch)
+        if fetch_offset >= part.log.high_watermark and (
+                epoch_start is None or fetch_offset >= epoch_start):
+            self.on_isr_expand(part, replica_id)
+
+    def offsets_for_leader_epoch(
+        self, queries: Sequence[tuple[str, int, int, int]],
+    ) -> list[EpochEndOutcome]:
+        """(topic, partition, epoch, current leader epoch or -1) -> where
+        that epoch ends in this leader's log (Kafka's OffsetsForLeaderEpoch)."""
+        outcomes = []
+        for topic, partition, epoch, current in queries:
+            try:
+                part = self._resolve_leader(topic, partition, current if current >= 0 else None)
+            except ServiceError as exc:
+                outcomes.append(EpochEndOutcome(topic, partition, exc))
+                continue
+            found_epoch, end_offset = part.epochs.end_offset_for(epoch, part.log.log_end_offset)
+            outcomes.append(EpochEndOutcome(topic, partition, None, found_epoch, end_offset))
+        return outcomes
+
+    def follower_partition(self, topic: str, partition: int) -> PartitionRuntime | None:
+        """The local replica when this node follows it (None otherwise)."""
+        part = self._partitions.get((topic, partition))
+        if part is None or part.closed or part.is_leader or not part.state.online:
+            return None
+        return part
+
+    def append_replicated(
+        self, part: PartitionRuntime, batches: Sequence[bytes], *, leader_high_watermark: int,
+    ) -> asyncio.Future[None] | None:
+        """As follower: appends the leader's batches at their offsets and
+        queues their writes; returns the future of the last one's durability
+        (None when there were none). Takes the leader's HW."""
+        self._check_accepting()
+        now_ms = self._clock_ms()
+        last: asyncio.Future[None] | None = None
+        for stored in batches:
+            result = part.append_replicated(stored, now_ms=now_ms)
+            last = self._writer.submit(
+                result.group,
+                on_durable=_durable_callback(part, result.base_offset, result.next_offset),
+            )
+            self._maybe_snapshot(part, now_ms)
+        part.leader_high_watermark = max(part.leader_high_watermark, leader_high_watermark)
+        part.update_high_watermark()
+        return last
+
+    async def truncate_replica(self, part: PartitionRuntime, offset: int) -> PartitionRuntime:
+        """As follower: removes every batch at or after `offset` (a tail the
+        new leader does not have) and rebuilds the partition's memory from
+        what stays, by the same recovery as a restart. Returns the new
+        runtime of the partition."""
+        await self._writer.drain()
+        tid, p = part.topic.topic_id, part.partition
+        if offset >= part.log.log_end_offset:
+            # Nothing to cut from the log; epochs this replica began at its
+            # log end and never wrote go (Kafka truncates the cache so too).
+            if part.epochs.truncate_from_end(offset):
+                group = WriteGroup()
+                part.add_epoch_writes(group)
+                await self._writer.submit(group)
+            return part
+        end_key = keys.log_key_end(tid, p)
+        removed_bytes = sum(
+            len(value) for _k, value in self._store.scan(keys.log_key(tid, p, offset), end_key)
+        )
+        group = WriteGroup()
+        group.delete_range(keys.log_key(tid, p, offset), end_key)
+        group.delete_range(keys.aborted_txn_key(tid, p, offset),
+                           keys.next_prefix(keys.partition_prefix(keys.ABORTED_TXN, tid, p)))
+        group.delete_range(keys.snapshot_key(tid, p, offset + 1),
+                           keys.next_prefix(keys.partition_prefix(keys.SNAPSHOT, tid, p)))
+        time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, p)
+        for key, value in self._store.scan(time_prefix, keys.next_prefix(time_prefix)):
+            if decode_offset(value, what=f"{part.topic_partition} time index") >= offset:
+                group.delete(key)
+        if part.epochs.truncate_from_end(offset):
+            part.add_epoch_writes(group)
+        group.put(keys.meta_key(tid, p), encode_partition_meta(
+            part.log.log_start_offset, part.log.size_bytes - removed_bytes))
+        log.warning("%s: truncating the log from %d to %d (a tail the leader at epoch %d does "
+                    "not have)", part.topic_partition, part.log.log_end_offset, offset,
+                    part.state.leader_epoch)
+        metrics.TRUNCATIONS.labels(part.topic.name).inc()
+        await self._writer.submit(group)
+        return self._reopen(part)
+
+    async def reset_replica(
+        self, part: PartitionRuntime, log_start_offset: int
+    ) -> PartitionRuntime:
+        """As follower: drops everything this replica holds of the partition
+        and starts it empty at `log_start_offset` (the leader's log start:
+        what came before is gone everywhere)."""
+        await self._writer.drain()
+        tid, p = part.topic.topic_id, part.partition
+        group = WriteGroup()
+        for kind in keys.PARTITION_KINDS:
+            prefix = keys.partition_prefix(kind, tid, p)
+            group.delete_range(prefix, keys.next_prefix(prefix))
+        group.put(keys.meta_key(tid, p), encode_partition_meta(log_start_offset, 0))
+        log.warning("%s: starting this replica over at the leader's log start offset %d",
+                    part.topic_partition, log_start_offset)
+        await self._writer.submit(group)
+        return self._reopen(part)
+
+    def _reopen(self, part: PartitionRuntime) -> PartitionRuntime:
+        part.close()
+        part.fail_acks(ServiceError(
+            ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{part.topic_partition} was truncated here"))
+        record = self._catalog[part.topic.name]
+        return self._open_partition(record, part.partition, self._clock_ms())
 
     # ---------------------------------------------------------- housekeeping
 

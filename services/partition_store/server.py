@@ -19,6 +19,15 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --unsafe-skip-txn-verification  TEST ONLY: do not ask the transaction coordinator
                                   before a producer's first transactional write to a
                                   partition (makes hanging transactions possible)
+  --etcd-endpoints                replicate partitions, with the cluster's metadata in
+                                  this etcd (host:port,...; docs/replication.md). Without
+                                  it every partition is one copy on one store
+  --metadata-root                 the etcd key prefix of this cluster (/oncelog)
+  --lease-ttl-s                   this store's etcd lease: its partitions move to other
+                                  replicas this long after it stops
+  --replica-lag-time-max-ms       a follower this far behind leaves the ISR
+  --unclean-leader-election       UNSAFE: let a replica outside the ISR lead when no
+                                  in-sync one is alive (acknowledged records may be lost)
 
 The transaction coordinators (--coordinators) are asked to verify a
 producer's first transactional write to each partition (verify_only).
@@ -29,11 +38,15 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from oncelog.v1 import partition_store_pb2_grpc
+from services.common.cluster import split_addresses
+from services.common.etcd import EtcdMetadataStore
+from services.common.metadata_store import MetadataStore
 from services.common.server_base import (
     add_common_arguments,
     configure_logging,
@@ -46,18 +59,31 @@ from services.common.server_base import (
 from services.partition_store.controller_link import GrpcControllerLink
 from services.partition_store.coordinator_link import GrpcTxnVerifier
 from services.partition_store.core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from services.partition_store.core.replicas import DEFAULT_REPLICA_LAG_TIME_MAX_MS
+from services.partition_store.metadata_link import (
+    DEFAULT_LEASE_TTL_S,
+    DEFAULT_ROOT,
+    MetadataLink,
+)
+from services.partition_store.replica_link import GrpcLeaderLink
+from services.partition_store.replication import ReplicaManager
 from services.partition_store.runtime import (
     DEFAULT_COMPACTION_CHUNK_BYTES,
     DEFAULT_COMPACTION_INTERVAL_MS,
     DEFAULT_COMPACTION_MAX_KEYS_PER_PASS,
     StoreConfig,
     StoreRuntime,
+    wall_clock_ms,
 )
 from services.partition_store.servicer import SERVICE_NAME, PartitionStoreServicer
 from services.partition_store.storage.port import KeyValueStore
 from services.partition_store.storage.rocksdb import RocksStore
 
 log = logging.getLogger("oncelog.partition_store")
+
+# One metadata-store call (etcd) may take this long before it counts as
+# unreachable.
+METADATA_TIMEOUT_MS = 2_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +129,23 @@ def build_parser() -> argparse.ArgumentParser:
              "write to a partition without verifying with the transaction coordinator that "
              "the partition is in its transaction. Lets tests create hanging transactions "
              "on purpose (and lets a buggy client create them by accident). Off by default")
+    add("--etcd-endpoints", default=env_default("etcd-endpoints", ""),
+        help="replicated mode: host:port,... of the etcd that holds the cluster's metadata "
+             "(env ONCELOG_ETCD_ENDPOINTS); empty: single copies, no etcd")
+    add("--metadata-root", default=env_default("metadata-root", DEFAULT_ROOT),
+        help="the etcd key prefix under which this cluster keeps its metadata")
+    add("--lease-ttl-s", type=int, default=env_default("lease-ttl-s", str(DEFAULT_LEASE_TTL_S)),
+        help="time-to-live of this store's etcd lease: its partitions get new leaders this "
+             "long after it stops or is cut off")
+    add("--replica-lag-time-max-ms", type=int,
+        default=env_default("replica-lag-time-max-ms", str(DEFAULT_REPLICA_LAG_TIME_MAX_MS)),
+        help="a follower that has not reached the leader's log end for this long leaves "
+             "the in-sync replica set")
+    add("--unclean-leader-election", action="store_true",
+        default=env_flag("unclean-leader-election"),
+        help="UNSAFE, off by default: when no in-sync replica of a partition is alive, let "
+             "another replica lead (records only the lost ones had are gone; counted in "
+             "oncelog_store_unclean_leader_elections_total and logged)")
     return parser
 
 
@@ -120,18 +163,56 @@ def config_from_args(args: argparse.Namespace) -> StoreConfig:
         compaction_max_keys_per_pass=args.compaction_max_keys_per_pass,
         compaction_chunk_bytes=args.compaction_chunk_bytes,
         unsafe_skip_txn_verification=args.unsafe_skip_txn_verification,
+        replicated=bool(split_addresses(args.etcd_endpoints)),
+        replica_lag_time_max_ms=args.replica_lag_time_max_ms,
     )
 
 
-def wire(store: KeyValueStore, config: StoreConfig) -> StoreRuntime:
-    """The store's runtime over `store`, connected to the controller and the
-    transaction coordinators as every deployment connects it. `main_async`
-    serves one over RocksDB; tests run one in-process over a MemoryStore
-    (tests/support/inprocess_cluster.py)."""
-    return StoreRuntime(
-        store, config, controller=GrpcControllerLink(config.layout),
-        txn_verifier=GrpcTxnVerifier(config.layout),
+@dataclass(frozen=True, slots=True)
+class Wired:
+    runtime: StoreRuntime
+    # Replicated clusters only.
+    replication: ReplicaManager | None = None
+
+    async def start(self) -> None:
+        await self.runtime.start()
+        if self.replication is not None:
+            await self.replication.start()
+
+    async def close(self) -> None:
+        if self.replication is not None:
+            await self.replication.close()
+        await self.runtime.close()
+
+
+def wire(
+    store: KeyValueStore, config: StoreConfig, *, metadata: MetadataStore | None = None,
+    address: str = "", metadata_root: str = DEFAULT_ROOT, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
+    unclean_leader_election: bool = False,
+) -> Wired:
+    """The store's runtime over `store`, connected as every deployment
+    connects it: to the transaction coordinators, and to the catalog's owner
+    (single copies) or to the metadata store and the other replicas
+    (replicated). `main_async` serves one over RocksDB; tests run one
+    in-process over a MemoryStore (tests/support/inprocess_cluster.py)."""
+    verifier = GrpcTxnVerifier(config.layout)
+    if not config.replicated:
+        return Wired(StoreRuntime(
+            store, config, controller=GrpcControllerLink(config.layout), txn_verifier=verifier,
+        ))
+    if metadata is None:
+        raise ValueError("a replicated store needs its metadata store")
+    link = MetadataLink(
+        metadata, layout=config.layout, node_id=config.node_id, root=metadata_root,
+        lease_ttl_s=lease_ttl_s, unclean_leader_election=unclean_leader_election,
+        clock_ms=wall_clock_ms,
     )
+    runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier)
+    manager = ReplicaManager(
+        runtime, link, GrpcLeaderLink(config.layout),
+        address=address or config.layout.stores[config.node_id],
+    )
+    return Wired(runtime, manager)
 
 
 async def main_async(argv: Sequence[str] | None = None) -> None:
@@ -152,9 +233,26 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             "--unsafe-skip-txn-verification is set: transactional writes are NOT verified "
             "with the transaction coordinator (test only; hanging transactions possible)"
         )
-    runtime = wire(store, config)
+    metadata = None
+    if config.replicated:
+        endpoints = split_addresses(args.etcd_endpoints)
+        metadata = EtcdMetadataStore(endpoints, timeout_ms=METADATA_TIMEOUT_MS)
+        log.info("replicated mode: cluster metadata in etcd at %s under %s",
+                 ",".join(endpoints), args.metadata_root)
+        if args.unclean_leader_election:
+            log.warning("--unclean-leader-election is set: a replica outside the ISR may "
+                        "lead, and acknowledged records may be lost when it does")
+    else:
+        log.info("single-copy mode (no --etcd-endpoints): each partition is one copy on "
+                 "one store")
+    wired = wire(
+        store, config, metadata=metadata, address=args.advertised or layout.stores[config.node_id],
+        metadata_root=args.metadata_root, lease_ttl_s=args.lease_ttl_s,
+        unclean_leader_election=args.unclean_leader_election,
+    )
+    runtime = wired.runtime
     try:
-        await runtime.start()
+        await wired.start()
 
         def register(server: grpc.aio.Server) -> None:
             partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(
@@ -173,11 +271,11 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             metrics_port=args.metrics_port,
             shutdown_grace_ms=args.shutdown_grace_ms,
             on_draining=draining,
-            on_shutdown=runtime.close,
+            on_shutdown=wired.close,
         )
     finally:
         # After serve() this is a no-op; it matters when start or serve failed.
-        await runtime.close()
+        await wired.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -25,6 +25,7 @@ from services.partition_store.runtime import (
     MarkerItem,
     OffsetQuery,
     ProduceItem,
+    ReplicaFetchItem,
     StoreRuntime,
     TopicSpec,
 )
@@ -77,15 +78,15 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             )
         except ServiceError as exc:
             await abort_with(context, exc)
-        layout = self._runtime.layout
         response = pb.MetadataResponse(
             stores=self._stores, coordinators=self._coordinators,
             group_coordinators=self._group_coordinators,
-            controller_node_id=layout.controller_node_id,
+            controller_node_id=self._runtime.catalog_node_id,
         )
         for lookup in lookups:
             if lookup.record is not None:
-                response.topics.append(topic_metadata(lookup.record, layout))
+                response.topics.append(
+                    topic_metadata(lookup.record, self._runtime.partition_state))
             else:
                 response.topics.append(
                     pb.TopicMetadata(name=lookup.name, error=error_to_proto(lookup.error))
@@ -99,7 +100,8 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             if not request.topics:
                 raise _bad_request("CreateTopics names no topic")
             outcomes = await self._runtime.create_topics(
-                [TopicSpec(t.name, t.partitions, dict(t.config)) for t in request.topics],
+                [TopicSpec(t.name, t.partitions, dict(t.config), t.replication_factor)
+                 for t in request.topics],
                 validate_only=request.validate_only,
             )
         except ServiceError as exc:
@@ -138,8 +140,8 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             records = await self._runtime.list_topics(include_internal=request.include_internal)
         except ServiceError as exc:
             await abort_with(context, exc)
-        layout = self._runtime.layout
-        return pb.ListTopicsResponse(topics=[topic_metadata(r, layout) for r in records])
+        return pb.ListTopicsResponse(
+            topics=[topic_metadata(r, self._runtime.partition_state) for r in records])
 
     async def Produce(
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
@@ -156,6 +158,7 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                     b.expected_log_end_offset
                     if b.HasField("expected_log_end_offset") and b.expected_log_end_offset >= 0
                     else None,
+                    b.leader_epoch if b.HasField("leader_epoch") else None,
                 )
                 for b in request.batches
             ]
@@ -205,7 +208,9 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                     "(read_committed readers never see markers)"
                 )
             outcomes = await self._runtime.fetch(
-                [FetchItem(p.topic, p.partition, p.fetch_offset, p.max_bytes)
+                [FetchItem(p.topic, p.partition, p.fetch_offset, p.max_bytes,
+                           p.current_leader_epoch if p.HasField("current_leader_epoch")
+                           else None)
                  for p in request.partitions],
                 max_wait_ms=request.max_wait_ms, min_bytes=request.min_bytes,
                 max_bytes=request.max_bytes, isolation=_isolation(request.isolation_level),
@@ -298,6 +303,55 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                     )
                     for e in o.producers
                 ],
+            )
+            for o in outcomes
+        ])
+
+    async def ReplicaFetch(
+        self, request: pb.ReplicaFetchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReplicaFetchResponse:
+        try:
+            if not request.partitions:
+                raise _bad_request("ReplicaFetchRequest names no partition")
+            if request.max_wait_ms < 0:
+                raise _bad_request(f"max_wait_ms is {request.max_wait_ms}; it must be >= 0")
+            _check_unique(((p.topic, p.partition) for p in request.partitions),
+                          "ReplicaFetchRequest")
+            outcomes = await self._runtime.replica_fetch(
+                request.replica_id,
+                [ReplicaFetchItem(p.topic, p.partition, p.fetch_offset, p.current_leader_epoch,
+                                  max(p.max_bytes, 0))
+                 for p in request.partitions],
+                max_wait_ms=request.max_wait_ms,
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.ReplicaFetchResponse(results=[
+            pb.ReplicaFetchResult(
+                topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
+                high_watermark=o.high_watermark, log_start_offset=o.log_start_offset,
+                log_end_offset=o.log_end_offset, batches=o.batches,
+            )
+            for o in outcomes
+        ])
+
+    async def OffsetsForLeaderEpoch(
+        self, request: pb.OffsetsForLeaderEpochRequest, context: grpc.aio.ServicerContext
+    ) -> pb.OffsetsForLeaderEpochResponse:
+        try:
+            if not request.partitions:
+                raise _bad_request("OffsetsForLeaderEpochRequest names no partition")
+            await self._runtime.ensure_known({q.topic for q in request.partitions})
+            outcomes = self._runtime.offsets_for_leader_epoch([
+                (q.topic, q.partition, q.leader_epoch, q.current_leader_epoch)
+                for q in request.partitions
+            ])
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.OffsetsForLeaderEpochResponse(results=[
+            pb.EpochEndOffset(
+                topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
+                leader_epoch=o.leader_epoch, end_offset=o.end_offset,
             )
             for o in outcomes
         ])

@@ -31,7 +31,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from oncelog._batching import restamp_batch
 from oncelog.errors import ErrorCode
-from oncelog.records import CRC_START, crc32c, encode_batch, iter_records, read_header
+from oncelog.records import (
+    CRC_POS,
+    CRC_START,
+    LAST_OFFSET_DELTA_POS,
+    MAGIC_POS,
+    PARTITION_LEADER_EPOCH_POS,
+    RECORD_COUNT_POS,
+    crc32c,
+    encode_batch,
+    iter_records,
+    read_header,
+    stamp_batch,
+)
 from oncelog.testing import free_port
 from oncelog.v1 import errors_pb2, partition_store_pb2_grpc, records_pb2
 from oncelog.v1 import partition_store_pb2 as pb
@@ -291,9 +303,9 @@ def test_create_produce_fetch_list_offsets(shared_store: StoreProcess) -> None:
 
 def _zero_record_batch() -> bytes:
     raw = bytearray(batch(0, count=1))
-    struct.pack_into(">i", raw, 19, -1)
-    struct.pack_into(">i", raw, 53, 0)
-    struct.pack_into(">I", raw, 13, crc32c(bytes(raw[CRC_START:])))
+    struct.pack_into(">i", raw, LAST_OFFSET_DELTA_POS, -1)
+    struct.pack_into(">i", raw, RECORD_COUNT_POS, 0)
+    struct.pack_into(">I", raw, CRC_POS, crc32c(bytes(raw[CRC_START:])))
     return bytes(raw)
 
 
@@ -455,7 +467,8 @@ def test_a_fetch_answer_stays_within_a_grpc_message_whatever_max_bytes_asks(
     assert (list(second.batches), second.next_fetch_offset) == ([], 0)
     [alone] = stub.Fetch(pb.FetchRequest(partitions=[
         pb.FetchPartition(topic="bulky", partition=1, fetch_offset=0)])).results
-    assert list(alone.batches) == [big]
+    # As stored: the store stamps the leader epoch (0: a single copy).
+    assert list(alone.batches) == [stamp_batch(big, base_offset=0, leader_epoch=0)]
 
 
 def test_sigkill_keeps_every_acknowledged_batch_and_retries_dedup(tmp_path: Path) -> None:
@@ -494,8 +507,11 @@ def test_sigkill_keeps_every_acknowledged_batch_and_retries_dedup(tmp_path: Path
                     continue
                 for offset, data in batches:
                     assert offset in by_offset, f"acknowledged batch at {p}/{offset} lost"
-                    # Same bytes, apart from the base offset the store set.
-                    assert by_offset[offset][8:] == data[8:]
+                    # Same bytes, apart from the base offset and the partition
+                    # leader epoch the store set.
+                    got = by_offset[offset]
+                    assert got[8:PARTITION_LEADER_EPOCH_POS] == data[8:PARTITION_LEADER_EPOCH_POS]
+                    assert got[MAGIC_POS:] == data[MAGIC_POS:]
         for (pid, partition), batches in acked.items():
             for offset, data in batches[-5:]:
                 retry = produce(stub, "ledger", partition, data)

@@ -424,6 +424,9 @@ class InProcessLink:
     async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]:
         return await self._c().delete_topics(names)
 
+    def partition_states(self) -> None:
+        return None
+
     async def notify_catalog_changed(self, node_id: int) -> None:
         if node_id in self.nodes:
             await self.nodes[node_id].refresh_catalog()

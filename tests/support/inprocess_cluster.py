@@ -269,7 +269,7 @@ class InProcessCluster:
         """The store as services/partition_store/server.py wires it, on a MemoryStore."""
         config = StoreConfig(node_id=0, layout=self.layout,
                              unsafe_skip_txn_verification=self._unsafe_skip_txn_verification)
-        self.store = store_server.wire(MemoryStore(), config)
+        self.store = store_server.wire(MemoryStore(), config).runtime
         await self.store.start()
         self._stops.append(self.store.close)
         self._layers["store"].target = PartitionStoreServicer(self.store)

@@ -46,6 +46,14 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     NOT_COORDINATOR: _ErrorCode.ValueType  # 16
     INVALID_TOPIC_EXCEPTION: _ErrorCode.ValueType  # 17
     RECORD_LIST_TOO_LARGE: _ErrorCode.ValueType  # 18
+    NOT_ENOUGH_REPLICAS: _ErrorCode.ValueType  # 19
+    """Fewer replicas in sync than the topic's min.insync.replicas: the append
+    was refused (nothing written).
+    """
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND: _ErrorCode.ValueType  # 20
+    """Appended, but the in-sync set fell below min.insync.replicas before the
+    append reached it: not acknowledged; a retry is deduplicated.
+    """
     ILLEGAL_GENERATION: _ErrorCode.ValueType  # 22
     INVALID_GROUP_ID: _ErrorCode.ValueType  # 24
     UNKNOWN_MEMBER_ID: _ErrorCode.ValueType  # 25
@@ -56,6 +64,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     UNSUPPORTED_VERSION: _ErrorCode.ValueType  # 35
     TOPIC_ALREADY_EXISTS: _ErrorCode.ValueType  # 36
     INVALID_PARTITIONS: _ErrorCode.ValueType  # 37
+    INVALID_REPLICATION_FACTOR: _ErrorCode.ValueType  # 38
+    """A replication factor the cluster cannot give (more than its stores, or
+    more than 1 on a cluster without a metadata store).
+    """
     INVALID_CONFIG: _ErrorCode.ValueType  # 40
     INVALID_REQUEST: _ErrorCode.ValueType  # 42
     OUT_OF_ORDER_SEQUENCE_NUMBER: _ErrorCode.ValueType  # 45
@@ -71,6 +83,12 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     NON_EMPTY_GROUP: _ErrorCode.ValueType  # 68
     GROUP_ID_NOT_FOUND: _ErrorCode.ValueType  # 69
     MEMBER_ID_REQUIRED: _ErrorCode.ValueType  # 79
+    FENCED_LEADER_EPOCH: _ErrorCode.ValueType  # 74
+    """The request named an older leader epoch than the replica's: the sender's
+    metadata is stale (refresh it).
+    """
+    UNKNOWN_LEADER_EPOCH: _ErrorCode.ValueType  # 75
+    """The request named a newer leader epoch than the replica knows yet."""
     FENCED_INSTANCE_ID: _ErrorCode.ValueType  # 82
     INVALID_RECORD: _ErrorCode.ValueType  # 87
     UNSTABLE_OFFSET_COMMIT: _ErrorCode.ValueType  # 88
@@ -108,6 +126,14 @@ COORDINATOR_NOT_AVAILABLE: ErrorCode.ValueType  # 15
 NOT_COORDINATOR: ErrorCode.ValueType  # 16
 INVALID_TOPIC_EXCEPTION: ErrorCode.ValueType  # 17
 RECORD_LIST_TOO_LARGE: ErrorCode.ValueType  # 18
+NOT_ENOUGH_REPLICAS: ErrorCode.ValueType  # 19
+"""Fewer replicas in sync than the topic's min.insync.replicas: the append
+was refused (nothing written).
+"""
+NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.ValueType  # 20
+"""Appended, but the in-sync set fell below min.insync.replicas before the
+append reached it: not acknowledged; a retry is deduplicated.
+"""
 ILLEGAL_GENERATION: ErrorCode.ValueType  # 22
 INVALID_GROUP_ID: ErrorCode.ValueType  # 24
 UNKNOWN_MEMBER_ID: ErrorCode.ValueType  # 25
@@ -118,6 +144,10 @@ INVALID_TIMESTAMP: ErrorCode.ValueType  # 32
 UNSUPPORTED_VERSION: ErrorCode.ValueType  # 35
 TOPIC_ALREADY_EXISTS: ErrorCode.ValueType  # 36
 INVALID_PARTITIONS: ErrorCode.ValueType  # 37
+INVALID_REPLICATION_FACTOR: ErrorCode.ValueType  # 38
+"""A replication factor the cluster cannot give (more than its stores, or
+more than 1 on a cluster without a metadata store).
+"""
 INVALID_CONFIG: ErrorCode.ValueType  # 40
 INVALID_REQUEST: ErrorCode.ValueType  # 42
 OUT_OF_ORDER_SEQUENCE_NUMBER: ErrorCode.ValueType  # 45
@@ -133,6 +163,12 @@ UNKNOWN_PRODUCER_ID: ErrorCode.ValueType  # 59
 NON_EMPTY_GROUP: ErrorCode.ValueType  # 68
 GROUP_ID_NOT_FOUND: ErrorCode.ValueType  # 69
 MEMBER_ID_REQUIRED: ErrorCode.ValueType  # 79
+FENCED_LEADER_EPOCH: ErrorCode.ValueType  # 74
+"""The request named an older leader epoch than the replica's: the sender's
+metadata is stale (refresh it).
+"""
+UNKNOWN_LEADER_EPOCH: ErrorCode.ValueType  # 75
+"""The request named a newer leader epoch than the replica knows yet."""
 FENCED_INSTANCE_ID: ErrorCode.ValueType  # 82
 INVALID_RECORD: ErrorCode.ValueType  # 87
 UNSTABLE_OFFSET_COMMIT: ErrorCode.ValueType  # 88

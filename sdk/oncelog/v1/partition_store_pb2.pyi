@@ -73,18 +73,39 @@ class PartitionMetadata(_message.Message):
 
     PARTITION_FIELD_NUMBER: _builtins.int
     LEADER_NODE_ID_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    REPLICA_NODE_IDS_FIELD_NUMBER: _builtins.int
+    ISR_NODE_IDS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader_node_id: _builtins.int
-    """The store node that owns the partition (index into MetadataResponse.stores)."""
+    """The store node that leads the partition (index into
+    MetadataResponse.stores); -1 while no replica can lead (offline).
+    """
+    leader_epoch: _builtins.int
+    """Bumped at every change of leader. Produce and Fetch may carry it
+    (PartitionBatch.leader_epoch, FetchPartition.current_leader_epoch) so a
+    replica refuses a sender whose metadata is stale.
+    """
+    @_builtins.property
+    def replica_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Every store node holding a copy, and those in sync with the leader (the
+        in-sync replica set, ISR; the leader is always in it).
+        """
+
+    @_builtins.property
+    def isr_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
         partition: _builtins.int = ...,
         leader_node_id: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        replica_node_ids: _abc.Iterable[_builtins.int] | None = ...,
+        isr_node_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_node_id", b"leader_node_id", "partition", b"partition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["isr_node_ids", b"isr_node_ids", "leader_epoch", b"leader_epoch", "leader_node_id", b"leader_node_id", "partition", b"partition", "replica_node_ids", b"replica_node_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -211,12 +232,18 @@ class TopicSpec(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    REPLICATION_FACTOR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     partitions: _builtins.int
+    replication_factor: _builtins.int
+    """Copies of each partition; 0: the cluster's default, min(3, stores).
+    Ignored (always 1) on a cluster without a metadata store.
+    """
     @_builtins.property
     def config(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Per-topic configuration: retention.ms, retention.bytes, max.message.bytes,
-        cleanup.policy (delete|compact).
+        cleanup.policy (delete|compact), min.insync.replicas, ...
+        (docs/partition-store.md).
         """
 
     def __init__(
@@ -225,10 +252,11 @@ class TopicSpec(_message.Message):
         name: _builtins.str = ...,
         partitions: _builtins.int = ...,
         config: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        replication_factor: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "name", b"name", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "name", b"name", "partitions", b"partitions", "replication_factor", b"replication_factor"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -393,6 +421,7 @@ class PartitionBatch(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     EXPECTED_LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     batch: _builtins.bytes
@@ -409,6 +438,11 @@ class PartitionBatch(_message.Message):
     the producer's last five batches answers `duplicate` before the condition
     is checked.
     """
+    leader_epoch: _builtins.int
+    """The partition's leader epoch as the sender knows it (Metadata). Present:
+    a replica whose epoch is newer answers FENCED_LEADER_EPOCH, one whose
+    epoch is older UNKNOWN_LEADER_EPOCH. Absent: not checked.
+    """
     def __init__(
         self,
         *,
@@ -416,14 +450,20 @@ class PartitionBatch(_message.Message):
         partition: _builtins.int = ...,
         batch: _builtins.bytes = ...,
         expected_log_end_offset: _builtins.int | None = ...,
+        leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_log_end_offset", b"_expected_log_end_offset", "expected_log_end_offset", b"expected_log_end_offset"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_log_end_offset", b"_expected_log_end_offset", "_leader_epoch", b"_leader_epoch", "expected_log_end_offset", b"expected_log_end_offset", "leader_epoch", b"leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_log_end_offset", b"_expected_log_end_offset", "batch", b"batch", "expected_log_end_offset", b"expected_log_end_offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_log_end_offset", b"_expected_log_end_offset", "_leader_epoch", b"_leader_epoch", "batch", b"batch", "expected_log_end_offset", b"expected_log_end_offset", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_log_end_offset: _TypeAlias = _typing.Literal["expected_log_end_offset"]  # noqa: Y015
     _WhichOneofArgType__expected_log_end_offset: _TypeAlias = _typing.Literal["_expected_log_end_offset", b"_expected_log_end_offset"]  # noqa: Y015
+    _WhichOneofReturnType__leader_epoch: _TypeAlias = _typing.Literal["leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__leader_epoch: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_log_end_offset) -> _WhichOneofReturnType__expected_log_end_offset | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__leader_epoch) -> _WhichOneofReturnType__leader_epoch | None: ...
 
 Global___PartitionBatch: _TypeAlias = PartitionBatch  # noqa: Y015
 
@@ -550,11 +590,14 @@ class FetchPartition(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     FETCH_OFFSET_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     fetch_offset: _builtins.int
     max_bytes: _builtins.int
     """Soft limit: the first batch is returned even if it is larger."""
+    current_leader_epoch: _builtins.int
+    """As PartitionBatch.leader_epoch."""
     def __init__(
         self,
         *,
@@ -562,12 +605,15 @@ class FetchPartition(_message.Message):
         partition: _builtins.int = ...,
         fetch_offset: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
+        current_leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "current_leader_epoch", b"current_leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetch_offset", b"fetch_offset", "max_bytes", b"max_bytes", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "max_bytes", b"max_bytes", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__current_leader_epoch: _TypeAlias = _typing.Literal["current_leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__current_leader_epoch: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__current_leader_epoch) -> _WhichOneofReturnType__current_leader_epoch | None: ...
 
 Global___FetchPartition: _TypeAlias = FetchPartition  # noqa: Y015
 
@@ -1002,3 +1048,240 @@ class DescribeProducersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeProducersResponse: _TypeAlias = DescribeProducersResponse  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchPartition(_message.Message):
+    """------------------------------------------------------------- replication"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    FETCH_OFFSET_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    fetch_offset: _builtins.int
+    """The follower's log end offset: where it wants the next batch from, and
+    how far it has copied (the leader's high watermark follows the least of
+    these over the in-sync replicas).
+    """
+    current_leader_epoch: _builtins.int
+    """The leader epoch the follower follows; a leader at another epoch refuses
+    (FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH).
+    """
+    max_bytes: _builtins.int
+    """Soft limit: the first batch is returned even if it is larger."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        fetch_offset: _builtins.int = ...,
+        current_leader_epoch: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "max_bytes", b"max_bytes", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchPartition: _TypeAlias = ReplicaFetchPartition  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.int
+    """The follower's store node id."""
+    max_wait_ms: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchPartition]: ...
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___ReplicaFetchPartition] | None = ...,
+        max_wait_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_wait_ms", b"max_wait_ms", "partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchRequest: _TypeAlias = ReplicaFetchRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
+    LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
+    LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    high_watermark: _builtins.int
+    log_start_offset: _builtins.int
+    log_end_offset: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error: ...
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Stored batches from fetch_offset on, control batches and aborted
+        transactions included, each with its base offset and leader epoch set.
+        """
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error: _errors_pb2.Error | None = ...,
+        high_watermark: _builtins.int = ...,
+        log_start_offset: _builtins.int = ...,
+        log_end_offset: _builtins.int = ...,
+        batches: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "error", b"error", "high_watermark", b"high_watermark", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchResult: _TypeAlias = ReplicaFetchResult  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ReplicaFetchResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchResponse: _TypeAlias = ReplicaFetchResponse  # noqa: Y015
+
+@_typing.final
+class EpochQuery(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    """The epoch whose end is asked for."""
+    current_leader_epoch: _builtins.int
+    """The leader epoch the asker follows (-1: not checked)."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        current_leader_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EpochQuery: _TypeAlias = EpochQuery  # noqa: Y015
+
+@_typing.final
+class OffsetsForLeaderEpochRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochQuery]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___EpochQuery] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetsForLeaderEpochRequest: _TypeAlias = OffsetsForLeaderEpochRequest  # noqa: Y015
+
+@_typing.final
+class EpochEndOffset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    """The largest epoch <= the one asked for that this replica has, and the
+    offset where it ended (the start of the next epoch, or the log end
+    offset for the current one); -1/-1 when the replica has no such epoch.
+    """
+    end_offset: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error: _errors_pb2.Error | None = ...,
+        leader_epoch: _builtins.int = ...,
+        end_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "error", b"error", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EpochEndOffset: _TypeAlias = EpochEndOffset  # noqa: Y015
+
+@_typing.final
+class OffsetsForLeaderEpochResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEndOffset]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___EpochEndOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetsForLeaderEpochResponse: _TypeAlias = OffsetsForLeaderEpochResponse  # noqa: Y015

@@ -79,6 +79,16 @@ class PartitionStoreStub:
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeProducersRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeProducersResponse.FromString,
                 _registered_method=True)
+        self.ReplicaFetch = channel.unary_unary(
+                '/oncelog.v1.PartitionStore/ReplicaFetch',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.FromString,
+                _registered_method=True)
+        self.OffsetsForLeaderEpoch = channel.unary_unary(
+                '/oncelog.v1.PartitionStore/OffsetsForLeaderEpoch',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionStoreServicer:
@@ -143,6 +153,23 @@ class PartitionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicaFetch(self, request, context):
+        """Replication (store to store): a follower copies its leader's log, batch
+        for batch at the same offsets. Long-polls up to max_wait_ms.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetsForLeaderEpoch(self, request, context):
+        """Where a leader epoch ended in this replica's log (Kafka's
+        OffsetsForLeaderEpoch): a follower of a new leader asks it before
+        fetching, and truncates what it holds beyond that point.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +217,16 @@ def add_PartitionStoreServicer_to_server(servicer, server):
                     servicer.DescribeProducers,
                     request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeProducersRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeProducersResponse.SerializeToString,
+            ),
+            'ReplicaFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicaFetch,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.SerializeToString,
+            ),
+            'OffsetsForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetsForLeaderEpoch,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +472,60 @@ class PartitionStore:
             '/oncelog.v1.PartitionStore/DescribeProducers',
             oncelog_dot_v1_dot_partition__store__pb2.DescribeProducersRequest.SerializeToString,
             oncelog_dot_v1_dot_partition__store__pb2.DescribeProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.PartitionStore/ReplicaFetch',
+            oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetsForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.PartitionStore/OffsetsForLeaderEpoch',
+            oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,15 @@ class PartitionStoreStub:
     WriteTxnMarkers: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.WriteTxnMarkersRequest, _partition_store_pb2.WriteTxnMarkersResponse]
     """Written by the transaction coordinator: COMMIT/ABORT control batches."""
     DescribeProducers: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.DescribeProducersRequest, _partition_store_pb2.DescribeProducersResponse]
+    ReplicaFetch: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.ReplicaFetchRequest, _partition_store_pb2.ReplicaFetchResponse]
+    """Replication (store to store): a follower copies its leader's log, batch
+    for batch at the same offsets. Long-polls up to max_wait_ms.
+    """
+    OffsetsForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.OffsetsForLeaderEpochRequest, _partition_store_pb2.OffsetsForLeaderEpochResponse]
+    """Where a leader epoch ended in this replica's log (Kafka's
+    OffsetsForLeaderEpoch): a follower of a new leader asks it before
+    fetching, and truncates what it holds beyond that point.
+    """
 
 @_typing.type_check_only
 class PartitionStoreAsyncStub(PartitionStoreStub):
@@ -68,6 +77,15 @@ class PartitionStoreAsyncStub(PartitionStoreStub):
     WriteTxnMarkers: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.WriteTxnMarkersRequest, _partition_store_pb2.WriteTxnMarkersResponse]  # type: ignore[assignment]
     """Written by the transaction coordinator: COMMIT/ABORT control batches."""
     DescribeProducers: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.DescribeProducersRequest, _partition_store_pb2.DescribeProducersResponse]  # type: ignore[assignment]
+    ReplicaFetch: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.ReplicaFetchRequest, _partition_store_pb2.ReplicaFetchResponse]  # type: ignore[assignment]
+    """Replication (store to store): a follower copies its leader's log, batch
+    for batch at the same offsets. Long-polls up to max_wait_ms.
+    """
+    OffsetsForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.OffsetsForLeaderEpochRequest, _partition_store_pb2.OffsetsForLeaderEpochResponse]  # type: ignore[assignment]
+    """Where a leader epoch ended in this replica's log (Kafka's
+    OffsetsForLeaderEpoch): a follower of a new leader asks it before
+    fetching, and truncates what it holds beyond that point.
+    """
 
 class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -138,5 +156,26 @@ class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _partition_store_pb2.DescribeProducersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_partition_store_pb2.DescribeProducersResponse, _abc.Awaitable[_partition_store_pb2.DescribeProducersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReplicaFetch(
+        self,
+        request: _partition_store_pb2.ReplicaFetchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_partition_store_pb2.ReplicaFetchResponse, _abc.Awaitable[_partition_store_pb2.ReplicaFetchResponse]]:
+        """Replication (store to store): a follower copies its leader's log, batch
+        for batch at the same offsets. Long-polls up to max_wait_ms.
+        """
+
+    @_abc_1.abstractmethod
+    def OffsetsForLeaderEpoch(
+        self,
+        request: _partition_store_pb2.OffsetsForLeaderEpochRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_partition_store_pb2.OffsetsForLeaderEpochResponse, _abc.Awaitable[_partition_store_pb2.OffsetsForLeaderEpochResponse]]:
+        """Where a leader epoch ended in this replica's log (Kafka's
+        OffsetsForLeaderEpoch): a follower of a new leader asks it before
+        fetching, and truncates what it holds beyond that point.
+        """
 
 def add_PartitionStoreServicer_to_server(servicer: PartitionStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -61,6 +61,8 @@ class ErrorCode(enum.IntEnum):
     NOT_COORDINATOR = (16, Kind.RETRIABLE)
     INVALID_TOPIC_EXCEPTION = (17, Kind.NOT_RETRIABLE)
     RECORD_LIST_TOO_LARGE = (18, Kind.NOT_RETRIABLE)
+    NOT_ENOUGH_REPLICAS = (19, Kind.RETRIABLE)
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = (20, Kind.RETRIABLE)
     ILLEGAL_GENERATION = (22, Kind.NOT_RETRIABLE)
     INVALID_GROUP_ID = (24, Kind.NOT_RETRIABLE)
     UNKNOWN_MEMBER_ID = (25, Kind.NOT_RETRIABLE)
@@ -71,6 +73,7 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED_VERSION = (35, Kind.NOT_RETRIABLE)
     TOPIC_ALREADY_EXISTS = (36, Kind.NOT_RETRIABLE)
     INVALID_PARTITIONS = (37, Kind.NOT_RETRIABLE)
+    INVALID_REPLICATION_FACTOR = (38, Kind.NOT_RETRIABLE)
     INVALID_CONFIG = (40, Kind.NOT_RETRIABLE)
     INVALID_REQUEST = (42, Kind.NOT_RETRIABLE)
     OUT_OF_ORDER_SEQUENCE_NUMBER = (45, Kind.FATAL)
@@ -86,6 +89,8 @@ class ErrorCode(enum.IntEnum):
     NON_EMPTY_GROUP = (68, Kind.NOT_RETRIABLE)
     GROUP_ID_NOT_FOUND = (69, Kind.NOT_RETRIABLE)
     MEMBER_ID_REQUIRED = (79, Kind.NOT_RETRIABLE)
+    FENCED_LEADER_EPOCH = (74, Kind.RETRIABLE)
+    UNKNOWN_LEADER_EPOCH = (75, Kind.RETRIABLE)
     FENCED_INSTANCE_ID = (82, Kind.FATAL)
     INVALID_RECORD = (87, Kind.NOT_RETRIABLE)
     UNSTABLE_OFFSET_COMMIT = (88, Kind.RETRIABLE)
@@ -149,6 +154,10 @@ PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
     # The cluster is moving or busy: retried.
     ErrorCode.LEADER_NOT_AVAILABLE: _P.RETRIABLE,
     ErrorCode.NOT_LEADER_OR_FOLLOWER: _P.RETRIABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: _P.RETRIABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: _P.RETRIABLE,
+    ErrorCode.FENCED_LEADER_EPOCH: _P.RETRIABLE,
+    ErrorCode.UNKNOWN_LEADER_EPOCH: _P.RETRIABLE,
     ErrorCode.REQUEST_TIMED_OUT: _P.RETRIABLE,
     ErrorCode.NETWORK_EXCEPTION: _P.RETRIABLE,
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: _P.RETRIABLE,
@@ -181,6 +190,7 @@ PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
     ErrorCode.INVALID_TIMESTAMP: _P.ABORTABLE,
     ErrorCode.TOPIC_ALREADY_EXISTS: _P.ABORTABLE,
     ErrorCode.INVALID_PARTITIONS: _P.ABORTABLE,
+    ErrorCode.INVALID_REPLICATION_FACTOR: _P.ABORTABLE,
     ErrorCode.INVALID_CONFIG: _P.ABORTABLE,
     ErrorCode.INVALID_REQUEST: _P.ABORTABLE,
     # As a Produce answer it is no error: the batch was written before, at an
@@ -288,6 +298,10 @@ _CLASS_NAMES: dict[ErrorCode, str] = {
     ErrorCode.INVALID_FETCH_SIZE: "InvalidFetchSizeError",
     ErrorCode.LEADER_NOT_AVAILABLE: "LeaderNotAvailableError",
     ErrorCode.NOT_LEADER_OR_FOLLOWER: "NotLeaderOrFollowerError",
+    ErrorCode.NOT_ENOUGH_REPLICAS: "NotEnoughReplicasError",
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "NotEnoughReplicasAfterAppendError",
+    ErrorCode.FENCED_LEADER_EPOCH: "FencedLeaderEpochError",
+    ErrorCode.UNKNOWN_LEADER_EPOCH: "UnknownLeaderEpochError",
     ErrorCode.REQUEST_TIMED_OUT: "RequestTimedOutError",
     ErrorCode.MESSAGE_TOO_LARGE: "MessageTooLargeError",
     ErrorCode.NETWORK_EXCEPTION: "NetworkError",
@@ -307,6 +321,7 @@ _CLASS_NAMES: dict[ErrorCode, str] = {
     ErrorCode.UNSUPPORTED_VERSION: "UnsupportedVersionError",
     ErrorCode.TOPIC_ALREADY_EXISTS: "TopicAlreadyExistsError",
     ErrorCode.INVALID_PARTITIONS: "InvalidPartitionsError",
+    ErrorCode.INVALID_REPLICATION_FACTOR: "InvalidReplicationFactorError",
     ErrorCode.INVALID_CONFIG: "InvalidConfigError",
     ErrorCode.INVALID_REQUEST: "InvalidRequestError",
     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER: "OutOfOrderSequenceNumberError",

@@ -4,8 +4,11 @@
 
 * log_end_offset (LEO): the next offset to assign. It includes batches that
   are appended in memory but not yet durable (group commit in flight).
-* high_watermark (HW): everything below it is durable; only that is readable
-  and only that is acknowledged. It moves when a group commit lands.
+* durable_end_offset: everything below it is written to this replica's disk
+  (group commit landed).
+* high_watermark (HW): everything below it is durable here and copied by
+  every in-sync replica (core/replicas.py); only that is readable and only
+  that is acknowledged. With a single copy it is the durable end.
 * last_stable_offset (LSO): min(first offset of every unstable transaction,
   HW), where unstable means open, or ended by a marker that is not durable
   yet (producer_state.py keeps that minimum and the partition copies it into
@@ -38,6 +41,8 @@ class LogState:
     log_start_offset: int = 0
     log_end_offset: int = 0
     high_watermark: int = 0
+    # Everything below is on this replica's disk (see the module docstring).
+    durable_end_offset: int = 0
     size_bytes: int = 0
     # The highest batch max timestamp so far (None: no batch yet). The time
     # index gets an entry whenever a batch raises it.
@@ -74,11 +79,29 @@ class LogState:
         self.size_bytes += size_bytes
 
     def mark_durable(self, offset: int) -> bool:
-        """Everything below `offset` is durable. Returns True when the HW moved."""
+        """Everything below `offset` is durable here and, as far as this
+        replica knows, everywhere it must be (recovery). Returns True when
+        the HW moved."""
+        self.mark_locally_durable(offset)
+        return self.advance_high_watermark(offset)
+
+    def mark_locally_durable(self, offset: int) -> None:
+        """Everything below `offset` is on this replica's disk."""
         invariant(
             offset <= self.log_end_offset,
             lambda: f"{self.topic_partition}: durable offset {offset} beyond "
             f"log end offset {self.log_end_offset}",
+        )
+        if offset > self.durable_end_offset:
+            self.durable_end_offset = offset
+
+    def advance_high_watermark(self, offset: int) -> bool:
+        """Moves the HW up to `offset` (never down, never past the durable
+        end). Returns True when it moved."""
+        invariant(
+            offset <= self.durable_end_offset,
+            lambda: f"{self.topic_partition}: high watermark {offset} beyond the durable "
+            f"end {self.durable_end_offset}",
         )
         if offset > self.high_watermark:
             self.high_watermark = offset

@@ -45,10 +45,12 @@ MAX_MESSAGE_BYTES = "max.message.bytes"
 CLEANUP_POLICY = "cleanup.policy"
 DELETE_RETENTION_MS = "delete.retention.ms"
 MIN_CLEANABLE_DIRTY_RATIO = "min.cleanable.dirty.ratio"
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
 CONFIG_KEYS = (
     RETENTION_MS, RETENTION_BYTES, MAX_MESSAGE_BYTES, CLEANUP_POLICY, DELETE_RETENTION_MS,
-    MIN_CLEANABLE_DIRTY_RATIO,
+    MIN_CLEANABLE_DIRTY_RATIO, MIN_INSYNC_REPLICAS,
 )
+DEFAULT_MIN_INSYNC_REPLICAS = 2
 
 DEFAULT_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
 DEFAULT_DELETE_RETENTION_MS = 24 * 60 * 60 * 1000
@@ -77,6 +79,7 @@ class TopicConfig:
     cleanup_policy: frozenset[str] = frozenset({POLICY_DELETE})
     delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
     min_cleanable_dirty_ratio: float = DEFAULT_MIN_CLEANABLE_DIRTY_RATIO
+    min_insync_replicas: int = DEFAULT_MIN_INSYNC_REPLICAS
 
     @property
     def deletes(self) -> bool:
@@ -97,6 +100,7 @@ class TopicConfig:
             CLEANUP_POLICY: ",".join(sorted(self.cleanup_policy)),
             DELETE_RETENTION_MS: str(self.delete_retention_ms),
             MIN_CLEANABLE_DIRTY_RATIO: str(self.min_cleanable_dirty_ratio),
+            MIN_INSYNC_REPLICAS: str(self.min_insync_replicas),
         }
 
 
@@ -223,6 +227,8 @@ def parse_config(overrides: Mapping[str, str]) -> TopicConfig | Rejection:
             return Rejection(
                 ErrorCode.INVALID_CONFIG, f"{key}={number}: must be -1 (no limit) or >= 0"
             )
+        if key == MIN_INSYNC_REPLICAS and number < 1:
+            return Rejection(ErrorCode.INVALID_CONFIG, f"{key}={number}: must be >= 1")
         if key == DELETE_RETENTION_MS and number < 0:
             return Rejection(ErrorCode.INVALID_CONFIG, f"{key}={number}: must be >= 0")
         if key == MAX_MESSAGE_BYTES and not (
@@ -241,6 +247,7 @@ def parse_config(overrides: Mapping[str, str]) -> TopicConfig | Rejection:
         cleanup_policy=policy,
         delete_retention_ms=values.get(DELETE_RETENTION_MS, DEFAULT_DELETE_RETENTION_MS),
         min_cleanable_dirty_ratio=dirty_ratio,
+        min_insync_replicas=values.get(MIN_INSYNC_REPLICAS, DEFAULT_MIN_INSYNC_REPLICAS),
     )
 
 
@@ -262,19 +269,29 @@ def validate_new_topic(
 CATALOG_VERSION = 1
 
 
-def encode_topic_record(record: TopicRecord) -> bytes:
-    payload = {
+def topic_record_json(record: TopicRecord) -> str:
+    """The catalog record as JSON: sealed on a store's disk, plain in the
+    metadata store (etcd)."""
+    return json.dumps({
         "name": record.name,
         "topic_id": record.topic_id,
         "partitions": record.partitions,
         "config": dict(record.config_overrides),
         "internal": record.internal,
-    }
-    return seal(CATALOG_VERSION, json.dumps(payload, sort_keys=True).encode())
+    }, sort_keys=True)
+
+
+def encode_topic_record(record: TopicRecord) -> bytes:
+    return seal(CATALOG_VERSION, topic_record_json(record).encode())
 
 
 def decode_topic_record(data: bytes) -> TopicRecord:
-    payload = unseal(data, version=CATALOG_VERSION, what="topic catalog record")
+    return topic_record_from_json(
+        unseal(data, version=CATALOG_VERSION, what="topic catalog record")
+    )
+
+
+def topic_record_from_json(payload: str | bytes) -> TopicRecord:
     try:
         doc = json.loads(payload)
         name, topic_id, partitions = doc["name"], doc["topic_id"], doc["partitions"]

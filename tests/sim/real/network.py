@@ -663,6 +663,10 @@ class SimControllerLink:
     async def notify_catalog_changed(self, node_id: int) -> None:
         """Best effort, as the real link (topics are not deleted here)."""
 
+    def partition_states(self) -> None:
+        """Single copies, as the real link of a cluster without etcd."""
+        return None
+
     async def close(self) -> None:
         """Nothing to release."""
 

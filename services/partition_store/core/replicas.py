@@ -1,0 +1,219 @@
+"""Replicas of a partition: placement, leader election, the in-sync set and
+the high watermark (Kafka's in-sync-replica protocol; docs/replication.md).
+
+Pure decisions, shared by the controller (which elects leaders), the leaders
+(which shrink and expand their in-sync replica set, ISR) and the static
+single-copy layout. The stored form of a partition's state is JSON, kept in
+the metadata store (etcd) under the partition's key; every change is written
+by a transaction that compares the revision it was decided on, so a stale
+decision is refused rather than applied.
+
+Rules (Kafka's):
+* The first replica is the preferred leader. Placement spreads replicas by
+  store index, starting at the partition's own offset into the store list.
+* A new leader comes from the ISR (unclean election, from any live replica,
+  only when asked for). Every change of leader bumps the leader epoch. With no
+  candidate the partition is offline (leader -1) and keeps its ISR, so that
+  the last in-sync replica can lead again when it returns.
+* The leader is always in the ISR. A follower leaves when it lags more than
+  replica.lag.time.max.ms and rejoins once it has reached the leader's high
+  watermark.
+* The high watermark is the least log end offset over the ISR, and never
+  moves back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+NO_LEADER = -1
+DEFAULT_REPLICATION_FACTOR = 3
+DEFAULT_MIN_INSYNC_REPLICAS = 2
+# Kafka's replica.lag.time.max.ms default.
+DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
+
+
+class ReplicaStateError(ValueError):
+    """A stored partition state that does not decode or breaks the rules."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """Who holds a partition, who leads it, at which epoch, and who is in sync."""
+
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.replicas or len(set(self.replicas)) != len(self.replicas):
+            raise ReplicaStateError(f"replicas {self.replicas} must be distinct and not empty")
+        if not set(self.isr) <= set(self.replicas):
+            raise ReplicaStateError(f"ISR {self.isr} is not within replicas {self.replicas}")
+        if self.leader != NO_LEADER and self.leader not in self.isr:
+            raise ReplicaStateError(f"leader {self.leader} is not in the ISR {self.isr}")
+        if self.leader_epoch < 0:
+            raise ReplicaStateError(f"leader epoch {self.leader_epoch} is negative")
+
+    @property
+    def online(self) -> bool:
+        return self.leader != NO_LEADER
+
+    @property
+    def preferred_leader(self) -> int:
+        return self.replicas[0]
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "replicas": list(self.replicas), "leader": self.leader,
+            "leader_epoch": self.leader_epoch, "isr": list(self.isr),
+        }, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> PartitionState:
+        try:
+            raw = json.loads(text)
+            return PartitionState(
+                replicas=tuple(int(r) for r in raw["replicas"]), leader=int(raw["leader"]),
+                leader_epoch=int(raw["leader_epoch"]), isr=tuple(int(r) for r in raw["isr"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ReplicaStateError(f"partition state {text!r} does not decode: {exc}") from exc
+
+
+def initial_state(replicas: Sequence[int]) -> PartitionState:
+    """A new partition: every replica is empty, hence in sync; the preferred
+    replica leads at epoch 0."""
+    return PartitionState(tuple(replicas), replicas[0], 0, tuple(replicas))
+
+
+def assign_replicas(
+    *, first_store_index: int, partitions: int, stores: Sequence[int], replication_factor: int,
+) -> list[tuple[int, ...]]:
+    """Replica lists for a topic's partitions: partition p starts at store
+    index (first_store_index + p) and takes the next replication_factor stores
+    in index order, so leaders and copies spread over the stores."""
+    if not 1 <= replication_factor <= len(stores):
+        raise ValueError(
+            f"replication factor {replication_factor} needs 1..{len(stores)} stores"
+        )
+    ordered = sorted(stores)
+    n = len(ordered)
+    return [
+        tuple(ordered[(first_store_index + p + i) % n] for i in range(replication_factor))
+        for p in range(partitions)
+    ]
+
+
+def default_replication_factor(store_count: int) -> int:
+    return min(DEFAULT_REPLICATION_FACTOR, store_count)
+
+
+def effective_min_insync(min_insync_replicas: int, replication_factor: int) -> int:
+    """min.insync.replicas, capped by the replication factor (a single-copy
+    topic is writable with min ISR 2)."""
+    return max(1, min(min_insync_replicas, replication_factor))
+
+
+def elect_leader(
+    state: PartitionState, live: Collection[int], *, unclean: bool = False
+) -> PartitionState | None:
+    """The state after the controller saw the leader's store go (or an
+    offline partition's replicas come back); None when nothing changes.
+
+    The new leader is the first live ISR member in replica order (the
+    preferred one first); unclean election takes any live replica and makes
+    it the whole ISR (records only the old ISR had are lost: that is what
+    "unclean" means). With no candidate the partition goes offline and keeps
+    its ISR."""
+    if state.leader in live:
+        return None
+    in_sync = [r for r in state.replicas if r in state.isr and r in live]
+    if in_sync:
+        leader = in_sync[0]
+        # Dead members leave the ISR with the leader change: the new leader
+        # would remove them anyway, after replica.lag.time.max.ms, and until
+        # then every acks=all produce would wait for them.
+        isr = tuple(r for r in state.isr if r in live)
+        return PartitionState(state.replicas, leader, state.leader_epoch + 1, isr)
+    if unclean:
+        candidates = [r for r in state.replicas if r in live]
+        if candidates:
+            return PartitionState(
+                state.replicas, candidates[0], state.leader_epoch + 1, (candidates[0],)
+            )
+    if state.leader == NO_LEADER:
+        return None
+    return PartitionState(state.replicas, NO_LEADER, state.leader_epoch + 1, state.isr)
+
+
+def is_unclean(before: PartitionState, after: PartitionState) -> bool:
+    """Whether an election picked a leader outside the ISR it had."""
+    return after.online and after.leader not in before.isr
+
+
+def elect_preferred(state: PartitionState, live: Collection[int]) -> PartitionState | None:
+    """Moves leadership back to the preferred replica when it is live, in sync
+    and not leading (Kafka's preferred leader election); None otherwise."""
+    preferred = state.preferred_leader
+    if state.leader == preferred or preferred not in live or preferred not in state.isr:
+        return None
+    return replace(state, leader=preferred, leader_epoch=state.leader_epoch + 1)
+
+
+def shrink_isr(state: PartitionState, remove: Collection[int]) -> PartitionState | None:
+    """The leader drops lagging followers (never itself); None: no change."""
+    isr = tuple(r for r in state.isr if r not in remove or r == state.leader)
+    return None if isr == state.isr else replace(state, isr=isr)
+
+
+def expand_isr(state: PartitionState, replica: int) -> PartitionState | None:
+    """A caught-up follower rejoins; the ISR stays in replica order."""
+    if replica in state.isr or replica not in state.replicas:
+        return None
+    members = set(state.isr) | {replica}
+    return replace(state, isr=tuple(r for r in state.replicas if r in members))
+
+
+def high_watermark(
+    *, current: int, leader: int, leader_end_offset: int, isr: Collection[int],
+    follower_end_offsets: Mapping[int, int],
+) -> int:
+    """The least log end offset over the ISR (the leader's is its durable
+    end), never below `current`. A follower in the ISR that has not fetched
+    yet holds the HW where it is."""
+    bound = leader_end_offset
+    for replica in isr:
+        if replica == leader:
+            continue
+        end = follower_end_offsets.get(replica)
+        if end is None:
+            return current
+        bound = min(bound, end)
+    return max(current, bound)
+
+
+def lagging_followers(
+    *, isr: Collection[int], leader: int, last_caught_up_ms: Mapping[int, int], now_ms: int,
+    lag_time_max_ms: int,
+) -> set[int]:
+    """ISR followers whose last time at the leader's log end is more than
+    lag_time_max_ms ago (Kafka's replica.lag.time.max.ms). `last_caught_up_ms`
+    starts at the time the leader took over, so a follower that never fetches
+    leaves after the same delay."""
+    return {
+        r for r in isr
+        if r != leader and now_ms - last_caught_up_ms.get(r, now_ms) > lag_time_max_ms
+    }
+
+
+def check_leader_epoch(*, known: int | None, current: int) -> str | None:
+    """A request's leader epoch against the replica's: None when it may go
+    on; "fenced" when the sender's is older (its metadata is stale),
+    "unknown" when it is newer (this replica has not heard of it yet)."""
+    if known is None or known < 0 or known == current:
+        return None
+    return "fenced" if known < current else "unknown"

@@ -1,0 +1,382 @@
+"""The cluster's metadata in the metadata store (etcd): the topic catalog, each
+partition's replicas / leader / leader epoch / ISR, which stores are alive,
+and which store is the controller (docs/replication.md).
+
+Keys (values are JSON):
+
+    <root>/topics/<name>            the catalog record (core/topics.py)
+    <root>/next_topic_id            the next topic id to hand out
+    <root>/partitions/<name>/<p>    PartitionState (core/replicas.py)
+    <root>/stores/<node id>         {"address": ...}, held by the store's lease
+    <root>/controller               {"node_id": ...}, held by the controller's lease
+
+Every change is one metadata-store transaction that compares the revisions it
+was decided on, so two writers (two controllers, a deposed leader shrinking
+its ISR, two nodes creating the same topic) cannot both win: the loser reads
+again and decides again. Nothing here is a consensus algorithm of our own.
+
+`MetadataLink` is the store's ControllerLink when the cluster has a metadata
+store: any store creates and deletes topics itself (no forwarding), every
+store reads the whole tree at once (`refresh`, one range read) and the
+elected controller moves leadership away from stores whose lease ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from oncelog.wire.errors import ErrorCode
+from services.common.cluster import ClusterLayout, stable_hash
+from services.common.errors import ServiceError
+from services.common.metadata_store import (
+    Compare,
+    MetadataStore,
+    MetadataUnavailable,
+    Put,
+    Versioned,
+)
+from services.partition_store import metrics
+from services.partition_store.core.codec import CorruptValueError
+from services.partition_store.core.outcomes import Rejection
+from services.partition_store.core.replicas import (
+    PartitionState,
+    ReplicaStateError,
+    assign_replicas,
+    default_replication_factor,
+    elect_leader,
+    elect_preferred,
+    initial_state,
+    is_unclean,
+)
+from services.partition_store.core.topics import (
+    INTERNAL_TOPIC_CONFIG,
+    TopicRecord,
+    topic_record_from_json,
+    topic_record_json,
+    validate_new_topic,
+)
+from services.partition_store.runtime import TopicOutcome, TopicSpec
+
+log = logging.getLogger("oncelog.partition_store.metadata")
+
+DEFAULT_ROOT = "/oncelog"
+DEFAULT_LEASE_TTL_S = 3
+
+TopicPartitionKey = tuple[str, int]
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class ClusterView:
+    """One consistent read of the metadata tree."""
+
+    revision: int = 0
+    topics: dict[str, TopicRecord] = field(default_factory=dict)
+    topic_revisions: dict[str, int] = field(default_factory=dict)
+    states: dict[TopicPartitionKey, PartitionState] = field(default_factory=dict)
+    state_revisions: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    # node id -> advertised address, for stores whose lease is alive.
+    live_stores: dict[int, str] = field(default_factory=dict)
+    # Stores that have registered at least once (a key without a lease).
+    seen_stores: set[int] = field(default_factory=set)
+    controller: int | None = None
+    next_topic_id: Versioned | None = None
+
+
+class MetadataLink:
+    def __init__(
+        self, store: MetadataStore, *, layout: ClusterLayout, node_id: int,
+        root: str = DEFAULT_ROOT, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
+        unclean_leader_election: bool = False, clock_ms: Callable[[], int],
+    ) -> None:
+        self.store = store
+        self._layout = layout
+        self._node_id = node_id
+        self._root = root.rstrip("/")
+        self.lease_ttl_s = lease_ttl_s
+        self.unclean_leader_election = unclean_leader_election
+        self._clock_ms = clock_ms
+        self.view = ClusterView()
+        self._lease: int | None = None
+        self._controller_lease: int | None = None
+        # Controller: when each store was first seen without a lease, so a
+        # store that has not registered yet at start-up is given one TTL.
+        self._missing_since_ms: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ keys
+
+    def _topic_key(self, name: str) -> str:
+        return f"{self._root}/topics/{name}"
+
+    def _state_key(self, topic: str, partition: int) -> str:
+        return f"{self._root}/partitions/{topic}/{partition}"
+
+    def _store_key(self, node_id: int) -> str:
+        return f"{self._root}/stores/{node_id}"
+
+    def _seen_key(self, node_id: int) -> str:
+        return f"{self._root}/seen/{node_id}"
+
+    @property
+    def _controller_key(self) -> str:
+        return f"{self._root}/controller"
+
+    @property
+    def _counter_key(self) -> str:
+        return f"{self._root}/next_topic_id"
+
+    # ----------------------------------------------------------------- reads
+
+    async def refresh(self) -> ClusterView:
+        """Reads the whole tree (one range read) into `view`."""
+        entries, revision = await self._call(self.store.get_prefix(self._root + "/"))
+        view = ClusterView(revision=revision)
+        topics_prefix = self._root + "/topics/"
+        parts_prefix = self._root + "/partitions/"
+        stores_prefix = self._root + "/stores/"
+        seen_prefix = self._root + "/seen/"
+        for key, item in entries.items():
+            try:
+                if key.startswith(topics_prefix):
+                    record = topic_record_from_json(item.value)
+                    view.topics[record.name] = record
+                    view.topic_revisions[record.name] = item.mod_revision
+                elif key.startswith(parts_prefix):
+                    topic, _, p = key[len(parts_prefix):].rpartition("/")
+                    view.states[(topic, int(p))] = PartitionState.from_json(item.value)
+                    view.state_revisions[(topic, int(p))] = item.mod_revision
+                elif key.startswith(stores_prefix):
+                    view.live_stores[int(key[len(stores_prefix):])] = json.loads(
+                        item.value)["address"]
+                elif key.startswith(seen_prefix):
+                    view.seen_stores.add(int(key[len(seen_prefix):]))
+                elif key == self._controller_key:
+                    view.controller = int(json.loads(item.value)["node_id"])
+                elif key == self._counter_key:
+                    view.next_topic_id = item
+            except (CorruptValueError, ReplicaStateError, ValueError, KeyError) as exc:
+                # Not guessing: an entry we cannot read stays out of the view.
+                log.error("metadata entry %s unreadable: %s", key, exc)
+        self.view = view
+        return view
+
+    async def _call(self, awaitable: Awaitable[_T]) -> _T:
+        try:
+            return await awaitable
+        except MetadataUnavailable as exc:
+            raise ServiceError(
+                ErrorCode.LEADER_NOT_AVAILABLE, f"the metadata store is unreachable: {exc}"
+            ) from exc
+
+    # --------------------------------------------------- ControllerLink port
+
+    async def list_topics(self) -> list[TopicRecord]:
+        view = await self.refresh()
+        return list(view.topics.values())
+
+    async def create_topics(
+        self, specs: Sequence[TopicSpec], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        return [await self._create_one(spec, validate_only=validate_only) for spec in specs]
+
+    async def _create_one(
+        self, spec: TopicSpec, *, validate_only: bool, internal: bool = False
+    ) -> TopicOutcome:
+        checked = validate_new_topic(spec.name, spec.partitions, spec.config,
+                                     allow_internal=internal)
+        if isinstance(checked, Rejection):
+            return TopicOutcome(spec.name, ServiceError(checked.code, checked.message))
+        stores = list(range(len(self._layout.stores)))
+        rf = spec.replication_factor or default_replication_factor(len(stores))
+        if not 1 <= rf <= len(stores):
+            return TopicOutcome(spec.name, ServiceError(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"topic {spec.name!r}: replication factor {rf} needs 1..{len(stores)} "
+                f"(the cluster has {len(stores)} stores)",
+            ))
+        # Two creators race on the topic key and the id counter: the loser
+        # reads again and finds the topic there.
+        while True:
+            view = await self.refresh()
+            existing = view.topics.get(spec.name)
+            if existing is not None:
+                return TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.TOPIC_ALREADY_EXISTS,
+                    f"topic {spec.name!r} already exists (topic id {existing.topic_id}, "
+                    f"{existing.partitions} partitions)",
+                ), existing.topic_id)
+            if validate_only:
+                return TopicOutcome(spec.name)
+            counter = view.next_topic_id
+            topic_id = int(counter.value) if counter is not None else 1
+            record = TopicRecord.build(
+                name=spec.name, topic_id=topic_id, partitions=spec.partitions,
+                overrides=dict(spec.config), internal=internal,
+            )
+            replicas = assign_replicas(
+                first_store_index=stable_hash(spec.name), partitions=spec.partitions,
+                stores=stores, replication_factor=rf,
+            )
+            puts = [
+                Put(self._topic_key(spec.name), topic_record_json(record)),
+                Put(self._counter_key, str(topic_id + 1)),
+            ]
+            puts += [
+                Put(self._state_key(spec.name, p), initial_state(r).to_json())
+                for p, r in enumerate(replicas)
+            ]
+            compares = [
+                Compare(self._topic_key(spec.name), 0),
+                Compare(self._counter_key, counter.mod_revision if counter else 0),
+            ]
+            if await self._call(self.store.commit(compares, puts, ())):
+                log.info("created topic %s (id %d, %d partitions, replication factor %d)",
+                         spec.name, topic_id, spec.partitions, rf)
+                return TopicOutcome(spec.name, None, topic_id)
+
+    async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]:
+        outcomes = []
+        for name in names:
+            view = await self.refresh()
+            record = view.topics.get(name)
+            if record is None:
+                outcomes.append(TopicOutcome(name, ServiceError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")))
+                continue
+            if record.internal:
+                outcomes.append(TopicOutcome(name, ServiceError(
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    f"topic {name!r} is internal and cannot be deleted")))
+                continue
+            deletes = [self._topic_key(name)] + [
+                self._state_key(name, p) for p in range(record.partitions)
+            ]
+            compares = [Compare(self._topic_key(name), view.topic_revisions[name])]
+            if await self._call(self.store.commit(compares, (), deletes)):
+                log.info("deleted topic %s (id %d)", name, record.topic_id)
+                outcomes.append(TopicOutcome(name, None, record.topic_id))
+            else:
+                outcomes.append(TopicOutcome(name, ServiceError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {name!r} changed while it was being deleted; try again")))
+        return outcomes
+
+    def partition_states(self) -> Mapping[TopicPartitionKey, PartitionState]:
+        return self.view.states
+
+    async def notify_catalog_changed(self, node_id: int) -> None:
+        """Nothing to do: every store reads the metadata store itself."""
+
+    async def ensure_internal_topics(self) -> None:
+        """Creates the layout's internal topics when absent (any store may;
+        the first one wins, the others find them there)."""
+        for name, partitions in self._layout.internal_topics().items():
+            await self._create_one(
+                TopicSpec(name, partitions, dict(INTERNAL_TOPIC_CONFIG)), validate_only=False,
+                internal=True,
+            )
+
+    async def close(self) -> None:
+        for lease in (self._controller_lease, self._lease):
+            if lease is not None:
+                with contextlib.suppress(MetadataUnavailable):
+                    await self.store.revoke(lease)
+        await self.store.close()
+
+    # ---------------------------------------------------------- membership
+
+    async def keep_registered(self, address: str) -> None:
+        """Registers this store under a lease, or keeps the lease alive; a
+        lease that ended (the store was paused past its TTL, or the metadata
+        store lost it) is replaced by a new one."""
+        if self._lease is not None and await self._call(self.store.keep_alive(self._lease)):
+            return
+        self._lease = await self._call(self.store.grant_lease(self.lease_ttl_s))
+        await self._call(self.store.commit(
+            (), [Put(self._store_key(self._node_id), json.dumps({"address": address}),
+                     self._lease),
+                 # Without a lease: that this store has ever been up (see
+                 # run_controller_once).
+                 Put(self._seen_key(self._node_id), "1")], ()))
+        log.info("store node %d registered (lease %d, TTL %d s)", self._node_id, self._lease,
+                 self.lease_ttl_s)
+
+    async def update_state(
+        self, topic: str, partition: int, decided_on: int, state: PartitionState
+    ) -> bool:
+        """Writes a partition's new state if its key is still at revision
+        `decided_on`; False when someone changed it first."""
+        return await self._call(self.store.commit(
+            [Compare(self._state_key(topic, partition), decided_on)],
+            [Put(self._state_key(topic, partition), state.to_json())], ()))
+
+    # ----------------------------------------------------------- controller
+
+    async def run_controller_once(self) -> int:
+        """One controller step: take the controller key if it is free (held
+        by this store's lease), and if this store holds it, elect new leaders
+        for partitions whose leader's lease ended and move leadership back to
+        in-sync preferred replicas. Returns the number of partitions changed."""
+        view = self.view
+        if self._lease is None:
+            return 0
+        if view.controller is None:
+            won = await self._call(self.store.commit(
+                [Compare(self._controller_key, 0)],
+                [Put(self._controller_key, json.dumps({"node_id": self._node_id}), self._lease)],
+                ()))
+            if won:
+                log.info("store node %d is the controller", self._node_id)
+                metrics.CONTROLLER_ELECTIONS.inc()
+                self._missing_since_ms = {}
+                view = await self.refresh()
+        if view.controller != self._node_id:
+            return 0
+        now_ms = self._clock_ms()
+        live = set(view.live_stores)
+        for node in range(len(self._layout.stores)):
+            if node in live:
+                self._missing_since_ms.pop(node, None)
+            else:
+                self._missing_since_ms.setdefault(node, now_ms)
+        # A store whose lease ended is gone now; one that has never
+        # registered (a cluster starting) gets one lease TTL first, so the
+        # partitions it was given at creation do not move before it is up.
+        grace_ms = self.lease_ttl_s * 1000
+        gone = {n for n, since in self._missing_since_ms.items()
+                if n in view.seen_stores or now_ms - since >= grace_ms}
+        changed = 0
+        for (topic, partition), state in sorted(view.states.items()):
+            if state.online and state.leader not in gone:
+                after = elect_preferred(state, live)
+            else:
+                after = elect_leader(state, live, unclean=self.unclean_leader_election)
+            if after is None:
+                continue
+            if await self.update_state(topic, partition, view.state_revisions[(topic, partition)],
+                                       after):
+                changed += 1
+                if not after.online:
+                    log.error("%s-%d is offline: no in-sync replica is alive (ISR %s)",
+                              topic, partition, list(after.isr))
+                elif is_unclean(state, after):
+                    metrics.UNCLEAN_LEADER_ELECTIONS.inc()
+                    log.warning("%s-%d: UNCLEAN leader election of store %d (ISR was %s): "
+                                "records only the old ISR had are lost", topic, partition,
+                                after.leader, list(state.isr))
+                else:
+                    metrics.LEADER_ELECTIONS.inc()
+                    log.info("%s-%d: leader %d -> %d at epoch %d (ISR %s)", topic, partition,
+                             state.leader, after.leader, after.leader_epoch, list(after.isr))
+        if changed:
+            await self.refresh()
+        return changed
+
+
+def states_of(view: ClusterView, topic: str) -> Mapping[int, PartitionState]:
+    return {p: s for (t, p), s in view.states.items() if t == topic}

@@ -1,0 +1,90 @@
+"""The gRPC LeaderLink: how a follower reaches the leader of a partition
+(ReplicaFetch, OffsetsForLeaderEpoch on the leader's store port)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from oncelog.v1 import partition_store_pb2 as pb
+from oncelog.v1 import partition_store_pb2_grpc
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.status import error_from_rpc
+from services.common.channels import ChannelPool
+from services.common.cluster import ClusterLayout
+from services.common.errors import ServiceError
+from services.partition_store.convert import error_from_proto
+from services.partition_store.runtime import (
+    EpochEndOutcome,
+    ReplicaFetchItem,
+    ReplicaFetchOutcome,
+)
+
+# Beyond the long-poll wait, how long a replica RPC may take.
+REPLICA_RPC_TIMEOUT_S = 10.0
+
+
+class GrpcLeaderLink:
+    def __init__(self, layout: ClusterLayout) -> None:
+        self._layout = layout
+        self._channels = ChannelPool()
+
+    def _stub(self, node_id: int) -> partition_store_pb2_grpc.PartitionStoreAsyncStub:
+        channel = self._channels.get(self._layout.stores[node_id])
+        return partition_store_pb2_grpc.PartitionStoreStub(channel)
+
+    def _failed(self, leader: int, exc: grpc.RpcError) -> ServiceError:
+        error = error_from_rpc(exc)
+        return ServiceError(
+            ErrorCode.from_wire(error.code),
+            f"leader store node {leader} ({self._layout.stores[leader]}): {error.message}",
+        )
+
+    async def replica_fetch(
+        self, leader: int, replica_id: int, items: Sequence[ReplicaFetchItem], *,
+        max_wait_ms: int,
+    ) -> list[ReplicaFetchOutcome]:
+        request = pb.ReplicaFetchRequest(
+            replica_id=replica_id, max_wait_ms=max_wait_ms,
+            partitions=[
+                pb.ReplicaFetchPartition(
+                    topic=i.topic, partition=i.partition, fetch_offset=i.fetch_offset,
+                    current_leader_epoch=i.current_leader_epoch, max_bytes=i.max_bytes,
+                )
+                for i in items
+            ],
+        )
+        try:
+            response = await self._stub(leader).ReplicaFetch(
+                request, timeout=REPLICA_RPC_TIMEOUT_S + max_wait_ms / 1000)
+        except grpc.RpcError as exc:
+            raise self._failed(leader, exc) from exc
+        return [
+            ReplicaFetchOutcome(
+                r.topic, r.partition, error_from_proto(r.error), r.high_watermark,
+                r.log_start_offset, r.log_end_offset, tuple(r.batches),
+            )
+            for r in response.results
+        ]
+
+    async def offsets_for_leader_epoch(
+        self, leader: int, queries: Sequence[tuple[str, int, int, int]],
+    ) -> list[EpochEndOutcome]:
+        request = pb.OffsetsForLeaderEpochRequest(partitions=[
+            pb.EpochQuery(topic=t, partition=p, leader_epoch=e, current_leader_epoch=c)
+            for t, p, e, c in queries
+        ])
+        try:
+            response = await self._stub(leader).OffsetsForLeaderEpoch(
+                request, timeout=REPLICA_RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            raise self._failed(leader, exc) from exc
+        return [
+            EpochEndOutcome(r.topic, r.partition, error_from_proto(r.error), r.leader_epoch,
+                            r.end_offset)
+            for r in response.results
+        ]
+
+    async def close(self) -> None:
+        await self._channels.close()

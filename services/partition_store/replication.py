@@ -1,0 +1,320 @@
+"""The replica manager of one store node (docs/replication.md): keeps the
+node registered in the metadata store, applies what the metadata store says
+(catalog, leaders, ISRs), runs one follower per partition this node follows,
+and, as leader, moves followers out of and back into the ISR.
+
+A follower (`_follow`) works for one leader epoch:
+1. Truncation (KIP-101/KIP-279): it asks the leader where its own latest
+   leader epoch ended there (OffsetsForLeaderEpoch) and cuts what it holds
+   beyond that point: a tail a deposed leader appended and never got
+   acknowledged. Asking again with an older epoch when the leader never had
+   this one (core/leader_epochs.py decides).
+2. Copying: it fetches from its log end offset, appends the leader's stored
+   batches at the same offsets through the same replay as every append, waits
+   until they are on its disk and fetches again; that next fetch tells the
+   leader how far it has copied, which moves the high watermark.
+A leader change (a new epoch) stops the follower; the next one starts over at
+step 1. A leader answering "out of range" below its log start (this replica
+came back empty, or retention went past it) makes the follower start over at
+the leader's log start.
+
+Every change of leader, epoch or ISR is a metadata-store transaction guarded
+by the revision it was decided on (metadata_link.py), so a leader that was
+paused past its lease cannot shrink the ISR to itself and acknowledge alone:
+its write fails, it reads again and finds it leads no more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from oncelog.wire.errors import ErrorCode
+from services.common.errors import ServiceError
+from services.common.metadata_store import LeaseNotFound
+from services.partition_store import metrics
+from services.partition_store.core.leader_epochs import AskAgain, Truncate, divergence_step
+from services.partition_store.core.replicas import expand_isr, lagging_followers, shrink_isr
+from services.partition_store.metadata_link import MetadataLink
+from services.partition_store.partition import PartitionRuntime
+from services.partition_store.runtime import (
+    EpochEndOutcome,
+    ReplicaFetchItem,
+    ReplicaFetchOutcome,
+    StoreRuntime,
+)
+
+log = logging.getLogger("oncelog.partition_store.replication")
+
+DEFAULT_METADATA_SYNC_INTERVAL_MS = 100
+DEFAULT_REPLICA_FETCH_WAIT_MS = 500
+DEFAULT_REPLICA_FETCH_MAX_BYTES = 8 << 20
+# A follower waits this long after a failed fetch before the next one.
+FOLLOWER_BACKOFF_MS = 50
+# "metadata store unreachable" is logged at most this often.
+UNREACHABLE_LOG_INTERVAL_S = 10.0
+
+
+class LeaderLink(Protocol):
+    """How a follower reaches its leader (gRPC in production)."""
+
+    async def replica_fetch(
+        self, leader: int, replica_id: int, items: Sequence[ReplicaFetchItem], *,
+        max_wait_ms: int,
+    ) -> list[ReplicaFetchOutcome]: ...
+
+    async def offsets_for_leader_epoch(
+        self, leader: int, queries: Sequence[tuple[str, int, int, int]],
+    ) -> list[EpochEndOutcome]: ...
+
+    async def close(self) -> None: ...
+
+
+class ReplicaManager:
+    def __init__(
+        self, runtime: StoreRuntime, link: MetadataLink, leaders: LeaderLink, *,
+        address: str, sync_interval_ms: int = DEFAULT_METADATA_SYNC_INTERVAL_MS,
+        fetch_wait_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MS,
+    ) -> None:
+        self._runtime = runtime
+        self._link = link
+        self._leaders = leaders
+        self._address = address
+        self._node_id = runtime.config.node_id
+        self._sync_interval_s = sync_interval_ms / 1000
+        self._fetch_wait_ms = fetch_wait_ms
+        # (topic, partition) -> (leader epoch, its follower task)
+        self._followers: dict[tuple[str, int], tuple[int, asyncio.Task[None]]] = {}
+        self._expand: set[tuple[str, int, int]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._last_keep_alive_s = 0.0
+        self._last_unreachable_log_s = 0.0
+        self._closing = False
+        runtime.on_states_applied = self._reconcile
+        runtime.on_isr_expand = self._request_expand
+
+    async def start(self) -> None:
+        """Registers, creates the internal topics when absent, loads the
+        catalog and states, then keeps them current in the background."""
+        await self._link.keep_registered(self._address)
+        self._last_keep_alive_s = time.monotonic()
+        await self._link.ensure_internal_topics()
+        await self._runtime.refresh_catalog()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="replication")
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = [t for _e, t in self._followers.values()]
+        if self._task is not None:
+            tasks.append(self._task)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._followers.clear()
+        await self._leaders.close()
+
+    # ------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                await self.sync_once()
+            except ServiceError as exc:
+                now = time.monotonic()
+                if now - self._last_unreachable_log_s >= UNREACHABLE_LOG_INTERVAL_S:
+                    self._last_unreachable_log_s = now
+                    log.warning("store node %d cannot sync with the metadata store (leaders "
+                                "keep serving; no leader changes meanwhile): %s",
+                                self._node_id, exc.message)
+            except Exception:
+                log.exception("replication sync failed")
+            await asyncio.sleep(self._sync_interval_s)
+
+    async def sync_once(self) -> None:
+        """One round: keep the lease, read the metadata (which applies it and
+        reconciles followers), act as controller if this node is, and move
+        followers out of / into the ISRs this node leads."""
+        now = time.monotonic()
+        if now - self._last_keep_alive_s >= self._link.lease_ttl_s / 3:
+            try:
+                await self._link.keep_registered(self._address)
+            except LeaseNotFound:
+                await self._link.keep_registered(self._address)
+            self._last_keep_alive_s = now
+        await self._runtime.refresh_catalog()
+        try:
+            changed = await self._link.run_controller_once()
+        except LeaseNotFound:
+            changed = 0
+        if changed:
+            await self._runtime.refresh_catalog()
+        if await self._maintain_isr():
+            await self._runtime.refresh_catalog()
+        self._update_gauges()
+
+    # ------------------------------------------------------------ followers
+
+    def _reconcile(self) -> None:
+        """Starts a follower for each partition this node follows at an epoch
+        it has no follower for, and stops the others."""
+        if self._closing:
+            return
+        wanted: dict[tuple[str, int], int] = {}
+        for part in self._runtime.partitions:
+            if not part.closed and not part.is_leader and part.state.online:
+                wanted[(part.topic.name, part.partition)] = part.state.leader_epoch
+        for key, (epoch, task) in list(self._followers.items()):
+            if wanted.get(key) != epoch or task.done():
+                task.cancel()
+                del self._followers[key]
+        loop = asyncio.get_running_loop()
+        for key, epoch in wanted.items():
+            if key not in self._followers:
+                task = loop.create_task(self._follow(key[0], key[1], epoch),
+                                        name=f"follow-{key[0]}-{key[1]}")
+                self._followers[key] = (epoch, task)
+
+    async def _follow(self, topic: str, partition: int, epoch: int) -> None:
+        truncated = False
+        while not self._closing:
+            part = self._runtime.follower_partition(topic, partition)
+            if part is None or part.state.leader_epoch != epoch:
+                return
+            leader = part.state.leader
+            try:
+                if not truncated:
+                    await self._truncate_to_leader(part, leader, epoch)
+                    truncated = True
+                    continue
+                outcome = (await self._leaders.replica_fetch(
+                    leader, self._node_id,
+                    [ReplicaFetchItem(topic, partition, part.log.log_end_offset, epoch,
+                                      DEFAULT_REPLICA_FETCH_MAX_BYTES)],
+                    max_wait_ms=self._fetch_wait_ms,
+                ))[0]
+                if outcome.error is not None:
+                    truncated = await self._on_fetch_error(part, outcome)
+                    continue
+                written = self._runtime.append_replicated(
+                    part, outcome.batches, leader_high_watermark=outcome.high_watermark)
+                if written is not None:
+                    await written
+                metrics.REPLICA_LAG_OFFSETS.labels(topic, str(partition)).set(
+                    max(0, outcome.log_end_offset - part.log.log_end_offset))
+            except asyncio.CancelledError:
+                raise
+            except ServiceError as exc:
+                log.debug("%s-%d: following store %d at epoch %d: %s", topic, partition,
+                          leader, epoch, exc.message)
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+            except Exception:
+                log.exception("%s-%d: follower failed", topic, partition)
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+
+    async def _on_fetch_error(self, part: PartitionRuntime,
+                              outcome: ReplicaFetchOutcome) -> bool:
+        """Handles a refused fetch; returns whether truncation still holds
+        (False: check against the leader again before fetching)."""
+        error = outcome.error
+        assert error is not None
+        if error.code is ErrorCode.OFFSET_OUT_OF_RANGE:
+            if outcome.log_start_offset >= 0 and part.log.log_end_offset < outcome.log_start_offset:
+                await self._runtime.reset_replica(part, outcome.log_start_offset)
+                return True
+            return False
+        log.debug("%s: replica fetch refused: %s", part.topic_partition, error.message)
+        await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+        return True
+
+    async def _truncate_to_leader(self, part: PartitionRuntime, leader: int,
+                                  epoch: int) -> None:
+        """Step 1 of following (see the module docstring)."""
+        ask = part.epochs.latest_epoch
+        if ask < 0:
+            # No epoch recorded: nothing to compare; keep only what is known
+            # to be committed (Kafka's fallback to the high watermark).
+            if part.log.log_end_offset > part.log.high_watermark:
+                await self._runtime.truncate_replica(part, part.log.high_watermark)
+            return
+        while True:
+            answer = (await self._leaders.offsets_for_leader_epoch(
+                leader, [(part.topic.name, part.partition, ask, epoch)]))[0]
+            if answer.error is not None:
+                raise answer.error
+            step = divergence_step(
+                asked_epoch=ask, leader_epoch=answer.leader_epoch,
+                leader_end_offset=answer.end_offset, local=part.epochs,
+                local_log_end_offset=part.log.log_end_offset,
+                high_watermark=part.log.high_watermark,
+            )
+            if isinstance(step, AskAgain):
+                ask = step.epoch
+                continue
+            assert isinstance(step, Truncate)
+            await self._runtime.truncate_replica(part, step.offset)
+            return
+
+    # ------------------------------------------------------------------ ISR
+
+    def _request_expand(self, part: PartitionRuntime, replica: int) -> None:
+        self._expand.add((part.topic.name, part.partition, replica))
+
+    async def _maintain_isr(self) -> bool:
+        """As leader: drops followers that lag more than
+        replica.lag.time.max.ms and adds back those that caught up. Returns
+        whether anything changed."""
+        view = self._link.view
+        now_ms = self._runtime.clock_ms()
+        changed = False
+        expand, self._expand = self._expand, set()
+        for part in self._runtime.partitions:
+            if part.closed or not part.is_leader:
+                continue
+            key = (part.topic.name, part.partition)
+            stored = view.states.get(key)
+            if stored is None or stored != part.state:
+                continue
+            after = None
+            lagging = lagging_followers(
+                isr=part.state.isr, leader=self._node_id,
+                last_caught_up_ms=part.last_caught_up_ms, now_ms=now_ms,
+                lag_time_max_ms=self._runtime.config.replica_lag_time_max_ms,
+            )
+            if lagging:
+                after = shrink_isr(part.state, lagging)
+                counter = metrics.ISR_SHRINKS
+            else:
+                for topic, partition, replica in expand:
+                    if (topic, partition) == key:
+                        after = expand_isr(part.state, replica)
+                        counter = metrics.ISR_EXPANDS
+                        if after is not None:
+                            break
+            if after is None:
+                continue
+            if await self._link.update_state(key[0], key[1], view.state_revisions[key], after):
+                counter.labels(key[0]).inc()
+                changed = True
+                log.info("%s: ISR %s -> %s (leader %d, epoch %d)", part.topic_partition,
+                         list(part.state.isr), list(after.isr), self._node_id,
+                         after.leader_epoch)
+        return changed
+
+    def _update_gauges(self) -> None:
+        led = [p for p in self._runtime.partitions if not p.closed and p.is_leader]
+        metrics.LEADER_PARTITIONS.set(len(led))
+        metrics.UNDER_REPLICATED_PARTITIONS.set(
+            sum(1 for p in led if len(p.state.isr) < len(p.state.replicas)))
+        metrics.UNDER_MIN_ISR_PARTITIONS.set(
+            sum(1 for p in led if len(p.state.isr) < p.min_insync_replicas))
+        view = self._link.view
+        if view.controller == self._node_id:
+            metrics.OFFLINE_PARTITIONS.set(sum(1 for s in view.states.values() if not s.online))
+        else:
+            metrics.OFFLINE_PARTITIONS.set(0)
