@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -101,7 +100,7 @@ class ReplicaManager:
         """Registers, creates the internal topics when absent, loads the
         catalog and states, then keeps them current in the background."""
         await self._link.keep_registered(self._address)
-        self._last_keep_alive_s = time.monotonic()
+        self._last_keep_alive_s = self._now_s()
         await self._link.ensure_internal_topics()
         await self._runtime.refresh_catalog()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replication")
@@ -126,7 +125,7 @@ class ReplicaManager:
             try:
                 await self.sync_once()
             except ServiceError as exc:
-                now = time.monotonic()
+                now = self._now_s()
                 if now - self._last_unreachable_log_s >= UNREACHABLE_LOG_INTERVAL_S:
                     self._last_unreachable_log_s = now
                     log.warning("store node %d cannot sync with the metadata store (leaders "
@@ -140,7 +139,7 @@ class ReplicaManager:
         """One round: keep the lease, read the metadata (which applies it and
         reconciles followers), act as controller if this node is, and move
         followers out of / into the ISRs this node leads."""
-        now = time.monotonic()
+        now = self._now_s()
         if now - self._last_keep_alive_s >= self._link.lease_ttl_s / 3:
             try:
                 await self._link.keep_registered(self._address)
@@ -157,6 +156,10 @@ class ReplicaManager:
         if await self._maintain_isr():
             await self._runtime.refresh_catalog()
         self._update_gauges()
+
+    def _now_s(self) -> float:
+        # The runtime's clock: the simulation drives it.
+        return self._runtime.clock_ms() / 1000
 
     # ------------------------------------------------------------ followers
 
