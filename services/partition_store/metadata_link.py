@@ -50,8 +50,10 @@ from services.partition_store.core.replicas import (
     default_replication_factor,
     elect_leader,
     elect_preferred,
+    fence_replica,
     initial_state,
     is_unclean,
+    shrink_isr,
 )
 from services.partition_store.core.topics import (
     INTERNAL_TOPIC_CONFIG,
@@ -306,6 +308,41 @@ class MetadataLink:
         log.info("store node %d registered (lease %d, TTL %d s)", self._node_id, self._lease,
                  self.lease_ttl_s)
 
+    async def fence_restarted_self(self) -> int:
+        """Run once at start, before this store acts on any state: a store
+        that restarts (after a crash, or with an empty disk) is not the
+        replica it was. It leaves every ISR it is in, and every partition it
+        led gets a new leader epoch without a leader, so the controller
+        elects a new one from the ISR (Kafka fences a restarted broker's old
+        incarnation the same way). When it is the only in-sync replica it
+        stays in the ISR: then it holds the only copy there is, and leads
+        again at a new epoch. Returns the partitions changed."""
+        changed = 0
+        while True:
+            view = await self.refresh()
+            pending = [
+                (key, state) for key, state in sorted(view.states.items())
+                if self._node_id in state.isr
+            ]
+            if not pending:
+                return changed
+            retry = False
+            for (topic, partition), state in pending:
+                after = fence_replica(state, self._node_id)
+                if after is None:
+                    continue
+                if await self.update_state(topic, partition,
+                                           view.state_revisions[(topic, partition)], after):
+                    changed += 1
+                    if state.isr == (self._node_id,):
+                        log.warning("%s-%d: store %d restarted as the only in-sync replica; "
+                                    "it leads again at epoch %d with what it has on disk",
+                                    topic, partition, self._node_id, after.leader_epoch)
+                else:
+                    retry = True
+            if not retry:
+                return changed
+
     async def update_state(
         self, topic: str, partition: int, decided_on: int, state: PartitionState
     ) -> bool:
@@ -353,7 +390,10 @@ class MetadataLink:
         changed = 0
         for (topic, partition), state in sorted(view.states.items()):
             if state.online and state.leader not in gone:
-                after = elect_preferred(state, live)
+                # A follower whose store is gone leaves the ISR now, as
+                # Kafka's controller does on a broker failure: otherwise
+                # every acks=all append waits replica.lag.time.max.ms for it.
+                after = shrink_isr(state, gone) or elect_preferred(state, live)
             else:
                 after = elect_leader(state, live, unclean=self.unclean_leader_election)
             if after is None:
@@ -361,7 +401,11 @@ class MetadataLink:
             if await self.update_state(topic, partition, view.state_revisions[(topic, partition)],
                                        after):
                 changed += 1
-                if not after.online:
+                if after.leader == state.leader and after.leader_epoch == state.leader_epoch:
+                    metrics.ISR_SHRINKS.labels(topic).inc()
+                    log.info("%s-%d: ISR %s -> %s (stores gone: %s)", topic, partition,
+                             list(state.isr), list(after.isr), sorted(gone & set(state.isr)))
+                elif not after.online:
                     log.error("%s-%d is offline: no in-sync replica is alive (ISR %s)",
                               topic, partition, list(after.isr))
                 elif is_unclean(state, after):

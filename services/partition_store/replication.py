@@ -101,6 +101,10 @@ class ReplicaManager:
         catalog and states, then keeps them current in the background."""
         await self._link.keep_registered(self._address)
         self._last_keep_alive_s = self._now_s()
+        fenced = await self._link.fence_restarted_self()
+        if fenced:
+            log.info("store node %d left the ISR of %d partitions on start; it rejoins each "
+                     "once it has caught up", self._node_id, fenced)
         await self._link.ensure_internal_topics()
         await self._runtime.refresh_catalog()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replication")

@@ -352,7 +352,8 @@ class StoreRuntime:
         self._partitions: dict[tuple[str, int], PartitionRuntime] = {}
         # Replicated clusters: every partition's state from the metadata
         # store (None: single copies, see partition_state).
-        self._states: Mapping[tuple[str, int], PartitionState] | None = None
+        self._states: Mapping[tuple[str, int], PartitionState] | None = (
+            {} if config.replicated else None)
         # Called after each catalog/state refresh (the replica manager
         # starts and stops followers there).
         self.on_states_applied: Callable[[], None] | None = None

@@ -31,6 +31,12 @@ from oncelog.errors import KafkaTimeoutError, NotEnoughReplicasError, OncelogErr
 from oncelog.testing import LocalCluster
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
+from tests.support.copier import (
+    CopierFleet,
+    produce_in_background,
+    verify_exactly_once,
+    wait_until_copied,
+)
 from tests.support.reading import read_all
 
 pytestmark = pytest.mark.timeout(300)
@@ -93,7 +99,7 @@ def _create(cluster: LocalCluster, topic: str, partitions: int) -> None:
 
 
 def _bootstrap(cluster: LocalCluster) -> str:
-    return ",".join(cluster.address("partition_store", i) for i in range(STORES))
+    return cluster.bootstrap_servers
 
 
 def _check_exactly_once(cluster: LocalCluster, topic: str, partitions: int,
@@ -206,10 +212,12 @@ def test_a_wiped_store_rebuilds_its_replicas_and_rejoins(cluster: LocalCluster) 
     stream = _Stream(cluster, topic, partitions)
     try:
         stream.wait_acked_beyond(2_000)
-        cluster.kill("partition_store", 1)
-        cluster.wipe("partition_store", 1)
-        stream.wait_acked_beyond(stream.acked())
-        cluster.restart("partition_store", 1)
+        # The leader of partition 0, back empty before its lease has ended:
+        # it must not lead with its empty log (it fences itself on start).
+        wiped = _describe(cluster, topic)[0][0]
+        cluster.kill("partition_store", wiped)
+        cluster.wipe("partition_store", wiped)
+        cluster.restart("partition_store", wiped)
         _wait("the wiped store back in every ISR", lambda: all(
             len(i) == STORES for _l, _e, _r, i in _describe(cluster, topic)))
         # The coordinators' partitions were rebuilt too.
@@ -217,7 +225,6 @@ def test_a_wiped_store_rebuilds_its_replicas_and_rejoins(cluster: LocalCluster) 
             len(i) == STORES for _l, _e, _r, i in _describe(cluster, "__transaction_state")))
     finally:
         sent = stream.finish()
-    # Kill the two others: store 1's copies must hold everything acknowledged.
     _check_exactly_once(cluster, topic, partitions, stream.futures, sent)
 
 
@@ -295,3 +302,45 @@ def test_a_paused_leader_acknowledges_nothing_the_new_leader_lacks(
     for i, f in enumerate(late):
         if f.done() and f.exception() is None:
             assert b"late-%d" % i in values, "an acknowledged write is not on the new leader"
+
+
+def test_transactional_copier_is_exactly_once_while_each_leader_is_killed(
+        tmp_path: Path) -> None:
+    """Three copier processes (read-process-write in transactions, offsets
+    in the transaction) while the leader of every output partition, and of
+    the coordinators' partitions, is kill -9'd in turn."""
+    with LocalCluster(
+        tmp_path / "cluster", partition_stores=STORES, etcd_members=1,
+        consumer_offsets_partitions=2, transaction_state_partitions=2,
+        env={"ONCELOG_LEASE_TTL_S": str(LEASE_TTL_S),
+             "ONCELOG_REPLICA_LAG_TIME_MAX_MS": str(LAG_MAX_MS)},
+        extra_args={"group_coordinator": ["--min-session-timeout-ms", "500"]},
+    ) as cluster:
+        partitions, records = 3, 6_000
+        with Admin(bootstrap=cluster.bootstrap_servers) as admin:
+            admin.create_topic("in", partitions=partitions, replication_factor=3)
+            admin.create_topic("out", partitions=partitions, replication_factor=3)
+        copiers = CopierFleet(
+            bootstrap=cluster.bootstrap_servers, input_topic="in", output_topic="out",
+            group="copier", log_dir=tmp_path / "copiers",
+            extra_args=["--session-timeout-ms", "3000", "--max-poll-records", "200"])
+        for i in range(3):
+            copiers.start(i)
+        producer = produce_in_background(cluster.bootstrap_servers, "in", records,
+                                         duration_s=8)
+        killed = []
+        try:
+            for topic, p in [("out", 0), ("__transaction_state", 0), ("out", 1),
+                             ("__consumer_offsets", 0), ("out", 2)]:
+                time.sleep(1.0)
+                leader = _describe(cluster, topic)[p][0]
+                cluster.kill("partition_store", leader)
+                killed.append(f"{topic}-{p}@{leader}")
+                time.sleep(0.5)
+                cluster.restart("partition_store", leader)
+            producer.join(timeout=120)
+            wait_until_copied(cluster, copiers, partitions, timeout_s=240)
+        finally:
+            copiers.stop_all()
+        print(f"\nleaders killed: {killed}")
+        assert verify_exactly_once(cluster.bootstrap_servers, "in", "out", partitions) == records

@@ -23,6 +23,7 @@ from services.partition_store.core.replicas import (
     elect_leader,
     elect_preferred,
     expand_isr,
+    fence_replica,
     high_watermark,
     initial_state,
     is_unclean,
@@ -149,3 +150,22 @@ def test_json_round_trip_and_garbage() -> None:
     for text in ("", "{}", '{"replicas": [0], "leader": "x", "leader_epoch": 0, "isr": [0]}'):
         with pytest.raises(ReplicaStateError):
             PartitionState.from_json(text)
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        # A restarted follower leaves the ISR; the leader stays.
+        (_state((0, 1, 2), 0, 4, (0, 1, 2)), _state((0, 1, 2), 0, 4, (0, 2))),
+        # A restarted leader: a new epoch, no leader, for the controller to fill.
+        (_state((1, 0, 2), 1, 4, (1, 0, 2)), _state((1, 0, 2), NO_LEADER, 5, (0, 2))),
+        # The only in-sync copy stays in the ISR; as leader, the epoch moves on.
+        (_state((1, 0, 2), 1, 4, (1,)), _state((1, 0, 2), NO_LEADER, 5, (1,))),
+        (_state((0, 1, 2), NO_LEADER, 4, (1,)), None),
+        # Not in the ISR: nothing to do.
+        (_state((0, 1, 2), 0, 4, (0, 2)), None),
+    ],
+)
+def test_a_restarted_replica_is_fenced(state: PartitionState,
+                                       expected: PartitionState | None) -> None:
+    assert fence_replica(state, 1) == expected

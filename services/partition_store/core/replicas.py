@@ -155,6 +155,24 @@ def is_unclean(before: PartitionState, after: PartitionState) -> bool:
     return after.online and after.leader not in before.isr
 
 
+def fence_replica(state: PartitionState, replica: int) -> PartitionState | None:
+    """The state after `replica`'s store restarted (it is not the replica it
+    was: its disk may be empty): it leaves the ISR, and if it led, the
+    partition gets a new epoch without a leader for the controller to fill.
+    Alone in the ISR it stays there (the only copy there is) and, if it led,
+    the epoch still moves on. None when it was not in the ISR."""
+    if replica not in state.isr:
+        return None
+    if state.isr == (replica,):
+        if state.leader != replica:
+            return None
+        return replace(state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1)
+    isr = tuple(r for r in state.isr if r != replica)
+    if state.leader == replica:
+        return PartitionState(state.replicas, NO_LEADER, state.leader_epoch + 1, isr)
+    return replace(state, isr=isr)
+
+
 def elect_preferred(state: PartitionState, live: Collection[int]) -> PartitionState | None:
     """Moves leadership back to the preferred replica when it is live, in sync
     and not leading (Kafka's preferred leader election); None otherwise."""
