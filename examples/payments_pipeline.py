@@ -1,8 +1,11 @@
 """The main job: payments to a double-entry ledger with Spark, exactly once,
 while processes are killed.
 
-1. Starts a LocalCluster (partition store, transaction coordinator, group
-   coordinator, each its own process) and creates `payments` and `ledger`.
+1. Starts a LocalCluster (three partition stores with etcd holding the
+   cluster's metadata, a transaction coordinator, a group coordinator, each
+   its own process) and creates `payments` and `ledger` with three copies
+   of every partition (min.insync.replicas 2), as are the coordinators'
+   internal topics.
 2. A generator writes payment events (`id`, `from`, `to`, `amount_cents`)
    into `payments` in transactions; about one transaction in ten is aborted
    on purpose.
@@ -10,10 +13,12 @@ while processes are killed.
    (`python -m oncelog_spark.jobs.payments`), reads `payments` with the
    oncelog source (read_committed) and writes a debit and a credit per
    payment into `ledger` with an exactly-once oncelog sink.
-4. Meanwhile a chaos thread kill -9s the partition store, the coordinator
+4. Meanwhile a chaos thread kill -9s partition stores, the coordinator
    and the Spark driver (its whole process group: JVM and Python workers)
    at random moments and starts them again — the Spark job from its
-   checkpoint.
+   checkpoint. It also wipes one store's disk (the store comes back empty
+   and rebuilds its copies from the others) and, last, kills one store for
+   good: the pipeline finishes on the two that are left.
 5. When the job has caught up, it is stopped and `ledger` is read back with
    read_committed: every committed payment must appear exactly twice (its
    debit and its credit), no aborted payment at all, the entries must sum
@@ -51,6 +56,8 @@ from oncelog.testing import LocalCluster
 PAYMENTS = "payments"
 LEDGER = "ledger"
 PARTITIONS = 3
+# Partition stores, each topic's replication factor (min.insync.replicas 2).
+STORES = 3
 ACCOUNTS = 50
 APP_ID = "ledger-writer"
 WRITERS = 3
@@ -322,7 +329,12 @@ class SparkJob:
 # ------------------------------------------------------------------ chaos
 
 FAULT_NAMES = {"partition_store": "partition store", "coordinator": "coordinator",
-               "driver": "Spark driver"}
+               "driver": "Spark driver", "wipe": "partition store with its disk wiped",
+               "store-for-good": "partition store for good"}
+# A wiped store must be a full copy again before the next store fault, or
+# the partitions it was rebuilding would have one copy in sync (writes wait).
+REBUILD_TIMEOUT_S = 300
+INTERNAL_TOPICS = ("__transaction_state", "__consumer_offsets", "__producer_ids")
 # A driver kill aimed between the two-phase sink's prepare and its commit.
 IN_COMMIT = "driver-in-commit"
 
@@ -344,6 +356,8 @@ class Chaos:
     error: BaseException | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    # The store killed for good (chaos kills no other store after it).
+    gone: int | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
@@ -358,12 +372,19 @@ class Chaos:
             self._thread.join()
 
     def _plan(self) -> list[tuple[float, str]]:
-        kinds = list(FAULT_NAMES)
-        picked = kinds[: self.faults] + [self.rng.choice(kinds)
-                                         for _ in range(self.faults - len(kinds))]
+        # Wipe and kill-for-good happen once each; the last fault is the
+        # kill for good (the pipeline ends on two stores).
+        once = [k for k in ("wipe", "store-for-good") if k in FAULT_NAMES][: self.faults]
+        kinds = ["partition_store", "coordinator", "driver"]
+        rest = max(0, self.faults - len(once))
+        picked = kinds[:rest] + [self.rng.choice(kinds) for _ in range(rest - len(kinds))]
+        if "wipe" in once:
+            picked.append("wipe")
         self.rng.shuffle(picked)
         moments = sorted(self.rng.uniform(0, self.window_s) for _ in picked)
         plan = list(zip(moments, picked, strict=True))
+        if "store-for-good" in once:
+            plan.append((self.window_s, "store-for-good"))
         if self.job.sink == TWO_PHASE and "driver" in picked:
             # The two-phase sink's hardest moment comes first: the driver
             # killed with a micro-batch prepared by every task and not yet
@@ -396,6 +417,29 @@ class Chaos:
         log(self.started, "chaos: kill -9 of the Spark driver (no commit came to hold); the "
                           "job restarted from its checkpoint")
 
+    def _store_fault(self, kind: str) -> None:
+        index = self.rng.choice([i for i in range(STORES) if i != self.gone])
+        self.cluster.kill("partition_store", index)
+        if kind == "store-for-good":
+            self.gone = index
+            log(self.started, f"chaos: kill -9 of partition store {index}, for good: the "
+                              f"pipeline goes on with {STORES - 1} copies of each partition")
+            return
+        if kind == "wipe":
+            self.cluster.wipe("partition_store", index)
+            log(self.started, f"chaos: kill -9 of partition store {index} and its disk "
+                              "wiped; it restarts empty")
+        else:
+            log(self.started, f"chaos: kill -9 of partition store {index}")
+        time.sleep(self.rng.uniform(0.2, 1.0))
+        self.cluster.restart("partition_store", index)
+        log(self.started, f"chaos: partition store {index} restarted")
+        waited_s = wait_fully_replicated(self.cluster.bootstrap_servers, self._stop,
+                                         REBUILD_TIMEOUT_S)
+        if kind == "wipe":
+            log(self.started, f"chaos: partition store {index} rebuilt every copy it holds "
+                              f"and is in sync again ({waited_s:.1f} s)")
+
     def _run(self) -> None:
         try:
             begun = time.monotonic()
@@ -413,15 +457,34 @@ class Chaos:
                     self.job.kill_and_restart(pause_s=self.rng.uniform(0.2, 1.0))
                     log(self.started, "chaos: kill -9 of the Spark driver (and its workers); "
                                       "the job restarted from its checkpoint")
-                else:
+                elif kind == "coordinator":
                     self.cluster.kill(kind, 0)
                     log(self.started, f"chaos: kill -9 of the {FAULT_NAMES[kind]}")
                     time.sleep(self.rng.uniform(0.2, 1.0))
                     self.cluster.restart(kind, 0)
                     log(self.started, f"chaos: {FAULT_NAMES[kind]} restarted")
+                else:
+                    self._store_fault(kind)
                 self.done.append(kind)
         except BaseException as exc:  # reported by the main thread
             self.error = exc
+
+
+def wait_fully_replicated(bootstrap: str, stop: threading.Event, timeout_s: float) -> float:
+    """Waits until every partition of every topic (internal ones included)
+    has all its replicas in sync; returns how long that took."""
+    started = time.monotonic()
+    with Admin(bootstrap=bootstrap) as admin:
+        while time.monotonic() - started < timeout_s and not stop.is_set():
+            try:
+                names = [*admin.list_topics(), *INTERNAL_TOPICS]
+                if all(len(p.isr) == len(p.replicas)
+                       for name in names for p in admin.describe_topic(name).partitions):
+                    return time.monotonic() - started
+            except errors.OncelogError:
+                pass
+            stop.wait(0.5)
+    raise RuntimeError(f"the cluster was not fully replicated again within {timeout_s:.0f} s")
 
 
 # ----------------------------------------------------------- verification
@@ -549,12 +612,13 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     log(started, f"starting a local cluster in {data_dir} (seed {seed}) ...")
-    with LocalCluster(data_dir / "cluster") as cluster:
-        bootstrap = cluster.bootstrap
-        log(started, f"cluster up, bootstrap {bootstrap}")
+    with LocalCluster(data_dir / "cluster", partition_stores=STORES, etcd_members=1) as cluster:
+        bootstrap = cluster.bootstrap_servers
+        log(started, f"cluster up ({STORES} partition stores, etcd at "
+                     f"{','.join(cluster.etcd_endpoints)}), bootstrap {bootstrap}")
         with Admin(bootstrap=bootstrap) as admin:
-            admin.create_topic(PAYMENTS, partitions=PARTITIONS)
-            admin.create_topic(LEDGER, partitions=PARTITIONS)
+            admin.create_topic(PAYMENTS, partitions=PARTITIONS, replication_factor=STORES)
+            admin.create_topic(LEDGER, partitions=PARTITIONS, replication_factor=STORES)
         work_dir = data_dir / "job"
         work_dir.mkdir(parents=True, exist_ok=True)
         job = SparkJob(bootstrap, work_dir, args.sink,
@@ -572,7 +636,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
                     chaos = Chaos(cluster, job, rng, args.faults,
                                   window_s=max(args.generate_s, 10.0), started=started)
                     chaos.start()
-                    log(started, f"chaos: {args.faults} kill -9s over the next "
+                    log(started, f"chaos: {args.faults} faults over the next "
                                  f"{chaos.window_s:.0f} s")
                 if job.restart_if_exited():
                     log(started, "the Spark job exited on its own; restarted from its "
@@ -641,7 +705,7 @@ def print_summary(args: argparse.Namespace, generator: Generator, job: SparkJob,
         ("sum of all entries (cents)", f"{v.entries_sum_cents}"),
         ("accounts whose balance is off", f"{v.accounts_off} of {ACCOUNTS}"),
         ("hanging / open sink transactions", f"{v.hanging} / {v.open_sink_transactions}"),
-        ("faults injected (kill -9)", f"{sum(faults.values())}"
+        ("faults injected", f"{sum(faults.values())}"
                                       + (f" ({fault_text})" if fault_text else "")),
         ("  driver kills between prepare and commit", f"{in_commit}"),
         ("Spark job starts", f"{job.starts} ({job.failures} after a failed query)"),
@@ -674,8 +738,10 @@ def main() -> None:
                         help="payment events to generate (default 20,000)")
     parser.add_argument("--no-chaos", action="store_true", help="kill nothing")
     parser.add_argument("--faults", type=int, default=6,
-                        help="kill -9s to inject (default 6; at least one of each kind "
-                             "when 3 or more)")
+                        help="faults to inject (default 6): kill -9 of a partition store, "
+                             "the coordinator or the Spark driver, one store's disk wiped, "
+                             "and last one store killed for good; each kind at least once "
+                             "when 5 or more")
     parser.add_argument("--generate-s", type=float, default=60.0,
                         help="spread the payments over this many seconds (default 60)")
     parser.add_argument("--sink", choices=list(SINKS), default=TWO_PHASE,

@@ -295,7 +295,16 @@ class LocalCluster:
 
     @property
     def bootstrap(self) -> str:
+        """The first partition store's address (one address: also usable as
+        a gRPC target)."""
         return self.processes["partition_store"][0].address
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every partition store's address, comma-separated: what a client of
+        a replicated cluster should be given, so it can start while any one
+        store is down."""
+        return ",".join(p.address for p in self.processes["partition_store"])
 
     @property
     def etcd_endpoints(self) -> tuple[str, ...]:

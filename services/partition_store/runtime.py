@@ -804,7 +804,9 @@ class StoreRuntime:
         await self._refresh_quietly()
 
     async def _ensure_fresh_listing(self) -> None:
-        if self.config.is_controller:
+        # Replicated: the replica manager reads the metadata store every
+        # 100 ms, and a listing must not wait on it (it may be unreachable).
+        if self.config.is_controller or self.config.replicated:
             return
         now_ms = self._clock_ms()
         if self._last_refresh_ms is None or now_ms - self._last_refresh_ms >= CATALOG_CACHE_MS:
