@@ -371,7 +371,7 @@ class MetadataLink:
                 log.info("store node %d is the controller", self._node_id)
                 metrics.CONTROLLER_ELECTIONS.inc()
                 self._missing_since_ms = {}
-                view = await self.refresh()
+            view = await self.refresh()
         if view.controller != self._node_id:
             return 0
         now_ms = self._clock_ms()

@@ -1,0 +1,193 @@
+"""The controller and the stores' metadata writes (metadata_link.py) against
+the in-memory metadata store, which has etcd's semantics (the same contract
+tests run against both: test_metadata_store.py).
+
+Goal: the decisions that must never be taken twice or on stale knowledge
+are guarded — one controller at a time; a leader change, an ISR change and a
+restarted store's fence each commit only on the revision they were decided
+on; a dead leader is replaced from the ISR, a dead follower leaves it;
+unclean election happens only when asked for and is counted; a partition
+with no live in-sync replica goes offline and comes back with its last
+in-sync replica.
+
+Method: MetadataLinks of three "stores" over one MemoryMetadataStore with a
+hand-driven clock; leases expire when the clock passes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import REGISTRY
+
+from services.common.cluster import ClusterLayout
+from services.common.metadata_store import MemoryMetadataStore
+from services.partition_store.core.replicas import NO_LEADER, PartitionState
+from services.partition_store.metadata_link import MetadataLink
+from services.partition_store.runtime import TopicSpec
+
+LAYOUT = ClusterLayout(stores=("s0:1", "s1:1", "s2:1"), transaction_state_partitions=1,
+                       consumer_offsets_partitions=1)
+TTL_S = 2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def _links(clock: Clock, *, unclean: bool = False) -> tuple[MemoryMetadataStore,
+                                                            list[MetadataLink]]:
+    store = MemoryMetadataStore(clock_ms=clock)
+    links = [MetadataLink(store.another_client(), layout=LAYOUT, node_id=i, lease_ttl_s=TTL_S,
+                          unclean_leader_election=unclean, clock_ms=clock) for i in range(3)]
+    return store, links
+
+
+async def _register_all(links: list[MetadataLink]) -> None:
+    for i, link in enumerate(links):
+        await link.keep_registered(f"s{i}:1")
+
+
+def _unclean_total() -> float:
+    return REGISTRY.get_sample_value("oncelog_store_unclean_leader_elections_total") or 0.0
+
+
+async def _state(link: MetadataLink, topic: str = "t") -> PartitionState:
+    view = await link.refresh()
+    return view.states[(topic, 0)]
+
+
+def test_one_controller_and_a_dead_leader_replaced_from_the_isr() -> None:
+    async def run() -> None:
+        clock = Clock()
+        store, links = _links(clock)
+        await _register_all(links)
+        [outcome] = await links[1].create_topics([TopicSpec("t", 1, {}, 3)],
+                                                 validate_only=False)
+        assert outcome.error is None
+        first = await _state(links[0])
+        assert len(first.replicas) == 3 and first.isr == first.replicas
+        # Every store tries to become controller in the same round: one wins.
+        for link in links:
+            await link.refresh()
+        for link in links:
+            await link.run_controller_once()
+        controllers = {(await link.refresh()).controller for link in links}
+        assert len(controllers) == 1
+        controller = links[controllers.pop()]  # type: ignore[index]
+        # The leader's store stops renewing; the others keep their leases.
+        dead = first.leader
+        clock.now_ms += (TTL_S + 1) * 1000
+        for i, link in enumerate(links):
+            if i != dead:
+                await link.keep_registered(f"s{i}:1")
+        store.expire_leases()
+        if controller is links[dead]:
+            # The controller died with it: another store takes over.
+            for link in links:
+                if link is not controller:
+                    await link.refresh()
+                    await link.run_controller_once()
+        else:
+            await controller.refresh()
+            assert await controller.run_controller_once() >= 1
+        after = await _state(links[(dead + 1) % 3])
+        assert after.leader != dead and after.leader in first.isr
+        assert after.leader_epoch == first.leader_epoch + 1
+        assert dead not in after.isr
+
+    asyncio.run(run())
+
+
+def test_a_dead_follower_leaves_the_isr_and_stale_decisions_lose() -> None:
+    async def run() -> None:
+        clock = Clock()
+        store, links = _links(clock)
+        await _register_all(links)
+        await links[0].create_topics([TopicSpec("t", 1, {}, 3)], validate_only=False)
+        for link in links:
+            await link.refresh()
+        await links[0].run_controller_once()
+        state = await _state(links[0])
+        follower = next(r for r in state.replicas if r != state.leader)
+        # A stale writer: decided on the revision before the controller's change.
+        stale_revision = links[state.leader].view.state_revisions[("t", 0)]
+        clock.now_ms += (TTL_S + 1) * 1000
+        for i, link in enumerate(links):
+            if i != follower:
+                await link.keep_registered(f"s{i}:1")
+        store.expire_leases()
+        for link in links:
+            if link is not links[follower]:
+                await link.refresh()
+                await link.run_controller_once()
+        shrunk = await _state(links[0])
+        assert follower not in shrunk.isr and shrunk.leader == state.leader
+        assert shrunk.leader_epoch == state.leader_epoch
+        # The leader's own ISR change on the old revision is refused.
+        assert not await links[state.leader].update_state(
+            "t", 0, stale_revision, PartitionState(state.replicas, state.leader,
+                                                   state.leader_epoch, (state.leader,)))
+        assert await _state(links[0]) == shrunk
+
+    asyncio.run(run())
+
+
+def test_offline_without_an_in_sync_replica_unless_unclean_is_asked_for() -> None:
+    async def run(unclean: bool) -> PartitionState:
+        clock = Clock()
+        store, links = _links(clock, unclean=unclean)
+        await _register_all(links)
+        await links[0].create_topics([TopicSpec("t", 1, {}, 3)], validate_only=False)
+        view = await links[0].refresh()
+        state = view.states[("t", 0)]
+        # Only the leader is in sync, then it dies.
+        narrow = PartitionState(state.replicas, state.leader, state.leader_epoch,
+                                (state.leader,))
+        assert await links[0].update_state("t", 0, view.state_revisions[("t", 0)], narrow)
+        clock.now_ms += (TTL_S + 1) * 1000
+        alive = [i for i in range(3) if i != state.leader]
+        for i in alive:
+            await links[i].keep_registered(f"s{i}:1")
+        store.expire_leases()
+        for i in alive:
+            await links[i].refresh()
+            await links[i].run_controller_once()
+        return await _state(links[alive[0]])
+
+    before = _unclean_total()
+    offline = asyncio.run(run(False))
+    assert offline.leader == NO_LEADER and len(offline.isr) == 1
+    assert _unclean_total() == before
+    unclean = asyncio.run(run(True))
+    assert unclean.leader != NO_LEADER and unclean.isr == (unclean.leader,)
+    assert _unclean_total() == before + 1
+
+
+def test_a_restarted_store_fences_itself_before_acting() -> None:
+    async def run() -> None:
+        clock = Clock()
+        _store, links = _links(clock)
+        await _register_all(links)
+        await links[0].create_topics([TopicSpec("t", 1, {}, 3)], validate_only=False)
+        state = await _state(links[0])
+        leader = state.leader
+        # The leader restarts (a new process: a new link, a new lease).
+        again = MetadataLink(links[0].store, layout=LAYOUT, node_id=leader, lease_ttl_s=TTL_S,
+                             clock_ms=clock)
+        await again.keep_registered(f"s{leader}:1")
+        assert await again.fence_restarted_self() == 1
+        fenced = await _state(links[0])
+        assert fenced.leader == NO_LEADER and leader not in fenced.isr
+        assert fenced.leader_epoch == state.leader_epoch + 1
+        for link in links:
+            await link.refresh()
+            await link.run_controller_once()
+        elected = await _state(links[0])
+        assert elected.leader in fenced.isr and elected.leader_epoch == state.leader_epoch + 2
+
+    asyncio.run(run())
