@@ -331,3 +331,32 @@ def test_node_client_aborts_a_transaction_whose_batch_is_refused(cluster: LocalC
     # be on its way) and the epoch moved from the new id's 0 to 1.
     assert txn.state in ("PrepareAbort", "CompleteAbort")
     assert txn.producer_epoch == 1
+
+
+def test_node_follows_a_partition_leader_that_moved(tmp_path: Path) -> None:
+    """On a replicated cluster (3 stores, etcd): the partition's leader is
+    kill -9'd before the Node client starts, bootstrapping from a store that
+    does not lead it: Node finds the new leader through Metadata alone and
+    its transactions are read back exactly."""
+    topic = "node-moved"
+    with LocalCluster(tmp_path / "cluster", partition_stores=3, group_coordinators=0,
+                      etcd_members=1, env={"ONCELOG_LEASE_TTL_S": "2"}) as replicated:
+        with Admin(bootstrap=replicated.bootstrap_servers) as admin:
+            admin.create_topic(topic, partitions=2, replication_factor=3)
+            leader = admin.describe_topic(topic).partitions[PARTITION].leader_node_id
+        replicated.kill("partition_store", leader)
+        bootstrap = replicated.address("partition_store", (leader + 1) % 3)
+        proc = run_node("transaction_example.js", "--bootstrap", bootstrap,
+                        "--topic", topic, "--partition", str(PARTITION),
+                        "--transactional-id", "node-moved", "--timeout-ms", "60000",
+                        "--from-offset", "0")
+        report = json.loads(proc.stdout)
+        assert report["ok"] is True
+        committed = [r for t in report["transactions"] if t["outcome"] == "commit"
+                     for b in t["batches"] for r in b["records"]]
+        seen = [as_json(r) for r in read_partition(
+            bootstrap, TopicPartition(topic, PARTITION), "read_committed",
+            committed[-1]["offset"])]
+        assert seen == committed
+        with Admin(bootstrap=bootstrap) as admin:
+            assert admin.describe_topic(topic).partitions[PARTITION].leader_node_id != leader

@@ -54,6 +54,10 @@ const COORDINATOR_MOVED = new Set([
 // After these the partition's store may have changed: ask Metadata again.
 const LEADER_MOVED = new Set([
   'NOT_LEADER_OR_FOLLOWER', 'LEADER_NOT_AVAILABLE', 'NETWORK_EXCEPTION',
+  // Replicated partitions: a leader epoch other than the replica's means the
+  // metadata is stale (docs/replication.md); a timeout, that the node may be
+  // paused while its partitions moved.
+  'FENCED_LEADER_EPOCH', 'UNKNOWN_LEADER_EPOCH', 'REQUEST_TIMED_OUT',
 ]);
 // A transactional producer that gets one of these can never go on: another
 // instance owns the transactional id now (or the coordinator aborted the
