@@ -222,6 +222,8 @@ class TopicInfo:
     leader_epochs: tuple[int, ...] = ()
     replicas: tuple[tuple[int, ...], ...] = ()
     isr: tuple[tuple[int, ...], ...] = ()
+    # A move in progress per partition: the replica list asked for (or ()).
+    targets: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_partitions(self) -> int:
@@ -274,16 +276,18 @@ class ClusterMetadata:
             epochs = [0] * count
             replicas: list[tuple[int, ...]] = [()] * count
             isr: list[tuple[int, ...]] = [()] * count
+            targets: list[tuple[int, ...]] = [()] * count
             for p in t.partitions:
                 if 0 <= p.partition < count:
                     leaders[p.partition] = p.leader_node_id
                     epochs[p.partition] = p.leader_epoch
                     replicas[p.partition] = tuple(p.replica_node_ids)
                     isr[p.partition] = tuple(p.isr_node_ids)
+                    targets[p.partition] = tuple(p.target_replica_node_ids)
             topics[t.name] = TopicInfo(
                 name=t.name, topic_id=t.topic_id, internal=t.internal,
                 leaders=tuple(leaders), config=dict(t.config), leader_epochs=tuple(epochs),
-                replicas=tuple(replicas), isr=tuple(isr),
+                replicas=tuple(replicas), isr=tuple(isr), targets=tuple(targets),
             )
         return cls(
             stores={n.node_id: n.address for n in resp.stores},

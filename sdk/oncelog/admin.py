@@ -27,7 +27,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -194,6 +194,48 @@ class Admin:
         return out
 
     @_within_budget
+    def alter_partition_reassignments(
+        self, reassignments: Mapping[TopicPartition, Sequence[int]],
+    ) -> dict[TopicPartition, OncelogError | None]:
+        """Moves partitions to new replica lists, the preferred leader first
+        (Kafka's alterPartitionReassignments): the new replicas copy the log
+        while producers and consumers go on, join the in-sync set, then the
+        replicas left out are dropped (and lead no more). Per partition, None
+        when the move started, or the error that refused it. A replicated
+        cluster only (docs/replication.md)."""
+        moves = dict(reassignments)
+        for tp, replicas in moves.items():
+            if not isinstance(tp, TopicPartition):
+                raise TypeError(f"reassignments are keyed by TopicPartition, got {tp!r}")
+            if not replicas or any(type(r) is not int or r < 0 for r in replicas):
+                raise ValueError(f"{tp.topic}-{tp.partition}: replicas must be store node "
+                                 f"ids (ints >= 0), got {list(replicas)!r}")
+        if not moves:
+            return {}
+        request = partition_store_pb2.AlterPartitionReassignmentsRequest(partitions=[
+            partition_store_pb2.ReassignPartition(
+                topic=tp.topic, partition=tp.partition, replica_node_ids=list(replicas))
+            for tp, replicas in moves.items()
+        ])
+        resp = self._catalog_call("AlterPartitionReassignments",
+                                  lambda stub: stub.AlterPartitionReassignments, request)
+        out: dict[TopicPartition, OncelogError | None] = {tp: None for tp in moves}
+        for result in resp.results:
+            out[TopicPartition(result.topic, result.partition)] = error_from_proto(result.error)
+        self._client.invalidate_metadata()
+        return out
+
+    @_within_budget
+    def list_partition_reassignments(self) -> dict[TopicPartition, tuple[int, ...]]:
+        """Moves in progress: partition -> the replica list asked for."""
+        md = self._refreshed_metadata()
+        return {
+            TopicPartition(info.name, p): target
+            for info in md.topics.values()
+            for p, target in enumerate(info.targets) if target
+        }
+
+    @_within_budget
     def delete_topic(self, name: str) -> None:
         """Deletes a topic and its data; raises UnknownTopicOrPartitionError
         when there is no such topic."""
@@ -250,6 +292,7 @@ class Admin:
                     leader_epoch=info.leader_epochs[p] if info.leader_epochs else 0,
                     replicas=info.replicas[p] if info.replicas else (),
                     isr=info.isr[p] if info.isr else (),
+                    target_replicas=info.targets[p] if info.targets else (),
                 )
                 for p in partitions
             ),

@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     create = topic_cmds.add_parser("create", parents=[common], help="create a topic")
     create.add_argument("name")
     create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--replication-factor", type=int, default=0,
+                        help="copies of each partition (default: the cluster's, min(3, stores) "
+                             "on a replicated cluster)")
     create.add_argument(
         "--config", action="append", default=[], metavar="KEY=VALUE",
         help="topic configuration, e.g. retention.ms=86400000 (repeatable)",
@@ -113,6 +116,19 @@ def _parser() -> argparse.ArgumentParser:
     describe.add_argument("name")
     delete = topic_cmds.add_parser("delete", parents=[common], help="delete a topic")
     delete.add_argument("name")
+
+    partitions = commands.add_parser(
+        "partitions", help="move partition replicas (a replicated cluster)")
+    partition_cmds = partitions.add_subparsers(dest="action", required=True, metavar="ACTION")
+    reassign = partition_cmds.add_parser(
+        "reassign", parents=[common],
+        help="move a partition to new replicas (store node ids, the preferred leader first)")
+    reassign.add_argument("topic")
+    reassign.add_argument("partition", type=int)
+    reassign.add_argument("--replicas", required=True, metavar="ID,ID,...",
+                          help="the store node ids to hold the partition, e.g. 3,1,2")
+    partition_cmds.add_parser("list-reassignments", parents=[common],
+                              help="moves in progress")
 
     produce = commands.add_parser(
         "produce", parents=[common], help="send lines (stdin or --file) as records",
@@ -255,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _transactions(args)
         if args.command == "groups":
             return _groups(args)
+        if args.command == "partitions":
+            return _partitions(args)
         return _consume(args)
     except errors.OncelogError as exc:
         _fail(f"{type(exc).__name__}: {exc.message or exc.code.name}", exc,
@@ -383,7 +401,8 @@ def _topics(args: argparse.Namespace) -> int:
     with _admin(args) as admin, admin._within(args.timeout_ms):
         if args.action == "create":
             config = _parse_config(args.config)
-            admin.create_topic(args.name, partitions=args.partitions, config=config)
+            admin.create_topic(args.name, partitions=args.partitions, config=config,
+                               replication_factor=args.replication_factor)
             print(f"created topic {args.name} with {args.partitions} partitions")
         elif args.action == "list":
             for name, partitions in sorted(admin.list_topics().items()):
@@ -392,17 +411,42 @@ def _topics(args: argparse.Namespace) -> int:
             d = admin.describe_topic(args.name)
             print(f"topic {d.name}  id {d.topic_id}  partitions {len(d.partitions)}")
             print("config " + " ".join(f"{k}={v}" for k, v in sorted(d.config.items())))
-            rows = [("partition", "store", "address", "earliest", "high_watermark",
-                     "last_stable")]
+            rows = [("partition", "leader", "address", "epoch", "replicas", "in_sync",
+                     "earliest", "high_watermark", "last_stable")]
             rows += [
                 (str(p.partition), str(p.leader_node_id), p.leader_address,
-                 str(p.earliest_offset), str(p.high_watermark), str(p.last_stable_offset))
+                 str(p.leader_epoch), ",".join(map(str, p.replicas)),
+                 ",".join(map(str, p.isr)), str(p.earliest_offset), str(p.high_watermark),
+                 str(p.last_stable_offset))
                 for p in d.partitions
             ]
             _print_table(rows)
         else:
             admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")
+    return 0
+
+
+def _partitions(args: argparse.Namespace) -> int:
+    with _admin(args) as admin, admin._within(args.timeout_ms):
+        if args.action == "reassign":
+            try:
+                replicas = [int(r) for r in args.replicas.split(",") if r.strip()]
+            except ValueError:
+                raise CliError(f"--replicas takes store node ids like 3,1,2, got "
+                               f"{args.replicas!r}") from None
+            tp = TopicPartition(args.topic, args.partition)
+            error = admin.alter_partition_reassignments({tp: replicas})[tp]
+            if error is not None:
+                raise error
+            print(f"moving {args.topic}-{args.partition} to replicas "
+                  f"{','.join(map(str, replicas))}; `oncelog topics describe {args.topic}` "
+                  "shows the progress")
+        else:
+            rows = [("topic", "partition", "target_replicas")]
+            rows += [(tp.topic, str(tp.partition), ",".join(map(str, target)))
+                     for tp, target in sorted(admin.list_partition_reassignments().items())]
+            _print_table(rows)
     return 0
 
 

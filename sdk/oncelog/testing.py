@@ -396,6 +396,30 @@ class LocalCluster:
                     self.etcd.kill(member.index)
             raise
 
+    def add_partition_store(self, *, wait: bool = True) -> int:
+        """Starts one more partition store in a running replicated cluster
+        (etcd_members > 0) and returns its node id. The running processes
+        learn about it from etcd; their command lines name it from their next
+        restart on. It holds partitions of topics created from now on, and
+        any moved to it (Admin.alter_partition_reassignments)."""
+        if self.etcd is None:
+            raise ValueError("adding a store needs a replicated cluster (etcd_members > 0): "
+                             "without etcd the layout is fixed for the cluster's life")
+        procs = self.processes["partition_store"]
+        node_id = len(procs)
+        proc = ServiceProcess(
+            kind="partition_store", node_id=node_id,
+            address=f"127.0.0.1:{self._pick_port()}", metrics_port=self._pick_port(),
+            data_dir=self.data_dir / f"partition_store-{node_id}",
+            log_path=self.data_dir / "logs" / f"partition_store-{node_id}.log", argv=[],
+        )
+        procs.append(proc)
+        self._build_argv()
+        self._spawn(proc)
+        if wait:
+            self.wait_ready("partition_store", node_id)
+        return node_id
+
     def _move(self, proc: ServiceProcess, taken: PortInUse) -> None:
         """Gives `proc` a fresh port for the one that was taken and starts
         what must start again (see start)."""

@@ -136,6 +136,9 @@ class PartitionDescription:
     # Store node ids holding a copy, and those in sync with the leader.
     replicas: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
+    # A move in progress (Admin.alter_partition_reassignments): the replica
+    # list asked for; empty when none.
+    target_replicas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

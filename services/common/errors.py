@@ -43,6 +43,7 @@ _GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.INVALID_CONFIG: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_PARTITIONS: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_REPLICATION_FACTOR: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.INVALID_REPLICA_ASSIGNMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_TOPIC_EXCEPTION: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_TIMESTAMP: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.INVALID_FETCH_SIZE: grpc.StatusCode.INVALID_ARGUMENT,

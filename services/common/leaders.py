@@ -37,6 +37,9 @@ class LeaderDirectory:
         self._layout = layout
         self._channels = channels
         self._leaders: dict[tuple[str, int], int] = {}
+        # Addresses by node id: the layout's, and those Metadata names (a
+        # replicated cluster may have grown).
+        self._addresses: dict[int, str] = dict(enumerate(layout.stores))
         self._counts: dict[str, int] = {}
         # Which store to ask first: rotates, so a dead one is not asked first
         # every time.
@@ -44,7 +47,11 @@ class LeaderDirectory:
         self._lock = asyncio.Lock()
 
     def stub(self, node_id: int) -> ps_grpc.PartitionStoreAsyncStub:
-        return ps_grpc.PartitionStoreStub(self._channels.get(self._layout.stores[node_id]))
+        address = self._addresses.get(node_id)
+        if address is None:
+            raise ServiceError(ErrorCode.LEADER_NOT_AVAILABLE,
+                               f"store node {node_id} has no known address; retry")
+        return ps_grpc.PartitionStoreStub(self._channels.get(address))
 
     async def leader(self, topic: str, partition: int) -> int:
         """The node id of the partition's leader (asks when not cached).
@@ -86,6 +93,7 @@ class LeaderDirectory:
                 except grpc.RpcError as exc:
                     last = exc
                     continue
+                self._addresses.update({n.node_id: n.address for n in response.stores})
                 for topic in response.topics:
                     if topic.error.code != 0:
                         self._counts.pop(topic.name, None)

@@ -35,6 +35,7 @@ def topic_metadata(
         partitions.append(partition_store_pb2.PartitionMetadata(
             partition=p, leader_node_id=state.leader, leader_epoch=state.leader_epoch,
             replica_node_ids=state.replicas, isr_node_ids=state.isr,
+            target_replica_node_ids=state.target or (),
         ))
     return partition_store_pb2.TopicMetadata(
         name=record.name,

@@ -47,10 +47,12 @@ from services.partition_store.core.replicas import (
     PartitionState,
     ReplicaStateError,
     assign_replicas,
+    begin_reassignment,
     default_replication_factor,
     elect_leader,
     elect_preferred,
     fence_replica,
+    finish_reassignment,
     initial_state,
     is_unclean,
     shrink_isr,
@@ -84,8 +86,9 @@ class ClusterView:
     state_revisions: dict[TopicPartitionKey, int] = field(default_factory=dict)
     # node id -> advertised address, for stores whose lease is alive.
     live_stores: dict[int, str] = field(default_factory=dict)
-    # Stores that have registered at least once (a key without a lease).
-    seen_stores: set[int] = field(default_factory=set)
+    # node id -> address of every store that has registered at least once
+    # (a key without a lease).
+    seen_stores: dict[int, str] = field(default_factory=dict)
     controller: int | None = None
     next_topic_id: Versioned | None = None
 
@@ -156,12 +159,14 @@ class MetadataLink:
                     view.live_stores[int(key[len(stores_prefix):])] = json.loads(
                         item.value)["address"]
                 elif key.startswith(seen_prefix):
-                    view.seen_stores.add(int(key[len(seen_prefix):]))
+                    view.seen_stores[int(key[len(seen_prefix):])] = json.loads(
+                        item.value)["address"]
                 elif key == self._controller_key:
                     view.controller = int(json.loads(item.value)["node_id"])
                 elif key == self._counter_key:
                     view.next_topic_id = item
-            except (CorruptValueError, ReplicaStateError, ValueError, KeyError) as exc:
+            except (CorruptValueError, ReplicaStateError, ValueError, KeyError,
+                    TypeError) as exc:
                 # Not guessing: an entry we cannot read stays out of the view.
                 log.error("metadata entry %s unreadable: %s", key, exc)
         self.view = view
@@ -193,7 +198,7 @@ class MetadataLink:
                                      allow_internal=internal)
         if isinstance(checked, Rejection):
             return TopicOutcome(spec.name, ServiceError(checked.code, checked.message))
-        stores = list(range(len(self._layout.stores)))
+        stores = sorted(self.store_addresses())
         rf = spec.replication_factor or default_replication_factor(len(stores))
         if not 1 <= rf <= len(stores):
             return TopicOutcome(spec.name, ServiceError(
@@ -271,6 +276,48 @@ class MetadataLink:
     def partition_states(self) -> Mapping[TopicPartitionKey, PartitionState]:
         return self.view.states
 
+    def store_addresses(self) -> dict[int, str]:
+        """Every store the cluster has: the layout's, and those that joined
+        later (registered in the metadata store), by node id."""
+        known = dict(enumerate(self._layout.stores))
+        known.update(self.view.seen_stores)
+        known.update(self.view.live_stores)
+        return known
+
+    async def alter_reassignments(
+        self, moves: Mapping[TopicPartitionKey, Sequence[int]],
+    ) -> dict[TopicPartitionKey, ServiceError | None]:
+        """Starts moving partitions to new replica lists (Kafka's
+        AlterPartitionReassignments; a move already under way is redirected,
+        so moving back to the old list undoes one). The controller finishes
+        each move once the new replicas are in sync."""
+        outcomes: dict[TopicPartitionKey, ServiceError | None] = {}
+        for key, wanted in moves.items():
+            while True:
+                view = await self.refresh()
+                state = view.states.get(key)
+                if state is None:
+                    outcomes[key] = ServiceError(
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        f"partition {key[0]}-{key[1]} does not exist")
+                    break
+                known = self.store_addresses()
+                target = tuple(wanted)
+                bad = [r for r in target if r not in known]
+                if not target or len(set(target)) != len(target) or bad:
+                    outcomes[key] = ServiceError(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"{key[0]}-{key[1]}: replicas {list(target)} must be distinct known "
+                        f"store node ids (known: {sorted(known)})")
+                    break
+                after = begin_reassignment(state, target)
+                if await self.update_state(key[0], key[1], view.state_revisions[key], after):
+                    log.info("%s-%d: moving replicas %s -> %s", key[0], key[1],
+                             list(state.replicas), list(target))
+                    outcomes[key] = None
+                    break
+        return outcomes
+
     async def notify_catalog_changed(self, node_id: int) -> None:
         """Nothing to do: every store reads the metadata store itself."""
 
@@ -302,9 +349,9 @@ class MetadataLink:
         await self._call(self.store.commit(
             (), [Put(self._store_key(self._node_id), json.dumps({"address": address}),
                      self._lease),
-                 # Without a lease: that this store has ever been up (see
-                 # run_controller_once).
-                 Put(self._seen_key(self._node_id), "1")], ()))
+                 # Without a lease: that this store has ever been up, and
+                 # where (run_controller_once, store_addresses).
+                 Put(self._seen_key(self._node_id), json.dumps({"address": address}))], ()))
         log.info("store node %d registered (lease %d, TTL %d s)", self._node_id, self._lease,
                  self.lease_ttl_s)
 
@@ -376,7 +423,7 @@ class MetadataLink:
             return 0
         now_ms = self._clock_ms()
         live = set(view.live_stores)
-        for node in range(len(self._layout.stores)):
+        for node in self.store_addresses():
             if node in live:
                 self._missing_since_ms.pop(node, None)
             else:
@@ -393,7 +440,8 @@ class MetadataLink:
                 # A follower whose store is gone leaves the ISR now, as
                 # Kafka's controller does on a broker failure: otherwise
                 # every acks=all append waits replica.lag.time.max.ms for it.
-                after = shrink_isr(state, gone) or elect_preferred(state, live)
+                after = (shrink_isr(state, gone) or finish_reassignment(state)
+                         or elect_preferred(state, live))
             else:
                 after = elect_leader(state, live, unclean=self.unclean_leader_election)
             if after is None:
@@ -401,7 +449,11 @@ class MetadataLink:
             if await self.update_state(topic, partition, view.state_revisions[(topic, partition)],
                                        after):
                 changed += 1
-                if after.leader == state.leader and after.leader_epoch == state.leader_epoch:
+                if after.replicas != state.replicas and after.target is None:
+                    log.info("%s-%d: replicas moved %s -> %s (leader %d, epoch %d)", topic,
+                             partition, list(state.replicas), list(after.replicas),
+                             after.leader, after.leader_epoch)
+                elif after.leader == state.leader and after.leader_epoch == state.leader_epoch:
                     metrics.ISR_SHRINKS.labels(topic).inc()
                     log.info("%s-%d: ISR %s -> %s (stores gone: %s)", topic, partition,
                              list(state.isr), list(after.isr), sorted(gone & set(state.isr)))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 
@@ -12,7 +12,6 @@ from oncelog.v1 import partition_store_pb2_grpc
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 from services.common.channels import ChannelPool
-from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
 from services.partition_store.convert import error_from_proto
 from services.partition_store.runtime import (
@@ -26,19 +25,27 @@ REPLICA_RPC_TIMEOUT_S = 10.0
 
 
 class GrpcLeaderLink:
-    def __init__(self, layout: ClusterLayout) -> None:
-        self._layout = layout
+    def __init__(self, addresses: Callable[[], Mapping[int, str]]) -> None:
+        # Every store's address by node id (stores may join after start).
+        self._addresses = addresses
         self._channels = ChannelPool()
 
+    def _address(self, node_id: int) -> str:
+        address = self._addresses().get(node_id)
+        if address is None:
+            raise ServiceError(ErrorCode.LEADER_NOT_AVAILABLE,
+                               f"store node {node_id} has no known address")
+        return address
+
     def _stub(self, node_id: int) -> partition_store_pb2_grpc.PartitionStoreAsyncStub:
-        channel = self._channels.get(self._layout.stores[node_id])
+        channel = self._channels.get(self._address(node_id))
         return partition_store_pb2_grpc.PartitionStoreStub(channel)
 
     def _failed(self, leader: int, exc: grpc.RpcError) -> ServiceError:
         error = error_from_rpc(exc)
         return ServiceError(
             ErrorCode.from_wire(error.code),
-            f"leader store node {leader} ({self._layout.stores[leader]}): {error.message}",
+            f"leader store node {leader} ({self._address(leader)}): {error.message}",
         )
 
     async def replica_fetch(

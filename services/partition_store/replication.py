@@ -54,6 +54,8 @@ DEFAULT_REPLICA_FETCH_WAIT_MS = 500
 DEFAULT_REPLICA_FETCH_MAX_BYTES = 8 << 20
 # A follower waits this long after a failed fetch before the next one.
 FOLLOWER_BACKOFF_MS = 50
+# How long a starting store waits for the metadata store before it gives up.
+START_METADATA_WAIT_MS = 60_000
 # "metadata store unreachable" is logged at most this often.
 UNREACHABLE_LOG_INTERVAL_S = 10.0
 
@@ -96,17 +98,30 @@ class ReplicaManager:
         runtime.on_states_applied = self._reconcile
         runtime.on_isr_expand = self._request_expand
 
-    async def start(self) -> None:
-        """Registers, creates the internal topics when absent, loads the
-        catalog and states, then keeps them current in the background."""
-        await self._link.keep_registered(self._address)
-        self._last_keep_alive_s = self._now_s()
-        fenced = await self._link.fence_restarted_self()
-        if fenced:
-            log.info("store node %d left the ISR of %d partitions on start; it rejoins each "
-                     "once it has caught up", self._node_id, fenced)
-        await self._link.ensure_internal_topics()
-        await self._runtime.refresh_catalog()
+    async def start(self, *, metadata_wait_ms: int = START_METADATA_WAIT_MS) -> None:
+        """Registers, fences this store's previous incarnation, creates the
+        internal topics when absent, loads the catalog and states, then keeps
+        them current in the background. While the metadata store cannot be
+        reached it tries again, up to metadata_wait_ms (then raises: the
+        store does not serve without knowing what it leads)."""
+        deadline_s = self._now_s() + metadata_wait_ms / 1000
+        while True:
+            try:
+                await self._link.keep_registered(self._address)
+                self._last_keep_alive_s = self._now_s()
+                fenced = await self._link.fence_restarted_self()
+                if fenced:
+                    log.info("store node %d left the ISR of %d partitions on start; it "
+                             "rejoins each once it has caught up", self._node_id, fenced)
+                await self._link.ensure_internal_topics()
+                await self._runtime.refresh_catalog()
+                break
+            except (ServiceError, LeaseNotFound) as exc:
+                if self._now_s() >= deadline_s:
+                    raise
+                log.warning("store node %d: cannot start replication yet (%s); trying again",
+                            self._node_id, getattr(exc, "message", exc))
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS * 10 / 1000)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replication")
 
     async def close(self) -> None:

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -360,6 +360,14 @@ class StoreRuntime:
         # Called when a follower outside the ISR has caught up (the replica
         # manager adds it back through the metadata store).
         self.on_isr_expand: Callable[[PartitionRuntime, int], None] | None = None
+        # Every store's address by node id: the layout's, or (replicated)
+        # also those that joined later (the metadata link's).
+        self.store_addresses: Callable[[], Mapping[int, str]] = (
+            lambda: dict(enumerate(config.layout.stores)))
+        # Replicated clusters: starts replica moves (the metadata link's).
+        self.reassigner: Callable[
+            [Mapping[tuple[str, int], Sequence[int]]],
+            Awaitable[dict[tuple[str, int], ServiceError | None]]] | None = None
         self._next_topic_id = 1
         self._refresh: asyncio.Future[None] | None = None
         self._last_refresh_ms: int | None = None
@@ -514,6 +522,37 @@ class StoreRuntime:
         if group is not None and group.ops:
             self._writer.submit(group)
 
+    def _drop_replica(self, part: PartitionRuntime) -> None:
+        """This store no longer holds the partition (its replicas moved):
+        forgets it and deletes its data."""
+        del self._partitions[(part.topic.name, part.partition)]
+        part.close()
+        part.fail_acks(ServiceError(
+            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+            f"{part.topic_partition} moved away from store node {self.config.node_id}"))
+        tid, p = part.topic.topic_id, part.partition
+        group = WriteGroup()
+        for kind in keys.PARTITION_KINDS:
+            prefix = keys.partition_prefix(kind, tid, p)
+            group.delete_range(prefix, keys.next_prefix(prefix))
+        self._writer.submit(group)
+        log.info("%s: no longer a replica here (moved); its data is deleted",
+                 part.topic_partition)
+
+    async def alter_reassignments(
+        self, moves: Mapping[tuple[str, int], Sequence[int]],
+    ) -> dict[tuple[str, int], ServiceError | None]:
+        if self.reassigner is None:
+            error = ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                "moving replicas needs a replicated cluster (stores started with "
+                "--etcd-endpoints); this one keeps one copy of each partition where the "
+                "layout puts it")
+            return {key: error for key in moves}
+        outcomes = await self.reassigner(moves)
+        await self.refresh_catalog()
+        return outcomes
+
     def partition_state(self, topic: str, partition: int) -> PartitionState:
         """Replicas, leader, leader epoch and ISR of a partition: from the
         metadata store, or the single copy on layout.store_for. A partition
@@ -536,6 +575,9 @@ class StoreRuntime:
             if part is None:
                 if self.config.node_id in state.replicas:
                     self._open_partition(record, p, now_ms)
+                continue
+            if self.config.node_id not in state.replicas:
+                self._drop_replica(part)
                 continue
             if part.state != state:
                 self._set_state(part, state, record, now_ms)
@@ -872,10 +914,10 @@ class StoreRuntime:
 
     def _not_leader(self, topic: str, partition: int) -> ServiceError:
         state = self.partition_state(topic, partition)
+        address = self.store_addresses().get(state.leader)
         where = (
-            f"led by store node {state.leader} ({self.layout.stores[state.leader]}) at leader "
-            f"epoch {state.leader_epoch}" if 0 <= state.leader < len(self.layout.stores)
-            else "without a leader right now"
+            f"led by store node {state.leader} ({address}) at leader epoch "
+            f"{state.leader_epoch}" if address is not None else "without a leader right now"
         )
         return ServiceError(
             ErrorCode.NOT_LEADER_OR_FOLLOWER,

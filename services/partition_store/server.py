@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +66,12 @@ from services.partition_store.metadata_link import (
     MetadataLink,
 )
 from services.partition_store.replica_link import GrpcLeaderLink
-from services.partition_store.replication import ReplicaManager
+from services.partition_store.replication import LeaderLink, ReplicaManager
 from services.partition_store.runtime import (
     DEFAULT_COMPACTION_CHUNK_BYTES,
     DEFAULT_COMPACTION_INTERVAL_MS,
     DEFAULT_COMPACTION_MAX_KEYS_PER_PASS,
+    ControllerLink,
     StoreConfig,
     StoreRuntime,
     wall_clock_ms,
@@ -78,6 +79,7 @@ from services.partition_store.runtime import (
 from services.partition_store.servicer import SERVICE_NAME, PartitionStoreServicer
 from services.partition_store.storage.port import KeyValueStore
 from services.partition_store.storage.rocksdb import RocksStore
+from services.partition_store.txn_verifier import TxnVerifier
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -188,28 +190,40 @@ class Wired:
 def wire(
     store: KeyValueStore, config: StoreConfig, *, metadata: MetadataStore | None = None,
     address: str = "", metadata_root: str = DEFAULT_ROOT, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
-    unclean_leader_election: bool = False,
+    unclean_leader_election: bool = False, txn_verifier: TxnVerifier | None = None,
+    controller: ControllerLink | None = None, leaders: LeaderLink | None = None,
+    clock_ms: Callable[[], int] = wall_clock_ms,
 ) -> Wired:
     """The store's runtime over `store`, connected as every deployment
     connects it: to the transaction coordinators, and to the catalog's owner
     (single copies) or to the metadata store and the other replicas
     (replicated). `main_async` serves one over RocksDB; tests run one
-    in-process over a MemoryStore (tests/support/inprocess_cluster.py)."""
-    verifier = GrpcTxnVerifier(config.layout)
+    in-process over a MemoryStore (tests/support/inprocess_cluster.py), and
+    the simulation (tests/sim/real) passes its own ports for the links
+    that go over the network (`txn_verifier`, `controller`, `leaders`;
+    gRPC when left out) and its clock."""
+    verifier = txn_verifier if txn_verifier is not None else GrpcTxnVerifier(config.layout)
     if not config.replicated:
         return Wired(StoreRuntime(
-            store, config, controller=GrpcControllerLink(config.layout), txn_verifier=verifier,
+            store, config,
+            controller=controller if controller is not None else GrpcControllerLink(
+                config.layout),
+            txn_verifier=verifier, clock_ms=clock_ms,
         ))
     if metadata is None:
         raise ValueError("a replicated store needs its metadata store")
     link = MetadataLink(
         metadata, layout=config.layout, node_id=config.node_id, root=metadata_root,
         lease_ttl_s=lease_ttl_s, unclean_leader_election=unclean_leader_election,
-        clock_ms=wall_clock_ms,
+        clock_ms=clock_ms,
     )
-    runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier)
+    runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier,
+                           clock_ms=clock_ms)
+    runtime.store_addresses = link.store_addresses
+    runtime.reassigner = link.alter_reassignments
     manager = ReplicaManager(
-        runtime, link, GrpcLeaderLink(config.layout),
+        runtime, link,
+        leaders if leaders is not None else GrpcLeaderLink(link.store_addresses),
         address=address or config.layout.stores[config.node_id],
     )
     return Wired(runtime, manager)

@@ -58,9 +58,6 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     def __init__(self, runtime: StoreRuntime) -> None:
         self._runtime = runtime
         layout = runtime.layout
-        self._stores = [
-            records_pb2.Node(node_id=i, address=a) for i, a in enumerate(layout.stores)
-        ]
         self._coordinators = [
             records_pb2.Node(node_id=i, address=a) for i, a in enumerate(layout.coordinators)
         ]
@@ -79,7 +76,9 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         except ServiceError as exc:
             await abort_with(context, exc)
         response = pb.MetadataResponse(
-            stores=self._stores, coordinators=self._coordinators,
+            stores=[records_pb2.Node(node_id=i, address=a)
+                    for i, a in sorted(self._runtime.store_addresses().items())],
+            coordinators=self._coordinators,
             group_coordinators=self._group_coordinators,
             controller_node_id=self._runtime.catalog_node_id,
         )
@@ -354,4 +353,22 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                 leader_epoch=o.leader_epoch, end_offset=o.end_offset,
             )
             for o in outcomes
+        ])
+
+    async def AlterPartitionReassignments(
+        self, request: pb.AlterPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> pb.AlterPartitionReassignmentsResponse:
+        try:
+            if not request.partitions:
+                raise _bad_request("AlterPartitionReassignmentsRequest names no partition")
+            _check_unique(((p.topic, p.partition) for p in request.partitions),
+                          "AlterPartitionReassignmentsRequest")
+            outcomes = await self._runtime.alter_reassignments(
+                {(p.topic, p.partition): tuple(p.replica_node_ids) for p in request.partitions})
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.AlterPartitionReassignmentsResponse(results=[
+            pb.ReassignResult(topic=topic, partition=partition, error=error_to_proto(error))
+            for (topic, partition), error in outcomes.items()
         ])

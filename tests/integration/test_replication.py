@@ -26,7 +26,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from oncelog import Admin, Producer, RecordMetadata
+from oncelog import Admin, Producer, RecordMetadata, TopicPartition
 from oncelog.errors import KafkaTimeoutError, NotEnoughReplicasError, OncelogError
 from oncelog.testing import LocalCluster
 from oncelog.v1 import partition_store_pb2 as ps
@@ -344,3 +344,40 @@ def test_transactional_copier_is_exactly_once_while_each_leader_is_killed(
             copiers.stop_all()
         print(f"\nleaders killed: {killed}")
         assert verify_exactly_once(cluster.bootstrap_servers, "in", "out", partitions) == records
+
+
+def test_a_store_added_to_a_running_cluster_takes_over_a_moved_replica(
+        cluster: LocalCluster) -> None:
+    """Growing and moving: a fourth store joins; one partition's replicas
+    move from store 0 to it while an idempotent stream keeps writing. The new
+    store copies the log, joins the ISR, store 0 drops its copy, and nothing
+    acknowledged is lost or duplicated. Topics created afterwards use it."""
+    topic, partitions = "growing", 2
+    _create(cluster, topic, partitions)
+    stream = _Stream(cluster, topic, partitions)
+    try:
+        stream.wait_acked_beyond(1_000)
+        added = cluster.add_partition_store()
+        assert added == STORES
+        moved = 0 if 0 in _describe(cluster, topic)[0][2] else 1
+        before = _describe(cluster, topic)[moved]
+        target = tuple(added if r == 0 else r for r in before[2])
+        with Admin(bootstrap=_bootstrap(cluster)) as admin:
+            tp = TopicPartition(topic, moved)
+            assert admin.alter_partition_reassignments({tp: list(target)}) == {tp: None}
+            refused = admin.alter_partition_reassignments({tp: [0, 1, 9]})[tp]
+            assert refused is not None and "known store node ids" in str(refused)
+        _wait("the move finished", lambda: _describe(cluster, topic)[moved][2] == target
+              and set(_describe(cluster, topic)[moved][3]) == set(target), timeout_s=60)
+        stream.wait_acked_beyond(stream.acked(moved), moved)
+        _wait("store 0 dropped its copy", lambda: f"{topic}-{moved}: no longer a replica here"
+              in cluster.log_tail("partition_store", 0, lines=500))
+        with Admin(bootstrap=_bootstrap(cluster)) as admin:
+            assert admin.list_partition_reassignments() == {}
+            admin.create_topic("after-growing", partitions=4, replication_factor=3)
+            placed = {r for p in admin.describe_topic("after-growing").partitions
+                      for r in p.replicas}
+        assert added in placed
+    finally:
+        sent = stream.finish()
+    _check_exactly_once(cluster, topic, partitions, stream.futures, sent)

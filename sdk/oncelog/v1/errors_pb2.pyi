@@ -68,6 +68,8 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """A replication factor the cluster cannot give (more than its stores, or
     more than 1 on a cluster without a metadata store).
     """
+    INVALID_REPLICA_ASSIGNMENT: _ErrorCode.ValueType  # 39
+    """A replica list naming an unknown store, or one store twice."""
     INVALID_CONFIG: _ErrorCode.ValueType  # 40
     INVALID_REQUEST: _ErrorCode.ValueType  # 42
     OUT_OF_ORDER_SEQUENCE_NUMBER: _ErrorCode.ValueType  # 45
@@ -148,6 +150,8 @@ INVALID_REPLICATION_FACTOR: ErrorCode.ValueType  # 38
 """A replication factor the cluster cannot give (more than its stores, or
 more than 1 on a cluster without a metadata store).
 """
+INVALID_REPLICA_ASSIGNMENT: ErrorCode.ValueType  # 39
+"""A replica list naming an unknown store, or one store twice."""
 INVALID_CONFIG: ErrorCode.ValueType  # 40
 INVALID_REQUEST: ErrorCode.ValueType  # 42
 OUT_OF_ORDER_SEQUENCE_NUMBER: ErrorCode.ValueType  # 45

@@ -76,6 +76,7 @@ class PartitionMetadata(_message.Message):
     LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     REPLICA_NODE_IDS_FIELD_NUMBER: _builtins.int
     ISR_NODE_IDS_FIELD_NUMBER: _builtins.int
+    TARGET_REPLICA_NODE_IDS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader_node_id: _builtins.int
     """The store node that leads the partition (index into
@@ -94,6 +95,12 @@ class PartitionMetadata(_message.Message):
 
     @_builtins.property
     def isr_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def target_replica_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """A move in progress (AlterPartitionReassignments): the replica list asked
+        for; empty when none.
+        """
+
     def __init__(
         self,
         *,
@@ -102,10 +109,11 @@ class PartitionMetadata(_message.Message):
         leader_epoch: _builtins.int = ...,
         replica_node_ids: _abc.Iterable[_builtins.int] | None = ...,
         isr_node_ids: _abc.Iterable[_builtins.int] | None = ...,
+        target_replica_node_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["isr_node_ids", b"isr_node_ids", "leader_epoch", b"leader_epoch", "leader_node_id", b"leader_node_id", "partition", b"partition", "replica_node_ids", b"replica_node_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["isr_node_ids", b"isr_node_ids", "leader_epoch", b"leader_epoch", "leader_node_id", b"leader_node_id", "partition", b"partition", "replica_node_ids", b"replica_node_ids", "target_replica_node_ids", b"target_replica_node_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1285,3 +1293,97 @@ class OffsetsForLeaderEpochResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OffsetsForLeaderEpochResponse: _TypeAlias = OffsetsForLeaderEpochResponse  # noqa: Y015
+
+@_typing.final
+class ReassignPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    REPLICA_NODE_IDS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    @_builtins.property
+    def replica_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The store node ids to hold the partition, the preferred leader first."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        replica_node_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "replica_node_ids", b"replica_node_ids", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReassignPartition: _TypeAlias = ReassignPartition  # noqa: Y015
+
+@_typing.final
+class AlterPartitionReassignmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReassignPartition]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___ReassignPartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterPartitionReassignmentsRequest: _TypeAlias = AlterPartitionReassignmentsRequest  # noqa: Y015
+
+@_typing.final
+class ReassignResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error: _errors_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReassignResult: _TypeAlias = ReassignResult  # noqa: Y015
+
+@_typing.final
+class AlterPartitionReassignmentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReassignResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ReassignResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterPartitionReassignmentsResponse: _TypeAlias = AlterPartitionReassignmentsResponse  # noqa: Y015

@@ -89,6 +89,11 @@ class PartitionStoreStub:
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochResponse.FromString,
                 _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/oncelog.v1.PartitionStore/AlterPartitionReassignments',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionStoreServicer:
@@ -170,6 +175,15 @@ class PartitionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartitionReassignments(self, request, context):
+        """Moves partitions to new replica lists (Kafka's
+        AlterPartitionReassignments): the new replicas copy the log, join the
+        ISR, then the replicas left out are dropped. Replicated clusters only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +241,11 @@ def add_PartitionStoreServicer_to_server(servicer, server):
                     servicer.OffsetsForLeaderEpoch,
                     request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -526,6 +545,33 @@ class PartitionStore:
             '/oncelog.v1.PartitionStore/OffsetsForLeaderEpoch',
             oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
             oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.PartitionStore/AlterPartitionReassignments',
+            oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

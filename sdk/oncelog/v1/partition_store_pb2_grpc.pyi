@@ -58,6 +58,11 @@ class PartitionStoreStub:
     OffsetsForLeaderEpoch): a follower of a new leader asks it before
     fetching, and truncates what it holds beyond that point.
     """
+    AlterPartitionReassignments: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.AlterPartitionReassignmentsRequest, _partition_store_pb2.AlterPartitionReassignmentsResponse]
+    """Moves partitions to new replica lists (Kafka's
+    AlterPartitionReassignments): the new replicas copy the log, join the
+    ISR, then the replicas left out are dropped. Replicated clusters only.
+    """
 
 @_typing.type_check_only
 class PartitionStoreAsyncStub(PartitionStoreStub):
@@ -85,6 +90,11 @@ class PartitionStoreAsyncStub(PartitionStoreStub):
     """Where a leader epoch ended in this replica's log (Kafka's
     OffsetsForLeaderEpoch): a follower of a new leader asks it before
     fetching, and truncates what it holds beyond that point.
+    """
+    AlterPartitionReassignments: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.AlterPartitionReassignmentsRequest, _partition_store_pb2.AlterPartitionReassignmentsResponse]  # type: ignore[assignment]
+    """Moves partitions to new replica lists (Kafka's
+    AlterPartitionReassignments): the new replicas copy the log, join the
+    ISR, then the replicas left out are dropped. Replicated clusters only.
     """
 
 class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
@@ -176,6 +186,17 @@ class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
         """Where a leader epoch ended in this replica's log (Kafka's
         OffsetsForLeaderEpoch): a follower of a new leader asks it before
         fetching, and truncates what it holds beyond that point.
+        """
+
+    @_abc_1.abstractmethod
+    def AlterPartitionReassignments(
+        self,
+        request: _partition_store_pb2.AlterPartitionReassignmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_partition_store_pb2.AlterPartitionReassignmentsResponse, _abc.Awaitable[_partition_store_pb2.AlterPartitionReassignmentsResponse]]:
+        """Moves partitions to new replica lists (Kafka's
+        AlterPartitionReassignments): the new replicas copy the log, join the
+        ISR, then the replicas left out are dropped. Replicated clusters only.
         """
 
 def add_PartitionStoreServicer_to_server(servicer: PartitionStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -74,6 +74,7 @@ class ErrorCode(enum.IntEnum):
     TOPIC_ALREADY_EXISTS = (36, Kind.NOT_RETRIABLE)
     INVALID_PARTITIONS = (37, Kind.NOT_RETRIABLE)
     INVALID_REPLICATION_FACTOR = (38, Kind.NOT_RETRIABLE)
+    INVALID_REPLICA_ASSIGNMENT = (39, Kind.NOT_RETRIABLE)
     INVALID_CONFIG = (40, Kind.NOT_RETRIABLE)
     INVALID_REQUEST = (42, Kind.NOT_RETRIABLE)
     OUT_OF_ORDER_SEQUENCE_NUMBER = (45, Kind.FATAL)
@@ -191,6 +192,7 @@ PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
     ErrorCode.TOPIC_ALREADY_EXISTS: _P.ABORTABLE,
     ErrorCode.INVALID_PARTITIONS: _P.ABORTABLE,
     ErrorCode.INVALID_REPLICATION_FACTOR: _P.ABORTABLE,
+    ErrorCode.INVALID_REPLICA_ASSIGNMENT: _P.ABORTABLE,
     ErrorCode.INVALID_CONFIG: _P.ABORTABLE,
     ErrorCode.INVALID_REQUEST: _P.ABORTABLE,
     # As a Produce answer it is no error: the batch was written before, at an
@@ -322,6 +324,7 @@ _CLASS_NAMES: dict[ErrorCode, str] = {
     ErrorCode.TOPIC_ALREADY_EXISTS: "TopicAlreadyExistsError",
     ErrorCode.INVALID_PARTITIONS: "InvalidPartitionsError",
     ErrorCode.INVALID_REPLICATION_FACTOR: "InvalidReplicationFactorError",
+    ErrorCode.INVALID_REPLICA_ASSIGNMENT: "InvalidReplicaAssignmentError",
     ErrorCode.INVALID_CONFIG: "InvalidConfigError",
     ErrorCode.INVALID_REQUEST: "InvalidRequestError",
     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER: "OutOfOrderSequenceNumberError",

@@ -20,6 +20,12 @@ Rules (Kafka's):
   watermark.
 * The high watermark is the least log end offset over the ISR, and never
   moves back.
+* Moving replicas (Kafka's KIP-455 reassignment): the target replica list is
+  recorded first and the new replicas are added to the replica list (they
+  start copying, outside the ISR); once every target replica is in the ISR,
+  the replica list becomes the target, the replicas left out go, and if the
+  leader was one of them, the first in-sync target replica leads at a new
+  epoch.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class PartitionState:
     leader: int
     leader_epoch: int
     isr: tuple[int, ...]
+    # A reassignment in progress: the replica list asked for (None: none).
+    target: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.replicas or len(set(self.replicas)) != len(self.replicas):
@@ -57,6 +65,10 @@ class PartitionState:
             raise ReplicaStateError(f"leader {self.leader} is not in the ISR {self.isr}")
         if self.leader_epoch < 0:
             raise ReplicaStateError(f"leader epoch {self.leader_epoch} is negative")
+        if self.target is not None and (
+                not self.target or len(set(self.target)) != len(self.target)):
+            raise ReplicaStateError(f"target replicas {self.target} must be distinct and "
+                                    "not empty")
 
     @property
     def online(self) -> bool:
@@ -67,18 +79,23 @@ class PartitionState:
         return self.replicas[0]
 
     def to_json(self) -> str:
-        return json.dumps({
+        doc: dict[str, object] = {
             "replicas": list(self.replicas), "leader": self.leader,
             "leader_epoch": self.leader_epoch, "isr": list(self.isr),
-        }, sort_keys=True)
+        }
+        if self.target is not None:
+            doc["target"] = list(self.target)
+        return json.dumps(doc, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> PartitionState:
         try:
             raw = json.loads(text)
+            target = raw.get("target")
             return PartitionState(
                 replicas=tuple(int(r) for r in raw["replicas"]), leader=int(raw["leader"]),
                 leader_epoch=int(raw["leader_epoch"]), isr=tuple(int(r) for r in raw["isr"]),
+                target=None if target is None else tuple(int(r) for r in target),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ReplicaStateError(f"partition state {text!r} does not decode: {exc}") from exc
@@ -138,16 +155,15 @@ def elect_leader(
         # would remove them anyway, after replica.lag.time.max.ms, and until
         # then every acks=all produce would wait for them.
         isr = tuple(r for r in state.isr if r in live)
-        return PartitionState(state.replicas, leader, state.leader_epoch + 1, isr)
+        return replace(state, leader=leader, leader_epoch=state.leader_epoch + 1, isr=isr)
     if unclean:
         candidates = [r for r in state.replicas if r in live]
         if candidates:
-            return PartitionState(
-                state.replicas, candidates[0], state.leader_epoch + 1, (candidates[0],)
-            )
+            return replace(state, leader=candidates[0], leader_epoch=state.leader_epoch + 1,
+                           isr=(candidates[0],))
     if state.leader == NO_LEADER:
         return None
-    return PartitionState(state.replicas, NO_LEADER, state.leader_epoch + 1, state.isr)
+    return replace(state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1)
 
 
 def is_unclean(before: PartitionState, after: PartitionState) -> bool:
@@ -169,8 +185,37 @@ def fence_replica(state: PartitionState, replica: int) -> PartitionState | None:
         return replace(state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1)
     isr = tuple(r for r in state.isr if r != replica)
     if state.leader == replica:
-        return PartitionState(state.replicas, NO_LEADER, state.leader_epoch + 1, isr)
+        return replace(state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1, isr=isr)
     return replace(state, isr=isr)
+
+
+def begin_reassignment(state: PartitionState, target: Sequence[int]) -> PartitionState:
+    """Records a move to `target` (or, with the current replicas as target,
+    cancels one): the new replicas join the replica list at once, as
+    followers outside the ISR."""
+    wanted = tuple(target)
+    if wanted == state.replicas:
+        return replace(state, target=None)
+    # During the move the list holds the target first, then the replicas
+    # leaving (Kafka's order), so the preferred leader is the target's.
+    base = state.replicas if state.target is None else tuple(
+        r for r in state.replicas if r in state.isr or r in wanted)
+    replicas = wanted + tuple(r for r in base if r not in wanted)
+    isr = tuple(r for r in replicas if r in state.isr)
+    return PartitionState(replicas, state.leader, state.leader_epoch, isr, wanted)
+
+
+def finish_reassignment(state: PartitionState) -> PartitionState | None:
+    """Completes a move once every target replica is in sync: the replicas
+    not in the target go; a leader among them hands over to the first
+    in-sync target replica at a new epoch. None: not yet (or no move)."""
+    target = state.target
+    if target is None or not set(target) <= set(state.isr):
+        return None
+    isr = tuple(r for r in target if r in state.isr)
+    if state.leader in target:
+        return PartitionState(target, state.leader, state.leader_epoch, isr)
+    return PartitionState(target, isr[0], state.leader_epoch + 1, isr)
 
 
 def elect_preferred(state: PartitionState, live: Collection[int]) -> PartitionState | None:
