@@ -184,9 +184,12 @@ class PartitionRuntime:
         self.recovery_corrupt_snapshots = 0
         # base_offset -> the future of its group commit, until durable.
         self._pending: dict[int, asyncio.Future[None]] = {}
-        self._hw_waiters: set[asyncio.Future[None]] = set()
+        # Waiter sets are dicts (insertion-ordered): they are woken in the
+        # order they came, not in an order of memory addresses, so a run of
+        # the deterministic simulation replays the same.
+        self._hw_waiters: dict[asyncio.Future[None], None] = {}
         # read_committed long-polls wait for the LSO, not the HW.
-        self._lso_waiters: set[asyncio.Future[None]] = set()
+        self._lso_waiters: dict[asyncio.Future[None], None] = {}
         # producer id -> the verification its first transactional batch here
         # is waiting for; that producer's later appends wait for it.
         self._gates: dict[int, asyncio.Future[None]] = {}
@@ -209,7 +212,7 @@ class PartitionRuntime:
             collections.deque()
         )
         # Replica fetches waiting for more durable data.
-        self._durable_waiters: set[asyncio.Future[None]] = set()
+        self._durable_waiters: dict[asyncio.Future[None], None] = {}
         self._log_prefix = keys.partition_prefix(keys.LOG, topic.topic_id, partition)
         self._log_end_key = keys.log_key_end(topic.topic_id, partition)
         labels = (topic.name, str(partition))
@@ -227,6 +230,9 @@ class PartitionRuntime:
         metrics.RETENTION_DELETED_BATCHES.labels(topic.name)
         for marker_name in MARKER_NAMES.values():
             metrics.TXN_MARKERS_WRITTEN.labels(topic.name, marker_name.lower())
+        metrics.ISR_SHRINKS.labels(topic.name)
+        metrics.ISR_EXPANDS.labels(topic.name)
+        metrics.TRUNCATIONS.labels(topic.name)
         self._lso_gauge = metrics.LAST_STABLE_OFFSET.labels(*labels)
         self._unstable_gauge = metrics.UNSTABLE_OFFSETS.labels(*labels)
         self._open_txns_gauge = metrics.OPEN_TRANSACTIONS.labels(*labels)
@@ -238,12 +244,22 @@ class PartitionRuntime:
     @classmethod
     def recover(
         cls, topic: TopicRecord, partition: int, store: KeyValueStore, *, now_ms: int,
-        producer_id_expiration_ms: int,
+        producer_id_expiration_ms: int, replicated: bool = False,
     ) -> PartitionRuntime:
         """Loads the newest good snapshot and the aborted index, and replays
         the batches after the snapshot. A snapshot that does not decode falls
         back to the one before it; with none left, the replay starts at the
-        log start offset."""
+        log start offset.
+
+        A single copy's HW is its stored log end (everything stored was
+        acknowledged or may be). A replica's (`replicated`) starts at its log
+        start and is learned again, from the leader's answers or, as leader,
+        from the followers' fetches: its stored log may end in a tail that no
+        other replica has and that was never committed (a deposed leader's,
+        or one truncation is about to cut), and an HW over that tail would
+        let compaction drop a committed record in favour of an uncommitted
+        one, or keep the tail when a truncation falls back to the HW. Kafka
+        restores a checkpointed HW instead; there is none here."""
         tp = topic.topic_partition(partition)
         tid = topic.topic_id
         log_prefix = keys.partition_prefix(keys.LOG, tid, partition)
@@ -290,7 +306,8 @@ class PartitionRuntime:
             running_max_ts = keys.time_index_key_timestamp(last_time[0])
         log_state = LogState(
             tp, log_start_offset=log_start, log_end_offset=replay_from,
-            high_watermark=replay_from, durable_end_offset=replay_from, size_bytes=size_bytes,
+            high_watermark=log_start if replicated else replay_from,
+            durable_end_offset=replay_from, size_bytes=size_bytes,
             max_timestamp_ms=running_max_ts,
         )
         aborted = cls._recover_aborted_index(store, topic, partition, log_start, log_end)
@@ -327,9 +344,13 @@ class PartitionRuntime:
             log_state.log_end_offset == log_end,
             lambda: f"{tp}: replay ended at {log_state.log_end_offset}, log ends at {log_end}",
         )
-        # Everything stored counts as durable: it survived the restart.
-        log_state.mark_durable(log_end)
-        producers.on_high_watermark(log_end)
+        # Everything stored counts as durable: it survived the restart (and
+        # with a single copy, as committed: see the docstring).
+        if replicated:
+            log_state.mark_locally_durable(log_end)
+        else:
+            log_state.mark_durable(log_end)
+        producers.on_high_watermark(log_state.high_watermark)
         # Recovered producers count as active now (see producer_state.py).
         producers.remove_expired(now_ms, producer_id_expiration_ms)
         part._sync_unstable()
@@ -775,10 +796,10 @@ class PartitionRuntime:
         self.update_high_watermark()
 
     def add_durable_waiter(self, waiter: asyncio.Future[None]) -> None:
-        self._durable_waiters.add(waiter)
+        self._durable_waiters[waiter] = None
 
     def remove_durable_waiter(self, waiter: asyncio.Future[None]) -> None:
-        self._durable_waiters.discard(waiter)
+        self._durable_waiters.pop(waiter, None)
 
     # ---------------------------------------------------------- replication
 
@@ -914,13 +935,13 @@ class PartitionRuntime:
         """Wakes `waiter` when what `isolation` can read grows: the HW, or the
         LSO under read_committed."""
         if isolation is Isolation.READ_COMMITTED:
-            self._lso_waiters.add(waiter)
+            self._lso_waiters[waiter] = None
         else:
-            self._hw_waiters.add(waiter)
+            self._hw_waiters[waiter] = None
 
     def remove_waiter(self, waiter: asyncio.Future[None]) -> None:
-        self._hw_waiters.discard(waiter)
-        self._lso_waiters.discard(waiter)
+        self._hw_waiters.pop(waiter, None)
+        self._lso_waiters.pop(waiter, None)
 
     def wake_waiters(self) -> None:
         self._wake(self._hw_waiters)
@@ -928,7 +949,7 @@ class PartitionRuntime:
         self._wake(self._durable_waiters)
 
     @staticmethod
-    def _wake(waiters: set[asyncio.Future[None]]) -> None:
+    def _wake(waiters: dict[asyncio.Future[None], None]) -> None:
         pending = list(waiters)
         waiters.clear()
         for waiter in pending:

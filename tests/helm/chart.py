@@ -26,6 +26,10 @@ REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "oncelog"
 RELEASE = "demo"
 NAMESPACE = "data"
+# The StatefulSets of oncelog's own services (the image built from the
+# Dockerfile); the chart's etcd, when it runs one, is "etcd".
+COMPONENTS = ("partition-store", "coordinator", "group-coordinator")
+COMPONENT_LABEL = "app.kubernetes.io/component"
 # The newest Kubernetes whose schemas the installed kubernetes-validate ships.
 KUBERNETES_VERSION: str = kubernetes_validate.latest_version()
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
@@ -111,11 +115,16 @@ def validation_errors(obj: Manifest) -> list[str]:
     return []
 
 
-def containers(rendered: Rendered) -> Iterator[tuple[Manifest, Manifest]]:
-    """(StatefulSet, container) for every container the chart runs."""
+def containers(
+    rendered: Rendered, *, etcd: bool = False
+) -> Iterator[tuple[Manifest, Manifest]]:
+    """(StatefulSet, container) for every container of oncelog's services,
+    and of etcd's members too when `etcd`."""
     for sts in rendered.of_kind("StatefulSet"):
-        for container in sts["spec"]["template"]["spec"]["containers"]:
-            yield sts, container
+        component = sts["metadata"]["labels"][COMPONENT_LABEL]
+        if component in COMPONENTS or (etcd and component == "etcd"):
+            for container in sts["spec"]["template"]["spec"]["containers"]:
+                yield sts, container
 
 
 def pod_environment(rendered: Rendered, sts: Manifest, ordinal: int) -> dict[str, str]:

@@ -4,10 +4,12 @@ Goal: `helm lint --strict` finds nothing and every object of `helm template`
 is valid for the newest Kubernetes that kubernetes-validate knows, in strict
 mode (no unknown field anywhere), for the default values and for variations
 that take every branch of the templates (1 and 3 stores, 3 coordinators,
-metrics on and off, persistence and group coordinators off, every optional
-setting at once); and the objects have the properties the chart promises:
-stateful stores with volume claims, replaceable coordinators, gRPC probes on
-the gRPC port, non-root read-only containers, PodDisruptionBudgets.
+metrics on and off, persistence and group coordinators off, an external
+etcd, every optional setting at once); and the objects have the properties
+the chart promises: stateful stores with volume claims, replaceable
+coordinators, gRPC probes on the gRPC port, non-root read-only containers
+(etcd's too), PodDisruptionBudgets. tests/helm/test_chart_etcd.py checks
+etcd itself.
 
 Method: Helm's own engine through helm-python-sdk (there is no helm binary),
 kubernetes-validate's Python API for each object and its command line once,
@@ -26,6 +28,8 @@ import pytest
 import yaml
 
 from tests.helm.chart import (
+    COMPONENT_LABEL,
+    COMPONENTS,
     KUBERNETES_VERSION,
     NAMESPACE,
     RELEASE,
@@ -37,8 +41,6 @@ from tests.helm.chart import (
 )
 from tests.helm.crd_schemas import CRD_SCHEMAS
 from tests.helm.variants import VARIANTS
-
-COMPONENTS = ("partition-store", "coordinator", "group-coordinator")
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -109,10 +111,11 @@ def test_objects_of_the_default_release() -> None:
     rendered = render()
     kinds = sorted({o["kind"] for o in rendered.objects})
     assert kinds == [
-        "ConfigMap", "PodDisruptionBudget", "Service", "ServiceAccount", "StatefulSet",
+        "ConfigMap", "NetworkPolicy", "PodDisruptionBudget", "Service", "ServiceAccount",
+        "StatefulSet",
     ]
     assert sorted(s["metadata"]["name"] for s in rendered.of_kind("StatefulSet")) == sorted(
-        f"{RELEASE}-oncelog-{c}" for c in COMPONENTS
+        f"{RELEASE}-oncelog-{c}" for c in (*COMPONENTS, "etcd")
     )
     for obj in rendered.objects:
         assert obj["metadata"]["namespace"] == NAMESPACE
@@ -181,7 +184,7 @@ def test_containers_run_unprivileged_on_a_read_only_root(
     variant: tuple[dict[str, Any], Rendered],
 ) -> None:
     _, rendered = variant
-    for sts, container in containers(rendered):
+    for sts, container in containers(rendered, etcd=True):
         pod = sts["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
@@ -190,11 +193,13 @@ def test_containers_run_unprivileged_on_a_read_only_root(
         assert security["readOnlyRootFilesystem"] is True
         assert security["allowPrivilegeEscalation"] is False
         assert security["capabilities"]["drop"] == ["ALL"]
-        # Writable places are volumes only: an emptyDir /tmp, the store's data.
+        # Writable places are volumes only: an emptyDir /tmp, the store's
+        # data, etcd's data (etcd needs no /tmp).
         claims = {c["metadata"]["name"] for c in sts["spec"].get("volumeClaimTemplates", [])}
-        volumes = {v["name"] for v in pod["volumes"]} | claims
+        volumes = {v["name"] for v in pod.get("volumes", [])} | claims
         assert {m["name"] for m in container["volumeMounts"]} <= volumes
-        assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
+        if sts["metadata"]["labels"][COMPONENT_LABEL] != "etcd":
+            assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
 
 
 def test_pods_roll_when_their_configuration_changes() -> None:
@@ -213,6 +218,9 @@ def test_pods_roll_when_their_configuration_changes() -> None:
         assert scaled[component]["checksum/cluster-config"] != (
             before[component]["checksum/cluster-config"]
         )
+    # More stores restart nothing: the new ones register in etcd, where the
+    # running processes learn about them.
+    assert checksums({"partitionStore": {"replicas": 5}}) == before
     # A store setting rolls the stores only.
     fsync = checksums({"partitionStore": {"config": {"fsync": True}}})
     assert fsync["partition-store"]["checksum/component-config"] != (
@@ -223,7 +231,9 @@ def test_pods_roll_when_their_configuration_changes() -> None:
 
 def test_disruption_budgets_and_anti_affinity() -> None:
     rendered = render()
-    for component in COMPONENTS:
+    # One store down: with 3 copies and min.insync.replicas 2 every
+    # partition still takes writes. One etcd member down: 2 of 3 are a quorum.
+    for component in (*COMPONENTS, "etcd"):
         pdb = rendered.one("PodDisruptionBudget", f"{RELEASE}-oncelog-{component}")
         sts = rendered.statefulset(component)
         assert pdb["spec"]["maxUnavailable"] == 1
@@ -240,13 +250,14 @@ def test_disruption_budgets_and_anti_affinity() -> None:
 def test_selectors_find_the_right_pods() -> None:
     rendered = render()
     pods = {
-        c: rendered.statefulset(c)["spec"]["template"]["metadata"]["labels"] for c in COMPONENTS
+        c: rendered.statefulset(c)["spec"]["template"]["metadata"]["labels"]
+        for c in (*COMPONENTS, "etcd")
     }
 
     def selected(selector: dict[str, str]) -> set[str]:
         return {c for c, labels in pods.items() if selector.items() <= labels.items()}
 
-    for component in COMPONENTS:
+    for component in (*COMPONENTS, "etcd"):
         sts = rendered.statefulset(component)
         assert selected(sts["spec"]["selector"]["matchLabels"]) == {component}
         headless = rendered.one("Service", sts["spec"]["serviceName"])

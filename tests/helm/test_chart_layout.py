@@ -52,7 +52,7 @@ COMPONENTS = {
 CHART_MANAGED_FLAGS = {
     "help", "node-id", "listen", "advertised", "stores", "coordinators",
     "group-coordinators", "transaction-state-partitions", "consumer-offsets-partitions",
-    "metrics-port", "log-format", "log-level", "data-dir",
+    "metrics-port", "log-format", "log-level", "data-dir", "etcd-endpoints",
 }
 # Flags the chart deliberately does not offer: test-only switches.
 NOT_OFFERED = {"unsafe-skip-txn-verification"}
@@ -161,6 +161,8 @@ def test_store_settings_reach_the_store(monkeypatch: pytest.MonkeyPatch) -> None
 
     rendered = render({"partitionStore": {"config": {
         "fsync": True, "producer-id-expiration-ms": 86_400_000, "snapshot-interval-batches": 250,
+        "lease-ttl-s": 5, "replica-lag-time-max-ms": 10_000, "unclean-leader-election": True,
+        "metadata-root": "/oncelog/prod",
     }}})
     for key, value in pod_environment(rendered, rendered.statefulset("partition-store"), 2).items():
         monkeypatch.setenv(key, value)
@@ -172,6 +174,28 @@ def test_store_settings_reach_the_store(monkeypatch: pytest.MonkeyPatch) -> None
     assert config.snapshot_interval_batches == 250
     assert config.unsafe_skip_txn_verification is False
     assert args.data_dir == "/var/lib/oncelog"
+    # Replicated, with the replication settings of values.
+    assert config.replicated is True
+    assert config.replica_lag_time_max_ms == 10_000
+    assert (args.lease_ttl_s, args.unclean_leader_election, args.metadata_root) == (
+        5, True, "/oncelog/prod")
+
+
+def test_the_default_replication_settings_are_the_stores_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # values.yaml spells out the stores' defaults (so they are visible
+    # there); they must stay what the store would take without them.
+    from services.partition_store.server import build_parser
+
+    defaults = build_parser().parse_args(["--data-dir", "x"])
+    rendered = render()
+    for key, value in pod_environment(rendered, rendered.statefulset("partition-store"), 0).items():
+        monkeypatch.setenv(key, value)
+    args = build_parser().parse_args([])
+    for flag in ("lease_ttl_s", "replica_lag_time_max_ms", "unclean_leader_election",
+                 "metadata_root", "fsync", "snapshot_interval_batches", "snapshot_interval_ms"):
+        assert getattr(args, flag) == getattr(defaults, flag), flag
 
 
 def test_coordinator_settings_reach_the_coordinator(monkeypatch: pytest.MonkeyPatch) -> None:

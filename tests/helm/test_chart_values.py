@@ -1,7 +1,8 @@
 """values.yaml is documented key by key and values.schema.json guards it.
 
 Goal: a wrong value (a negative replica count, an unknown key, a flag the
-service does not have, a probe Kubernetes would refuse, ...) is refused by
+service does not have, a probe Kubernetes would refuse, an even number of
+etcd members, an etcd endpoint with a scheme, ...) is refused by
 `helm lint` and `helm template` with a message that names the key, before
 anything reaches a cluster; the defaults pass; and every key of values.yaml
 carries a comment (the coordinators' blocks share the partition store's
@@ -53,6 +54,35 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "unknown group coordinator flag": (
         {"groupCoordinator": {"config": {"session-timeout": 1}}}, "session-timeout",
     ),
+    # min.insync.replicas is a topic config, not a store flag.
+    "invented replication flag": (
+        {"partitionStore": {"config": {"min-insync-replicas": 2}}}, "min-insync-replicas",
+    ),
+    "zero lease": ({"partitionStore": {"config": {"lease-ttl-s": 0}}},
+                   "/partitionStore/config/lease-ttl-s"),
+    "unclean election as text": (
+        {"partitionStore": {"config": {"unclean-leader-election": "yes"}}},
+        "/partitionStore/config/unclean-leader-election",
+    ),
+    "metadata root": ({"partitionStore": {"config": {"metadata-root": "oncelog"}}},
+                      "/partitionStore/config/metadata-root"),
+    "even etcd members": ({"etcd": {"replicas": 2}}, "/etcd/replicas"),
+    "etcd endpoint with a scheme": (
+        {"etcd": {"external": {"endpoints": ["http://etcd.infra:2379"]}}},
+        "/etcd/external/endpoints/0",
+    ),
+    "etcd endpoint without a port": (
+        {"etcd": {"external": {"endpoints": ["etcd.infra"]}}}, "/etcd/external/endpoints/0",
+    ),
+    "etcd endpoints as one string": (
+        {"etcd": {"external": {"endpoints": "etcd.infra:2379"}}}, "/etcd/external/endpoints",
+    ),
+    "unknown etcd key": ({"etcd": {"members": 3}}, "members"),
+    "etcd compaction retention": ({"etcd": {"autoCompactionRetention": "1 hour"}},
+                                  "/etcd/autoCompactionRetention"),
+    "etcd disruption budget": ({"etcd": {"pdb": {"maxUnavailable": -1}}},
+                               "/etcd/pdb/maxUnavailable"),
+    "etcd peer port": ({"etcd": {"ports": {"peer": 0}}}, "/etcd/ports/peer"),
 }
 
 

@@ -29,6 +29,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "groupCoordinator": {"enabled": False},
         "partitionStore": {"persistence": {"enabled": False}},
     },
+    # The stores use an etcd that exists already: the chart runs none.
+    "external-etcd": {
+        "etcd": {"external": {"endpoints": ["etcd-0.infra:2379", "etcd-1.infra:2379",
+                                           "etcd-2.infra:2379"]}},
+    },
+    # A one-member etcd for a trial: no volume, no NetworkPolicy, no PDB.
+    "trial-etcd": {
+        "partitionStore": {"replicas": 1},
+        "etcd": {"replicas": 1, "persistence": {"enabled": False},
+                 "networkPolicy": {"enabled": False}, "pdb": {"enabled": False},
+                 "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                     {"weight": 1, "preference": {"matchExpressions": [
+                         {"key": "example.com/disk", "operator": "In", "values": ["ssd"]}]}}]}}},
+    },
     # Every optional branch of the pod template at once.
     "everything-set": {
         "image": {
@@ -78,6 +92,36 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "updateStrategy": {"type": "OnDelete"},
             "podManagementPolicy": "OrderedReady",
             "config": {"offsets-retention-ms": 604_800_000},
+        },
+        "etcd": {
+            "replicas": 5,
+            "image": {"repository": "registry.k8s.io/etcd", "tag": "3.5.21-0",
+                      "digest": "sha256:" + "cd" * 32, "pullPolicy": "Always"},
+            "ports": {"client": 12379, "peer": 12380, "metrics": 12381},
+            "autoCompactionRetention": "30m",
+            "quotaBackendBytes": 4_294_967_296,
+            "extraEnv": [{"name": "ETCD_SNAPSHOT_COUNT", "value": "10000"}],
+            "resources": {"requests": {"cpu": "200m", "memory": "256Mi"},
+                          "limits": {"memory": "1Gi"}},
+            "probes": {"readiness": {"enabled": False}},
+            "podAntiAffinity": "hard",
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "etcd",
+                             "effect": "NoSchedule"}],
+            "topologySpreadConstraints": [{
+                "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "etcd"}},
+            }],
+            "priorityClassName": "high-priority",
+            "podAnnotations": {"example.com/owner": "data"},
+            "podLabels": {"tier": "metadata"},
+            "pdb": {"maxUnavailable": 2},
+            "persistence": {"storageClass": "-", "size": "2Gi",
+                            "annotations": {"example.com/backup": "hourly"},
+                            "retentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Delete"}},
+            "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": "monitoring"}}}]},
         },
         **METRICS_ON,
     },

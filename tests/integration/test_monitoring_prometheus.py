@@ -10,12 +10,13 @@ files and evaluates every rule without error; what each process exports
 passes `promtool check metrics`, and every exported oncelog metric is
 documented in docs/metrics.md with its type (and nothing documented is
 missing); the workload really produced the events the panels show
-(commits, aborts, fencing, a timeout, an open transaction) rather than
-counters sitting at their initial zero.
+(commits, aborts, fencing, a timeout, an open transaction, leader and ISR
+changes, a truncation) rather than counters sitting at their initial zero.
 
-Method: one LocalCluster (every service this version ships) and Debian's
-`prometheus` scraping every process's /metrics every second on loopback,
-with the rule files loaded; the workload of
+Method: one replicated LocalCluster (every service this version ships,
+three partition stores and an etcd, as the Helm chart deploys them) and
+Debian's `prometheus` scraping every process's /metrics every second on
+loopback, with the rule files loaded; the workload of
 tests/support/monitoring_workload.py; then, once every target has been
 scraped twice after it, each expression through /api/v1/query with
 Grafana's variables substituted. Files are discovered from their folders,
@@ -46,7 +47,12 @@ from tests.support.monitoring import (
     resolve_variables,
     substitute,
 )
-from tests.support.monitoring_workload import CLUSTER_ARGS, WorkloadState, run_workload
+from tests.support.monitoring_workload import (
+    CLUSTER_OPTIONS,
+    REPLICATED_TOPIC,
+    WorkloadState,
+    run_workload,
+)
 from tests.support.prometheus import PrometheusServer, find_tool
 
 METRICS_DOC = ROOT / "docs" / "metrics.md"
@@ -68,7 +74,7 @@ class Observed:
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     work = tmp_path_factory.mktemp("monitoring")
-    with LocalCluster(work / "cluster", extra_args=CLUSTER_ARGS) as cluster:
+    with LocalCluster(work / "cluster", **CLUSTER_OPTIONS) as cluster:
         targets = {
             job_name(kind): [f"127.0.0.1:{p.metrics_port}" for p in procs]
             for kind, procs in cluster.processes.items() if procs
@@ -201,8 +207,20 @@ def test_the_workload_moved_what_the_panels_show(observed: Observed) -> None:
     assert _value(prom, f"sum(oncelog_rpc_result_errors_total{{{fenced}}})") >= 1
     assert _value(prom, f'sum(oncelog_store_fetch_records_total{{topic="{topic}"}})') > 0
     assert _value(prom, f'sum(oncelog_store_produce_records_total{{topic="{topic}"}})') > 200
-    # The transaction still open on partition 0, with a committed record behind it.
-    assert _value(prom, f'oncelog_store_unstable_offsets{{topic="{topic}",partition="0"}}') >= 2
-    assert _value(prom, f'oncelog_store_open_transactions{{topic="{topic}",partition="0"}}') == 1
+    # The transaction still open on partition 0, with a committed record
+    # behind it (on every replica: max over the stores).
+    partition_0 = f'{{topic="{topic}",partition="0"}}'
+    assert _value(prom, f"max(oncelog_store_unstable_offsets{partition_0})") >= 2
+    assert _value(prom, f"max(oncelog_store_open_transactions{partition_0})") == 1
     assert _value(prom, "sum(oncelog_store_snapshots_taken_total)") > 0
     assert _value(prom, "sum(oncelog_store_fsync_latency_seconds_count)") > 0
+    # The deposed leader: a controller, elections, a follower dropped from
+    # the ISR and added back, a truncated tail, followers reporting lag.
+    assert _value(prom, "sum(oncelog_store_controller_elections_total)") >= 1
+    assert _value(prom, "sum(oncelog_store_leader_elections_total)") >= 1
+    assert _value(prom, "sum(oncelog_store_isr_shrinks_total)") >= 1
+    assert _value(prom, "sum(oncelog_store_isr_expands_total)") >= 1
+    truncations = f'oncelog_store_replica_truncations_total{{topic="{REPLICATED_TOPIC}"}}'
+    assert _value(prom, f"sum({truncations})") >= 1
+    assert _value(prom, "count(oncelog_store_replica_lag_offsets)") >= 1
+    assert _value(prom, "sum(oncelog_store_leader_partitions)") > 0

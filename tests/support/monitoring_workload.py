@@ -1,23 +1,36 @@
 """A short workload that moves every oncelog metric the dashboards and alerts
 use: idempotent and transactional produce, commits and aborts, a fenced
 zombie producer, a transaction the coordinator times out, a read_committed
-consumer, and a transaction left open (so the age of the oldest open
-transaction and the LSO gap have values while Prometheus looks).
+consumer, a leader deposed while it is paused (leader elections, ISR shrinks
+and expands, replica lag, a truncated tail), and a transaction left open (so
+the age of the oldest open transaction and the LSO gap have values while
+Prometheus looks).
 
-Each step is a function of the WorkloadState; STEPS runs in order. A step
-for another service (consumer groups, say) is one more function appended to
-STEPS. `finish()` ends what was left open, after the checks.
+The cluster is replicated, as the Helm chart deploys it: three stores and
+an etcd (CLUSTER_OPTIONS). Each step is a function of the WorkloadState;
+STEPS runs in order. A step for another service (consumer groups, say) is
+one more function appended to STEPS. `finish()` ends what was left open,
+after the checks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
+import re
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
 
 from oncelog import Admin, Consumer, ConsumerRecord, Producer, TopicPartition, errors
 from oncelog.testing import LocalCluster
+from oncelog.v1 import partition_store_pb2 as ps
+from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from tests.support.reading import read_all
 from tests.support.txn import wait_txn_state
 
@@ -28,8 +41,21 @@ CLUSTER_ARGS: dict[str, list[str]] = {
     "group_coordinator": ["--lag-refresh-interval-ms", "200"],
     "partition_store": ["--fsync", "--snapshot-interval-batches", "5"],
 }
+STORES = 3
+# LocalCluster's arguments: replicated (RF 3, min ISR 2), with a lease and a
+# lag limit short enough for the leader step to take seconds, not minutes.
+CLUSTER_OPTIONS: dict[str, Any] = {
+    "partition_stores": STORES,
+    "etcd_members": 1,
+    "env": {"ONCELOG_LEASE_TTL_S": "2", "ONCELOG_REPLICA_LAG_TIME_MAX_MS": "3000"},
+    "extra_args": CLUSTER_ARGS,
+}
 TOPIC = "monitoring"
 PARTITIONS = 3
+# The topic whose leader the leader step deposes (one partition).
+REPLICATED_TOPIC = "monitoring-replicated"
+# Failure guards of the leader step: it takes seconds.
+LEADER_CHANGE_TIMEOUT_S = 60.0
 # The timed-out transaction's timeout.
 SHORT_TXN_TIMEOUT_MS = 1000
 _ids = itertools.count()
@@ -45,7 +71,8 @@ class WorkloadState:
 
     @property
     def bootstrap(self) -> str:
-        return self.cluster.bootstrap
+        """Every store: a client starts while any one of them is down."""
+        return ",".join(p.address for p in self.cluster.processes["partition_store"])
 
     def transactional_id(self, what: str) -> str:
         return f"monitoring-{what}-{next(_ids)}"
@@ -188,6 +215,114 @@ def hold_a_transaction_open(state: WorkloadState) -> None:
     state.closers.append(end)
 
 
+def _partition_states(cluster: LocalCluster,
+                      topic: str) -> list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]:
+    """(leader, leader epoch, replicas, ISR) of each partition, from the first
+    store that answers Metadata within a second (a paused one does not)."""
+    for address in (p.address for p in cluster.processes["partition_store"]):
+        with grpc.insecure_channel(address) as channel:
+            try:
+                reply = ps_grpc.PartitionStoreStub(channel).Metadata(
+                    ps.MetadataRequest(topics=[topic], include_internal=True), timeout=1.0)
+            except grpc.RpcError:
+                continue
+        [meta] = reply.topics
+        if not meta.error.code:
+            return [(p.leader_node_id, p.leader_epoch, tuple(p.replica_node_ids),
+                     tuple(p.isr_node_ids)) for p in meta.partitions]
+    return []
+
+
+def _wait_until(what: str, check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + LEADER_CHANGE_TIMEOUT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {LEADER_CHANGE_TIMEOUT_S} s waiting "
+                                 f"for {what}")
+        time.sleep(0.1)
+
+
+def _in_sync(cluster: LocalCluster, topic: str, *, min_epoch: int = 0,
+             preferred: bool = True) -> bool:
+    """Every partition at leader epoch min_epoch or later; with `preferred`,
+    also led by its preferred replica with every replica in sync."""
+    states = _partition_states(cluster, topic)
+    return bool(states) and all(
+        epoch >= min_epoch
+        and (not preferred or (leader == replicas[0] and set(isr) == set(replicas)))
+        for leader, epoch, replicas, isr in states)
+
+
+def _truncations(cluster: LocalCluster, node_id: int, topic: str) -> float:
+    url = cluster.metrics_url("partition_store", node_id)
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        body = resp.read().decode()
+    found = re.search(
+        rf'^oncelog_store_replica_truncations_total\{{topic="{re.escape(topic)}"\}} (\S+)$',
+        body, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def depose_a_leader(state: WorkloadState) -> None:
+    """Pauses (SIGSTOP) the leader of a partition past its etcd lease: the
+    controller elects another leader and drops the paused store from the
+    ISRs it was in. Records a producer pinned to the paused leader sent
+    meanwhile are appended there when it resumes, never acknowledged, and cut
+    off again once it follows the new leader (a truncation); it catches up,
+    rejoins the ISRs and, back in sync, leads its preferred partitions again.
+    Repeated (up to 3 times) in the rare run where the resumed store learns
+    of the new leader before it appends the late records: then nothing is
+    truncated."""
+    cluster = state.cluster
+    with Admin(bootstrap=state.bootstrap) as admin:
+        admin.create_topic(REPLICATED_TOPIC, partitions=1)   # the default: 3 copies
+    _wait_until(f"{REPLICATED_TOPIC} in sync", lambda: _in_sync(cluster, REPLICATED_TOPIC))
+    for _attempt in range(3):
+        [(leader, epoch, _replicas, _isr)] = _partition_states(cluster, REPLICATED_TOPIC)
+        truncated_before = _truncations(cluster, leader, REPLICATED_TOPIC)
+        pinned = Producer(bootstrap=cluster.address("partition_store", leader), linger_ms=0,
+                          delivery_timeout_ms=30_000, request_timeout_ms=5_000)
+        try:
+            for future in [pinned.send(REPLICATED_TOPIC, value=b"before-%d" % i, partition=0)
+                           for i in range(10)]:
+                future.result(timeout=60)
+            cluster.pause("partition_store", leader)
+            try:
+                _wait_until("a new leader", functools.partial(
+                    _in_sync, cluster, REPLICATED_TOPIC, min_epoch=epoch + 1, preferred=False))
+                # Bootstrapped from the live stores only: a paused one would
+                # hold its first request until the request timeout.
+                live = ",".join(p.address for p in cluster.processes["partition_store"]
+                                if p.node_id != leader)
+                with Producer(bootstrap=live, linger_ms=0) as other:
+                    other.send(REPLICATED_TOPIC, value=b"new", partition=0).result(timeout=60)
+                late = [pinned.send(REPLICATED_TOPIC, value=b"late-%d" % i, partition=0)
+                        for i in range(10)]
+                time.sleep(0.5)
+            finally:
+                cluster.resume("partition_store", leader)
+            # Two epochs on: the new leader's, then the preferred replica's
+            # again, which it gets back only once it has truncated, caught up
+            # and rejoined the ISR. (The resumed store's own first answers
+            # still show the epoch it was paused at.)
+            _wait_until(f"{REPLICATED_TOPIC} led by its preferred replica again",
+                        functools.partial(_in_sync, cluster, REPLICATED_TOPIC,
+                                          min_epoch=epoch + 2))
+            for future in late:
+                with contextlib.suppress(errors.OncelogError):
+                    future.result(timeout=60)
+        finally:
+            pinned.close(timeout=10)
+        if _truncations(cluster, leader, REPLICATED_TOPIC) > truncated_before:
+            break
+    else:
+        raise AssertionError(f"a deposed leader of {REPLICATED_TOPIC} truncated nothing in "
+                             "3 attempts")
+    # The steps after this one run on a settled cluster.
+    for topic in (state.topic, "__transaction_state", "__consumer_offsets"):
+        _wait_until(f"{topic} in sync", functools.partial(_in_sync, cluster, topic))
+
+
 STEPS: list[Step] = [
     create_topic,
     idempotent_produce,
@@ -196,6 +331,7 @@ STEPS: list[Step] = [
     time_out_a_transaction,
     read_committed,
     consume_in_a_group,
+    depose_a_leader,
     hold_a_transaction_open,
 ]
 

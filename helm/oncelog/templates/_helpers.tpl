@@ -35,7 +35,8 @@ The components. key: the values block; name: the resource-name suffix and
 the app.kubernetes.io/component label; module: what `python -m` runs; job:
 the Prometheus job label ("oncelog-" and the service: the alert rules select
 jobs containing "oncelog"; docs/metrics.md);
-stateful: whether the pods keep a data volume.
+stateful: whether the pods keep a data volume; etcdClient: whether the
+process is given the etcd endpoints (the stores are etcd's only clients).
 */}}
 {{- define "oncelog.components" -}}
 partitionStore:
@@ -44,6 +45,7 @@ partitionStore:
   module: services.partition_store
   job: oncelog-partition-store
   stateful: true
+  etcdClient: true
 coordinator:
   key: coordinator
   name: coordinator
@@ -181,12 +183,29 @@ ONCELOG_LOG_FORMAT: {{ .Values.logging.format | quote }}
 ONCELOG_LOG_LEVEL: {{ .Values.logging.level | quote }}
 {{- end }}
 
+{{/*
+The checksum of the cluster ConfigMap that rolls every pod when it changes:
+of everything but the store list. Stores join a running cluster: a new store
+registers its address in etcd, and every running process learns it from
+there (docs/replication.md, "Growing and moving"), so growing
+partitionStore.replicas starts the new pods (with the longer list) and
+restarts nothing; the others name the new stores from their next restart on.
+*/}}
+{{- define "oncelog.clusterEnvChecksum" -}}
+{{- $env := include "oncelog.clusterEnv" . | fromYaml }}
+{{- $_ := unset $env "ONCELOG_STORES" }}
+{{- toYaml $env | sha256sum }}
+{{- end }}
+
 {{/* One component's ConfigMap data: (dict "root" $ "key" ...). */}}
 {{- define "oncelog.componentEnv" -}}
 {{- $values := get .root.Values .key }}
 {{- $c := include "oncelog.component" . | fromYaml }}
 {{- if $c.stateful }}{{/* the store's --data-dir: its volume */}}
 ONCELOG_DATA_DIR: {{ $values.persistence.mountPath | quote }}
+{{- end }}
+{{- if $c.etcdClient }}{{/* --etcd-endpoints: replicated partitions */}}
+ONCELOG_ETCD_ENDPOINTS: {{ include "oncelog.etcdEndpoints" .root | quote }}
 {{- end }}
 {{- range $flag, $value := $values.config }}
 {{ include "oncelog.envName" $flag }}: {{ include "oncelog.envValue" $value | quote }}
@@ -196,4 +215,81 @@ ONCELOG_DATA_DIR: {{ $values.persistence.mountPath | quote }}
 {{/* An IPv6 host is bracketed in host:port. */}}
 {{- define "oncelog.hostForPort" -}}
 {{- if contains ":" . }}{{ printf "[%s]" . }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+
+{{/*
+etcd, the stores' metadata store: the chart runs it unless
+etcd.external.endpoints names an existing one. "true" or empty.
+*/}}
+{{- define "oncelog.etcdRuns" -}}
+{{- if not .Values.etcd.external.endpoints }}true{{ end }}
+{{- end }}
+
+{{/* The etcd StatefulSet's name (also each member's name prefix). */}}
+{{- define "oncelog.etcdName" -}}
+{{- printf "%s-etcd" (include "oncelog.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The headless Service of the etcd members: their stable DNS names. */}}
+{{- define "oncelog.etcdHeadlessName" -}}
+{{- printf "%s-headless" (include "oncelog.etcdName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "oncelog.etcdSelectorLabels" -}}
+{{- include "oncelog.selectorLabels" . }}
+app.kubernetes.io/component: etcd
+{{- end }}
+
+{{- define "oncelog.etcdLabels" -}}
+{{- include "oncelog.labels" . }}
+app.kubernetes.io/component: etcd
+{{- end }}
+
+{{/*
+The DNS name of an etcd member: (dict "root" $ "member" NAME), NAME being
+"<statefulset>-<ordinal>", or "$(ETCD_NAME)" inside a member's own
+environment (Kubernetes expands it).
+*/}}
+{{- define "oncelog.etcdMemberHost" -}}
+{{- $root := .root }}
+{{- printf "%s.%s.%s.svc.%s" .member (include "oncelog.etcdHeadlessName" $root) $root.Release.Namespace $root.Values.clusterDomain }}
+{{- end }}
+
+{{/*
+The etcd client endpoints the stores are given (--etcd-endpoints),
+comma-separated host:port: the external ones, or every member of the
+chart's etcd by its DNS name (an etcd client fails over between them).
+*/}}
+{{- define "oncelog.etcdEndpoints" -}}
+{{- if include "oncelog.etcdRuns" . }}
+{{- $root := . }}
+{{- $endpoints := list }}
+{{- range $ordinal := until (int .Values.etcd.replicas) }}
+{{- $member := printf "%s-%d" (include "oncelog.etcdName" $root) $ordinal }}
+{{- $endpoints = append $endpoints (printf "%s:%d" (include "oncelog.etcdMemberHost" (dict "root" $root "member" $member)) (int $root.Values.etcd.ports.client)) }}
+{{- end }}
+{{- join "," $endpoints }}
+{{- else }}
+{{- join "," .Values.etcd.external.endpoints }}
+{{- end }}
+{{- end }}
+
+{{/* etcd's --initial-cluster: name=peer URL of every member. */}}
+{{- define "oncelog.etcdInitialCluster" -}}
+{{- $root := . }}
+{{- $members := list }}
+{{- range $ordinal := until (int .Values.etcd.replicas) }}
+{{- $member := printf "%s-%d" (include "oncelog.etcdName" $root) $ordinal }}
+{{- $members = append $members (printf "%s=http://%s:%d" $member (include "oncelog.etcdMemberHost" (dict "root" $root "member" $member)) (int $root.Values.etcd.ports.peer)) }}
+{{- end }}
+{{- join "," $members }}
+{{- end }}
+
+{{- define "oncelog.etcdImage" -}}
+{{- $image := .Values.etcd.image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository $image.tag }}
+{{- end }}
 {{- end }}

@@ -45,7 +45,7 @@ spec:
         {{- end }}
       annotations:
         {{- /* A changed layout or setting rolls the pods that read it. */}}
-        checksum/cluster-config: {{ include "oncelog.clusterEnv" $root | sha256sum }}
+        checksum/cluster-config: {{ include "oncelog.clusterEnvChecksum" $root }}
         checksum/component-config: {{ include "oncelog.componentEnv" . | sha256sum }}
         {{- with $values.podAnnotations }}
         {{- toYaml . | nindent 8 }}
