@@ -220,6 +220,12 @@ class ReplicaManager:
                                       DEFAULT_REPLICA_FETCH_MAX_BYTES)],
                     max_wait_ms=self._fetch_wait_ms,
                 ))[0]
+                # While the answer was on its way this replica may have been
+                # made leader, or truncated and reopened: then it is not this
+                # follower's to append to.
+                if self._runtime.follower_partition(topic, partition) is not part or (
+                        part.state.leader_epoch != epoch):
+                    continue
                 if outcome.error is not None:
                     truncated = await self._on_fetch_error(part, outcome)
                     continue
@@ -279,7 +285,10 @@ class ReplicaManager:
                 ask = step.epoch
                 continue
             assert isinstance(step, Truncate)
-            await self._runtime.truncate_replica(part, step.offset)
+            # truncate_replica refuses when this replica leads by now or was
+            # reopened while the answer came (NOT_LEADER_OR_FOLLOWER).
+            if part.state.leader_epoch == epoch:
+                await self._runtime.truncate_replica(part, step.offset)
             return
 
     # ------------------------------------------------------------------ ISR

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oncelog.wire.errors import ErrorCode
-from oncelog.wire.records import BatchFormatError
+from oncelog.wire.records import BatchFormatError, read_header
 from services.common import limits
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import crash_point
@@ -357,6 +357,9 @@ class StoreRuntime:
         # Called after each catalog/state refresh (the replica manager
         # starts and stops followers there).
         self.on_states_applied: Callable[[], None] | None = None
+        # Partitions taken out of service while their stored log is rewritten
+        # (truncate_replica, reset_replica): not reopened from disk meanwhile.
+        self._rewriting: set[tuple[str, int]] = set()
         # Called when a follower outside the ISR has caught up (the replica
         # manager adds it back through the metadata store).
         self.on_isr_expand: Callable[[PartitionRuntime, int], None] | None = None
@@ -509,6 +512,7 @@ class StoreRuntime:
         part = PartitionRuntime.recover(
             record, p, self._store, now_ms=now_ms,
             producer_id_expiration_ms=self.config.producer_id_expiration_ms,
+            replicated=self.config.replicated,
         )
         self._partitions[(record.name, p)] = part
         self._set_state(part, self.partition_state(record.name, p), record, now_ms)
@@ -573,7 +577,7 @@ class StoreRuntime:
                 continue
             part = self._partitions.get((name, p))
             if part is None:
-                if self.config.node_id in state.replicas:
+                if self.config.node_id in state.replicas and (name, p) not in self._rewriting:
                     self._open_partition(record, p, now_ms)
                 continue
             if self.config.node_id not in state.replicas:
@@ -815,7 +819,8 @@ class StoreRuntime:
                     part = self._partitions.get((name, p))
                     if part is not None:
                         part.topic = record
-                    elif self.config.node_id in self.partition_state(name, p).replicas:
+                    elif (self.config.node_id in self.partition_state(name, p).replicas
+                          and (name, p) not in self._rewriting):
                         self._open_partition(record, p, now_ms)
         self._apply_states(now_ms)
         if group.ops:
@@ -1509,10 +1514,13 @@ class StoreRuntime:
 
     async def truncate_replica(self, part: PartitionRuntime, offset: int) -> PartitionRuntime:
         """As follower: removes every batch at or after `offset` (a tail the
-        new leader does not have) and rebuilds the partition's memory from
-        what stays, by the same recovery as a restart. Returns the new
-        runtime of the partition."""
-        await self._writer.drain()
+        new leader does not have; a batch that `offset` falls inside goes
+        whole, as in Kafka, since two divergent logs need not share batch
+        boundaries) and rebuilds the partition's memory from what stays, by
+        the same recovery as a restart. Returns the new runtime of the
+        partition. Raises NOT_LEADER_OR_FOLLOWER when the partition is no
+        longer this replica's to truncate (it leads now, or was reopened)."""
+        self._check_follower(part)
         tid, p = part.topic.topic_id, part.partition
         if offset >= part.log.log_end_offset:
             # Nothing to cut from the log; epochs this replica began at its
@@ -1522,30 +1530,38 @@ class StoreRuntime:
                 part.add_epoch_writes(group)
                 await self._writer.submit(group)
             return part
-        end_key = keys.log_key_end(tid, p)
-        removed_bytes = sum(
-            len(value) for _k, value in self._store.scan(keys.log_key(tid, p, offset), end_key)
-        )
-        group = WriteGroup()
-        group.delete_range(keys.log_key(tid, p, offset), end_key)
-        group.delete_range(keys.aborted_txn_key(tid, p, offset),
-                           keys.next_prefix(keys.partition_prefix(keys.ABORTED_TXN, tid, p)))
-        group.delete_range(keys.snapshot_key(tid, p, offset + 1),
-                           keys.next_prefix(keys.partition_prefix(keys.SNAPSHOT, tid, p)))
-        time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, p)
-        for key, value in self._store.scan(time_prefix, keys.next_prefix(time_prefix)):
-            if decode_offset(value, what=f"{part.topic_partition} time index") >= offset:
-                group.delete(key)
-        if part.epochs.truncate_from_end(offset):
-            part.add_epoch_writes(group)
-        group.put(keys.meta_key(tid, p), encode_partition_meta(
-            part.log.log_start_offset, part.log.size_bytes - removed_bytes))
+        containing = self._store.seek_for_prev(keys.log_key(tid, p, offset),
+                                               keys.partition_prefix(keys.LOG, tid, p))
+        if containing is not None:
+            header = read_header(containing[1])
+            if header.base_offset < offset < header.next_offset:
+                offset = header.base_offset
+
+        def deletes() -> WriteGroup:
+            end_key = keys.log_key_end(tid, p)
+            removed_bytes = sum(
+                len(v) for _k, v in self._store.scan(keys.log_key(tid, p, offset), end_key))
+            group = WriteGroup()
+            group.delete_range(keys.log_key(tid, p, offset), end_key)
+            group.delete_range(keys.aborted_txn_key(tid, p, offset),
+                               keys.next_prefix(keys.partition_prefix(keys.ABORTED_TXN, tid, p)))
+            group.delete_range(keys.snapshot_key(tid, p, offset + 1),
+                               keys.next_prefix(keys.partition_prefix(keys.SNAPSHOT, tid, p)))
+            time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, p)
+            for key, value in self._store.scan(time_prefix, keys.next_prefix(time_prefix)):
+                if decode_offset(value, what=f"{part.topic_partition} time index") >= offset:
+                    group.delete(key)
+            if part.epochs.truncate_from_end(offset):
+                part.add_epoch_writes(group)
+            group.put(keys.meta_key(tid, p), encode_partition_meta(
+                part.log.log_start_offset, part.log.size_bytes - removed_bytes))
+            return group
+
         log.warning("%s: truncating the log from %d to %d (a tail the leader at epoch %d does "
                     "not have)", part.topic_partition, part.log.log_end_offset, offset,
                     part.state.leader_epoch)
         metrics.TRUNCATIONS.labels(part.topic.name).inc()
-        await self._writer.submit(group)
-        return self._reopen(part)
+        return await self._rewrite_replica(part, deletes)
 
     async def reset_replica(
         self, part: PartitionRuntime, log_start_offset: int
@@ -1553,24 +1569,61 @@ class StoreRuntime:
         """As follower: drops everything this replica holds of the partition
         and starts it empty at `log_start_offset` (the leader's log start:
         what came before is gone everywhere)."""
-        await self._writer.drain()
+        self._check_follower(part)
         tid, p = part.topic.topic_id, part.partition
-        group = WriteGroup()
-        for kind in keys.PARTITION_KINDS:
-            prefix = keys.partition_prefix(kind, tid, p)
-            group.delete_range(prefix, keys.next_prefix(prefix))
-        group.put(keys.meta_key(tid, p), encode_partition_meta(log_start_offset, 0))
+
+        def deletes() -> WriteGroup:
+            group = WriteGroup()
+            for kind in keys.PARTITION_KINDS:
+                prefix = keys.partition_prefix(kind, tid, p)
+                group.delete_range(prefix, keys.next_prefix(prefix))
+            group.put(keys.meta_key(tid, p), encode_partition_meta(log_start_offset, 0))
+            return group
+
         log.warning("%s: starting this replica over at the leader's log start offset %d",
                     part.topic_partition, log_start_offset)
-        await self._writer.submit(group)
-        return self._reopen(part)
+        return await self._rewrite_replica(part, deletes)
 
-    def _reopen(self, part: PartitionRuntime) -> PartitionRuntime:
+    def _check_follower(self, part: PartitionRuntime) -> None:
+        key = (part.topic.name, part.partition)
+        if self._partitions.get(key) is not part or part.closed or part.is_leader:
+            raise ServiceError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"{part.topic_partition} is no longer followed by this replica as it was "
+                "(it leads now, or was reopened)")
+
+    async def _rewrite_replica(
+        self, part: PartitionRuntime, deletes: Callable[[], WriteGroup],
+    ) -> PartitionRuntime:
+        """Takes the partition out of service at once (before any await:
+        nothing may be appended to it meanwhile, not even if it is made
+        leader), waits for its pending writes, applies `deletes()` (built
+        then, from what is on disk) and reopens it from disk with its
+        current state: as leader too, if it was elected meanwhile."""
+        key = (part.topic.name, part.partition)
+        self._check_follower(part)
+        del self._partitions[key]
+        self._rewriting.add(key)
         part.close()
         part.fail_acks(ServiceError(
             ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{part.topic_partition} was truncated here"))
-        record = self._catalog[part.topic.name]
-        return self._open_partition(record, part.partition, self._clock_ms())
+
+        async def rewrite() -> PartitionRuntime:
+            try:
+                await self._writer.drain()
+                await self._writer.submit(deletes())
+            finally:
+                self._rewriting.discard(key)
+            record = self._catalog.get(part.topic.name)
+            if record is None or record.topic_id != part.topic.topic_id:
+                raise ServiceError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                   f"{part.topic_partition} was deleted meanwhile")
+            return self._open_partition(record, part.partition, self._clock_ms())
+
+        # Shielded: a follower stopped halfway (a leader change cancels it)
+        # must not leave the partition out of service, or reopened from disk
+        # before the deletion has landed.
+        return await asyncio.shield(asyncio.ensure_future(rewrite()))
 
     # ---------------------------------------------------------- housekeeping
 
