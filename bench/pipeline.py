@@ -205,38 +205,46 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def run_latency(args: argparse.Namespace) -> LatencyRun:
-    warm_up = 20
-    value = value_of(0, args.value_bytes)
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
             LocalCluster(data_dir, group_coordinators=0) as cluster:
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic(OUTPUT, partitions=PARTITIONS)
-        txn_s: list[float] = []
-        first_send_s: list[float] = []
-        commit_s: list[float] = []
-        with Producer(bootstrap=cluster.bootstrap, transactional_id="bench-latency",
-                      linger_ms=0) as producer:
-            producer.init_transactions()
-            for i in range(warm_up + args.latency_samples):
-                t0 = time.perf_counter()
-                producer.begin_transaction()
-                # Waiting for the send's answer here costs the transaction
-                # nothing: commit_transaction() would wait for it anyway.
-                producer.send(OUTPUT, value=value, partition=i % PARTITIONS).result()
-                t1 = time.perf_counter()
-                producer.commit_transaction()
-                t2 = time.perf_counter()
-                if i >= warm_up:
-                    txn_s.append(t2 - t0)
-                    first_send_s.append(t1 - t0)
-                    commit_s.append(t2 - t1)
-        send_s: list[float] = []
-        with Producer(bootstrap=cluster.bootstrap, linger_ms=0) as producer:
-            for i in range(warm_up + args.latency_samples):
-                t0 = time.perf_counter()
-                producer.send(OUTPUT, value=value, partition=i % PARTITIONS).result()
-                if i >= warm_up:
-                    send_s.append(time.perf_counter() - t0)
+        return measure_latency(cluster.bootstrap, latency_samples=args.latency_samples,
+                               value_bytes=args.value_bytes)
+
+
+def measure_latency(bootstrap: str, *, latency_samples: int, value_bytes: int) -> LatencyRun:
+    """The latency case against a running cluster whose OUTPUT topic (4
+    partitions) exists: `latency_samples` one-record transactions, then as
+    many acknowledged sends, after 20 of each to warm up."""
+    warm_up = 20
+    value = value_of(0, value_bytes)
+    txn_s: list[float] = []
+    first_send_s: list[float] = []
+    commit_s: list[float] = []
+    with Producer(bootstrap=bootstrap, transactional_id="bench-latency",
+                  linger_ms=0) as producer:
+        producer.init_transactions()
+        for i in range(warm_up + latency_samples):
+            t0 = time.perf_counter()
+            producer.begin_transaction()
+            # Waiting for the send's answer here costs the transaction
+            # nothing: commit_transaction() would wait for it anyway.
+            producer.send(OUTPUT, value=value, partition=i % PARTITIONS).result()
+            t1 = time.perf_counter()
+            producer.commit_transaction()
+            t2 = time.perf_counter()
+            if i >= warm_up:
+                txn_s.append(t2 - t0)
+                first_send_s.append(t1 - t0)
+                commit_s.append(t2 - t1)
+    send_s: list[float] = []
+    with Producer(bootstrap=bootstrap, linger_ms=0) as producer:
+        for i in range(warm_up + latency_samples):
+            t0 = time.perf_counter()
+            producer.send(OUTPUT, value=value, partition=i % PARTITIONS).result()
+            if i >= warm_up:
+                send_s.append(time.perf_counter() - t0)
     txn_p50, send_p50 = statistics.median(txn_s), statistics.median(send_s)
     return LatencyRun(round(txn_p50 * 1000, 2), round(percentile(txn_s, 0.99) * 1000, 2),
                       round(send_p50 * 1000, 2), round(percentile(send_s, 0.99) * 1000, 2),
