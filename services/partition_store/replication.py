@@ -90,7 +90,10 @@ class ReplicaManager:
         self._fetch_wait_ms = fetch_wait_ms
         # (topic, partition) -> (leader epoch, its follower task)
         self._followers: dict[tuple[str, int], tuple[int, asyncio.Task[None]]] = {}
-        self._expand: set[tuple[str, int, int]] = set()
+        # (topic, partition, replica) asking to rejoin the ISR, in the order
+        # asked (a dict: which replica rejoins first must not depend on
+        # string hashing, so a simulation seed replays the same anywhere).
+        self._expand: dict[tuple[str, int, int], None] = {}
         self._task: asyncio.Task[None] | None = None
         self._last_keep_alive_s = 0.0
         self._last_unreachable_log_s = 0.0
@@ -294,7 +297,7 @@ class ReplicaManager:
     # ------------------------------------------------------------------ ISR
 
     def _request_expand(self, part: PartitionRuntime, replica: int) -> None:
-        self._expand.add((part.topic.name, part.partition, replica))
+        self._expand[(part.topic.name, part.partition, replica)] = None
 
     async def _maintain_isr(self) -> bool:
         """As leader: drops followers that lag more than
@@ -303,7 +306,7 @@ class ReplicaManager:
         view = self._link.view
         now_ms = self._runtime.clock_ms()
         changed = False
-        expand, self._expand = self._expand, set()
+        expand, self._expand = self._expand, {}
         for part in self._runtime.partitions:
             if part.closed or not part.is_leader:
                 continue

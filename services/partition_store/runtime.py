@@ -1085,6 +1085,7 @@ class StoreRuntime:
                 if isinstance(pending, WaitForGate):
                     await pending.gate
                     self._check_accepting()
+                    self._check_still_leading(part, item)
                     result = part.append(
                         item.batch, expected_log_end_offset=item.expected_log_end_offset,
                         now_ms=self._clock_ms(), transactional_id=transactional_id,
@@ -1118,6 +1119,7 @@ class StoreRuntime:
                         f"{verdict.message}",
                     )
                 self._check_accepting()
+                self._check_still_leading(part, item)
                 result = part.append(
                     item.batch, expected_log_end_offset=item.expected_log_end_offset,
                     now_ms=self._clock_ms(), transactional_id=transactional_id,
@@ -1133,6 +1135,18 @@ class StoreRuntime:
         finally:
             if gate is not None:
                 part.close_verification_gate(gate_producer_id, gate)
+
+    def _check_still_leading(self, part: PartitionRuntime, item: ProduceItem) -> None:
+        """After an await, before an append: the partition is still this
+        node's to append to (led here, at an epoch the sender may write to,
+        by the same runtime: a truncation reopens it) with enough replicas in
+        sync. A batch that waited for its verification, or behind another's
+        gate, while leadership moved away would otherwise go into a
+        follower's log: at offsets the leader fills with other batches, and
+        acknowledged once the leader's HW passes them."""
+        if self._resolve_leader(item.topic, item.partition, item.leader_epoch) is not part:
+            raise self._not_leader(item.topic, item.partition)
+        self._check_enough_replicas(part)
 
     def _skips_verification(self, add_partitions_to_txn: bool) -> bool:
         """The unsafe test switch skips the check only: a request that asks the
