@@ -2,7 +2,10 @@
 # Runs random seeds of the real-runtime simulation (tests/sim/real) for a
 # while and prints every failing seed with the command that replays it.
 #
-#   bash scripts/simulate.sh --minutes 10 [--steps 5000] [--bug NAME]
+#   bash scripts/simulate.sh --minutes 10 [--steps 5000] [--bug NAME] [--replicated]
+#
+# --replicated runs the seeds on three replicated stores (RF 3, min ISR 2)
+# with replication's faults (tests/sim/real/test_replicated_sim.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=5
@@ -11,7 +14,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
     --steps|--bug) extra+=("$1" "$2"); shift 2 ;;
-    *) echo "usage: $0 [--minutes N] [--steps N] [--bug NAME]" >&2; exit 2 ;;
+    --replicated) extra+=("$1"); shift ;;
+    *) echo "usage: $0 [--minutes N] [--steps N] [--bug NAME] [--replicated]" >&2; exit 2 ;;
   esac
 done
 bash scripts/setup.sh >/dev/null

@@ -4,6 +4,8 @@
     .venv/bin/python -m tests.sim.real --seed 17 --verbose  # every event
     .venv/bin/python -m tests.sim.real --seeds 1..200       # a range, then a summary
     .venv/bin/python -m tests.sim.real --seeds 1..50 --bug no-confirm-ownership
+    .venv/bin/python -m tests.sim.real --seed 17 --replicated   # three replicated stores
+    .venv/bin/python -m tests.sim.real --seeds 1..20 --replicated --bug elect-outside-isr
 
 String hashing is randomized per process unless PYTHONHASHSEED is set; the
 run re-executes itself with PYTHONHASHSEED=0 so a seed replays the same
@@ -17,7 +19,7 @@ import os
 import sys
 import time
 
-from tests.sim.real.simulation import BUGS, DEFAULT_STEPS, replay_command, run_seed
+from tests.sim.real.simulation import BUGS, replay_command, run_seed
 
 
 def _seed_range(text: str) -> range:
@@ -31,10 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=int)
     which.add_argument("--seeds", type=_seed_range, help="A..B, both included")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                        help="loop iterations before quiescing")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="loop iterations before quiescing (default 5000; 20000 "
+                             "with --replicated)")
     parser.add_argument("--bug", choices=sorted(BUGS), help="run a deliberately broken runtime")
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--replicated", action="store_true",
+                        help="three replicated stores (RF 3, min.insync.replicas 2) with the "
+                             "metadata in a shared in-memory etcd, and replication's faults")
     parser.add_argument("--verbose", action="store_true", help="print every trace line")
     args = parser.parse_args(argv)
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else args.seeds
@@ -43,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = 0
     for seed in seeds:
         result = run_seed(seed, steps=args.steps, bug=args.bug, verbose=args.verbose,
-                          faults=not args.no_faults)
+                          faults=not args.no_faults, replicated=args.replicated)
         steps += result.steps
         print(result.summary(), flush=True)
         if not result.ok:
@@ -51,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.verbose:
                 print(result.trace_tail)
             print(f"FAILED: {result.failure}")
-            print(f"replay: {replay_command(seed, steps=args.steps, bug=args.bug)}", flush=True)
+            replay = replay_command(seed, steps=args.steps, bug=args.bug,
+                                    replicated=args.replicated)
+            print(f"replay: {replay}", flush=True)
     wall_s = time.perf_counter() - started_s
     print(f"{len(seeds)} seeds, {len(failed)} failed {failed[:20]}; {steps / wall_s:.0f} "
           f"steps/s, {len(seeds) / wall_s * 60:.1f} seeds/min")

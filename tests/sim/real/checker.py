@@ -76,7 +76,8 @@ from services.common.cluster import (
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.txn_log import TXN_KEY_PREFIX, TxnPartitionState
 from services.group_coordinator.runtime import GroupCoordinatorRuntime
-from services.partition_store.partition import Isolation
+from services.partition_store.core.replicas import PartitionState
+from services.partition_store.partition import Isolation, PartitionRuntime
 from services.partition_store.runtime import FetchItem, FetchOutcome, StoreRuntime
 
 T = TypeVar("T")
@@ -163,10 +164,14 @@ class TxnLogView:
     decided both ways and that no two-phase-commit transaction is aborted
     on its timeout."""
 
-    def __init__(self, partitions: int, store_for: Callable[[str, int], StoreRuntime | None]
-                 ) -> None:
+    def __init__(self, partitions: int, store_for: Callable[[str, int], StoreRuntime | None],
+                 *, replicated: bool = False) -> None:
         self._partitions = partitions
         self._store_for = store_for
+        # Replicated: a new leader's HW may lag what the old one had already
+        # acknowledged (until its followers fetch), so a read up to it is
+        # whole only when nothing lies between its HW and its log end.
+        self._replicated = replicated
         self._read_to = [0] * partitions
         self.decisions: dict[tuple[int, int], bool] = {}
         self.decisions_by_data: dict[tuple[int, int], bool] = {}
@@ -195,6 +200,9 @@ class TxnLogView:
                     for record in records.iter_records(batch, min_offset=offset):
                         self._replay(record.key, record.value)
                 if outcome.next_fetch_offset <= offset or not outcome.batches:
+                    if self._replicated and outcome.high_watermark < store.partition(
+                            TRANSACTION_STATE_TOPIC, partition).log.log_end_offset:
+                        complete = False
                     break
                 self._read_to[partition] = outcome.next_fetch_offset
         return complete
@@ -262,8 +270,13 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T | None:
 class Checker:
     def __init__(self, ledger: Ledger, topic: str, partitions: int,
                  store_of: Callable[[int], StoreRuntime | None],
-                 txn_log: TxnLogView | None = None) -> None:
+                 txn_log: TxnLogView | None = None, *, replicated: bool = False) -> None:
         self._ledger = ledger
+        # Replicated partitions: a new leader starts at the high watermark
+        # it had as a follower, which may lag the old leader's until its
+        # followers fetch (Kafka's too), so a read may for a while end
+        # earlier than one before it; it must never disagree with it.
+        self._replicated = replicated
         self._topic = topic
         self._partitions = partitions
         self._store_of = store_of
@@ -450,7 +463,8 @@ class Checker:
                             f"not returned: {missing[:5]}")
         return True
 
-    def _check_partition(self, partition: int, view: list[Seen]) -> None:
+    def _check_partition(self, partition: int, view: list[Seen], *,
+                         final: bool = False) -> None:
         where = f"{self._topic}-{partition}"
         last_offset = -1
         by_txn: dict[TxnKey, list[bytes]] = {}
@@ -491,6 +505,8 @@ class Checker:
                                 f"gaps: {values!r}, written {expected!r}")
         before = self._seen.get(partition, [])
         if view[:len(before)] != before:
+            if self._replicated and not final and before[:len(view)] == view:
+                return  # a new leader's high watermark not caught up yet
             lost = [s for s in before if s not in view]
             raise Violation(f"{where}: records once visible are gone or moved: "
                             f"{[(s.offset, s.value) for s in lost[:3]]!r}")
@@ -506,7 +522,7 @@ class Checker:
             if read is None:
                 raise Violation(f"{self._topic}-{partition}: not readable after quiescing")
             view, last = read
-            self._check_partition(partition, view)
+            self._check_partition(partition, view, final=True)
             state = _log_state(self._store_of(partition), self._topic, partition)
             if last.last_stable_offset != last.high_watermark or (
                     state is not None and state[3] != last.high_watermark):
@@ -565,6 +581,172 @@ class Checker:
                 raise Violation(f"CompleteTransaction({prepared}) of {tid} answered "
                                 f"committed={committed}, but the transaction log holds "
                                 f"{decision_name(decided)} for that data")
+
+
+class ReplicaChecker:
+    """Replication's own guarantees, judged from every replica's log
+    (replicated runs): what a partition has committed is the same on
+    every copy, and no copy counts as committed what its leader lacks.
+
+    Who leads a partition, at which epoch, and who is in sync is read from
+    the metadata store (`state_of`), never from a runtime; each replica's
+    stored batches and offsets are read from its store node's disk through
+    its partition (`replica_of`: None while the node is down or does not
+    hold the partition yet). The leader counts only once its runtime leads
+    at the metadata's epoch.
+
+    After every N steps, for each partition whose leader is up: every
+    replica's high watermark is at most the leader's log end (a replica
+    never treats as committed what the leader does not have), and its
+    batches below its high watermark are the leader's, at the same offsets
+    with the same bytes (compacted topics, which every replica compacts on
+    its own: the records both still hold at an offset are the same).
+
+    At the end, after quiescing: every partition has a leader and every
+    replica is in the ISR again, all end at the leader's log end with its
+    high watermark, and the check above holds for the whole log of each."""
+
+    def __init__(self, *, topics: Callable[[], dict[str, tuple[int, bool]]],
+                 state_of: Callable[[str, int], PartitionState | None],
+                 replica_of: Callable[[int, str, int], PartitionRuntime | None]) -> None:
+        # topic -> (partitions, compacted?)
+        self._topics = topics
+        self._state_of = state_of
+        self._replica_of = replica_of
+        # (topic, partition, replica) -> what was judged, to skip it when
+        # neither log has changed since.
+        self._judged: dict[tuple[str, int, int], tuple[object, ...]] = {}
+        self.checks = 0
+
+    def _leader(self, topic: str, partition: int) -> tuple[PartitionState,
+                                                           PartitionRuntime] | None:
+        state = self._state_of(topic, partition)
+        if state is None or not state.online:
+            return None
+        leader = self._replica_of(state.leader, topic, partition)
+        if leader is None or not leader.is_leader or \
+                leader.state.leader_epoch != state.leader_epoch:
+            return None
+        return state, leader
+
+    def check_step(self) -> None:
+        self.checks += 1
+        for topic, (partitions, compacted) in sorted(self._topics().items()):
+            for partition in range(partitions):
+                found = self._leader(topic, partition)
+                if found is None:
+                    continue
+                state, leader = found
+                for replica in state.replicas:
+                    if replica == state.leader:
+                        continue
+                    follower = self._replica_of(replica, topic, partition)
+                    if follower is not None:
+                        self._compare(topic, partition, replica, leader, follower,
+                                      compacted=compacted)
+
+    def _compare(self, topic: str, partition: int, replica: int, leader: PartitionRuntime,
+                 follower: PartitionRuntime, *, compacted: bool) -> None:
+        where = f"{topic}-{partition}"
+        hw, leader_end = follower.log.high_watermark, leader.log.log_end_offset
+        if hw > leader_end:
+            raise Violation(f"{where}: store {replica}'s high watermark is {hw}, beyond the log "
+                            f"end {leader_end} of the leader (store {leader.node_id}, epoch "
+                            f"{leader.state.leader_epoch}): it counts as committed records "
+                            "the leader does not have")
+        # Judged already with both logs as they are (compaction only takes
+        # records away, which cannot make two replicas disagree).
+        key = (topic, partition, replica)
+        judged = (id(leader.log), id(follower.log), hw, leader_end,
+                  leader.log.log_start_offset, follower.log.log_start_offset)
+        if self._judged.get(key) == judged:
+            return
+        mine = list(follower.read_stored(follower.log.log_start_offset, hw))
+        theirs = list(leader.read_stored(follower.log.log_start_offset, hw))
+        if compacted:
+            _same_records(where, replica, leader.node_id, mine, theirs, hw)
+        else:
+            _same_batches(where, replica, leader.node_id, mine, theirs, hw)
+        self._judged[key] = judged
+
+    def check_final(self) -> None:
+        """After quiescing (every store up, a perfect network)."""
+        for topic, (partitions, compacted) in sorted(self._topics().items()):
+            for partition in range(partitions):
+                where = f"{topic}-{partition}"
+                found = self._leader(topic, partition)
+                if found is None:
+                    raise Violation(f"{where}: no leader after quiescing "
+                                    f"({self._state_of(topic, partition)})")
+                state, leader = found
+                if set(state.isr) != set(state.replicas):
+                    raise Violation(f"{where}: ISR {list(state.isr)} of replicas "
+                                    f"{list(state.replicas)} after quiescing")
+                end, hw = leader.log.log_end_offset, leader.log.high_watermark
+                if hw != end:
+                    raise Violation(f"{where}: the leader's HW {hw} is not its log end {end} "
+                                    "after quiescing")
+                for replica in state.replicas:
+                    if replica == state.leader:
+                        continue
+                    follower = self._replica_of(replica, topic, partition)
+                    if follower is None:
+                        raise Violation(f"{where}: store {replica} holds no replica after "
+                                        "quiescing")
+                    if (follower.log.log_end_offset, follower.log.high_watermark) != (end, hw):
+                        raise Violation(
+                            f"{where}: store {replica} ends at {follower.log.log_end_offset} "
+                            f"(HW {follower.log.high_watermark}), the leader (store "
+                            f"{state.leader}) at {end} (HW {hw}) after quiescing")
+                    self._judged.pop((topic, partition, replica), None)
+                    self._compare(topic, partition, replica, leader, follower,
+                                  compacted=compacted)
+
+
+def _same_batches(where: str, replica: int, leader: int,
+                  mine: list[tuple[records.BatchHeader, bytes]],
+                  theirs: list[tuple[records.BatchHeader, bytes]], upper: int) -> None:
+    """The follower's batches below `upper` are the leader's, byte for byte."""
+    for (h1, b1), (h2, b2) in zip(mine, theirs, strict=False):
+        if h1.base_offset != h2.base_offset or b1 != b2:
+            raise Violation(
+                f"{where}: below the high watermark {upper}, store {replica} holds a batch at "
+                f"{h1.base_offset} (producer {h1.producer_id} epoch {h1.producer_epoch}, leader "
+                f"epoch {h1.partition_leader_epoch}, {len(b1)} bytes) where the leader (store "
+                f"{leader}) holds one at {h2.base_offset} (producer {h2.producer_id} epoch "
+                f"{h2.producer_epoch}, leader epoch {h2.partition_leader_epoch}, {len(b2)} "
+                "bytes): the replicas diverged")
+    if len(mine) != len(theirs):
+        longer, name = (mine, f"store {replica}") if len(mine) > len(theirs) else (
+            theirs, f"the leader (store {leader})")
+        extra = longer[min(len(mine), len(theirs))][0]
+        raise Violation(f"{where}: below the high watermark {upper}, only {name} holds the "
+                        f"batch at {extra.base_offset}: the replicas diverged")
+
+
+def _records_of(batches: list[tuple[records.BatchHeader, bytes]]) -> dict[int, tuple[object, ...]]:
+    out: dict[int, tuple[object, ...]] = {}
+    for header, raw in batches:
+        ident = (header.producer_id, header.producer_epoch, header.is_transactional)
+        if header.is_control:
+            out[header.base_offset] = (*ident, records.control_marker(raw)[0])
+            continue
+        for record in records.iter_records(raw):
+            out[record.offset] = (*ident, record.key, record.value)
+    return out
+
+
+def _same_records(where: str, replica: int, leader: int,
+                  mine: list[tuple[records.BatchHeader, bytes]],
+                  theirs: list[tuple[records.BatchHeader, bytes]], upper: int) -> None:
+    """A compacted partition: every offset both still hold below `upper`
+    holds the same record (and the same producer) on both."""
+    ours, leaders = _records_of(mine), _records_of(theirs)
+    for offset in sorted(ours.keys() & leaders.keys()):
+        if ours[offset] != leaders[offset]:
+            raise Violation(f"{where}@{offset}: below the high watermark {upper}, store "
+                            f"{replica} holds {ours[offset]!r}, the leader (store {leader}) "
+                            f"{leaders[offset]!r}: the replicas diverged")
 
 
 def _log_state(store: StoreRuntime | None, topic: str,
@@ -803,5 +985,6 @@ class GroupChecker:
                             f"OffsetFetch with {answered}, the durable log says {expected}")
 
 
-__all__ = ["Checker", "GroupChecker", "Ledger", "TxnFacts", "TxnKey", "TxnLogView", "Violation",
-           "copied_input", "input_value", "parse_value", "record_value", "run_now", "asyncio"]
+__all__ = ["Checker", "GroupChecker", "Ledger", "ReplicaChecker", "TxnFacts", "TxnKey",
+           "TxnLogView", "Violation", "asyncio", "copied_input", "input_value", "parse_value",
+           "record_value", "run_now"]

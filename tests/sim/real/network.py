@@ -2,7 +2,8 @@
 
 Goal: the production runtimes talk to each other only through ports
 (`TxnLog`, `MarkerSender`, `ProducerIdLog`, `TxnVerifier`, `ControllerLink`,
-the group coordinator's `OffsetsStore`, the store's `KeyValueStore`). In
+the replica manager's `LeaderLink`, the group coordinator's `OffsetsStore`,
+the store's `KeyValueStore`). In
 production a gRPC adapter implements each; here an adapter of the same port
 turns every call into a message in the simulated network, and the runtime at
 the other end handles it by calling the same runtime method its servicer
@@ -34,15 +35,23 @@ Method:
 * **The disk** of a store node is one `MemoryStore` that outlives its
   incarnations: what the runtime wrote to it survives a crash, as a write
   with fsync off survives kill -9 of RocksDB's process; what it had only
-  queued (the group-commit writer's queue) dies with the process.
+  queued (the group-commit writer's queue) dies with the process. On a
+  replicated run it is a `SimDisk`, which can also lose what the kernel had
+  not written back (a machine crash) or be replaced by an empty one.
+* **Leaders**: on a replicated run every client process finds a
+  partition's leader through Metadata (`SimLeaderDirectory`, as
+  services/common/leaders.py and the SDK do), and followers reach theirs
+  through `SimLeaderLink`; `Network.cut_links` and `Network.isolated` are
+  network partitions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -50,6 +59,7 @@ from oncelog import records
 from oncelog.errors import ErrorCode
 from services.common.cluster import PRODUCER_IDS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterLayout
 from services.common.errors import ServiceError
+from services.common.leaders import METADATA_RPC_TIMEOUT_S, MOVED_CODES
 from services.common.store_client import STORE_RPC_TIMEOUT_S, RawRead, TxnWriter
 from services.coordinator.core.producer_ids import ProducerIdBlock, decode_block, encode_block
 from services.coordinator.markers import MARKER_RPC_TIMEOUT_S, MarkerSpec
@@ -60,15 +70,21 @@ from services.group_coordinator.runtime import GroupCoordinatorRuntime
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.topics import TopicRecord
 from services.partition_store.partition import Isolation
+from services.partition_store.replica_link import REPLICA_RPC_TIMEOUT_S
 from services.partition_store.runtime import (
+    EpochEndOutcome,
     FetchItem,
     MarkerItem,
     OffsetQuery,
     ProduceItem,
+    ReplicaFetchItem,
+    ReplicaFetchOutcome,
     StoreRuntime,
     TopicOutcome,
     TopicSpec,
 )
+from services.partition_store.storage.memory import MemoryStore
+from services.partition_store.storage.port import WriteGroup
 from services.partition_store.txn_verifier import TopicPartitionKey, Verdicts
 from tests.sim.real.loop import NODE, DeterministicLoop
 
@@ -112,6 +128,10 @@ class Incarnation:
         self.dead = False
         self.parked: list[asyncio.Handle] = []
         self.runtime: Any = None
+        # A store serves once its wiring has started (the real server
+        # listens only then: recovered, and on a replicated cluster with the
+        # partition states applied).
+        self.serving = False
         self._context = contextvars.copy_context()
         self._context.run(NODE.set, self)
 
@@ -199,6 +219,17 @@ class Network:
         # Called with a store incarnation to crash (crash_after_reply,
         # crash_on_request) and why.
         self.on_store_crash: Callable[[Incarnation, str], None] | None = None
+        # Network partitions: pairs of node names that cannot reach each
+        # other (both ways), and nodes cut off from every other node.
+        self.cut_links: set[frozenset[str]] = set()
+        self.isolated: set[str] = set()
+
+    def cut(self, a: str, b: str) -> bool:
+        """Whether messages between nodes `a` and `b` are lost (a network
+        partition between them)."""
+        if a == b:
+            return False
+        return a in self.isolated or b in self.isolated or frozenset((a, b)) in self.cut_links
 
     def add(self, incarnation: Incarnation) -> None:
         self.nodes.setdefault(incarnation.name, []).append(incarnation)
@@ -255,10 +286,15 @@ class Network:
             return self._rng.randint(1, self.faults.slow_ms_max) / 1000
         return self._rng.randint(100, 3000) / 1_000_000
 
-    def _send(self, what: str, callback: Callable[[], None]) -> None:
-        """Schedules a message's arrival (or loses it, or sends it twice)."""
+    def _send(self, what: str, callback: Callable[[], None],
+              link: tuple[str, str] | None = None) -> None:
+        """Schedules a message's arrival (or loses it, or sends it twice);
+        `link`: (sender, receiver) node names, for network partitions."""
         self.messages += 1
         if self.holds and self._scripted(what, callback):
+            return
+        if link is not None and (self.cut_links or self.isolated) and self.cut(*link):
+            self._trace(f"CUT {what}")
             return
         faults = self.faults
         if self._rng.random() < faults.drop:
@@ -289,7 +325,8 @@ class Network:
             target = self._route(dst)
             if target.dead:
                 self._send(f"{dst}->{src} unavailable",
-                           lambda: answer(None, RpcUnavailable(f"{dst} is down")))
+                           lambda: answer(None, RpcUnavailable(f"{dst} is down")),
+                           (dst, src.name))
                 return
             target.spawn(self._serve(target, src, what, op, answer))
             if self.faults.crash_on_request and self.on_store_crash is not None \
@@ -298,7 +335,7 @@ class Network:
                 self._loop.call_soon(self.on_store_crash, target, f"as {what} arrived",
                                      context=self._root)
 
-        self._send(f"{src}->{dst} {what}", arrive)
+        self._send(f"{src}->{dst} {what}", arrive, (src.name, dst))
         try:
             return await asyncio.wait_for(reply, timeout_s)
         except TimeoutError:
@@ -312,14 +349,16 @@ class Network:
         except ServiceError as exc:
             refusal = exc  # `exc` is unbound after the except clause
             self._send(f"{target}->{src} {what} {exc.code.name}",
-                       lambda: answer(None, refusal))
+                       lambda: answer(None, refusal), (target.name, src.name))
             return
         except Exception as exc:  # a runtime bug: the servicer would answer UNKNOWN
             self.handler_errors.append(f"{target} {what}: {exc!r}")
             error = ServiceError(ErrorCode.UNKNOWN_SERVER_ERROR, repr(exc))
-            self._send(f"{target}->{src} {what} UNKNOWN", lambda: answer(None, error))
+            self._send(f"{target}->{src} {what} UNKNOWN", lambda: answer(None, error),
+                       (target.name, src.name))
             return
-        self._send(f"{target}->{src} {what} ok", lambda: answer(result, None))
+        self._send(f"{target}->{src} {what} ok", lambda: answer(result, None),
+                   (target.name, src.name))
         if self.faults.crash_after_reply and self.on_store_crash is not None \
                 and target.name.startswith("store-") \
                 and self._rng.random() < self.faults.crash_after_reply:
@@ -338,14 +377,17 @@ def group_coordinator_name(node_id: int) -> str:
     return f"group-coordinator-{node_id}"
 
 
-def _store(target: Incarnation) -> StoreRuntime:
+def serving_store(target: Incarnation) -> StoreRuntime:
+    """The store runtime of a process that serves (raises what a client of
+    a server that does not listen yet gets)."""
     runtime = target.runtime
     if not isinstance(runtime, StoreRuntime):
         raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is still starting")
-    if not runtime.started:
+    if not runtime.started or not target.serving:
         # The real server starts listening only once recovered.
         raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is still starting")
     return runtime
+
 
 
 def _coordinator(target: Incarnation) -> TxnCoordinatorRuntime:
@@ -362,6 +404,103 @@ def _group_coordinator(target: Incarnation) -> GroupCoordinatorRuntime:
     return runtime
 
 
+# ------------------------------------------------------ where leaders are
+
+
+class SimLeaderDirectory:
+    """Where each partition's leader is, for one client process: what
+    services/common/leaders.LeaderDirectory (the coordinators) and the SDK's
+    metadata cache do over gRPC. On a replicated cluster (`follow`) it asks
+    the stores in turn for Metadata (the store runtime's `metadata` and
+    `partition_state`, which its servicer's answer is made of), caches each
+    partition's leader and leader epoch, and forgets one when a call to it
+    fails with a code that says it may have moved (leaders.MOVED_CODES).
+    With single copies the leader is the layout's `store_for`, as every
+    process computes it, and Metadata comes from the catalog's store."""
+
+    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout, *,
+                 follow: bool) -> None:
+        self._net = net
+        self._me = me
+        self._layout = layout
+        self.follow = follow
+        self._leaders: dict[tuple[str, int], tuple[int, int]] = {}
+        self._counts: dict[str, int] = {}
+        self._next_store = itertools.cycle(range(len(layout.stores)))
+        self._lock = asyncio.Lock()
+
+    async def leader(self, topic: str, partition: int) -> int:
+        """The node id of the partition's leader (asks when not cached);
+        raises LEADER_NOT_AVAILABLE when no store names one."""
+        return (await self.leader_and_epoch(topic, partition))[0]
+
+    async def leader_and_epoch(self, topic: str, partition: int) -> tuple[int, int | None]:
+        """(leader node id, its leader epoch; None: not known)."""
+        if not self.follow:
+            return self._layout.store_for(topic, partition), None
+        found = self._leaders.get((topic, partition))
+        if found is None:
+            await self.refresh([topic])
+            found = self._leaders.get((topic, partition))
+        if found is None:
+            raise ServiceError(ErrorCode.LEADER_NOT_AVAILABLE,
+                               f"no store named a leader for {topic}-{partition}; retry")
+        return found
+
+    def forget_on(self, topic: str, partition: int, code: ErrorCode) -> None:
+        """Forgets the cached leader when `code` says it may have moved."""
+        if code in MOVED_CODES:
+            self._leaders.pop((topic, partition), None)
+
+    async def refresh(self, topics: list[str]) -> None:
+        """Asks the stores in turn for the topics' metadata until one answers."""
+        async def op(target: Incarnation) -> list[tuple[str, list[tuple[int, int]]]]:
+            store = serving_store(target)
+            lookups = await store.metadata(topics, include_internal=True)
+            return [(lk.name, [(state.leader, state.leader_epoch) for state in (
+                store.partition_state(lk.name, p) for p in range(lk.record.partitions))])
+                for lk in lookups if lk.record is not None]
+
+        async with self._lock:
+            last: Exception | None = None
+            for _ in range(len(self._layout.stores)):
+                node = next(self._next_store)
+                try:
+                    answer = await self._net.call(self._me, store_name(node), f"metadata {topics}",
+                                                  op, timeout_s=METADATA_RPC_TIMEOUT_S)
+                except (ServiceError, RpcTimeout, RpcUnavailable) as exc:
+                    last = exc
+                    continue
+                for name in topics:
+                    self._counts.pop(name, None)
+                for name, leaders in answer:
+                    self._counts[name] = len(leaders)
+                    for p, (leader, epoch) in enumerate(leaders):
+                        if leader >= 0:
+                            self._leaders[(name, p)] = (leader, epoch)
+                        else:
+                            self._leaders.pop((name, p), None)
+                return
+            raise ServiceError(ErrorCode.LEADER_NOT_AVAILABLE,
+                               f"no store answered Metadata: {last}")
+
+    async def partition_counts(self, topics: list[str]) -> dict[str, int]:
+        """Partition counts of existing topics (a missing one is left out)."""
+        if self.follow:
+            await self.refresh(topics)
+            return {t: self._counts[t] for t in topics if t in self._counts}
+
+        async def op(target: Incarnation) -> dict[str, int]:
+            lookups = await serving_store(target).metadata(topics, include_internal=True)
+            return {lk.name: lk.record.partitions for lk in lookups if lk.record is not None}
+
+        try:
+            return await self._net.call(self._me, store_name(self._layout.controller_node_id),
+                                        "metadata", op, timeout_s=STORE_TIMEOUT_S)
+        except (RpcTimeout, RpcUnavailable) as exc:
+            raise ServiceError(transport_error(exc), str(exc)) from None
+
+
 # ------------------------------------------- the store client's three calls
 
 
@@ -371,21 +510,31 @@ class SimStoreClient:
     producer's transactional batch), read (Fetch, read_committed), read
     batches (Fetch, read_uncommitted with markers, a long poll), log end
     (ListOffsets), partition counts (Metadata). It is the group
-    coordinator's `OffsetsStore` as it is."""
+    coordinator's `OffsetsStore` as it is. Each call goes to the
+    partition's leader (`SimLeaderDirectory`), forgotten on an answer that
+    says it moved, as StoreClient does."""
 
-    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout) -> None:
+    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout, *,
+                 follow_leaders: bool = False) -> None:
         self._net = net
         self._me = me
         self._layout = layout
+        self._leaders = SimLeaderDirectory(net, me, layout, follow=follow_leaders)
 
     async def _call(self, topic: str, partition: int, what: str,
-                    op: Callable[[StoreRuntime], Awaitable[T]]) -> T:
-        dst = store_name(self._layout.store_for(topic, partition))
+                    op: Callable[[StoreRuntime], Awaitable[T]], *,
+                    timeout_s: float = STORE_TIMEOUT_S) -> T:
         try:
-            return await self._net.call(self._me, dst, what, lambda t: op(_store(t)),
-                                        timeout_s=STORE_TIMEOUT_S)
+            dst = store_name(await self._leaders.leader(topic, partition))
+            return await self._net.call(self._me, dst, what, lambda t: op(serving_store(t)),
+                                        timeout_s=timeout_s)
         except (RpcTimeout, RpcUnavailable) as exc:
-            raise ServiceError(transport_error(exc), str(exc)) from None
+            code = transport_error(exc)
+            self._leaders.forget_on(topic, partition, code)
+            raise ServiceError(code, str(exc)) from None
+        except ServiceError as exc:
+            self._leaders.forget_on(topic, partition, exc.code)
+            raise
 
     async def append(self, topic: str, partition: int, entries: Sequence[Entry], *,
                      expected_log_end_offset: int | None = None, now_ms: int | None = None,
@@ -433,29 +582,14 @@ class SimStoreClient:
             return RawRead(list(outcome.batches), max(outcome.next_fetch_offset, from_offset),
                            outcome.high_watermark)
 
-        dst = store_name(self._layout.store_for(topic, partition))
-        try:
-            return await self._net.call(self._me, dst, f"read-batches {topic}-{partition}",
-                                        lambda t: op(_store(t)),
-                                        timeout_s=STORE_TIMEOUT_S + max_wait_ms / 1000)
-        except (RpcTimeout, RpcUnavailable) as exc:
-            raise ServiceError(transport_error(exc), str(exc)) from None
+        return await self._call(topic, partition, f"read-batches {topic}-{partition}", op,
+                                timeout_s=STORE_TIMEOUT_S + max_wait_ms / 1000)
 
     async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
-        """StoreClient.partition_counts: Metadata from the catalog's store."""
+        """StoreClient.partition_counts: Metadata from a store."""
         if not topics:
             return {}
-        names = list(topics)
-
-        async def op(target: Incarnation) -> dict[str, int]:
-            lookups = await _store(target).metadata(names, include_internal=True)
-            return {lk.name: lk.record.partitions for lk in lookups if lk.record is not None}
-
-        try:
-            return await self._net.call(self._me, store_name(self._layout.controller_node_id),
-                                        "metadata", op, timeout_s=STORE_TIMEOUT_S)
-        except (RpcTimeout, RpcUnavailable) as exc:
-            raise ServiceError(transport_error(exc), str(exc)) from None
+        return await self._leaders.partition_counts(list(topics))
 
     async def read(self, topic: str, partition: int,
                    from_offset: int) -> tuple[list[Entry], int, int]:
@@ -547,19 +681,27 @@ class SimProducerIdLog:
 
 class SimMarkerSender:
     """The MarkerSender port (markers.GrpcMarkerSender): one WriteTxnMarkers
-    message per store node."""
+    message per store node that leads some of the partitions, following
+    leaders as they move."""
 
-    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout) -> None:
+    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout, *,
+                 follow_leaders: bool = False) -> None:
         self._net = net
         self._me = me
         self._layout = layout
+        self._leaders = SimLeaderDirectory(net, me, layout, follow=follow_leaders)
 
     async def write(self, spec: MarkerSpec,
                     partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], ErrorCode]:
         by_node: dict[int, list[tuple[str, int]]] = {}
-        for tp in partitions:
-            by_node.setdefault(self._layout.store_for(*tp), []).append(tp)
         results: dict[tuple[str, int], ErrorCode] = {}
+        for tp in partitions:
+            try:
+                leader = await self._leaders.leader(*tp)
+            except ServiceError as exc:
+                results[tp] = exc.code
+                continue
+            by_node.setdefault(leader, []).append(tp)
         for node, tps in sorted(by_node.items()):
             item = MarkerItem(
                 spec.producer_id, spec.producer_epoch,
@@ -569,7 +711,7 @@ class SimMarkerSender:
 
             async def op(target: Incarnation, item: MarkerItem = item) -> list[tuple[
                     tuple[str, int], ErrorCode]]:
-                outcomes = await _store(target).write_txn_markers(
+                outcomes = await serving_store(target).write_txn_markers(
                     [item], timeout_ms=int(MARKER_TIMEOUT_S * 1000))
                 return [((o.topic, o.partition), ErrorCode.NONE if o.error is None
                          else o.error.code) for o in outcomes]
@@ -584,6 +726,8 @@ class SimMarkerSender:
             except (RpcTimeout, RpcUnavailable) as exc:
                 answered = [(tp, transport_error(exc)) for tp in tps]
             results.update(answered)
+            for tp, code in answered:
+                self._leaders.forget_on(tp[0], tp[1], code)
             for tp in tps:
                 results.setdefault(tp, ErrorCode.UNKNOWN_SERVER_ERROR)
         return results
@@ -642,7 +786,7 @@ class SimControllerLink:
     async def _call(self, what: str, op: Callable[[StoreRuntime], Awaitable[T]]) -> T:
         dst = store_name(self._layout.controller_node_id)
         try:
-            return await self._net.call(self._me, dst, what, lambda t: op(_store(t)),
+            return await self._net.call(self._me, dst, what, lambda t: op(serving_store(t)),
                                         timeout_s=CONTROLLER_TIMEOUT_S)
         except (RpcTimeout, RpcUnavailable, ServiceError) as exc:
             raise ServiceError(ErrorCode.LEADER_NOT_AVAILABLE,
@@ -671,9 +815,130 @@ class SimControllerLink:
         """Nothing to release."""
 
 
+class SimLeaderLink:
+    """The LeaderLink port (replica_link.GrpcLeaderLink): a follower's
+    ReplicaFetch and OffsetsForLeaderEpoch to the leader's store, as
+    messages (lost, delayed, cut off, refused by a dead process like any
+    other); a transport failure is a ServiceError with the code gRPC's would
+    map to, as the real link raises."""
+
+    def __init__(self, net: Network, me: Incarnation) -> None:
+        self._net = net
+        self._me = me
+
+    async def _call(self, leader: int, what: str, op: Callable[[StoreRuntime], Awaitable[T]],
+                    timeout_s: float) -> T:
+        try:
+            return await self._net.call(self._me, store_name(leader), what,
+                                        lambda t: op(serving_store(t)), timeout_s=timeout_s)
+        except (RpcTimeout, RpcUnavailable) as exc:
+            raise ServiceError(transport_error(exc),
+                               f"leader store node {leader}: {exc}") from None
+
+    async def replica_fetch(self, leader: int, replica_id: int,
+                            items: Sequence[ReplicaFetchItem], *,
+                            max_wait_ms: int) -> list[ReplicaFetchOutcome]:
+        async def op(store: StoreRuntime) -> list[ReplicaFetchOutcome]:
+            return await store.replica_fetch(replica_id, items, max_wait_ms=max_wait_ms)
+
+        what = "replica-fetch " + " ".join(
+            f"{i.topic}-{i.partition}@{i.fetch_offset}/e{i.current_leader_epoch}" for i in items)
+        return await self._call(leader, what, op, REPLICA_RPC_TIMEOUT_S + max_wait_ms / 1000)
+
+    async def offsets_for_leader_epoch(
+        self, leader: int, queries: Sequence[tuple[str, int, int, int]],
+    ) -> list[EpochEndOutcome]:
+        async def op(store: StoreRuntime) -> list[EpochEndOutcome]:
+            return store.offsets_for_leader_epoch(queries)
+
+        what = "offsets-for-leader-epoch " + " ".join(
+            f"{t}-{p}/e{e}" for t, p, e, _c in queries)
+        return await self._call(leader, what, op, REPLICA_RPC_TIMEOUT_S)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+# ------------------------------------------------------------------ disks
+
+
+class SimDisk:
+    """A store node's disk with an OS page cache: a write lands in the
+    cache at once (what the process reads back, what survives kill -9 of
+    the process), and reaches the platter at the next writeback (`flush`,
+    which the simulation runs every few seconds, as the kernel's flusher
+    does; with fsync off nothing else syncs). A machine crash
+    (`lose_unsynced`) keeps the synced state plus a prefix of the writes
+    after it (a write-ahead log replays in order and stops at its torn
+    end); `wipe` is a new, empty disk. The KeyValueStore port, over
+    MemoryStores."""
+
+    def __init__(self) -> None:
+        self._synced = MemoryStore()
+        self._live = MemoryStore()
+        self._unsynced: list[WriteGroup] = []
+
+    # ------------------------------------------------------------- faults
+
+    @property
+    def unsynced_writes(self) -> int:
+        return len(self._unsynced)
+
+    def flush(self) -> None:
+        """The kernel writes the page cache back: everything is on the platter."""
+        for group in self._unsynced:
+            self._synced.write(group)
+        self._unsynced.clear()
+
+    def lose_unsynced(self, keep: int) -> int:
+        """A machine crash: the first `keep` writes since the last writeback
+        survive, the rest are gone. Returns how many were lost."""
+        kept, lost = self._unsynced[:keep], self._unsynced[keep:]
+        self._unsynced = kept
+        self.flush()
+        self._live = MemoryStore()
+        everything = WriteGroup()
+        for key, value in self._synced.scan(b"", _KEY_END):
+            everything.put(key, value)
+        self._live.write(everything)
+        return len(lost)
+
+    def wipe(self) -> None:
+        """A new, empty disk."""
+        self._synced = MemoryStore()
+        self._live = MemoryStore()
+        self._unsynced = []
+
+    # --------------------------------------------------------------- port
+
+    def write(self, group: WriteGroup) -> None:
+        self._live.write(group)
+        self._unsynced.append(WriteGroup(list(group.ops)))
+
+    def sync(self) -> None:
+        self.flush()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._live.get(key)
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._live.scan(start, end)
+
+    def seek_for_prev(self, key: bytes, lower_bound: bytes) -> tuple[bytes, bytes] | None:
+        return self._live.seek_for_prev(key, lower_bound)
+
+    def close(self) -> None:
+        """The disk outlives the process."""
+
+
+# Above every key of the store's layout (storage/keys.py: each starts with
+# an ASCII letter).
+_KEY_END = b"\xff" * 8
+
+
 __all__ = [
     "FaultProfile", "Hold", "Incarnation", "Network", "RpcTimeout", "RpcUnavailable",
-    "SimControllerLink", "SimMarkerSender", "SimProducerIdLog", "SimStoreClient",
-    "SimTxnLog", "SimTxnVerifier", "coordinator_name", "group_coordinator_name", "store_name",
-    "transport_error",
+    "SimControllerLink", "SimDisk", "SimLeaderDirectory", "SimLeaderLink", "SimMarkerSender",
+    "SimProducerIdLog", "SimStoreClient", "SimTxnLog", "SimTxnVerifier", "coordinator_name",
+    "group_coordinator_name", "serving_store", "store_name", "transport_error",
 ]

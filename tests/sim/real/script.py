@@ -17,6 +17,8 @@ and says what happens, in order, with a small vocabulary:
   request for a node to one incarnation (a zombie);
 * **nodes**: `sc.pause`, `sc.resume`, `sc.crash`, `sc.restart_store`,
   `sc.replace_coordinator` (the old process paused, a new one loads);
+  `Scenario(replicated=True)` runs three replicated stores, and
+  `sc.store_node` names a partition's leader of the moment;
 * **clients**: `sc.producer(tid)` is a producer of the workload (the SDK's
   sans-I/O pieces) that does nothing by itself, `sc.copier()` a copier of
   the read-process-write workload (with `Scenario(copiers=1)`); `await
@@ -41,7 +43,7 @@ from services.common.cluster import ClusterLayout
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.partition_store.runtime import StoreRuntime
 from tests.sim.real.network import Hold, Incarnation, coordinator_name, store_name
-from tests.sim.real.simulation import DATA_TOPIC, SimResult, Simulation
+from tests.sim.real.simulation import DATA_TOPIC, REPLICATED_STORES, SimResult, Simulation
 from tests.sim.real.workload import Copier, TxnProducer
 
 T = TypeVar("T")
@@ -53,7 +55,10 @@ class ScheduleStuck(AssertionError):
 
 class Scenario:
     def __init__(self, *, seed: int = 0, stores: int = 2, coordinators: int = 1,
-                 data_partitions: int = 2, copiers: int = 0, verbose: bool = False) -> None:
+                 data_partitions: int = 2, copiers: int = 0, verbose: bool = False,
+                 replicated: bool = False) -> None:
+        if replicated:
+            stores = REPLICATED_STORES
         layout = ClusterLayout(
             stores=tuple(f"store-{i}:0" for i in range(stores)),
             coordinators=tuple(f"coordinator-{i}:0" for i in range(coordinators)),
@@ -62,7 +67,7 @@ class Scenario:
         )
         self.sim = Simulation(seed, faults=False, verbose=verbose, layout=layout,
                               data_partitions=data_partitions, check_every_steps=1,
-                              copiers=copiers)
+                              copiers=copiers, replicated=replicated)
         self.net = self.sim.net
         self.loop = self.sim.loop
         self.layout = layout
@@ -134,6 +139,11 @@ class Scenario:
         return runtime
 
     def store_node(self, partition: int, topic: str = DATA_TOPIC) -> int:
+        """The store that holds the partition (on a replicated cluster: its
+        leader now, by the metadata store; -1 while it has none)."""
+        if self.sim.replicated:
+            state = self.sim._partition_state(topic, partition)
+            return -1 if state is None else state.leader
         return self.layout.store_for(topic, partition)
 
     def store(self, node_id: int) -> Incarnation:

@@ -52,6 +52,17 @@ Method, per seed:
 4. **Check**: the checker after every `check_every_steps` iterations and at
    the end (checker.py says what).
 
+`replicated` runs the same on three replicated stores (RF 3, min ISR 2),
+wired by services/partition_store/server.py's `wire()` with a client of one
+shared in-memory metadata store (etcd) each and a `SimLeaderLink` through
+the network; coordinators and clients follow leaders through Metadata.
+Its faults add a machine crash that loses the writes since the disk's last
+writeback (`SimDisk`), a wiped disk (both one at a time, while every replica
+is in sync), a leader paused past its lease, network partitions around a
+leader (from the other stores, the metadata store, or everyone), and the
+metadata store out of reach; `checker.ReplicaChecker` judges the replicas'
+logs. docs/testing.md, "Replicated stores".
+
 `bug` (tests only) runs with one deliberately broken piece, to show that the
 checker catches it (see BUGS).
 """
@@ -60,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import random
@@ -67,12 +79,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from oncelog import records
 from oncelog.errors import ErrorCode, OncelogError
 from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
 from services.common.errors import ServiceError
+from services.common.metadata_store import MemoryMetadataStore
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
 from services.coordinator.core.txn_log import encode_txn
@@ -80,18 +93,27 @@ from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 from services.group_coordinator.core import offsets_log
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime
+from services.partition_store import metadata_link as metadata_link_module
 from services.partition_store import partition as partition_module
 from services.partition_store.core import producer_state
 from services.partition_store.core.outcomes import Rejection
+from services.partition_store.core.replicas import NO_LEADER, PartitionState
+from services.partition_store.core.topics import topic_record_from_json
+from services.partition_store.metadata_link import DEFAULT_ROOT
+from services.partition_store.partition import PartitionRuntime
+from services.partition_store.replication import ReplicaManager
 from services.partition_store.runtime import ProduceItem, StoreConfig, StoreRuntime, TopicSpec
+from services.partition_store.server import Wired, wire
 from services.partition_store.storage.memory import MemoryStore
 from tests.sim.real.checker import (
     Checker,
     GroupChecker,
     Ledger,
+    ReplicaChecker,
     TxnLogView,
     Violation,
     input_value,
+    run_now,
 )
 from tests.sim.real.loop import DeterministicLoop, SimulationStuck, new_loop
 from tests.sim.real.network import (
@@ -101,6 +123,8 @@ from tests.sim.real.network import (
     RpcTimeout,
     RpcUnavailable,
     SimControllerLink,
+    SimDisk,
+    SimLeaderLink,
     SimMarkerSender,
     SimProducerIdLog,
     SimStoreClient,
@@ -112,6 +136,8 @@ from tests.sim.real.network import (
 )
 from tests.sim.real.workload import Copier, Counters, Handoff, ProducerDone, TxnProducer
 
+T = TypeVar("T")
+
 DATA_TOPIC = "data"
 # The read-process-write workload: copiers read INPUT_TOPIC (written once,
 # at setup, by a plain producer) and write OUTPUT_TOPIC, committing their
@@ -120,6 +146,12 @@ INPUT_TOPIC = "input"
 OUTPUT_TOPIC = "output"
 GROUP_ID = "copiers"
 DEFAULT_STEPS = 5_000
+# A replicated run's loop turns over more often per simulated second (the
+# replicas' fetches and metadata syncs), so it gets more iterations for about
+# the same span of workload, and is checked every CHECK_EVERY_STEPS_REPLICATED.
+DEFAULT_REPLICATED_STEPS = 20_000
+CHECK_EVERY_STEPS = 25
+CHECK_EVERY_STEPS_REPLICATED = 100
 # How long quiescing may take in simulated time before the run counts as
 # not settling (a liveness failure): long enough for every timeout to fire.
 QUIESCE_LIMIT_S = 600.0
@@ -133,6 +165,25 @@ TRANSACTIONAL_ID_EXPIRATION_MS = 180_000
 # A producer id no block of the coordinators' hands out: the transactional id
 # whose epoch starts near int16's end (`_near_epoch_exhaustion`).
 EXHAUSTED_PRODUCER_ID = 1 << 40
+# Replicated runs (`replicated=True`): three stores, every topic with three
+# replicas and min.insync.replicas 2 (the defaults), a store's etcd lease
+# and replica.lag.time.max.ms short enough that leaders move and ISRs
+# shrink and grow within a run (tests/integration/test_replication.py uses
+# the same).
+REPLICATED_STORES = 3
+LEASE_TTL_S = 2
+REPLICA_LAG_TIME_MAX_MS = 3_000
+# etcd checks for expired leases about this often.
+LEASE_CHECK_INTERVAL_S = 0.5
+# The kernel writes a disk's page cache back this often, at the most (a
+# machine crash loses what it wrote since).
+WRITEBACK_INTERVAL_MS_MAX = 5_000
+# A destructive fault (power loss, wipe) waits this long at most for every
+# replica to be in sync.
+IN_SYNC_WAIT_S = 60.0
+# How long, after the workload ends, the replicas may take to be whole and
+# in sync again before the run counts as not settling.
+CONVERGE_LIMIT_S = 120.0
 
 
 @contextlib.contextmanager
@@ -261,6 +312,56 @@ def _complete_any_state() -> contextlib.AbstractContextManager[None]:
     return _patched(txn, "plan_complete_prepared", always_matching)
 
 
+def _hw_ignores_followers() -> contextlib.AbstractContextManager[None]:
+    """A leader that computes the high watermark from its own durable end
+    only, ignoring its followers: it acknowledges what no other replica has,
+    and loses it when it fails."""
+    def own_end_only(_original: Callable[..., Any]) -> Callable[..., Any]:
+        def high_watermark(*, current: int, leader_end_offset: int, **_others: Any) -> int:
+            return max(current, leader_end_offset)
+        return high_watermark
+    return _patched(partition_module, "high_watermark", own_end_only)
+
+
+def _no_follower_truncation() -> contextlib.AbstractContextManager[None]:
+    """A follower that skips the truncation step when it starts following a
+    new leader: it keeps a tail the new leader never had, and reports it to
+    the leader as copied."""
+    def skip(_original: Callable[..., Any]) -> Callable[..., Any]:
+        async def truncate(self: ReplicaManager, part: Any, leader: int, epoch: int) -> None:
+            del self, part, leader, epoch
+        return truncate
+    return _patched(ReplicaManager, "_truncate_to_leader", skip)
+
+
+def _elect_outside_isr() -> contextlib.AbstractContextManager[None]:
+    """A controller that elects a live replica outside the ISR when it has
+    one (an unclean election the operator never asked for): the new leader
+    lacks records the ISR had acknowledged."""
+    def outside_first(original: Callable[..., Any]) -> Callable[..., Any]:
+        def elect(state: PartitionState, live: Any, *, unclean: bool = False) -> Any:
+            after = original(state, live, unclean=unclean)
+            outside = [r for r in state.replicas if r in live and r not in state.isr]
+            if after is None or not outside:
+                return after
+            leader = outside[0]
+            isr = tuple(r for r in state.replicas if r == leader or (r in state.isr and r in live))
+            return PartitionState(state.replicas, leader, state.leader_epoch + 1, isr)
+        return elect
+    return _patched(metadata_link_module, "elect_leader", outside_first)
+
+
+def _append_after_leadership_moved() -> contextlib.AbstractContextManager[None]:
+    """A store that appends a batch which waited for its transaction's
+    verification without checking that it still leads the partition: the
+    batch lands in a follower's log, where the leader never has it."""
+    def unchecked(_original: Callable[..., Any]) -> Callable[..., Any]:
+        def still_leading(self: StoreRuntime, part: Any, item: Any) -> None:
+            del self, part, item
+        return still_leading
+    return _patched(StoreRuntime, "_check_still_leading", unchecked)
+
+
 # Deliberately broken runtimes for the "checker has teeth" tests.
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-confirm-ownership": _no_confirm_ownership,
@@ -271,7 +372,21 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "skip-verification": _skip_verification,
     "two-phase-timeout": _two_phase_timeout,
     "complete-any-state": _complete_any_state,
+    # Replication's (caught in replicated runs: test_replicated_sim.py).
+    "hw-ignores-followers": _hw_ignores_followers,
+    "no-follower-truncation": _no_follower_truncation,
+    "elect-outside-isr": _elect_outside_isr,
+    "append-after-leadership-moved": _append_after_leadership_moved,
 }
+REPLICATION_BUGS = frozenset({"hw-ignores-followers", "no-follower-truncation",
+                              "elect-outside-isr", "append-after-leadership-moved"})
+
+
+def _store_count(drawn: int, *, replicated: bool) -> int:
+    """A replicated run has three stores (every topic three replicas); a
+    single-copy run the number it drew (drawn either way, so both modes
+    draw alike)."""
+    return REPLICATED_STORES if replicated else drawn
 
 
 @contextlib.contextmanager
@@ -307,11 +422,15 @@ class SimResult:
 
 
 class Simulation:
-    def __init__(self, seed: int, *, steps: int = DEFAULT_STEPS, check_every_steps: int = 25,
+    def __init__(self, seed: int, *, steps: int | None = None,
+                 check_every_steps: int | None = None,
                  faults: bool = True, verbose: bool = False, fifo: bool = False,
                  layout: ClusterLayout | None = None, data_partitions: int | None = None,
-                 copiers: int | None = None) -> None:
+                 copiers: int | None = None, replicated: bool = False) -> None:
         self.seed = seed
+        # Replicated stores (Kafka's ISR protocol, metadata in one shared
+        # in-memory etcd); else single copies placed by the layout.
+        self.replicated = replicated
         # A fault recipe: a pattern of faults aimed at one kind of bug, for a
         # share of the seeds (drawn apart from the run's generator, so the
         # other seeds run as they did before recipes existed). A recipe seed
@@ -319,8 +438,9 @@ class Simulation:
         # clock jumps or admin aborts), which would end its pattern early.
         self.recipe = (SLOW_CLIENT_ZOMBIE if faults
                        and random.Random(f"recipe {seed}").random() < RECIPE_SHARE else None)
-        self.steps = steps
-        self.check_every_steps = check_every_steps
+        self.steps = steps if steps is not None else default_steps(replicated=replicated)
+        self.check_every_steps = check_every_steps or (
+            CHECK_EVERY_STEPS_REPLICATED if replicated else CHECK_EVERY_STEPS)
         self.with_faults = faults
         self.verbose = verbose
         self.loop, self.rng = new_loop(seed, fifo=fifo)
@@ -330,7 +450,8 @@ class Simulation:
                                       ProducerDone)
         rng = self.rng
         self.layout = layout or ClusterLayout(
-            stores=tuple(f"store-{i}:0" for i in range(rng.randint(2, 3))),
+            stores=tuple(f"store-{i}:0" for i in range(
+                _store_count(rng.randint(2, 3), replicated=replicated))),
             coordinators=tuple(f"coordinator-{i}:0" for i in range(rng.randint(1, 2))),
             transaction_state_partitions=rng.randint(1, 3),
             consumer_offsets_partitions=1,
@@ -349,14 +470,33 @@ class Simulation:
                 consumer_offsets_partitions=copy_rng.randint(1, 2))
         self.input_partitions = copy_rng.randint(2, 3)
         self.input_records = [copy_rng.randint(15, 40) for _ in range(self.input_partitions)]
-        self.disks = [MemoryStore() for _ in self.layout.stores]
+        self.disks: list[MemoryStore | SimDisk] = [
+            SimDisk() if replicated else MemoryStore() for _ in self.layout.stores]
+        # The metadata store (etcd) of a replicated run, on the loop's clock
+        # (its own, which the runtimes' clock jumps do not move). This
+        # client is the harness's (the checker's reads, lease expiry); each
+        # store process gets a client of its own.
+        self.metadata = MemoryMetadataStore(clock_ms=self.loop.now_ms)
+        self._metadata_clients: dict[int, MemoryMetadataStore] = {}
+        self._metadata_up = True
+        # Stores cut off from the metadata store by a network partition.
+        self._metadata_cut: set[int] = set()
+        # A destructive fault waits for every replica to be in sync.
+        self._destructive_pending = False
+        # (topic, partition) -> (mod revision, state) last read by the harness.
+        self._states_read: dict[tuple[str, int], tuple[int, PartitionState]] = {}
         self.ledger = Ledger()
         self.counters = Counters()
-        self.txn_log = TxnLogView(self.layout.transaction_state_partitions, self._store_for)
+        self.txn_log = TxnLogView(self.layout.transaction_state_partitions, self._store_for,
+                                  replicated=replicated)
         self.checker = Checker(self.ledger, DATA_TOPIC, self.data_partitions, self._store_of,
-                               self.txn_log)
+                               self.txn_log, replicated=replicated)
         self.output_checker = Checker(self.ledger, OUTPUT_TOPIC, self.input_partitions,
-                                      lambda p: self._store_for(OUTPUT_TOPIC, p), self.txn_log)
+                                      lambda p: self._store_for(OUTPUT_TOPIC, p), self.txn_log,
+                                      replicated=replicated)
+        self.replica_checker = ReplicaChecker(
+            topics=self._replicated_topics, state_of=self._partition_state,
+            replica_of=self._replica_of)
         self.group_checker = GroupChecker(
             self.ledger, group_id=GROUP_ID, input_topic=INPUT_TOPIC,
             inputs=[[input_value(p, i) for i in range(n)]
@@ -417,8 +557,16 @@ class Simulation:
         return self._store_for(DATA_TOPIC, partition)
 
     def _store_for(self, topic: str, partition: int) -> StoreRuntime | None:
-        """The live store runtime holding the partition, once it knows it."""
-        node = self.net.current(store_name(self.layout.store_for(topic, partition)))
+        """The live store runtime holding the partition (its leader, by the
+        metadata store, on a replicated run), once it knows it."""
+        if self.replicated:
+            state = self._partition_state(topic, partition)
+            if state is None or state.leader == NO_LEADER:
+                return None
+            node_id = state.leader
+        else:
+            node_id = self.layout.store_for(topic, partition)
+        node = self.net.current(store_name(node_id))
         runtime = node.runtime
         if node.dead or not isinstance(runtime, StoreRuntime):
             return None
@@ -428,6 +576,47 @@ class Simulation:
             return None
         return runtime
 
+    # ------------------------------------------------- replicated: metadata
+
+    def _partition_state(self, topic: str, partition: int) -> PartitionState | None:
+        """A partition's replicas, leader, epoch and ISR as the metadata
+        store holds them (the harness's own client: never cut off)."""
+        found = run_now(self.metadata.get(f"{DEFAULT_ROOT}/partitions/{topic}/{partition}"))
+        if found is None:
+            return None
+        cached = self._states_read.get((topic, partition))
+        if cached is None or cached[0] != found.mod_revision:
+            cached = (found.mod_revision, PartitionState.from_json(found.value))
+            self._states_read[(topic, partition)] = cached
+        return cached[1]
+
+    def _leads(self, node_id: int, topic: str, partition: int) -> bool:
+        """Whether store `node_id` leads the partition now, by the metadata store."""
+        state = self._partition_state(topic, partition)
+        return state is not None and state.leader == node_id
+
+    def _replicated_topics(self) -> dict[str, tuple[int, bool]]:
+        """Every topic of the metadata store's catalog: (partitions, compacted?)."""
+        if not self.replicated:
+            return {}
+        read = run_now(self.metadata.get_prefix(f"{DEFAULT_ROOT}/topics/"))
+        if read is None:
+            return {}
+        records = [topic_record_from_json(item.value) for item in read[0].values()]
+        return {r.name: (r.partitions, r.compacted) for r in records}
+
+    def _replica_of(self, node_id: int, topic: str, partition: int) -> PartitionRuntime | None:
+        """Store `node_id`'s replica of the partition, while the node runs."""
+        inc = self.net.current(store_name(node_id))
+        runtime = inc.runtime
+        if inc.dead or not inc.serving or not isinstance(runtime, StoreRuntime):
+            return None
+        try:
+            part = runtime.partition(topic, partition)
+        except ServiceError:
+            return None
+        return None if part.closed else part
+
     def _group_coordinator_of(self, node_id: int) -> GroupCoordinatorRuntime | None:
         node = self.net.current(group_coordinator_name(node_id))
         runtime = node.runtime
@@ -436,32 +625,60 @@ class Simulation:
         return runtime
 
     def start_store(self, node_id: int) -> Incarnation:
+        """A store process, wired as services/partition_store/server.py wires
+        every deployment (`wire`), with the simulation's ports: the network
+        for the links to coordinators, the catalog's owner and the leaders,
+        the node's disk, and on a replicated run a client of the shared
+        metadata store."""
         inc = self._new_incarnation(store_name(node_id))
         config = StoreConfig(
             node_id=node_id, layout=self.layout, snapshot_interval_batches=20,
             snapshot_interval_ms=5_000, retention_check_interval_ms=3_000,
             producer_id_expiration_ms=15_000, catalog_refresh_interval_ms=2_000,
+            replicated=self.replicated, replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS,
         )
-        runtime = StoreRuntime(
-            self.disks[node_id], config,
-            controller=None if config.is_controller else SimControllerLink(
-                self.net, inc, self.layout),
-            txn_verifier=SimTxnVerifier(self.net, inc, self.layout),
-            clock_ms=self.clock_ms,
-        )
-        inc.runtime = runtime
+        verifier = SimTxnVerifier(self.net, inc, self.layout)
+        if self.replicated:
+            client = self.metadata.another_client()
+            client.set_available(self._metadata_up and node_id not in self._metadata_cut)
+            self._metadata_clients[node_id] = client
+            wired = wire(self.disks[node_id], config, metadata=client, lease_ttl_s=LEASE_TTL_S,
+                         txn_verifier=verifier, leaders=SimLeaderLink(self.net, inc),
+                         clock_ms=self.clock_ms)
+        else:
+            wired = wire(self.disks[node_id], config, txn_verifier=verifier,
+                         controller=SimControllerLink(self.net, inc, self.layout),
+                         clock_ms=self.clock_ms)
+        inc.runtime = wired.runtime
         self.net.add(inc)
-        inc.spawn(runtime.start())
+        inc.spawn(self._serve_store(inc, wired))
         self.trace(f"start {inc}")
         return inc
 
+    async def _serve_store(self, inc: Incarnation, wired: Wired) -> None:
+        """Starts the wired store; it serves once started, as the real server
+        listens only then. A start that fails (the metadata store out of
+        reach) ends the process, and a supervisor starts it again."""
+        try:
+            await wired.start()
+        except ServiceError as exc:
+            self.trace(f"{inc} failed to start: {exc.code.name}")
+            node_id = int(inc.name.rpartition("-")[2])
+            harness = contextvars.Context()  # not the dying process's
+            self.loop.call_soon(self._kill, inc, context=harness)
+            self.loop.call_later(self.rng.randint(500, 3_000) / 1000, self._restart_store,
+                                 node_id, context=harness)
+            return
+        inc.serving = True
+
     def start_coordinator(self, node_id: int) -> Incarnation:
         inc = self._new_incarnation(coordinator_name(node_id))
-        client = SimStoreClient(self.net, inc, self.layout)
+        client = SimStoreClient(self.net, inc, self.layout, follow_leaders=self.replicated)
         runtime = TxnCoordinatorRuntime(
             layout=self.layout, node_id=node_id,
             txn_log=SimTxnLog(client, self.clock_ms),
-            markers=SimMarkerSender(self.net, inc, self.layout),
+            markers=SimMarkerSender(self.net, inc, self.layout,
+                                    follow_leaders=self.replicated),
             producer_ids=ProducerIdManager(SimProducerIdLog(client, self.clock_ms),
                                            node_id=node_id, block_size=DEFAULT_BLOCK_SIZE),
             now_ms=self.clock_ms,
@@ -479,7 +696,8 @@ class Simulation:
         inc = self._new_incarnation(group_coordinator_name(node_id))
         runtime = GroupCoordinatorRuntime(
             layout=self.layout, node_id=node_id,
-            store=SimStoreClient(self.net, inc, self.layout), now_ms=self.clock_ms,
+            store=SimStoreClient(self.net, inc, self.layout, follow_leaders=self.replicated),
+            now_ms=self.clock_ms,
             config=GroupConfig(session_check_interval_ms=1_000,
                                retention_check_interval_ms=60_000, tail_wait_ms=1_000),
         )
@@ -502,7 +720,8 @@ class Simulation:
             me=inc, net=self.net, loop=self.loop, rng=self.rng, layout=self.layout,
             ledger=self.ledger, transactional_id=transactional_id, instance=instance,
             topic=OUTPUT_TOPIC, counters=self.counters, trace=self.trace,
-            txn_open=self._txn_open,
+            txn_open=self._txn_open, follow_leaders=self.replicated,
+            leads=self._leads if self.replicated else None,
         )
         inc.runtime = copier
         self.producers.append(copier)
@@ -567,6 +786,7 @@ class Simulation:
                 transactional_id in self.two_phase_ids
                 and self.handoff.pending(transactional_id) is not None
                 and self.rng.random() < 0.7)),
+            follow_leaders=self.replicated, leads=self._leads if self.replicated else None,
         )
         inc.runtime = producer
         self.producers.append(producer)
@@ -583,13 +803,20 @@ class Simulation:
         rng = self.rng
         if not self.with_faults:
             return
+        # A replicated run sends several times more messages (the followers'
+        # fetches, twice a second per replica when idle), so a message is
+        # lost or slow, and a store dies on one, at lower odds: a lost fetch
+        # stalls its follower for the RPC's whole deadline (10.5 s).
+        crash_odds = [0.0, 0.0003, 0.001] if self.replicated else [0.0, 0.002, 0.005]
+        drop_odds = [0.0, 0.002, 0.005, 0.01] if self.replicated else [0.0, 0.01, 0.03, 0.08]
+        slow_odds = [0.0, 0.002, 0.01] if self.replicated else [0.0, 0.01, 0.05]
         self.net.faults = FaultProfile(
-            drop=rng.choice([0.0, 0.01, 0.03, 0.08]),
+            drop=rng.choice(drop_odds),
             duplicate=rng.choice([0.0, 0.01, 0.05]),
-            slow=rng.choice([0.0, 0.01, 0.05]),
+            slow=rng.choice(slow_odds),
             zombie_route=rng.choice([0.2, 0.5]),
-            crash_after_reply=rng.choice([0.0, 0.002, 0.005]),
-            crash_on_request=rng.choice([0.0, 0.002, 0.005]),
+            crash_after_reply=rng.choice(crash_odds),
+            crash_on_request=rng.choice(crash_odds),
         )
         self.net.on_store_crash = self._crash_store_now
         if self.recipe == SLOW_CLIENT_ZOMBIE:
@@ -608,11 +835,246 @@ class Simulation:
                 actions.append(self._jump_clock)
         if self.recipe == SLOW_CLIENT_ZOMBIE:
             actions += [self._arm_slow_client] * 2
+        if self.replicated:
+            # Replication's own faults, as often as all the others together.
+            actions += [self._power_loss, self._wipe_store, self._pause_leader,
+                        self._partition_leader, self._metadata_outage] * 2
+        if self.replicated:
+            # A destructive fault needs every replica in sync, which lost and
+            # delayed fetches keep from lasting: most seeds begin with one,
+            # while the cluster still is.
+            first = rng.choice([self._power_loss, self._wipe_store, None])
+            if first is not None:
+                await asyncio.sleep(rng.randint(500, 8_000) / 1000)
+                first()
         while not self._quiescing:
             await asyncio.sleep(rng.randint(2_000, 15_000) / 1000)
             if self._quiescing:
                 return
             rng.choice(actions)()
+
+    # ------------------------------------------------- replicated: faults
+
+    def _start_replicated_timers(self) -> None:
+        """What goes on by itself: etcd ends leases past their TTL (by the
+        loop's clock), and each machine's kernel writes its page cache back
+        every few seconds."""
+        harness = contextvars.Context()
+
+        def expire_leases() -> None:
+            self.metadata.expire_leases()
+            self.loop.call_later(LEASE_CHECK_INTERVAL_S, expire_leases, context=harness)
+
+        def writeback(node_id: int) -> None:
+            disk = self.disks[node_id]
+            if isinstance(disk, SimDisk):
+                disk.flush()
+            self.loop.call_later(self.rng.randint(200, WRITEBACK_INTERVAL_MS_MAX) / 1000,
+                                 writeback, node_id, context=harness)
+
+        expire_leases()
+        for node_id in range(len(self.layout.stores)):
+            writeback(node_id)
+
+    def _all_in_sync(self) -> bool:
+        """Every store serves, and every partition has a leader that leads
+        at its epoch and all its replicas in the ISR."""
+        if any(not self.net.current(store_name(n)).serving or self.net.current(
+                store_name(n)).dead for n in range(len(self.layout.stores))):
+            return False
+        topics = self._replicated_topics()
+        if not topics:
+            return False
+        for topic, (partitions, _compacted) in topics.items():
+            for partition in range(partitions):
+                state = self._partition_state(topic, partition)
+                if state is None or not state.online or set(state.isr) != set(state.replicas):
+                    return False
+                leader = self._replica_of(state.leader, topic, partition)
+                if leader is None or not leader.is_leader \
+                        or leader.state.leader_epoch != state.leader_epoch:
+                    return False
+        return True
+
+    def _converged(self) -> bool:
+        """All in sync, and every replica at its leader's log end and HW."""
+        if not self._all_in_sync():
+            return False
+        for topic, (partitions, _compacted) in self._replicated_topics().items():
+            for partition in range(partitions):
+                state = self._partition_state(topic, partition)
+                assert state is not None  # noqa: S101 - _all_in_sync read it
+                ends = set()
+                for replica in state.replicas:
+                    part = self._replica_of(replica, topic, partition)
+                    if part is None:
+                        return False
+                    ends.add((part.log.log_end_offset, part.log.high_watermark))
+                if len(ends) != 1 or len({*next(iter(ends))}) != 1:
+                    return False
+        return True
+
+    def _leaders(self) -> list[int]:
+        """Store nodes that lead some partition now (by the metadata store)."""
+        leading = set()
+        for topic, (partitions, _compacted) in self._replicated_topics().items():
+            for partition in range(partitions):
+                state = self._partition_state(topic, partition)
+                if state is not None and state.online:
+                    leading.add(state.leader)
+        return sorted(leading)
+
+    def _power_loss(self) -> None:
+        """A store's machine crashes: the writes since its disk's last
+        writeback are lost, but for a prefix. One failure at a time: it
+        waits until every partition has all three replicas in sync (with RF 3
+        and min.insync.replicas 2, nothing acknowledged may be lost then)."""
+        self._when_in_sync("power loss", self._lose_power)
+
+    def _lose_power(self) -> None:
+        node_id = self.rng.randrange(len(self.layout.stores))
+        inc = self.net.current(store_name(node_id))
+        disk = self.disks[node_id]
+        assert isinstance(disk, SimDisk)  # noqa: S101 - a replicated run's disk
+        inc.kill()
+        keep = self.rng.randint(0, disk.unsynced_writes)
+        lost = disk.lose_unsynced(keep)
+        self._fault("power-loss", f"{inc}: {lost} writes since the last writeback lost, "
+                                  f"{keep} kept")
+        self.loop.call_later(self.rng.randint(10, 3_000) / 1000, self._restart_store, node_id)
+
+    def _wipe_store(self) -> None:
+        """A store's disk dies: the store comes back empty (one failure at a
+        time, as for a power loss)."""
+        self._when_in_sync("wipe", self._wipe)
+
+    def _wipe(self) -> None:
+        node_id = self.rng.randrange(len(self.layout.stores))
+        inc = self.net.current(store_name(node_id))
+        inc.kill()
+        disk = self.disks[node_id]
+        assert isinstance(disk, SimDisk)  # noqa: S101 - a replicated run's disk
+        disk.wipe()
+        self._fault("wipe", f"{inc}: killed, its disk replaced by an empty one")
+        self.loop.call_later(self.rng.randint(10, 5_000) / 1000, self._restart_store, node_id)
+
+    def _when_in_sync(self, what: str, fault: Callable[[], None]) -> None:
+        """Runs `fault` once every replica is in sync (one destructive fault
+        at a time); gives up after IN_SYNC_WAIT_S."""
+        if self._destructive_pending:
+            return
+        self._destructive_pending = True
+
+        async def wait() -> None:
+            try:
+                deadline_s = self.loop.time() + IN_SYNC_WAIT_S
+                while not self._all_in_sync():
+                    if self._quiescing or self.loop.time() > deadline_s:
+                        self.trace(f"{what} skipped: the replicas were not all in sync")
+                        return
+                    await asyncio.sleep(0.2)
+                if not self._quiescing:
+                    fault()
+            finally:
+                self._destructive_pending = False
+
+        asyncio.ensure_future(wait())
+
+    def _pause_leader(self) -> None:
+        """A leader's process stops past its lease: its partitions move; when
+        it resumes it must acknowledge nothing the new leaders lack."""
+        leaders = self._leaders()
+        if not leaders:
+            return
+        inc = self.net.current(store_name(self.rng.choice(leaders)))
+        if inc.dead or inc.paused:
+            return
+        inc.pause()
+        pause_s = LEASE_TTL_S + self.rng.randint(200, 6_000) / 1000
+        self._fault("pause", f"leader {inc} for {pause_s:.1f} s (lease {LEASE_TTL_S} s)")
+        self.loop.call_later(pause_s, self._resume, inc)
+
+    def _partition_leader(self) -> None:
+        """A network partition around a leader: cut off from the other
+        stores only (it keeps its lease; its followers fall out of its ISR,
+        and below min.insync.replicas it refuses writes), or from the
+        metadata store too (its partitions get new leaders while clients
+        still reach it), or from every node."""
+        leaders = self._leaders()
+        if not leaders:
+            return
+        node_id = self.rng.choice(leaders)
+        name = store_name(node_id)
+        kind = self.rng.choice(["stores", "stores+metadata", "everyone"])
+        links = {frozenset((name, store_name(n))) for n in range(len(self.layout.stores))
+                 if n != node_id}
+        if kind == "everyone":
+            self.net.isolated.add(name)
+        else:
+            self.net.cut_links |= links
+        if kind != "stores":
+            self._metadata_cut.add(node_id)
+            self._apply_metadata_availability()
+        heal_s = self.rng.randint(500, 12_000) / 1000
+        self._fault("partition", f"{name} from {kind} for {heal_s:.1f} s")
+
+        def heal() -> None:
+            self.net.isolated.discard(name)
+            self.net.cut_links -= links
+            self._metadata_cut.discard(node_id)
+            self._apply_metadata_availability()
+            self.trace(f"HEAL {name}")
+
+        self.loop.call_later(heal_s, heal)
+
+    def _metadata_outage(self) -> None:
+        """The metadata store is out of every store's reach for a while:
+        leaders keep serving, and no leadership changes until it returns."""
+        if not self._metadata_up:
+            return
+        self._metadata_up = False
+        self._apply_metadata_availability()
+        down_s = self.rng.randint(1_000, 10_000) / 1000
+        self._fault("metadata-outage", f"for {down_s:.1f} s")
+        before = self._leadership()
+
+        def back() -> None:
+            if self._metadata_up:
+                return  # quiescing ended the outage already
+            # No store may change whom it follows or whether it leads on
+            # its own while no decision can be made.
+            after = self._leadership()
+            for (inc, tp), was in sorted(before.items()):
+                now = after.get((inc, tp))
+                if now is not None and now != was and self._failure is None:
+                    self._failure = Violation(
+                        f"{tp[0]}-{tp[1]}: store {inc} went from (leader, epoch) {was} to "
+                        f"{now} while the metadata store was unreachable")
+                    self.loop.stop()
+            self._metadata_up = True
+            self._apply_metadata_availability()
+            self.trace("METADATA back")
+
+        self.loop.call_later(down_s, back)
+
+    def _leadership(self) -> dict[tuple[str, tuple[str, int]], tuple[int, int]]:
+        """(store incarnation, partition) -> (leader, leader epoch) as each
+        running store's runtime sees it."""
+        seen = {}
+        for node_id in range(len(self.layout.stores)):
+            inc = self.net.current(store_name(node_id))
+            runtime = inc.runtime
+            if inc.dead or not inc.serving or not isinstance(runtime, StoreRuntime):
+                continue
+            for part in runtime.partitions:
+                if not part.closed:
+                    seen[(repr(inc), (part.topic.name, part.partition))] = (
+                        part.state.leader, part.state.leader_epoch)
+        return seen
+
+    def _apply_metadata_availability(self) -> None:
+        for node_id, client in self._metadata_clients.items():
+            client.set_available(self._metadata_up and node_id not in self._metadata_cut)
 
     def _crash_store(self) -> None:
         node_id = self.rng.randrange(len(self.layout.stores))
@@ -632,7 +1094,13 @@ class Simulation:
         inc.kill()
         self._fault("crash", f"{inc} {why}")
         node_id = int(inc.name.rpartition("-")[2])
-        self.loop.call_later(self.rng.randint(10, 3_000) / 1000, self._restart_store, node_id)
+        # Replicated runs schedule the restart from the harness's context:
+        # from the dying process's (called right after it answered), the
+        # restart dies with it and the store stays down until quiescing.
+        # Single-copy runs still do that; their CI seeds and TEETH were
+        # found so.
+        self.loop.call_later(self.rng.randint(10, 3_000) / 1000, self._restart_store, node_id,
+                             context=contextvars.Context() if self.replicated else None)
 
     def _restart_store(self, node_id: int) -> None:
         if self.net.current(store_name(node_id)).dead:
@@ -792,6 +1260,8 @@ class Simulation:
                 self.checker.check_step(log_complete=complete)
                 self.output_checker.check_step(log_complete=complete)
                 self.group_checker.check_step()
+                if self.replicated:
+                    self.replica_checker.check_step()
             except Violation as exc:
                 self._failure = exc
                 self.loop.stop()
@@ -802,13 +1272,21 @@ class Simulation:
         """Starts the stores, creates the data topic, starts the coordinators."""
         for node_id in range(len(self.layout.stores)):
             self.start_store(node_id)
-        controller = self.net.current(store_name(self.layout.controller_node_id)).runtime
-        while not controller.started:
+        # Any store creates topics on a replicated cluster; node 0 owns the
+        # catalog otherwise.
+        creator = self.net.current(store_name(self.layout.controller_node_id))
+        while not creator.serving:
             await asyncio.sleep(0.01)
-        await controller.create_topics([TopicSpec(DATA_TOPIC, self.data_partitions),
-                                        TopicSpec(INPUT_TOPIC, self.input_partitions),
-                                        TopicSpec(OUTPUT_TOPIC, self.input_partitions)],
-                                       validate_only=False)
+        if self.replicated:
+            self._start_replicated_timers()
+        outcomes = await self._as_store(creator.runtime, creator.runtime.create_topics(
+            [TopicSpec(DATA_TOPIC, self.data_partitions),
+             TopicSpec(INPUT_TOPIC, self.input_partitions),
+             TopicSpec(OUTPUT_TOPIC, self.input_partitions)], validate_only=False))
+        if any(o.error is not None for o in outcomes):
+            raise RuntimeError(f"harness: topics not created: {outcomes}")
+        if self.replicated:
+            await self._until(self._all_in_sync, "every partition in sync")
         if self.copiers:
             await self._write_input()
         if self.near_exhaustion:
@@ -817,6 +1295,14 @@ class Simulation:
             self.start_coordinator(node_id)
         for node_id in range(len(self.layout.group_coordinators)):
             self.start_group_coordinator(node_id)
+
+    async def _until(self, predicate: Callable[[], bool], what: str,
+                     limit_s: float = 60.0) -> None:
+        deadline_s = self.loop.time() + limit_s
+        while not predicate():
+            if self.loop.time() > deadline_s:
+                raise RuntimeError(f"harness: no {what} after {limit_s:.0f} s")
+            await asyncio.sleep(0.05)
 
     async def _near_epoch_exhaustion(self, transactional_id: str) -> None:
         """A transactional id whose epoch is three bumps from int16's end (a
@@ -830,13 +1316,26 @@ class Simulation:
         partition = self.layout.transaction_state_partition(transactional_id)
         store = await self._started_store(TRANSACTION_STATE_TOPIC, partition)
         batch = records.encode_batch([(*encode_txn(md), None, 0)])
-        (outcome,) = await store.produce(
+        (outcome,) = await self._as_store(store, store.produce(
             [ProduceItem(TRANSACTION_STATE_TOPIC, partition, batch, 0)], timeout_ms=10_000,
-            coordinator_write=True)
+            coordinator_write=True))
         if outcome.error is not None:
             raise RuntimeError(f"harness: {transactional_id}'s record not written: {outcome}")
         self.trace(f"{transactional_id} starts at producer {EXHAUSTED_PRODUCER_ID} epoch "
                    f"{md.producer_epoch}")
+
+    async def _as_store(self, runtime: StoreRuntime, call: Coroutine[Any, Any, T]) -> T:
+        """Runs a call of the harness on a store as a task of the store's
+        process (what it starts, a replicated store's followers among them,
+        is the process's and dies with it). Single-copy runs call it from the
+        harness, as they always have (their seeds were found so)."""
+        if not self.replicated:
+            return await call
+        for incarnations in self.net.nodes.values():
+            for inc in incarnations:
+                if inc.runtime is runtime:
+                    return await inc.spawn(call)
+        raise RuntimeError("harness: a store runtime of no process")
 
     async def _started_store(self, topic: str, partition: int) -> StoreRuntime:
         while True:
@@ -852,8 +1351,8 @@ class Simulation:
             store = await self._started_store(INPUT_TOPIC, partition)
             batch = records.encode_batch([(None, input_value(partition, i), None, 0)
                                           for i in range(count)])
-            (outcome,) = await store.produce([ProduceItem(INPUT_TOPIC, partition, batch)],
-                                             timeout_ms=10_000)
+            (outcome,) = await self._as_store(store, store.produce(
+                [ProduceItem(INPUT_TOPIC, partition, batch)], timeout_ms=10_000))
             if outcome.error is not None or outcome.base_offset != 0:
                 raise RuntimeError(f"harness: input of {INPUT_TOPIC}-{partition} not written: "
                                    f"{outcome}")
@@ -879,6 +1378,8 @@ class Simulation:
         self.checker.check_final(runtime_errors=errors)
         self.output_checker.check_final(runtime_errors=errors)
         self.group_checker.check_final()
+        if self.replicated:
+            self.replica_checker.check_final()
 
     async def quiesce(self, faults: asyncio.Future[None] | None = None) -> None:
         self.trace("QUIESCE")
@@ -887,6 +1388,11 @@ class Simulation:
             faults.cancel()
         self.net.faults = FaultProfile(zombie_route=0.0)
         self.net.route_to.clear()
+        self.net.cut_links.clear()
+        self.net.isolated.clear()
+        self._metadata_up = True
+        self._metadata_cut.clear()
+        self._apply_metadata_availability()
         for rule in list(self.net.holds):
             self.net.release(rule)
         for name, incarnations in sorted(self.net.nodes.items()):
@@ -922,6 +1428,12 @@ class Simulation:
         # Long enough for transaction timeouts (abandoned transactions of
         # killed producers) and their markers.
         await asyncio.sleep(TxnConfig().check_interval_ms / 1000 + 60.0)
+        if self.replicated:
+            # Every replica back in sync, at its leader's end (the checker
+            # says what is missing when it is not).
+            deadline_s = self.loop.time() + CONVERGE_LIMIT_S
+            while not self._converged() and self.loop.time() < deadline_s:
+                await asyncio.sleep(0.5)
 
     def _restart_fenced(self) -> None:
         """A supervisor's part: a coordinator process that another one (a
@@ -990,26 +1502,33 @@ class Simulation:
         self.loop.close()
 
 
-def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, bug: str | None = None,
-             verbose: bool = False, faults: bool = True) -> SimResult:
+def default_steps(*, replicated: bool = False) -> int:
+    return DEFAULT_REPLICATED_STEPS if replicated else DEFAULT_STEPS
+
+
+def run_seed(seed: int, *, steps: int | None = None, bug: str | None = None,
+             verbose: bool = False, faults: bool = True, replicated: bool = False) -> SimResult:
     """Runs one seed (with a deliberately broken runtime when `bug` names one
-    of BUGS)."""
+    of BUGS; on replicated stores with `replicated`)."""
     guard = broken(bug)
     # The runtimes log every retry and failover; the trace says what matters.
     logging.disable(logging.NOTSET if verbose else logging.CRITICAL)
     try:
         with guard:
-            return Simulation(seed, steps=steps, verbose=verbose, faults=faults).run()
+            return Simulation(seed, steps=steps, verbose=verbose, faults=faults,
+                              replicated=replicated).run()
     finally:
         logging.disable(logging.NOTSET)
 
 
-def replay_command(seed: int, *, steps: int = DEFAULT_STEPS, bug: str | None = None) -> str:
-    extra = "" if steps == DEFAULT_STEPS else f" --steps {steps}"
+def replay_command(seed: int, *, steps: int | None = None, bug: str | None = None,
+                   replicated: bool = False) -> str:
+    extra = "" if steps in (None, default_steps(replicated=replicated)) else f" --steps {steps}"
+    extra += " --replicated" if replicated else ""
     extra += f" --bug {bug}" if bug else ""
     return f".venv/bin/python -m tests.sim.real --seed {seed}{extra}"
 
 
-__all__ = ["BUGS", "DATA_TOPIC", "DEFAULT_STEPS", "RECIPE_SHARE", "SLOW_CLIENT_ZOMBIE",
-           "DeterministicLoop", "SimResult", "Simulation", "broken", "replay_command",
-           "run_seed"]
+__all__ = ["BUGS", "DATA_TOPIC", "DEFAULT_REPLICATED_STEPS", "DEFAULT_STEPS", "RECIPE_SHARE",
+           "REPLICATED_STORES", "REPLICATION_BUGS", "SLOW_CLIENT_ZOMBIE", "DeterministicLoop",
+           "SimResult", "Simulation", "broken", "default_steps", "replay_command", "run_seed"]

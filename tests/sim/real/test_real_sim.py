@@ -26,10 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.real.simulation import BUGS, SimResult, replay_command, run_seed
+from tests.sim.real.simulation import (
+    BUGS,
+    REPLICATION_BUGS,
+    SimResult,
+    replay_command,
+    run_seed,
+)
 
-# Fixed seeds for the default run (~0.25 s each).
-CI_SEEDS = list(range(1, 61))
+# Fixed seeds for the default run (~0.25 s each); 64 and 84 are seeds where
+# the slow-client-zombie recipe lines issue 3's faults up (see TEETH).
+CI_SEEDS = [*range(1, 61), 64, 84]
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -78,24 +85,26 @@ def test_replay_does_not_depend_on_the_string_hash_seed() -> None:
 # Teeth: each deliberately broken runtime of simulation.BUGS, CI seeds where
 # the checker catches it, and what the failure must say. The seeds move
 # whenever a run draws differently from its generator; find them again with
-# `.venv/bin/python -m tests.sim.real --seeds 1..60 --bug NAME`.
+# `.venv/bin/python -m tests.sim.real --seeds 1..60 --bug NAME` (the
+# replication of partitions changed the stores' scheduling, and every list
+# was found again then).
 # (no-marker-epoch-check is caught by its scripted schedule, test_scripted.py.)
 TEETH: dict[str, tuple[list[int], tuple[str, ...]]] = {
     # Issue 3, through the slow-client-zombie recipe (`Simulation._after_add`):
     # a stale batch opens a transaction nobody ends. The scripted schedule in
     # test_scripted.py pins the interleaving whatever the seeds do.
-    "no-confirm-ownership": ([27, 31], ("still open after quiescing",)),
+    "no-confirm-ownership": ([64, 84], ("still open after quiescing",)),
     # A store that dies right after answering (`crash_after_reply`) loses an
-    # acknowledged transaction-log write: 38 a decision whose marker landed,
-    # 55 the decision of an EndTxn answered with success.
-    "ack-before-durable": ([38, 55], ("transaction log holds",)),
+    # acknowledged transaction-log write: 43 a decision whose marker landed,
+    # 60 the decision of an EndTxn answered with success.
+    "ack-before-durable": ([43, 60], ("transaction log holds",)),
     # The group coordinator materializes an aborted transaction's offsets.
     "offsets-on-abort": ([2, 3], ("committed past unprocessed input",)),
     "leaky-read-committed": ([1, 2], ("never asked to commit", "read_committed returned")),
     # A write to a partition the transaction never added hangs.
-    "skip-verification": ([1, 2], ("still open after quiescing",)),
-    "two-phase-timeout": ([3, 7], ("aborted on its timeout",)),
-    "complete-any-state": ([16, 29], ("CompleteTransaction",)),
+    "skip-verification": ([1, 3], ("still open after quiescing",)),
+    "two-phase-timeout": ([2, 7], ("aborted on its timeout",)),
+    "complete-any-state": ([16, 17], ("CompleteTransaction",)),
 }
 
 
@@ -112,4 +121,5 @@ def test_the_checker_catches_a_broken_runtime(bug: str) -> None:
 
 
 def test_every_bug_has_teeth() -> None:
-    assert set(TEETH) | {"no-marker-epoch-check"} == set(BUGS)
+    """(Replication's bugs have theirs in test_replicated_sim.py.)"""
+    assert set(TEETH) | {"no-marker-epoch-check"} == set(BUGS) - REPLICATION_BUGS

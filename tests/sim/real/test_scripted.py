@@ -203,3 +203,77 @@ def test_teeth_the_aborted_offsets_schedule_catches_offsets_materialized_on_abor
     scenario, result = _run_copier(aborted_offsets, seed=seed, bug="offsets-on-abort")
     assert not result.ok, _explain(result)
     assert "committed past unprocessed input" in result.failure, result.failure
+
+
+# ----------------- a verified append after the store stopped leading (replicated)
+
+
+async def verification_outlives_leadership(sc: Scenario) -> None:
+    """Replicated stores (docs/replication.md, "Appends"). Producer tx#0's
+    first transactional batch to data-0 reaches its leader, which asks the
+    coordinator to verify it; the question is held back. The leader pauses
+    past its lease, another store leads data-0, and the old leader, resumed,
+    learns that it follows now (its fetches held back, so it copies
+    nothing). Producer other#0 writes to data-0 at the new leader. Then the
+    old leader's question is answered: the batch must be refused
+    (NOT_LEADER_OR_FOLLOWER; the producer retries at the new leader), not
+    appended to the follower's log at offsets where the leader holds
+    other#0's batches. Found by the replicated simulation (seed 52)."""
+    old_leader = sc.store_node(0)
+    producer = sc.producer("tx", 0)
+    await sc.do(producer, producer.init())
+    txn = producer.begin()
+    assert await sc.do(producer, producer.add_partitions(txn, [(DATA_TOPIC, 0)])) is None
+    question = sc.hold(f"store-{old_leader}#", "verify tx")
+    write = sc.start(producer, producer.write(txn, 0, add=False, batches=1))
+    await sc.until(lambda: bool(question.held), what="the leader's verification question held")
+    old = sc.store(old_leader)
+    sc.pause(old)
+    await sc.until(lambda: sc.store_node(0) not in (old_leader, -1), what="a new leader")
+    fetches = sc.hold(f"{old}->", "replica-fetch data-0@", count=None)
+    sc.resume(old)
+    await sc.until(lambda: not sc.store_runtime(old_leader).partition(DATA_TOPIC, 0).is_leader,
+                   what="the old leader follows")
+    other = sc.producer("other", 0)
+    await sc.do(other, other.init())
+    other_txn = other.begin()
+    # At least 4 records: more than the held batch has (1-3), so the old
+    # leader, asking for the offset after that batch, is never out of range.
+    assert await sc.do(other, other.write(other_txn, 0, add=True, batches=4)) is None
+    sc.release(question)
+    await sc.sleep(1.0)
+    sc.release(fetches)
+    await sc.do(other, other.end(other_txn, commit=True))
+    sc.notes["write"] = await write
+    if sc.notes["write"] is None:
+        await sc.do(producer, producer.end(txn, commit=True))
+    sc.notes["outcomes"] = (txn.outcome, other_txn.outcome)
+
+
+def _run_replicated(script: object, *, seed: int,
+                    bug: str | None) -> tuple[Scenario, SimResult]:
+    scenario = Scenario(seed=seed, replicated=True)
+    with broken(bug):
+        result = scenario.run(script)  # type: ignore[arg-type]
+    return scenario, result
+
+
+# Replicated runs take longer (~8 s each): two seeds.
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS[:2], ids=lambda s: f"seed{s}")
+def test_a_store_that_stopped_leading_appends_no_verified_batch(seed: int) -> None:
+    scenario, result = _run_replicated(verification_outlives_leadership, seed=seed, bug=None)
+    assert result.ok, _explain(result)
+    assert scenario.notes["write"] is None, scenario.notes  # retried at the new leader
+    assert scenario.notes["outcomes"] == (True, True), scenario.notes
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS[:2], ids=lambda s: f"seed{s}")
+def test_teeth_the_leadership_schedule_catches_an_append_to_a_follower(seed: int) -> None:
+    """Without the check, the batch lands in the old leader's log where the
+    leader holds other#0's: that replica never catches up again, or holds
+    other bytes below its HW."""
+    _scenario, result = _run_replicated(verification_outlives_leadership, seed=seed,
+                                        bug="append-after-leadership-moved")
+    assert not result.ok, _explain(result)
+    assert any(reason in result.failure for reason in (
+        "after quiescing", "the replicas diverged")), result.failure

@@ -48,7 +48,7 @@ from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.group_coordinator.core.offsets import FetchedOffset
 from services.group_coordinator.runtime import GroupCoordinatorRuntime
 from services.partition_store.partition import Isolation
-from services.partition_store.runtime import FetchItem, ProduceItem, StoreRuntime
+from services.partition_store.runtime import FetchItem, ProduceItem
 from tests.sim.real.checker import Ledger, TxnFacts, TxnKey, record_value
 from tests.sim.real.loop import DeterministicLoop
 from tests.sim.real.network import (
@@ -56,8 +56,10 @@ from tests.sim.real.network import (
     Network,
     RpcTimeout,
     RpcUnavailable,
+    SimLeaderDirectory,
     coordinator_name,
     group_coordinator_name,
+    serving_store,
     store_name,
     transport_error,
 )
@@ -116,7 +118,9 @@ class TxnProducer:
                  counters: Counters, trace: Callable[[str], None],
                  after_add: Callable[[TxnProducer], Awaitable[None]] | None = None,
                  txn_open: Callable[[str, tuple[int, int]], bool] | None = None,
-                 handoff: Handoff | None = None, keep_prepared: bool = False) -> None:
+                 handoff: Handoff | None = None, keep_prepared: bool = False,
+                 follow_leaders: bool = False,
+                 leads: Callable[[int, str, int], bool] | None = None) -> None:
         self.me = me
         self._net = net
         self._loop = loop
@@ -143,6 +147,15 @@ class TxnProducer:
         self.keep_prepared = keep_prepared
         # The instance handed its prepared state over and exited.
         self.handed_over = False
+        # Where partitions' leaders are (the SDK's metadata cache): the
+        # layout's placement, or on a replicated cluster the stores' Metadata.
+        self._leaders = SimLeaderDirectory(net, me, layout, follow=follow_leaders)
+        # Replicated: whether a store leads a partition now, by the metadata
+        # store (a deposed leader that has not heard yet lacks what the new
+        # one took, and may rightly refuse a batch as out of order); and the
+        # store each batch in flight went to.
+        self._leads = leads
+        self._sent_to: dict[int, int] = {}
         self.sm = TxnStateMachine(transactional_id)
         self.producer_id = -1
         self.producer_epoch = -1
@@ -186,12 +199,17 @@ class TxnProducer:
         """One Produce of one batch; the base offset, or raises OncelogError."""
         data = batch.data
         assert data is not None  # noqa: S101 - encoded by assign()
-        item = ProduceItem(batch.topic, batch.partition, data)
+        tp = (batch.topic, batch.partition)
+        try:
+            leader, epoch = await self._leaders.leader_and_epoch(*tp)
+        except ServiceError as exc:
+            raise as_client_error(exc) from None
+        # The leader epoch the client knows goes with the request, as the
+        # SDK sends it (a store at another epoch refuses it).
+        item = ProduceItem(batch.topic, batch.partition, data, leader_epoch=epoch)
 
         async def op(target: Incarnation) -> int:
-            store = target.runtime
-            if not isinstance(store, StoreRuntime) or not store.started:
-                raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is starting")
+            store = serving_store(target)
             (outcome,) = await store.produce(
                 [item], timeout_ms=int(REQUEST_TIMEOUT_S * 1000),
                 transactional_id=self.transactional_id, add_partitions_to_txn=add)
@@ -199,13 +217,16 @@ class TxnProducer:
                 raise outcome.error
             return outcome.base_offset
 
-        dst = store_name(self._layout.store_for(batch.topic, batch.partition))
         what = (f"produce {batch.topic}-{batch.partition} pid={batch.producer_id} "
                 f"epoch={batch.producer_epoch} seq={batch.base_sequence}")
+        self._sent_to[id(batch)] = leader
         try:
-            return await self._net.call(self.me, dst, what, op, timeout_s=REQUEST_TIMEOUT_S)
+            return await self._net.call(self.me, store_name(leader), what, op,
+                                        timeout_s=REQUEST_TIMEOUT_S)
         except (ServiceError, RpcTimeout, RpcUnavailable) as exc:
-            raise as_client_error(exc) from None
+            error = as_client_error(exc)
+            self._leaders.forget_on(*tp, error.code)
+            raise error from None
 
     # ---------------------------------------------------------- lifecycle
 
@@ -454,9 +475,12 @@ class TxnProducer:
             await self._produce(batch, add=add)
         except OncelogError as exc:
             producer = (batch.producer_id, batch.producer_epoch)
+            sent_to = self._sent_to.pop(id(batch), None)
             if exc.code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and batch.sent_as_oldest \
                     and self._txn_open is not None \
-                    and self._txn_open(self.transactional_id, producer):
+                    and self._txn_open(self.transactional_id, producer) \
+                    and (self._leads is None or sent_to is None
+                         or self._leads(sent_to, batch.topic, batch.partition)):
                 # Every earlier batch of the partition was acknowledged (so
                 # durable) before this attempt left, and the log says the
                 # transaction is still open, so the store may not have
@@ -467,6 +491,7 @@ class TxnProducer:
                     "although every earlier batch was acknowledged and the transaction is "
                     "open in the log (lost deduplication state?)")
             return sequencer.on_error(batch, exc, self._loop.now_ms(), dispatched=True)
+        self._sent_to.pop(id(batch), None)
         sequencer.on_success(batch)
         return None
 
@@ -593,24 +618,31 @@ class Copier(TxnProducer):
 
     async def _read_input(self, partition: int, offset: int) -> list[bytes] | None:
         """Input records from `offset` (read_committed), None if unreadable now."""
-        item = FetchItem(self._input_topic, partition, offset, 1 << 16)
+        tp = (self._input_topic, partition)
+        try:
+            leader, epoch = await self._leaders.leader_and_epoch(*tp)
+        except ServiceError:
+            return None
+        item = FetchItem(self._input_topic, partition, offset, 1 << 16,
+                         current_leader_epoch=epoch)
 
         async def op(target: Incarnation) -> tuple[list[bytes], int]:
-            store = target.runtime
-            if not isinstance(store, StoreRuntime) or not store.started:
-                raise ServiceError(ErrorCode.NETWORK_EXCEPTION, f"{target} is starting")
+            store = serving_store(target)
             (outcome,) = await store.fetch([item], isolation=Isolation.READ_COMMITTED)
             if outcome.error is not None:
                 raise outcome.error
             return ([r.value or b"" for b in outcome.batches
                      for r in iter_records(b, min_offset=offset)], outcome.high_watermark)
 
-        dst = store_name(self._layout.store_for(self._input_topic, partition))
         try:
             values, end = await self._net.call(
-                self.me, dst, f"fetch {self._input_topic}-{partition}@{offset}", op,
-                timeout_s=REQUEST_TIMEOUT_S)
-        except (ServiceError, RpcTimeout, RpcUnavailable):
+                self.me, store_name(leader), f"fetch {self._input_topic}-{partition}@{offset}",
+                op, timeout_s=REQUEST_TIMEOUT_S)
+        except ServiceError as exc:
+            self._leaders.forget_on(*tp, exc.code)
+            return None
+        except (RpcTimeout, RpcUnavailable) as exc:
+            self._leaders.forget_on(*tp, transport_error(exc))
             return None
         self.input_ends[partition] = end
         return values
