@@ -269,10 +269,13 @@ class Admin:
     @_within_budget
     def describe_topic(self, name: str) -> TopicDescription:
         """Partitions with their stores and offsets (earliest, high watermark,
-        last stable offset), and the topic's effective configuration."""
-        info = self._topic(name)
-        md = self._client.cached_metadata
-        stores = {} if md is None else md.stores
+        last stable offset), and the topic's effective configuration. Asks
+        the cluster afresh (leaders and in-sync replicas change: a cached
+        answer would go on showing a store out of sync that is back)."""
+        fresh = self._refreshed_metadata()
+        info = fresh.topics.get(name) or self._topic(name)
+        md = self._client.cached_metadata or fresh
+        stores = md.stores
         partitions = list(range(info.num_partitions))
         earliest = self._offsets(name, partitions, -2, records_pb2.READ_UNCOMMITTED)
         high = self._offsets(name, partitions, -1, records_pb2.READ_UNCOMMITTED)
