@@ -83,7 +83,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench import pipeline, produce  # noqa: E402
+from bench import peers, pipeline, produce  # noqa: E402
 from bench.peers import cell  # noqa: E402
 from oncelog import Admin, Producer, RecordMetadata  # noqa: E402
 from oncelog.testing import LocalCluster  # noqa: E402
@@ -140,29 +140,10 @@ SINGLE = Setup("single", "one store, no etcd", etcd=False, replication_factor=1)
 SETUPS = (RF3, RF1, SINGLE)
 
 
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """One row of the set-up table."""
-
-    case: str
-    key: str
-    label: str
-    unit: str
-    higher_is_better: bool
-
-
-METRICS = (
-    Metric("produce-1p", "records_per_s",
-           "idempotent produce, 100 B, 1 partition", "records/s", True),
-    Metric("produce-4p", "records_per_s",
-           "idempotent produce, 100 B, 4 partitions", "records/s", True),
-    Metric("latency", "send_p50_ms", "acknowledged send, one record, p50", "ms", False),
-    Metric("latency", "send_p99_ms", "acknowledged send, one record, p99", "ms", False),
-    Metric("latency", "transaction_p50_ms",
-           "one-record transaction (begin, send, commit), p50", "ms", False),
-    Metric("latency", "transaction_p99_ms",
-           "one-record transaction (begin, send, commit), p99", "ms", False),
-)
+# The rows both benchmarks report, defined once (bench/peers.py): the
+# produce and latency cases, which this benchmark runs per set-up.
+Metric = peers.Metric
+METRICS = tuple(m for m in peers.METRICS if m.case in ("produce-1p", "produce-4p", "latency"))
 
 
 @dataclass
