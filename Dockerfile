@@ -3,7 +3,7 @@
 # chosen by the module given to the entrypoint:
 #
 #   docker build -t oncelog:0.1.0 .
-#   docker run oncelog:0.1.0 services.partition_store --help
+#   docker run oncelog:0.1.0 oncelog_server.partition_store --help
 #
 # Two stages: the builder installs the project and its dependencies into a
 # virtual environment; the runtime stage copies only that environment onto a
@@ -20,7 +20,7 @@ RUN python -m venv /opt/oncelog
 WORKDIR /src
 # Only what the package is built from (see .dockerignore): the generated gRPC
 # code is committed under sdk/oncelog/v1, so no protoc runs here.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY sdk ./sdk
 COPY services ./services
 # The Spark integration's package is part of the distribution (pyspark itself
@@ -29,7 +29,7 @@ COPY spark ./spark
 # Every dependency ships manylinux wheels (grpcio, rocksdict, crc32c), so the
 # builder needs no compiler. Bytecode is compiled now because the runtime's
 # root filesystem is read-only.
-RUN /opt/oncelog/bin/pip install . \
+RUN /opt/oncelog/bin/pip install '.[server]' \
     && /opt/oncelog/bin/python -m compileall -q /opt/oncelog/lib
 
 FROM ${PYTHON_IMAGE} AS runtime
@@ -54,4 +54,4 @@ VOLUME ["/var/lib/oncelog"]
 EXPOSE 7000 9400
 USER 10001:10001
 ENTRYPOINT ["/opt/oncelog/bin/python", "-m"]
-CMD ["services.partition_store"]
+CMD ["oncelog_server.partition_store"]

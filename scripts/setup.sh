@@ -95,7 +95,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "== installing oncelog and its tools into .venv"
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -c 'import oncelog, oncelog_spark, services, rocksdict, grpc, pyarrow'
+  .venv/bin/python -c 'import oncelog, oncelog_spark, oncelog_server, rocksdict, grpc, pyarrow'
   echo "$want" > "$stamp"
 fi
 

@@ -10,6 +10,7 @@ idempotence guarantees.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from oncelog.wire import VERSION
@@ -39,7 +40,18 @@ if TYPE_CHECKING:
         TransactionListing,
     )
 
-__version__ = VERSION
+
+def _release() -> str:
+    """The installed distribution's version, what pip and users' lock files
+    see (built from VERSION); VERSION itself when this package runs from a
+    source tree that was never installed."""
+    try:
+        return importlib.metadata.version("oncelog")
+    except importlib.metadata.PackageNotFoundError:
+        return VERSION
+
+
+__version__ = _release()
 
 # The public names, each loaded on first use (PEP 562): the services import
 # `oncelog.wire`, which imports this package first, and must not load the

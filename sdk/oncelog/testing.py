@@ -5,6 +5,9 @@
         cluster.kill("partition_store", 0)      # SIGKILL
         cluster.restart("partition_store", 0)   # same data dir, same address
 
+`LocalCluster()` without a data dir keeps everything in a temporary
+directory that stop() (the end of the `with` block) deletes.
+
 With `etcd_members=1` (or 3) the cluster also runs etcd, the metadata store
 (oncelog._etcd.EtcdCluster, under the cluster's data dir), started before the
 services and stopped after them; kind "etcd" with a member index works with
@@ -15,7 +18,10 @@ Used by the tests, the demo, and `oncelog cluster up`. Addresses are chosen
 once (free loopback ports) and kept across restarts, as a Kubernetes
 StatefulSet keeps its DNS names; a port that another process takes between
 the pick and the first start gets a fresh pick (`start`), so addresses are
-final once `start` returns. Children die with the process that started them
+final once `start` returns. `ports` fixes the ports of chosen services
+instead (`oncelog cluster up` keeps its ports across runs of a data dir):
+a fixed port that another process holds is not replaced; start() raises
+PortTakenError naming it. Children die with the process that started them
 (PR_SET_PDEATHSIG), so a crashed test run leaves nothing behind.
 """
 
@@ -29,16 +35,24 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+try:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+except ModuleNotFoundError as exc:
+    # The SDK alone (`pip install oncelog`) has no services to run.
+    raise ModuleNotFoundError(
+        "oncelog.testing runs the oncelog services, which the SDK alone does not "
+        "install: pip install 'oncelog[server]'", name=exc.name) from exc
 
 from oncelog.wire.process import GRPC, METRICS, PortInUse, find_ports_in_use, process_health_service
 
@@ -46,6 +60,9 @@ if TYPE_CHECKING:
     from oncelog._etcd import EtcdCluster
 
 KINDS = ("partition_store", "coordinator", "group_coordinator")
+# The installed name of the services (services/ in the source tree): each
+# process runs `python -m oncelog_server.<kind>`.
+SERVER_PACKAGE = "oncelog_server"
 # The kind name of etcd members in kill/restart/... (not a service: not in KINDS).
 ETCD = "etcd"
 # The comma-separated etcd endpoints every service gets in its environment
@@ -150,11 +167,39 @@ def signal_process(process: subprocess.Popen[bytes] | None, signum: signal.Signa
         process.send_signal(signum)
 
 
+def _check_fixed_ports(
+    ports: Mapping[tuple[str, int], tuple[int, int]], counts: Mapping[str, int],
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """LocalCluster's `ports`, checked: existing services, ports in
+    1..65535, no port twice."""
+    seen: dict[int, tuple[str, int]] = {}
+    for (kind, index), pair in ports.items():
+        if kind not in counts or not 0 <= index < counts[kind]:
+            raise ValueError(f"ports names {kind} {index}, which this cluster does not have "
+                             f"(it has {dict(counts)})")
+        if len(pair) != 2:
+            raise ValueError(f"ports: {kind} {index} got {pair!r}; expected (grpc_port, "
+                             "metrics_port)")
+        for port in pair:
+            if type(port) is not int or not 0 < port < 65536:
+                raise ValueError(f"ports: {kind} {index} got port {port!r}; expected 1..65535")
+            if port in seen:
+                raise ValueError(f"ports: port {port} is given to both {seen[port][0]} "
+                                 f"{seen[port][1]} and {kind} {index}")
+            seen[port] = (kind, index)
+    return dict(ports)
+
+
 def _service_available(kind: str) -> bool:
-    try:
-        return importlib.util.find_spec(f"services.{kind}.__main__") is not None
-    except ModuleNotFoundError:
+    """Whether `python -m oncelog_server.<kind>` can run, found on disk: a
+    spec of the top-level name imports nothing, while one of a submodule
+    would import its parents into this process, where the tests of this
+    repository have the same modules loaded as `services.*`."""
+    spec = importlib.util.find_spec(SERVER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         return False
+    return any((Path(location) / kind / "__main__.py").is_file()
+               for location in spec.submodule_search_locations)
 
 
 @dataclass(kw_only=True)
@@ -188,11 +233,15 @@ class ServiceProcess(ChildProcess):
 
 class LocalCluster:
     """Partition stores, transaction coordinators and group coordinators as
-    separate processes on 127.0.0.1, and optionally etcd (etcd_members)."""
+    separate processes on 127.0.0.1, and optionally etcd (etcd_members).
+
+    Their data and logs live under `data_dir`, kept for the next run; without
+    one, under a temporary directory that stop() deletes (such a cluster
+    cannot be started again after stop())."""
 
     def __init__(
         self,
-        data_dir: str | os.PathLike[str],
+        data_dir: str | os.PathLike[str] | None = None,
         partition_stores: int = 1,
         coordinators: int = 1,
         group_coordinators: int = 1,
@@ -203,11 +252,16 @@ class LocalCluster:
         consumer_offsets_partitions: int = 4,
         etcd_members: int = 0,
         start: bool = True,
+        ports: Mapping[tuple[str, int], tuple[int, int]] | None = None,
     ) -> None:
         if partition_stores < 1:
             raise ValueError("a cluster needs at least one partition store")
         if etcd_members not in (0, 1, 3):
             raise ValueError(f"etcd_members={etcd_members}; expected 0 (no etcd), 1 or 3")
+        # Deleted by stop(): the cluster's data outlives nothing.
+        self._temporary_dir: Path | None = None
+        if data_dir is None:
+            data_dir = self._temporary_dir = Path(tempfile.mkdtemp(prefix="oncelog-cluster-"))
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
@@ -217,6 +271,12 @@ class LocalCluster:
         self._consumer_offsets_partitions = consumer_offsets_partitions
         self._ports_given: set[int] = set()
         self._addresses_final = False
+        self._fixed_ports = _check_fixed_ports(ports or {}, {
+            "partition_store": partition_stores, "coordinator": coordinators,
+            "group_coordinator": group_coordinators,
+        })
+        # No picked port may equal a fixed one.
+        self._ports_given.update(p for pair in self._fixed_ports.values() for p in pair)
         self.etcd: EtcdCluster | None = None
         if etcd_members:
             from oncelog._etcd import EtcdCluster
@@ -236,21 +296,27 @@ class LocalCluster:
         self.missing_kinds = {
             kind for kind in KINDS if counts[kind] and not _service_available(kind)
         }
+        if "partition_store" in self.missing_kinds:
+            raise ModuleNotFoundError(
+                f"LocalCluster found no {SERVER_PACKAGE}.partition_store to run: the services "
+                f"are installed with the server extra (pip install 'oncelog[server]')",
+                name=SERVER_PACKAGE)
         self.processes: dict[str, list[ServiceProcess]] = {}
         for kind in KINDS:
             count = 0 if kind in self.missing_kinds else counts[kind]
-            self.processes[kind] = [
-                ServiceProcess(
+            self.processes[kind] = []
+            for i in range(count):
+                grpc_port, metrics_port = self._fixed_ports.get((kind, i)) or (
+                    self._pick_port(), self._pick_port())
+                self.processes[kind].append(ServiceProcess(
                     kind=kind,
                     node_id=i,
-                    address=f"127.0.0.1:{self._pick_port()}",
-                    metrics_port=self._pick_port(),
+                    address=f"127.0.0.1:{grpc_port}",
+                    metrics_port=metrics_port,
                     data_dir=self.data_dir / f"{kind}-{i}",
                     log_path=self.data_dir / "logs" / f"{kind}-{i}.log",
                     argv=[],
-                )
-                for i in range(count)
-            ]
+                ))
         self._build_argv()
         if start:
             self.start()
@@ -281,7 +347,7 @@ class LocalCluster:
         for kind, procs in self.processes.items():
             for proc in procs:
                 proc.argv = [
-                    sys.executable, "-m", f"services.{kind}",
+                    sys.executable, "-m", f"{SERVER_PACKAGE}.{kind}",
                     "--node-id", str(proc.node_id),
                     "--listen", proc.address,
                     "--metrics-port", str(proc.metrics_port),
@@ -363,6 +429,10 @@ class LocalCluster:
         the addresses are final (clients know them), and a later start()
         fails on a taken port as restart() does.
         """
+        if self._temporary_dir is not None and not self._temporary_dir.exists():
+            raise RuntimeError(f"this cluster kept its data in the temporary directory "
+                               f"{self._temporary_dir}, which stop() deleted; give LocalCluster "
+                               f"a data_dir to start a cluster again after stop()")
         running = [f"{proc.kind} {proc.node_id}" for proc in self._all() if proc.alive()]
         if self.etcd is not None:
             running += [f"etcd {m.index}" for m in self.etcd.members if m.alive()]
@@ -381,7 +451,8 @@ class LocalCluster:
                     self._addresses_final = True
                     return
                 except PortTakenError as exc:
-                    if self._addresses_final:
+                    # A fixed port is the caller's choice: not replaced.
+                    if self._addresses_final or (exc.kind, exc.node_id) in self._fixed_ports:
                         raise
                     if retry == START_PORT_RETRIES:
                         raise RuntimeError(
@@ -619,6 +690,8 @@ class LocalCluster:
                 self.terminate(kind, proc.node_id)
         if self.etcd is not None:
             self.etcd.stop()
+        if self._temporary_dir is not None:
+            shutil.rmtree(self._temporary_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -52,9 +52,10 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from oncelog.wire.errors import ErrorCode
-from services.common.coordinator_epoch import encode_epoch
-from services.common.service_error import ServiceError
-from services.common.tasks import TaskGroup
+
+from .coordinator_epoch import encode_epoch
+from .service_error import ServiceError
+from .tasks import TaskGroup
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,9 @@ from grpc_status import rpc_status
 from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_proto
-from services.common.invariants import InvariantViolation, invariant
-from services.common.service_error import ServiceError
+
+from .invariants import InvariantViolation, invariant
+from .service_error import ServiceError
 
 OK = errors_pb2.Error()
 __all__ = [

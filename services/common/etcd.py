@@ -68,7 +68,8 @@ import grpc.aio
 from aetcd import rpc as etcd_rpc  # type: ignore[import-untyped]
 
 from oncelog.wire.limits import CHANNEL_OPTIONS
-from services.common.metadata_store import (
+
+from .metadata_store import (
     Compare,
     LeaseNotFound,
     MetadataUnavailable,

@@ -17,9 +17,10 @@ import grpc
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.wire.errors import ErrorCode
-from services.common.channels import ChannelPool
-from services.common.cluster import ClusterLayout
-from services.common.errors import ServiceError
+
+from .channels import ChannelPool
+from .cluster import ClusterLayout
+from .errors import ServiceError
 
 METADATA_RPC_TIMEOUT_S = 5.0
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from oncelog.wire.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_GRPC_MESSAGE_BYTES
-from services.common.invariants import invariant
+
+from .invariants import invariant
 
 # gRPC messages (a produce or fetch request/response may carry
 # MAX_GRPC_MESSAGE_BYTES) and the default max.message.bytes are bounds the

@@ -74,7 +74,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.common.invariants import invariant
+from .invariants import invariant
 
 # The most compares, and the most puts and deletes together, in one
 # transaction: etcd's default --max-txn-ops, which it enforces on the

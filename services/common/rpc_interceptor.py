@@ -36,8 +36,9 @@ from prometheus_client import Counter
 from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_status
-from services.common import metrics
-from services.common.errors import ServiceError, abort_with
+
+from . import metrics
+from .errors import ServiceError, abort_with
 
 # Only our own services are measured and gated; health and reflection are not.
 _OWN_PREFIX = "/oncelog."

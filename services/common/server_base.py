@@ -31,9 +31,10 @@ from prometheus_client import disable_created_metrics, start_http_server
 
 from oncelog.wire import VERSION
 from oncelog.wire.process import GRPC, METRICS, port_in_use_line, process_health_service
-from services.common import limits, metrics
-from services.common.cluster import ClusterLayout, split_addresses
-from services.common.rpc_interceptor import RpcInterceptor
+
+from . import limits, metrics
+from .cluster import ClusterLayout, split_addresses
+from .rpc_interceptor import RpcInterceptor
 
 log = logging.getLogger("oncelog")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
-from services.common import limits
+
+from . import limits
 
 
 class ServiceError(Exception):

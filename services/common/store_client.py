@@ -20,10 +20,11 @@ from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.wire import records
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
-from services.common.channels import ChannelPool
-from services.common.cluster import ClusterLayout
-from services.common.errors import ServiceError
-from services.common.leaders import LeaderDirectory
+
+from .channels import ChannelPool
+from .cluster import ClusterLayout
+from .errors import ServiceError
+from .leaders import LeaderDirectory
 
 # A single RPC to a store should not take longer than this; the caller retries.
 STORE_RPC_TIMEOUT_S = 10.0

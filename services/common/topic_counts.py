@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
-from services.common.service_error import ServiceError
+
+from .service_error import ServiceError
 
 # Topics that do not exist are cached too (a group may subscribe to one that
 # is created later). Past this many entries those are forgotten, so clients

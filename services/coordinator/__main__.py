@@ -1,7 +1,7 @@
-"""`python -m services.coordinator`"""
+"""`python -m oncelog_server.coordinator`"""
 
-from services.common.server_base import run
-from services.coordinator.server import main
+from ..common.server_base import run
+from .server import main
 
 if __name__ == "__main__":
     run(main)

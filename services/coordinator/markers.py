@@ -17,11 +17,12 @@ from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
-from services.common.channels import ChannelPool
-from services.common.cluster import ClusterLayout
-from services.common.crashpoints import crash_point
-from services.common.errors import ServiceError
-from services.common.leaders import LeaderDirectory
+
+from ..common.channels import ChannelPool
+from ..common.cluster import ClusterLayout
+from ..common.crashpoints import crash_point
+from ..common.errors import ServiceError
+from ..common.leaders import LeaderDirectory
 
 MARKER_RPC_TIMEOUT_S = 10.0
 

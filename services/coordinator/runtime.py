@@ -11,9 +11,10 @@ import asyncio
 import logging
 
 from oncelog.wire.errors import ErrorCode
-from services.common.errors import ServiceError
-from services.coordinator.core.producer_ids import ProducerIdBlock, next_block
-from services.coordinator.storage.producer_id_log import ProducerIdLog
+
+from ..common.errors import ServiceError
+from .core.producer_ids import ProducerIdBlock, next_block
+from .storage.producer_id_log import ProducerIdLog
 
 log = logging.getLogger(__name__)
 

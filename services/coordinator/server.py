@@ -10,17 +10,18 @@ from dataclasses import dataclass
 import grpc
 
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc
-from services.common import server_base
-from services.common.cluster import ClusterLayout
-from services.common.store_client import StoreClient
-from services.common.topic_counts import PartitionCounts
-from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
-from services.coordinator.markers import GrpcMarkerSender
-from services.coordinator.runtime import ProducerIdManager
-from services.coordinator.servicer import TransactionCoordinatorServicer
-from services.coordinator.storage.producer_id_log import StoreProducerIdLog
-from services.coordinator.storage.txn_log import StoreTxnLog
-from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
+
+from ..common import server_base
+from ..common.cluster import ClusterLayout
+from ..common.store_client import StoreClient
+from ..common.topic_counts import PartitionCounts
+from .core.producer_ids import DEFAULT_BLOCK_SIZE
+from .markers import GrpcMarkerSender
+from .runtime import ProducerIdManager
+from .servicer import TransactionCoordinatorServicer
+from .storage.producer_id_log import StoreProducerIdLog
+from .storage.txn_log import StoreTxnLog
+from .txn_runtime import TxnConfig, TxnCoordinatorRuntime
 
 # How long a topic's partition count is trusted when AddPartitionsToTxn checks
 # that its partitions exist. A miss is always read again, so this only bounds
@@ -33,7 +34,7 @@ TOPIC_COUNTS_MAX_AGE_MS = 3_600_000
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m services.coordinator", description="oncelog transaction coordinator",
+        prog="python -m oncelog_server.coordinator", description="oncelog transaction coordinator",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     server_base.add_common_arguments(parser)

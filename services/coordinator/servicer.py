@@ -8,14 +8,15 @@ from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
-from services.common import limits
-from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
-from services.common.errors import ServiceError, abort_with
-from services.common.service_error import check_id_length
-from services.common.topic_counts import PartitionCounts
-from services.coordinator.core.transactions import TxnMetadata, TxnState
-from services.coordinator.runtime import ProducerIdManager
-from services.coordinator.txn_runtime import TxnCoordinatorRuntime
+
+from ..common import limits
+from ..common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
+from ..common.errors import ServiceError, abort_with
+from ..common.service_error import check_id_length
+from ..common.topic_counts import PartitionCounts
+from .core.transactions import TxnMetadata, TxnState
+from .runtime import ProducerIdManager
+from .txn_runtime import TxnCoordinatorRuntime
 
 
 def _tp(p: records_pb2.TopicPartition) -> tuple[str, int]:

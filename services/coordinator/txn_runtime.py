@@ -38,27 +38,28 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from oncelog.wire.errors import ErrorCode
-from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
-from services.common.coordinator_runtime import (
+
+from ..common.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
+from ..common.coordinator_runtime import (
     CoordinatorRuntime,
     LogBatch,
     LogRead,
     OwnedPartition,
 )
-from services.common.crashpoints import crash_point
-from services.common.invariants import invariant
-from services.common.service_error import ServiceError, check_id_length
-from services.coordinator import metrics
-from services.coordinator.core import transactions as txn
-from services.coordinator.core.txn_log import (
+from ..common.crashpoints import crash_point
+from ..common.invariants import invariant
+from ..common.service_error import ServiceError, check_id_length
+from . import metrics
+from .core import transactions as txn
+from .core.txn_log import (
     TXN_KEY_PREFIX,
     TxnPartitionState,
     encode_tombstone,
     encode_txn,
 )
-from services.coordinator.markers import MarkerSender, MarkerSpec
-from services.coordinator.runtime import ProducerIdManager
-from services.coordinator.storage.txn_log import Entry, TxnLog
+from .markers import MarkerSender, MarkerSpec
+from .runtime import ProducerIdManager
+from .storage.txn_log import Entry, TxnLog
 
 log = logging.getLogger(__name__)
 

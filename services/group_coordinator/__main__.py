@@ -1,7 +1,7 @@
-"""`python -m services.group_coordinator`"""
+"""`python -m oncelog_server.group_coordinator`"""
 
-from services.common.server_base import run
-from services.group_coordinator.server import main
+from ..common.server_base import run
+from .server import main
 
 if __name__ == "__main__":
     run(main)

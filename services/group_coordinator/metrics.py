@@ -17,7 +17,7 @@ from prometheus_client import Counter
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.group_coordinator.runtime import TP, GroupCoordinatorRuntime
+from .runtime import TP, GroupCoordinatorRuntime
 
 REBALANCES = Counter(
     "oncelog_group_rebalances_total",

@@ -33,8 +33,9 @@ from typing import Any, Protocol
 
 from oncelog.wire import records
 from oncelog.wire.errors import ErrorCode
-from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
-from services.common.coordinator_runtime import (
+
+from ..common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
+from ..common.coordinator_runtime import (
     CoordinatorRuntime,
     LogBatch,
     LogEntry,
@@ -42,13 +43,13 @@ from services.common.coordinator_runtime import (
     OwnedPartition,
     WriteRefused,
 )
-from services.common.service_error import ServiceError, check_id_length
-from services.common.store_client import RawRead, TxnWriter
-from services.common.topic_counts import PartitionCounts
-from services.group_coordinator.core import groups as gr
-from services.group_coordinator.core import offsets as offs
-from services.group_coordinator.core.offsets import FetchedOffset
-from services.group_coordinator.core.offsets_log import (
+from ..common.service_error import ServiceError, check_id_length
+from ..common.store_client import RawRead, TxnWriter
+from ..common.topic_counts import PartitionCounts
+from .core import groups as gr
+from .core import offsets as offs
+from .core.offsets import FetchedOffset
+from .core.offsets_log import (
     BatchView,
     CommittedOffset,
     Entry,

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 import grpc
 
 from oncelog.v1 import group_coordinator_pb2, group_coordinator_pb2_grpc
-from services.common import server_base
-from services.common.cluster import ClusterLayout
-from services.common.service_error import ServiceError
-from services.common.store_client import StoreClient
-from services.group_coordinator import metrics
-from services.group_coordinator.runtime import TP, GroupConfig, GroupCoordinatorRuntime
-from services.group_coordinator.servicer import GroupCoordinatorServicer
+
+from ..common import server_base
+from ..common.cluster import ClusterLayout
+from ..common.service_error import ServiceError
+from ..common.store_client import StoreClient
+from . import metrics
+from .runtime import TP, GroupConfig, GroupCoordinatorRuntime
+from .servicer import GroupCoordinatorServicer
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ DEFAULT_LAG_REFRESH_INTERVAL_MS = 5000
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m services.group_coordinator", description="oncelog group coordinator"
+        prog="python -m oncelog_server.group_coordinator", description="oncelog group coordinator"
     )
     server_base.add_common_arguments(parser)
     defaults = GroupConfig()

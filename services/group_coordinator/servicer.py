@@ -13,8 +13,9 @@ import grpc
 from oncelog.v1 import group_coordinator_pb2 as pb
 from oncelog.v1 import group_coordinator_pb2_grpc as pb_grpc
 from oncelog.v1 import records_pb2
-from services.common.errors import ServiceError, abort_with
-from services.group_coordinator.runtime import TP, GroupCoordinatorRuntime
+
+from ..common.errors import ServiceError, abort_with
+from .runtime import TP, GroupCoordinatorRuntime
 
 
 def _tp(p: records_pb2.TopicPartition) -> TP:

@@ -1,5 +1,5 @@
-"""`python -m services.partition_store ...` (see server.py for the flags)."""
+"""`python -m oncelog_server.partition_store ...` (see server.py for the flags)."""
 
-from services.partition_store.server import main
+from .server import main
 
 main()

@@ -30,10 +30,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from oncelog.wire.records import control_marker, iter_record_keys, retain_records
-from services.common.crashpoints import crash_point
-from services.common.errors import InvariantViolation, invariant
-from services.partition_store import metrics
-from services.partition_store.core.compaction import (
+
+from ..common.crashpoints import crash_point
+from ..common.errors import InvariantViolation, invariant
+from . import metrics
+from .core.compaction import (
     BatchAction,
     BatchDecision,
     Cleaner,
@@ -41,9 +42,9 @@ from services.partition_store.core.compaction import (
     OffsetMapBuilder,
     aborted_by_producer,
 )
-from services.partition_store.partition import PartitionRuntime
-from services.partition_store.storage import keys
-from services.partition_store.storage.port import WriteGroup
+from .partition import PartitionRuntime
+from .storage import keys
+from .storage.port import WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.cleaner")
 

@@ -10,12 +10,13 @@ import grpc
 
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
 from oncelog.wire.errors import ErrorCode
-from services.common.channels import ChannelPool
-from services.common.cluster import ClusterLayout
-from services.common.errors import ServiceError
-from services.partition_store.convert import error_from_proto, topic_record_from_metadata
-from services.partition_store.core.topics import TopicRecord
-from services.partition_store.runtime import TopicOutcome, TopicSpec
+
+from ..common.channels import ChannelPool
+from ..common.cluster import ClusterLayout
+from ..common.errors import ServiceError
+from .convert import error_from_proto, topic_record_from_metadata
+from .core.topics import TopicRecord
+from .runtime import TopicOutcome, TopicSpec
 
 log = logging.getLogger("oncelog.partition_store.controller_link")
 

@@ -6,10 +6,11 @@ from collections.abc import Callable
 
 from oncelog.v1 import errors_pb2, partition_store_pb2
 from oncelog.wire.errors import ErrorCode
-from services.common.errors import ServiceError
-from services.partition_store.core.codec import CorruptValueError
-from services.partition_store.core.replicas import PartitionState
-from services.partition_store.core.topics import TopicRecord
+
+from ..common.errors import ServiceError
+from .core.codec import CorruptValueError
+from .core.replicas import PartitionState
+from .core.topics import TopicRecord
 
 OK = errors_pb2.Error()
 

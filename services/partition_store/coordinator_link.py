@@ -19,11 +19,12 @@ import grpc
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc, records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
-from services.common.channels import ChannelPool
-from services.common.cluster import ClusterLayout
-from services.common.errors import ServiceError
-from services.partition_store.core.outcomes import Rejection
-from services.partition_store.txn_verifier import TopicPartitionKey, Verdicts
+
+from ..common.channels import ChannelPool
+from ..common.cluster import ClusterLayout
+from ..common.errors import ServiceError
+from .core.outcomes import Rejection
+from .txn_verifier import TopicPartitionKey, Verdicts
 
 # Transport failures: the coordinator may be restarting or moving; retry.
 _TRANSPORT_CODES = {ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT}

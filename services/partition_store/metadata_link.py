@@ -31,19 +31,20 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from oncelog.wire.errors import ErrorCode
-from services.common.cluster import ClusterLayout, stable_hash
-from services.common.errors import ServiceError
-from services.common.metadata_store import (
+
+from ..common.cluster import ClusterLayout, stable_hash
+from ..common.errors import ServiceError
+from ..common.metadata_store import (
     Compare,
     MetadataStore,
     MetadataUnavailable,
     Put,
     Versioned,
 )
-from services.partition_store import metrics
-from services.partition_store.core.codec import CorruptValueError
-from services.partition_store.core.outcomes import Rejection
-from services.partition_store.core.replicas import (
+from . import metrics
+from .core.codec import CorruptValueError
+from .core.outcomes import Rejection
+from .core.replicas import (
     PartitionState,
     ReplicaStateError,
     assign_replicas,
@@ -57,14 +58,14 @@ from services.partition_store.core.replicas import (
     is_unclean,
     shrink_isr,
 )
-from services.partition_store.core.topics import (
+from .core.topics import (
     INTERNAL_TOPIC_CONFIG,
     TopicRecord,
     topic_record_from_json,
     topic_record_json,
     validate_new_topic,
 )
-from services.partition_store.runtime import TopicOutcome, TopicSpec
+from .runtime import TopicOutcome, TopicSpec
 
 log = logging.getLogger("oncelog.partition_store.metadata")
 

@@ -37,37 +37,38 @@ from oncelog.wire.records import (
     read_header,
     stamp_batch,
 )
-from services.common.errors import ServiceError, invariant
-from services.partition_store import metrics
-from services.partition_store.core.batches import check_produce_batch
-from services.partition_store.core.codec import (
+
+from ..common.errors import ServiceError, invariant
+from . import metrics
+from .core.batches import check_produce_batch
+from .core.codec import (
     CorruptValueError,
     decode_offset,
     decode_partition_meta,
     encode_offset,
     encode_partition_meta,
 )
-from services.partition_store.core.compaction import (
+from .core.compaction import (
     CompactionState,
     compaction_due,
     decode_compaction_state,
     encode_compaction_state,
     initial_state,
 )
-from services.partition_store.core.fetch_filter import select_batches
-from services.partition_store.core.leader_epochs import (
+from .core.fetch_filter import select_batches
+from .core.leader_epochs import (
     LeaderEpochCache,
     decode_epoch_entry,
     encode_epoch_entry,
 )
-from services.partition_store.core.log_state import (
+from .core.log_state import (
     BatchInfo,
     LogState,
     RetentionPlan,
     plan_retention,
 )
-from services.partition_store.core.outcomes import Rejection
-from services.partition_store.core.producer_state import (
+from .core.outcomes import Rejection
+from .core.producer_state import (
     MARKER_NAMES,
     Duplicate,
     DuplicateMarker,
@@ -75,25 +76,25 @@ from services.partition_store.core.producer_state import (
     ProducerStateManager,
     TxnMarker,
 )
-from services.partition_store.core.replicas import (
+from .core.replicas import (
     PartitionState,
     effective_min_insync,
     high_watermark,
 )
-from services.partition_store.core.snapshot import (
+from .core.snapshot import (
     SnapshotError,
     decode_snapshot,
     encode_snapshot,
 )
-from services.partition_store.core.topics import TopicRecord
-from services.partition_store.core.txn_index import (
+from .core.topics import TopicRecord
+from .core.txn_index import (
     AbortedIndex,
     AbortedTxn,
     decode_aborted_txn,
     encode_aborted_txn,
 )
-from services.partition_store.storage import keys
-from services.partition_store.storage.port import KeyValueStore, WriteGroup
+from .storage import keys
+from .storage.port import KeyValueStore, WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.partition")
 

@@ -11,10 +11,11 @@ from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.v1 import partition_store_pb2_grpc
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
-from services.common.channels import ChannelPool
-from services.common.errors import ServiceError
-from services.partition_store.convert import error_from_proto
-from services.partition_store.runtime import (
+
+from ..common.channels import ChannelPool
+from ..common.errors import ServiceError
+from .convert import error_from_proto
+from .runtime import (
     EpochEndOutcome,
     ReplicaFetchItem,
     ReplicaFetchOutcome,

@@ -33,14 +33,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
-from services.common.errors import ServiceError
-from services.common.metadata_store import LeaseNotFound
-from services.partition_store import metrics
-from services.partition_store.core.leader_epochs import AskAgain, Truncate, divergence_step
-from services.partition_store.core.replicas import expand_isr, lagging_followers, shrink_isr
-from services.partition_store.metadata_link import MetadataLink
-from services.partition_store.partition import PartitionRuntime
-from services.partition_store.runtime import (
+
+from ..common.errors import ServiceError
+from ..common.metadata_store import LeaseNotFound
+from . import metrics
+from .core.leader_epochs import AskAgain, Truncate, divergence_step
+from .core.replicas import expand_isr, lagging_followers, shrink_isr
+from .metadata_link import MetadataLink
+from .partition import PartitionRuntime
+from .runtime import (
     EpochEndOutcome,
     ReplicaFetchItem,
     ReplicaFetchOutcome,

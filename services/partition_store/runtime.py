@@ -40,33 +40,34 @@ from typing import Any, Protocol
 
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import BatchFormatError, read_header
-from services.common import limits
-from services.common.cluster import ClusterLayout
-from services.common.crashpoints import crash_point
-from services.common.errors import InvariantViolation, ServiceError, invariant
-from services.partition_store import metrics
-from services.partition_store.cleaner import CompactionReport, compact_partition
-from services.partition_store.core.codec import (
+
+from ..common import limits
+from ..common.cluster import ClusterLayout
+from ..common.crashpoints import crash_point
+from ..common.errors import InvariantViolation, ServiceError, invariant
+from . import metrics
+from .cleaner import CompactionReport, compact_partition
+from .core.codec import (
     CorruptValueError,
     decode_offset,
     encode_offset,
     encode_partition_meta,
 )
-from services.partition_store.core.outcomes import Rejection
-from services.partition_store.core.producer_state import (
+from .core.outcomes import Rejection
+from .core.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     Duplicate,
     DuplicateMarker,
     ProducerEntry,
     TxnMarker,
 )
-from services.partition_store.core.replicas import (
+from .core.replicas import (
     DEFAULT_REPLICA_LAG_TIME_MAX_MS,
     PartitionState,
     check_leader_epoch,
     initial_state,
 )
-from services.partition_store.core.topics import (
+from .core.topics import (
     INTERNAL_TOPIC_CONFIG,
     TopicRecord,
     decode_topic_record,
@@ -74,17 +75,17 @@ from services.partition_store.core.topics import (
     validate_new_topic,
     validate_topic_name,
 )
-from services.partition_store.partition import (
+from .partition import (
     Appended,
     Isolation,
     PartitionRuntime,
     VerifyFirst,
     WaitForGate,
 )
-from services.partition_store.storage import keys
-from services.partition_store.storage.port import KeyValueStore, WriteGroup
-from services.partition_store.txn_verifier import TopicPartitionKey, TxnVerifier, Verdicts
-from services.partition_store.writer import GroupCommitWriter
+from .storage import keys
+from .storage.port import KeyValueStore, WriteGroup
+from .txn_verifier import TopicPartitionKey, TxnVerifier, Verdicts
+from .writer import GroupCommitWriter
 
 log = logging.getLogger("oncelog.partition_store")
 

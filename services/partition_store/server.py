@@ -1,7 +1,7 @@
 """Wiring of a partition store process: flags and environment, RocksDB,
 recovery, the gRPC server (health, reflection), metrics, graceful shutdown.
 
-    python -m services.partition_store --node-id 0 --stores 127.0.0.1:7000,... \\
+    python -m oncelog_server.partition_store --node-id 0 --stores 127.0.0.1:7000,... \\
         --data-dir DIR [--fsync]
 
 Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
@@ -44,10 +44,11 @@ from pathlib import Path
 import grpc
 
 from oncelog.v1 import partition_store_pb2_grpc
-from services.common.cluster import split_addresses
-from services.common.etcd import EtcdMetadataStore
-from services.common.metadata_store import MetadataStore
-from services.common.server_base import (
+
+from ..common.cluster import split_addresses
+from ..common.etcd import EtcdMetadataStore
+from ..common.metadata_store import MetadataStore
+from ..common.server_base import (
     add_common_arguments,
     configure_logging,
     env_default,
@@ -56,18 +57,20 @@ from services.common.server_base import (
     run,
     serve,
 )
-from services.partition_store.controller_link import GrpcControllerLink
-from services.partition_store.coordinator_link import GrpcTxnVerifier
-from services.partition_store.core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
-from services.partition_store.core.replicas import DEFAULT_REPLICA_LAG_TIME_MAX_MS
-from services.partition_store.metadata_link import (
+from .controller_link import GrpcControllerLink
+from .coordinator_link import GrpcTxnVerifier
+from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from .core.replicas import (
+    DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+)
+from .metadata_link import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_ROOT,
     MetadataLink,
 )
-from services.partition_store.replica_link import GrpcLeaderLink
-from services.partition_store.replication import LeaderLink, ReplicaManager
-from services.partition_store.runtime import (
+from .replica_link import GrpcLeaderLink
+from .replication import LeaderLink, ReplicaManager
+from .runtime import (
     DEFAULT_COMPACTION_CHUNK_BYTES,
     DEFAULT_COMPACTION_INTERVAL_MS,
     DEFAULT_COMPACTION_MAX_KEYS_PER_PASS,
@@ -76,10 +79,10 @@ from services.partition_store.runtime import (
     StoreRuntime,
     wall_clock_ms,
 )
-from services.partition_store.servicer import SERVICE_NAME, PartitionStoreServicer
-from services.partition_store.storage.port import KeyValueStore
-from services.partition_store.storage.rocksdb import RocksStore
-from services.partition_store.txn_verifier import TxnVerifier
+from .servicer import SERVICE_NAME, PartitionStoreServicer
+from .storage.port import KeyValueStore
+from .storage.rocksdb import RocksStore
+from .txn_verifier import TxnVerifier
 
 log = logging.getLogger("oncelog.partition_store")
 

@@ -16,11 +16,12 @@ from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.v1 import partition_store_pb2_grpc, records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
-from services.common.errors import ServiceError, abort_with
-from services.partition_store.controller_link import CATALOG_CHANGED_METADATA
-from services.partition_store.convert import error_to_proto, topic_metadata
-from services.partition_store.partition import Isolation
-from services.partition_store.runtime import (
+
+from ..common.errors import ServiceError, abort_with
+from .controller_link import CATALOG_CHANGED_METADATA
+from .convert import error_to_proto, topic_metadata
+from .partition import Isolation
+from .runtime import (
     FetchItem,
     MarkerItem,
     OffsetQuery,

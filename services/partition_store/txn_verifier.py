@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
-from services.common.service_error import ServiceError
-from services.partition_store.core.outcomes import Rejection
+
+from ..common.service_error import ServiceError
+from .core.outcomes import Rejection
 
 TopicPartitionKey = tuple[str, int]
 # Per partition: None when verified, else why not (the coordinator's code).

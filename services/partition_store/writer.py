@@ -25,9 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
-from services.common.errors import ServiceError
-from services.partition_store import metrics
-from services.partition_store.storage.port import KeyValueStore, WriteGroup
+
+from ..common.errors import ServiceError
+from . import metrics
+from .storage.port import KeyValueStore, WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.writer")
 

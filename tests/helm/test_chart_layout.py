@@ -26,6 +26,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,9 +44,9 @@ from tests.helm.chart import (
 
 # The components: chart name, values key, module run by `python -m`.
 COMPONENTS = {
-    "partition-store": ("partitionStore", "services.partition_store"),
-    "coordinator": ("coordinator", "services.coordinator"),
-    "group-coordinator": ("groupCoordinator", "services.group_coordinator"),
+    "partition-store": ("partitionStore", "oncelog_server.partition_store"),
+    "coordinator": ("coordinator", "oncelog_server.coordinator"),
+    "group-coordinator": ("groupCoordinator", "oncelog_server.group_coordinator"),
 }
 # Flags every service takes that the chart sets itself (the layout, ports,
 # logging) rather than through a component's `config`.
@@ -267,7 +268,13 @@ def test_the_module_each_container_runs_exists(component: str) -> None:
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     _python, dash_m, module = container["command"]
     assert dash_m == "-m" and module == COMPONENTS[component][1]
-    assert importlib.util.find_spec(module + ".__main__") is not None
+    # Found on disk: importing oncelog_server.* here would load a second
+    # copy of modules this process has as services.*.
+    package, _, kind = module.partition(".")
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations
+    assert any((Path(location) / kind / "__main__.py").is_file()
+               for location in spec.submodule_search_locations)
 
 
 def test_partition_counts_are_part_of_every_pods_environment(

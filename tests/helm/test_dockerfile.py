@@ -87,7 +87,9 @@ def test_two_stages_and_only_the_environment_is_copied_across() -> None:
     assert builder.name == "builder" and runtime.name == "runtime"
     assert builder.base == runtime.base and "slim" in runtime.base
     assert any("python -m venv /opt/oncelog" in run for run in builder.all("RUN"))
-    assert any(run.startswith("/opt/oncelog/bin/pip install .") for run in builder.all("RUN"))
+    # The services' dependencies are the server extra.
+    assert any(run.startswith("/opt/oncelog/bin/pip install '.[server]'")
+               for run in builder.all("RUN"))
     assert runtime.all("COPY") == ["--from=builder /opt/oncelog /opt/oncelog"]
 
 

@@ -23,16 +23,19 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE_MODULES = sorted(ROOT.glob("services/*/core/*.py"))
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, package: str) -> set[str]:
+    """Absolute names of what the module at `path` imports; `package` is where
+    its relative imports start (services/ imports itself relatively)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            module = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            names.add(module)
             # `from pkg import module` imports pkg.module too.
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -50,19 +53,21 @@ def _closure(start: Path) -> dict[str, str]:
     """Every module imported from start, transitively through first-party
     modules, mapped to the first-party module that imports it."""
     seen: dict[str, str] = {}
-    todo = [(start, str(start.name))]
+    start_package = ".".join(start.relative_to(ROOT).parent.parts)
+    todo = [(start, str(start.name), start_package)]
     visited: set[Path] = set()
     while todo:
-        path, label = todo.pop()
+        path, label, package = todo.pop()
         if path in visited:
             continue
         visited.add(path)
-        for name in _imports(path):
+        for name in _imports(path, package):
             seen.setdefault(name, label)
             if name.split(".")[0] in FIRST_PARTY:
                 source = _source(name)
                 if source is not None:
-                    todo.append((source, name))
+                    todo.append((source, name, name if source.name == "__init__.py"
+                                 else name.rpartition(".")[0]))
     return seen
 
 

@@ -42,20 +42,20 @@ process is given the etcd endpoints (the stores are etcd's only clients).
 partitionStore:
   key: partitionStore
   name: partition-store
-  module: services.partition_store
+  module: oncelog_server.partition_store
   job: oncelog-partition-store
   stateful: true
   etcdClient: true
 coordinator:
   key: coordinator
   name: coordinator
-  module: services.coordinator
+  module: oncelog_server.coordinator
   job: oncelog-coordinator
   stateful: false
 groupCoordinator:
   key: groupCoordinator
   name: group-coordinator
-  module: services.group_coordinator
+  module: oncelog_server.group_coordinator
   job: oncelog-group-coordinator
   stateful: false
 {{- end }}

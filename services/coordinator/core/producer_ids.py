@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common import durable
-from services.common.invariants import invariant
+from ...common import durable
+from ...common.invariants import invariant
 
 BLOCK_RECORD_VERSION = 1
 DEFAULT_BLOCK_SIZE = 1000

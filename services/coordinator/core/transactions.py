@@ -30,8 +30,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oncelog.wire.errors import ErrorCode
-from services.common.invariants import invariant
-from services.common.service_error import ServiceError
+
+from ...common.invariants import invariant
+from ...common.service_error import ServiceError
 
 # Epochs are int16 on the wire. The last usable value is kept free so that an
 # epoch bump for fencing is always possible; at it, the producer id rotates.

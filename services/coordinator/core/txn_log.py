@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common import durable
+from ...common import durable
 
 # encode_epoch is re-exported: the runtime and the simulation take it from here.
-from services.common.coordinator_epoch import EPOCH_KEY, decode_epoch
-from services.common.coordinator_epoch import encode_epoch as encode_epoch
-from services.coordinator.core.transactions import TxnMetadata
+from ...common.coordinator_epoch import EPOCH_KEY, decode_epoch
+from ...common.coordinator_epoch import encode_epoch as encode_epoch
+from .transactions import TxnMetadata
 
 RECORD_VERSION = 1
 TXN_KEY_PREFIX = b"T"

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
-from services.common.cluster import PRODUCER_IDS_TOPIC
-from services.common.errors import ServiceError
-from services.common.store_client import StoreClient
-from services.coordinator.core.producer_ids import ProducerIdBlock, decode_block, encode_block
+
+from ...common.cluster import PRODUCER_IDS_TOPIC
+from ...common.errors import ServiceError
+from ...common.store_client import StoreClient
+from ..core.producer_ids import ProducerIdBlock, decode_block, encode_block
 
 
 class ProducerIdLog(Protocol):

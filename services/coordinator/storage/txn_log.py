@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
-from services.common.cluster import TRANSACTION_STATE_TOPIC
-from services.common.service_error import ServiceError
-from services.common.store_client import StoreClient
+
+from ...common.cluster import TRANSACTION_STATE_TOPIC
+from ...common.service_error import ServiceError
+from ...common.store_client import StoreClient
 
 Entry = tuple[bytes | None, bytes | None]
 

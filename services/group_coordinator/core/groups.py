@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oncelog.wire.errors import ErrorCode
-from services.common.service_error import ServiceError
-from services.group_coordinator.core.assignor import TP, assign
+
+from ...common.service_error import ServiceError
+from .assignor import TP, assign
 
 # Heartbeat member epochs with a special meaning (docs/groups.md).
 JOIN_EPOCH = 0

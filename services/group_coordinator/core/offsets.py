@@ -11,10 +11,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
-from services.common import limits
-from services.common.service_error import ServiceError
-from services.group_coordinator.core.groups import Group
-from services.group_coordinator.core.offsets_log import (
+
+from ...common import limits
+from ...common.service_error import ServiceError
+from .groups import Group
+from .offsets_log import (
     CommittedOffset,
     Entry,
     OffsetsPartitionState,

@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from oncelog.wire.records import MARKER_COMMIT, next_sequence
-from services.common import durable
-from services.common.coordinator_epoch import EPOCH_KEY, decode_epoch
-from services.group_coordinator.core.groups import Group
+
+from ...common import durable
+from ...common.coordinator_epoch import EPOCH_KEY, decode_epoch
+from .groups import Group
 
 RECORD_VERSION = 1
 GROUP_PREFIX = b"G"

@@ -31,7 +31,8 @@ from oncelog.wire.records import (
     read_header,
     validate_batch,
 )
-from services.partition_store.core.outcomes import Rejection
+
+from .outcomes import Rejection
 
 
 def check_produce_batch(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from services.common.durable import (
+from ...common.durable import (
     ENVELOPE_SIZE_BYTES,
     CorruptValueError,
     seal,

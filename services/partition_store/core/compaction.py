@@ -63,9 +63,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from oncelog.wire.records import MARKER_ABORT, BatchHeader, RecordKey
-from services.common.invariants import invariant
-from services.partition_store.core.codec import CorruptValueError, seal, unseal
-from services.partition_store.core.txn_index import AbortedTxn
+
+from ...common.invariants import invariant
+from .codec import CorruptValueError, seal, unseal
+from .txn_index import AbortedTxn
 
 COMPACTION_STATE_VERSION = 1
 NO_REMOVAL_MS = -1

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from oncelog.wire.records import BatchHeader
-from services.common.invariants import InvariantViolation
-from services.partition_store.core.txn_index import AbortedIndex, AbortedTxn
+
+from ...common.invariants import InvariantViolation
+from .txn_index import AbortedIndex, AbortedTxn
 
 T = TypeVar("T")
 

@@ -79,8 +79,8 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from services.common.invariants import InvariantViolation, invariant
-from services.partition_store.core.codec import CorruptValueError, seal, unseal
+from ...common.invariants import InvariantViolation, invariant
+from .codec import CorruptValueError, seal, unseal
 
 # What OffsetsForLeaderEpoch answers when it has no answer.
 UNDEFINED_EPOCH = -1

@@ -30,7 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from oncelog.wire.records import BatchHeader
-from services.common.invariants import invariant
+
+from ...common.invariants import invariant
 
 
 @dataclass(slots=True)

@@ -96,9 +96,10 @@ from oncelog.wire.records import (
     BatchHeader,
     next_sequence,
 )
-from services.common import limits
-from services.common.invariants import InvariantViolation, invariant
-from services.partition_store.core.outcomes import Rejection
+
+from ...common import limits
+from ...common.invariants import InvariantViolation, invariant
+from .outcomes import Rejection
 
 # How many of a producer's batches are remembered per partition for dedup.
 CACHED_BATCHES = limits.MAX_IN_FLIGHT_BATCHES

@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from services.partition_store.core.codec import CorruptValueError, seal, unseal
-from services.partition_store.core.producer_state import (
+from .codec import CorruptValueError, seal, unseal
+from .producer_state import (
     BatchMetadata,
     MarkerMetadata,
     ProducerEntry,

@@ -34,10 +34,11 @@ from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import HEADER_SIZE_BYTES
-from services.common import limits
-from services.common.cluster import INTERNAL_PREFIX
-from services.partition_store.core.codec import CorruptValueError, seal, unseal
-from services.partition_store.core.outcomes import Rejection
+
+from ...common import limits
+from ...common.cluster import INTERNAL_PREFIX
+from .codec import CorruptValueError, seal, unseal
+from .outcomes import Rejection
 
 RETENTION_MS = "retention.ms"
 RETENTION_BYTES = "retention.bytes"

@@ -32,8 +32,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.common.invariants import invariant
-from services.partition_store.core.codec import CorruptValueError, seal, unseal
+from ...common.invariants import invariant
+from .codec import CorruptValueError, seal, unseal
 
 ABORTED_TXN_VERSION = 1
 _ABORTED_TXN = struct.Struct(">qqq")  # producer_id, first_offset, last_stable_offset

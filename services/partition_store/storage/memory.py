@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from services.partition_store.storage.port import WriteGroup
+from .port import WriteGroup
 
 
 class MemoryStore:

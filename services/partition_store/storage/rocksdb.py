@@ -16,7 +16,7 @@ from pathlib import Path
 
 import rocksdict
 
-from services.partition_store.storage.port import WriteGroup
+from .port import WriteGroup
 
 
 class RocksStore:

