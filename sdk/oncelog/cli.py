@@ -1,47 +1,63 @@
 """The `oncelog` command: a local cluster, topics, and producing/consuming lines.
 
-    oncelog cluster up --data-dir ./data            # prints the bootstrap address
+    oncelog cluster up --data-dir ./data [--port 9092]  # prints the bootstrap address
     export ONCELOG_BOOTSTRAP=127.0.0.1:PORT
     oncelog topics create payments --partitions 3 --config retention.ms=86400000
     oncelog topics list | describe payments | delete payments
     printf 'a\\nb\\n' | oncelog produce payments
+    oncelog produce payments --file lines.txt --parse-key --headers
     oncelog consume payments --from-beginning
+    oncelog consume payments --group ledger --print partition,offset,key,value
+    oncelog consume payments --output json --idle-timeout-ms 5000
     oncelog transactions list | describe copier-0 | abort copier-0
     oncelog transactions describe-producers payments 0
     oncelog transactions find-hanging [--max-timeout-ms N] [--topic T]
     oncelog transactions abort-hanging payments 0 4001
     oncelog groups list | describe ledger | offsets ledger | delete ledger
-    oncelog groups reset-offsets ledger --to-earliest --topic payments [--dry-run]
+    oncelog groups reset-offsets ledger --to-earliest --topic payments [--execute]
 
 Every command that talks to a cluster takes --bootstrap (default: the
 ONCELOG_BOOTSTRAP environment variable, else 127.0.0.1:9092, Kafka's usual
 port) and --timeout-ms: how long it keeps trying to reach the cluster (a
 topics, transactions or groups command as a whole; consume and produce, each
 step of getting started). A failure prints one line naming the problem to
-stderr and exits 1 (2 for bad usage); when no cluster answered, a second line
-says what to do about it. gRPC's own status text is shown only with
---verbose.
+stderr and exits 1 (2 for bad usage, with the subcommand's usage and, for a
+mistyped option or command, the closest valid one); when no cluster
+answered, a second line says what to do about it. gRPC's own status text is
+shown only with --verbose.
+
+Every command that lists something takes --output table (the default) or
+--output json (one JSON document on stdout; `consume`: one JSON object per
+record and line). docs/cli.md describes the JSON shapes.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import difflib
+import fcntl
+import json
 import os
 import re
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from typing import BinaryIO
+from pathlib import Path
+from typing import Any, BinaryIO, NoReturn
 
 from oncelog import __version__, errors
 from oncelog._client import unreachable_addresses
 from oncelog.admin import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, Admin
 from oncelog.consumer import Consumer
 from oncelog.producer import Producer
-from oncelog.types import RecordMetadata, TopicPartition
+from oncelog.types import ConsumerRecord, Header, RecordMetadata, TopicPartition
+from oncelog.wire.errors import ErrorCode
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
@@ -51,9 +67,103 @@ DEFAULT_TIMEOUT_MS = 15_000
 # to connect to all addresses; ..."): shown only with --verbose.
 _GRPC_STATUS = re.compile(r"StatusCode\.[A-Z_]+.*", re.DOTALL)
 
+TABLE = "table"
+JSON = "json"
+TEXT = "text"
+# What `consume --print` can name, in the order `--output json` prints them
+# by default. "timestamp" is the JSON key "timestamp_ms".
+CONSUME_FIELDS = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+# Kafka's console producer defaults (key.separator, headers.delimiter,
+# headers.separator, headers.key.separator).
+DEFAULT_KEY_SEPARATOR = "\t"
+DEFAULT_HEADERS_DELIMITER = "\t"
+DEFAULT_HEADERS_SEPARATOR = ","
+DEFAULT_HEADERS_KEY_SEPARATOR = ":"
+# In a cluster up data dir: the ports of its services (kept for the next
+# start) and the lock a running `cluster up` holds.
+PORTS_FILE = "cluster-ports.json"
+LOCK_FILE = "cluster.lock"
+# The progress line is redrawn at most this often.
+PROGRESS_INTERVAL_S = 0.2
+# A topics operation shows its elapsed time once it has taken this long.
+WORKING_AFTER_S = 1.0
+
 
 class CliError(Exception):
     """A problem to report in one line and exit 1."""
+
+
+class UsageError(Exception):
+    """Options that do not go together: the subcommand's usage, exit 2."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse with hints: a mistyped option or command is answered with the
+    subcommand's usage, the error and the closest valid name ("did you
+    mean"), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        lines = [f"{self.prog}: error: {message}", *self._hints(message)]
+        self.exit(2, "\n".join(lines) + "\n")
+
+    def _hints(self, message: str) -> list[str]:
+        unrecognized = re.match(r"unrecognized arguments: (.*)", message)
+        if unrecognized:
+            options = sorted(o for o in self._option_string_actions if o.startswith("--"))
+            hints = []
+            for token in unrecognized.group(1).split():
+                if not token.startswith("-"):
+                    continue
+                name = token.split("=", 1)[0]
+                close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+                if close:
+                    hints.append(f"{self.prog}: did you mean {close[0]} (not {name})?")
+            return hints or [f"{self.prog}: `{self.prog} -h` lists its options"]
+        choice = re.search(r"invalid choice: (.+?) \(choose from (.*)\)$", message)
+        if choice:
+            value = choice.group(1).strip("'\"")
+            choices = [c.strip().strip("'\"") for c in choice.group(2).split(",")]
+            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+            if close:
+                return [f"{self.prog}: did you mean {close[0]} (not {value})?"]
+        return []
+
+
+def parse_args(parser: argparse.ArgumentParser,
+               argv: Sequence[str] | None) -> argparse.Namespace:
+    """parser.parse_args, except that arguments no parser knew are reported
+    by the subcommand they were given to (its usage, its options)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        leaf_parser(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
+def leaf_parser(parser: argparse.ArgumentParser,
+                args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)subcommand that `args` ran, e.g. `topics list`'s."""
+    current = parser
+    while True:
+        sub = next((a for a in current._actions
+                    if isinstance(a, argparse._SubParsersAction)), None)
+        name = None if sub is None else getattr(args, sub.dest, None)
+        if sub is None or name not in sub.choices:
+            return current
+        current = sub.choices[name]
+
+
+def leaf_commands(parser: argparse.ArgumentParser,
+                  prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """Every runnable command path (("topics", "list"), ("produce",), ...)
+    with its parser: what the tests enumerate."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is None:
+        return {prefix: parser}
+    found: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+    for name, child in sub.choices.items():
+        found.update(leaf_commands(child, (*prefix, name)))
+    return found
 
 
 def _add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -76,11 +186,19 @@ def _add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) 
     )
 
 
-def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def _add_output_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output", choices=(TABLE, JSON), default=TABLE,
+        help="table (default) or json: one JSON document, keys as in docs/cli.md",
+    )
+
+
+def build_parser() -> CliParser:
+    """The whole command line (main uses it; tests enumerate its commands)."""
+    common = CliParser(add_help=False)
     _add_connection_options(common, defaults=False)
 
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="oncelog", description="oncelog: a transactional, partitioned log.",
     )
     parser.add_argument("--version", action="version", version=f"oncelog {__version__}")
@@ -90,9 +208,17 @@ def _parser() -> argparse.ArgumentParser:
     cluster = commands.add_parser("cluster", help="run a local cluster")
     cluster_cmds = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = cluster_cmds.add_parser(
-        "up", help="start a cluster on this machine in the foreground (Ctrl-C stops it)"
+        "up", help="start a cluster on this machine in the foreground (Ctrl-C stops it)",
+        description=(
+            "Starts a cluster in the foreground; Ctrl-C or SIGTERM stops it. The ports are "
+            f"kept in DATA_DIR/{PORTS_FILE} and used again by the next start of the same "
+            "data dir; one data dir serves one running cluster at a time."
+        ),
     )
     up.add_argument("--data-dir", required=True, help="where the services keep their data")
+    up.add_argument("--port", type=int,
+                    help="the bootstrap port (the first partition store's); default: the "
+                         "port of the last start of this data dir, else a free one")
     up.add_argument("--partition-stores", type=int, default=1)
     up.add_argument("--coordinators", type=int, default=1)
     up.add_argument("--group-coordinators", type=int, default=1)
@@ -109,11 +235,13 @@ def _parser() -> argparse.ArgumentParser:
         "--config", action="append", default=[], metavar="KEY=VALUE",
         help="topic configuration, e.g. retention.ms=86400000 (repeatable)",
     )
-    topic_cmds.add_parser("list", parents=[common], help="list user topics")
+    topic_list = topic_cmds.add_parser("list", parents=[common], help="list user topics")
+    _add_output_option(topic_list)
     describe = topic_cmds.add_parser(
         "describe", parents=[common], help="partitions, stores, offsets, configuration"
     )
     describe.add_argument("name")
+    _add_output_option(describe)
     delete = topic_cmds.add_parser("delete", parents=[common], help="delete a topic")
     delete.add_argument("name")
 
@@ -127,60 +255,99 @@ def _parser() -> argparse.ArgumentParser:
     reassign.add_argument("partition", type=int)
     reassign.add_argument("--replicas", required=True, metavar="ID,ID,...",
                           help="the store node ids to hold the partition, e.g. 3,1,2")
-    partition_cmds.add_parser("list-reassignments", parents=[common],
-                              help="moves in progress")
+    moves = partition_cmds.add_parser("list-reassignments", parents=[common],
+                                      help="moves in progress")
+    _add_output_option(moves)
 
     produce = commands.add_parser(
         "produce", parents=[common], help="send lines (stdin or --file) as records",
+        description=(
+            "Sends one record per input line: [HEADERS<TAB>][KEY<TAB>]VALUE, with the "
+            "headers part only with --headers and the key part only with --parse-key or "
+            "--key-separator (the separators are Kafka's console producer defaults). "
+            "HEADERS is k1:v1,k2:v2 (a pair without ':' is a header with a null value; "
+            "an empty part, no headers). On a terminal, stderr shows the progress."
+        ),
     )
     produce.add_argument("topic")
     produce.add_argument("--file", help="read lines from this file instead of stdin")
+    produce.add_argument("--parse-key", action="store_true",
+                         help="each line is KEY<SEP>VALUE, SEP --key-separator (default tab)")
     produce.add_argument(
         "--key-separator", metavar="SEP",
-        help="each line is KEY<SEP>VALUE (split at the first SEP)",
+        help="the key separator; implies --parse-key (split at the first SEP; default tab)",
     )
+    produce.add_argument("--headers", action="store_true",
+                         help="each line starts with HEADERS<DELIM> (Kafka's parse.headers)")
+    produce.add_argument("--headers-delimiter", metavar="DELIM",
+                         help="ends the headers part of a line (default tab)")
+    produce.add_argument("--headers-separator", metavar="SEP",
+                         help="separates header pairs (default ',')")
+    produce.add_argument("--headers-key-separator", metavar="SEP",
+                         help="separates a header's key from its value (default ':')")
     produce.add_argument("--partition", type=int, help="send every record to this partition")
 
     consume = commands.add_parser(
-        "consume", parents=[common], help="print record values, one per line",
+        "consume", parents=[common], help="print records, one per line",
         description=(
-            "Prints record values, one per line. Without --from-beginning or --offset it "
-            "starts at the beginning, or with --follow at the end (new records only). "
-            "Without --follow it stops at the end offsets it saw when it started."
+            "Prints records, one per line: their values, or the fields --print names. "
+            "Without --from-beginning or --offset it starts at the beginning, or with "
+            "--follow at the end (new records only). Without --follow it stops at the end "
+            "offsets it saw when it started. With --group it reads as a member of that "
+            "consumer group, from the group's committed offsets, and commits what it "
+            "printed. On a terminal, with stdout redirected, stderr shows the progress."
         ),
     )
     consume.add_argument("topic")
     where = consume.add_mutually_exclusive_group()
-    where.add_argument("--from-beginning", action="store_true")
+    where.add_argument("--from-beginning", action="store_true",
+                       help="start at the beginning (with --group: where the group has "
+                            "no committed offset)")
     where.add_argument("--offset", type=int, help="start every partition read at this offset")
     consume.add_argument("--partition", type=int, help="read only this partition")
+    consume.add_argument("--group", metavar="GROUP_ID",
+                         help="read as a member of this consumer group and commit the "
+                              "offsets of the printed records")
     consume.add_argument("--follow", action="store_true", help="keep waiting for new records")
     consume.add_argument("--max-records", type=int, help="stop after this many records")
+    consume.add_argument("--idle-timeout-ms", type=int, metavar="MS",
+                         help="stop after this long without a record (Kafka's --timeout-ms)")
     consume.add_argument(
         "--isolation-level", choices=("read_committed", "read_uncommitted"),
         default="read_committed",
     )
-    consume.add_argument("--print-key", action="store_true", help="print KEY<SEP>VALUE")
-    consume.add_argument("--key-separator", default="\t", metavar="SEP",
-                         help="separator for --print-key (default: tab)")
+    fields = consume.add_mutually_exclusive_group()
+    fields.add_argument(
+        "--print", metavar="FIELD,...", dest="print_fields",
+        help=f"the fields to print, in this order, of {', '.join(CONSUME_FIELDS)} "
+             "(default: value; with --output json, all)",
+    )
+    fields.add_argument("--print-key", action="store_true", help="the same as --print key,value")
+    consume.add_argument("--key-separator", default=DEFAULT_KEY_SEPARATOR, metavar="SEP",
+                         help="separates the printed fields (default: tab)")
+    consume.add_argument("--output", choices=(TEXT, JSON), default=TEXT,
+                         help="text (default) or json: one JSON object per record and line")
 
     txns = commands.add_parser(
         "transactions", help="list, describe and abort transactions; find hanging ones",
     )
     txn_cmds = txns.add_subparsers(dest="action", required=True, metavar="ACTION")
-    txn_cmds.add_parser("list", parents=[common],
-                        help="every transactional id the coordinators know")
+    txn_list = txn_cmds.add_parser("list", parents=[common],
+                                   help="every transactional id the coordinators know")
+    _add_output_option(txn_list)
     txn_describe = txn_cmds.add_parser(
         "describe", parents=[common],
         help="a transactional id's state, producer id/epoch and open transaction",
     )
     txn_describe.add_argument("transactional_id")
+    _add_output_option(txn_describe)
     producers = txn_cmds.add_parser(
         "describe-producers", parents=[common],
         help="the producers active on a partition and their open transactions",
     )
     producers.add_argument("topic")
     producers.add_argument("partition", type=int)
+    _add_output_option(producers)
     hanging = txn_cmds.add_parser(
         "find-hanging", parents=[common],
         help="open transactions on partitions that no coordinator will end",
@@ -192,6 +359,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     hanging.add_argument("--topic", action="append", default=None,
                          help="look only at this topic (repeatable; default: every topic)")
+    _add_output_option(hanging)
     txn_abort = txn_cmds.add_parser(
         "abort", parents=[common],
         help="abort a transactional id's open transaction at its coordinator",
@@ -213,22 +381,27 @@ def _parser() -> argparse.ArgumentParser:
                                        help="every group the group coordinators know")
     group_list.add_argument("--state", action="append", default=None,
                             help="only groups in this state (repeatable)")
+    _add_output_option(group_list)
     group_describe = group_cmds.add_parser(
         "describe", parents=[common], help="a group's state, epoch, members and assignment",
     )
     group_describe.add_argument("group")
+    _add_output_option(group_describe)
     group_offsets = group_cmds.add_parser(
         "offsets", parents=[common],
         help="committed offsets, end offsets (read_committed) and lag per partition",
     )
     group_offsets.add_argument("group")
+    _add_output_option(group_offsets)
     reset = group_cmds.add_parser(
         "reset-offsets", parents=[common],
-        help="move an empty group's committed offsets",
+        help="plan (or with --execute, make) a move of an empty group's committed offsets",
         description=(
-            "Moves the committed offsets of a group without members. Say where (one of "
-            "--to-earliest, --to-latest, --to-offset, --to-timestamp-ms) and which partitions "
-            "(--topic, repeatable, or --all-topics: every partition with a committed offset)."
+            "Plans a move of the committed offsets of a group without members: prints, per "
+            "partition, the current and the new offset, and changes nothing unless "
+            "--execute is given (Kafka's safety default). Say where (one of --to-earliest, "
+            "--to-latest, --to-offset, --to-timestamp-ms) and which partitions (--topic, "
+            "repeatable, or --all-topics: every partition with a committed offset)."
         ),
     )
     reset.add_argument("group")
@@ -244,8 +417,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="a topic's partitions (all, or those listed); repeatable")
     which.add_argument("--all-topics", action="store_true",
                        help="every partition the group has a committed offset for")
-    reset.add_argument("--dry-run", action="store_true",
-                       help="print the new offsets without committing them")
+    mode = reset.add_mutually_exclusive_group()
+    mode.add_argument("--execute", action="store_true",
+                      help="commit the new offsets (without it, only the plan is printed)")
+    mode.add_argument("--dry-run", action="store_true",
+                      help="print the plan and commit nothing (the default)")
+    _add_output_option(reset)
     group_delete = group_cmds.add_parser(
         "delete", parents=[common], help="delete an empty group and its offsets",
     )
@@ -254,8 +431,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    parser = build_parser()
+    args = parse_args(parser, argv)
     if args.timeout_ms <= 0:
         parser.error(f"--timeout-ms must be positive, got {args.timeout_ms}")
     verbose: bool = args.verbose
@@ -274,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "partitions":
             return _partitions(args)
         return _consume(args)
+    except UsageError as exc:
+        leaf_parser(parser, args).error(str(exc))
     except errors.OncelogError as exc:
         _fail(f"{type(exc).__name__}: {exc.message or exc.code.name}", exc,
               verbose=verbose, bootstrap=bootstrap)
@@ -343,6 +522,115 @@ def _silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+# ---------------------------------------------------------------- output
+
+def _emit_json(doc: object) -> None:
+    """One JSON document on stdout (what `--output json` prints)."""
+    print(json.dumps(doc, indent=2, ensure_ascii=False))
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _tp_json(tp: TopicPartition) -> dict[str, Any]:
+    return {"topic": tp.topic, "partition": tp.partition}
+
+
+def _bytes_json(doc: dict[str, Any], name: str, data: bytes | None) -> None:
+    """doc[name]: the bytes as a UTF-8 string (None: null); bytes that are
+    not UTF-8 are base64, flagged by doc[name + "_encoding"] = "base64"."""
+    if data is None:
+        doc[name] = None
+        return
+    try:
+        doc[name] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        doc[name] = base64.b64encode(data).decode("ascii")
+        doc[f"{name}_encoding"] = "base64"
+
+
+def _size(nbytes: int) -> str:
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{nbytes} B"  # pragma: no cover - the loop returns
+
+
+class _Progress:
+    """One updating line on stderr while records flow: how many, their bytes
+    (keys and values), the rate. Only on a terminal (`enabled`): piped or
+    redirected runs get no noise. The last state stays on its own line."""
+
+    def __init__(self, verb: str, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._verb = verb
+        self._records = 0
+        self._bytes = 0
+        self._start_s = time.monotonic()
+        self._next_draw_s = 0.0  # the first record draws at once
+
+    def add(self, records: int, nbytes: int) -> None:
+        if not self.enabled:
+            return
+        self._records += records
+        self._bytes += nbytes
+        now = time.monotonic()
+        if now >= self._next_draw_s:
+            self._draw(now)
+            self._next_draw_s = now + PROGRESS_INTERVAL_S
+
+    def finish(self) -> None:
+        if self.enabled:
+            self._draw(time.monotonic())
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+    def _draw(self, now: float) -> None:
+        rate = self._records / max(now - self._start_s, 1e-3)
+        # \r back to the line's start, \x1b[K clears what a longer line left.
+        sys.stderr.write(f"\r{self._verb} {self._records} records, {_size(self._bytes)}, "
+                         f"{rate:.0f} records/s\x1b[K")
+        sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _working(label: str) -> Iterator[None]:
+    """While a single long call runs (a topic of many partitions), a stderr
+    line with the time it has taken so far, from WORKING_AFTER_S on and only
+    on a terminal; cleared when the call returns."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    done = threading.Event()
+    drawn = threading.Event()
+    start_s = time.monotonic()
+
+    def tick() -> None:
+        if done.wait(WORKING_AFTER_S):
+            return
+        while not done.is_set():
+            sys.stderr.write(f"\r{label}: {time.monotonic() - start_s:.1f} s\x1b[K")
+            sys.stderr.flush()
+            drawn.set()
+            done.wait(PROGRESS_INTERVAL_S)
+
+    thread = threading.Thread(target=tick, name="oncelog-working", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if drawn.is_set():
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
 # --------------------------------------------------------------------- cluster
 
 @contextlib.contextmanager
@@ -363,18 +651,145 @@ def _stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def _cluster_up(args: argparse.Namespace) -> int:
-    from oncelog.testing import LocalCluster  # lazily: it pulls in process management
+ServicePorts = dict[tuple[str, int], tuple[int, int]]
+_BOOTSTRAP_SERVICE = ("partition_store", 0)
 
-    with _stop_on_signals() as stop:
+
+@contextlib.contextmanager
+def _data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Holds an exclusive lock on DATA_DIR/cluster.lock for the cluster's
+    life (the kernel drops it when the process ends, however it ends), so a
+    second `cluster up` of the same data dir is refused instead of running
+    two sets of stores on one set of files."""
+    path = data_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise CliError(f"cannot open {path}: {exc.strerror}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            raise CliError(f"data dir {data_dir} is in use by another `oncelog cluster up`"
+                           f"{pid}; stop it first, or give another --data-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _load_ports(data_dir: Path, counts: Mapping[str, int]) -> ServicePorts:
+    """The ports the services of this data dir had at its last start (those
+    of services this start also runs); empty on a first start."""
+    path = data_dir / PORTS_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from exc
+    ports: ServicePorts = {}
+    try:
+        for entry in json.loads(text)["services"]:
+            kind, node_id = str(entry["kind"]), int(entry["node_id"])
+            if node_id < counts.get(kind, 0):
+                ports[(kind, node_id)] = (int(entry["grpc_port"]), int(entry["metrics_port"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CliError(f"{path} is not a ports file ({type(exc).__name__}: {exc}); delete it "
+                       "to start on new ports") from exc
+    return ports
+
+
+def _save_ports(data_dir: Path, ports: ServicePorts) -> None:
+    path = data_dir / PORTS_FILE
+    doc = {"services": [
+        {"kind": kind, "node_id": node_id, "grpc_port": grpc_port, "metrics_port": metrics_port}
+        for (kind, node_id), (grpc_port, metrics_port) in sorted(ports.items())
+    ]}
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(temporary, path)  # whole or not at all, should we die meanwhile
+
+
+def _port_free(port: int) -> bool:
+    """Whether a service could listen on 127.0.0.1:port now. SO_REUSEADDR
+    as gRPC's servers set it: a port whose old connections linger in
+    TIME_WAIT (our own last run) is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_taken(port: int, kind: str, node_id: int, purpose: str, *, data_dir: Path,
+                from_option: bool) -> CliError:
+    why = "given by --port" if from_option else f"kept from its last start in {PORTS_FILE}"
+    return CliError(
+        f"port {port} is taken by another process: {kind} {node_id} of the cluster in "
+        f"{data_dir} listens there for {purpose} ({why}); free the port, or give "
+        "another --port or --data-dir"
+    )
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    # Lazily: it pulls in process management, and needs the services.
+    try:
+        from oncelog.testing import LocalCluster, PortTakenError, free_port
+    except ModuleNotFoundError as exc:
+        raise CliError(f"cluster up runs the oncelog services, which are not installed "
+                       f"here ({exc})") from exc
+
+    if args.port is not None and not 0 < args.port < 65536:
+        raise UsageError(f"--port must be within 1..65535, got {args.port}")
+    data_dir = Path(args.data_dir).resolve()
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create {data_dir}: {exc.strerror}") from exc
+    counts = {"partition_store": args.partition_stores, "coordinator": args.coordinators,
+              "group_coordinator": args.group_coordinators}
+    with _data_dir_lock(data_dir), _stop_on_signals() as stop:
+        ports = _load_ports(data_dir, counts)
+        if args.port is not None:
+            # --port wins; another service that had that port gets new ones.
+            others = {service: pair for service, pair in ports.items()
+                      if service != _BOOTSTRAP_SERVICE and args.port not in pair}
+            used = {port for pair in others.values() for port in pair} | {args.port}
+            metrics_port = ports.get(_BOOTSTRAP_SERVICE, (0, 0))[1]
+            while metrics_port == 0 or metrics_port in used:
+                metrics_port = free_port()
+            ports = {**others, _BOOTSTRAP_SERVICE: (args.port, metrics_port)}
+        # Checked before anything starts, to say which port in one line (a
+        # process that takes one meanwhile is caught by start() below).
+        for (kind, node_id), pair in sorted(ports.items()):
+            for port, purpose in zip(pair, ("gRPC", "metrics"), strict=True):
+                if not _port_free(port):
+                    raise _port_taken(port, kind, node_id, purpose, data_dir=data_dir,
+                                      from_option=args.port == port
+                                      and (kind, node_id) == _BOOTSTRAP_SERVICE)
         try:
             cluster = LocalCluster(
-                args.data_dir, partition_stores=args.partition_stores,
+                data_dir, partition_stores=args.partition_stores,
                 coordinators=args.coordinators, group_coordinators=args.group_coordinators,
+                ports=ports,
             )
+        except PortTakenError as exc:
+            raise _port_taken(exc.taken.port, exc.kind, exc.node_id, exc.taken.purpose,
+                              data_dir=data_dir, from_option=args.port == exc.taken.port) from exc
         except (RuntimeError, TimeoutError) as exc:
             raise CliError(f"the cluster did not start: {exc}") from exc
         try:
+            _save_ports(data_dir, {
+                (proc.kind, proc.node_id): (int(proc.address.rsplit(":", 1)[1]),
+                                            proc.metrics_port)
+                for procs in cluster.processes.values() for proc in procs
+            })
             print(f"oncelog cluster up; bootstrap {cluster.bootstrap}", flush=True)
             print(f"export {BOOTSTRAP_ENV}={cluster.bootstrap}", flush=True)
             for kind in sorted(cluster.missing_kinds):
@@ -401,14 +816,35 @@ def _topics(args: argparse.Namespace) -> int:
     with _admin(args) as admin, admin._within(args.timeout_ms):
         if args.action == "create":
             config = _parse_config(args.config)
-            admin.create_topic(args.name, partitions=args.partitions, config=config,
-                               replication_factor=args.replication_factor)
+            with _working(f"creating topic {args.name} ({args.partitions} partitions)"):
+                admin.create_topic(args.name, partitions=args.partitions, config=config,
+                                   replication_factor=args.replication_factor)
             print(f"created topic {args.name} with {args.partitions} partitions")
         elif args.action == "list":
-            for name, partitions in sorted(admin.list_topics().items()):
-                print(f"{name}\t{partitions}")
+            listed = sorted(admin.list_topics().items())
+            if args.output == JSON:
+                _emit_json([{"name": name, "partitions": count} for name, count in listed])
+            else:
+                for name, partitions in listed:
+                    print(f"{name}\t{partitions}")
         elif args.action == "describe":
-            d = admin.describe_topic(args.name)
+            with _working(f"describing topic {args.name}"):
+                d = admin.describe_topic(args.name)
+            if args.output == JSON:
+                _emit_json({
+                    "name": d.name, "topic_id": d.topic_id, "internal": d.internal,
+                    "config": dict(sorted(d.config.items())),
+                    "partitions": [{
+                        "partition": p.partition, "leader_node_id": p.leader_node_id,
+                        "leader_address": p.leader_address, "leader_epoch": p.leader_epoch,
+                        "replicas": list(p.replicas), "isr": list(p.isr),
+                        "target_replicas": list(p.target_replicas),
+                        "earliest_offset": p.earliest_offset,
+                        "high_watermark": p.high_watermark,
+                        "last_stable_offset": p.last_stable_offset,
+                    } for p in d.partitions],
+                })
+                return 0
             print(f"topic {d.name}  id {d.topic_id}  partitions {len(d.partitions)}")
             print("config " + " ".join(f"{k}={v}" for k, v in sorted(d.config.items())))
             rows = [("partition", "leader", "address", "epoch", "replicas", "in_sync",
@@ -422,7 +858,8 @@ def _topics(args: argparse.Namespace) -> int:
             ]
             _print_table(rows)
         else:
-            admin.delete_topic(args.name)
+            with _working(f"deleting topic {args.name}"):
+                admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")
     return 0
 
@@ -443,17 +880,16 @@ def _partitions(args: argparse.Namespace) -> int:
                   f"{','.join(map(str, replicas))}; `oncelog topics describe {args.topic}` "
                   "shows the progress")
         else:
+            moves = sorted(admin.list_partition_reassignments().items())
+            if args.output == JSON:
+                _emit_json([{**_tp_json(tp), "target_replicas": list(target)}
+                            for tp, target in moves])
+                return 0
             rows = [("topic", "partition", "target_replicas")]
             rows += [(tp.topic, str(tp.partition), ",".join(map(str, target)))
-                     for tp, target in sorted(admin.list_partition_reassignments().items())]
+                     for tp, target in moves]
             _print_table(rows)
     return 0
-
-
-def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
 
 
 def _parse_config(items: list[str]) -> dict[str, str]:
@@ -472,12 +908,32 @@ def _transactions(args: argparse.Namespace) -> int:
     with _admin(args) as admin, admin._within(args.timeout_ms):
         rows: list[tuple[str, ...]]
         if args.action == "list":
+            listed = admin.list_transactions()
+            if args.output == JSON:
+                _emit_json([{"transactional_id": t.transactional_id,
+                             "producer_id": t.producer_id, "state": t.state} for t in listed])
+                return 0
             rows = [("transactional_id", "producer_id", "state")]
-            rows += [(t.transactional_id, str(t.producer_id), t.state)
-                     for t in admin.list_transactions()]
+            rows += [(t.transactional_id, str(t.producer_id), t.state) for t in listed]
             _print_table(rows)
         elif args.action == "describe":
             d = admin.describe_transaction(args.transactional_id)
+            prepared = d.prepared_transaction
+            if args.output == JSON:
+                _emit_json({
+                    "transactional_id": d.transactional_id, "state": d.state,
+                    "producer_id": d.producer_id, "producer_epoch": d.producer_epoch,
+                    "coordinator_epoch": d.coordinator_epoch,
+                    "transaction_timeout_ms": d.transaction_timeout_ms,
+                    "transaction_start_time_ms": d.transaction_start_time_ms,
+                    "partitions": [_tp_json(tp) for tp in d.partitions],
+                    "two_phase_commit": d.two_phase_commit,
+                    "prepared_transaction": None if prepared is None else {
+                        "producer_id": prepared.producer_id,
+                        "producer_epoch": prepared.producer_epoch,
+                    },
+                })
+                return 0
             print(f"transactional_id {d.transactional_id}")
             print(f"state {d.state}")
             print(f"producer_id {d.producer_id}  producer_epoch {d.producer_epoch}  "
@@ -487,12 +943,19 @@ def _transactions(args: argparse.Namespace) -> int:
             parts = " ".join(f"{tp.topic}-{tp.partition}" for tp in d.partitions)
             print(f"partitions {parts or '-'}")
             if d.two_phase_commit:
-                prepared = d.prepared_transaction
                 print("two_phase_commit yes  prepared_transaction "
                       f"{'-' if prepared is None else prepared}")
         elif args.action == "describe-producers":
             _check_partition(args.partition)
             states = admin.describe_producers(TopicPartition(args.topic, args.partition))
+            if args.output == JSON:
+                _emit_json([{
+                    "producer_id": s.producer_id, "producer_epoch": s.producer_epoch,
+                    "last_sequence": s.last_sequence, "last_timestamp_ms": s.last_timestamp_ms,
+                    "coordinator_epoch": s.coordinator_epoch,
+                    "current_txn_start_offset": s.current_txn_start_offset,
+                } for s in states])
+                return 0
             rows = [("producer_id", "producer_epoch", "last_sequence", "last_timestamp_ms",
                      "coordinator_epoch", "current_txn_start_offset")]
             rows += [
@@ -508,6 +971,14 @@ def _transactions(args: argparse.Namespace) -> int:
             found = admin.find_hanging_transactions(
                 max_transaction_timeout_ms=args.max_timeout_ms, topics=args.topic,
             )
+            if args.output == JSON:
+                _emit_json([{
+                    **_tp_json(h.topic_partition), "producer_id": h.producer_id,
+                    "producer_epoch": h.producer_epoch, "coordinator_epoch": h.coordinator_epoch,
+                    "current_txn_start_offset": h.current_txn_start_offset,
+                    "last_timestamp_ms": h.last_timestamp_ms, "reason": h.reason,
+                } for h in found])
+                return 0
             rows = [("topic", "partition", "producer_id", "producer_epoch",
                      "coordinator_epoch", "start_offset", "last_timestamp_ms", "reason")]
             rows += [
@@ -537,11 +1008,27 @@ def _groups(args: argparse.Namespace) -> int:
     with _admin(args) as admin, admin._within(args.timeout_ms):
         rows: list[tuple[str, ...]]
         if args.action == "list":
+            listed = admin.list_groups(args.state)
+            if args.output == JSON:
+                _emit_json([{"group_id": g.group_id, "state": g.state} for g in listed])
+                return 0
             rows = [("group_id", "state")]
-            rows += [(g.group_id, g.state) for g in admin.list_groups(args.state)]
+            rows += [(g.group_id, g.state) for g in listed]
             _print_table(rows)
         elif args.action == "describe":
             d = admin.describe_group(args.group)
+            if args.output == JSON:
+                _emit_json({
+                    "group_id": d.group_id, "state": d.state, "group_epoch": d.group_epoch,
+                    "coordinator_epoch": d.coordinator_epoch,
+                    "members": [{
+                        "member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                        "member_epoch": m.member_epoch,
+                        "subscribed_topics": list(m.subscribed_topics),
+                        "assignment": [_tp_json(tp) for tp in m.assignment],
+                    } for m in d.members],
+                })
+                return 0
             print(f"group {d.group_id}  state {d.state}  group_epoch {d.group_epoch}  "
                   f"members {len(d.members)}")
             rows = [("member_id", "instance_id", "member_epoch", "topics", "assignment")]
@@ -555,12 +1042,19 @@ def _groups(args: argparse.Namespace) -> int:
         elif args.action == "offsets":
             owners = {tp: m.member_id for m in admin.describe_group(args.group).members
                       for tp in m.assignment}
+            offsets = admin.list_group_offsets(args.group)
+            if args.output == JSON:
+                _emit_json([{
+                    **_tp_json(tp), "committed_offset": o.offset, "end_offset": o.end_offset,
+                    "lag": o.lag, "member_id": owners.get(tp),
+                } for tp, o in offsets.items()])
+                return 0
             rows = [("topic", "partition", "committed", "end", "lag", "member_id")]
             rows += [
                 (tp.topic, str(tp.partition), str(o.offset),
                  "-" if o.end_offset is None else str(o.end_offset),
                  "-" if o.lag is None else str(o.lag), owners.get(tp, "-"))
-                for tp, o in admin.list_group_offsets(args.group).items()
+                for tp, o in offsets.items()
             ]
             _print_table(rows)
         elif args.action == "reset-offsets":
@@ -572,6 +1066,9 @@ def _groups(args: argparse.Namespace) -> int:
 
 
 def _reset_group_offsets(admin: Admin, args: argparse.Namespace) -> None:
+    """Prints the plan (per partition the current and the new committed
+    offset); commits it only with --execute, as Kafka's
+    kafka-consumer-groups --reset-offsets does."""
     partitions: list[TopicPartition] | None = None
     if args.topic:
         topics = admin.list_topics()
@@ -587,18 +1084,44 @@ def _reset_group_offsets(admin: Admin, args: argparse.Namespace) -> None:
                 partitions += [TopicPartition(name, int(p)) for p in numbers.split(",")]
             except ValueError:
                 raise CliError(f"--topic takes TOPIC or TOPIC:P,P,..., got {spec!r}") from None
+    if not args.execute:
+        # A plan for a group in use would not be carried out: say so now, as
+        # Kafka does for its dry runs (the commit itself is refused then).
+        try:
+            members = admin.describe_group(args.group).members
+        except errors.OncelogError as exc:
+            if exc.code is not ErrorCode.GROUP_ID_NOT_FOUND:
+                raise
+            members = ()
+        if members:
+            raise errors.error_for(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"group {args.group!r} has members, so its offsets cannot be changed from "
+                "outside; stop its consumers first",
+            )
+    current = admin.list_group_offsets(args.group, partitions)
     new = admin.reset_group_offsets(
         args.group, partitions,
         to="earliest" if args.to_earliest else "latest" if args.to_latest else None,
-        offset=args.to_offset, timestamp_ms=args.to_timestamp_ms, dry_run=args.dry_run,
+        offset=args.to_offset, timestamp_ms=args.to_timestamp_ms, dry_run=not args.execute,
     )
-    rows = [("topic", "partition", "new_offset")]
-    rows += [(tp.topic, str(tp.partition), str(offset)) for tp, offset in sorted(new.items())]
+    plan = [(tp, current[tp].offset if tp in current else None, offset)
+            for tp, offset in sorted(new.items())]
+    if args.output == JSON:
+        _emit_json({
+            "group_id": args.group, "executed": bool(args.execute),
+            "offsets": [{**_tp_json(tp), "current_offset": old, "new_offset": offset}
+                        for tp, old, offset in plan],
+        })
+        return
+    rows = [("topic", "partition", "current_offset", "new_offset")]
+    rows += [(tp.topic, str(tp.partition), "-" if old is None else str(old), str(offset))
+             for tp, old, offset in plan]
     _print_table(rows)
-    if args.dry_run:
-        print(f"dry run: nothing committed for group {args.group}")
-    else:
+    if args.execute:
         print(f"reset {len(new)} offsets of group {args.group}")
+    else:
+        print(f"plan only: nothing committed for group {args.group} (--execute commits it)")
 
 
 def _check_partition(partition: int) -> None:
@@ -613,10 +1136,71 @@ def _lines(stream: BinaryIO) -> Iterator[bytes]:
         yield line[:-1] if line.endswith(b"\n") else line
 
 
+def _separator(option: str, given: str | None, default: str) -> bytes:
+    value = default if given is None else given
+    if value == "":
+        raise UsageError(f"{option} must not be empty")
+    return value.encode()
+
+
+class _LineFormat:
+    """How `produce` splits a line: [HEADERS<delim>][KEY<sep>]VALUE."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.parse_key = args.parse_key or args.key_separator is not None
+        self.key_separator = _separator("--key-separator", args.key_separator,
+                                        DEFAULT_KEY_SEPARATOR)
+        self.headers = args.headers
+        headers_options = (
+            ("--headers-delimiter", args.headers_delimiter, DEFAULT_HEADERS_DELIMITER),
+            ("--headers-separator", args.headers_separator, DEFAULT_HEADERS_SEPARATOR),
+            ("--headers-key-separator", args.headers_key_separator,
+             DEFAULT_HEADERS_KEY_SEPARATOR),
+        )
+        if not self.headers:
+            given = [option for option, value, _default in headers_options if value is not None]
+            if given:
+                raise UsageError(f"{', '.join(given)} needs --headers")
+        self.headers_delimiter, self.headers_separator, self.headers_key_separator = (
+            _separator(option, value, default) for option, value, default in headers_options
+        )
+
+    def split(self, line: bytes, number: int) -> tuple[list[Header] | None, bytes | None, bytes]:
+        """(headers, key, value) of input line `number`; CliError naming the
+        line when it lacks a separator it must have."""
+        headers: list[Header] | None = None
+        if self.headers:
+            part, sep, line = line.partition(self.headers_delimiter)
+            if not sep:
+                raise CliError(f"line {number} has no headers delimiter "
+                               f"{self.headers_delimiter.decode()!r}")
+            headers = self._headers(part, number)
+        key = None
+        if self.parse_key:
+            key, sep, line = line.partition(self.key_separator)
+            if not sep:
+                raise CliError(f"line {number} has no key separator "
+                               f"{self.key_separator.decode()!r}")
+        return headers, key, line
+
+    def _headers(self, part: bytes, number: int) -> list[Header]:
+        headers: list[Header] = []
+        if not part:
+            return headers
+        for pair in part.split(self.headers_separator):
+            raw_key, sep, value = pair.partition(self.headers_key_separator)
+            try:
+                key = raw_key.decode("utf-8")
+            except UnicodeDecodeError:
+                raise CliError(f"line {number}: header key {raw_key!r} is not UTF-8") from None
+            if not key:
+                raise CliError(f"line {number}: a header without a key in {part!r}")
+            headers.append((key, value if sep else None))
+        return headers
+
+
 def _produce(args: argparse.Namespace) -> int:
-    separator = None if args.key_separator is None else args.key_separator.encode()
-    if separator == b"":
-        raise CliError("--key-separator must not be empty")
+    line_format = _LineFormat(args)
     failures: list[BaseException] = []
     lock = threading.Lock()
 
@@ -635,29 +1219,30 @@ def _produce(args: argparse.Namespace) -> int:
             raise CliError(f"cannot read {args.file}: {exc.strerror}") from exc
     else:
         stream = sys.stdin.buffer
+    # Someone typing lines at a terminal needs no progress line over them.
+    progress = _Progress("sent", enabled=sys.stderr.isatty()
+                         and (bool(args.file) or not sys.stdin.isatty()))
     try:
         with Producer(
             bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
             delivery_timeout_ms=max(args.timeout_ms, 1_000), max_block_ms=args.timeout_ms,
         ) as producer:
             for number, line in enumerate(_lines(stream), start=1):
-                key = None
-                value = line
-                if separator is not None:
-                    key, sep, value = line.partition(separator)
-                    if not sep:
-                        producer.flush()
-                        raise CliError(
-                            f"line {number} has no key separator {args.key_separator!r}; "
-                            f"{count - len(failures)} records were produced before it"
-                        )
-                producer.send(args.topic, value=value, key=key,
-                              partition=args.partition).add_done_callback(on_done)
+                try:
+                    headers, key, value = line_format.split(line, number)
+                except CliError as exc:
+                    producer.flush()
+                    raise CliError(f"{exc}; {count - len(failures)} records were produced "
+                                   "before it") from None
+                producer.send(args.topic, value=value, key=key, partition=args.partition,
+                              headers=headers).add_done_callback(on_done)
                 count += 1
+                progress.add(1, len(value) + len(key or b""))
                 if failures:
                     break
             producer.flush()
     finally:
+        progress.finish()
         if args.file:
             stream.close()
     if failures:
@@ -673,66 +1258,189 @@ def _produce(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------- consume
 
+def _consume_fields(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.print_key:
+        return ("key", "value")
+    if args.print_fields is None:
+        return CONSUME_FIELDS if args.output == JSON else ("value",)
+    fields = tuple(name.strip() for name in args.print_fields.split(","))
+    unknown = [name for name in fields if name not in CONSUME_FIELDS]
+    if unknown or not fields:
+        raise UsageError(f"--print takes fields of {', '.join(CONSUME_FIELDS)}, "
+                         f"comma-separated; got {args.print_fields!r}")
+    if len(set(fields)) != len(fields):
+        raise UsageError(f"--print names a field twice: {args.print_fields!r}")
+    return fields
+
+
+def _record_text(record: ConsumerRecord, fields: Sequence[str], separator: bytes) -> bytes:
+    """The record's fields as a line: numbers in decimal, null key or value
+    as `null`, headers as k1:v1,k2:v2 (a null value: the key alone)."""
+    parts: list[bytes] = []
+    for name in fields:
+        if name == "topic":
+            parts.append(record.topic.encode())
+        elif name in ("partition", "offset"):
+            parts.append(str(getattr(record, name)).encode())
+        elif name == "timestamp":
+            parts.append(str(record.timestamp_ms).encode())
+        elif name == "headers":
+            parts.append(b",".join(key.encode() + (b"" if value is None else b":" + value)
+                                   for key, value in record.headers))
+        else:
+            data = getattr(record, name)
+            parts.append(b"null" if data is None else data)
+    return separator.join(parts) + b"\n"
+
+
+def _record_json(record: ConsumerRecord, fields: Sequence[str]) -> bytes:
+    """The record's fields as one line of JSON (docs/cli.md: key, value and
+    header values are UTF-8 text, or base64 flagged by `<name>_encoding`)."""
+    doc: dict[str, Any] = {}
+    for name in fields:
+        if name in ("topic", "partition", "offset"):
+            doc[name] = getattr(record, name)
+        elif name == "timestamp":
+            doc["timestamp_ms"] = record.timestamp_ms
+        elif name == "headers":
+            headers = []
+            for key, value in record.headers:
+                header: dict[str, Any] = {"key": key}
+                _bytes_json(header, "value", value)
+                headers.append(header)
+            doc["headers"] = headers
+        else:
+            _bytes_json(doc, name, getattr(record, name))
+    return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
+
+
 def _consume(args: argparse.Namespace) -> int:
     if args.max_records is not None and args.max_records < 0:
         raise CliError("--max-records must be >= 0")
     if args.offset is not None and args.offset < 0:
         raise CliError("--offset must be >= 0")
+    if args.idle_timeout_ms is not None and args.idle_timeout_ms <= 0:
+        raise UsageError(f"--idle-timeout-ms must be positive, got {args.idle_timeout_ms}")
+    if args.group is not None and (args.offset is not None or args.partition is not None):
+        raise UsageError("--group reads from the group's committed offsets, on the partitions "
+                         "the group assigns: it takes neither --offset nor --partition")
+    fields = _consume_fields(args)
+    separator = args.key_separator.encode()
+    render: Callable[[ConsumerRecord], bytes] = (
+        (lambda record: _record_json(record, fields)) if args.output == JSON
+        else (lambda record: _record_text(record, fields, separator))
+    )
     out = sys.stdout.buffer
-    key_separator = args.key_separator.encode()
+    # Records printed to the terminal would scroll the progress line away.
+    progress = _Progress("read", enabled=sys.stderr.isatty() and not sys.stdout.isatty())
+    if args.offset is not None:
+        reset = "none"  # an --offset outside the log is an error, not a silent jump
+    elif args.follow and not args.from_beginning:
+        reset = "latest"
+    else:
+        reset = "earliest"
     printed = 0
     with Consumer(
-        bootstrap=args.bootstrap, isolation_level=args.isolation_level,
+        bootstrap=args.bootstrap, group_id=args.group, isolation_level=args.isolation_level,
         request_timeout_ms=args.timeout_ms, default_api_timeout_ms=args.timeout_ms,
-        # An --offset outside the log is an error to report, not a silent jump.
-        auto_offset_reset="none" if args.offset is not None else "earliest",
+        auto_offset_reset=reset,
     ) as consumer:
         partitions = consumer.partitions_for_topic(args.topic)
-        if args.partition is not None:
-            if args.partition not in partitions:
-                raise CliError(
-                    f"topic {args.topic} has partitions 0..{len(partitions) - 1}, "
-                    f"no partition {args.partition}"
-                )
-            partitions = {args.partition}
-        tps = [TopicPartition(args.topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        if args.offset is not None:
-            earliest = consumer.beginning_offsets(tps)
-            latest = consumer.end_offsets(tps)
-            for tp in tps:
-                if not earliest[tp] <= args.offset <= latest[tp]:
-                    raise CliError(
-                        f"offset {args.offset} is outside partition {tp.partition} of "
-                        f"{args.topic}, which holds offsets {earliest[tp]}..{latest[tp] - 1}"
-                    )
-                consumer.seek(tp, args.offset)
-        elif args.from_beginning or not args.follow:
-            consumer.seek_to_beginning(tps)
+        # Without --follow: where to stop, per partition read (with --group
+        # found when the group assigns the partition).
+        ends: dict[TopicPartition, int] | None = None if args.follow else {}
+        if args.group is not None:
+            consumer.subscribe([args.topic])
         else:
-            consumer.seek_to_end(tps)
-        ends = None if args.follow else consumer.end_offsets(tps)
-        with _stop_on_signals() as stop:
-            while (args.max_records is None or printed < args.max_records) and not stop.is_set():
-                if ends is not None and all(consumer.position(tp) >= ends[tp] for tp in tps):
-                    break
-                for record in consumer.poll(timeout=0.5):
-                    if ends is not None and record.offset >= ends[
-                        TopicPartition(record.topic, record.partition)
-                    ]:
-                        continue
-                    value = b"null" if record.value is None else record.value
-                    if args.print_key:
-                        key = b"null" if record.key is None else record.key
-                        out.write(key + key_separator + value + b"\n")
-                    else:
-                        out.write(value + b"\n")
-                    printed += 1
-                    if args.max_records is not None and printed >= args.max_records:
+            tps = _assign(consumer, args, partitions)
+            if ends is not None:
+                ends.update(consumer.end_offsets(tps))
+        idle_s = None if args.idle_timeout_ms is None else args.idle_timeout_ms / 1000
+        last_record_s = time.monotonic()
+        joined = args.group is None
+        try:
+            with _stop_on_signals() as stop:
+                while (args.max_records is None or printed < args.max_records) \
+                        and not stop.is_set():
+                    if not joined and consumer.assignment():
+                        # Joining the group is not idling: the clock starts
+                        # again with the first assignment (and runs out
+                        # anyway for a member that never gets one).
+                        joined = True
+                        last_record_s = time.monotonic()
+                    if ends is not None and _at_ends(consumer, ends):
                         break
-                out.flush()
+                    poll_s = 0.5
+                    if idle_s is not None:
+                        left_s = last_record_s + idle_s - time.monotonic()
+                        if left_s <= 0:
+                            break
+                        poll_s = min(poll_s, left_s)
+                    done: dict[TopicPartition, int] = {}
+                    for record in consumer.poll(timeout=poll_s):
+                        tp = TopicPartition(record.topic, record.partition)
+                        if ends is not None:
+                            if tp not in ends:  # assigned during this poll
+                                ends.update(consumer.end_offsets([tp]))
+                            if record.offset >= ends[tp]:
+                                continue
+                        out.write(render(record))
+                        printed += 1
+                        done[tp] = record.offset + 1
+                        progress.add(1, len(record.value or b"") + len(record.key or b""))
+                        if args.max_records is not None and printed >= args.max_records:
+                            break
+                    out.flush()
+                    if done:
+                        last_record_s = time.monotonic()
+                        if args.group is not None:
+                            consumer.commit(done)
+        finally:
+            progress.finish()
         out.flush()
     return 0
+
+
+def _assign(consumer: Consumer, args: argparse.Namespace,
+            partitions: set[int]) -> list[TopicPartition]:
+    """Assigns the partitions to read (all, or --partition) and seeks to
+    where reading starts; returns them."""
+    if args.partition is not None:
+        if args.partition not in partitions:
+            raise CliError(
+                f"topic {args.topic} has partitions 0..{len(partitions) - 1}, "
+                f"no partition {args.partition}"
+            )
+        partitions = {args.partition}
+    tps = [TopicPartition(args.topic, p) for p in sorted(partitions)]
+    consumer.assign(tps)
+    if args.offset is not None:
+        earliest = consumer.beginning_offsets(tps)
+        latest = consumer.end_offsets(tps)
+        for tp in tps:
+            if not earliest[tp] <= args.offset <= latest[tp]:
+                raise CliError(
+                    f"offset {args.offset} is outside partition {tp.partition} of "
+                    f"{args.topic}, which holds offsets {earliest[tp]}..{latest[tp] - 1}"
+                )
+            consumer.seek(tp, args.offset)
+    elif args.from_beginning or not args.follow:
+        consumer.seek_to_beginning(tps)
+    else:
+        consumer.seek_to_end(tps)
+    return tps
+
+
+def _at_ends(consumer: Consumer, ends: dict[TopicPartition, int]) -> bool:
+    """Whether every partition read now has reached its end (fetching the
+    end of a partition a group has just assigned)."""
+    assigned = consumer.assignment()
+    if not assigned:
+        return False  # a group member before its first assignment
+    new = [tp for tp in assigned if tp not in ends]
+    if new:
+        ends.update(consumer.end_offsets(new))
+    return all(consumer.position(tp) >= ends[tp] for tp in assigned)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,30 @@
 """The `oncelog` command line, as a user runs it.
 
 Goal: `oncelog cluster up` starts a cluster in the foreground and prints its
-bootstrap address; topics can be created, listed, described and deleted;
-lines go in with `produce` (optionally KEY<SEP>VALUE) and come back out with
-`consume`; transactions and consumer groups can be listed, described and
-acted on; a failure prints one line naming the problem and exits non-zero;
-SIGTERM stops the cluster.
+bootstrap address, keeps its ports across restarts of a data dir, takes
+--port, and refuses a data dir in use or a kept port that is taken, in one
+line; topics can be created, listed, described and deleted; lines go in
+with `produce` (optionally HEADERS<TAB>KEY<TAB>VALUE) and come back out with
+`consume` (the fields --print names; as a group member with --group; until
+--max-records or --idle-timeout-ms); transactions and consumer groups can be
+listed, described and acted on, `groups reset-offsets` changing nothing
+without --execute; a failure prints one line naming the problem and exits
+non-zero; a mistyped option or command gets the subcommand's usage and the
+closest valid name, exit 2; progress shows on a terminal only; SIGTERM stops
+the cluster. (`--output json` is covered by test_cli_output.py.)
 
 Method: the CLI runs as subprocesses (`python -m oncelog.cli`), against a
-cluster started by `oncelog cluster up` in another subprocess.
+cluster started by `oncelog cluster up` in another subprocess; the progress
+test gives the CLI a pseudo-terminal (pty) as its stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,9 +38,16 @@ CLI = [sys.executable, "-m", "oncelog.cli"]
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    data_dir = tmp_path_factory.mktemp("cli") / "cluster"
+    with cluster_up(tmp_path_factory.mktemp("cli") / "cluster") as address:
+        yield address
+
+
+@contextlib.contextmanager
+def cluster_up(data_dir: Path, *options: str) -> Iterator[str]:
+    """`oncelog cluster up` in a subprocess: its bootstrap address while it
+    runs; SIGTERM at the end must stop it with exit status 0."""
     proc = subprocess.Popen(
-        [*CLI, "cluster", "up", "--data-dir", str(data_dir)],
+        [*CLI, "cluster", "up", "--data-dir", str(data_dir), *options],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -222,14 +239,27 @@ def test_groups_commands(bootstrap: str) -> None:
         assert b"has members" in in_use.stderr
         busy = run(bootstrap, "groups", "delete", "cli-group", check=False)
         assert busy.returncode == 1 and b"NonEmptyGroupError" in busy.stderr
-    dry = run(bootstrap, "groups", "reset-offsets", "cli-group", "--to-latest", "--topic", "grp",
-              "--dry-run").stdout.decode().splitlines()
-    assert [r.split() for r in dry[:3]] == [["topic", "partition", "new_offset"],
-                                            ["grp", "0", "3"], ["grp", "1", "1"]]
-    assert dry[-1] == "dry run: nothing committed for group cli-group"
+        in_use = run(bootstrap, "groups", "reset-offsets", "cli-group", "--to-earliest",
+                     "--all-topics", "--execute", check=False)
+        assert in_use.returncode == 1
+        assert in_use.stderr.decode().startswith("oncelog: error: UnknownMemberIdError")
+    # Without --execute (or with --dry-run) only the plan: nothing changes.
+    for plan_only in ([], ["--dry-run"]):
+        dry = run(bootstrap, "groups", "reset-offsets", "cli-group", "--to-latest", "--topic",
+                  "grp", *plan_only).stdout.decode().splitlines()
+        assert [r.split() for r in dry[:3]] == [
+            ["topic", "partition", "current_offset", "new_offset"],
+            ["grp", "0", "1", "3"], ["grp", "1", "1", "1"]]
+        assert dry[-1] == "plan only: nothing committed for group cli-group (--execute commits it)"
+        unchanged = [r.split() for r in
+                     run(bootstrap, "groups", "offsets", "cli-group").stdout.decode().splitlines()]
+        assert unchanged[1:] == [["grp", "0", "1", "3", "2", "-"], ["grp", "1", "1", "1", "0", "-"]]
+    both = run(bootstrap, "groups", "reset-offsets", "cli-group", "--to-latest", "--all-topics",
+               "--dry-run", "--execute", check=False)
+    assert both.returncode == 2
     reset = run(bootstrap, "groups", "reset-offsets", "cli-group", "--to-offset", "2",
-                "--topic", "grp:0").stdout.decode().splitlines()
-    assert reset[1].split() == ["grp", "0", "2"]
+                "--topic", "grp:0", "--execute").stdout.decode().splitlines()
+    assert reset[1].split() == ["grp", "0", "1", "2"]
     assert reset[-1] == "reset 1 offsets of group cli-group"
     offsets = [r.split() for r in
                run(bootstrap, "groups", "offsets", "cli-group").stdout.decode().splitlines()]
@@ -243,3 +273,179 @@ def test_groups_commands(bootstrap: str) -> None:
     assert unknown.returncode == 1
     assert unknown.stderr.decode().startswith("oncelog: error: GroupIdNotFoundError")
     assert len(unknown.stderr.decode().strip().splitlines()) == 1
+
+
+def test_produce_headers_and_keys_consume_fields(bootstrap: str) -> None:
+    run(bootstrap, "topics", "create", "fields")
+    # Kafka's console producer format: HEADERS<TAB>KEY<TAB>VALUE, headers
+    # k:v pairs separated by ',' (no ':' = a null value; empty = none).
+    run(bootstrap, "produce", "fields", "--headers", "--parse-key",
+        stdin=b"h1:v1,h2\tk1\tone\n\tk2\ttwo\n")
+    run(bootstrap, "produce", "fields", "--headers", "--headers-delimiter", "|",
+        "--headers-separator", ";", "--headers-key-separator", "=", "--key-separator", "=",
+        stdin=b"a=1;b=2|k3=three\n")
+    printed = run(bootstrap, "consume", "fields", "--print", "partition,offset,key,headers,value")
+    assert printed.stdout.splitlines() == [
+        b"0\t0\tk1\th1:v1,h2\tone", b"0\t1\tk2\t\ttwo", b"0\t2\tk3\ta:1,b:2\tthree"]
+    stamped = run(bootstrap, "consume", "fields", "--print", "value,timestamp",
+                  "--key-separator", " ").stdout.splitlines()
+    assert [line.split(b" ")[0] for line in stamped] == [b"one", b"two", b"three"]
+    assert all(line.split(b" ")[1].isdigit() for line in stamped)
+
+    bad_field = run(bootstrap, "consume", "fields", "--print", "key,size", check=False)
+    assert bad_field.returncode == 2 and b"--print takes fields of" in bad_field.stderr
+    no_delimiter = run(bootstrap, "produce", "fields", "--headers", stdin=b"no-tab-here\n",
+                       check=False)
+    assert no_delimiter.returncode == 1
+    assert no_delimiter.stderr.decode().strip() == (
+        "oncelog: error: line 1 has no headers delimiter '\\t'; 0 records were produced "
+        "before it")
+    lone = run(bootstrap, "produce", "fields", "--headers-separator", ";", check=False)
+    assert lone.returncode == 2 and b"--headers-separator needs --headers" in lone.stderr
+
+
+def test_consume_as_a_group_member_until_idle(bootstrap: str) -> None:
+    run(bootstrap, "topics", "create", "members", "--partitions", "2")
+    run(bootstrap, "produce", "members", "--partition", "0", stdin=b"a\nb\n")
+    run(bootstrap, "produce", "members", "--partition", "1", stdin=b"c\n")
+    first = run(bootstrap, "consume", "members", "--group", "cli-reader", "--max-records", "2",
+                "--print", "partition,offset,value").stdout.splitlines()
+    assert len(first) == 2
+    # The group committed what was printed: the next member goes on from there
+    # and, without --follow, stops at the end.
+    rest = run(bootstrap, "consume", "members", "--group", "cli-reader",
+               "--print", "partition,offset,value").stdout.splitlines()
+    assert sorted(first + rest) == [b"0\t0\ta", b"0\t1\tb", b"1\t0\tc"]
+    committed = [r.split()[:3] for r in
+                 run(bootstrap, "groups", "offsets", "cli-reader").stdout.decode().splitlines()]
+    assert committed[1:] == [["members", "0", "2"], ["members", "1", "1"]]
+    assert run(bootstrap, "consume", "members", "--group", "cli-reader").stdout == b""
+    refused = run(bootstrap, "consume", "members", "--group", "cli-reader", "--partition", "0",
+                  check=False)
+    assert refused.returncode == 2 and b"takes neither --offset nor --partition" in refused.stderr
+
+    # --follow ends after --idle-timeout-ms without records (Kafka's --timeout-ms).
+    idle = run(bootstrap, "consume", "members", "--follow", "--from-beginning",
+               "--idle-timeout-ms", "3000")
+    assert sorted(idle.stdout.splitlines()) == [b"a", b"b", b"c"]
+    grouped = run(bootstrap, "consume", "members", "--group", "cli-follower", "--follow",
+                  "--from-beginning", "--idle-timeout-ms", "3000")
+    assert sorted(grouped.stdout.splitlines()) == [b"a", b"b", b"c"]
+
+
+def test_mistyped_options_get_usage_and_a_suggestion(bootstrap: str) -> None:
+    flag = run(bootstrap, "consume", "members", "--max-recrods", "5", check=False)
+    assert flag.returncode == 2
+    lines = flag.stderr.decode().splitlines()
+    assert lines[0].startswith("usage: oncelog consume ")
+    assert "oncelog consume: error: unrecognized arguments: --max-recrods 5" in lines
+    assert lines[-1] == "oncelog consume: did you mean --max-records (not --max-recrods)?"
+    action = run(bootstrap, "topics", "lst", check=False)
+    assert action.returncode == 2
+    assert action.stderr.decode().startswith("usage: oncelog topics ")
+    assert action.stderr.decode().splitlines()[-1] == (
+        "oncelog topics: did you mean list (not lst)?")
+    command = run(bootstrap, "grups", "list", check=False)
+    assert command.returncode == 2
+    assert command.stderr.decode().splitlines()[-1] == "oncelog: did you mean groups (not grups)?"
+    nothing_close = run(bootstrap, "topics", "list", "--zzz", check=False)
+    assert nothing_close.returncode == 2
+    assert nothing_close.stderr.decode().splitlines()[-1] == (
+        "oncelog topics list: `oncelog topics list -h` lists its options")
+
+
+def _read_all(fd: int) -> bytes:
+    """What a pty's other end received, until its last writer closed it."""
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: every writer has closed the terminal
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def test_progress_shows_on_a_terminal_only(bootstrap: str, tmp_path: Path) -> None:
+    run(bootstrap, "topics", "create", "bulk")
+    lines = tmp_path / "lines.txt"
+    lines.write_bytes(b"".join(b"record-%d\n" % i for i in range(2000)))
+    env = {**os.environ, "ONCELOG_BOOTSTRAP": bootstrap}
+
+    piped = run(bootstrap, "produce", "bulk", "--file", str(lines))
+    assert piped.stderr == b"" and piped.stdout == b"2000 records produced to bulk\n"
+    consumed = run(bootstrap, "consume", "bulk")
+    assert consumed.stderr == b"" and len(consumed.stdout.splitlines()) == 2000
+
+    master, slave = pty.openpty()
+    try:
+        produced = subprocess.run([*CLI, "produce", "bulk", "--file", str(lines)],
+                                  stdout=subprocess.PIPE, stderr=slave, env=env, timeout=120)
+        os.close(slave)
+        slave = -1
+        terminal = _read_all(master)
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    assert produced.returncode == 0
+    assert produced.stdout == b"2000 records produced to bulk\n"  # stdout stays clean
+    assert b"\rsent 2000 records, " in terminal and b"records/s" in terminal
+
+    master, slave = pty.openpty()
+    out_file = tmp_path / "out.txt"
+    try:
+        with open(out_file, "wb") as out:
+            read = subprocess.run([*CLI, "consume", "bulk"], stdout=out, stderr=slave, env=env,
+                                  timeout=120)
+        os.close(slave)
+        slave = -1
+        terminal = _read_all(master)
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    assert read.returncode == 0
+    assert len(out_file.read_bytes().splitlines()) == 4000
+    assert b"\rread 4000 records, " in terminal
+
+
+def test_cluster_up_keeps_its_ports_and_its_data_dir(tmp_path: Path) -> None:
+    data_dir = tmp_path / "kept"
+    with cluster_up(data_dir) as first:
+        again = subprocess.run([*CLI, "cluster", "up", "--data-dir", str(data_dir)],
+                               capture_output=True, timeout=120)
+        assert again.returncode == 1
+        assert again.stderr.decode().splitlines() == [
+            f"oncelog: error: data dir {data_dir} is in use by another `oncelog cluster up` "
+            f"(pid {_lock_holder(data_dir)}); stop it first, or give another --data-dir"]
+        run(first, "topics", "create", "kept")
+    with cluster_up(data_dir) as second:
+        assert second == first
+        assert b"kept\t1" in run(second, "topics", "list").stdout
+
+    port = int(first.rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        taken = subprocess.run([*CLI, "cluster", "up", "--data-dir", str(data_dir)],
+                               capture_output=True, timeout=120)
+    assert taken.returncode == 1
+    assert taken.stderr.decode().splitlines() == [
+        f"oncelog: error: port {port} is taken by another process: partition_store 0 of the "
+        f"cluster in {data_dir} listens there for gRPC (kept from its last start in "
+        "cluster-ports.json); free the port, or give another --port or --data-dir"]
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        chosen = probe.getsockname()[1]
+    with cluster_up(data_dir, "--port", str(chosen)) as moved:
+        assert moved == f"127.0.0.1:{chosen}"
+        assert b"kept\t1" in run(moved, "topics", "list").stdout
+    with cluster_up(data_dir) as kept:
+        assert kept == moved
+
+
+def _lock_holder(data_dir: Path) -> str:
+    return (data_dir / "cluster.lock").read_text().strip()
