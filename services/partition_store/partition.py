@@ -854,12 +854,36 @@ class PartitionRuntime:
         return self.log.high_watermark
 
     def check_fetch_offset(self, offset: int) -> None:
-        if offset < 0 or offset < self.log.log_start_offset or offset > self.log.high_watermark:
+        """A fetch may start anywhere in the log, up to its end (Kafka's rule),
+        and reads nothing past the HW. Not "up to the HW": a new leader's HW
+        can trail the old leader's for a moment (it learns where its
+        followers are on their next fetch), and a consumer already at the old
+        HW would otherwise be told it is out of range and reset its position
+        (to the start, re-reading everything)."""
+        if offset < 0 or offset < self.log.log_start_offset or offset > self.log.log_end_offset:
             raise ServiceError(
                 ErrorCode.OFFSET_OUT_OF_RANGE,
-                f"{self.topic_partition}: offset {offset} is out of range; readable offsets "
-                f"are {self.log.log_start_offset}..{self.log.high_watermark} (log start "
-                f"offset {self.log.log_start_offset}, high watermark {self.log.high_watermark})",
+                f"{self.topic_partition}: offset {offset} is out of range; the log holds "
+                f"offsets {self.log.log_start_offset}..{self.log.log_end_offset} (log start "
+                f"offset {self.log.log_start_offset}, log end offset {self.log.log_end_offset},"
+                f" high watermark {self.log.high_watermark})",
+            )
+
+    def check_offsets_known(self) -> None:
+        """Kafka's KIP-207: a leader whose HW has not yet reached the start of
+        its own leader epoch does not know where the committed log ends (the
+        previous leader's HW may be further), so it answers a "latest" or
+        time lookup with the retriable OFFSET_NOT_AVAILABLE rather than an
+        end offset that goes backwards."""
+        if not self.is_leader:
+            return
+        epoch_start = self.epochs.start_offset_of(self.state.leader_epoch)
+        if epoch_start is not None and self.log.high_watermark < epoch_start:
+            raise ServiceError(
+                ErrorCode.OFFSET_NOT_AVAILABLE,
+                f"{self.topic_partition}: leader epoch {self.state.leader_epoch} starts at "
+                f"offset {epoch_start} and the high watermark is still "
+                f"{self.log.high_watermark}; retry once the followers have caught up",
             )
 
     def _batches_from(self, offset: int, upper: int) -> Iterator[tuple[BatchHeader, bytes]]:
@@ -900,6 +924,7 @@ class PartitionRuntime:
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return self.log.log_start_offset, -1
         if timestamp_ms == LATEST_TIMESTAMP:
+            self.check_offsets_known()
             return self.upper_bound(isolation), -1
         if timestamp_ms < 0:
             raise ServiceError(
@@ -907,6 +932,7 @@ class PartitionRuntime:
                 f"{self.topic_partition}: timestamp {timestamp_ms} is neither -1 (latest), "
                 "-2 (earliest) nor a time >= 0",
             )
+        self.check_offsets_known()
         tid, p = self.topic.topic_id, self.partition
         time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, p)
         first = next(

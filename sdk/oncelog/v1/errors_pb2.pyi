@@ -91,6 +91,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """
     UNKNOWN_LEADER_EPOCH: _ErrorCode.ValueType  # 75
     """The request named a newer leader epoch than the replica knows yet."""
+    OFFSET_NOT_AVAILABLE: _ErrorCode.ValueType  # 78
+    """A new leader's high watermark has not yet reached the start of its
+    leader epoch, so it cannot yet say where the log ends (Kafka's KIP-207):
+    retry shortly.
+    """
     FENCED_INSTANCE_ID: _ErrorCode.ValueType  # 82
     INVALID_RECORD: _ErrorCode.ValueType  # 87
     UNSTABLE_OFFSET_COMMIT: _ErrorCode.ValueType  # 88
@@ -173,6 +178,11 @@ metadata is stale (refresh it).
 """
 UNKNOWN_LEADER_EPOCH: ErrorCode.ValueType  # 75
 """The request named a newer leader epoch than the replica knows yet."""
+OFFSET_NOT_AVAILABLE: ErrorCode.ValueType  # 78
+"""A new leader's high watermark has not yet reached the start of its
+leader epoch, so it cannot yet say where the log ends (Kafka's KIP-207):
+retry shortly.
+"""
 FENCED_INSTANCE_ID: ErrorCode.ValueType  # 82
 INVALID_RECORD: ErrorCode.ValueType  # 87
 UNSTABLE_OFFSET_COMMIT: ErrorCode.ValueType  # 88

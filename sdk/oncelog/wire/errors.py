@@ -92,6 +92,7 @@ class ErrorCode(enum.IntEnum):
     MEMBER_ID_REQUIRED = (79, Kind.NOT_RETRIABLE)
     FENCED_LEADER_EPOCH = (74, Kind.RETRIABLE)
     UNKNOWN_LEADER_EPOCH = (75, Kind.RETRIABLE)
+    OFFSET_NOT_AVAILABLE = (78, Kind.RETRIABLE)
     FENCED_INSTANCE_ID = (82, Kind.FATAL)
     INVALID_RECORD = (87, Kind.NOT_RETRIABLE)
     UNSTABLE_OFFSET_COMMIT = (88, Kind.RETRIABLE)
@@ -159,6 +160,7 @@ PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: _P.RETRIABLE,
     ErrorCode.FENCED_LEADER_EPOCH: _P.RETRIABLE,
     ErrorCode.UNKNOWN_LEADER_EPOCH: _P.RETRIABLE,
+    ErrorCode.OFFSET_NOT_AVAILABLE: _P.RETRIABLE,
     ErrorCode.REQUEST_TIMED_OUT: _P.RETRIABLE,
     ErrorCode.NETWORK_EXCEPTION: _P.RETRIABLE,
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: _P.RETRIABLE,
@@ -304,6 +306,7 @@ _CLASS_NAMES: dict[ErrorCode, str] = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "NotEnoughReplicasAfterAppendError",
     ErrorCode.FENCED_LEADER_EPOCH: "FencedLeaderEpochError",
     ErrorCode.UNKNOWN_LEADER_EPOCH: "UnknownLeaderEpochError",
+    ErrorCode.OFFSET_NOT_AVAILABLE: "OffsetNotAvailableError",
     ErrorCode.REQUEST_TIMED_OUT: "RequestTimedOutError",
     ErrorCode.MESSAGE_TOO_LARGE: "MessageTooLargeError",
     ErrorCode.NETWORK_EXCEPTION: "NetworkError",
