@@ -45,17 +45,19 @@ from . import metrics
 from .core.codec import CorruptValueError
 from .core.outcomes import Rejection
 from .core.replicas import (
+    DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
+    DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
     PartitionState,
     ReplicaStateError,
     assign_replicas,
     begin_reassignment,
     default_replication_factor,
     elect_leader,
-    elect_preferred,
     fence_replica,
     finish_reassignment,
     initial_state,
     is_unclean,
+    plan_preferred_elections,
     shrink_isr,
 )
 from .core.topics import (
@@ -98,7 +100,10 @@ class MetadataLink:
     def __init__(
         self, store: MetadataStore, *, layout: ClusterLayout, node_id: int,
         root: str = DEFAULT_ROOT, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
-        unclean_leader_election: bool = False, clock_ms: Callable[[], int],
+        unclean_leader_election: bool = False,
+        leader_imbalance_check_interval_ms: int = DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
+        leader_imbalance_per_store_pct: int = DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
+        clock_ms: Callable[[], int],
     ) -> None:
         self.store = store
         self._layout = layout
@@ -113,6 +118,11 @@ class MetadataLink:
         # Controller: when each store was first seen without a lease, so a
         # store that has not registered yet at start-up is given one TTL.
         self._missing_since_ms: dict[int, int] = {}
+        self.leader_imbalance_check_interval_ms = leader_imbalance_check_interval_ms
+        self.leader_imbalance_per_store_pct = leader_imbalance_per_store_pct
+        # Controller: when leadership is next moved back to preferred
+        # replicas (one interval after this store became controller).
+        self._next_rebalance_ms: int | None = None
 
     # ------------------------------------------------------------------ keys
 
@@ -419,6 +429,7 @@ class MetadataLink:
                 log.info("store node %d is the controller", self._node_id)
                 metrics.CONTROLLER_ELECTIONS.inc()
                 self._missing_since_ms = {}
+                self._next_rebalance_ms = None
             view = await self.refresh()
         if view.controller != self._node_id:
             return 0
@@ -435,6 +446,13 @@ class MetadataLink:
         grace_ms = self.lease_ttl_s * 1000
         gone = {n for n, since in self._missing_since_ms.items()
                 if n in view.seen_stores or now_ms - since >= grace_ms}
+        rebalance: Mapping[TopicPartitionKey, PartitionState] = {}
+        if self._next_rebalance_ms is None:
+            self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
+        elif now_ms >= self._next_rebalance_ms:
+            self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
+            rebalance = plan_preferred_elections(
+                view.states, live, imbalance_pct=self.leader_imbalance_per_store_pct)
         changed = 0
         for (topic, partition), state in sorted(view.states.items()):
             if state.online and state.leader not in gone:
@@ -442,7 +460,7 @@ class MetadataLink:
                 # Kafka's controller does on a broker failure: otherwise
                 # every acks=all append waits replica.lag.time.max.ms for it.
                 after = (shrink_isr(state, gone) or finish_reassignment(state)
-                         or elect_preferred(state, live))
+                         or rebalance.get((topic, partition)))
             else:
                 after = elect_leader(state, live, unclean=self.unclean_leader_election)
             if after is None:

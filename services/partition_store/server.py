@@ -61,6 +61,8 @@ from .controller_link import GrpcControllerLink
 from .coordinator_link import GrpcTxnVerifier
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .core.replicas import (
+    DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
+    DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
     DEFAULT_REPLICA_LAG_TIME_MAX_MS,
 )
 from .metadata_link import (
@@ -93,7 +95,7 @@ METADATA_TIMEOUT_MS = 2_000
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m services.partition_store", description="oncelog partition store",
+        prog="python -m oncelog_server.partition_store", description="oncelog partition store",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_common_arguments(parser)
@@ -146,6 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=env_default("replica-lag-time-max-ms", str(DEFAULT_REPLICA_LAG_TIME_MAX_MS)),
         help="a follower that has not reached the leader's log end for this long leaves "
              "the in-sync replica set")
+    add("--leader-imbalance-check-interval-ms", type=int,
+        default=env_default("leader-imbalance-check-interval-ms",
+                            str(DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS)),
+        help="the controller moves leadership back to preferred replicas (each partition's "
+             "first) this often, for the stores above --leader-imbalance-per-store-pct "
+             "(Kafka's leader.imbalance.check.interval.seconds)")
+    add("--leader-imbalance-per-store-pct", type=int,
+        default=env_default("leader-imbalance-per-store-pct",
+                            str(DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT)),
+        help="a store is rebalanced when more than this percentage of the partitions it "
+             "prefers to lead are led elsewhere (Kafka's "
+             "leader.imbalance.per.broker.percentage)")
     add("--unclean-leader-election", action="store_true",
         default=env_flag("unclean-leader-election"),
         help="UNSAFE, off by default: when no in-sync replica of a partition is alive, let "
@@ -193,7 +207,10 @@ class Wired:
 def wire(
     store: KeyValueStore, config: StoreConfig, *, metadata: MetadataStore | None = None,
     address: str = "", metadata_root: str = DEFAULT_ROOT, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
-    unclean_leader_election: bool = False, txn_verifier: TxnVerifier | None = None,
+    unclean_leader_election: bool = False,
+    leader_imbalance_check_interval_ms: int = DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
+    leader_imbalance_per_store_pct: int = DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
+    txn_verifier: TxnVerifier | None = None,
     controller: ControllerLink | None = None, leaders: LeaderLink | None = None,
     clock_ms: Callable[[], int] = wall_clock_ms,
 ) -> Wired:
@@ -218,6 +235,8 @@ def wire(
     link = MetadataLink(
         metadata, layout=config.layout, node_id=config.node_id, root=metadata_root,
         lease_ttl_s=lease_ttl_s, unclean_leader_election=unclean_leader_election,
+        leader_imbalance_check_interval_ms=leader_imbalance_check_interval_ms,
+        leader_imbalance_per_store_pct=leader_imbalance_per_store_pct,
         clock_ms=clock_ms,
     )
     runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier,
@@ -266,6 +285,8 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         store, config, metadata=metadata, address=args.advertised or layout.stores[config.node_id],
         metadata_root=args.metadata_root, lease_ttl_s=args.lease_ttl_s,
         unclean_leader_election=args.unclean_leader_election,
+        leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
+        leader_imbalance_per_store_pct=args.leader_imbalance_per_store_pct,
     )
     runtime = wired.runtime
     try:

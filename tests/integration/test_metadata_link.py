@@ -39,11 +39,13 @@ class Clock:
         return self.now_ms
 
 
-def _links(clock: Clock, *, unclean: bool = False) -> tuple[MemoryMetadataStore,
-                                                            list[MetadataLink]]:
+def _links(clock: Clock, *, unclean: bool = False, rebalance_interval_ms: int = 300_000,
+           ) -> tuple[MemoryMetadataStore, list[MetadataLink]]:
     store = MemoryMetadataStore(clock_ms=clock)
     links = [MetadataLink(store.another_client(), layout=LAYOUT, node_id=i, lease_ttl_s=TTL_S,
-                          unclean_leader_election=unclean, clock_ms=clock) for i in range(3)]
+                          unclean_leader_election=unclean,
+                          leader_imbalance_check_interval_ms=rebalance_interval_ms,
+                          clock_ms=clock) for i in range(3)]
     return store, links
 
 
@@ -189,5 +191,47 @@ def test_a_restarted_store_fences_itself_before_acting() -> None:
             await link.run_controller_once()
         elected = await _state(links[0])
         assert elected.leader in fenced.isr and elected.leader_epoch == state.leader_epoch + 2
+
+    asyncio.run(run())
+
+
+def test_leadership_goes_back_to_the_preferred_replica_at_the_next_imbalance_check() -> None:
+    """Not when the preferred replica rejoins the ISR (every move is a leader
+    change clients must follow), but at the controller's next imbalance
+    check, as Kafka's auto leader rebalance does."""
+    async def run() -> None:
+        clock = Clock()
+        interval_ms = 10_000
+        _store, links = _links(clock, rebalance_interval_ms=interval_ms)
+        await _register_all(links)
+        await links[0].create_topics([TopicSpec("t", 1, {}, 3)], validate_only=False)
+        for link in links:
+            await link.refresh()
+            await link.run_controller_once()
+        controller = links[(await links[0].refresh()).controller]  # type: ignore[index]
+        first = await _state(links[0])
+        preferred = first.leader
+        # The preferred leader is elsewhere and in sync again (as after a
+        # failover and the store's return).
+        view = await links[0].refresh()
+        moved = PartitionState(first.replicas, first.replicas[1], first.leader_epoch + 1,
+                               first.isr)
+        assert await links[0].update_state("t", 0, view.state_revisions[("t", 0)], moved)
+        async def step() -> int:
+            # Less than a lease TTL, every lease renewed: one controller throughout.
+            clock.now_ms += 500
+            for i, link in enumerate(links):
+                await link.keep_registered(f"s{i}:1")
+            await controller.refresh()
+            return await controller.run_controller_once()
+
+        started_ms = clock.now_ms
+        while clock.now_ms - started_ms < interval_ms - 1_000:
+            assert await step() == 0
+        assert await _state(links[0]) == moved, "moved back before the imbalance check"
+        changed = [await step() for _ in range(4)]
+        assert sorted(changed) == [0, 0, 0, 1]
+        back = await _state(links[0])
+        assert back.leader == preferred and back.leader_epoch == moved.leader_epoch + 1
 
     asyncio.run(run())

@@ -43,11 +43,14 @@ CLUSTER_ARGS: dict[str, list[str]] = {
 }
 STORES = 3
 # LocalCluster's arguments: replicated (RF 3, min ISR 2), with a lease and a
-# lag limit short enough for the leader step to take seconds, not minutes.
+# lag limit short enough for the leader step to take seconds, not minutes
+# (and leadership moved back to preferred replicas every second, not every
+# five minutes).
 CLUSTER_OPTIONS: dict[str, Any] = {
     "partition_stores": STORES,
     "etcd_members": 1,
-    "env": {"ONCELOG_LEASE_TTL_S": "2", "ONCELOG_REPLICA_LAG_TIME_MAX_MS": "3000"},
+    "env": {"ONCELOG_LEASE_TTL_S": "2", "ONCELOG_REPLICA_LAG_TIME_MAX_MS": "3000",
+            "ONCELOG_LEADER_IMBALANCE_CHECK_INTERVAL_MS": "1000"},
     "extra_args": CLUSTER_ARGS,
 }
 TOPIC = "monitoring"

@@ -28,6 +28,7 @@ from services.partition_store.core.replicas import (
     initial_state,
     is_unclean,
     lagging_followers,
+    plan_preferred_elections,
     shrink_isr,
 )
 
@@ -83,6 +84,21 @@ def test_preferred_leader_election_needs_the_preferred_in_sync() -> None:
     assert elect_preferred(_state((0, 1, 2), 1, 4, (1, 2)), {0, 1, 2}) is None
     assert elect_preferred(moved, {1, 2}) is None
     assert elect_preferred(_state((0, 1, 2), 0, 4, (0, 1)), {0, 1, 2}) is None
+
+
+def test_leadership_moves_back_only_to_stores_above_the_imbalance_threshold() -> None:
+    # Store 0 prefers p0..p9 and leads 9 of them (10 % led elsewhere: not
+    # above the threshold); store 1 prefers p10, p11 and leads neither.
+    states = {f"p{i}": _state((0, 1, 2), 0, 1, (0, 1, 2)) for i in range(9)}
+    states["p9"] = _state((0, 1, 2), 1, 2, (0, 1, 2))
+    states["p10"] = _state((1, 2, 0), 2, 3, (1, 2, 0))
+    states["p11"] = _state((1, 2, 0), 0, 3, (2, 0))      # 1 not in sync
+    states["p12"] = _state((2, 0, 1), NO_LEADER, 4, (2,))  # offline: not counted
+    plan = plan_preferred_elections(states, {0, 1, 2}, imbalance_pct=10)
+    assert plan == {"p10": _state((1, 2, 0), 1, 4, (1, 2, 0))}
+    assert set(plan_preferred_elections(states, {0, 1, 2}, imbalance_pct=9)) == {"p9", "p10"}
+    assert plan_preferred_elections(states, {0, 2}, imbalance_pct=0) == {
+        "p9": _state((0, 1, 2), 0, 3, (0, 1, 2))}
 
 
 def test_isr_changes_never_drop_the_leader_and_keep_replica_order() -> None:

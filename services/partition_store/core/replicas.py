@@ -33,12 +33,19 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 NO_LEADER = -1
 DEFAULT_REPLICATION_FACTOR = 3
 DEFAULT_MIN_INSYNC_REPLICAS = 2
+K = TypeVar("K")
+
 # Kafka's replica.lag.time.max.ms default.
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
+# Kafka's leader.imbalance.check.interval.seconds (300) and
+# leader.imbalance.per.broker.percentage (10) defaults.
+DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS = 300_000
+DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT = 10
 
 
 class ReplicaStateError(ValueError):
@@ -225,6 +232,32 @@ def elect_preferred(state: PartitionState, live: Collection[int]) -> PartitionSt
     if state.leader == preferred or preferred not in live or preferred not in state.isr:
         return None
     return replace(state, leader=preferred, leader_epoch=state.leader_epoch + 1)
+
+
+def plan_preferred_elections(
+    states: Mapping[K, PartitionState], live: Collection[int], *, imbalance_pct: int,
+) -> dict[K, PartitionState]:
+    """Kafka's automatic leader rebalance, run every leader imbalance check
+    interval: a store's imbalance is the share of the partitions it prefers
+    to lead (it is their first replica) that another replica leads. For each
+    store above `imbalance_pct` percent, leadership of those partitions moves
+    back to it where it is live and in sync (elect_preferred). Not at once
+    on rejoining: each move is a leader change producers and followers must
+    follow, so a store that flaps does not drag leadership back and forth."""
+    preferred_of: dict[int, list[K]] = {}
+    for key, state in states.items():
+        if state.online:
+            preferred_of.setdefault(state.preferred_leader, []).append(key)
+    plan: dict[K, PartitionState] = {}
+    for keys in preferred_of.values():
+        led_elsewhere = [k for k in keys if states[k].leader != states[k].preferred_leader]
+        if len(led_elsewhere) * 100 <= imbalance_pct * len(keys):
+            continue
+        for key in led_elsewhere:
+            after = elect_preferred(states[key], live)
+            if after is not None:
+                plan[key] = after
+    return plan
 
 
 def shrink_isr(state: PartitionState, remove: Collection[int]) -> PartitionState | None:
