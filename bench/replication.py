@@ -75,8 +75,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 # Run as a script (`python bench/replication.py`), the repository root is not
 # on sys.path; the sibling benchmarks are imported as the package `bench`.
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -86,9 +84,7 @@ if str(REPO_ROOT) not in sys.path:
 from bench import peers, pipeline, produce  # noqa: E402
 from bench.peers import cell  # noqa: E402
 from oncelog import Admin, Producer, RecordMetadata  # noqa: E402
-from oncelog.testing import LocalCluster  # noqa: E402
-from oncelog.v1 import partition_store_pb2 as ps  # noqa: E402
-from oncelog.v1 import partition_store_pb2_grpc as ps_grpc  # noqa: E402
+from oncelog.testing import LocalCluster, PartitionPlacement  # noqa: E402
 
 STORES = 3
 # The workload shape of bench/peers.py's producing cases.
@@ -252,39 +248,17 @@ def started_cluster(setup: Setup, env: dict[str, str] | None = None) -> Iterator
             yield cluster
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
-    leader: int
-    leader_epoch: int
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-
-
 def placements(cluster: LocalCluster, topics: Sequence[str] = (),
-               ask: Sequence[int] | None = None) -> dict[tuple[str, int], Placement]:
+               ask: Sequence[int] | None = None) -> dict[tuple[str, int], PartitionPlacement]:
     """Leader, epoch, replicas and ISR of every partition of `topics` (empty:
     every topic, internal ones too), from the first store of `ask` (default:
-    all) that answers Metadata within a second. Each store reads etcd every
-    100 ms, so the answer is at most that old. (Admin.describe_topic gives the
-    same fields from the client's cached metadata, and asks every leader for
-    offsets too; a poll wants neither.)"""
-    stores = range(len(cluster.processes["partition_store"])) if ask is None else ask
-    for index in stores:
-        if not cluster.alive("partition_store", index):
-            continue
-        with grpc.insecure_channel(cluster.address("partition_store", index)) as channel:
-            try:
-                reply = ps_grpc.PartitionStoreStub(channel).Metadata(
-                    ps.MetadataRequest(topics=list(topics), include_internal=True), timeout=1.0)
-            except grpc.RpcError:
-                continue
-        if any(t.error.code for t in reply.topics):
-            continue
-        return {(t.name, p.partition): Placement(p.leader_node_id, p.leader_epoch,
-                                                 tuple(p.replica_node_ids),
-                                                 tuple(p.isr_node_ids))
-                for t in reply.topics for p in t.partitions}
-    raise RuntimeError(f"no store of {list(stores)} answered Metadata")
+    all) that answers Metadata within a second. (Admin.describe_topic gives
+    the same fields from the client's cached metadata, and asks every leader
+    for offsets too; a poll wants neither.)"""
+    states = cluster.partition_states(topics, stores=ask)
+    if not states:
+        raise RuntimeError("no store answered Metadata")
+    return states
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout_s: float) -> float:
@@ -299,14 +273,13 @@ def wait_until(what: str, check: Callable[[], bool], timeout_s: float) -> float:
         time.sleep(POLL_S)
 
 
-def whole(states: dict[tuple[str, int], Placement]) -> bool:
+def whole(states: dict[tuple[str, int], PartitionPlacement]) -> bool:
     """Every partition led, every replica in sync."""
-    return bool(states) and all(s.leader >= 0 and len(s.isr) == len(s.replicas)
-                                for s in states.values())
+    return bool(states) and all(s.in_sync for s in states.values())
 
 
-def preferred(states: dict[tuple[str, int], Placement]) -> bool:
-    return all(s.leader == s.replicas[0] for s in states.values())
+def preferred(states: dict[tuple[str, int], PartitionPlacement]) -> bool:
+    return all(s.preferred for s in states.values())
 
 
 def create_topic(cluster: LocalCluster, setup: Setup, topic: str, partitions: int) -> str:
@@ -500,8 +473,8 @@ def wait_steady(cluster: LocalCluster, stream: Stream) -> None:
     stream.wait_flowing(STEADY_TIMEOUT_S)
 
 
-def wait_failover(cluster: LocalCluster, watch: _Watch, before: Placement, lease_ttl_s: int,
-                  killed_at: float) -> float | None:
+def wait_failover(cluster: LocalCluster, watch: _Watch, before: PartitionPlacement,
+                  lease_ttl_s: int, killed_at: float) -> float | None:
     """Until the watched acknowledgement arrives, polling the surviving
     stores' Metadata for the new leader meanwhile; returns when that was
     seen (seconds after the kill), None when the acknowledgement came first."""

@@ -38,11 +38,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import grpc
 
@@ -54,6 +54,7 @@ except ModuleNotFoundError as exc:
         "oncelog.testing runs the oncelog services, which the SDK alone does not "
         "install: pip install 'oncelog[server]'", name=exc.name) from exc
 
+from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
 from oncelog.wire.process import GRPC, METRICS, PortInUse, find_ports_in_use, process_health_service
 
 if TYPE_CHECKING:
@@ -84,6 +85,26 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class PartitionPlacement(NamedTuple):
+    """Who holds a partition of a replicated cluster, as a store's Metadata
+    says it (LocalCluster.partition_states)."""
+
+    leader: int              # store node id; -1: offline
+    leader_epoch: int
+    replicas: tuple[int, ...]  # the first is the preferred leader
+    isr: tuple[int, ...]
+
+    @property
+    def in_sync(self) -> bool:
+        """Led, and every replica in the in-sync replica set."""
+        return self.leader >= 0 and set(self.isr) == set(self.replicas)
+
+    @property
+    def preferred(self) -> bool:
+        """Led by its preferred (first) replica."""
+        return self.leader == self.replicas[0]
 
 
 class PortTakenError(RuntimeError):
@@ -665,6 +686,55 @@ class LocalCluster:
         if kind == ETCD:
             return self._etcd_cluster(index).alive(index)
         return self._proc(kind, index).alive()
+
+    def partition_states(
+        self, topics: Sequence[str] = (), *, stores: Sequence[int] | None = None,
+        timeout_s: float = 1.0,
+    ) -> dict[tuple[str, int], PartitionPlacement]:
+        """Leader, leader epoch, replicas and ISR of every partition of
+        `topics` (empty: every topic, internal ones included), from the first
+        running store of `stores` (default: all) that answers Metadata within
+        `timeout_s` - a paused store does not, and is skipped. Each store reads
+        the metadata every 100 ms, so the answer is at most that old. {} when
+        no store answers or a topic is unknown."""
+        indexes = range(len(self.processes["partition_store"])) if stores is None else stores
+        request = partition_store_pb2.MetadataRequest(topics=list(topics),
+                                                      include_internal=True)
+        for index in indexes:
+            if not self.alive("partition_store", index):
+                continue
+            with grpc.insecure_channel(self.address("partition_store", index)) as channel:
+                try:
+                    reply = partition_store_pb2_grpc.PartitionStoreStub(channel).Metadata(
+                        request, timeout=timeout_s)
+                except grpc.RpcError:
+                    continue
+            if any(t.error.code for t in reply.topics):
+                continue
+            return {(t.name, p.partition): PartitionPlacement(
+                        p.leader_node_id, p.leader_epoch, tuple(p.replica_node_ids),
+                        tuple(p.isr_node_ids))
+                    for t in reply.topics for p in t.partitions}
+        return {}
+
+    def wait_in_sync(self, topics: Sequence[str] = (), *, preferred: bool = False,
+                     timeout_s: float = 60.0) -> float:
+        """Waits until every partition of `topics` (empty: all, internal ones
+        included) is led with every replica in sync - and, with `preferred`,
+        led by its preferred replica; returns the seconds it took. Raises
+        TimeoutError naming the partitions still out of sync."""
+        started = time.monotonic()
+        while True:
+            states = self.partition_states(topics)
+            behind = sorted(f"{t}-{p}" for (t, p), s in states.items()
+                            if not s.in_sync or (preferred and not s.preferred))
+            if states and not behind:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(
+                    f"not in sync after {timeout_s:.0f} s: "
+                    f"{', '.join(behind[:10]) if states else 'no store answered Metadata'}")
+            time.sleep(0.1)
 
     def wipe(self, kind: str, index: int = 0) -> None:
         """Deletes the data directory of a process that is down (after kill or

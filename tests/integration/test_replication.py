@@ -23,14 +23,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
-import grpc
 import pytest
 
 from oncelog import Admin, Producer, RecordMetadata, TopicPartition
 from oncelog.errors import KafkaTimeoutError, NotEnoughReplicasError, OncelogError
-from oncelog.testing import LocalCluster
-from oncelog.v1 import partition_store_pb2 as ps
-from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
+from oncelog.testing import LocalCluster, PartitionPlacement
 from tests.support.copier import (
     CopierFleet,
     produce_in_background,
@@ -70,32 +67,19 @@ def _wait(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> floa
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def _describe(cluster: LocalCluster, topic: str) -> list[tuple[int, int, tuple[int, ...],
-                                                                tuple[int, ...]]]:
+def _describe(cluster: LocalCluster, topic: str) -> list[PartitionPlacement]:
     """(leader, leader epoch, replicas, isr) per partition, from the Metadata
     of the first store that answers within a second (a paused one does not)."""
-    for index in range(STORES):
-        if not cluster.alive("partition_store", index):
-            continue
-        with grpc.insecure_channel(cluster.address("partition_store", index)) as channel:
-            try:
-                reply = ps_grpc.PartitionStoreStub(channel).Metadata(
-                    ps.MetadataRequest(topics=[topic], include_internal=True), timeout=1.0)
-            except grpc.RpcError:
-                continue
-        [meta] = reply.topics
-        if meta.error.code:
-            continue
-        return [(p.leader_node_id, p.leader_epoch, tuple(p.replica_node_ids),
-                 tuple(p.isr_node_ids)) for p in meta.partitions]
-    raise AssertionError("no store answered Metadata")
+    states = cluster.partition_states([topic])
+    if not states:
+        raise AssertionError("no store answered Metadata")
+    return [state for _key, state in sorted(states.items())]
 
 
 def _create(cluster: LocalCluster, topic: str, partitions: int) -> None:
     with Admin(bootstrap=cluster.bootstrap) as admin:
         admin.create_topic(topic, partitions=partitions, replication_factor=3)
-    _wait(f"{topic} fully in sync", lambda: all(
-        len(isr) == STORES and leader >= 0 for leader, _e, _r, isr in _describe(cluster, topic)))
+    cluster.wait_in_sync([topic])
 
 
 def _bootstrap(cluster: LocalCluster) -> str:

@@ -25,12 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from oncelog import Admin, Consumer, ConsumerRecord, Producer, TopicPartition, errors
-from oncelog.testing import LocalCluster
-from oncelog.v1 import partition_store_pb2 as ps
-from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
+from oncelog.testing import LocalCluster, PartitionPlacement
 from tests.support.reading import read_all
 from tests.support.txn import wait_txn_state
 
@@ -218,22 +214,10 @@ def hold_a_transaction_open(state: WorkloadState) -> None:
     state.closers.append(end)
 
 
-def _partition_states(cluster: LocalCluster,
-                      topic: str) -> list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]:
-    """(leader, leader epoch, replicas, ISR) of each partition, from the first
-    store that answers Metadata within a second (a paused one does not)."""
-    for address in (p.address for p in cluster.processes["partition_store"]):
-        with grpc.insecure_channel(address) as channel:
-            try:
-                reply = ps_grpc.PartitionStoreStub(channel).Metadata(
-                    ps.MetadataRequest(topics=[topic], include_internal=True), timeout=1.0)
-            except grpc.RpcError:
-                continue
-        [meta] = reply.topics
-        if not meta.error.code:
-            return [(p.leader_node_id, p.leader_epoch, tuple(p.replica_node_ids),
-                     tuple(p.isr_node_ids)) for p in meta.partitions]
-    return []
+def _partition_states(cluster: LocalCluster, topic: str) -> list[PartitionPlacement]:
+    """(leader, leader epoch, replicas, ISR) of each partition ([] when no
+    store answers Metadata within a second; a paused one does not)."""
+    return [state for _key, state in sorted(cluster.partition_states([topic]).items())]
 
 
 def _wait_until(what: str, check: Callable[[], bool]) -> None:
@@ -251,9 +235,8 @@ def _in_sync(cluster: LocalCluster, topic: str, *, min_epoch: int = 0,
     also led by its preferred replica with every replica in sync."""
     states = _partition_states(cluster, topic)
     return bool(states) and all(
-        epoch >= min_epoch
-        and (not preferred or (leader == replicas[0] and set(isr) == set(replicas)))
-        for leader, epoch, replicas, isr in states)
+        state.leader_epoch >= min_epoch and (not preferred or (state.preferred and state.in_sync))
+        for state in states)
 
 
 def _truncations(cluster: LocalCluster, node_id: int, topic: str) -> float:
