@@ -173,6 +173,10 @@ EXHAUSTED_PRODUCER_ID = 1 << 40
 REPLICATED_STORES = 3
 LEASE_TTL_S = 2
 REPLICA_LAG_TIME_MAX_MS = 3_000
+# How often the controller moves leadership back to preferred replicas,
+# drawn per seed: at once (a leader change right after each return to the
+# ISR, the most interleavings), within a run, or never within one.
+LEADER_IMBALANCE_CHECK_INTERVALS_MS = (0, 5_000, 300_000)
 # etcd checks for expired leases about this often.
 LEASE_CHECK_INTERVAL_S = 0.5
 # The kernel writes a disk's page cache back this often, at the most (a
@@ -525,6 +529,8 @@ class Simulation:
         # epoch's end, so its bumps rotate the producer id.
         self.near_exhaustion = faults and self.recipe is None \
             and random.Random(f"epochs {seed}").random() < 0.3
+        self.leader_imbalance_check_interval_ms = random.Random(
+            f"rebalance {seed}").choice(LEADER_IMBALANCE_CHECK_INTERVALS_MS)
 
     def _txn_open(self, transactional_id: str, producer: tuple[int, int]) -> bool:
         """Whether the durable transaction log (read now, whole) holds an
@@ -643,6 +649,8 @@ class Simulation:
             client.set_available(self._metadata_up and node_id not in self._metadata_cut)
             self._metadata_clients[node_id] = client
             wired = wire(self.disks[node_id], config, metadata=client, lease_ttl_s=LEASE_TTL_S,
+                         leader_imbalance_check_interval_ms=(
+                             self.leader_imbalance_check_interval_ms),
                          txn_verifier=verifier, leaders=SimLeaderLink(self.net, inc),
                          clock_ms=self.clock_ms)
         else:
