@@ -19,6 +19,11 @@ on_revoke, then forgotten), then new ones (on_assign; they start at the
 group's committed offset, fetched with OffsetFetch(require_stable)). The
 state machine in `_membership` decides what to apply and when.
 
+`key_deserializer`/`value_deserializer` turn each record's key and value
+bytes into what poll() returns, as records are handed out; a record one of
+them fails on stops its partition there (errors.DeserializationError) until
+the application seeks past it.
+
 Timeouts mean what they say: poll(timeout) returns within its timeout (a
 call it must make first gets at least POLL_CALL_MIN_MS), and every other
 blocking method within its `timeout` argument or default_api_timeout_ms
@@ -31,6 +36,7 @@ Not thread-safe, like Kafka's consumer: use one consumer from one thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -61,6 +67,8 @@ from oncelog._group import (
     unstable_offset_backoff_ms,
 )
 from oncelog._membership import GroupMembership, MemberState, Plan
+from oncelog.errors import DeserializationError
+from oncelog.serializers import Deserializer
 from oncelog.types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
 from oncelog.v1 import partition_store_pb2, records_pb2
 from oncelog.wire import errors
@@ -155,7 +163,21 @@ class Consumer:
         retry_backoff_max_ms: int = 1_000,
         default_api_timeout_ms: int = 60_000,
         check_crcs: bool = True,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
     ) -> None:
+        """Options as Kafka's consumer has them (in Python spelling); a wrong
+        one is a ValueError naming it.
+
+        `key_deserializer`/`value_deserializer` (kafka-python's hooks):
+        callables that turn a fetched record's key and value bytes into what
+        poll() returns; a None key or value is not passed to them
+        (oncelog.serializers has ready ones)."""
+        for name, hook in (("key_deserializer", key_deserializer),
+                           ("value_deserializer", value_deserializer)):
+            if hook is not None and not callable(hook):
+                raise ValueError(f"{name} must be a callable (bytes -> value) or None, "
+                                 f"got {hook!r}")
         choice_option("isolation_level", isolation_level, sorted(_ISOLATION))
         choice_option("auto_offset_reset", auto_offset_reset, (EARLIEST, LATEST, NONE))
         if group_id is not None:
@@ -204,6 +226,8 @@ class Consumer:
         self._retry_backoff_max_ms = retry_backoff_max_ms
         self._default_api_timeout_ms = default_api_timeout_ms
         self._check_crcs = check_crcs
+        self._key_deserializer = key_deserializer
+        self._value_deserializer = value_deserializer
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
@@ -883,8 +907,24 @@ class Consumer:
         group's committed offsets, an auto-commit) is asked within the same
         timeout (at least POLL_CALL_MIN_MS for all of it, so that
         poll(timeout=0) can get started); a cluster that does not answer
-        makes it return an empty list in time, and is logged once."""
+        makes it return an empty list in time, and is logged once.
+
+        With a key or value deserializer, a record it fails on raises
+        DeserializationError (naming topic, partition and offset) and the
+        partition's position stays at that record: the records before it
+        are returned first, and every later poll() raises again until the
+        application seeks past it."""
+        return self._poll(timeout)
+
+    def _poll(self, timeout: float, max_records: int | None = None,
+              partitions: frozenset[TopicPartition] | None = None) -> list[ConsumerRecord]:
+        """poll(), returning at most `max_records` (default max_poll_records)
+        and only records of `partitions` (default: every assigned one): the
+        asyncio consumer's getone() and getmany(*partitions, max_records=)
+        (oncelog.aio), which must not move a position past a record it does
+        not hand out."""
         self._check_open()
+        limit = self._max_poll_records if max_records is None else max_records
         if not self._assignment and self._subscription is None:
             raise errors.IllegalStateError(
                 "poll() without assigned partitions; assign() or subscribe() first"
@@ -895,7 +935,7 @@ class Consumer:
         while True:
             self._group_step(calls_deadline_s)
             self._collect_fetches(calls_deadline_s)
-            out = self._drain(self._max_poll_records)
+            out = self._drain(limit, partitions)
             if out:
                 self._send_fetches(calls_deadline_s)  # prefetch while the caller works on these
                 return out
@@ -1148,7 +1188,8 @@ class Consumer:
                 continue
             yield from codec.iter_records(batch, min_offset=min_offset)
 
-    def _drain(self, max_records: int) -> list[ConsumerRecord]:
+    def _drain(self, max_records: int,
+               only: frozenset[TopicPartition] | None = None) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
         tps = list(self._assignment.items())
         if not tps:
@@ -1156,9 +1197,11 @@ class Consumer:
         # Start at a rotating partition, so one busy partition cannot starve the others.
         start = self._next_drain_index % len(tps)
         self._next_drain_index += 1
+        if self._key_deserializer is not None or self._value_deserializer is not None:
+            return self._drain_deserialized(tps[start:] + tps[:start], max_records, only)
         new_tuple = tuple.__new__
         for tp, st in tps[start:] + tps[:start]:
-            if st.records is None:
+            if st.records is None or (only is not None and tp not in only):
                 continue
             topic, partition = tp.topic, tp.partition
             append = out.append
@@ -1172,6 +1215,60 @@ class Consumer:
                     break
             else:
                 # Buffer used up: move past everything the fetch covered.
+                if st.position is not None and st.next_fetch_offset > st.position:
+                    st.position = st.next_fetch_offset
+                st.clear_buffer()
+            if len(out) >= max_records:
+                break
+        return out
+
+    def _drain_deserialized(self, tps: list[tuple[TopicPartition, _PartitionState]],
+                            max_records: int, only: frozenset[TopicPartition] | None,
+                            ) -> list[ConsumerRecord]:
+        """_drain with deserializers (kept apart so the plain path stays
+        lean). A record a deserializer fails on is put back in front of its
+        partition's buffer and the position stays at it: the records before
+        it are returned, and the next drain that meets it first raises
+        DeserializationError (Kafka's consumer does the same)."""
+        out: list[ConsumerRecord] = []
+        key_deserializer, value_deserializer = self._key_deserializer, self._value_deserializer
+        new_tuple = tuple.__new__
+        for tp, st in tps:
+            records = st.records
+            if records is None or (only is not None and tp not in only):
+                continue
+            topic, partition = tp.topic, tp.partition
+            for record in records:
+                offset, timestamp_ms, key, value, headers = record
+                which = "key"
+                try:
+                    if key is not None and key_deserializer is not None:
+                        key = key_deserializer(key)
+                    which = "value"
+                    if value is not None and value_deserializer is not None:
+                        value = value_deserializer(value)
+                except Exception as exc:
+                    st.records = itertools.chain((record,), records)
+                    if out:
+                        return out
+                    raw = new_tuple(ConsumerRecord, (
+                        topic, partition, offset, record[2], record[3], headers, timestamp_ms,
+                    ))
+                    raise DeserializationError(
+                        f"the {which} of the record at offset {offset} of "
+                        f"{topic}-{partition} could not be deserialized: "
+                        f"{type(exc).__name__}: {exc} (the position stays there; "
+                        f"seek(TopicPartition({topic!r}, {partition}), {offset + 1}) "
+                        "skips it)",
+                        topic=topic, partition=partition, offset=offset, record=raw,
+                    ) from exc
+                out.append(new_tuple(ConsumerRecord, (
+                    topic, partition, offset, key, value, headers, timestamp_ms,
+                )))
+                st.position = offset + 1
+                if len(out) >= max_records:
+                    break
+            else:
                 if st.position is not None and st.next_fetch_offset > st.position:
                     st.position = st.next_fetch_offset
                 st.clear_buffer()

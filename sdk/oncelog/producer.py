@@ -18,6 +18,11 @@ sends transactional batches down the same batched, pipelined path as
 idempotent ones, asking the store to add each partition to the transaction
 before its first batch there (`add_partitions_to_txn`; see `_Sender`).
 
+`key_serializer`/`value_serializer` (kafka-python's hooks; ready ones in
+`oncelog.serializers`) turn what send() is given into bytes before anything
+else happens; a serializer that fails is a record failed in send()
+(errors.SerializationError, and inside a transaction a broken transaction).
+
 With `transaction_two_phase_commit_enable` the producer can take part in an
 outside two-phase commit (KIP-939; docs/sdk.md, "Two-phase commit"):
 `prepare_transaction()` flushes and prepares the transaction and returns its
@@ -76,6 +81,8 @@ from oncelog._transactions import (
     ends_producer,
     record_failure,
 )
+from oncelog.errors import SerializationError
+from oncelog.serializers import Serializer
 from oncelog.types import GroupMetadata, PreparedTxnState, TopicPartition
 from oncelog.v1 import (
     coordinator_pb2,
@@ -190,13 +197,25 @@ class Producer:
         buffer_memory_bytes: int = 32 * 1024 * 1024,
         max_block_ms: int = 60_000,
         transaction_two_phase_commit_enable: bool = False,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ) -> None:
         """Options as Kafka's producer has them (in Python spelling); each is
         checked here, and a wrong one is a ValueError naming it.
 
         `enable_idempotence` defaults to True, except with `acks=1` (as in
         Kafka, where an unset enable.idempotence gives way to acks). `acks`:
-        "all" (or -1, the default) or 1; see oncelog._config.acks_option."""
+        "all" (or -1, the default) or 1; see oncelog._config.acks_option.
+
+        `key_serializer`/`value_serializer` (kafka-python's hooks): callables
+        that turn the key and value given to send() into bytes, before
+        anything else send() does; a None key or value is not passed to them
+        (oncelog.serializers has ready ones)."""
+        for name, hook in (("key_serializer", key_serializer),
+                           ("value_serializer", value_serializer)):
+            if hook is not None and not callable(hook):
+                raise ValueError(f"{name} must be a callable (value -> bytes) or None, "
+                                 f"got {hook!r}")
         transaction_two_phase_commit_enable = bool_option(
             "transaction_two_phase_commit_enable", transaction_two_phase_commit_enable)
         if transaction_two_phase_commit_enable and transactional_id is None:
@@ -238,6 +257,8 @@ class Producer:
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
         )
         self._enable_idempotence = enable_idempotence
+        self._key_serializer = key_serializer
+        self._value_serializer = value_serializer
         self._buffer_memory_bytes = buffer_memory_bytes
         self._max_block_ms = max_block_ms
         self._accumulator = RecordAccumulator(
@@ -283,30 +304,65 @@ class Producer:
     def send(
         self,
         topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
+        value: Any = None,
+        key: Any = None,
         partition: int | None = None,
         headers: Sequence[Header] | Mapping[str, bytes | None] | None = None,
         timestamp_ms: int | None = None,
     ) -> RecordFuture:
         """Queues a record; returns a future of its RecordMetadata.
 
+        `key` and `value` are bytes (or None), or whatever the producer's
+        key_serializer/value_serializer take; a serializer that raises (or
+        returns something other than bytes) makes send() raise
+        errors.SerializationError, caused by the serializer's exception.
+
         Bad arguments raise TypeError/ValueError here; anything about the
         cluster fails the future instead: a topic (or partition) that is not
         in the cluster's metadata within max_block_ms, a record over the
         topic's max.message.bytes, buffer memory still full after
         max_block_ms, and delivery failures. Inside a transaction, any of
-        these — a bad argument too — breaks the transaction: the record is
-        not in it, so commit_transaction() raises TransactionAbortableError
-        naming it, and abort_transaction() lets the producer go on (as Kafka's
-        producer does).
+        these — a bad argument or a failed serializer too — breaks the
+        transaction: the record is not in it, so commit_transaction() raises
+        TransactionAbortableError naming it, and abort_transaction() lets the
+        producer go on (as Kafka's producer does).
         """
+        if self._key_serializer is not None or self._value_serializer is not None:
+            key, value = self._serialize(topic, partition, key, value)
         try:
             return self._send(topic, value, key, partition, headers, timestamp_ms)
         except (TypeError, ValueError) as exc:
             self._break_transaction(topic, -1 if type(partition) is not int else partition,
                                     exc)
             raise
+
+    def _serialize(self, topic: str, partition: int | None, key: Any, value: Any
+                   ) -> tuple[Any, Any]:
+        """The key and value through their serializers (None passes by them:
+        a None value is a tombstone). A serializer's failure is a record
+        failed in send(): SerializationError, and a broken transaction."""
+        which = "key"
+        try:
+            if key is not None and self._key_serializer is not None:
+                key = self._key_serializer(key)
+                if key is not None and not isinstance(key, bytes | bytearray | memoryview):
+                    raise TypeError(f"key_serializer returned {type(key).__name__}, not bytes")
+            which = "value"
+            if value is not None and self._value_serializer is not None:
+                value = self._value_serializer(value)
+                if value is not None and not isinstance(value, bytes | bytearray | memoryview):
+                    raise TypeError(
+                        f"value_serializer returned {type(value).__name__}, not bytes")
+        except Exception as exc:
+            failure = SerializationError(
+                f"the {which} of a record for topic {topic!r} could not be serialized: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            failure.__cause__ = exc
+            self._break_transaction(topic, -1 if type(partition) is not int else partition,
+                                    failure)
+            raise failure from exc
+        return key, value
 
     def _send(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 Header = tuple[str, bytes | None]
 
@@ -44,8 +44,10 @@ class ConsumerRecord(NamedTuple):
     topic: str
     partition: int
     offset: int
-    key: bytes | None
-    value: bytes | None
+    # bytes (or None) as stored; what key_deserializer / value_deserializer
+    # return when the consumer has them, hence Any.
+    key: Any
+    value: Any
     headers: tuple[Header, ...]
     timestamp_ms: int
 

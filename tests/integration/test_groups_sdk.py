@@ -1,16 +1,14 @@
 """Consumer groups through the SDK, against the real group coordinator.
 
-Goal: a read-process-write copier (group consumer + transactional producer
-with send_offsets_to_transaction) writes every input record to the output
-exactly once for read_committed readers, although one of its transactions
-is aborted half-way and the consumer rewinds with seek_to_committed(); a
-transactional offset is invisible while its transaction is open
-(OffsetFetch(require_stable) answers "unstable", committed() waits) and is
-the committed offset right after the commit; bad input — an unknown group,
-a stale generation, an unknown member, offsets for a partition the member
-does not own, a negative offset, outside changes to a group in use — gets a
-clear error and stores nothing; Admin lists, describes, shows lag, resets
-and deletes groups.
+Goal: bad input — an unknown group, a stale generation, an unknown member,
+offsets for a partition the member does not own, a negative offset, outside
+changes to a group in use, transactional offsets from a fenced member — gets
+a clear error and stores nothing; Admin lists, describes, shows lag, resets
+and deletes groups. The read-process-write guarantees (a copier with
+send_offsets_to_transaction writing every record exactly once across
+aborted transactions; a pending transactional offset invisible until its
+commit) are the client contract, tested against the threaded and the
+asyncio client alike in test_client_contract.py.
 
 Method: one LocalCluster (one store, one transaction coordinator, one group
 coordinator) for the module, a topic per test; Consumer, Producer and Admin
@@ -20,7 +18,6 @@ as an application uses them. Waits are bounded loops on observable state.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -36,8 +33,6 @@ from oncelog import (
     TopicPartition,
     errors,
 )
-from oncelog._client import ClusterClient
-from oncelog._group import GroupClient
 from oncelog.testing import LocalCluster
 
 _ids = itertools.count()
@@ -91,95 +86,6 @@ def poll_until_assigned(consumer: Consumer, count: int) -> list[ConsumerRecord]:
         assert time.monotonic() < deadline, consumer.assignment()
         got += consumer.poll(timeout=0.1)
     return got
-
-
-def read_committed_values(cluster: LocalCluster, topic: str, partitions: int) -> list[bytes]:
-    with Consumer(bootstrap=cluster.bootstrap) as reader:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        reader.assign(tps)
-        ends = reader.end_offsets(tps)
-        out: list[bytes] = []
-        deadline = time.monotonic() + WAIT_S
-        while any(reader.position(tp) < ends[tp] for tp in tps):
-            assert time.monotonic() < deadline
-            out += [r.value or b"" for r in reader.poll(timeout=0.1)]
-        return out
-
-
-# ------------------------------------------------------- read-process-write
-
-
-def test_copier_is_exactly_once_across_an_aborted_transaction(
-        cluster: LocalCluster, admin: Admin) -> None:
-    source, sink = new_topic(admin, 2), new_topic(admin, 1)
-    inputs = {p: [f"{p}-{i}".encode() for i in range(30)] for p in range(2)}
-    produce(cluster, source, inputs)
-    group = f"copier-{source}"
-    aborted = 0
-    with Consumer(bootstrap=cluster.bootstrap, group_id=group, max_poll_records=7) as consumer, \
-            Producer(bootstrap=cluster.bootstrap, transactional_id=f"copier-{source}") as producer:
-        consumer.subscribe([source])
-        producer.init_transactions()
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            committed = consumer.committed([TopicPartition(source, p) for p in range(2)])
-            if all(offset == 30 for offset in committed.values()):
-                break
-            assert time.monotonic() < deadline, committed
-            records = consumer.poll(timeout=0.2)
-            if not records:
-                continue
-            producer.begin_transaction()
-            for r in records:
-                producer.send(sink, value=(r.value or b"").upper(), partition=0)
-            producer.send_offsets_to_transaction(
-                {tp: consumer.position(tp) for tp in consumer.assignment()},
-                consumer.group_metadata(),
-            )
-            if aborted < 2:
-                # A failure half-way: nothing of this transaction counts, and
-                # the consumer goes back to what the group has committed.
-                producer.abort_transaction()
-                consumer.seek_to_committed()
-                aborted += 1
-            else:
-                producer.commit_transaction()
-    out = read_committed_values(cluster, sink, 1)
-    expected = sorted(v.upper() for values in inputs.values() for v in values)
-    assert sorted(out) == expected, "every input exactly once"
-    offsets = admin.list_group_offsets(group)
-    assert {tp.partition: (o.offset, o.lag) for tp, o in offsets.items()} == {
-        0: (30, 0), 1: (30, 0)}
-
-
-def test_a_pending_transactional_offset_is_unstable_until_the_commit(
-        cluster: LocalCluster, admin: Admin) -> None:
-    topic = new_topic(admin, 1)
-    produce(cluster, topic, {0: [b"a", b"b", b"c"]})
-    tp = TopicPartition(topic, 0)
-    group = f"stable-{topic}"
-    admin.alter_group_offsets(group, {tp: 1})
-    with Producer(bootstrap=cluster.bootstrap, transactional_id=f"stable-{topic}") as producer, \
-            Consumer(bootstrap=cluster.bootstrap, group_id=group) as consumer:
-        producer.init_transactions()
-        producer.begin_transaction()
-        producer.send_offsets_to_transaction({tp: 3}, GroupMetadata(group, -1, ""))
-        # OffsetFetch as any client sends it.
-        raw = GroupClient(ClusterClient(cluster.bootstrap), group)
-        pending = raw.fetch_once([tp], require_stable=True, timeout_s=10)
-        assert pending.unstable == {tp} and tp not in pending.offsets
-        assert raw.fetch_once([tp], require_stable=False, timeout_s=10).offsets == {tp: 1}
-        assert admin.list_group_offsets(group)[tp].offset == 1  # the last stable one
-        answer: list[dict[TopicPartition, int | None]] = []
-        waiter = threading.Thread(target=lambda: answer.append(consumer.committed([tp])))
-        waiter.start()
-        waiter.join(0.3)
-        assert not answer, "committed() must wait while the offset is pending"
-        producer.commit_transaction()
-        waiter.join(WAIT_S)
-        assert answer == [{tp: 3}]
-        assert raw.fetch_once([tp], require_stable=True, timeout_s=10).offsets == {tp: 3}
-        raw.client.close()
 
 
 # ------------------------------------------------------------------ bad input

@@ -86,7 +86,7 @@ def _unknown_partition(producer: Producer, out: str, _cluster: LocalCluster) -> 
 
 
 def _bad_argument(producer: Producer, out: str, _cluster: LocalCluster) -> BaseException:
-    return _outcome(lambda: producer.send(out, value="not bytes"))  # type: ignore[arg-type]
+    return _outcome(lambda: producer.send(out, value="not bytes"))
 
 
 def _store_rejects(producer: Producer, _out: str, _cluster: LocalCluster) -> BaseException:

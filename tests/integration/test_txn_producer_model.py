@@ -516,9 +516,9 @@ class ProducerModel(RuleBasedStateMachine):
         if kind is Bad.UNKNOWN_PARTITION:
             return a, lambda: p.send(a, value=value, partition=7)
         if kind is Bad.VALUE_NOT_BYTES:
-            return a, lambda: p.send(a, value=value.decode())  # type: ignore[arg-type]
+            return a, lambda: p.send(a, value=value.decode())
         if kind is Bad.KEY_NOT_BYTES:
-            return a, lambda: p.send(a, value=value, key=7)  # type: ignore[arg-type]
+            return a, lambda: p.send(a, value=value, key=7)
         if kind is Bad.NEGATIVE_PARTITION:
             return a, lambda: p.send(a, value=value, partition=-1)
         if kind is Bad.NEGATIVE_TIMESTAMP:
