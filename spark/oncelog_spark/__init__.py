@@ -16,7 +16,8 @@ The package lives in `spark/oncelog_spark/` and is installed beside `oncelog`
   spark.readStream and writeStream; its batch and stream readers.
 * `reading.py` — reading one offset range in a Spark task, as Arrow batches.
 * `offsets.py` — offsets JSON, ranges and per-trigger limits (pure logic).
-* `options.py` — the source's options, parsed and checked.
+* `options.py` — the source's and sinks' options, parsed and checked (with
+  Spark's Kafka names where they mean the same); the sink's default app_id.
 * `cluster.py` — partitions and end offsets, asked from the cluster.
 * `session.py` — a SparkSession set up for oncelog.
 * `stream_sink.py` — the two-phase-commit sink, `writeStream.format("oncelog")`:
@@ -28,6 +29,7 @@ The package lives in `spark/oncelog_spark/` and is installed beside `oncelog`
 
 from __future__ import annotations
 
+from oncelog_spark.options import default_app_id
 from oncelog_spark.reading import SCHEMA
 from oncelog_spark.session import build_session, configure_environment, register
 from oncelog_spark.sink import BatchOutcome, ExactlyOnceWriter, exactly_once_writer
@@ -41,6 +43,7 @@ __all__ = [
     "OncelogDataSource",
     "build_session",
     "configure_environment",
+    "default_app_id",
     "exactly_once_writer",
     "register",
 ]

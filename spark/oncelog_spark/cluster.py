@@ -28,22 +28,37 @@ class ClusterView:
         self._admin: Admin | None = None
         self._consumer: Consumer | None = None
 
-    def partitions(self) -> list[TopicPartition]:
-        """Every partition of the read topics, asked fresh each time (one
-        ListTopics call), so partitions added to a topic are found."""
+    def topic_partitions(self) -> tuple[list[TopicPartition], list[str]]:
+        """Every partition of the topics the query reads, and the topics it
+        names that do not exist. Asked fresh each time (one ListTopics
+        call), so partitions added to a topic, and new topics that
+        `topic_pattern` matches, are found at every micro-batch. Internal
+        topics (`__consumer_offsets`, ...) are never listed, so a pattern
+        does not match them (as Kafka's exclude.internal.topics)."""
+        opts = self._options
         counts = self._admin_client().list_topics()
-        missing = [t for t in self._options.topics if t not in counts]
+        if opts.topic_pattern is not None:
+            topics = sorted(t for t in counts if opts.reads(t))
+            missing: list[str] = []
+        else:
+            topics = [t for t in opts.topics if t in counts]
+            missing = [t for t in opts.topics if t not in counts]
+        return [TopicPartition(topic, p) for topic in topics for p in range(counts[topic])], \
+            missing
+
+    def partitions(self) -> list[TopicPartition]:
+        """Every partition of the topics read; every topic named must exist."""
+        tps, missing = self.topic_partitions()
         if missing:
-            raise errors.error_for(
-                errors.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"oncelog source: topic(s) {', '.join(missing)} do not exist at "
-                f"{self._options.bootstrap} (create them before reading)",
-            )
-        return [
-            TopicPartition(topic, p)
-            for topic in self._options.topics
-            for p in range(counts[topic])
-        ]
+            raise self.missing_topics_error(missing)
+        return tps
+
+    def missing_topics_error(self, missing: list[str]) -> errors.OncelogError:
+        return errors.error_for(
+            errors.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            f"oncelog source: topic(s) {', '.join(missing)} do not exist at "
+            f"{self._options.bootstrap} (create them before reading)",
+        )
 
     def earliest(self, partitions: Iterable[TopicPartition]) -> Offsets:
         """The first offset still in each partition's log."""

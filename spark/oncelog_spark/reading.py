@@ -14,6 +14,7 @@ arrive in the same fetch are dropped: the next range starts there.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 
@@ -53,6 +54,8 @@ SCHEMA = StructType([
 # same way so they cannot drift apart.
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
 
+log = logging.getLogger("oncelog_spark.source")
+
 # Records per Arrow batch handed to Spark (Spark's own default for Arrow
 # batches is 10,000 rows).
 RECORDS_PER_ARROW_BATCH = 10_000
@@ -66,7 +69,8 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBa
     tp = rng.topic_partition
     builder = _BatchBuilder()
     # auto_offset_reset "none": a start offset that is no longer in the log
-    # (retention removed it) must fail the task, not silently read elsewhere.
+    # (retention removed it) must fail the task, or with fail_on_data_loss
+    # false be skipped knowingly, not silently read from elsewhere.
     with Consumer(
         bootstrap=options.bootstrap,
         isolation_level=options.isolation_level,
@@ -81,12 +85,13 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBa
             try:
                 records = consumer.poll(timeout=_POLL_WAIT_S)
             except errors.OffsetOutOfRangeError as exc:
-                raise errors.error_for(
-                    errors.ErrorCode.OFFSET_OUT_OF_RANGE,
-                    f"oncelog source: cannot read {tp.topic}-{tp.partition} offsets "
-                    f"[{rng.start}, {rng.end}): {exc.message}. The records are no longer in "
-                    f"the log (retention) or the topic was recreated.",
-                ) from None
+                skip_to = _skip_lost(consumer, options, rng, position, exc)
+                if skip_to >= rng.end:
+                    break
+                consumer.seek(tp, skip_to)
+                position = skip_to
+                progress_at_s = time.monotonic()
+                continue
             for record in records:
                 if record.offset >= rng.end:
                     break
@@ -105,6 +110,39 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBa
                 )
     if builder.size:
         yield builder.take()
+
+
+def _skip_lost(
+    consumer: Consumer,
+    options: SourceOptions,
+    rng: OffsetRange,
+    position: int,
+    exc: errors.OncelogError,
+) -> int:
+    """Where to go on when `position` is no longer in the partition's log:
+    its earliest offset (retention removed what was before), or the end of
+    the range when the log now ends below `position` (the topic was
+    recreated). Raises when fail_on_data_loss is true."""
+    tp = rng.topic_partition
+    if options.fail_on_data_loss:
+        raise errors.error_for(
+            errors.ErrorCode.OFFSET_OUT_OF_RANGE,
+            f"oncelog source: cannot read {tp.topic}-{tp.partition} offsets "
+            f"[{rng.start}, {rng.end}): {exc.message}. The records are no longer in the log "
+            f"(retention) or the topic was recreated. Set option fail_on_data_loss (Kafka: "
+            f"failOnDataLoss) to false to skip them with a warning",
+        ) from None
+    earliest = consumer.beginning_offsets([tp])[tp]
+    if position < earliest:
+        skip_to = min(earliest, rng.end)
+        log.warning("oncelog source: %s-%d offsets [%d, %d) are no longer in the log "
+                    "(retention); skipping them (fail_on_data_loss is false)",
+                    tp.topic, tp.partition, position, skip_to)
+        return skip_to
+    log.warning("oncelog source: %s-%d ends below offset %d (the topic was recreated); "
+                "skipping offsets [%d, %d) (fail_on_data_loss is false)",
+                tp.topic, tp.partition, position, position, rng.end)
+    return rng.end
 
 
 class _BatchBuilder:

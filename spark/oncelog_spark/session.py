@@ -13,6 +13,12 @@ Python Data Source API needs on a machine.
 
 Used by the tests (one shared session) and by jobs that run as their own
 process: `build_session("payments-job")`.
+
+Spark Connect: a session built with `connect_server_config()` also serves
+Spark Connect clients (the server plugin ships in pyspark's jars); a
+client registers the source on its own session with `register(spark)`,
+and the source runs in the server's Python workers as it does for a
+classic session (docs/spark.md, "Spark Connect").
 """
 
 from __future__ import annotations
@@ -21,10 +27,16 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
 from oncelog_spark.source import OncelogDataSource
+
+if TYPE_CHECKING:
+    # Importing it needs the Spark Connect client's packages (grpcio,
+    # zstandard), which a classic session does not.
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 # Settings for a session on one machine: no web UI (a port nobody reads),
 # few shuffle partitions (Spark's 200 make every small shuffle slow), UTC
@@ -65,9 +77,30 @@ def configure_environment(*, python: str | None = None, local: bool = True) -> N
         )
 
 
-def register(spark: SparkSession) -> None:
-    """Makes `format("oncelog")` known to a session (safe to call again)."""
+def register(spark: SparkSession | ConnectSession) -> None:
+    """Makes `format("oncelog")` known to a session (safe to call again):
+    a classic session, or a Spark Connect client's (the class is sent to
+    the server, whose Python workers must be able to import oncelog_spark)."""
     spark.dataSource.register(OncelogDataSource)
+
+
+# The Spark Connect server, as a plugin of a classic session.
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+DEFAULT_CONNECT_PORT = 15002
+
+
+def connect_server_config(*, host: str = "127.0.0.1", port: int = DEFAULT_CONNECT_PORT
+                          ) -> dict[str, str]:
+    """Settings for `build_session(config=...)` that make the session also
+    a Spark Connect server, listening at `host:port` (clients connect to
+    `sc://HOST:PORT`). No authentication: keep `host` on a trusted network."""
+    if type(port) is not int or not 0 < port < 65536:
+        raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+    return {
+        "spark.plugins": CONNECT_PLUGIN,
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(port),
+    }
 
 
 def build_session(

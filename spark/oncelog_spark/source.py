@@ -16,6 +16,7 @@ checkpoint, so a restarted query continues from the checkpoint alone.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from oncelog import errors
+from oncelog import TopicPartition, errors
 from oncelog_spark.cluster import ClusterView
 from oncelog_spark.offsets import (
     OffsetRange,
@@ -55,6 +56,8 @@ from oncelog_spark.stream_sink import OncelogStreamWriter
 from oncelog_spark.writing import SinkColumns
 
 FORMAT_NAME = "oncelog"
+
+log = logging.getLogger("oncelog_spark.source")
 
 
 class OncelogDataSource(DataSource):
@@ -82,7 +85,11 @@ class OncelogDataSource(DataSource):
                 "the oncelog sink appends records to a log; it cannot overwrite (use "
                 "outputMode('append'))"
             )
-        return OncelogStreamWriter(SinkOptions.parse(self.options), SinkColumns.of(schema))
+        options = SinkOptions.parse(self.options)
+        if options.app_id_from_checkpoint:
+            log.info("oncelog sink: no app_id given; using %s, derived from the checkpoint "
+                     "location %s", options.app_id, self.options.get("checkpointLocation"))
+        return OncelogStreamWriter(options, SinkColumns.of(schema))
 
 
 def _check_schema(schema: StructType) -> None:
@@ -104,6 +111,19 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Reco
     return read_range(options, rng)
 
 
+def data_loss(options: SourceOptions, message: str) -> None:
+    """Records the read should return are gone: an error when
+    fail_on_data_loss is true (the default), else a warning (the caller
+    then skips them), as Spark's Kafka source's failOnDataLoss."""
+    if options.fail_on_data_loss:
+        raise errors.error_for(
+            errors.ErrorCode.OFFSET_OUT_OF_RANGE,
+            f"oncelog source: {message}. Set option fail_on_data_loss (Kafka: "
+            f"failOnDataLoss) to false to skip what is lost with a warning",
+        )
+    log.warning("oncelog source: %s; skipping it (fail_on_data_loss is false)", message)
+
+
 def _resolve_specs(
     view: ClusterView, options: SourceOptions, specs: Mapping[str, OffsetSpec]
 ) -> dict[str, Offsets]:
@@ -123,10 +143,14 @@ def _resolve_specs(
         offsets = resolve(spec, tps, earliest=earliest, latest=latest)
         for tp, offset in sorted(offsets.items()):
             if offset < earliest[tp]:
-                raise OffsetsError(
-                    f"option {option!r}: offset {offset} of {tp.topic}-{tp.partition} is "
-                    f"before the earliest offset still in the log, {earliest[tp]}"
-                )
+                message = (f"option {option!r}: offset {offset} of {tp.topic}-{tp.partition} "
+                           f"is before the earliest offset still in the log, {earliest[tp]}")
+                if options.fail_on_data_loss:
+                    raise OffsetsError(
+                        f"{message} (with fail_on_data_loss false the read starts there)"
+                    )
+                log.warning("%s: starting there (fail_on_data_loss is false)", message)
+                offsets[tp] = offset = earliest[tp]
             if offset > latest[tp]:
                 raise OffsetsError(
                     f"option {option!r}: offset {offset} of {tp.topic}-{tp.partition} is "
@@ -167,8 +191,11 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     (`latestOffset`): the last stable offset under read_committed, so open
     and aborted transactions are never read; at most max_records_per_trigger
     offsets further than the previous batch, spread fairly over partitions.
-    Partitions that appear later (or topics added to `topics` before a
-    restart) are read from their earliest offset.
+    Partitions that appear later (topics `topic_pattern` comes to match,
+    or topics added to `topics` before a restart) are read from their
+    earliest offset. Records that are gone (deleted topics, a recreated
+    topic, retention) fail the query, or with fail_on_data_loss false are
+    skipped with a warning.
     """
 
     def __init__(self, options: SourceOptions) -> None:
@@ -209,13 +236,13 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         view = self._cluster()
         begin = self._start_offsets(start)
-        tps = view.partitions()
+        tps = self._current_partitions(begin)
         new = [tp for tp in tps if tp not in begin]
         begin = {tp: begin[tp] for tp in tps if tp in begin}
         begin.update(view.earliest(new))
         latest = view.latest(tps)
         self._last_latest = latest
-        end = self._not_behind(begin, latest)
+        end, restart = self._not_behind(begin, latest)
         if self._target is not None:
             end = {tp: max(begin[tp], min(end[tp], self._target.get(tp, begin[tp])))
                    for tp in tps}
@@ -226,6 +253,10 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"the oncelog source limits micro-batches by records (ReadMaxRows), "
                 f"not by {type(limit).__name__}"
             )
+        # Partitions whose records were lost (fail_on_data_loss false): the
+        # micro-batch reads nothing of them and the next one starts at their
+        # earliest offset.
+        end.update(restart)
         return to_json_dict(end)
 
     def reportLatestOffset(self) -> dict | None:
@@ -234,6 +265,14 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = self._start_offsets(start)
         end_offsets = from_json_dict(end, what="micro-batch end offsets")
+        # An end below the start is what latestOffset plans for a partition
+        # whose records were lost: nothing to read there.
+        for tp in sorted(tp for tp in end_offsets
+                         if tp in begin and end_offsets[tp] < begin[tp]):
+            data_loss(self._options,
+                      f"{tp.topic}-{tp.partition}: offsets from {begin[tp]} on are gone (the "
+                      f"micro-batch ends at {end_offsets[tp]})")
+            begin[tp] = end_offsets[tp]
         new = [tp for tp in end_offsets if tp not in begin]
         earliest_of_new = self._cluster().earliest(new) if new else {}
         ranges = plan_ranges(begin, end_offsets, earliest_of_new=earliest_of_new)
@@ -256,24 +295,51 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _start_offsets(start: Mapping[str, Any]) -> Offsets:
         return from_json_dict(dict(start), what="micro-batch start offsets")
 
-    def _not_behind(self, begin: Offsets, latest: Offsets) -> Offsets:
-        """End offsets no lower than the start. A partition whose end is
-        below where the query already is has either an open transaction
-        below that offset (the query read it under read_uncommitted before a
-        restart with read_committed: wait for it to end) or lost its records
-        (the topic was deleted and recreated): the latter fails the query
-        rather than skip or re-read anything."""
+    def _current_partitions(self, begin: Offsets) -> list[TopicPartition]:
+        """The partitions to read now. A topic the query was reading (one in
+        the micro-batch's start offsets, still named or matched) that is
+        gone from the cluster was deleted: what was written to it since the
+        last micro-batch is lost. A named topic that does not exist fails
+        the query, unless fail_on_data_loss is false: then it is read once
+        it exists (as Spark's Kafka source's subscribe waits for it)."""
+        opts = self._options
+        view = self._cluster()
+        tps, missing = view.topic_partitions()
+        present = {tp.topic for tp in tps}
+        gone = sorted({tp.topic for tp in begin
+                       if tp.topic not in present and opts.reads(tp.topic)})
+        if gone:
+            data_loss(opts, f"topic(s) {', '.join(gone)} were deleted while this query read "
+                            f"them; records written to them after its last micro-batch are "
+                            f"lost")
+        never_read = [t for t in missing if t not in gone]
+        if never_read:
+            if opts.fail_on_data_loss:
+                raise view.missing_topics_error(never_read)
+            log.warning("oncelog source: topic(s) %s do not exist at %s; reading them once "
+                        "they do", ", ".join(never_read), opts.bootstrap)
+        return tps
+
+    def _not_behind(self, begin: Offsets, latest: Offsets) -> tuple[Offsets, Offsets]:
+        """End offsets no lower than the start, and the partitions whose
+        records were lost with the offset to read them from next.
+
+        A partition whose end is below where the query already is has
+        either an open transaction below that offset (the query read it
+        under read_uncommitted before a restart with read_committed: wait
+        for it to end) or lost its records (the topic was deleted and
+        recreated, or the checkpoint belongs to another cluster): the latter
+        fails the query rather than skip or re-read anything, or with
+        fail_on_data_loss false is read again from its earliest offset."""
         behind = [tp for tp in latest if latest[tp] < begin[tp]]
         if not behind:
-            return dict(latest)
+            return dict(latest), {}
         high = self._cluster().high_watermarks(sorted({tp.topic for tp in behind}))
         lost = [tp for tp in behind if high.get(tp, -1) < begin[tp]]
-        if lost:
-            tp = lost[0]
-            raise errors.error_for(
-                errors.ErrorCode.OFFSET_OUT_OF_RANGE,
-                f"oncelog source: {tp.topic}-{tp.partition} ends at offset {high.get(tp)}, "
-                f"below offset {begin[tp]} that this query already reached: the topic was "
-                f"deleted and recreated, or the checkpoint belongs to another cluster",
-            )
-        return {tp: max(latest[tp], begin[tp]) for tp in latest}
+        for tp in lost:
+            data_loss(self._options,
+                      f"{tp.topic}-{tp.partition} ends at offset {high.get(tp)}, below offset "
+                      f"{begin[tp]} that this query already reached: the topic was deleted "
+                      f"and recreated, or the checkpoint belongs to another cluster")
+        restart = self._cluster().earliest(lost) if lost else {}
+        return {tp: max(latest[tp], begin[tp]) for tp in latest}, restart

@@ -33,6 +33,11 @@ writes again. If the driver died half-way through its commit, writers whose
 transaction it had completed find their batch id committed and write
 nothing. So each row is visible once, and no prepared transaction is left
 behind by a query that is restarted.
+
+Without option `app_id`, APP_ID is derived from the query's checkpoint
+location (`options.default_app_id`: `spark-` and 16 hex digits), which
+names the query across restarts, and the sink-side group is
+`APP_ID-QUERY_ID` (`query_group`).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,10 +70,30 @@ _T = TypeVar("_T")
 # micro-batch; tasks inherit local properties, so a write task learns its
 # micro-batch id from it (DataSourceStreamWriter.write is not given one).
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+# ... and the query's id (kept in its checkpoint, the same across restarts).
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 # Transactions completed (or aborted) at once by the driver.
 COMPLETION_THREADS = 8
 # Test hook: how long a held commit waits to be killed before it fails.
 HOLD_LIMIT_S = 600
+
+
+def query_group(options: SinkOptions, context: TaskContext) -> str:
+    """The sink-side group of a sink whose app_id was derived from its
+    checkpoint location: `APP_ID-QUERY_ID`. The query id is Spark's own
+    identity of the query, kept in its checkpoint (`metadata`), so a
+    restarted query finds its batch ids again; a new checkpoint made at a
+    deleted one's path has a new query id, so it cannot mistake the old
+    query's batch ids for its own and skip its first micro-batch. (The
+    transactional ids stay `APP_ID-N`: the new query still fences whatever
+    the old one left running.)"""
+    query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
+    if not query_id:
+        raise RuntimeError(
+            f"the oncelog sink's task has no query id (Spark's local property "
+            f"{QUERY_ID_PROPERTY!r}); give the sink option 'app_id'"
+        )
+    return f"{options.app_id}-{query_id}"
 
 
 class PreparedWriteLostError(RuntimeError):
@@ -94,7 +120,10 @@ class OncelogStreamWriter(DataSourceStreamArrowWriter):
                 f"the oncelog sink's task has no micro-batch id (Spark's local property "
                 f"{BATCH_ID_PROPERTY!r}): format('oncelog') writes streaming queries only"
             )
-        return prepare_batch(self._options, self._columns, writer=context.partitionId(),
+        options = self._options
+        if options.app_id_from_checkpoint:
+            options = replace(options, group_id=query_group(options, context))
+        return prepare_batch(options, self._columns, writer=context.partitionId(),
                              batch_id=int(batch_id), batches=iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

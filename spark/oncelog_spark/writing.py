@@ -7,7 +7,9 @@ producer `A-N`; its transaction holds the writer's rows and, as a
 transactional offset of the sink-side group `A`, the micro-batch id:
 offset `batch_id + 1` for partition N of the output topic. So the group's
 committed offset of (topic, N) is the next micro-batch writer N has not
-written, and it becomes visible exactly when the writer's records do.
+written, and it becomes visible exactly when the writer's records do. (A
+`format("oncelog")` sink given no app_id derives A from the checkpoint
+location, and its group is `A-QUERY_ID`: `SinkOptions.group`.)
 
 A writer's steps, in this order:
 
@@ -120,10 +122,10 @@ def transactional_id(app_id: str, writer: int) -> str:
     return f"{app_id}-{writer}"
 
 
-def group_metadata(app_id: str) -> GroupMetadata:
+def group_metadata(group_id: str) -> GroupMetadata:
     """The sink-side group: no members, so commits come from outside the
     group protocol (generation -1, no member id)."""
-    return GroupMetadata(group_id=app_id, generation_id=-1, member_id="")
+    return GroupMetadata(group_id=group_id, generation_id=-1, member_id="")
 
 
 def batch_offsets(topic: str, writer: int, batch_id: int) -> dict[TopicPartition, int]:
@@ -138,7 +140,7 @@ def next_batches(options: SinkOptions, writers: Sequence[int]) -> dict[int, int]
 
     A writer's batch ids are offsets of the output topic's partition with
     its number, so a writer beyond the topic's partitions is an error."""
-    with Consumer(bootstrap=options.bootstrap, group_id=options.app_id) as consumer:
+    with Consumer(bootstrap=options.bootstrap, group_id=options.group) as consumer:
         partitions = len(consumer.partitions_for_topic(options.topic))
         beyond = [w for w in writers if w >= partitions]
         if beyond:
@@ -164,7 +166,7 @@ def check_not_ahead(options: SinkOptions, writer: int, batch_id: int, next_batch
             f"the oncelog sink of app_id {options.app_id!r}: writer {writer} has already "
             f"written micro-batch {next_batch - 1}, but the query is at micro-batch "
             f"{batch_id}. The app_id was used by a query with another checkpoint; give this "
-            f"query its own app_id (or delete group {options.app_id!r} to start over)"
+            f"query its own app_id (or delete group {options.group!r} to start over)"
         )
 
 
@@ -217,7 +219,7 @@ def send_rows(
 def commit_offsets(producer: Producer, options: SinkOptions, writer: int, batch_id: int) -> None:
     """Step 3's offset: the batch id, in the writer's transaction."""
     producer.send_offsets_to_transaction(batch_offsets(options.topic, writer, batch_id),
-                                         group_metadata(options.app_id))
+                                         group_metadata(options.group))
 
 
 def write_batch(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import DataStreamWriter
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from oncelog import Admin, Producer
 from oncelog.admin import OPEN_TRANSACTION_STATES
@@ -80,7 +80,7 @@ def input_stream(spark: SparkSession, bootstrap: str, topic: str,
     )
 
 
-def run_available_now(writer: DataStreamWriter) -> None:
+def run_available_now(writer: DataStreamWriter) -> StreamingQuery:
     """Starts the query with Trigger.AvailableNow and waits until it is done."""
     query = writer.trigger(availableNow=True).start()
     finished = query.awaitTermination(RUN_TIMEOUT_S)
@@ -88,6 +88,7 @@ def run_available_now(writer: DataStreamWriter) -> None:
         query.stop()
     assert finished, f"the AvailableNow run did not finish within {RUN_TIMEOUT_S} s"
     assert query.exception() is None
+    return query
 
 
 def forget_last_commit(checkpoint: Path) -> int:
