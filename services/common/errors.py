@@ -75,6 +75,14 @@ _GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.TRANSACTION_COORDINATOR_FENCED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.FENCED_INSTANCE_ID: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.FENCED_MEMBER_EPOCH: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.TOPIC_AUTHORIZATION_FAILED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.GROUP_AUTHORIZATION_FAILED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.CLUSTER_AUTHORIZATION_FAILED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: grpc.StatusCode.PERMISSION_DENIED,
+    # ACL calls to a cluster without an authorizer: the cluster's setup does
+    # not fit the call (UNIMPLEMENTED would read as "no such RPC").
+    ErrorCode.SECURITY_DISABLED: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.SASL_AUTHENTICATION_FAILED: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 

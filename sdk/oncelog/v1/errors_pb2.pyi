@@ -60,6 +60,17 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     INVALID_SESSION_TIMEOUT: _ErrorCode.ValueType  # 26
     REBALANCE_IN_PROGRESS: _ErrorCode.ValueType  # 27
     INVALID_COMMIT_OFFSET_SIZE: _ErrorCode.ValueType  # 28
+    TOPIC_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 29
+    """Authorization (docs/security.md): the caller's principal may not do the
+    operation the message names to the named topic, group or cluster (gRPC
+    status PERMISSION_DENIED). The call changed nothing.
+    """
+    GROUP_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 30
+    CLUSTER_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 31
+    """Cluster-level operations: ClusterAction (the services' own calls:
+    markers, replication, writes to internal topics), IdempotentWrite,
+    Create, Alter, Describe on the cluster.
+    """
     INVALID_TIMESTAMP: _ErrorCode.ValueType  # 32
     UNSUPPORTED_VERSION: _ErrorCode.ValueType  # 35
     TOPIC_ALREADY_EXISTS: _ErrorCode.ValueType  # 36
@@ -80,7 +91,21 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     INVALID_TRANSACTION_TIMEOUT: _ErrorCode.ValueType  # 50
     CONCURRENT_TRANSACTIONS: _ErrorCode.ValueType  # 51
     TRANSACTION_COORDINATOR_FENCED: _ErrorCode.ValueType  # 52
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 53
+    """The caller's principal may not use the transactional id (Write,
+    Describe, or TwoPhaseCommit for two-phase-commit producers).
+    """
+    SECURITY_DISABLED: _ErrorCode.ValueType  # 54
+    """An ACL call (CreateAcls, DescribeAcls, DeleteAcls) to a cluster that runs
+    without an authorizer.
+    """
     STORAGE_ERROR: _ErrorCode.ValueType  # 56
+    SASL_AUTHENTICATION_FAILED: _ErrorCode.ValueType  # 58
+    """Any failed authentication: a bearer token that is malformed, expired,
+    from an untrusted issuer or with a bad signature; no client certificate
+    where one is needed; a certificate subject no mapping rule takes (gRPC
+    status UNAUTHENTICATED).
+    """
     UNKNOWN_PRODUCER_ID: _ErrorCode.ValueType  # 59
     NON_EMPTY_GROUP: _ErrorCode.ValueType  # 68
     GROUP_ID_NOT_FOUND: _ErrorCode.ValueType  # 69
@@ -147,6 +172,17 @@ UNKNOWN_MEMBER_ID: ErrorCode.ValueType  # 25
 INVALID_SESSION_TIMEOUT: ErrorCode.ValueType  # 26
 REBALANCE_IN_PROGRESS: ErrorCode.ValueType  # 27
 INVALID_COMMIT_OFFSET_SIZE: ErrorCode.ValueType  # 28
+TOPIC_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 29
+"""Authorization (docs/security.md): the caller's principal may not do the
+operation the message names to the named topic, group or cluster (gRPC
+status PERMISSION_DENIED). The call changed nothing.
+"""
+GROUP_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 30
+CLUSTER_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 31
+"""Cluster-level operations: ClusterAction (the services' own calls:
+markers, replication, writes to internal topics), IdempotentWrite,
+Create, Alter, Describe on the cluster.
+"""
 INVALID_TIMESTAMP: ErrorCode.ValueType  # 32
 UNSUPPORTED_VERSION: ErrorCode.ValueType  # 35
 TOPIC_ALREADY_EXISTS: ErrorCode.ValueType  # 36
@@ -167,7 +203,21 @@ INVALID_PRODUCER_ID_MAPPING: ErrorCode.ValueType  # 49
 INVALID_TRANSACTION_TIMEOUT: ErrorCode.ValueType  # 50
 CONCURRENT_TRANSACTIONS: ErrorCode.ValueType  # 51
 TRANSACTION_COORDINATOR_FENCED: ErrorCode.ValueType  # 52
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 53
+"""The caller's principal may not use the transactional id (Write,
+Describe, or TwoPhaseCommit for two-phase-commit producers).
+"""
+SECURITY_DISABLED: ErrorCode.ValueType  # 54
+"""An ACL call (CreateAcls, DescribeAcls, DeleteAcls) to a cluster that runs
+without an authorizer.
+"""
 STORAGE_ERROR: ErrorCode.ValueType  # 56
+SASL_AUTHENTICATION_FAILED: ErrorCode.ValueType  # 58
+"""Any failed authentication: a bearer token that is malformed, expired,
+from an untrusted issuer or with a bad signature; no client certificate
+where one is needed; a certificate subject no mapping rule takes (gRPC
+status UNAUTHENTICATED).
+"""
 UNKNOWN_PRODUCER_ID: ErrorCode.ValueType  # 59
 NON_EMPTY_GROUP: ErrorCode.ValueType  # 68
 GROUP_ID_NOT_FOUND: ErrorCode.ValueType  # 69

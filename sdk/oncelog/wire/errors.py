@@ -69,6 +69,12 @@ class ErrorCode(enum.IntEnum):
     INVALID_SESSION_TIMEOUT = (26, Kind.NOT_RETRIABLE)
     REBALANCE_IN_PROGRESS = (27, Kind.NOT_RETRIABLE)
     INVALID_COMMIT_OFFSET_SIZE = (28, Kind.NOT_RETRIABLE)
+    # Authorization (docs/security.md): the principal may not do this to the
+    # named resource. Refusals, not retriable: the same call fails until an
+    # ACL changes.
+    TOPIC_AUTHORIZATION_FAILED = (29, Kind.NOT_RETRIABLE)
+    GROUP_AUTHORIZATION_FAILED = (30, Kind.NOT_RETRIABLE)
+    CLUSTER_AUTHORIZATION_FAILED = (31, Kind.NOT_RETRIABLE)
     INVALID_TIMESTAMP = (32, Kind.NOT_RETRIABLE)
     UNSUPPORTED_VERSION = (35, Kind.NOT_RETRIABLE)
     TOPIC_ALREADY_EXISTS = (36, Kind.NOT_RETRIABLE)
@@ -85,7 +91,13 @@ class ErrorCode(enum.IntEnum):
     INVALID_TRANSACTION_TIMEOUT = (50, Kind.NOT_RETRIABLE)
     CONCURRENT_TRANSACTIONS = (51, Kind.RETRIABLE)
     TRANSACTION_COORDINATOR_FENCED = (52, Kind.FATAL)
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (53, Kind.NOT_RETRIABLE)
+    # An ACL call to a cluster that runs without an authorizer.
+    SECURITY_DISABLED = (54, Kind.NOT_RETRIABLE)
     STORAGE_ERROR = (56, Kind.RETRIABLE)
+    # Any failed authentication: a bad, expired or untrusted bearer token, no
+    # client certificate where one is needed, a subject no mapping rule takes.
+    SASL_AUTHENTICATION_FAILED = (58, Kind.NOT_RETRIABLE)
     UNKNOWN_PRODUCER_ID = (59, Kind.NOT_RETRIABLE)
     NON_EMPTY_GROUP = (68, Kind.NOT_RETRIABLE)
     GROUP_ID_NOT_FOUND = (69, Kind.NOT_RETRIABLE)
@@ -191,6 +203,13 @@ PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
     ErrorCode.REBALANCE_IN_PROGRESS: _P.ABORTABLE,
     ErrorCode.INVALID_COMMIT_OFFSET_SIZE: _P.ABORTABLE,
     ErrorCode.INVALID_TIMESTAMP: _P.ABORTABLE,
+    # Refused by an ACL: this record's topic (Kafka's producer aborts the
+    # transaction and goes on), or the group of send_offsets_to_transaction.
+    ErrorCode.TOPIC_AUTHORIZATION_FAILED: _P.ABORTABLE,
+    ErrorCode.GROUP_AUTHORIZATION_FAILED: _P.ABORTABLE,
+    # Admin calls only (ACLs on a cluster without an authorizer): a refusal
+    # of that one request, like TOPIC_ALREADY_EXISTS.
+    ErrorCode.SECURITY_DISABLED: _P.ABORTABLE,
     ErrorCode.TOPIC_ALREADY_EXISTS: _P.ABORTABLE,
     ErrorCode.INVALID_PARTITIONS: _P.ABORTABLE,
     ErrorCode.INVALID_REPLICATION_FACTOR: _P.ABORTABLE,
@@ -226,6 +245,13 @@ PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
     # A sequence gap the producer cannot explain: the log lost acknowledged
     # records, and going on would hide it.
     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER: _P.FATAL,
+    # The principal may not use its transactional id, or (idempotent
+    # producers) may not write at all, or could not be authenticated: a new
+    # producer with the same credentials meets the same refusal (Kafka's
+    # producer treats all three as fatal).
+    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _P.FATAL,
+    ErrorCode.CLUSTER_AUTHORIZATION_FAILED: _P.FATAL,
+    ErrorCode.SASL_AUTHENTICATION_FAILED: _P.FATAL,
 }
 del _P
 
@@ -321,6 +347,12 @@ _CLASS_NAMES: dict[ErrorCode, str] = {
     ErrorCode.INVALID_SESSION_TIMEOUT: "InvalidSessionTimeoutError",
     ErrorCode.REBALANCE_IN_PROGRESS: "RebalanceInProgressError",
     ErrorCode.INVALID_COMMIT_OFFSET_SIZE: "InvalidCommitOffsetSizeError",
+    ErrorCode.TOPIC_AUTHORIZATION_FAILED: "TopicAuthorizationFailedError",
+    ErrorCode.GROUP_AUTHORIZATION_FAILED: "GroupAuthorizationFailedError",
+    ErrorCode.CLUSTER_AUTHORIZATION_FAILED: "ClusterAuthorizationFailedError",
+    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "TransactionalIdAuthorizationFailedError",
+    ErrorCode.SECURITY_DISABLED: "SecurityDisabledError",
+    ErrorCode.SASL_AUTHENTICATION_FAILED: "AuthenticationFailedError",
     ErrorCode.OFFSET_METADATA_TOO_LARGE: "OffsetMetadataTooLargeError",
     ErrorCode.INVALID_TIMESTAMP: "InvalidTimestampError",
     ErrorCode.UNSUPPORTED_VERSION: "UnsupportedVersionError",
