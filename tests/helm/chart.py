@@ -3,8 +3,9 @@
 The chart is linted and rendered by Helm's own engine through
 helm-python-sdk (no helm binary); built-in kinds are validated with
 kubernetes-validate in strict mode against the newest Kubernetes version it
-ships; the two Prometheus Operator kinds, for which it has no schema, get the
-structural check in crd_schemas.py.
+ships; the custom resources (the Prometheus Operator's kinds, cert-manager's
+Certificate), for which it has no schema, get the structural check in
+crd_schemas.py.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ KUBERNETES_VERSION: str = kubernetes_validate.latest_version()
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 
 Manifest = dict[str, Any]
+
+# The services' security flags (the security contract; server_base.py's
+# add_common_arguments), which the chart sets from its `security` values
+# rather than through a component's `config`.
+SECURITY_FLAGS = frozenset({
+    "tls-cert-file", "tls-key-file", "tls-ca-file", "tls-client-auth", "tls-reload-interval-ms",
+    "ssl-principal-mapping-rules", "oauth-issuers", "oauth-audience", "oauth-sub-claim",
+    "oauth-leeway-s", "authorizer", "super-users", "allow-everyone-if-no-acl-found",
+    "acl-refresh-interval-ms",
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,20 +141,25 @@ def containers(
 def pod_environment(rendered: Rendered, sts: Manifest, ordinal: int) -> dict[str, str]:
     """The environment the container of pod <sts>-<ordinal> starts with, as
     Kubernetes builds it: envFrom ConfigMaps first, then env entries (which
-    win), with the pod-index label resolved to the ordinal."""
+    win), with the pod-index label resolved to the ordinal and the pod's
+    name to <sts>-<ordinal>."""
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         config_map = rendered.one("ConfigMap", source["configMapRef"]["name"])
         env.update(config_map.get("data") or {})
+    downward = {
+        f"metadata.labels['{POD_INDEX_LABEL}']": str(ordinal),
+        "metadata.name": f"{sts['metadata']['name']}-{ordinal}",
+    }
     for entry in container.get("env", []):
         if "value" in entry:
             env[entry["name"]] = str(entry["value"])
             continue
         field_path = entry["valueFrom"]["fieldRef"]["fieldPath"]
-        if field_path != f"metadata.labels['{POD_INDEX_LABEL}']":
+        if field_path not in downward:
             raise AssertionError(f"{entry['name']}: unexpected fieldRef {field_path}")
-        env[entry["name"]] = str(ordinal)
+        env[entry["name"]] = downward[field_path]
     return env
 
 

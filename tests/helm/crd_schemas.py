@@ -1,12 +1,15 @@
-"""Structural schemas of the two Prometheus Operator kinds the chart renders.
+"""Structural schemas of the custom resources the chart renders.
 
 kubernetes-validate ships schemas for Kubernetes' built-in kinds only, so
-ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1) are checked here
-instead: written from the Prometheus Operator's API reference, strict in the
-same way as `kubernetes-validate --strict` (an unknown field is an error),
-covering every field the chart can produce and the ones a user is likely to
-add through values (relabelings). They are narrower than the real CRDs:
-a field they do not know fails the test and has to be added here on purpose.
+the Prometheus Operator's ServiceMonitor and PrometheusRule
+(monitoring.coreos.com/v1) and cert-manager's Certificate (cert-manager.io/v1)
+are checked here instead: written from the projects' API references (for
+Certificate, the v1 CRD's openAPIV3Schema and the validation its webhook
+adds), strict in the same way as `kubernetes-validate --strict` (an unknown
+field is an error), covering every field the chart can produce and the ones
+a user is likely to add through values (relabelings). They are narrower than
+the real CRDs: a field they do not know fails the test and has to be added
+here on purpose.
 """
 
 from __future__ import annotations
@@ -190,7 +193,91 @@ PROMETHEUS_RULE = strict(
     ("apiVersion", "kind", "metadata", "spec"),
 )
 
+# Go's time.ParseDuration format, which cert-manager parses durations with.
+GO_DURATION: Schema = {
+    "type": "string",
+    "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$",
+}
+STRING_LIST: Schema = {"type": "array", "items": {"type": "string"}}
+# Certificate.spec.usages: cert-manager's KeyUsage values.
+KEY_USAGES = [
+    "signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+    "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+    "server auth", "client auth", "code signing", "email protection", "s/mime",
+    "ipsec end system", "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing",
+    "microsoft sgc", "netscape sgc",
+]
+
+CERTIFICATE = strict(
+    {
+        "apiVersion": {"const": "cert-manager.io/v1"},
+        "kind": {"const": "Certificate"},
+        "metadata": METADATA,
+        "spec": {
+            **strict(
+                {
+                    "secretName": DNS_SUBDOMAIN,
+                    "secretTemplate": strict({"annotations": STRING_MAP, "labels": STRING_MAP}),
+                    "commonName": {"type": "string", "maxLength": 64},
+                    "literalSubject": {"type": "string"},
+                    "subject": strict({
+                        key: STRING_LIST for key in (
+                            "organizations", "countries", "organizationalUnits", "localities",
+                            "provinces", "streetAddresses", "postalCodes")
+                    } | {"serialNumber": {"type": "string"}}),
+                    "dnsNames": {"type": "array", "items": {
+                        "type": "string",
+                        "pattern": r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+                                   r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                    }},
+                    "ipAddresses": STRING_LIST,
+                    "uris": STRING_LIST,
+                    "emailAddresses": STRING_LIST,
+                    "duration": GO_DURATION,
+                    "renewBefore": GO_DURATION,
+                    "renewBeforePercentage": {"type": "integer", "exclusiveMinimum": 0,
+                                              "exclusiveMaximum": 100},
+                    "isCA": {"type": "boolean"},
+                    "usages": {"type": "array", "items": {"enum": KEY_USAGES}},
+                    "privateKey": strict({
+                        "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                        "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                        "size": {"type": "integer"},
+                        "rotationPolicy": {"enum": ["Never", "Always"]},
+                    }),
+                    "issuerRef": strict(
+                        {
+                            "name": {"type": "string", "minLength": 1},
+                            "kind": {"type": "string"},
+                            "group": {"type": "string"},
+                        },
+                        ("name",),
+                    ),
+                    "encodeUsagesInRequest": {"type": "boolean"},
+                    "revisionHistoryLimit": {"type": "integer", "minimum": 1},
+                    "additionalOutputFormats": {"type": "array", "items": strict(
+                        {"type": {"enum": ["DER", "CombinedPEM"]}}, ("type",))},
+                },
+                ("secretName", "issuerRef"),
+            ),
+            # The webhook's rules: a certificate names something; literalSubject
+            # excludes commonName and subject; renewBefore excludes its
+            # percentage form.
+            "anyOf": [{"required": [key]} for key in (
+                "commonName", "dnsNames", "ipAddresses", "uris", "emailAddresses",
+                "literalSubject")],
+            "allOf": [
+                {"not": {"required": ["literalSubject", "commonName"]}},
+                {"not": {"required": ["literalSubject", "subject"]}},
+                {"not": {"required": ["renewBefore", "renewBeforePercentage"]}},
+            ],
+        },
+    },
+    ("apiVersion", "kind", "metadata", "spec"),
+)
+
 CRD_SCHEMAS: dict[tuple[str, str], Schema] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
+    ("cert-manager.io/v1", "Certificate"): CERTIFICATE,
 }

@@ -5,16 +5,18 @@ is valid for the newest Kubernetes that kubernetes-validate knows, in strict
 mode (no unknown field anywhere), for the default values and for variations
 that take every branch of the templates (1 and 3 stores, 3 coordinators,
 metrics on and off, persistence and group coordinators off, an external
-etcd, every optional setting at once); and the objects have the properties
-the chart promises: stateful stores with volume claims, replaceable
-coordinators, gRPC probes on the gRPC port, non-root read-only containers
-(etcd's too), PodDisruptionBudgets. tests/helm/test_chart_etcd.py checks
-etcd itself.
+etcd, plain text, cert-manager with tokens and initial ACLs, a shared TLS
+Secret, every optional setting at once); and the objects have the
+properties the chart promises: stateful stores with volume claims,
+replaceable coordinators, health probes on the gRPC port (Kubernetes' grpc
+probe in plain text, the TLS exec probe otherwise), non-root read-only
+containers (etcd's and the ACL Job's too), PodDisruptionBudgets.
+tests/helm/test_chart_etcd.py checks etcd itself and
+tests/helm/test_chart_security.py the security settings.
 
 Method: Helm's own engine through helm-python-sdk (there is no helm binary),
 kubernetes-validate's Python API for each object and its command line once,
-and assertions on the parsed objects. The chart has no TLS settings because
-the servers do not serve TLS yet.
+and assertions on the parsed objects.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ def test_the_validation_catches_mistakes() -> None:
     monitor = render(VARIANTS["metrics-on"]).of_kind("ServiceMonitor")[0]
     monitor["spec"]["endpoints"][0]["intervall"] = "15s"
     assert any("intervall" in e for e in validation_errors(monitor))
+    certificate = render(VARIANTS["secured-with-everything"]).of_kind("Certificate")[0]
+    assert validation_errors(certificate) == []
+    certificate["spec"]["dnsName"] = certificate["spec"].pop("dnsNames")
+    assert any("dnsName" in e for e in validation_errors(certificate))
 
 
 def test_kubernetes_validate_command_line_agrees(tmp_path: Path) -> None:
@@ -153,23 +159,37 @@ def test_coordinators_are_replaceable(component: str) -> None:
     sts = render({"coordinator": {"replicas": 3}}).statefulset(component)
     assert sts["spec"]["podManagementPolicy"] == "Parallel"
     assert "volumeClaimTemplates" not in sts["spec"]
+    # Nothing to reattach: scratch space, and certificates and scripts from
+    # Secrets and ConfigMaps.
     volumes = sts["spec"]["template"]["spec"]["volumes"]
-    assert all("emptyDir" in v for v in volumes)
+    assert all({"emptyDir", "projected", "configMap"} & set(v) for v in volumes)
+    assert [v["name"] for v in volumes if "emptyDir" in v] == ["tmp"]
 
 
-def test_every_container_is_probed_over_grpc_on_the_grpc_port(
+def test_every_container_is_probed_on_the_grpc_port(
     variant: tuple[dict[str, Any], Rendered],
 ) -> None:
     values, rendered = variant
     metrics_on = values.get("metrics", {}).get("enabled", True)
+    tls = values.get("security", {}).get("tls", {}).get("enabled", True)
     for sts, container in containers(rendered):
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert set(ports) == ({"grpc", "metrics"} if metrics_on else {"grpc"})
         probes = [k for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in container]
         assert {"readinessProbe", "livenessProbe"} <= set(probes), sts["metadata"]["name"]
         for key in probes:
-            # Kubernetes' grpc probe takes a number only: the grpc port's.
-            assert container[key]["grpc"] == {"port": ports["grpc"], "service": ""}
+            if not tls:
+                # Kubernetes' grpc probe takes a number only: the grpc port's.
+                assert container[key]["grpc"] == {"port": ports["grpc"], "service": ""}
+                continue
+            # The kubelet's grpc probe has no TLS: the exec probe dials the
+            # same port over TLS (test_chart_security.py runs it).
+            assert set(container[key]) - {"exec"} == {
+                "initialDelaySeconds", "periodSeconds", "timeoutSeconds", "failureThreshold",
+                "successThreshold"}
+            command = container[key]["exec"]["command"]
+            assert command[1].endswith("/grpc_health_probe.py")
+            assert command[command.index("--port") + 1] == str(ports["grpc"])
 
 
 def test_startup_probe_allows_a_long_recovery() -> None:
@@ -184,7 +204,10 @@ def test_containers_run_unprivileged_on_a_read_only_root(
     variant: tuple[dict[str, Any], Rendered],
 ) -> None:
     _, rendered = variant
-    for sts, container in containers(rendered, etcd=True):
+    jobs = [(job, c) for job in rendered.of_kind("Job")
+            for c in (*job["spec"]["template"]["spec"].get("initContainers", []),
+                      *job["spec"]["template"]["spec"]["containers"])]
+    for sts, container in [*containers(rendered, etcd=True), *jobs]:
         pod = sts["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
@@ -200,6 +223,10 @@ def test_containers_run_unprivileged_on_a_read_only_root(
         assert {m["name"] for m in container["volumeMounts"]} <= volumes
         if sts["metadata"]["labels"][COMPONENT_LABEL] != "etcd":
             assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
+        # Certificates and keys are mounted read-only.
+        for mount in container["volumeMounts"]:
+            if mount["mountPath"].startswith("/etc/oncelog/"):
+                assert mount["readOnly"] is True, mount
 
 
 def test_pods_roll_when_their_configuration_changes() -> None:

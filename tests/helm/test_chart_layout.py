@@ -37,6 +37,7 @@ from tests.helm.chart import (
     CHART_DIR,
     NAMESPACE,
     REPO,
+    SECURITY_FLAGS,
     Rendered,
     pod_environment,
     render,
@@ -49,12 +50,13 @@ COMPONENTS = {
     "group-coordinator": ("groupCoordinator", "oncelog_server.group_coordinator"),
 }
 # Flags every service takes that the chart sets itself (the layout, ports,
-# logging) rather than through a component's `config`.
+# logging; security from the `security` values, test_chart_security.py)
+# rather than through a component's `config`.
 CHART_MANAGED_FLAGS = {
     "help", "node-id", "listen", "advertised", "stores", "coordinators",
     "group-coordinators", "transaction-state-partitions", "consumer-offsets-partitions",
     "metrics-port", "log-format", "log-level", "data-dir", "etcd-endpoints",
-}
+} | SECURITY_FLAGS
 # Flags the chart deliberately does not offer: test-only switches.
 NOT_OFFERED = {"unsafe-skip-txn-verification"}
 

@@ -2,7 +2,8 @@
 
 Goal: a wrong value (a negative replica count, an unknown key, a flag the
 service does not have, a probe Kubernetes would refuse, an even number of
-etcd members, an etcd endpoint with a scheme, ...) is refused by
+etcd members, an etcd endpoint with a scheme, a TLS cluster without client
+certificates, an ACL operation Kafka does not have, ...) is refused by
 `helm lint` and `helm template` with a message that names the key, before
 anything reaches a cluster; the defaults pass; and every key of values.yaml
 carries a comment (the coordinators' blocks share the partition store's
@@ -83,6 +84,47 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "etcd disruption budget": ({"etcd": {"pdb": {"maxUnavailable": -1}}},
                                "/etcd/pdb/maxUnavailable"),
     "etcd peer port": ({"etcd": {"ports": {"peer": 0}}}, "/etcd/ports/peer"),
+    # The services authenticate each other by their certificates: a TLS
+    # cluster always asks for client certificates.
+    "no client certificates": ({"security": {"tls": {"clientAuth": "none"}}},
+                               "/security/tls/clientAuth"),
+    "unknown security key": ({"security": {"tls": {"enable": True}}}, "enable"),
+    "authorizer": ({"security": {"authorizer": "simple"}}, "/security/authorizer"),
+    "super users as one string": ({"security": {"superUsers": "User:admin"}},
+                                  "/security/superUsers"),
+    "super user with a semicolon": ({"security": {"superUsers": ["User:a;User:b"]}},
+                                    "/security/superUsers/0"),
+    "acl principal without a type": (
+        {"security": {"acls": [{"principal": "alice", "resourceType": "topic",
+                                "resourceName": "t", "operation": "read"}]}},
+        "/security/acls/0/principal"),
+    "acl operation": (
+        {"security": {"acls": [{"principal": "User:a", "resourceType": "topic",
+                                "resourceName": "t", "operation": "publish"}]}},
+        "/security/acls/0/operation"),
+    "acl pattern type": (
+        {"security": {"acls": [{"principal": "User:a", "resourceType": "topic",
+                                "resourceName": "t", "operation": "read",
+                                "patternType": "match"}]}},
+        "/security/acls/0/patternType"),
+    "token issuer without a key": (
+        {"security": {"oauth": {"issuers": [{"issuer": "https://login.example.com/"}]}}},
+        "/security/oauth/issuers/0"),
+    "ca bundle from two places": (
+        {"security": {"tls": {"ca": {"configMapName": "a", "secretName": "b"}}}},
+        "/security/tls/ca"),
+    "certificate lifetime": (
+        {"security": {"tls": {"certManager": {"duration": "90 days"}}}},
+        "/security/tls/certManager/duration"),
+    "private key algorithm": (
+        {"security": {"tls": {"certManager": {"privateKey": {"algorithm": "DSA"}}}}},
+        "/security/tls/certManager/privateKey/algorithm"),
+    "acl refresh interval": ({"security": {"aclRefreshIntervalMs": 0}},
+                             "/security/aclRefreshIntervalMs"),
+    "client namespaces as one string": ({"networkPolicy": {"clientNamespaces": "apps"}},
+                                        "/networkPolicy/clientNamespaces"),
+    "client labels with a number": ({"networkPolicy": {"clientLabels": {"tier": 1}}},
+                                    "/networkPolicy/clientLabels/tier"),
 }
 
 

@@ -1,5 +1,6 @@
 """The values the chart is checked with: the defaults and variations that
-take every branch of the templates at least once."""
+take every branch of the templates at least once (security included: plain
+text, cert-manager, bearer tokens, initial ACLs, a shared Secret)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,79 @@ METRICS_ON: dict[str, Any] = {
 }
 METRICS_OFF: dict[str, Any] = {"metrics": {"enabled": False}}
 
+# cert-manager issues every certificate; bearer tokens besides certificates
+# (so client certificates are requested, not required); initial ACLs of
+# every resource type, pattern type and permission.
+SECURED_WITH_EVERYTHING: dict[str, Any] = {
+    "security": {
+        "tls": {
+            "clientAuth": "requested",
+            "reloadIntervalMs": 30_000,
+            "certManager": {
+                "enabled": True,
+                "issuerRef": {"name": "oncelog-ca", "kind": "Issuer"},
+                "duration": "720h",
+                "renewBefore": "240h",
+                "privateKey": {"algorithm": "RSA", "size": 4096, "encoding": "PKCS8"},
+                "extraDnsNames": ["oncelog.example.com"],
+            },
+        },
+        "superUsers": ["User:oncelog-service", "User:ops"],
+        "adminClient": {"commonName": "ops"},
+        "aclRefreshIntervalMs": 500,
+        "allowEveryoneIfNoAclFound": True,
+        "oauth": {
+            "enabled": True,
+            "issuers": [
+                {"issuer": "https://login.example.com/",
+                 "configMap": {"name": "oidc-keys", "key": "login.pem"}},
+                {"issuer": "https://ci.example.com/",
+                 "secret": {"name": "ci-issuer", "key": "public.pem"}},
+            ],
+            "audience": "oncelog",
+            "subClaim": "client_id",
+            "leewaySeconds": 10,
+        },
+        "acls": [
+            {"principal": "User:ledger", "resourceType": "topic", "resourceName": "payments",
+             "patternType": "literal", "operation": "read", "permission": "allow", "host": "*"},
+            {"principal": "User:ledger", "resourceType": "group", "resourceName": "ledger-",
+             "patternType": "prefixed", "operation": "Read"},
+            {"principal": "User:copier", "resourceType": "transactional_id",
+             "resourceName": "copier-", "patternType": "prefixed", "operation": "write"},
+            {"principal": "User:copier", "resourceType": "cluster",
+             "operation": "idempotent_write"},
+            {"principal": "User:*", "resourceType": "topic", "resourceName": "__",
+             "patternType": "prefixed", "operation": "all", "permission": "deny",
+             "host": "10.0.0.7"},
+        ],
+        "aclJob": {"backoffLimit": 3, "timeoutMs": 60_000,
+                   "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}}},
+    },
+    "networkPolicy": {
+        "clientLabels": {"team": "payments", "oncelog.io/client": "true"},
+        "clientNamespaces": ["apps", "batch"],
+        "extraFrom": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+        "metricsFrom": [],
+    },
+}
+
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    # Plain text, no authorizer: the trial setup the release notes warn about.
+    "plain-text": {"security": {"tls": {"enabled": False}, "authorizer": "none"},
+                   "networkPolicy": {"enabled": False}},
+    "secured-with-everything": SECURED_WITH_EVERYTHING,
+    # TLS from one shared Secret and a CA bundle from a ConfigMap (a
+    # trust-manager Bundle), authentication without authorization, IPv6.
+    "shared-secret-no-authorizer": {
+        "listenHost": "::",
+        "security": {"tls": {"secretName": "oncelog-tls",
+                             "ca": {"configMapName": "oncelog-ca-bundle", "key": "bundle.pem"},
+                             "certManager": {"enabled": True,
+                                             "issuerRef": {"name": "vault"}}},
+                     "authorizer": "none"},
+    },
     "one-store": {"partitionStore": {"replicas": 1}},
     "three-of-each": {
         "partitionStore": {"replicas": 3},

@@ -170,7 +170,10 @@ printed as integers so the services' int() parses them.
 {{- printf "ONCELOG_%s" (. | upper | replace "-" "_") }}
 {{- end }}
 
-{{/* The cluster ConfigMap's data (also hashed into every pod's annotations). */}}
+{{/*
+The cluster ConfigMap's data (also hashed into every pod's annotations): the
+layout, the shared settings and the security settings.
+*/}}
 {{- define "oncelog.clusterEnv" -}}
 ONCELOG_STORES: {{ include "oncelog.addresses" (dict "root" . "key" "partitionStore") | quote }}
 ONCELOG_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "coordinator") | quote }}
@@ -181,6 +184,8 @@ ONCELOG_LISTEN: {{ printf "%s:%d" (include "oncelog.hostForPort" .Values.listenH
 ONCELOG_METRICS_PORT: {{ ternary (int .Values.ports.metrics) 0 .Values.metrics.enabled | toString | quote }}
 ONCELOG_LOG_FORMAT: {{ .Values.logging.format | quote }}
 ONCELOG_LOG_LEVEL: {{ .Values.logging.level | quote }}
+{{- /* TLS, principals and the authorizer (_security.tpl). */}}
+{{- include "oncelog.securityEnv" . }}
 {{- end }}
 
 {{/*

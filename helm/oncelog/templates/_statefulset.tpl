@@ -14,6 +14,8 @@ its partitions back by replaying the internal topic.
 {{- $c := include "oncelog.component" . | fromYaml }}
 {{- $name := include "oncelog.componentName" . }}
 {{- $persistent := and $c.stateful $values.persistence.enabled }}
+{{- $security := $root.Values.security }}
+{{- $tls := $security.tls.enabled }}
 apiVersion: apps/v1
 kind: StatefulSet
 metadata:
@@ -47,6 +49,10 @@ spec:
         {{- /* A changed layout or setting rolls the pods that read it. */}}
         checksum/cluster-config: {{ include "oncelog.clusterEnvChecksum" $root }}
         checksum/component-config: {{ include "oncelog.componentEnv" . | sha256sum }}
+        {{- if $security.oauth.enabled }}
+        {{- /* The issuers are read at start-up. */}}
+        checksum/oauth-issuers: {{ include "oncelog.oauthIssuersJson" $root | sha256sum }}
+        {{- end }}
         {{- with $values.podAnnotations }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -114,6 +120,13 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+            {{- if $tls }}
+            {{- /* The TLS probe verifies the server under the pod's DNS name. */}}
+            - name: POD_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
+            {{- end }}
             {{- with $values.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -132,17 +145,46 @@ spec:
               protocol: TCP
             {{- end }}
           {{- /*
-          Kubernetes' grpc probe takes a port number, not a port name, so it
-          is given the number of the container port named "grpc". The empty
-          service name asks for the server's overall health.
+          Plain text: Kubernetes' grpc probe, which takes a port number, not a
+          port name, so it is given the number of the container port named
+          "grpc". With TLS: that probe cannot be used (the kubelet dials gRPC
+          probes in plain text, without TLS settings), so an exec probe runs
+          files/grpc_health_probe.py with the image's Python, which dials
+          loopback with the pod's own certificate and verifies the server
+          under the pod's DNS name. Either way the empty service name asks
+          for the server's overall health.
           */}}
+          {{- $headless := include "oncelog.headlessName" . }}
+          {{- $loopback := ternary "::1" "127.0.0.1" (contains ":" $root.Values.listenHost) }}
+          {{- $tlsDir := include "oncelog.tlsDir" $root }}
           {{- range $probe := list "startup" "readiness" "liveness" }}
           {{- $p := get $values.probes $probe }}
           {{- if $p.enabled }}
           {{ $probe }}Probe:
+            {{- if $tls }}
+            exec:
+              command:
+                - {{ $root.Values.image.python | quote }}
+                - {{ printf "%s/%s" (include "oncelog.probeDir" $root) (include "oncelog.probeScript" $root) | quote }}
+                - --host
+                - {{ $loopback | quote }}
+                - --port
+                - {{ $root.Values.ports.grpc | quote }}
+                - --server-name-suffix
+                - {{ printf ".%s.%s.svc.%s" $headless $root.Release.Namespace $root.Values.clusterDomain | quote }}
+                - --ca-file
+                - {{ printf "%s/ca.crt" $tlsDir | quote }}
+                - --cert-file
+                - {{ printf "%s/tls.crt" $tlsDir | quote }}
+                - --key-file
+                - {{ printf "%s/tls.key" $tlsDir | quote }}
+                - --timeout-s
+                - {{ max 1 (sub (int $p.timeoutSeconds) 1) | quote }}
+            {{- else }}
             grpc:
               port: {{ $root.Values.ports.grpc }}
               service: ""
+            {{- end }}
             initialDelaySeconds: {{ $p.initialDelaySeconds }}
             periodSeconds: {{ $p.periodSeconds }}
             timeoutSeconds: {{ $p.timeoutSeconds }}
@@ -163,10 +205,40 @@ spec:
             - name: data
               mountPath: {{ $values.persistence.mountPath }}
             {{- end }}
+            {{- if $tls }}
+            - name: tls
+              mountPath: {{ include "oncelog.tlsDir" $root }}
+              readOnly: true
+            - name: probe
+              mountPath: {{ include "oncelog.probeDir" $root }}
+              readOnly: true
+            {{- end }}
+            {{- if $security.oauth.enabled }}
+            - name: oauth
+              mountPath: {{ include "oncelog.oauthDir" $root }}
+              readOnly: true
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
             sizeLimit: {{ $root.Values.tmpSizeLimit }}
+        {{- if $tls }}
+        {{- /*
+        The whole Secret is mounted (never with subPath), so Kubernetes
+        replaces the files in place when cert-manager renews them and the
+        process picks them up without a restart.
+        */}}
+        - name: tls
+          {{- include "oncelog.certificateVolume" (dict "root" $root "secret" (include "oncelog.tlsSecretName" .)) | nindent 10 }}
+        - name: probe
+          configMap:
+            name: {{ include "oncelog.fullname" $root }}-probe
+            defaultMode: 292
+        {{- end }}
+        {{- if $security.oauth.enabled }}
+        - name: oauth
+          {{- include "oncelog.oauthVolume" $root | nindent 10 }}
+        {{- end }}
         {{- if and $c.stateful (not $persistent) }}
         - name: data
           emptyDir: {}
