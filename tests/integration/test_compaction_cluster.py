@@ -136,8 +136,12 @@ def test_coordinator_reloads_from_a_compacted_transaction_log(tmp_path: Path) ->
                 producer.send("out", value=b"txn-%d" % i)
                 producer.commit_transaction()
             with Admin(bootstrap=cluster.bootstrap) as admin:
+                # commit_transaction returns once the commit is decided
+                # (PrepareCommit durable, as Kafka's EndTxn); CompleteCommit
+                # follows once the markers are written.
+                wait_for(lambda: admin.describe_transaction(tid).state == "CompleteCommit",
+                         "the last commit complete")
                 before = admin.describe_transaction(tid)
-            assert before.state == "CompleteCommit"
             # Each transaction wrote several records of this id; compaction
             # removes all but the newest.
             wait_for(lambda: metric(cluster, "oncelog_store_compaction_removed_bytes_total",

@@ -321,7 +321,7 @@ def test_json_logs_wrap_what_native_code_and_a_crash_write_to_stderr(tmp_path: P
     script = tmp_path / "crash.py"
     script.write_text(
         "import logging, os\n"
-        "from services.common.server_base import configure_logging\n"
+        "from oncelog_server.common.server_base import configure_logging\n"
         "configure_logging('json', 'INFO', 'probe')\n"
         "logging.getLogger('oncelog.probe').info('from logging')\n"
         "os.write(2, b'I1122 17:13:17.281398   19726 chttp2_transport.cc:1403] Got goaway\\n')\n"
