@@ -23,6 +23,25 @@ instead (`oncelog cluster up` keeps its ports across runs of a data dir):
 a fixed port that another process holds is not replaced; start() raises
 PortTakenError naming it. Children die with the process that started them
 (PR_SET_PDEATHSIG), so a crashed test run leaves nothing behind.
+
+With `security=True` the cluster is secured as docs/security.md describes:
+it makes a certificate authority and certificates (with `cryptography`, in
+`<data_dir>/security/`: `ca.pem` and `ca.key`; `services/<kind>-<i>.pem`
+and `.key`, subject `CN=oncelog-service` with the names 127.0.0.1 and
+localhost, each service's server and client certificate; `clients/<name>.pem`
+and `.key`; `issuer.key`, `issuer.pub.pem` and `oauth-issuers.json`, the
+bearer-token issuer `oncelog-local`), kept for the next run of the data dir,
+and starts every service serving TLS with client certificates verified
+(`--tls-client-auth requested`), principals `User:<CN>`
+(`--ssl-principal-mapping-rules 'RULE:^CN=([^,]+)$/$1/,DEFAULT'`), the
+authorizer on (`--authorizer acl`, `--super-users
+'User:admin;User:oncelog-service'`, ACLs read every 200 ms), the TLS files
+checked for changes every second, and tokens of that issuer trusted.
+`client_config(name)` gives the SDK's keyword arguments that connect as
+`User:<name>` (`"admin"` is a super user), `token(name)` a bearer token for
+`User:<name>`, `ca_file` the CA. The cluster's own health checks and
+Metadata polls connect as `User:admin`. `extra_args` come after these flags
+(and win); etcd's traffic stays plain text.
 """
 
 from __future__ import annotations
@@ -42,7 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import grpc
 
@@ -78,6 +97,18 @@ STOP_TIMEOUT_S = 15.0
 # port it was given taken by another process; then start() fails.
 START_PORT_RETRIES = 5
 
+# A secured cluster (security=True): what its services are started with.
+SECURITY_DIR = "security"
+SERVICE_COMMON_NAME = "oncelog-service"
+SUPER_USERS = ("User:admin", f"User:{SERVICE_COMMON_NAME}")
+PRINCIPAL_MAPPING_RULES = "RULE:^CN=([^,]+)$/$1/,DEFAULT"
+TOKEN_ISSUER = "oncelog-local"
+SECURE_ACL_REFRESH_INTERVAL_MS = 200
+SECURE_TLS_RELOAD_INTERVAL_MS = 1000
+# Characters a client name may not have: it becomes a certificate's CN,
+# which the mapping rule above reads up to the first comma.
+_NAME_FORBIDDEN = set(',+="\\<>;#/')
+
 
 def free_port() -> int:
     """A loopback port that was free a moment ago (another process may take
@@ -105,6 +136,17 @@ class PartitionPlacement(NamedTuple):
     def preferred(self) -> bool:
         """Led by its preferred (first) replica."""
         return self.leader == self.replicas[0]
+
+
+class ClientSecurityConfig(TypedDict):
+    """LocalCluster.client_config's answer: the SDK's keyword arguments for
+    TLS with a client certificate (typed, so that `**config` is checked
+    against Producer's, Consumer's and Admin's parameters)."""
+
+    security_protocol: str
+    ssl_cafile: str
+    ssl_certfile: str
+    ssl_keyfile: str
 
 
 class PortTakenError(RuntimeError):
@@ -223,6 +265,164 @@ def _service_available(kind: str) -> bool:
                for location in spec.submodule_search_locations)
 
 
+class _LocalPki:
+    """The certificate authority, certificates and token issuer of a secured
+    LocalCluster, as files in one directory (made on first use, kept after).
+    Uses `cryptography` and PyJWT, which the server extra installs."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+        (directory / "services").mkdir(parents=True, exist_ok=True)
+        (directory / "clients").mkdir(exist_ok=True)
+        self.ca_file = directory / "ca.pem"
+        self.ca_key_file = directory / "ca.key"
+        self.issuer_key_file = directory / "issuer.key"
+        self.issuer_public_file = directory / "issuer.pub.pem"
+        self.issuers_file = directory / "oauth-issuers.json"
+        with self._lock:
+            if not (self.ca_file.exists() and self.ca_key_file.exists()):
+                self._make_ca()
+            if not (self.issuer_key_file.exists() and self.issuer_public_file.exists()
+                    and self.issuers_file.exists()):
+                self._make_issuer()
+
+    @staticmethod
+    def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
+        """Writes a file whole (a reader never sees half of it)."""
+        part = path.with_name(path.name + ".part")
+        with open(part, "wb") as out:
+            if secret:
+                os.fchmod(out.fileno(), 0o600)
+            out.write(data)
+        os.replace(part, path)
+
+    @staticmethod
+    def _new_key() -> Any:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        return ec.generate_private_key(ec.SECP256R1())
+
+    @staticmethod
+    def _key_pem(key: Any) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+
+    def _make_ca(self) -> None:
+        import datetime
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.x509.oid import NameOID
+
+        key = self._new_key()
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "oncelog LocalCluster CA")])
+        now = datetime.datetime.now(datetime.UTC)
+        certificate = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=3650))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                           critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        self._write(self.ca_key_file, self._key_pem(key), secret=True)
+        self._write(self.ca_file, certificate.public_bytes(serialization.Encoding.PEM))
+
+    def _make_issuer(self) -> None:
+        import json
+
+        from cryptography.hazmat.primitives import serialization
+
+        key = self._new_key()
+        public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+        self._write(self.issuer_key_file, self._key_pem(key), secret=True)
+        self._write(self.issuer_public_file, public)
+        self._write(self.issuers_file, json.dumps(
+            {TOKEN_ISSUER: str(self.issuer_public_file)}).encode())
+
+    def issue(self, common_name: str, cert_file: Path, key_file: Path, *, server: bool,
+              valid_days: int = 825) -> None:
+        """A new key and a certificate for `CN=<common_name>` signed by the
+        CA, written over `cert_file` and `key_file`; a server certificate
+        names 127.0.0.1, ::1 and localhost and serves clients too."""
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        ca_key = serialization.load_pem_private_key(self.ca_key_file.read_bytes(), None)
+        ca = x509.load_pem_x509_certificate(self.ca_file.read_bytes())
+        key = self._new_key()
+        now = datetime.datetime.now(datetime.UTC)
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server:
+            usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=valid_days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca.public_key()), critical=False)  # type: ignore[arg-type]
+        )
+        if server:
+            builder = builder.add_extension(x509.SubjectAlternativeName([
+                x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                x509.IPAddress(ipaddress.ip_address("::1")),
+                x509.DNSName("localhost"),
+            ]), critical=False)
+        certificate = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+        # The key first: a reader that sees the new certificate finds its key.
+        self._write(key_file, self._key_pem(key), secret=True)
+        self._write(cert_file, certificate.public_bytes(serialization.Encoding.PEM))
+
+    def _files(self, folder: str, name: str, *, server: bool) -> tuple[Path, Path]:
+        cert_file = self.directory / folder / f"{name}.pem"
+        key_file = self.directory / folder / f"{name}.key"
+        with self._lock:
+            if not (cert_file.exists() and key_file.exists()):
+                self.issue(SERVICE_COMMON_NAME if server else name, cert_file, key_file,
+                           server=server)
+        return cert_file, key_file
+
+    def service_files(self, kind: str, node_id: int) -> tuple[Path, Path]:
+        return self._files("services", f"{kind}-{node_id}", server=True)
+
+    def client_files(self, name: str) -> tuple[Path, Path]:
+        if not isinstance(name, str) or not name or name != name.strip() or (
+                set(name) & _NAME_FORBIDDEN):
+            raise ValueError(f"client name {name!r} cannot be a certificate's common name "
+                             f"here: use a non-empty name without spaces at its ends and "
+                             f"without any of {''.join(sorted(_NAME_FORBIDDEN))}")
+        return self._files("clients", name, server=False)
+
+    def token(self, name: str, ttl_s: float) -> str:
+        import jwt
+
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"token subject {name!r}: expected a non-empty name")
+        now = int(time.time())
+        claims = {"iss": TOKEN_ISSUER, "sub": name, "iat": now, "exp": now + int(ttl_s)}
+        return jwt.encode(claims, self.issuer_key_file.read_bytes(), algorithm="ES256")
+
+
 @dataclass(kw_only=True)
 class ChildProcess:
     """A process this module starts, again after each stop (a service, an
@@ -258,7 +458,8 @@ class LocalCluster:
 
     Their data and logs live under `data_dir`, kept for the next run; without
     one, under a temporary directory that stop() deletes (such a cluster
-    cannot be started again after stop())."""
+    cannot be started again after stop()). `security=True`: TLS, principals
+    and ACLs (the module docstring)."""
 
     def __init__(
         self,
@@ -274,6 +475,7 @@ class LocalCluster:
         etcd_members: int = 0,
         start: bool = True,
         ports: Mapping[tuple[str, int], tuple[int, int]] | None = None,
+        security: bool = False,
     ) -> None:
         if partition_stores < 1:
             raise ValueError("a cluster needs at least one partition store")
@@ -288,6 +490,9 @@ class LocalCluster:
         (self.data_dir / "logs").mkdir(exist_ok=True)
         self._extra_args = extra_args or {}
         self._env = {**os.environ, **(env or {})}
+        self.security = security
+        self._pki = _LocalPki(self.data_dir / SECURITY_DIR) if security else None
+        self._admin_credentials: grpc.ChannelCredentials | None = None
         self._transaction_state_partitions = transaction_state_partitions
         self._consumer_offsets_partitions = consumer_offsets_partitions
         self._ports_given: set[int] = set()
@@ -376,7 +581,62 @@ class LocalCluster:
                 ]
                 if kind == "partition_store":
                     proc.argv += ["--data-dir", str(proc.data_dir)]
+                proc.argv += self._security_args(proc)
                 proc.argv += self._extra_args.get(kind, [])
+
+    def _security_args(self, proc: ServiceProcess) -> list[str]:
+        if self._pki is None:
+            return []
+        cert_file, key_file = self._pki.service_files(proc.kind, proc.node_id)
+        return [
+            "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file),
+            "--tls-ca-file", str(self._pki.ca_file), "--tls-client-auth", "requested",
+            "--tls-reload-interval-ms", str(SECURE_TLS_RELOAD_INTERVAL_MS),
+            "--ssl-principal-mapping-rules", PRINCIPAL_MAPPING_RULES,
+            "--oauth-issuers", str(self._pki.issuers_file),
+            "--authorizer", "acl", "--super-users", ";".join(SUPER_USERS),
+            "--acl-refresh-interval-ms", str(SECURE_ACL_REFRESH_INTERVAL_MS),
+        ]
+
+    # -------------------------------------------------------------- security
+
+    def _secured(self) -> _LocalPki:
+        if self._pki is None:
+            raise ValueError("this cluster runs without security; start it with "
+                             "LocalCluster(..., security=True)")
+        return self._pki
+
+    @property
+    def ca_file(self) -> str:
+        """The CA certificate (PEM) that signs every certificate of a secured cluster."""
+        return str(self._secured().ca_file)
+
+    def client_config(self, name: str) -> ClientSecurityConfig:
+        """The SDK's keyword arguments that connect to this secured cluster
+        as `User:<name>` over TLS with a client certificate (made on first
+        use): `Producer(bootstrap=cluster.bootstrap, **cluster.client_config("alice"))`.
+        `"admin"` is a super user; anyone else may do what the ACLs allow."""
+        pki = self._secured()
+        cert_file, key_file = pki.client_files(name)
+        return {"security_protocol": "SSL", "ssl_cafile": str(pki.ca_file),
+                "ssl_certfile": str(cert_file), "ssl_keyfile": str(key_file)}
+
+    def token(self, name: str, ttl_s: float = 300) -> str:
+        """A bearer token (JWT, ES256) for `User:<name>` from the cluster's
+        issuer, expiring `ttl_s` from now (a negative ttl_s: already expired)."""
+        return self._secured().token(name, ttl_s)
+
+    def _channel(self, address: str) -> grpc.Channel:
+        """A channel to one of the cluster's services, as `User:admin` over
+        TLS when the cluster is secured."""
+        if self._pki is None:
+            return grpc.insecure_channel(address)
+        if self._admin_credentials is None:
+            cert_file, key_file = self._pki.client_files("admin")
+            self._admin_credentials = grpc.ssl_channel_credentials(
+                root_certificates=self._pki.ca_file.read_bytes(),
+                private_key=key_file.read_bytes(), certificate_chain=cert_file.read_bytes())
+        return grpc.secure_channel(address, self._admin_credentials)
 
     # ------------------------------------------------------------------ info
 
@@ -564,7 +824,7 @@ class LocalCluster:
         noticed at once even while another is still waiting for it (a
         coordinator loads its state from the stores)."""
         deadline = time.monotonic() + timeout_s
-        channels = [grpc.insecure_channel(proc.address) for proc in procs]
+        channels = [self._channel(proc.address) for proc in procs]
         try:
             pending = {
                 id(proc): (proc, health_pb2_grpc.HealthStub(channel))
@@ -703,7 +963,7 @@ class LocalCluster:
         for index in indexes:
             if not self.alive("partition_store", index):
                 continue
-            with grpc.insecure_channel(self.address("partition_store", index)) as channel:
+            with self._channel(self.address("partition_store", index)) as channel:
                 try:
                     reply = partition_store_pb2_grpc.PartitionStoreStub(channel).Metadata(
                         request, timeout=timeout_s)

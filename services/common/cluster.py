@@ -11,6 +11,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+from .security.acl_records import ACLS_TOPIC, ACLS_TOPIC_PARTITIONS
+
 PRODUCER_IDS_TOPIC = "__producer_ids"
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
@@ -70,6 +72,9 @@ class ClusterLayout:
             PRODUCER_IDS_TOPIC: 1,
             TRANSACTION_STATE_TOPIC: self.transaction_state_partitions,
             CONSUMER_OFFSETS_TOPIC: self.consumer_offsets_partitions,
+            # The ACLs (docs/security.md); created on every cluster, read
+            # only by services started with --authorizer acl.
+            ACLS_TOPIC: ACLS_TOPIC_PARTITIONS,
         }
 
 

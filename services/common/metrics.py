@@ -56,3 +56,21 @@ EVENT_LOOP_LAG_SECONDS = Histogram(
 )
 # How often the event-loop probe wakes up.
 EVENT_LOOP_PROBE_INTERVAL_S = 0.5
+
+# Security (services/common/guard.py, acl_watcher.py; docs/security.md).
+AUTHORIZATION_DENIALS = Counter(
+    "oncelog_authorization_denials_total",
+    "Calls refused by the authorizer (PERMISSION_DENIED) before they ran, by gRPC service, "
+    "the operation refused and the type of the resource it was refused on",
+    ["service", "operation", "resource_type"],
+)
+ACL_BINDINGS = Gauge(
+    "oncelog_acl_bindings",
+    "ACL bindings in this process's authorizer (0 without --authorizer acl)",
+)
+ACL_APPLIED_OFFSET = Gauge(
+    "oncelog_acl_applied_offset",
+    "The __acls offset up to which this process's ACLs are read and in effect (-1: not read "
+    "yet, or no --authorizer acl)",
+)
+ACL_APPLIED_OFFSET.set(-1)

@@ -1,6 +1,7 @@
 """What every oncelog service process shares: configuration from flags and
 environment, logging, the gRPC server with health checking and reflection,
-the Prometheus metrics port, and graceful shutdown on SIGTERM/SIGINT.
+TLS, authentication and ACLs (service_security.py, docs/security.md), the
+Prometheus metrics port, and graceful shutdown on SIGTERM/SIGINT.
 
 Every flag `--some-name` can also be set as the environment variable
 `ONCELOG_SOME_NAME`; the flag wins. docs/configuration.md lists them all.
@@ -33,8 +34,11 @@ from oncelog.wire import VERSION
 from oncelog.wire.process import GRPC, METRICS, port_in_use_line, process_health_service
 
 from . import limits, metrics
+from .acl_watcher import DEFAULT_ACL_REFRESH_INTERVAL_MS
 from .cluster import ClusterLayout, split_addresses
 from .rpc_interceptor import RpcInterceptor
+from .service_security import AUTHORIZER_CHOICES, ServiceSecurity
+from .tls import CLIENT_AUTH_CHOICES, DEFAULT_CLIENT_AUTH, DEFAULT_RELOAD_INTERVAL_MS
 
 log = logging.getLogger("oncelog")
 
@@ -109,6 +113,55 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     add("--shutdown-grace-ms", type=int,
         default=env_default("shutdown-grace-ms", str(limits.SHUTDOWN_GRACE_MS)),
         help="on SIGTERM, how long requests already running get to finish")
+    add_security_arguments(parser)
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """TLS, authentication and authorization flags (docs/security.md)."""
+    add = parser.add_argument
+    add("--tls-cert-file", default=env_default("tls-cert-file"),
+        help="serve TLS with this certificate chain (PEM); also this service's client "
+             "certificate on its calls to the other services. Without it: plain text")
+    add("--tls-key-file", default=env_default("tls-key-file"),
+        help="the private key (PEM, unencrypted) of --tls-cert-file")
+    add("--tls-ca-file", default=env_default("tls-ca-file"),
+        help="CA bundle (PEM) that verifies client certificates and, on this service's own "
+             "calls, the other services' certificates")
+    add("--tls-client-auth", choices=CLIENT_AUTH_CHOICES,
+        default=env_choice("tls-client-auth", DEFAULT_CLIENT_AUTH, CLIENT_AUTH_CHOICES),
+        help="client certificates: required or requested (verified at the handshake; gRPC's "
+             "Python server cannot make one optional), none (callers use bearer tokens)")
+    add("--tls-reload-interval-ms", type=int,
+        default=env_default("tls-reload-interval-ms", str(DEFAULT_RELOAD_INTERVAL_MS)),
+        help="how often the TLS files are checked for changes (new connections then use the "
+             "new certificate)")
+    add("--ssl-principal-mapping-rules", default=env_default("ssl-principal-mapping-rules",
+                                                             "DEFAULT"),
+        help="how a client certificate's subject becomes a principal (Kafka's "
+             "ssl.principal.mapping.rules syntax)")
+    add("--oauth-issuers", default=env_default("oauth-issuers"),
+        help='trusted bearer-token issuers: a JSON file {"<issuer>": "<path to PEM public '
+             'key>", ...}; without it no token is accepted')
+    add("--oauth-audience", default=env_default("oauth-audience"),
+        help="when set, a bearer token's 'aud' must include it")
+    add("--oauth-sub-claim", default=env_default("oauth-sub-claim", "sub"),
+        help="the token claim that names the principal (User:<claim>)")
+    add("--oauth-leeway-s", type=float, default=env_default("oauth-leeway-s", "30"),
+        help="clock skew tolerated on a token's exp and nbf")
+    add("--authorizer", choices=AUTHORIZER_CHOICES,
+        default=env_choice("authorizer", "none", AUTHORIZER_CHOICES),
+        help="acl: check every call against the ACLs in __acls; none: an authenticated "
+             "caller may do anything")
+    add("--super-users", default=env_default("super-users", ""),
+        help="principals that may do everything, separated by semicolons "
+             "('User:admin;User:oncelog-service')")
+    add("--allow-everyone-if-no-acl-found", action="store_true",
+        default=env_flag("allow-everyone-if-no-acl-found"),
+        help="allow an operation on a resource that no ACL names at all (off: deny)")
+    add("--acl-refresh-interval-ms", type=int,
+        default=env_default("acl-refresh-interval-ms", str(DEFAULT_ACL_REFRESH_INTERVAL_MS)),
+        help="how often __acls is read: the bound on how long an ACL change takes to reach "
+             "this service")
 
 
 def layout_from_args(args: argparse.Namespace) -> ClusterLayout:
@@ -235,6 +288,8 @@ class ServiceServer:
         shutdown_grace_ms: int = limits.SHUTDOWN_GRACE_MS,
         on_draining: Callable[[], Awaitable[None]] | None = None,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
+        credentials: grpc.ServerCredentials | None = None,
+        guard: grpc.aio.ServerInterceptor | None = None,
     ) -> None:
         if shutdown_grace_ms < 0:
             raise ValueError(f"shutdown grace is {shutdown_grace_ms} ms; it must be >= 0")
@@ -246,8 +301,14 @@ class ServiceServer:
         self._on_draining = on_draining
         self._on_shutdown = on_shutdown
         self.interceptor = RpcInterceptor(service_name)
-        self.server = grpc.aio.server(options=list(GRPC_OPTIONS),
-                                      interceptors=[self.interceptor])
+        # TLS when given credentials, else plain text.
+        self._credentials = credentials
+        # The RPC interceptor first: its shutdown gate and undecodable-request
+        # refusal come before authentication, and its metrics count refusals.
+        interceptors: list[grpc.aio.ServerInterceptor] = [self.interceptor]
+        if guard is not None:
+            interceptors.append(guard)
+        self.server = grpc.aio.server(options=list(GRPC_OPTIONS), interceptors=interceptors)
         register(self.server)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -261,7 +322,10 @@ class ServiceServer:
         returns the bound port. Exits with a one-line reason when it cannot
         bind (a taken port in the words of oncelog.wire.process)."""
         try:
-            port = self.server.add_insecure_port(listen)
+            if self._credentials is None:
+                port = self.server.add_insecure_port(listen)
+            else:
+                port = self.server.add_secure_port(listen, self._credentials)
         except RuntimeError:
             # grpcio raises "Failed to bind" without the reason (older
             # versions returned 0); the reason is asked of the OS below.
@@ -357,14 +421,26 @@ async def serve(
     on_started: Callable[[], Awaitable[None]] | None = None,
     on_draining: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    security: ServiceSecurity | None = None,
 ) -> None:
     """Runs a service until SIGTERM/SIGINT, then shuts it down gracefully
     (ServiceServer.shutdown). A second SIGINT during shutdown exits at once,
     as after a crash (everything acknowledged is already durable); a
-    repeated SIGTERM changes nothing."""
+    repeated SIGTERM changes nothing. With `security`, the server serves
+    TLS and runs its guard as configured, and its ACL watcher (if any) runs
+    from the server's start to its shutdown."""
+
+    async def shutdown() -> None:
+        if security is not None:
+            await security.stop()
+        if on_shutdown is not None:
+            await on_shutdown()
+
     server = ServiceServer(
         service_name=service_name, full_service_names=full_service_names, register=register,
-        shutdown_grace_ms=shutdown_grace_ms, on_draining=on_draining, on_shutdown=on_shutdown,
+        shutdown_grace_ms=shutdown_grace_ms, on_draining=on_draining, on_shutdown=shutdown,
+        credentials=None if security is None else security.server_credentials(),
+        guard=None if security is None else security.guard(),
     )
     # The client's *_created series would double the series count for
     # nothing a dashboard uses.
@@ -379,6 +455,11 @@ async def serve(
             address = f"[{host}]:{metrics_port}" if ":" in host else f"{host}:{metrics_port}"
             raise SystemExit(listen_failure(service_name, METRICS, address, exc)) from exc
     await server.start(listen)
+    if security is not None:
+        security.log_startup()
+        # After the server starts: a store may lead __acls itself, and reads
+        # it through its own server.
+        security.start()
     if on_started is not None:
         await on_started()
     await server.set_serving()

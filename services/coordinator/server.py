@@ -13,6 +13,7 @@ from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 from ..common import server_base
 from ..common.cluster import ClusterLayout
+from ..common.service_security import ServiceSecurity
 from ..common.store_client import StoreClient
 from ..common.topic_counts import PartitionCounts
 from .core.producer_ids import DEFAULT_BLOCK_SIZE
@@ -116,6 +117,8 @@ def wire(layout: ClusterLayout, node_id: int, *, config: TxnConfig,
 async def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     server_base.configure_logging(args.log_format, args.log_level, "coordinator")
+    # First: it makes every channel of this process use TLS when it serves TLS.
+    security = ServiceSecurity.from_args(args, "coordinator")
     layout = server_base.layout_from_args(args)
     advertised = args.advertised or layout.coordinators[args.node_id]
     wired = wire(
@@ -127,6 +130,9 @@ async def main(argv: list[str] | None = None) -> None:
             allow_two_phase_commit=args.allow_two_phase_commit,
         ),
     )
+
+    # With --authorizer acl, the ACLs are read through the coordinator's store client.
+    security.watch_acls(wired.store)
 
     def register(server: grpc.aio.Server) -> None:
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(wired.servicer, server)
@@ -143,4 +149,5 @@ async def main(argv: list[str] | None = None) -> None:
         shutdown_grace_ms=args.shutdown_grace_ms,
         on_started=wired.start,
         on_shutdown=wired.stop,
+        security=security,
     )

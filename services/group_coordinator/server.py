@@ -17,6 +17,7 @@ from oncelog.v1 import group_coordinator_pb2, group_coordinator_pb2_grpc
 from ..common import server_base
 from ..common.cluster import ClusterLayout
 from ..common.service_error import ServiceError
+from ..common.service_security import ServiceSecurity
 from ..common.store_client import StoreClient
 from . import metrics
 from .runtime import TP, GroupConfig, GroupCoordinatorRuntime
@@ -116,6 +117,8 @@ def wire(layout: ClusterLayout, node_id: int, *, config: GroupConfig,
 async def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     server_base.configure_logging(args.log_format, args.log_level, "group_coordinator")
+    # First: it makes every channel of this process use TLS when it serves TLS.
+    security = ServiceSecurity.from_args(args, "group_coordinator")
     layout = server_base.layout_from_args(args)
     advertised = args.advertised or layout.group_coordinators[args.node_id]
     wired = wire(
@@ -129,6 +132,8 @@ async def main(argv: list[str] | None = None) -> None:
         ),
     )
     metrics.register(wired.runtime, lambda: dict(wired.end_offsets))
+    # With --authorizer acl, the ACLs are read through the coordinator's store client.
+    security.watch_acls(wired.store)
 
     def register(server: grpc.aio.Server) -> None:
         group_coordinator_pb2_grpc.add_GroupCoordinatorServicer_to_server(wired.servicer, server)
@@ -143,4 +148,5 @@ async def main(argv: list[str] | None = None) -> None:
         metrics_port=args.metrics_port,
         on_started=wired.start,
         on_shutdown=wired.stop,
+        security=security,
     )

@@ -57,6 +57,9 @@ from ..common.server_base import (
     run,
     serve,
 )
+from ..common.service_security import ServiceSecurity
+from ..common.store_client import StoreClient
+from .acls import AclService
 from .controller_link import GrpcControllerLink
 from .coordinator_link import GrpcTxnVerifier
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -261,6 +264,8 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    # First: it makes every channel of this process use TLS when it serves TLS.
+    security = ServiceSecurity.from_args(args, "partition_store")
     layout = config.layout
     listen = args.listen or args.advertised or layout.stores[config.node_id]
     store = RocksStore(Path(args.data_dir) / "rocksdb")
@@ -289,12 +294,26 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         leader_imbalance_per_store_pct=args.leader_imbalance_per_store_pct,
     )
     runtime = wired.runtime
+    # With --authorizer acl: this store's own client of the stores, through
+    # which it reads and appends __acls at whichever store leads it.
+    acl_client = StoreClient(layout) if security.settings.authorizer is not None else None
+    acls = None
+    if acl_client is not None:
+        watcher = security.watch_acls(acl_client)
+        if watcher is not None:
+            acls = AclService(watcher, acl_client)
+
+    async def close() -> None:
+        await wired.close()
+        if acl_client is not None:
+            await acl_client.close()
+
     try:
         await wired.start()
 
         def register(server: grpc.aio.Server) -> None:
             partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(
-                PartitionStoreServicer(runtime), server
+                PartitionStoreServicer(runtime, acls=acls), server
             )
 
         async def draining() -> None:
@@ -309,11 +328,12 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             metrics_port=args.metrics_port,
             shutdown_grace_ms=args.shutdown_grace_ms,
             on_draining=draining,
-            on_shutdown=wired.close,
+            on_shutdown=close,
+            security=security,
         )
     finally:
         # After serve() this is a no-op; it matters when start or serve failed.
-        await wired.close()
+        await close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

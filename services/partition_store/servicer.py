@@ -18,6 +18,7 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
 
 from ..common.errors import ServiceError, abort_with
+from .acls import AclService
 from .controller_link import CATALOG_CHANGED_METADATA
 from .convert import error_to_proto, topic_metadata
 from .partition import Isolation
@@ -55,9 +56,18 @@ def _check_unique(pairs: Iterable[tuple[str, int]], what: str) -> None:
         seen.add((topic, partition))
 
 
+def _security_disabled() -> ServiceError:
+    return ServiceError(
+        ErrorCode.SECURITY_DISABLED,
+        "this cluster runs without an authorizer (--authorizer none): it keeps no ACLs; "
+        "start the services with --authorizer acl (docs/security.md)")
+
+
 class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
-    def __init__(self, runtime: StoreRuntime) -> None:
+    def __init__(self, runtime: StoreRuntime, *, acls: AclService | None = None) -> None:
         self._runtime = runtime
+        # None: no authorizer; the ACL RPCs answer SECURITY_DISABLED.
+        self._acls = acls
         layout = runtime.layout
         self._coordinators = [
             records_pb2.Node(node_id=i, address=a) for i, a in enumerate(layout.coordinators)
@@ -373,3 +383,35 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             pb.ReassignResult(topic=topic, partition=partition, error=error_to_proto(error))
             for (topic, partition), error in outcomes.items()
         ])
+
+    # ------------------------------------------------------------------ ACLs
+
+    async def CreateAcls(
+        self, request: pb.CreateAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateAclsResponse:
+        try:
+            if self._acls is None:
+                raise _security_disabled()
+            return await self._acls.create(request)
+        except ServiceError as exc:
+            await abort_with(context, exc)
+
+    async def DescribeAcls(
+        self, request: pb.DescribeAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeAclsResponse:
+        try:
+            if self._acls is None:
+                raise _security_disabled()
+            return await self._acls.describe(request)
+        except ServiceError as exc:
+            await abort_with(context, exc)
+
+    async def DeleteAcls(
+        self, request: pb.DeleteAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteAclsResponse:
+        try:
+            if self._acls is None:
+                raise _security_disabled()
+            return await self._acls.delete(request)
+        except ServiceError as exc:
+            await abort_with(context, exc)

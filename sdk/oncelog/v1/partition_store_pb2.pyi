@@ -1387,3 +1387,248 @@ class AlterPartitionReassignmentsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AlterPartitionReassignmentsResponse: _TypeAlias = AlterPartitionReassignmentsResponse  # noqa: Y015
+
+@_typing.final
+class AclBinding(_message.Message):
+    """-------------------------------------------------------------------- ACLs
+    Enums travel as strings (Kafka's names, case-insensitive: "topic",
+    "transactional_id", "write", "cluster_action", "literal", "allow"), so
+    that clients in other languages need no enum tables.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    RESOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    RESOURCE_NAME_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    PERMISSION_FIELD_NUMBER: _builtins.int
+    principal: _builtins.str
+    """"User:alice"; "User:*" is every principal"""
+    host: _builtins.str
+    """the client's IP address; "*" (or "") every host"""
+    resource_type: _builtins.str
+    """topic, group, transactional_id, cluster"""
+    resource_name: _builtins.str
+    """"*" (literal) is every resource of the type"""
+    pattern_type: _builtins.str
+    """literal (the default when empty) or prefixed"""
+    operation: _builtins.str
+    """read, write, ..., all"""
+    permission: _builtins.str
+    """allow (the default when empty) or deny"""
+    def __init__(
+        self,
+        *,
+        principal: _builtins.str = ...,
+        host: _builtins.str = ...,
+        resource_type: _builtins.str = ...,
+        resource_name: _builtins.str = ...,
+        pattern_type: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        permission: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "pattern_type", b"pattern_type", "permission", b"permission", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclBinding: _TypeAlias = AclBinding  # noqa: Y015
+
+@_typing.final
+class AclBindingFilter(_message.Message):
+    """Selects bindings; a field "" or "any" matches anything. pattern_type also
+    takes "match": the bindings that apply to a resource of that name.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    RESOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    RESOURCE_NAME_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    PERMISSION_FIELD_NUMBER: _builtins.int
+    principal: _builtins.str
+    host: _builtins.str
+    resource_type: _builtins.str
+    resource_name: _builtins.str
+    pattern_type: _builtins.str
+    operation: _builtins.str
+    permission: _builtins.str
+    def __init__(
+        self,
+        *,
+        principal: _builtins.str = ...,
+        host: _builtins.str = ...,
+        resource_type: _builtins.str = ...,
+        resource_name: _builtins.str = ...,
+        pattern_type: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        permission: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "pattern_type", b"pattern_type", "permission", b"permission", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclBindingFilter: _TypeAlias = AclBindingFilter  # noqa: Y015
+
+@_typing.final
+class CreateAclsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def creations(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]: ...
+    def __init__(
+        self,
+        *,
+        creations: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["creations", b"creations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclsRequest: _TypeAlias = CreateAclsRequest  # noqa: Y015
+
+@_typing.final
+class CreateAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[_errors_pb2.Error]:
+        """One per creation, in order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[_errors_pb2.Error] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclsResponse: _TypeAlias = CreateAclsResponse  # noqa: Y015
+
+@_typing.final
+class DescribeAclsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def filter(self) -> Global___AclBindingFilter: ...
+    def __init__(
+        self,
+        *,
+        filter: Global___AclBindingFilter | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeAclsRequest: _TypeAlias = DescribeAclsRequest  # noqa: Y015
+
+@_typing.final
+class DescribeAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    BINDINGS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error: ...
+    @_builtins.property
+    def bindings(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]: ...
+    def __init__(
+        self,
+        *,
+        error: _errors_pb2.Error | None = ...,
+        bindings: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bindings", b"bindings", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeAclsResponse: _TypeAlias = DescribeAclsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteAclsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def filters(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBindingFilter]: ...
+    def __init__(
+        self,
+        *,
+        filters: _abc.Iterable[Global___AclBindingFilter] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filters", b"filters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAclsRequest: _TypeAlias = DeleteAclsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteAclsFilterResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    MATCHING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error: ...
+    @_builtins.property
+    def matching(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]:
+        """The bindings this filter deleted."""
+
+    def __init__(
+        self,
+        *,
+        error: _errors_pb2.Error | None = ...,
+        matching: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "matching", b"matching"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAclsFilterResult: _TypeAlias = DeleteAclsFilterResult  # noqa: Y015
+
+@_typing.final
+class DeleteAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeleteAclsFilterResult]:
+        """One per filter, in order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___DeleteAclsFilterResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAclsResponse: _TypeAlias = DeleteAclsResponse  # noqa: Y015

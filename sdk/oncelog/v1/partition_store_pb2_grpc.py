@@ -94,6 +94,21 @@ class PartitionStoreStub:
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/oncelog.v1.PartitionStore/CreateAcls',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/oncelog.v1.PartitionStore/DescribeAcls',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/oncelog.v1.PartitionStore/DeleteAcls',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionStoreServicer:
@@ -184,6 +199,27 @@ class PartitionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """ACLs (docs/security.md), kept in the internal topic __acls; any store
+        answers. A cluster running without an authorizer answers
+        SECURITY_DISABLED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +282,21 @@ def add_PartitionStoreServicer_to_server(servicer, server):
                     servicer.AlterPartitionReassignments,
                     request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.CreateAclsRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.DeleteAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -572,6 +623,87 @@ class PartitionStore:
             '/oncelog.v1.PartitionStore/AlterPartitionReassignments',
             oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
             oncelog_dot_v1_dot_partition__store__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.PartitionStore/CreateAcls',
+            oncelog_dot_v1_dot_partition__store__pb2.CreateAclsRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.PartitionStore/DescribeAcls',
+            oncelog_dot_v1_dot_partition__store__pb2.DescribeAclsRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.PartitionStore/DeleteAcls',
+            oncelog_dot_v1_dot_partition__store__pb2.DeleteAclsRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,13 @@ class PartitionStoreStub:
     AlterPartitionReassignments): the new replicas copy the log, join the
     ISR, then the replicas left out are dropped. Replicated clusters only.
     """
+    CreateAcls: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.CreateAclsRequest, _partition_store_pb2.CreateAclsResponse]
+    """ACLs (docs/security.md), kept in the internal topic __acls; any store
+    answers. A cluster running without an authorizer answers
+    SECURITY_DISABLED.
+    """
+    DescribeAcls: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.DescribeAclsRequest, _partition_store_pb2.DescribeAclsResponse]
+    DeleteAcls: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.DeleteAclsRequest, _partition_store_pb2.DeleteAclsResponse]
 
 @_typing.type_check_only
 class PartitionStoreAsyncStub(PartitionStoreStub):
@@ -96,6 +103,13 @@ class PartitionStoreAsyncStub(PartitionStoreStub):
     AlterPartitionReassignments): the new replicas copy the log, join the
     ISR, then the replicas left out are dropped. Replicated clusters only.
     """
+    CreateAcls: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.CreateAclsRequest, _partition_store_pb2.CreateAclsResponse]  # type: ignore[assignment]
+    """ACLs (docs/security.md), kept in the internal topic __acls; any store
+    answers. A cluster running without an authorizer answers
+    SECURITY_DISABLED.
+    """
+    DescribeAcls: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.DescribeAclsRequest, _partition_store_pb2.DescribeAclsResponse]  # type: ignore[assignment]
+    DeleteAcls: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.DeleteAclsRequest, _partition_store_pb2.DeleteAclsResponse]  # type: ignore[assignment]
 
 class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -198,5 +212,30 @@ class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
         AlterPartitionReassignments): the new replicas copy the log, join the
         ISR, then the replicas left out are dropped. Replicated clusters only.
         """
+
+    @_abc_1.abstractmethod
+    def CreateAcls(
+        self,
+        request: _partition_store_pb2.CreateAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_partition_store_pb2.CreateAclsResponse, _abc.Awaitable[_partition_store_pb2.CreateAclsResponse]]:
+        """ACLs (docs/security.md), kept in the internal topic __acls; any store
+        answers. A cluster running without an authorizer answers
+        SECURITY_DISABLED.
+        """
+
+    @_abc_1.abstractmethod
+    def DescribeAcls(
+        self,
+        request: _partition_store_pb2.DescribeAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_partition_store_pb2.DescribeAclsResponse, _abc.Awaitable[_partition_store_pb2.DescribeAclsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteAcls(
+        self,
+        request: _partition_store_pb2.DeleteAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_partition_store_pb2.DeleteAclsResponse, _abc.Awaitable[_partition_store_pb2.DeleteAclsResponse]]: ...
 
 def add_PartitionStoreServicer_to_server(servicer: PartitionStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -39,9 +39,9 @@ reads and listings grants nothing more. So no client can forge markers or
 touch internal topics, whatever flags it sets: `coordinator_write`,
 `verify_only`, WriteTxnMarkers and ReplicaFetch need ClusterAction.
 
-The ACL RPCs (CreateAcls, DescribeAcls, DeleteAcls) are not in the protos
-yet; their entries are keyed by the method names they will have on the
-PartitionStore service (`PLANNED_METHODS`).
+A method planned for the protos but not in them yet may be given its entry
+ahead, keyed by the name it will have, and listed in `PLANNED_METHODS`
+(none today).
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ TABLE: Mapping[str, RpcRule] = {
         Need(_O.DESCRIBE, _T.TOPIC, "partitions[].topic", alternatives=_CA),
     )),
     _ps("AlterPartitionReassignments"): RpcRule(needs=(Need(_O.ALTER, _T.CLUSTER),)),
-    # Not in the protos yet (PLANNED_METHODS).
+    # Kafka: Alter on the cluster to change ACLs, Describe to read them.
     _ps("CreateAcls"): RpcRule(needs=(Need(_O.ALTER, _T.CLUSTER),)),
     _ps("DescribeAcls"): RpcRule(needs=(Need(_O.DESCRIBE, _T.CLUSTER),)),
     _ps("DeleteAcls"): RpcRule(needs=(Need(_O.ALTER, _T.CLUSTER),)),
@@ -428,8 +428,8 @@ TABLE: Mapping[str, RpcRule] = {
     _gc("DeleteGroups"): RpcRule(needs=(Need(_O.DELETE, _T.GROUP, "group_ids[]"),)),
 }
 
-# In TABLE, not yet in the protos: the ACL RPCs, added with the wiring.
-PLANNED_METHODS = frozenset({_ps("CreateAcls"), _ps("DescribeAcls"), _ps("DeleteAcls")})
+# In TABLE, not yet in the protos (docs/security.md marks them "planned").
+PLANNED_METHODS: frozenset[str] = frozenset()
 
 # Served by every process and authorized for anyone who connected (probes,
 # tools): gRPC health checking and server reflection.
@@ -495,7 +495,7 @@ def first_denial(authorizer: Authorizer, principal: str, host: str,
 
 
 def apply_filter(answer_filter: AnswerFilter, request: Message, response: Message,
-                 allowed: Callable[[Check], bool]) -> int:
+                 allowed: Callable[[Check], bool], *, principal: str = "the caller") -> int:
     """Leaves out (or answers with the authorization error, or empties a
     field of) the response's entries whose check `allowed` refuses; returns
     how many entries it changed."""
@@ -521,7 +521,7 @@ def apply_filter(answer_filter: AnswerFilter, request: Message, response: Messag
                 setattr(entry, answer_filter.name_field, name)
                 entry.error.code = int(check.code)
                 entry.error.retriable = check.code.retriable
-                entry.error.message = f"not allowed {check.describe()}"
+                entry.error.message = f"{principal} is not allowed {check.describe()}"
             else:
                 del entries[i]
     return changed
