@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from oncelog import Consumer, ConsumerRecord, Producer, TopicPartition, errors
+from oncelog.cli import client_security
 
 log = logging.getLogger("copier")
 
@@ -44,8 +45,9 @@ class Copier:
         self.transactions = 0
         self.aborted_on_purpose = 0
         self.stopping = False
+        security = client_security(args)
         self.consumer = Consumer(
-            bootstrap=args.bootstrap, group_id=args.group,
+            **security, bootstrap=args.bootstrap, group_id=args.group,
             isolation_level="read_committed", auto_offset_reset="earliest",
             enable_auto_commit=False, max_poll_records=args.max_poll_records,
             session_timeout_ms=args.session_timeout_ms,
@@ -55,7 +57,7 @@ class Copier:
         # process it replaces; zombies of other instances are fenced by the
         # group (their TxnOffsetCommit carries a stale membership).
         self.producer = Producer(
-            bootstrap=args.bootstrap,
+            **security, bootstrap=args.bootstrap,
             transactional_id=f"{args.transactional_id_prefix}-{args.instance}",
             linger_ms=5, transaction_timeout_ms=args.transaction_timeout_ms,
         )
@@ -148,6 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-poll-records", type=int, default=500)
     p.add_argument("--session-timeout-ms", type=int, default=6000)
     p.add_argument("--transaction-timeout-ms", type=int, default=30000)
+    p.add_argument("--command-config", metavar="FILE",
+                   help="client security settings, Kafka's client properties (security.protocol, "
+                   "ssl.cafile, ssl.certfile, ssl.keyfile, sasl.oauthbearer.token.file), "
+                   "read as the oncelog command reads its --command-config")
     p.add_argument("--test-stop-before-offsets", type=int, default=0, metavar="N",
                    help="tests only: SIGSTOP this process in transaction N, after its "
                    "records are sent and before its offsets are")

@@ -20,6 +20,12 @@
 //   node transaction_example.js --bootstrap 127.0.0.1:PORT --topic payments \
 //       [--partition 0] [--transactional-id ID] [--from-offset 0] [--timeout-ms 60000] \
 //       [--transaction-timeout-ms 60000] [--protos DIR]
+//
+// A secured cluster: TLS and a client certificate (or a bearer token) come
+// from the environment, as for the `oncelog` CLI: ONCELOG_SSL_CAFILE,
+// ONCELOG_SSL_CERTFILE, ONCELOG_SSL_KEYFILE, ONCELOG_SASL_OAUTH_TOKEN_FILE
+// (lib/client.js). The principal needs Write on the topic and on the
+// transactional id, and Read on the topic for the read-back.
 
 const { ClusterClient } = require('./lib/client');
 const { TransactionalProducer } = require('./lib/producer');

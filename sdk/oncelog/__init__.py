@@ -1,6 +1,6 @@
 """oncelog: a transactional, partitioned log with exactly-once semantics.
 
-    from oncelog import Admin, Producer, Consumer, TopicPartition
+    from oncelog import Admin, Producer, Consumer, TopicPartition, AclBinding
     from oncelog import errors
 
 docs/sdk.md describes what the SDK does: batching, retries, ordering and the
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from oncelog.consumer import Consumer
     from oncelog.producer import Producer
     from oncelog.types import (
+        AclBinding,
+        AclFilter,
         ConsumerRecord,
         GroupDescription,
         GroupListing,
@@ -62,7 +64,8 @@ _LAZY = {
     "Producer": "oncelog.producer",
     "errors": None,
     **{name: "oncelog.types" for name in (
-        "ConsumerRecord", "GroupDescription", "GroupListing", "GroupMetadata", "GroupOffset",
+        "AclBinding", "AclFilter", "ConsumerRecord", "GroupDescription", "GroupListing",
+        "GroupMetadata", "GroupOffset",
         "HangingTransaction", "MemberDescription", "NewTopic", "OffsetAndTimestamp",
         "PartitionDescription", "PreparedTxnState", "ProducerState", "RecordMetadata",
         "TopicDescription", "TopicPartition", "TransactionDescription", "TransactionListing",
@@ -85,6 +88,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AclBinding",
+    "AclFilter",
     "Admin",
     "Consumer",
     "ConsumerRecord",

@@ -14,6 +14,17 @@ budget runs out because no service answered, the KafkaTimeoutError says so
 in words and names the addresses (`describe_unanswered`); the raw gRPC status
 stays in its `__cause__` chain.
 
+Channels are plain text, or TLS with the client's certificate and bearer
+token (oncelog._security, the `security` a client is made with). Failures
+that retrying cannot mend are raised at once as AuthenticationFailedError,
+saying what is wrong: a TLS handshake that failed, a token provider that
+raised, a plain-text client at an address that serves TLS, or a client
+without a certificate at one that requires one (the last two found by a
+TLS handshake of our own when a connection is closed at once); so are the
+authorization refusals of Metadata (`is_security_error`), and a topic left
+out of Metadata because the principal may not see it is reported as the
+TopicAuthorizationFailedError it is (`topic_refusal`).
+
 Thread-safe: the producer's sender thread and the caller's threads use one
 client concurrently. Metadata is an immutable snapshot replaced as a whole.
 """
@@ -32,6 +43,16 @@ from typing import Any, TypeVar
 
 import grpc
 
+from oncelog._security import (
+    PLAINTEXT_CONFIG,
+    PROBE_PLAIN,
+    PROBE_TLS_CLOSED,
+    SecurityConfig,
+    client_certificate_needed_message,
+    plaintext_to_tls_message,
+    probe_tls,
+    tls_failure,
+)
 from oncelog.v1 import (
     coordinator_pb2_grpc,
     errors_pb2,
@@ -70,11 +91,37 @@ _REFRESH_ON = frozenset({
 })
 
 
-def translate_rpc_error(exc: grpc.RpcError) -> OncelogError:
+def translate_rpc_error(exc: grpc.RpcError, security: SecurityConfig | None = None
+                        ) -> OncelogError:
     """The typed exception for a failed call (our Error from the status details,
-    or one mapped from the bare gRPC code for transport failures)."""
+    or one mapped from the bare gRPC code for transport failures). A TLS
+    handshake that failed, or a token provider that raised, is an
+    AuthenticationFailedError saying so (`security`: the client's settings,
+    named in the message)."""
     err = error_from_rpc(exc)
+    if err.code == ErrorCode.NETWORK_EXCEPTION:
+        details = (exc.details() if hasattr(exc, "details") else None) or ""
+        failure = tls_failure(details, security)
+        if failure is not None:
+            return errors.error_for(ErrorCode.SASL_AUTHENTICATION_FAILED, failure)
     return errors.error_for(err.code, err.message)
+
+
+# Refusals that the same request meets again until an operator changes
+# something (a certificate, a token, an ACL): a client raises them at once
+# instead of retrying until its time budget runs out.
+SECURITY_ERROR_CODES = frozenset({
+    ErrorCode.SASL_AUTHENTICATION_FAILED,
+    ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+    ErrorCode.GROUP_AUTHORIZATION_FAILED,
+    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+})
+
+
+def is_security_error(exc: OncelogError) -> bool:
+    """An authentication or authorization failure (SECURITY_ERROR_CODES)."""
+    return exc.code in SECURITY_ERROR_CODES
 
 
 def error_from_proto(err: errors_pb2.Error) -> OncelogError | None:
@@ -126,6 +173,9 @@ REFUSED = "connection refused"
 SILENT = "no answer"
 UNRESOLVED = "host name not found"
 CONNECTION_FAILED = "connection failed"
+# An address whose probe found nothing wrong is probed again no sooner than
+# this (a service restarting closes connections too).
+PROBE_INTERVAL_S = 5.0
 # What a call expected to find at an address, when nothing more is known (the
 # bootstrap addresses name partition stores, but a typo may name anything).
 SERVICE = "oncelog service"
@@ -181,7 +231,10 @@ _UNREACHABLE: weakref.WeakKeyDictionary[BaseException, tuple[str, ...]] = (
 def unreachable_addresses(exc: BaseException) -> tuple[str, ...]:
     """The addresses at which no service answered, when that is why `exc`
     was raised; empty for every other error."""
-    return _UNREACHABLE.get(exc, ())
+    try:
+        return _UNREACHABLE.get(exc, ())
+    except TypeError:  # a built-in exception (ValueError, ...): never one of ours
+        return ()
 
 
 def describe_unanswered(unanswered: Mapping[str, Unanswered], budget_ms: int) -> str:
@@ -321,6 +374,7 @@ class ClusterClient:
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 1_000,
         metadata_max_age_ms: int = 300_000,
+        security: SecurityConfig | None = None,
     ) -> None:
         if request_timeout_ms <= 0:
             raise ValueError(f"request_timeout_ms must be positive, got {request_timeout_ms}")
@@ -334,6 +388,10 @@ class ClusterClient:
         self.retry_backoff_ms = retry_backoff_ms
         self.retry_backoff_max_ms = retry_backoff_max_ms
         self.metadata_max_age_ms = metadata_max_age_ms
+        self.security = PLAINTEXT_CONFIG if security is None else security
+        # address -> why it refuses this client's connections (_refused_connection).
+        self._refusals: dict[str, str] = {}
+        self._probed_at_s: dict[str, float] = {}
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stores: dict[str, partition_store_pb2_grpc.PartitionStoreStub] = {}
@@ -363,7 +421,10 @@ class ClusterClient:
                 raise errors.IllegalStateError("the client is closed")
             ch = self._channels.get(address)
             if ch is None:
-                ch = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+                credentials = self.security.channel_credentials()
+                ch = (grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+                      if credentials is None else
+                      grpc.secure_channel(address, credentials, options=list(CHANNEL_OPTIONS)))
                 self._channels[address] = ch
             return ch
 
@@ -414,15 +475,58 @@ class ClusterClient:
         (transport_failure) says so in words and names the address and the
         service expected there, and is remembered for gave_up. The raw gRPC
         status stays reachable as the exception's __cause__."""
-        translated = translate_rpc_error(exc)
+        translated = self.translate(exc)
+        if translated.code is ErrorCode.SASL_AUTHENTICATION_FAILED:
+            # A handshake or token failure: the service may have answered,
+            # but not to us; say where.
+            err = errors.error_for(translated.code, f"the {service} at {address}: "
+                                                    f"{translated.message}")
+            err.__cause__ = exc
+            return err
         reason = transport_failure(exc)
         if reason is None:
             return translated
+        details = ((exc.details() if hasattr(exc, "details") else None) or "").lower()
+        refused = self._refused_connection(address, service) if (
+            reason == CONNECTION_FAILED and "socket closed" in details) else None
+        if refused is not None:
+            err = errors.error_for(ErrorCode.SASL_AUTHENTICATION_FAILED, refused)
+            err.__cause__ = exc
+            return err
         self.note_unanswered(address, reason, service=service)
         phrase = "did not answer in time" if reason == SILENT else reason
         err = errors.error_for(translated.code, f"the {service} at {address}: {phrase}")
         err.__cause__ = exc
         return err
+
+    def translate(self, exc: grpc.RpcError) -> OncelogError:
+        """translate_rpc_error with this client's security settings."""
+        return translate_rpc_error(exc, self.security)
+
+    def _refused_connection(self, address: str, service: str) -> str | None:
+        """Why a connection to `address` closed at once, when our security
+        settings are why (probe_tls): a plain-text client at an address that
+        serves TLS, or a TLS client without a certificate at one that
+        requires it. None when the probe finds neither (the service may be
+        restarting: the caller retries). Remembered per address."""
+        known = self._refusals.get(address)
+        if known is not None:
+            return known
+        if self.security.tls and self.security.certfile is not None:
+            return None
+        now_s = time.monotonic()
+        if now_s - self._probed_at_s.get(address, -math.inf) < PROBE_INTERVAL_S:
+            return None  # probed a moment ago, and it was not that
+        self._probed_at_s[address] = now_s
+        found = probe_tls(address)
+        if not self.security.tls and found != PROBE_PLAIN:
+            message = plaintext_to_tls_message(address, service)
+        elif self.security.tls and found == PROBE_TLS_CLOSED:
+            message = client_certificate_needed_message(address, service)
+        else:
+            return None
+        self._refusals[address] = message
+        return message
 
     def note_unanswered(self, address: str, reason: str, *, service: str = SERVICE) -> None:
         self._unanswered[address] = (time.monotonic(), Unanswered(reason, service))
@@ -543,7 +647,7 @@ class ClusterClient:
             try:
                 md = self._fetch_metadata_once(deadline_s)
             except OncelogError as exc:
-                if deadline_s is None or self._closed:
+                if deadline_s is None or self._closed or is_security_error(exc):
                     raise
                 pause_s = backoff_ms(
                     attempt, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms
@@ -592,6 +696,8 @@ class ClusterClient:
             except grpc.RpcError as exc:
                 last = self.rpc_error(exc, address)
                 log.debug("Metadata from %s failed: %s", address, last)
+                if is_security_error(last):
+                    raise last from exc
                 continue
             finally:
                 self._asking = None
@@ -638,12 +744,12 @@ class ClusterClient:
         timeout_ms bounds the whole call, connecting and waiting for another
         thread's Metadata request included: KafkaTimeoutError after it. None:
         up to request_timeout_ms for each of the two Metadata requests."""
+        started_s = time.monotonic()
         if timeout_ms is None:
             info = self.metadata().topics.get(name)
             if info is None and refresh_if_missing:
                 info = self.refresh_metadata(timeout_ms=self.request_timeout_ms).topics.get(name)
         else:
-            started_s = time.monotonic()
             deadline_s = started_s + timeout_ms / 1000
             try:
                 info = self.metadata(timeout_ms=timeout_ms).topics.get(name)
@@ -658,10 +764,46 @@ class ClusterClient:
                     raise
                 raise restated from exc
         if info is None:
+            left_ms = (self.request_timeout_ms if timeout_ms is None
+                       else remaining_ms(started_s + timeout_ms / 1000))
+            refusal = self.topic_refusal(name, timeout_ms=left_ms)
+            if refusal is not None:
+                raise refusal
             raise errors.error_for(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
             )
         return info
+
+    def topic_refusal(self, name: str, *, timeout_ms: int) -> OncelogError | None:
+        """Why Metadata leaves topic `name` out, when an ACL is why: a
+        listing of every topic leaves out those the principal may not
+        Describe, while a Metadata request naming the topic is answered
+        TOPIC_AUTHORIZATION_FAILED (Kafka's rule: a name without Describe is
+        not told whether it exists). Asked only over TLS (a plain-text
+        client has no principal to refuse); None when the topic is not
+        refused, or no answer came within timeout_ms."""
+        if not self.security.tls or timeout_ms <= 0:
+            return None
+        request = partition_store_pb2.MetadataRequest(topics=[name], include_internal=True)
+        deadline_s = time.monotonic() + timeout_ms / 1000
+        for address in self._metadata_addresses():
+            left_s = min(deadline_s - time.monotonic(), self.request_timeout_ms / 1000)
+            if left_s <= 0:
+                break
+            try:
+                resp = self.store(address).Metadata(request, timeout=left_s)
+            except grpc.RpcError as exc:
+                err = self.rpc_error(exc, address)
+                if is_security_error(err):
+                    return err
+                continue
+            self.note_answered(address)
+            for t in resp.topics:
+                found = error_from_proto(t.error) if t.name == name else None
+                if found is not None and is_security_error(found):
+                    return found
+            return None
+        return None
 
     def leader(self, topic: str, partition: int, *, timeout_ms: int | None = None) -> str:
         """The advertised address of the store that owns a partition
@@ -717,7 +859,7 @@ class ClusterClient:
             try:
                 return attempt_fn(timeout_s)
             except grpc.RpcError as rpc_exc:
-                exc = translate_rpc_error(rpc_exc)
+                exc = self.translate(rpc_exc)
             except OncelogError as oncelog_exc:
                 exc = oncelog_exc
             if exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not unknown_topic_retried:

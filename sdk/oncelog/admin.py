@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -51,7 +52,10 @@ from oncelog._group import (
     check_offsets,
     partition_names,
 )
+from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog.types import (
+    AclBinding,
+    AclFilter,
     GroupDescription,
     GroupListing,
     GroupOffset,
@@ -116,7 +120,8 @@ def _ms(timeout_s: float) -> int:
 class Admin:
     """Creates, deletes, lists and describes topics; lists, describes and
     aborts transactions; finds and aborts hanging transactions; lists,
-    describes and deletes consumer groups, and shows and resets their offsets."""
+    describes and deletes consumer groups, and shows and resets their
+    offsets; creates, describes and deletes ACLs."""
 
     def __init__(
         self,
@@ -126,14 +131,28 @@ class Admin:
         default_api_timeout_ms: int = 60_000,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 1_000,
+        security_protocol: str = PLAINTEXT,
+        ssl_cafile: str | os.PathLike[str] | None = None,
+        ssl_certfile: str | os.PathLike[str] | None = None,
+        ssl_keyfile: str | os.PathLike[str] | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_oauth_token_provider: TokenProvider | None = None,
     ) -> None:
+        """`security_protocol`, `ssl_*` and `sasl_*` (kafka-python's names):
+        how to connect to a secured cluster (oncelog._security)."""
         client_timing_options(request_timeout_ms=request_timeout_ms,
                               retry_backoff_ms=retry_backoff_ms,
                               retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
+        security = security_options(
+            security_protocol=security_protocol, ssl_cafile=ssl_cafile,
+            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sasl_mechanism=sasl_mechanism,
+            sasl_oauth_token_provider=sasl_oauth_token_provider,
+        )
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            security=security,
         )
         self._default_api_timeout_ms = default_api_timeout_ms
         # Per thread: when the public call running in it must have ended.
@@ -908,6 +927,76 @@ class Admin:
             )
         return md.group_coordinators
 
+    # ------------------------------------------------------------ ACLs
+
+    @_within_budget
+    def create_acls(self, bindings: Iterable[AclBinding]) -> None:
+        """Creates ACL bindings (Kafka's createAcls); creating one that
+        exists already changes nothing. Raises the first binding's error,
+        naming the binding (SecurityDisabledError on a cluster without an
+        authorizer; ClusterAuthorizationFailedError without Alter on the
+        cluster). A change reaches every service within the cluster's
+        --acl-refresh-interval-ms."""
+        items = list(bindings)
+        for binding in items:
+            if not isinstance(binding, AclBinding):
+                raise TypeError(f"create_acls() takes AclBinding values, got {binding!r}")
+        if not items:
+            return
+        request = partition_store_pb2.CreateAclsRequest(
+            creations=[_binding_proto(b) for b in items])
+        resp = self._catalog_call("CreateAcls", lambda stub: stub.CreateAcls, request)
+        if len(resp.results) != len(items):
+            raise errors.error_for(
+                ErrorCode.UNKNOWN_SERVER_ERROR,
+                f"CreateAcls answered {len(resp.results)} results for {len(items)} bindings")
+        for binding, result in zip(items, resp.results, strict=True):
+            exc = error_from_proto(result)
+            if exc is not None:
+                raise errors.error_for(exc.code, f"{binding}: {exc.message or exc.code.name}")
+
+    @_within_budget
+    def describe_acls(self, filter: AclFilter | AclBinding | None = None
+                      ) -> list[AclBinding]:
+        """The ACL bindings `filter` selects (default: every one), sorted by
+        resource, then principal (Kafka's describeAcls). An AclBinding as
+        the filter selects exactly that binding."""
+        request = partition_store_pb2.DescribeAclsRequest(filter=_filter_proto(filter))
+
+        def attempt(timeout_s: float) -> partition_store_pb2.DescribeAclsResponse:
+            deadline_s = time.monotonic() + timeout_s
+            address, stub = self._controller(timeout_s)
+            resp: partition_store_pb2.DescribeAclsResponse = self._rpc(
+                address, stub.DescribeAcls, request, deadline_s)
+            raise_for_error(resp.error)
+            return resp
+
+        resp = self._call("DescribeAcls", attempt)
+        return sorted((_binding_from_proto(b) for b in resp.bindings), key=_acl_sort_key)
+
+    @_within_budget
+    def delete_acls(self, filters: Iterable[AclFilter | AclBinding]) -> list[AclBinding]:
+        """Deletes every ACL binding each filter selects (Kafka's
+        deleteAcls; an AclBinding selects exactly itself) and returns the
+        deleted ones, sorted. Raises the first filter's error."""
+        items = list(filters)
+        for item in items:
+            if not isinstance(item, (AclFilter, AclBinding)):
+                raise TypeError(f"delete_acls() takes AclFilter or AclBinding values, "
+                                f"got {item!r}")
+        if not items:
+            return []
+        request = partition_store_pb2.DeleteAclsRequest(
+            filters=[_filter_proto(item) for item in items])
+        resp = self._catalog_call("DeleteAcls", lambda stub: stub.DeleteAcls, request)
+        deleted: dict[AclBinding, None] = {}
+        for item, result in zip(items, resp.results, strict=False):
+            exc = error_from_proto(result.error)
+            if exc is not None:
+                raise errors.error_for(exc.code, f"filter {item}: {exc.message or exc.code.name}")
+            deleted.update(dict.fromkeys(_binding_from_proto(b) for b in result.matching))
+        return sorted(deleted, key=_acl_sort_key)
+
     # ------------------------------------------------------------ plumbing
 
     @contextlib.contextmanager
@@ -1026,6 +1115,39 @@ class Admin:
     ) -> None:
         self.close()
 
+
+
+def _binding_proto(binding: AclBinding) -> partition_store_pb2.AclBinding:
+    return partition_store_pb2.AclBinding(
+        principal=binding.principal, host=binding.host, resource_type=binding.resource_type,
+        resource_name=binding.resource_name, pattern_type=binding.pattern_type,
+        operation=binding.operation, permission=binding.permission,
+    )
+
+
+def _filter_proto(selector: AclFilter | AclBinding | None) -> partition_store_pb2.AclBindingFilter:
+    """The wire's filter: "" for a field that matches anything."""
+    if selector is None:
+        return partition_store_pb2.AclBindingFilter(pattern_type="any")
+    f = AclFilter.of(selector) if isinstance(selector, AclBinding) else selector
+    if not isinstance(f, AclFilter):
+        raise TypeError(f"an ACL filter is an AclFilter or an AclBinding, got {selector!r}")
+    return partition_store_pb2.AclBindingFilter(
+        principal=f.principal or "", host=f.host or "", resource_type=f.resource_type or "",
+        resource_name=f.resource_name or "", pattern_type=f.pattern_type,
+        operation=f.operation or "", permission=f.permission or "",
+    )
+
+
+def _binding_from_proto(b: partition_store_pb2.AclBinding) -> AclBinding:
+    return AclBinding(principal=b.principal, host=b.host or "*", resource_type=b.resource_type,
+                      resource_name=b.resource_name, pattern_type=b.pattern_type or "literal",
+                      operation=b.operation, permission=b.permission or "allow")
+
+
+def _acl_sort_key(b: AclBinding) -> tuple[str, ...]:
+    return (b.resource_type, b.resource_name, b.pattern_type, b.principal, b.host,
+            b.operation, b.permission)
 
 
 def _transaction_description(d: coordinator_pb2.TransactionDescription) -> TransactionDescription:

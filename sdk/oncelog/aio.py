@@ -93,6 +93,8 @@ from oncelog.admin import Admin
 from oncelog.consumer import Consumer
 from oncelog.producer import Producer
 from oncelog.types import (
+    AclBinding,
+    AclFilter,
     ConsumerRecord,
     GroupDescription,
     GroupListing,
@@ -814,3 +816,15 @@ class AIOAdmin:
 
     async def delete_group(self, group_id: str) -> None:
         await self._call(self._admin.delete_group, group_id)
+
+    # ------------------------------------------------------------ ACLs
+
+    async def create_acls(self, bindings: Iterable[AclBinding]) -> None:
+        await self._call(self._admin.create_acls, list(bindings))
+
+    async def describe_acls(self, filter: AclFilter | AclBinding | None = None
+                            ) -> list[AclBinding]:
+        return await self._call(self._admin.describe_acls, filter)
+
+    async def delete_acls(self, filters: Iterable[AclFilter | AclBinding]) -> list[AclBinding]:
+        return await self._call(self._admin.delete_acls, list(filters))

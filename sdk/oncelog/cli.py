@@ -15,6 +15,8 @@
     oncelog transactions abort-hanging payments 0 4001
     oncelog groups list | describe ledger | offsets ledger | delete ledger
     oncelog groups reset-offsets ledger --to-earliest --topic payments [--execute]
+    oncelog acls add --allow-principal User:alice --operation Write --topic payments
+    oncelog acls list [--principal User:alice] [--topic payments] | remove ...
 
 Every command that talks to a cluster takes --bootstrap (default: the
 ONCELOG_BOOTSTRAP environment variable, else 127.0.0.1:9092, Kafka's usual
@@ -25,6 +27,13 @@ stderr and exits 1 (2 for bad usage, with the subcommand's usage and, for a
 mistyped option or command, the closest valid one); when no cluster
 answered, a second line says what to do about it. gRPC's own status text is
 shown only with --verbose.
+
+A secured cluster (docs/security.md): --security-protocol SSL|SASL_SSL,
+--ssl-cafile, --ssl-certfile, --ssl-keyfile, --sasl-oauth-token-file; each
+also from the environment (ONCELOG_SECURITY_PROTOCOL, ONCELOG_SSL_CAFILE,
+...) or from a client properties file, --command-config FILE (Kafka's
+name), with Kafka's property names (security.protocol, ssl.cafile, ...). A
+flag wins over the environment, which wins over the file.
 
 Every command that lists something takes --output table (the default) or
 --output json (one JSON document on stdout; `consume`: one JSON object per
@@ -53,10 +62,19 @@ from typing import Any, BinaryIO, NoReturn
 
 from oncelog import __version__, errors
 from oncelog._client import unreachable_addresses
+from oncelog._security import OAUTHBEARER, SECURITY_PROTOCOLS, TokenFileProvider
 from oncelog.admin import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, Admin
 from oncelog.consumer import Consumer
 from oncelog.producer import Producer
-from oncelog.types import ConsumerRecord, Header, RecordMetadata, TopicPartition
+from oncelog.types import (
+    ACL_CLUSTER_NAME,
+    AclBinding,
+    AclFilter,
+    ConsumerRecord,
+    Header,
+    RecordMetadata,
+    TopicPartition,
+)
 from oncelog.wire.errors import ErrorCode
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -87,6 +105,33 @@ LOCK_FILE = "cluster.lock"
 PROGRESS_INTERVAL_S = 0.2
 # A topics operation shows its elapsed time once it has taken this long.
 WORKING_AFTER_S = 1.0
+
+# The security settings: each flag's dest, its environment variable, and
+# its name in a --command-config file (Kafka's property names).
+SECURITY_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("security_protocol", "ONCELOG_SECURITY_PROTOCOL", "security.protocol"),
+    ("ssl_cafile", "ONCELOG_SSL_CAFILE", "ssl.cafile"),
+    ("ssl_certfile", "ONCELOG_SSL_CERTFILE", "ssl.certfile"),
+    ("ssl_keyfile", "ONCELOG_SSL_KEYFILE", "ssl.keyfile"),
+    ("sasl_oauth_token_file", "ONCELOG_SASL_OAUTH_TOKEN_FILE", "sasl.oauthbearer.token.file"),
+)
+COMMAND_CONFIG_ENV = "ONCELOG_COMMAND_CONFIG"
+_PEM_TRUST = "JKS/PKCS12 truststores are not read: give ssl.cafile, the CA bundle as PEM"
+_PEM_KEYS = "JKS/PKCS12 keystores are not read: give ssl.certfile and ssl.keyfile as PEM"
+_TOKEN_FILE = "give the bearer token in a file: sasl.oauthbearer.token.file"
+# Kafka client properties a --command-config file may hold that oncelog
+# takes otherwise: refused with what to write instead.
+_COMMAND_CONFIG_REFUSED = {
+    "ssl.truststore.location": _PEM_TRUST,
+    "ssl.truststore.password": _PEM_TRUST,
+    "ssl.truststore.type": _PEM_TRUST,
+    "ssl.keystore.location": _PEM_KEYS,
+    "ssl.keystore.password": _PEM_KEYS,
+    "ssl.keystore.type": _PEM_KEYS,
+    "ssl.key.password": "encrypted keys are not read: give ssl.keyfile unencrypted (PEM)",
+    "sasl.jaas.config": _TOKEN_FILE,
+    "sasl.login.callback.handler.class": _TOKEN_FILE,
+}
 
 
 class CliError(Exception):
@@ -183,6 +228,30 @@ def _add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) 
     parser.add_argument(
         "--verbose", action="store_true", default=False if defaults else argparse.SUPPRESS,
         help="on failure, also print the errors behind it, gRPC's status text included",
+    )
+    security = parser.add_argument_group("security (a secured cluster; docs/security.md)")
+    helps = {
+        "security_protocol": "PLAINTEXT, SSL (TLS) or SASL_SSL (TLS and a bearer token); "
+                             "default: SSL when a TLS file is given, SASL_SSL when a token "
+                             "file is, else PLAINTEXT",
+        "ssl_cafile": "the CA bundle (PEM) that signed the cluster's certificates",
+        "ssl_certfile": "this client's certificate (PEM), for mutual TLS",
+        "ssl_keyfile": "the private key (PEM) of --ssl-certfile",
+        "sasl_oauth_token_file": "a file holding the bearer token (a JWT), read again for "
+                                 "each new token",
+    }
+    for dest, env, _prop in SECURITY_SETTINGS:
+        flag = "--" + dest.replace("_", "-")
+        extra: dict[str, Any] = ({"type": str.upper, "choices": SECURITY_PROTOCOLS}
+                                 if dest == "security_protocol" else {"metavar": "FILE"})
+        default = (os.environ.get(env) or None) if defaults else argparse.SUPPRESS
+        security.add_argument(flag, dest=dest, default=default,
+                              help=f"{helps[dest]} (env {env})", **extra)
+    security.add_argument(
+        "--command-config", metavar="FILE",
+        default=(os.environ.get(COMMAND_CONFIG_ENV) or None) if defaults else argparse.SUPPRESS,
+        help="a client properties file (Kafka's): security.protocol, ssl.cafile, ssl.certfile, "
+             f"ssl.keyfile, sasl.oauthbearer.token.file (env {COMMAND_CONFIG_ENV})",
     )
 
 
@@ -427,7 +496,85 @@ def build_parser() -> CliParser:
         "delete", parents=[common], help="delete an empty group and its offsets",
     )
     group_delete.add_argument("group")
+
+    acls = commands.add_parser(
+        "acls", help="add, list and remove ACLs (a cluster with an authorizer)",
+        description="ACLs with Kafka's kafka-acls.sh vocabulary; docs/security.md has the "
+                    "resource types, operations and rules.",
+    )
+    acl_cmds = acls.add_subparsers(dest="action", required=True, metavar="ACTION")
+    acl_add = acl_cmds.add_parser(
+        "add", parents=[common], help="add ACL bindings",
+        description="Adds one binding per principal, host, operation and resource: "
+                    "--allow-principal/--deny-principal (repeatable), --operation "
+                    "(repeatable), and the resources (--topic, --group, --transactional-id, "
+                    "each repeatable, and --cluster). --producer and --consumer add what a "
+                    "producer or a consumer needs, as Kafka's tool does.",
+    )
+    _add_acl_principals(acl_add)
+    _add_acl_resources(acl_add, pattern_types=("literal", "prefixed"))
+    acl_add.add_argument("--operation", action="append", default=[], metavar="OPERATION",
+                         help="Read, Write, Create, Delete, Alter, Describe, ClusterAction, "
+                              "DescribeConfigs, AlterConfigs, IdempotentWrite, "
+                              "TwoPhaseCommit or All (repeatable)")
+    acl_add.add_argument("--producer", action="store_true",
+                         help="Write, Describe and Create on the topics; Write and Describe "
+                              "on the transactional ids; with --idempotent, IdempotentWrite "
+                              "on the cluster")
+    acl_add.add_argument("--consumer", action="store_true",
+                         help="Read and Describe on the topics, Read on the groups")
+    acl_add.add_argument("--idempotent", action="store_true",
+                         help="with --producer: IdempotentWrite on the cluster")
+    acl_list = acl_cmds.add_parser(
+        "list", parents=[common], help="list ACL bindings (all, or those the options select)",
+    )
+    acl_list.add_argument("--principal", help="only this principal's bindings")
+    _add_acl_resources(acl_list, pattern_types=("literal", "prefixed", "any", "match"),
+                       default_pattern_type="any")
+    acl_list.add_argument("--operation", help="only bindings of this operation")
+    _add_output_option(acl_list)
+    acl_remove = acl_cmds.add_parser(
+        "remove", parents=[common], help="remove the ACL bindings the options select",
+        description="Removes the bindings of the named resources (--topic, --group, "
+                    "--transactional-id, --cluster) that the other options select "
+                    "(--allow-principal/--deny-principal, --operation, "
+                    "--allow-host/--deny-host; none: every binding of the resources). "
+                    "--resource-pattern-type match removes every binding that applies to "
+                    "them, prefixes and '*' included.",
+    )
+    _add_acl_principals(acl_remove)
+    _add_acl_resources(acl_remove, pattern_types=("literal", "prefixed", "any", "match"))
+    acl_remove.add_argument("--operation", action="append", default=[], metavar="OPERATION",
+                            help="only bindings of this operation (repeatable)")
     return parser
+
+
+def _add_acl_principals(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-principal", action="append", default=[], metavar="PRINCIPAL",
+                        help="e.g. User:alice, or User:* for everyone (repeatable)")
+    parser.add_argument("--deny-principal", action="append", default=[], metavar="PRINCIPAL",
+                        help="a principal to deny (repeatable); deny wins over allow")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                        help="an IP address the allowed principals connect from "
+                             "(repeatable; default: every host, *)")
+    parser.add_argument("--deny-host", action="append", default=[], metavar="HOST",
+                        help="an IP address the denied principals connect from "
+                             "(repeatable; default: every host, *)")
+
+
+def _add_acl_resources(parser: argparse.ArgumentParser, *, pattern_types: tuple[str, ...],
+                       default_pattern_type: str = "literal") -> None:
+    parser.add_argument("--topic", action="append", default=[], help="a topic (repeatable)")
+    parser.add_argument("--group", action="append", default=[],
+                        help="a consumer group (repeatable)")
+    parser.add_argument("--transactional-id", action="append", default=[],
+                        help="a transactional id (repeatable)")
+    parser.add_argument("--cluster", action="store_true",
+                        help=f"the cluster ({ACL_CLUSTER_NAME})")
+    parser.add_argument(
+        "--resource-pattern-type", type=str.lower, choices=pattern_types,
+        default=default_pattern_type,
+        help=f"how the resource names select (default {default_pattern_type})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -450,12 +597,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _groups(args)
         if args.command == "partitions":
             return _partitions(args)
+        if args.command == "acls":
+            return _acls(args)
         return _consume(args)
     except UsageError as exc:
         leaf_parser(parser, args).error(str(exc))
     except errors.OncelogError as exc:
-        _fail(f"{type(exc).__name__}: {exc.message or exc.code.name}", exc,
-              verbose=verbose, bootstrap=bootstrap)
+        message = f"{type(exc).__name__}: {exc.message or exc.code.name}"
+        if exc.code is ErrorCode.SASL_AUTHENTICATION_FAILED:
+            message += (" (the CLI connects with --security-protocol, --ssl-cafile, "
+                        "--ssl-certfile, --ssl-keyfile, --sasl-oauth-token-file or "
+                        "--command-config FILE)")
+        _fail(message, exc, verbose=verbose, bootstrap=bootstrap)
     except CliError as exc:
         _fail(str(exc), exc, verbose=verbose, bootstrap=bootstrap)
     except ValueError as exc:  # bad option values the SDK refuses (bootstrap, sizes)
@@ -807,8 +960,70 @@ def _cluster_up(args: argparse.Namespace) -> int:
 def _admin(args: argparse.Namespace) -> Admin:
     return Admin(
         bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
-        default_api_timeout_ms=args.timeout_ms,
+        default_api_timeout_ms=args.timeout_ms, **client_security(args),
     )
+
+
+def client_security(args: argparse.Namespace) -> dict[str, Any]:
+    """The SDK's security options from the flags, the environment (the
+    flags' defaults) and --command-config, in that order of precedence.
+    Without a protocol: SSL when a TLS file is given, SASL_SSL when a token
+    file is, else PLAINTEXT."""
+    values: dict[str, str | None] = {dest: getattr(args, dest, None)
+                                     for dest, _env, _prop in SECURITY_SETTINGS}
+    config_file = getattr(args, "command_config", None)
+    if config_file:
+        for dest, value in read_command_config(config_file).items():
+            if values.get(dest) is None:
+                values[dest] = value
+    protocol = values.pop("security_protocol")
+    token_file = values.pop("sasl_oauth_token_file")
+    if protocol is None:
+        protocol = ("SASL_SSL" if token_file else
+                    "SSL" if any(values.values()) else "PLAINTEXT")
+    options: dict[str, Any] = {"security_protocol": protocol.upper(),
+                               **{k: v for k, v in values.items() if v}}
+    if token_file:
+        if not Path(token_file).is_file():
+            raise CliError(f"--sasl-oauth-token-file: no such file {token_file!r}")
+        options["sasl_mechanism"] = OAUTHBEARER
+        options["sasl_oauth_token_provider"] = TokenFileProvider(token_file)
+    return options
+
+
+def read_command_config(path: str) -> dict[str, str]:
+    """The security settings (by flag dest) of a client properties file:
+    `key=value` (or `key: value`) lines, `#` and `!` comments, Kafka's
+    property names. An unknown or unsupported property is an error naming it
+    and its line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"--command-config: cannot read {path}: {exc.strerror or exc}") from None
+    by_property = {prop: dest for dest, _env, prop in SECURITY_SETTINGS}
+    found: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        match = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
+        if match is None:
+            raise CliError(f"--command-config {path}:{number}: expected key=value, got {line!r}")
+        key, value = match.group(1), match.group(2).strip()
+        if key == "sasl.mechanism":
+            if value.upper() != OAUTHBEARER:
+                raise CliError(f"--command-config {path}:{number}: sasl.mechanism must be "
+                               f"OAUTHBEARER (the only mechanism), got {value!r}")
+            continue
+        if key in _COMMAND_CONFIG_REFUSED:
+            raise CliError(f"--command-config {path}:{number}: {key} is not supported: "
+                           f"{_COMMAND_CONFIG_REFUSED[key]}")
+        if key not in by_property:
+            raise CliError(
+                f"--command-config {path}:{number}: unknown property {key!r}; known: "
+                f"{', '.join(by_property)}, sasl.mechanism")
+        found[by_property[key]] = value
+    return found
 
 
 def _topics(args: argparse.Namespace) -> int:
@@ -1124,6 +1339,135 @@ def _reset_group_offsets(admin: Admin, args: argparse.Namespace) -> None:
         print(f"plan only: nothing committed for group {args.group} (--execute commits it)")
 
 
+# ----------------------------------------------------------------------- acls
+
+# What --producer and --consumer grant, per resource type (kafka-acls.sh's).
+_PRODUCER_OPERATIONS = {"topic": ("write", "describe", "create"),
+                        "transactional_id": ("write", "describe")}
+_CONSUMER_OPERATIONS = {"topic": ("read", "describe"), "group": ("read",)}
+
+
+def _acl_resources(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(resource type, name) of every resource the options name."""
+    resources = [("topic", name) for name in args.topic]
+    resources += [("group", name) for name in args.group]
+    resources += [("transactional_id", name) for name in args.transactional_id]
+    if args.cluster:
+        resources.append(("cluster", ACL_CLUSTER_NAME))
+    return resources
+
+
+def _acl_principals(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(principal, permission, host) for each principal and host given."""
+    out = [(p, "allow", h) for p in args.allow_principal for h in args.allow_host or ["*"]]
+    out += [(p, "deny", h) for p in args.deny_principal for h in args.deny_host or ["*"]]
+    return out
+
+
+def _acl_bindings_to_add(args: argparse.Namespace) -> list[AclBinding]:
+    principals = _acl_principals(args)
+    if not principals:
+        raise UsageError("name who the ACLs are for: --allow-principal or --deny-principal "
+                         "(e.g. User:alice)")
+    resources = _acl_resources(args)
+    if not resources:
+        raise UsageError("name the resources: --topic, --group, --transactional-id or "
+                         "--cluster")
+    if not (args.operation or args.producer or args.consumer):
+        raise UsageError("name the operations: --operation (repeatable), or --producer / "
+                         "--consumer")
+    if args.idempotent and not args.producer:
+        raise UsageError("--idempotent goes with --producer")
+    wanted: list[tuple[str, str, str]] = [  # (resource type, name, operation)
+        (kind, name, operation) for kind, name in resources for operation in args.operation]
+    for role, grants, needs in (
+            ("--producer", _PRODUCER_OPERATIONS, "topic"),
+            ("--consumer", _CONSUMER_OPERATIONS, "topic")):
+        if not getattr(args, role.lstrip("-")):
+            continue
+        if not any(kind == needs for kind, _name in resources):
+            raise UsageError(f"{role} needs --topic")
+        if role == "--consumer" and not args.group:
+            raise UsageError("--consumer needs --group (the consumer group to read as)")
+        wanted += [(kind, name, operation) for kind, name in resources
+                   for operation in grants.get(kind, ())]
+    if args.producer and args.idempotent:
+        wanted.append(("cluster", ACL_CLUSTER_NAME, "idempotent_write"))
+    bindings: dict[AclBinding, None] = {}
+    for principal, permission, host in principals:
+        for kind, name, operation in wanted:
+            pattern = "literal" if kind == "cluster" else args.resource_pattern_type
+            bindings[AclBinding(principal=principal, resource_type=kind, resource_name=name,
+                                pattern_type=pattern, operation=operation,
+                                permission=permission, host=host)] = None
+    return list(bindings)
+
+
+def _acl_filters_to_remove(args: argparse.Namespace) -> list[AclFilter]:
+    resources = _acl_resources(args)
+    if not resources:
+        raise UsageError("name the resources whose ACLs to remove: --topic, --group, "
+                         "--transactional-id or --cluster")
+    principals: list[tuple[str | None, str | None, str | None]] = [
+        *_acl_principals(args)] or [(None, None, None)]
+    operations: list[str | None] = [*args.operation] or [None]
+    return [
+        AclFilter(principal=principal, permission=permission,
+                  host=None if host == "*" and not (args.allow_host or args.deny_host)
+                  else host,
+                  resource_type=kind, resource_name=name,
+                  pattern_type=("literal" if kind == "cluster"
+                                and args.resource_pattern_type in ("literal", "prefixed")
+                                else args.resource_pattern_type),
+                  operation=operation)
+        for kind, name in resources
+        for principal, permission, host in principals
+        for operation in operations
+    ]
+
+
+def _acl_filters_to_list(args: argparse.Namespace) -> list[AclFilter]:
+    resources: list[tuple[str | None, str | None]] = [*_acl_resources(args)] or [(None, None)]
+    return [AclFilter(principal=args.principal, resource_type=kind, resource_name=name,
+                      pattern_type=args.resource_pattern_type, operation=args.operation)
+            for kind, name in resources]
+
+
+def _acl_json(b: AclBinding) -> dict[str, Any]:
+    return {"principal": b.principal, "permission": b.permission, "operation": b.operation,
+            "host": b.host, "resource_type": b.resource_type,
+            "resource_name": b.resource_name, "pattern_type": b.pattern_type}
+
+
+def _acls(args: argparse.Namespace) -> int:
+    with _admin(args) as admin, admin._within(args.timeout_ms):
+        if args.action == "add":
+            bindings = _acl_bindings_to_add(args)
+            admin.create_acls(bindings)
+            for binding in bindings:
+                print(f"added {binding}")
+        elif args.action == "list":
+            found: dict[AclBinding, None] = {}
+            for acl_filter in _acl_filters_to_list(args):
+                found.update(dict.fromkeys(admin.describe_acls(acl_filter)))
+            listed = list(found)
+            if args.output == JSON:
+                _emit_json([_acl_json(b) for b in listed])
+                return 0
+            rows = [("principal", "permission", "operation", "host", "resource_type",
+                     "pattern_type", "resource_name")]
+            rows += [(b.principal, b.permission, b.operation, b.host, b.resource_type,
+                      b.pattern_type, b.resource_name) for b in listed]
+            _print_table(rows)
+        else:
+            removed = admin.delete_acls(_acl_filters_to_remove(args))
+            for binding in removed:
+                print(f"removed {binding}")
+            if not removed:
+                print("no ACL binding matched; nothing removed")
+    return 0
+
+
 def _check_partition(partition: int) -> None:
     if partition < 0:
         raise CliError(f"partition must be >= 0, got {partition}")
@@ -1226,6 +1570,7 @@ def _produce(args: argparse.Namespace) -> int:
         with Producer(
             bootstrap=args.bootstrap, request_timeout_ms=args.timeout_ms,
             delivery_timeout_ms=max(args.timeout_ms, 1_000), max_block_ms=args.timeout_ms,
+            **client_security(args),
         ) as producer:
             for number, line in enumerate(_lines(stream), start=1):
                 try:
@@ -1343,7 +1688,7 @@ def _consume(args: argparse.Namespace) -> int:
     with Consumer(
         bootstrap=args.bootstrap, group_id=args.group, isolation_level=args.isolation_level,
         request_timeout_ms=args.timeout_ms, default_api_timeout_ms=args.timeout_ms,
-        auto_offset_reset=reset,
+        auto_offset_reset=reset, **client_security(args),
     ) as consumer:
         partitions = consumer.partitions_for_topic(args.topic)
         # Without --follow: where to stop, per partition read (with --group

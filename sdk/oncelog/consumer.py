@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -51,6 +52,7 @@ from oncelog._client import (
     ClusterClient,
     backoff_ms,
     error_from_proto,
+    is_security_error,
     needs_metadata_refresh,
     remaining_ms,
     unreachable_addresses,
@@ -67,6 +69,7 @@ from oncelog._group import (
     unstable_offset_backoff_ms,
 )
 from oncelog._membership import GroupMembership, MemberState, Plan
+from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog.errors import DeserializationError
 from oncelog.serializers import Deserializer
 from oncelog.types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
@@ -165,9 +168,18 @@ class Consumer:
         check_crcs: bool = True,
         key_deserializer: Deserializer | None = None,
         value_deserializer: Deserializer | None = None,
+        security_protocol: str = PLAINTEXT,
+        ssl_cafile: str | os.PathLike[str] | None = None,
+        ssl_certfile: str | os.PathLike[str] | None = None,
+        ssl_keyfile: str | os.PathLike[str] | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_oauth_token_provider: TokenProvider | None = None,
     ) -> None:
         """Options as Kafka's consumer has them (in Python spelling); a wrong
         one is a ValueError naming it.
+
+        `security_protocol`, `ssl_*` and `sasl_*` (kafka-python's names):
+        how to connect to a secured cluster (oncelog._security).
 
         `key_deserializer`/`value_deserializer` (kafka-python's hooks):
         callables that turn a fetched record's key and value bytes into what
@@ -208,6 +220,11 @@ class Consumer:
                               retry_backoff_ms=retry_backoff_ms,
                               retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
+        security = security_options(
+            security_protocol=security_protocol, ssl_cafile=ssl_cafile,
+            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sasl_mechanism=sasl_mechanism,
+            sasl_oauth_token_provider=sasl_oauth_token_provider,
+        )
         self.group_id = group_id
         self.group_instance_id = group_instance_id
         self.enable_auto_commit = enable_auto_commit
@@ -231,6 +248,7 @@ class Consumer:
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            security=security,
         )
         self._assignment: dict[TopicPartition, _PartitionState] = {}
         # Where the next fetch starts in the assignment (see _send_fetches).
@@ -1066,11 +1084,18 @@ class Consumer:
         try:
             md = self._client.refresh_metadata(timeout_ms=budget_ms)
         except OncelogError as exc:
+            if is_security_error(exc):
+                raise  # the cluster refuses us: retrying changes nothing
             self._log_unreachable(exc, "metadata")
             return False
         self._unreachable_logged = False
         for tp in self._assignment:
             info = md.topics.get(tp.topic)
+            if info is None:
+                refusal = self._client.topic_refusal(tp.topic,
+                                                     timeout_ms=remaining_ms(deadline_s))
+                if refusal is not None:
+                    raise refusal
             if info is None or tp.partition >= info.num_partitions:
                 raise errors.error_for(
                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
 import threading
 import time
@@ -63,7 +64,6 @@ from oncelog._client import (
     backoff_ms,
     error_from_proto,
     needs_metadata_refresh,
-    translate_rpc_error,
 )
 from oncelog._config import acks_option, bool_option, client_timing_options, int_option
 from oncelog._coordinators import (
@@ -73,6 +73,7 @@ from oncelog._coordinators import (
     call_coordinator,
 )
 from oncelog._partitioner import StickyPartitioner, partition_for_key
+from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog._sequencing import PartitionMode, PartitionSequencer
 from oncelog._transactions import (
     Op,
@@ -199,9 +200,18 @@ class Producer:
         transaction_two_phase_commit_enable: bool = False,
         key_serializer: Serializer | None = None,
         value_serializer: Serializer | None = None,
+        security_protocol: str = PLAINTEXT,
+        ssl_cafile: str | os.PathLike[str] | None = None,
+        ssl_certfile: str | os.PathLike[str] | None = None,
+        ssl_keyfile: str | os.PathLike[str] | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_oauth_token_provider: TokenProvider | None = None,
     ) -> None:
         """Options as Kafka's producer has them (in Python spelling); each is
         checked here, and a wrong one is a ValueError naming it.
+
+        `security_protocol`, `ssl_*` and `sasl_*` (kafka-python's names):
+        how to connect to a secured cluster (oncelog._security).
 
         `enable_idempotence` defaults to True, except with `acks=1` (as in
         Kafka, where an unset enable.idempotence gives way to acks). `acks`:
@@ -252,9 +262,15 @@ class Producer:
                 f"flight per partition (the store deduplicates against the last "
                 f"{MAX_IN_FLIGHT_IDEMPOTENT}), got max_in_flight={max_in_flight}"
             )
+        security = security_options(
+            security_protocol=security_protocol, ssl_cafile=ssl_cafile,
+            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sasl_mechanism=sasl_mechanism,
+            sasl_oauth_token_provider=sasl_oauth_token_provider,
+        )
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            security=security,
         )
         self._enable_idempotence = enable_idempotence
         self._key_serializer = key_serializer
@@ -474,6 +490,7 @@ class Producer:
         deadline_s = time.monotonic() + self._max_block_ms / 1000
         md = client.cached_metadata
         attempt = 0
+        refusal_asked = False
         while True:
             tinfo = None if md is None else md.topics.get(topic)
             if tinfo is not None and (partition is None or partition < tinfo.num_partitions):
@@ -499,6 +516,14 @@ class Producer:
                 if md is None:
                     raise  # no answer at all: the cluster is unreachable
                 raise self._missing(topic, partition, tinfo) from None
+            if topic not in md.topics and not refusal_asked:
+                # Left out of the listing: maybe not there yet, maybe not
+                # ours to see. An ACL's refusal is final; do not wait it out.
+                refusal_asked = True
+                refusal = client.topic_refusal(
+                    topic, timeout_ms=int((deadline_s - time.monotonic()) * 1000))
+                if refusal is not None:
+                    raise refusal
             if self._topics_version != client.metadata_version:
                 self._topics.clear()
                 self._topics_version = client.metadata_version
@@ -1392,7 +1417,7 @@ class _Sender:
                     request, timeout=self._request_timeout_ms / 1000
                 )
             except grpc.RpcError as rpc_exc:
-                raise translate_rpc_error(rpc_exc) from None
+                raise self._client.translate(rpc_exc) from None
             exc = error_from_proto(resp.error)
             if exc is not None:
                 raise exc
@@ -1608,7 +1633,7 @@ class _Sender:
             try:
                 resp = call.result()
             except grpc.RpcError as rpc_exc:
-                exc = translate_rpc_error(rpc_exc)
+                exc = self._client.translate(rpc_exc)
                 refresh = refresh or needs_metadata_refresh(exc)
                 for batch in batches:
                     self._on_batch_error(None, batch, exc, now, finished, dispatched=True)

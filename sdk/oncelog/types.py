@@ -263,3 +263,163 @@ class GroupOffset:
     offset: int
     end_offset: int | None
     lag: int | None
+
+
+# ------------------------------------------------------------------ ACLs
+#
+# Kafka's ACL model (docs/security.md). The names are the wire's: lower
+# case with underscores ("transactional_id", "cluster_action"); Kafka's
+# spellings ("TransactionalId", "ClusterAction", "WRITE") are accepted and
+# turned into them. The tables below only catch mistakes early, with a
+# message; the cluster decides what a binding means.
+
+ACL_WILDCARD = "*"
+# The one cluster resource's name (Kafka's is "kafka-cluster").
+ACL_CLUSTER_NAME = "oncelog-cluster"
+ACL_RESOURCE_TYPES = ("topic", "group", "transactional_id", "cluster")
+ACL_OPERATIONS: Mapping[str, tuple[str, ...]] = {
+    "topic": ("all", "read", "write", "create", "delete", "alter", "describe",
+              "describe_configs", "alter_configs"),
+    "group": ("all", "read", "describe", "delete"),
+    "transactional_id": ("all", "write", "describe", "two_phase_commit"),
+    "cluster": ("all", "create", "cluster_action", "describe_configs", "alter_configs",
+                "idempotent_write", "alter", "describe"),
+}
+_ACL_ALL_OPERATIONS = tuple(dict.fromkeys(op for ops in ACL_OPERATIONS.values() for op in ops))
+ACL_PATTERN_TYPES = ("literal", "prefixed")
+# A filter's pattern type may also be "any" (literal or prefixed, that exact
+# name) or "match" (every binding that applies to a resource of that name).
+ACL_FILTER_PATTERN_TYPES = ("literal", "prefixed", "any", "match")
+ACL_PERMISSIONS = ("allow", "deny")
+
+
+def _acl_name(what: str, value: object, choices: tuple[str, ...]) -> str:
+    """`value` as one of `choices`, from any of Kafka's spellings."""
+    if isinstance(value, str):
+        squashed = value.strip().replace("_", "").replace("-", "").lower()
+        for choice in choices:
+            if choice.replace("_", "") == squashed:
+                return choice
+    raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _acl_principal(what: str, value: object) -> str:
+    if not isinstance(value, str) or ":" not in value:
+        raise ValueError(f"{what} must be 'Type:name', such as 'User:alice' (or 'User:*' for "
+                         f"everyone), got {value!r}")
+    kind, _, name = value.partition(":")
+    if not kind or not name:
+        raise ValueError(f"{what} {value!r} has an empty {'type' if not kind else 'name'}; "
+                         f"expected 'Type:name', such as 'User:alice'")
+    return value
+
+
+def _acl_text(what: str, value: object, hint: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty str ({hint}), got {value!r}")
+    return value
+
+
+def _operation_title(operation: str) -> str:
+    """Kafka's name of an operation, as messages print it: "ClusterAction"."""
+    return "".join(word.capitalize() for word in operation.split("_"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AclBinding:
+    """One ACL (Kafka's AclBinding): `permission` ("allow" or "deny") of
+    `operation` on the resources of `resource_type` that `resource_name`
+    covers — that name (`pattern_type="literal"`; the literal `*` is every
+    name) or every name starting with it (`"prefixed"`) — for `principal`
+    ("User:alice", "User:*" for everyone) connecting from `host` (an IP
+    address, or `*`). The cluster resource is `resource_type="cluster",
+    resource_name="oncelog-cluster"`. A binding that cannot mean anything is
+    a ValueError naming what is wrong."""
+
+    principal: str
+    resource_type: str
+    resource_name: str
+    pattern_type: str = "literal"
+    operation: str
+    permission: str = "allow"
+    host: str = ACL_WILDCARD
+
+    def __post_init__(self) -> None:
+        _acl_principal("principal", self.principal)
+        _acl_text("host", self.host, "an IP address, or '*' for every host")
+        resource_type = _acl_name("resource_type", self.resource_type, ACL_RESOURCE_TYPES)
+        object.__setattr__(self, "resource_type", resource_type)
+        _acl_text("resource_name", self.resource_name, "a name, or the literal '*' for every "
+                                                       "name")
+        pattern_type = _acl_name("pattern_type", self.pattern_type, ACL_PATTERN_TYPES)
+        object.__setattr__(self, "pattern_type", pattern_type)
+        valid = ACL_OPERATIONS[resource_type]
+        operation = _acl_name("operation", self.operation, _ACL_ALL_OPERATIONS)
+        if operation not in valid:
+            raise ValueError(
+                f"operation {_operation_title(operation)} does not apply to a "
+                f"{resource_type}; a {resource_type} has "
+                f"{', '.join(_operation_title(op) for op in valid)}")
+        object.__setattr__(self, "operation", operation)
+        object.__setattr__(self, "permission",
+                           _acl_name("permission", self.permission, ACL_PERMISSIONS))
+        if resource_type == "cluster" and (self.resource_name != ACL_CLUSTER_NAME
+                                           or pattern_type != "literal"):
+            raise ValueError(f"the cluster resource is the literal name {ACL_CLUSTER_NAME!r}, "
+                             f"got {pattern_type} {self.resource_name!r}")
+
+    def __str__(self) -> str:
+        return (f"{self.permission.upper()} {self.principal} "
+                f"{_operation_title(self.operation)} on {self.resource_type} "
+                f"{self.pattern_type} {self.resource_name!r} from host {self.host}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AclFilter:
+    """Selects ACL bindings, for Admin.describe_acls and delete_acls
+    (Kafka's AclBindingFilter). A field left None matches anything.
+    `pattern_type` says how `resource_name` selects: "literal" or "prefixed"
+    (bindings of that type with that exact name), "any" (the default:
+    either type, that exact name), or "match" (every binding that applies to
+    a resource of that name: the literal name, the literal `*`, and every
+    prefix of it)."""
+
+    principal: str | None = None
+    resource_type: str | None = None
+    resource_name: str | None = None
+    pattern_type: str = "any"
+    operation: str | None = None
+    permission: str | None = None
+    host: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.principal is not None:
+            _acl_principal("principal", self.principal)
+        if self.host is not None:
+            _acl_text("host", self.host, "an IP address or '*'; None: any host")
+        if self.resource_type is not None:
+            object.__setattr__(self, "resource_type", _acl_name(
+                "resource_type", self.resource_type, ACL_RESOURCE_TYPES))
+        if self.resource_name is not None:
+            _acl_text("resource_name", self.resource_name, "None: any name")
+        object.__setattr__(self, "pattern_type", _acl_name(
+            "pattern_type", self.pattern_type, ACL_FILTER_PATTERN_TYPES))
+        if self.operation is not None:
+            operation = _acl_name("operation", self.operation, _ACL_ALL_OPERATIONS)
+            if self.resource_type is not None and (
+                    operation not in ACL_OPERATIONS[self.resource_type]):
+                raise ValueError(
+                    f"operation {_operation_title(operation)} does not apply to a "
+                    f"{self.resource_type}, so the filter would match nothing")
+            object.__setattr__(self, "operation", operation)
+        if self.permission is not None:
+            object.__setattr__(self, "permission", _acl_name(
+                "permission", self.permission, ACL_PERMISSIONS))
+
+    @classmethod
+    def of(cls, binding: AclBinding) -> AclFilter:
+        """The filter that selects exactly this binding."""
+        return cls(principal=binding.principal, resource_type=binding.resource_type,
+                   resource_name=binding.resource_name, pattern_type=binding.pattern_type,
+                   operation=binding.operation, permission=binding.permission,
+                   host=binding.host)

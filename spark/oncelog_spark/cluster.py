@@ -83,7 +83,8 @@ class ClusterView:
 
     def _admin_client(self) -> Admin:
         if self._admin is None:
-            self._admin = Admin(bootstrap=self._options.bootstrap)
+            self._admin = Admin(bootstrap=self._options.bootstrap,
+                                **self._options.security.client_options())
         return self._admin
 
     def _consumer_client(self) -> Consumer:
@@ -91,6 +92,7 @@ class ClusterView:
             self._consumer = Consumer(
                 bootstrap=self._options.bootstrap,
                 isolation_level=self._options.isolation_level,
+                **self._options.security.client_options(),
             )
         return self._consumer
 

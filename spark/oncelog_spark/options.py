@@ -13,6 +13,14 @@ thing as an oncelog option (`KAFKA_SOURCE_ALIASES`, `KAFKA_SINK_ALIASES`:
 job moves from `format("kafka")` to `format("oncelog")` by changing the
 format. Kafka options without an equivalent are refused with the reason,
 never silently ignored.
+
+Security (docs/security.md): `security_protocol`, `ssl_cafile`,
+`ssl_certfile`, `ssl_keyfile`, `sasl_mechanism` and `sasl_oauth_token_file`
+(`ClientSecurity`) go to every client the source and sinks make, on the
+driver and in the executors, so the files must be readable at the same
+paths there. Kafka's `kafka.security.protocol` and `kafka.sasl.mechanism`
+mean the same; its JKS stores (`kafka.ssl.truststore.location`, ...) and
+JAAS settings are refused with the option to give instead.
 """
 
 from __future__ import annotations
@@ -22,9 +30,18 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from oncelog._client import split_bootstrap
+from oncelog._security import (
+    OAUTHBEARER,
+    PLAINTEXT,
+    SASL_SSL,
+    SECURITY_PROTOCOLS,
+    SSL,
+    TokenFileProvider,
+)
 from oncelog_spark.offsets import (
     EARLIEST,
     EARLIEST_OFFSET,
@@ -50,6 +67,19 @@ _OPTIONS = {
                          "them with a warning",
     "poll_timeout_ms": "how long a task waits for records without progress before failing",
 }
+
+# The clients' security settings, taken by the source and the sinks alike.
+_SECURITY_OPTIONS = {
+    "security_protocol": "PLAINTEXT, SSL (TLS) or SASL_SSL (TLS and a bearer token); default: "
+                         "SSL when a TLS file is given, SASL_SSL when a token file is",
+    "ssl_cafile": "the CA bundle (PEM) that signed the cluster's certificates",
+    "ssl_certfile": "the client's certificate (PEM), for mutual TLS",
+    "ssl_keyfile": "the private key (PEM) of ssl_certfile",
+    "sasl_mechanism": "OAUTHBEARER (the only mechanism; the default with a token file)",
+    "sasl_oauth_token_file": "a file holding the bearer token (a JWT), read again for each "
+                             "new token",
+}
+_OPTIONS.update(_SECURITY_OPTIONS)
 
 
 class OptionError(ValueError):
@@ -81,6 +111,8 @@ KAFKA_SOURCE_ALIASES = _aliases(
     ("failOnDataLoss", "fail_on_data_loss"),
     ("kafka.isolation.level", "isolation_level"),
     ("kafkaConsumer.pollTimeoutMs", "poll_timeout_ms"),
+    ("kafka.security.protocol", "security_protocol"),
+    ("kafka.sasl.mechanism", "sasl_mechanism"),
 )
 
 # Spark's Kafka sink options that mean what an oncelog sink option means
@@ -88,14 +120,35 @@ KAFKA_SOURCE_ALIASES = _aliases(
 KAFKA_SINK_ALIASES = _aliases(
     ("kafka.bootstrap.servers", "bootstrap"),
     ("kafka.transaction.timeout.ms", "transaction_timeout_ms"),
+    ("kafka.security.protocol", "security_protocol"),
+    ("kafka.sasl.mechanism", "sasl_mechanism"),
 )
 
 _NO_GROUP = "the oncelog source uses no consumer group (a query's offsets live in its checkpoint)"
 _BY_TIMESTAMP = ("starting or ending at a timestamp is not supported by the oncelog source; "
                  "give offsets ('startingOffsets' / 'starting_offsets', 'endingOffsets' / "
                  "'ending_offsets')")
-_SECURITY = ("the oncelog Spark source and sinks take no security settings yet: they "
-             "connect to a cluster without TLS")
+_JKS_TRUST = ("JKS/PKCS12 truststores are not read: give option 'ssl_cafile', the CA "
+              "bundle as PEM")
+_JKS_KEYS = ("JKS/PKCS12 keystores are not read: give options 'ssl_certfile' and "
+             "'ssl_keyfile' (PEM)")
+_JAAS = "give the bearer token in a file: option 'sasl_oauth_token_file'"
+# Spark's Kafka security options that oncelog takes otherwise.
+_KAFKA_SECURITY_UNSUPPORTED = {
+    "kafka.ssl.truststore.location": _JKS_TRUST,
+    "kafka.ssl.truststore.password": _JKS_TRUST,
+    "kafka.ssl.truststore.type": _JKS_TRUST,
+    "kafka.ssl.keystore.location": _JKS_KEYS,
+    "kafka.ssl.keystore.password": _JKS_KEYS,
+    "kafka.ssl.keystore.type": _JKS_KEYS,
+    "kafka.ssl.key.password": "encrypted keys are not read: give option 'ssl_keyfile' "
+                              "unencrypted (PEM)",
+    "kafka.sasl.jaas.config": _JAAS,
+    "kafka.sasl.login.callback.handler.class": _JAAS,
+}
+_SECURITY = ("not supported; the oncelog source and sinks take " +
+             ", ".join(repr(name) for name in _SECURITY_OPTIONS) +
+             " (and Kafka's kafka.security.protocol, kafka.sasl.mechanism)")
 
 # Spark's Kafka source options that oncelog has no equivalent for: refused
 # with the reason, so a ported job does not silently behave otherwise.
@@ -125,6 +178,65 @@ _KAFKA_SOURCE_UNSUPPORTED = {
 }
 
 _SECURITY_PREFIXES = ("kafka.security.", "kafka.ssl.", "kafka.sasl.")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSecurity:
+    """How the source's and the sinks' clients connect (the security
+    options, checked): what `client_options()` gives every Producer,
+    Consumer and Admin they make, on the driver and in the executors."""
+
+    protocol: str = PLAINTEXT
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    token_file: str | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """The SDK's keyword options (docs/sdk.md): the files are read when
+        a client is made, the token file again for each new token."""
+        options: dict[str, Any] = {"security_protocol": self.protocol}
+        for name, value in (("ssl_cafile", self.cafile), ("ssl_certfile", self.certfile),
+                            ("ssl_keyfile", self.keyfile)):
+            if value is not None:
+                options[name] = value
+        if self.token_file is not None:
+            options["sasl_mechanism"] = OAUTHBEARER
+            options["sasl_oauth_token_provider"] = TokenFileProvider(self.token_file)
+        return options
+
+
+def _security(given: _Given) -> ClientSecurity:
+    files = {name: given.get(name, "").strip() or None
+             for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "sasl_oauth_token_file")}
+    token_file = files.pop("sasl_oauth_token_file")
+    if "sasl_mechanism" in given and given["sasl_mechanism"].strip().upper() != OAUTHBEARER:
+        raise OptionError(f"option {given.label('sasl_mechanism')} must be OAUTHBEARER (the "
+                          f"only mechanism: a bearer token), got {given['sasl_mechanism']!r}")
+    if "security_protocol" in given:
+        protocol = given["security_protocol"].strip().upper()
+        if protocol not in SECURITY_PROTOCOLS:
+            raise OptionError(f"option {given.label('security_protocol')} must be one of "
+                              f"{', '.join(SECURITY_PROTOCOLS)}, got "
+                              f"{given['security_protocol']!r}")
+    else:
+        protocol = SASL_SSL if token_file else SSL if any(files.values()) else PLAINTEXT
+    if protocol == PLAINTEXT:
+        given_files = [name for name, value in files.items() if value]
+        if given_files:
+            raise OptionError(f"option {given.label(given_files[0])} is set, but option "
+                              f"{given.label('security_protocol')} is PLAINTEXT (no TLS)")
+    if (token_file is not None or "sasl_mechanism" in given) != (protocol == SASL_SSL):
+        raise OptionError(
+            f"option {given.label('security_protocol')} SASL_SSL and option "
+            f"'sasl_oauth_token_file' go together (a bearer token is sent over TLS only), got "
+            f"{protocol} and {'a' if token_file else 'no'} token file")
+    if (files["ssl_certfile"] is None) != (files["ssl_keyfile"] is None):
+        raise OptionError("options 'ssl_certfile' and 'ssl_keyfile' go together: a client "
+                          "certificate needs its private key")
+    return ClientSecurity(protocol=protocol, cafile=files["ssl_cafile"],
+                          certfile=files["ssl_certfile"], keyfile=files["ssl_keyfile"],
+                          token_file=token_file)
 
 
 class _Given:
@@ -197,6 +309,8 @@ class SourceOptions:
     # them, the topic was deleted or recreated): True fails, False skips
     # them with a warning (Spark's Kafka source's failOnDataLoss).
     fail_on_data_loss: bool = True
+    # How the clients connect (TLS, a client certificate, a token).
+    security: ClientSecurity = ClientSecurity()
 
     def reads(self, topic: str) -> bool:
         """True when the query reads `topic` (named, or matched by the pattern)."""
@@ -291,6 +405,7 @@ class SourceOptions:
             poll_timeout_ms=poll_timeout_ms,
             topic_pattern=pattern,
             fail_on_data_loss=_boolean(given, "fail_on_data_loss", default=True),
+            security=_security(given),
         )
 
 
@@ -362,6 +477,8 @@ def _check_names(
             raise OptionError(f"the oncelog {what} takes no path: {path_hint}")
         if name in unsupported:
             raise OptionError(f"option {name!r} of Spark's Kafka {what}: {unsupported[name]}")
+        if name in _KAFKA_SECURITY_UNSUPPORTED:
+            raise OptionError(f"option {name!r}: {_KAFKA_SECURITY_UNSUPPORTED[name]}")
         if name.startswith(_SECURITY_PREFIXES):
             raise OptionError(f"option {name!r}: {_SECURITY}")
         if name.startswith("kafka.") and name not in hints:
@@ -444,6 +561,7 @@ _SINK_OPTIONS = {
     "test_crash_marker": "tests only: the file that makes test_crash_after_records fire once",
     "test_hold_commit_marker": "tests only: the driver's commit creates this file, then "
                                "waits for the process to be killed",
+    **_SECURITY_OPTIONS,
 }
 
 # Kafka names whose meaning differs from ours: a hint, not an alias (a
@@ -528,6 +646,8 @@ class SinkOptions:
     test_crash_after_records: int | None = None
     test_crash_marker: str | None = None
     test_hold_commit_marker: str | None = None
+    # How the clients connect (TLS, a client certificate, a token).
+    security: ClientSecurity = ClientSecurity()
 
     @property
     def group(self) -> str:
@@ -587,4 +707,5 @@ class SinkOptions:
             test_crash_after_records=crash_after,
             test_crash_marker=crash_marker,
             test_hold_commit_marker=hold_marker,
+            security=_security(given),
         )

@@ -76,6 +76,7 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBa
         isolation_level=options.isolation_level,
         auto_offset_reset="none",
         max_poll_records=RECORDS_PER_ARROW_BATCH,
+        **options.security.client_options(),
     ) as consumer:
         consumer.assign([tp])
         consumer.seek(tp, rng.start)

@@ -206,7 +206,8 @@ def _checked(messages: Sequence[WriterCommitMessage | None], batch_id: int
 def _completer(options: SinkOptions, tid: str) -> Producer:
     return Producer(bootstrap=options.bootstrap, transactional_id=tid,
                     transaction_two_phase_commit_enable=True,
-                    transaction_timeout_ms=options.transaction_timeout_ms)
+                    transaction_timeout_ms=options.transaction_timeout_ms,
+                    **options.security.client_options())
 
 
 def _each(items: Sequence[_T], action: Callable[[_T], bool]) -> list[bool]:

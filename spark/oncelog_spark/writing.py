@@ -140,7 +140,8 @@ def next_batches(options: SinkOptions, writers: Sequence[int]) -> dict[int, int]
 
     A writer's batch ids are offsets of the output topic's partition with
     its number, so a writer beyond the topic's partitions is an error."""
-    with Consumer(bootstrap=options.bootstrap, group_id=options.group) as consumer:
+    with Consumer(bootstrap=options.bootstrap, group_id=options.group,
+                  **options.security.client_options()) as consumer:
         partitions = len(consumer.partitions_for_topic(options.topic))
         beyond = [w for w in writers if w >= partitions]
         if beyond:
@@ -177,6 +178,7 @@ def new_producer(options: SinkOptions, writer: int, **extra: Any) -> Producer:
         transaction_timeout_ms=options.transaction_timeout_ms,
         batch_size=WRITER_BATCH_SIZE_BYTES,
         linger_ms=WRITER_LINGER_MS,
+        **options.security.client_options(),
         **extra,
     )
 

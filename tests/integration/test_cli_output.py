@@ -17,7 +17,9 @@ UTF-8, an open transaction, a group with a member, a group without), parses
 stdout with json.loads and compares fields and values with that data. The
 move listed by `partitions list-reassignments` needs a replicated cluster
 (etcd): one is started for that case alone, with the move's new replica
-killed so that the move stays in progress.
+killed so that the move stays in progress; the ACLs listed by `acls list`
+need a secured cluster (LocalCluster(security=True)), also started for that
+case alone, the CLI connecting to it with the ONCELOG_SSL_* variables.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from oncelog import Admin, Consumer, Producer, TopicPartition
+from oncelog import AclBinding, Admin, Consumer, Producer, TopicPartition
 from oncelog.cli import build_parser, leaf_commands
 from oncelog.testing import LocalCluster
 
@@ -44,6 +46,7 @@ ACTIONS = frozenset({
     ("cluster", "up"), ("topics", "create"), ("topics", "delete"),
     ("partitions", "reassign"), ("produce",), ("transactions", "abort"),
     ("transactions", "abort-hanging"), ("groups", "delete"),
+    ("acls", "add"), ("acls", "remove"),
 })
 COMMANDS = leaf_commands(build_parser())
 LISTING = sorted(path for path in COMMANDS if path not in ACTIONS)
@@ -132,18 +135,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             txn_producer.abort_transaction()
 
 
-def cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+def cli(bootstrap: str, *args: str, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[bytes]:
     result = subprocess.run([*CLI, *args], capture_output=True, timeout=120,
-                            env={**os.environ, "ONCELOG_BOOTSTRAP": bootstrap})
+                            env={**os.environ, "ONCELOG_BOOTSTRAP": bootstrap, **(env or {})})
     assert result.returncode == 0, result.stderr.decode()
     # Piped output carries no progress line or other noise.
     assert result.stderr == b""
     return result
 
 
-def run_json(bootstrap: str, *args: str) -> Any:
+def run_json(bootstrap: str, *args: str, env: dict[str, str] | None = None) -> Any:
     """The command's stdout, parsed: exactly one JSON document."""
-    return json.loads(cli(bootstrap, *args, "--output", "json").stdout)
+    return json.loads(cli(bootstrap, *args, "--output", "json", env=env).stdout)
 
 
 def run_json_lines(bootstrap: str, *args: str) -> list[dict[str, Any]]:
@@ -303,6 +307,26 @@ def groups_reset_offsets(world: World, _request: pytest.FixtureRequest) -> None:
             T0: 1, T1: 0}
 
 
+def acls_list(_world: World, request: pytest.FixtureRequest) -> None:
+    bootstrap, env = request.getfixturevalue("secured")
+    doc = run_json(bootstrap, "acls", "list", env=env)
+    row = {"host": "*", "resource_type": "topic", "pattern_type": "literal"}
+    assert doc == [
+        {"principal": "User:golden-ops", "permission": "allow", "operation": "alter",
+         "host": "*", "resource_type": "cluster", "resource_name": "oncelog-cluster",
+         "pattern_type": "literal"},
+        {**row, "principal": "User:golden-alice", "permission": "allow", "operation": "read",
+         "resource_name": "orders"},
+        {"principal": "User:golden-bob", "permission": "deny", "operation": "write",
+         "host": "10.0.0.9", "resource_type": "topic", "resource_name": "orders",
+         "pattern_type": "literal"},
+        {**row, "principal": "User:golden-alice", "permission": "allow", "operation": "write",
+         "resource_name": "pay", "pattern_type": "prefixed"},
+    ]
+    assert run_json(bootstrap, "acls", "list", "--principal", "User:golden-bob",
+                    env=env) == [doc[2]]
+
+
 CASES: dict[tuple[str, ...], Callable[[World, pytest.FixtureRequest], None]] = {
     ("topics", "list"): topics_list,
     ("topics", "describe"): topics_describe,
@@ -316,6 +340,7 @@ CASES: dict[tuple[str, ...], Callable[[World, pytest.FixtureRequest], None]] = {
     ("groups", "describe"): groups_describe,
     ("groups", "offsets"): groups_offsets,
     ("groups", "reset-offsets"): groups_reset_offsets,
+    ("acls", "list"): acls_list,
 }
 
 
@@ -339,6 +364,32 @@ def moving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list
             tp = TopicPartition("moving", 0)
             assert admin.alter_partition_reassignments({tp: target}) == {tp: None}
         yield alive, [{"topic": "moving", "partition": 0, "target_replicas": target}]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A secured cluster holding known ACLs: its bootstrap and the
+    environment that makes the CLI connect to it as the super user."""
+    with LocalCluster(tmp_path_factory.mktemp("secured") / "cluster", security=True,
+                      group_coordinators=0) as cluster:
+        admin_config = cluster.client_config("admin")
+        with Admin(bootstrap=cluster.bootstrap, **admin_config) as admin:
+            admin.create_acls([
+                AclBinding(principal="User:golden-alice", resource_type="topic",
+                           resource_name="orders", operation="read"),
+                AclBinding(principal="User:golden-alice", resource_type="topic",
+                           resource_name="pay", pattern_type="prefixed", operation="write"),
+                AclBinding(principal="User:golden-bob", resource_type="topic",
+                           resource_name="orders", operation="write", permission="deny",
+                           host="10.0.0.9"),
+                AclBinding(principal="User:golden-ops", resource_type="cluster",
+                           resource_name="oncelog-cluster", operation="alter"),
+            ])
+        yield cluster.bootstrap, {
+            "ONCELOG_SECURITY_PROTOCOL": "SSL", "ONCELOG_SSL_CAFILE": admin_config["ssl_cafile"],
+            "ONCELOG_SSL_CERTFILE": admin_config["ssl_certfile"],
+            "ONCELOG_SSL_KEYFILE": admin_config["ssl_keyfile"],
+        }
 
 
 def test_listing_commands_take_output_json() -> None:

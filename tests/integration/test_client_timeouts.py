@@ -43,7 +43,16 @@ from typing import Any
 
 import pytest
 
-from oncelog import Admin, Consumer, NewTopic, Producer, TopicPartition, errors
+from oncelog import (
+    AclBinding,
+    AclFilter,
+    Admin,
+    Consumer,
+    NewTopic,
+    Producer,
+    TopicPartition,
+    errors,
+)
 from oncelog._client import ClusterClient
 from oncelog.testing import LocalCluster
 
@@ -294,6 +303,10 @@ ADMIN_CALLS: list[tuple[str, Callable[[Admin], object]]] = [
     ("alter_group_offsets", lambda a: a.alter_group_offsets(GROUP, {TP: 0})),
     ("reset_group_offsets", lambda a: a.reset_group_offsets(GROUP, [TP], to="earliest")),
     ("delete_group", lambda a: a.delete_group(GROUP)),
+    ("create_acls", lambda a: a.create_acls([AclBinding(principal="User:a", resource_type="topic",
+                                                        resource_name=TOPIC, operation="read")])),
+    ("describe_acls", lambda a: a.describe_acls()),
+    ("delete_acls", lambda a: a.delete_acls([AclFilter(principal="User:a")])),
 ]
 
 

@@ -14,6 +14,11 @@ batch headers) that exactly those records are visible, at the offsets Node
 reported, and that the aborted ones were written but are never returned.
 Errors: Node reads a request-level error from the gRPC status details, and
 a batch refused in its partition result makes it abort the transaction.
+On a TLS + ACL cluster (LocalCluster(security=True)), Node connects with the
+CA and a client certificate from the environment (ONCELOG_SSL_*, the CLI's
+variables) as a principal that holds only Write on the topic and the
+transactional id and Read on the topic, and its transactions are read back
+exactly.
 
 Method: the Node programs run as subprocesses (node and the packages from
 examples/node/package-lock.json are installed by scripts/setup.sh, so this
@@ -28,8 +33,10 @@ A missing node fails the test instead of skipping it: setup installs it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +44,15 @@ from typing import Any
 import grpc
 import pytest
 
-from oncelog import Admin, Consumer, ConsumerRecord, Producer, TopicPartition, errors
+from oncelog import (
+    AclBinding,
+    Admin,
+    Consumer,
+    ConsumerRecord,
+    Producer,
+    TopicPartition,
+    errors,
+)
 from oncelog import records as codec
 from oncelog.testing import LocalCluster
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc, records_pb2
@@ -58,11 +73,11 @@ def _node() -> str:
     return node
 
 
-def run_node(*args: str, stdin: str | None = None, check: bool = True
-             ) -> subprocess.CompletedProcess[str]:
+def run_node(*args: str, stdin: str | None = None, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [_node(), *args], cwd=NODE_DIR, input=stdin, capture_output=True, text=True,
-        timeout=NODE_TIMEOUT_S,
+        timeout=NODE_TIMEOUT_S, env={**os.environ, **(env or {})},
     )
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -360,3 +375,49 @@ def test_node_follows_a_partition_leader_that_moved(tmp_path: Path) -> None:
         assert seen == committed
         with Admin(bootstrap=bootstrap) as admin:
             assert admin.describe_topic(topic).partitions[PARTITION].leader_node_id != leader
+
+
+def test_node_runs_its_transactions_on_a_secured_cluster(tmp_path: Path) -> None:
+    topic, transactional_id = "node-secured", "node-secured-tx"
+    with LocalCluster(tmp_path / "cluster", security=True, group_coordinators=0) as secured:
+        admin_config = secured.client_config("admin")
+        with Admin(bootstrap=secured.bootstrap, **admin_config) as admin:
+            admin.create_topic(topic, partitions=2)
+            admin.create_acls([
+                AclBinding(principal="User:node-app", resource_type="topic",
+                           resource_name=topic, operation=operation)
+                for operation in ("write", "read")
+            ] + [AclBinding(principal="User:node-app", resource_type="transactional_id",
+                            resource_name=transactional_id, operation="write")])
+        node_app = secured.client_config("node-app")
+        env = {"ONCELOG_SSL_CAFILE": node_app["ssl_cafile"],
+               "ONCELOG_SSL_CERTFILE": node_app["ssl_certfile"],
+               "ONCELOG_SSL_KEYFILE": node_app["ssl_keyfile"]}
+        args = ("transaction_example.js", "--bootstrap", secured.bootstrap, "--topic", topic,
+                "--partition", str(PARTITION), "--transactional-id", transactional_id,
+                "--timeout-ms", "60000", "--from-offset", "0")
+
+        # ACLs reach every service within the cluster's refresh interval:
+        # the first attempt may meet the old ones (refused, nothing written).
+        deadline = time.monotonic() + 60
+        while True:
+            proc = run_node(*args, env=env, check=False)
+            if proc.returncode == 0 or "AUTHORIZATION_FAILED" not in proc.stderr:
+                break
+            assert time.monotonic() < deadline, proc.stderr
+            time.sleep(0.2)
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["ok"] is True
+        committed = [r for t in report["transactions"] if t["outcome"] == "commit"
+                     for b in t["batches"] for r in b["records"]]
+        tp = TopicPartition(topic, PARTITION)
+        with Consumer(bootstrap=secured.bootstrap, isolation_level="read_committed",
+                      **admin_config) as consumer:
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            seen: list[ConsumerRecord] = []
+            while consumer.position(tp) <= committed[-1]["offset"]:
+                assert time.monotonic() < deadline, "the committed records never showed"
+                seen.extend(consumer.poll(timeout=0.5))
+        assert [as_json(r) for r in seen] == committed

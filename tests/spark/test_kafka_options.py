@@ -4,8 +4,12 @@ Goal: a job written for `format("kafka")` keeps its options under
 `format("oncelog")`: each Kafka name that means what an oncelog option means
 parses to exactly what the oncelog name parses to; a Kafka name given with
 its oncelog name and another value is an error naming both; Kafka options
-with no oncelog equivalent (assign, timestamps, client properties,
-security) are refused with the reason, never ignored. The sink's default
+with no oncelog equivalent (assign, timestamps, client properties, JKS
+stores, JAAS) are refused with the reason, never ignored. The security
+options (ours and Kafka's kafka.security.protocol / kafka.sasl.mechanism)
+parse into the settings every client of the source and sinks gets, and the
+SDK takes what they give; a combination that cannot work is an error
+naming the options. The sink's default
 app_id is `spark-` and 16 hex digits of the SHA-256 of the normalized
 checkpoint location (the formula docs/spark.md gives), equal for every
 spelling of one place and different for different places; a relative
@@ -19,13 +23,17 @@ queries that use these names run in test_kafka_names.py).
 from __future__ import annotations
 
 import hashlib
+import pickle
+from pathlib import Path
 
 import pytest
 
+from oncelog import Admin, Consumer, Producer
 from oncelog_spark import default_app_id
 from oncelog_spark.options import (
     KAFKA_SINK_ALIASES,
     KAFKA_SOURCE_ALIASES,
+    ClientSecurity,
     OptionError,
     SinkOptions,
     SourceOptions,
@@ -80,10 +88,12 @@ def test_every_kafka_alias_names_an_oncelog_option() -> None:
         "endingOffsets": "ending_offsets", "maxOffsetsPerTrigger": "max_records_per_trigger",
         "failOnDataLoss": "fail_on_data_loss", "kafka.isolation.level": "isolation_level",
         "kafkaConsumer.pollTimeoutMs": "poll_timeout_ms",
+        "kafka.security.protocol": "security_protocol", "kafka.sasl.mechanism": "sasl_mechanism",
     }
     assert {a.kafka: a.oncelog for a in KAFKA_SINK_ALIASES.values()} == {
         "kafka.bootstrap.servers": "bootstrap",
         "kafka.transaction.timeout.ms": "transaction_timeout_ms",
+        "kafka.security.protocol": "security_protocol", "kafka.sasl.mechanism": "sasl_mechanism",
     }
     parsed = source({"kafka.bootstrap.servers": BOOTSTRAP, "subscribe": "a"})
     assert (parsed.bootstrap, parsed.topics, parsed.fail_on_data_loss) == (BOOTSTRAP, ("a",), True)
@@ -138,12 +148,19 @@ def test_a_pattern_is_matched_against_whole_topic_names() -> None:
         (True, {"minOffsetsPerTrigger": "8"}, "option 'minoffsetspertrigger' .* not supported"),
         (True, {"groupIdPrefix": "g"}, "uses no consumer group"),
         (True, {"kafka.group.id": "g"}, "uses no consumer group"),
-        (True, {"kafka.security.protocol": "SSL"}, "take no security settings yet"),
-        (True, {"kafka.ssl.truststore.location": "/x"}, "take no security settings yet"),
+        (True, {"kafka.ssl.truststore.location": "/x"},
+         "option 'kafka.ssl.truststore.location': JKS/PKCS12 truststores are not read: give "
+         "option 'ssl_cafile'"),
+        (True, {"kafka.ssl.keystore.location": "/x"}, "give options 'ssl_certfile' and "
+                                                       "'ssl_keyfile'"),
+        (True, {"kafka.ssl.endpoint.identification.algorithm": ""},
+         "not supported; the oncelog source and sinks take 'security_protocol', 'ssl_cafile'"),
+        (True, {"kafka.security.protocol": "SASL_PLAINTEXT"},
+         "option 'kafka.security.protocol' must be one of PLAINTEXT, SSL, SASL_SSL"),
         (True, {"kafka.max.poll.records": "5"},
          r"option 'kafka.max.poll.records': Kafka client properties \(kafka.\*\) are not "
          r"passed through; the oncelog source takes kafka.bootstrap.servers, "
-         r"kafka.isolation.level"),
+         r"kafka.isolation.level, kafka.security.protocol, kafka.sasl.mechanism"),
         (True, {"topic": "a"}, "unknown option 'topic' for the oncelog source; did you mean "
                                "'topics'"),
     ],
@@ -185,7 +202,9 @@ def test_the_sink_takes_kafka_names() -> None:
     for name, message in [
         ("kafka.acks", "Kafka client properties .* the oncelog sink takes "
                        "kafka.bootstrap.servers, kafka.transaction.timeout.ms"),
-        ("kafka.sasl.mechanism", "take no security settings yet"),
+        ("kafka.sasl.jaas.config", "give the bearer token in a file: option "
+                                   "'sasl_oauth_token_file'"),
+        ("kafka.sasl.mechanism", "option 'kafka.sasl.mechanism' must be OAUTHBEARER"),
         ("kafka.transactional.id", "did you mean 'app_id'"),
     ]:
         with pytest.raises(OptionError, match=message):
@@ -227,3 +246,72 @@ def test_without_app_id_the_sink_needs_an_absolute_checkpoint(
 ) -> None:
     with pytest.raises(OptionError, match=message):
         SinkOptions.parse({**SINK, **options})
+
+
+# ------------------------------------------------------------------ security
+
+PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, ClientSecurity()),
+        ({"ssl_cafile": "/ca.pem"}, ClientSecurity(protocol="SSL", cafile="/ca.pem")),
+        ({"kafka.security.protocol": "ssl", "ssl_cafile": "/ca.pem", "ssl_certfile": "/c.pem",
+          "ssl_keyfile": "/c.key"},
+         ClientSecurity(protocol="SSL", cafile="/ca.pem", certfile="/c.pem", keyfile="/c.key")),
+        ({"sasl_oauth_token_file": "/token", "ssl_cafile": "/ca.pem"},
+         ClientSecurity(protocol="SASL_SSL", cafile="/ca.pem", token_file="/token")),
+        ({"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "OAUTHBEARER",
+          "sasl_oauth_token_file": "/token"},
+         ClientSecurity(protocol="SASL_SSL", token_file="/token")),
+    ],
+)
+def test_security_options_parse_for_the_source_and_the_sinks(
+    options: dict[str, str], expected: ClientSecurity
+) -> None:
+    assert source({"bootstrap": BOOTSTRAP, "topics": "a", **options}).security == expected
+    assert SinkOptions.parse({**SINK, "app_id": "a", **options}).security == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"security_protocol": "TLS"}, "option 'security_protocol' must be one of PLAINTEXT, "
+                                       "SSL, SASL_SSL, got 'TLS'"),
+        ({"security_protocol": "PLAINTEXT", "ssl_cafile": "/ca.pem"},
+         "option 'ssl_cafile' is set, but option 'security_protocol' is PLAINTEXT"),
+        ({"security_protocol": "SSL", "sasl_oauth_token_file": "/t"},
+         "SASL_SSL and option 'sasl_oauth_token_file' go together"),
+        ({"security_protocol": "SASL_SSL"}, "SASL_SSL and option 'sasl_oauth_token_file' go "
+                                            "together .* no token file"),
+        ({"ssl_certfile": "/c.pem"}, "options 'ssl_certfile' and 'ssl_keyfile' go together"),
+        ({"sasl_mechanism": "SCRAM-SHA-512", "sasl_oauth_token_file": "/t"},
+         "option 'sasl_mechanism' must be OAUTHBEARER"),
+    ],
+)
+def test_security_mistakes_name_the_options(options: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        source({"bootstrap": BOOTSTRAP, "topics": "a", **options})
+    with pytest.raises(OptionError, match=message):
+        SinkOptions.parse({**SINK, "app_id": "a", **options})
+
+
+def test_the_security_settings_are_what_the_clients_take(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text(PEM)
+    token = tmp_path / "token"
+    token.write_text("a-token\n")
+    parsed = source({"bootstrap": BOOTSTRAP, "topics": "a", "ssl_cafile": str(ca),
+                     "sasl_oauth_token_file": str(token)}).security
+    given = parsed.client_options()
+    assert (given["security_protocol"], given["ssl_cafile"], given["sasl_mechanism"]) == (
+        "SASL_SSL", str(ca), "OAUTHBEARER")
+    assert given["sasl_oauth_token_provider"].token() == "a-token"
+    with Producer(bootstrap=BOOTSTRAP, **given), Consumer(bootstrap=BOOTSTRAP, **given), \
+            Admin(bootstrap=BOOTSTRAP, **given):
+        pass  # the SDK accepts them as they are
+    assert ClientSecurity().client_options() == {"security_protocol": "PLAINTEXT"}
+    # The settings travel to the executors inside the options: they pickle.
+    assert pickle.loads(pickle.dumps(parsed)) == parsed

@@ -5,7 +5,18 @@
 // Nothing here is generated: @grpc/proto-loader reads protos/oncelog/v1/*.proto
 // when the program starts, and protobufjs decodes the google.rpc.Status that
 // carries a request-level error (docs/grpc-api.md, "Errors").
+//
+// A secured cluster (docs/security.md): the channels use TLS when the
+// environment says so, with the CLI's variables (docs/cli.md):
+// ONCELOG_SSL_CAFILE (the CA bundle that signed the cluster's certificates),
+// ONCELOG_SSL_CERTFILE and ONCELOG_SSL_KEYFILE (a client certificate: the
+// principal under mutual TLS), ONCELOG_SASL_OAUTH_TOKEN_FILE (a bearer
+// token, sent as `authorization: Bearer <token>` with every call and read
+// again from the file for each call) and ONCELOG_SECURITY_PROTOCOL
+// (PLAINTEXT, SSL or SASL_SSL; by default SSL when a TLS file is given,
+// SASL_SSL when a token file is, else PLAINTEXT).
 
+const fs = require('fs');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -102,6 +113,68 @@ const BARE_STATUS = new Map([
   [grpc.status.RESOURCE_EXHAUSTED, ['MESSAGE_TOO_LARGE', false]],
 ]);
 
+const SECURITY_PROTOCOLS = new Set(['PLAINTEXT', 'SSL', 'SASL_SSL']);
+
+/** A PEM file named by an environment variable, read now; null when unset. */
+function pemFromEnv(env, name) {
+  const file = env[name];
+  if (!file) return null;
+  let data;
+  try {
+    data = fs.readFileSync(file);
+  } catch (exc) {
+    throw new Error(`${name}: cannot read ${file}: ${exc.message}`);
+  }
+  if (!data.includes('-----BEGIN ')) throw new Error(`${name}: ${file} is not a PEM file`);
+  return data;
+}
+
+/**
+ * The channel credentials the environment asks for (see the top of this
+ * file): insecure, TLS, or TLS with a bearer token on every call. A setting
+ * that cannot work is an Error naming the variable.
+ */
+function credentialsFromEnv(env = process.env) {
+  const ca = pemFromEnv(env, 'ONCELOG_SSL_CAFILE');
+  const cert = pemFromEnv(env, 'ONCELOG_SSL_CERTFILE');
+  const key = pemFromEnv(env, 'ONCELOG_SSL_KEYFILE');
+  const tokenFile = env.ONCELOG_SASL_OAUTH_TOKEN_FILE || null;
+  const protocol = (env.ONCELOG_SECURITY_PROTOCOL
+    || (tokenFile ? 'SASL_SSL' : (ca || cert || key) ? 'SSL' : 'PLAINTEXT')).toUpperCase();
+  if (!SECURITY_PROTOCOLS.has(protocol)) {
+    throw new Error(`ONCELOG_SECURITY_PROTOCOL must be PLAINTEXT, SSL or SASL_SSL, got ${protocol}`);
+  }
+  if (protocol === 'PLAINTEXT') {
+    if (ca || cert || key) {
+      throw new Error('ONCELOG_SSL_* is set, but ONCELOG_SECURITY_PROTOCOL is PLAINTEXT');
+    }
+    return grpc.credentials.createInsecure();
+  }
+  if (Boolean(cert) !== Boolean(key)) {
+    throw new Error('ONCELOG_SSL_CERTFILE and ONCELOG_SSL_KEYFILE go together: a client ' +
+      'certificate needs its private key');
+  }
+  if ((protocol === 'SASL_SSL') !== Boolean(tokenFile)) {
+    throw new Error('ONCELOG_SECURITY_PROTOCOL=SASL_SSL and ONCELOG_SASL_OAUTH_TOKEN_FILE go ' +
+      'together (a bearer token is sent over TLS only)');
+  }
+  const tls = grpc.credentials.createSsl(ca, key, cert);
+  if (!tokenFile) return tls;
+  const bearer = grpc.credentials.createFromMetadataGenerator((_params, callback) => {
+    let token;
+    try {
+      token = fs.readFileSync(tokenFile, 'utf8').trim();
+    } catch (exc) {
+      callback(new Error(`ONCELOG_SASL_OAUTH_TOKEN_FILE: cannot read ${tokenFile}: ${exc.message}`));
+      return;
+    }
+    const metadata = new grpc.Metadata();
+    metadata.set('authorization', `Bearer ${token}`);
+    callback(null, metadata);
+  });
+  return grpc.credentials.combineChannelCredentials(tls, bearer);
+}
+
 function backoffMs(attempt, baseMs, maxMs) {
   return Math.min(maxMs, baseMs * 2 ** Math.min(Math.max(attempt - 1, 0), 20));
 }
@@ -111,7 +184,9 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 class ClusterClient {
   /**
    * @param {string} bootstrap host:port of any partition store
-   * @param {{protoDir?: string, requestTimeoutMs?: number}} [options]
+   * @param {{protoDir?: string, requestTimeoutMs?: number,
+   *          credentials?: grpc.ChannelCredentials}} [options] credentials:
+   *   default from the environment (credentialsFromEnv)
    */
   constructor(bootstrap, options = {}) {
     if (typeof bootstrap !== 'string' || !/^[^:]+:\d+$/.test(bootstrap)) {
@@ -119,6 +194,7 @@ class ClusterClient {
     }
     this.bootstrap = bootstrap;
     this.requestTimeoutMs = options.requestTimeoutMs ?? 30000;
+    this._credentials = options.credentials ?? credentialsFromEnv();
     const protoDir = options.protoDir ?? DEFAULT_PROTO_DIR;
     const loaderOptions = {
       includeDirs: [protoDir],
@@ -153,8 +229,7 @@ class ClusterClient {
     const key = `${kind}@${address}`;
     let stub = this._stubs.get(key);
     if (!stub) {
-      stub = new this._services[kind](address, grpc.credentials.createInsecure(),
-        CHANNEL_OPTIONS);
+      stub = new this._services[kind](address, this._credentials, CHANNEL_OPTIONS);
       this._stubs.set(key, stub);
     }
     return stub;
@@ -292,6 +367,7 @@ class ClusterClient {
 module.exports = {
   COORDINATOR_MOVED,
   ClusterClient,
+  credentialsFromEnv,
   FATAL_CODES,
   OncelogError,
   errorFromProto,
