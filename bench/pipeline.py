@@ -41,8 +41,9 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from oncelog import Admin, Consumer, Producer, TopicPartition
 from oncelog.testing import LocalCluster
@@ -213,7 +214,12 @@ def run_latency(args: argparse.Namespace) -> LatencyRun:
                                value_bytes=args.value_bytes)
 
 
-def measure_latency(bootstrap: str, *, latency_samples: int, value_bytes: int) -> LatencyRun:
+# The one-record transactions' id (a secured run grants Write on it).
+LATENCY_TRANSACTIONAL_ID = "bench-latency"
+
+
+def measure_latency(bootstrap: str, *, latency_samples: int, value_bytes: int,
+                    producer_options: Mapping[str, Any] | None = None) -> LatencyRun:
     """The latency case against a running cluster whose OUTPUT topic (4
     partitions) exists: `latency_samples` one-record transactions, then as
     many acknowledged sends, after 20 of each to warm up."""
@@ -222,8 +228,8 @@ def measure_latency(bootstrap: str, *, latency_samples: int, value_bytes: int) -
     txn_s: list[float] = []
     first_send_s: list[float] = []
     commit_s: list[float] = []
-    with Producer(bootstrap=bootstrap, transactional_id="bench-latency",
-                  linger_ms=0) as producer:
+    with Producer(bootstrap=bootstrap, transactional_id=LATENCY_TRANSACTIONAL_ID,
+                  linger_ms=0, **(producer_options or {})) as producer:
         producer.init_transactions()
         for i in range(warm_up + latency_samples):
             t0 = time.perf_counter()
@@ -239,7 +245,7 @@ def measure_latency(bootstrap: str, *, latency_samples: int, value_bytes: int) -
                 first_send_s.append(t1 - t0)
                 commit_s.append(t2 - t1)
     send_s: list[float] = []
-    with Producer(bootstrap=bootstrap, linger_ms=0) as producer:
+    with Producer(bootstrap=bootstrap, linger_ms=0, **(producer_options or {})) as producer:
         for i in range(warm_up + latency_samples):
             t0 = time.perf_counter()
             producer.send(OUTPUT, value=value, partition=i % PARTITIONS).result()

@@ -28,8 +28,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import grpc
 
@@ -67,7 +69,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_sdk(bootstrap: str, topic: str, *, value_bytes: int, partitions: int,
-            duration_s: float, batch_size: int, linger_ms: int) -> tuple[int, list[float]]:
+            duration_s: float, batch_size: int, linger_ms: int,
+            producer_options: Mapping[str, Any] | None = None) -> tuple[int, list[float]]:
+    """`producer_options`: more Producer keywords (a secured cluster's)."""
     value = b"v" * value_bytes
     latencies_ms: list[float] = []
     lock = threading.Lock()
@@ -79,7 +83,8 @@ def run_sdk(bootstrap: str, topic: str, *, value_bytes: int, partitions: int,
         return done
 
     sent = 0
-    with Producer(bootstrap=bootstrap, linger_ms=linger_ms, batch_size=batch_size) as producer:
+    with Producer(bootstrap=bootstrap, linger_ms=linger_ms, batch_size=batch_size,
+                  **(producer_options or {})) as producer:
         deadline = time.perf_counter() + duration_s
         while time.perf_counter() < deadline:
             for _ in range(1000):
