@@ -631,14 +631,23 @@ def run_rounds(args: argparse.Namespace) -> Results:
     return results
 
 
+def case_figures(measurements: Sequence[Measurement], metric: peers.Metric,
+                 setup_keys: Sequence[str]) -> tuple[list[Measurement],
+                                                     dict[str, tuple[float, float, float]]]:
+    """The measurements of `metric`'s case, and (median, min, max) of the
+    metric per setup that has any (also bench/security.py's table)."""
+    mine = [m for m in measurements if m.case == metric.case]
+    figures = {key: spread([m.values[metric.key] for m in mine if m.setup == key])
+               for key in setup_keys if any(m.setup == key for m in mine)}
+    return mine, figures
+
+
 def setup_table(measurements: Sequence[Measurement], cases: Sequence[str]) -> list[TableRow]:
     rows: list[TableRow] = []
     for metric in METRICS:
         if metric.case not in cases:
             continue
-        mine = [m for m in measurements if m.case == metric.case]
-        figures = {s.key: spread([m.values[metric.key] for m in mine if m.setup == s.key])
-                   for s in SETUPS if any(m.setup == s.key for m in mine)}
+        mine, figures = case_figures(measurements, metric, [s.key for s in SETUPS])
         ratios = [a.values[metric.key] / b.values[metric.key]
                   for a in mine if a.setup == RF3.key
                   for b in mine if b.setup == RF1.key and b.round == a.round

@@ -294,9 +294,8 @@ def table(measurements: Sequence[Measurement], cases: Sequence[str]) -> list[Tab
     for metric in METRICS:
         if metric.case not in cases:
             continue
-        mine = [m for m in measurements if m.case == metric.case]
-        figures = {s.key: spread([m.values[metric.key] for m in mine if m.setup == s.key])
-                   for s in SETUPS if any(m.setup == s.key for m in mine)}
+        mine, figures = replication.case_figures(measurements, metric,
+                                                 [s.key for s in SETUPS])
         ratio = kept = None
         if SECURED.key in figures and PLAIN.key in figures and figures[PLAIN.key][0]:
             ratio = round(figures[SECURED.key][0] / figures[PLAIN.key][0], 3)
