@@ -74,13 +74,18 @@ async def produce(bootstrap: str, topic: str, values: list[bytes], partition: in
 
 async def read_committed(bootstrap: str, topic: str, partitions: int = 1
                          ) -> list[ConsumerRecord]:
+    """Every committed record, read up to the log end: commit_transaction()
+    returns before its markers make the records readable (as in Kafka)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     out: list[ConsumerRecord] = []
+    async with AIOConsumer(bootstrap=bootstrap, isolation_level="read_uncommitted") as probe:
+        ends = await probe.end_offsets(tps)
+    deadline = time.monotonic() + 60
     async with AIOConsumer(bootstrap=bootstrap) as consumer:
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
         for tp in tps:
             while await consumer.position(tp) < ends[tp]:
+                assert time.monotonic() < deadline, f"{topic} not read to {ends}"
                 for records in (await consumer.getmany(tp, timeout_ms=200)).values():
                     out += records
     return out

@@ -18,6 +18,7 @@ from typing import Any
 
 from oncelog import AclBinding, AclFilter, Admin, Consumer, ConsumerRecord, TopicPartition
 from oncelog.testing import LocalCluster
+from tests.support.reading import read_all
 
 ACLS_TOPIC = "__acls"
 SERVICES = ("partition_store", "coordinator", "group_coordinator")
@@ -76,20 +77,10 @@ def allow(principal: str, resource_type: str, name: str, *operations: str,
 
 def read_committed(cluster: LocalCluster, topic: str, partitions: int
                    ) -> list[ConsumerRecord]:
-    """Every committed record of a topic, read as the super user up to the
-    end offsets taken at the start."""
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    out: list[ConsumerRecord] = []
-    with Consumer(bootstrap=cluster.bootstrap, isolation_level="read_committed",
-                  **cluster.client_config("admin")) as consumer:
-        consumer.assign(tps)
-        consumer.seek_to_beginning(tps)
-        ends = consumer.end_offsets(tps)
-        deadline = time.monotonic() + WAIT_S
-        while not all(consumer.position(tp) >= ends[tp] for tp in tps):
-            assert time.monotonic() < deadline, f"{topic} could not be read to its end"
-            out.extend(consumer.poll(timeout=0.5))
-    return out
+    """Every committed record of a topic, read as the super user once every
+    transaction written so far is decided."""
+    return read_all(cluster.bootstrap, topic, partitions, isolation_level="read_committed",
+                    deadline_s=WAIT_S, **cluster.client_config("admin"))
 
 
 def end_offsets(cluster: LocalCluster, topic: str, partitions: int,
