@@ -385,8 +385,8 @@ def probe_tls(address: str, *, timeout_s: float = TLS_PROBE_TIMEOUT_S) -> str:
 def client_certificate_needed_message(address: str, service: str) -> str:
     return (f"the {service} at {address} closed the connection after the TLS handshake: it "
             f"requires a client certificate signed by the cluster's CA (ssl_certfile and "
-            f"ssl_keyfile), which this client does not have; a bearer token alone does not "
-            f"get a connection there")
+            f"ssl_keyfile), which this client does not have; a client with a bearer token "
+            f"alone connects to the cluster's token listener (docs/security.md)")
 
 
 def plaintext_to_tls_message(address: str, service: str) -> str:

@@ -37,9 +37,14 @@ and starts every service serving TLS with client certificates verified
 authorizer on (`--authorizer acl`, `--super-users
 'User:admin;User:oncelog-service'`, ACLs read every 200 ms), the TLS files
 checked for changes every second, and tokens of that issuer trusted.
+Every service also has a token listener (`--token-listen`, a second port
+serving TLS without asking for a client certificate) for clients that hold
+only a bearer token: `token_bootstrap` is the first store's.
 `client_config(name)` gives the SDK's keyword arguments that connect as
-`User:<name>` (`"admin"` is a super user), `token(name)` a bearer token for
-`User:<name>`, `ca_file` the CA. The cluster's own health checks and
+`User:<name>` with a certificate (`"admin"` is a super user),
+`token_config(name)` those that connect with a bearer token alone (to
+`token_bootstrap`), `token(name)` a bearer token for `User:<name>`,
+`ca_file` the CA. The cluster's own health checks and
 Metadata polls connect as `User:admin`. `extra_args` come after these flags
 (and win); etcd's traffic stays plain text.
 """
@@ -73,8 +78,16 @@ except ModuleNotFoundError as exc:
         "oncelog.testing runs the oncelog services, which the SDK alone does not "
         "install: pip install 'oncelog[server]'", name=exc.name) from exc
 
+from oncelog._security import TokenProvider
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
-from oncelog.wire.process import GRPC, METRICS, PortInUse, find_ports_in_use, process_health_service
+from oncelog.wire.process import (
+    GRPC,
+    METRICS,
+    TOKEN_GRPC,
+    PortInUse,
+    find_ports_in_use,
+    process_health_service,
+)
 
 if TYPE_CHECKING:
     from oncelog._etcd import EtcdCluster
@@ -147,6 +160,16 @@ class ClientSecurityConfig(TypedDict):
     ssl_cafile: str
     ssl_certfile: str
     ssl_keyfile: str
+
+
+class TokenSecurityConfig(TypedDict):
+    """LocalCluster.token_config's answer: the SDK's keyword arguments for
+    TLS without a client certificate and a bearer token."""
+
+    security_protocol: str
+    ssl_cafile: str
+    sasl_mechanism: str
+    sasl_oauth_token_provider: TokenProvider
 
 
 class PortTakenError(RuntimeError):
@@ -263,6 +286,19 @@ def _service_available(kind: str) -> bool:
         return False
     return any((Path(location) / kind / "__main__.py").is_file()
                for location in spec.submodule_search_locations)
+
+
+class _TokenProvider:
+    """A fresh bearer token for one principal whenever the client asks
+    (the SDK asks again once 80 % of a token's lifetime has passed)."""
+
+    def __init__(self, pki: _LocalPki, name: str, ttl_s: float) -> None:
+        self._pki = pki
+        self._name = name
+        self._ttl_s = ttl_s
+
+    def token(self) -> str:
+        return self._pki.token(self._name, self._ttl_s)
 
 
 class _LocalPki:
@@ -450,6 +486,12 @@ class ServiceProcess(ChildProcess):
     data_dir: Path
     log_path: Path
     argv: list[str]
+    # The token listener's port on a secured cluster (0: none).
+    token_port: int = 0
+
+    @property
+    def token_address(self) -> str:
+        return f"127.0.0.1:{self.token_port}"
 
 
 class LocalCluster:
@@ -542,6 +584,7 @@ class LocalCluster:
                     data_dir=self.data_dir / f"{kind}-{i}",
                     log_path=self.data_dir / "logs" / f"{kind}-{i}.log",
                     argv=[],
+                    token_port=self._pick_port() if security else 0,
                 ))
         self._build_argv()
         if start:
@@ -570,6 +613,11 @@ class LocalCluster:
             "--transaction-state-partitions", str(self._transaction_state_partitions),
             "--consumer-offsets-partitions", str(self._consumer_offsets_partitions),
         ]
+        if self._pki is not None:
+            for flag, kind in (("--token-stores", "partition_store"),
+                               ("--token-coordinators", "coordinator"),
+                               ("--token-group-coordinators", "group_coordinator")):
+                layout_args += [flag, ",".join(p.token_address for p in self.processes[kind])]
         for kind, procs in self.processes.items():
             for proc in procs:
                 proc.argv = [
@@ -589,6 +637,7 @@ class LocalCluster:
             return []
         cert_file, key_file = self._pki.service_files(proc.kind, proc.node_id)
         return [
+            "--token-listen", proc.token_address,
             "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file),
             "--tls-ca-file", str(self._pki.ca_file), "--tls-client-auth", "requested",
             "--tls-reload-interval-ms", str(SECURE_TLS_RELOAD_INTERVAL_MS),
@@ -626,6 +675,17 @@ class LocalCluster:
         issuer, expiring `ttl_s` from now (a negative ttl_s: already expired)."""
         return self._secured().token(name, ttl_s)
 
+    def token_config(self, name: str, ttl_s: float = 300) -> TokenSecurityConfig:
+        """The SDK's keyword arguments that connect as `User:<name>` with a
+        bearer token and no client certificate, for the token listeners:
+        `Producer(bootstrap=cluster.token_bootstrap, **cluster.token_config("bob"))`.
+        The provider makes a fresh token (valid `ttl_s`) whenever the client
+        asks for one."""
+        pki = self._secured()
+        return {"security_protocol": "SASL_SSL", "ssl_cafile": str(pki.ca_file),
+                "sasl_mechanism": "OAUTHBEARER",
+                "sasl_oauth_token_provider": _TokenProvider(pki, name, ttl_s)}
+
     def _channel(self, address: str) -> grpc.Channel:
         """A channel to one of the cluster's services, as `User:admin` over
         TLS when the cluster is secured."""
@@ -645,6 +705,13 @@ class LocalCluster:
         """The first partition store's address (one address: also usable as
         a gRPC target)."""
         return self.processes["partition_store"][0].address
+
+    @property
+    def token_bootstrap(self) -> str:
+        """The first partition store's token listener (a secured cluster's
+        address for clients that hold only a bearer token)."""
+        self._secured()
+        return self.processes["partition_store"][0].token_address
 
     @property
     def bootstrap_servers(self) -> str:
@@ -764,6 +831,7 @@ class LocalCluster:
             address=f"127.0.0.1:{self._pick_port()}", metrics_port=self._pick_port(),
             data_dir=self.data_dir / f"partition_store-{node_id}",
             log_path=self.data_dir / "logs" / f"partition_store-{node_id}.log", argv=[],
+            token_port=self._pick_port() if self._pki is not None else 0,
         )
         procs.append(proc)
         self._build_argv()
@@ -780,7 +848,11 @@ class LocalCluster:
             self._build_argv()
             self._spawn(proc)
             return
-        proc.address = f"127.0.0.1:{self._pick_port()}"
+        # An address in the layout: every process is told the new one.
+        if taken.purpose == TOKEN_GRPC:
+            proc.token_port = self._pick_port()
+        else:
+            proc.address = f"127.0.0.1:{self._pick_port()}"
         self._build_argv()
         for other in self._all():
             self.kill(other.kind, other.node_id)

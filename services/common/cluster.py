@@ -33,12 +33,36 @@ class ClusterLayout:
     group_coordinators: tuple[str, ...] = ()
     transaction_state_partitions: int = 8
     consumer_offsets_partitions: int = 8
+    # The token listeners' advertised addresses (--token-listen), by node id:
+    # what a caller that came without a client certificate is told. Empty:
+    # the processes of that kind have no token listener.
+    token_stores: tuple[str, ...] = ()
+    token_coordinators: tuple[str, ...] = ()
+    token_group_coordinators: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.stores:
             raise ValueError("a cluster needs at least one partition store address")
         if self.transaction_state_partitions < 1 or self.consumer_offsets_partitions < 1:
             raise ValueError("internal topics need at least one partition")
+        for flag, token, main in (
+                ("--token-stores", self.token_stores, self.stores),
+                ("--token-coordinators", self.token_coordinators, self.coordinators),
+                ("--token-group-coordinators", self.token_group_coordinators,
+                 self.group_coordinators)):
+            if token and len(token) != len(main):
+                raise ValueError(f"{flag} names {len(token)} addresses for {len(main)} "
+                                 "processes; give one per process, in node-id order, or none")
+
+    def coordinator_addresses(self, *, token: bool) -> tuple[str, ...]:
+        """The transaction coordinators' addresses for a caller; `token`: it
+        came without a client certificate (see token_stores)."""
+        return self.token_coordinators if token and self.token_coordinators else (
+            self.coordinators)
+
+    def group_coordinator_addresses(self, *, token: bool) -> tuple[str, ...]:
+        return self.token_group_coordinators if token and self.token_group_coordinators else (
+            self.group_coordinators)
 
     @property
     def controller_node_id(self) -> int:

@@ -135,6 +135,15 @@ def _auth_value(auth: Mapping[str, Any], key: str) -> bytes | None:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
+def without_client_certificate(context: grpc.aio.ServicerContext) -> bool:
+    """Whether a call came without a verified client certificate. On a
+    service that verifies client certificates on its main port, such a call
+    came through its token listener (--token-listen), and the addresses it
+    is told are the token listeners' (Kafka answers on the listener a
+    request arrived on)."""
+    return _auth_value(context.auth_context() or {}, "x509_pem_cert") is None
+
+
 @dataclass(slots=True)
 class _LogEntry:
     logged_s: float

@@ -31,7 +31,13 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import disable_created_metrics, start_http_server
 
 from oncelog.wire import VERSION
-from oncelog.wire.process import GRPC, METRICS, port_in_use_line, process_health_service
+from oncelog.wire.process import (
+    GRPC,
+    METRICS,
+    TOKEN_GRPC,
+    port_in_use_line,
+    process_health_service,
+)
 
 from . import limits, metrics
 from .acl_watcher import DEFAULT_ACL_REFRESH_INTERVAL_MS
@@ -135,6 +141,20 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         default=env_default("tls-reload-interval-ms", str(DEFAULT_RELOAD_INTERVAL_MS)),
         help="how often the TLS files are checked for changes (new connections then use the "
              "new certificate)")
+    add("--token-listen", default=env_default("token-listen"),
+        help="also serve TLS on this host:port without asking for a client certificate: "
+             "the listener for clients that authenticate with a bearer token only (needs TLS "
+             "and trusted token issuers)")
+    add("--token-advertised", default=env_default("token-advertised"),
+        help="host:port token clients are told for this node (default: this node's entry "
+             "in the token-listener addresses of its kind, else the token listen address)")
+    add("--token-stores", default=env_default("token-stores", ""),
+        help="comma-separated token-listener addresses of every partition store, by node "
+             "id: what callers without a client certificate are told")
+    add("--token-coordinators", default=env_default("token-coordinators", ""),
+        help="comma-separated token-listener addresses of every transaction coordinator")
+    add("--token-group-coordinators", default=env_default("token-group-coordinators", ""),
+        help="comma-separated token-listener addresses of every group coordinator")
     add("--ssl-principal-mapping-rules", default=env_default("ssl-principal-mapping-rules",
                                                              "DEFAULT"),
         help="how a client certificate's subject becomes a principal (Kafka's "
@@ -169,9 +189,26 @@ def layout_from_args(args: argparse.Namespace) -> ClusterLayout:
         stores=split_addresses(args.stores),
         coordinators=split_addresses(args.coordinators),
         group_coordinators=split_addresses(args.group_coordinators),
+        token_stores=split_addresses(args.token_stores),
+        token_coordinators=split_addresses(args.token_coordinators),
+        token_group_coordinators=split_addresses(args.token_group_coordinators),
         transaction_state_partitions=args.transaction_state_partitions,
         consumer_offsets_partitions=args.consumer_offsets_partitions,
     )
+
+
+def token_advertised(args: argparse.Namespace, token_addresses: Sequence[str],
+                     node_id: int) -> str | None:
+    """This node's token-listener address as clients are told it:
+    --token-advertised, else its entry in the layout's token addresses, else
+    --token-listen; None when it has no token listener."""
+    if not args.token_listen:
+        return None
+    if args.token_advertised:
+        return str(args.token_advertised)
+    if node_id < len(token_addresses):
+        return token_addresses[node_id]
+    return str(args.token_listen)
 
 
 def _json_entry(*, ts_ms: int, level: str, service: str, logger: str, msg: str,
@@ -317,25 +354,39 @@ class ServiceServer:
         )
         self._shutdown_started = False
 
-    async def start(self, listen: str) -> int:
+    async def start(self, listen: str, *, token_listen: str | None = None,
+                    token_credentials: grpc.ServerCredentials | None = None) -> int:
         """Binds and starts serving (health NOT_SERVING until set_serving);
-        returns the bound port. Exits with a one-line reason when it cannot
-        bind (a taken port in the words of oncelog.wire.process)."""
+        returns the bound port. `token_listen`: a second port, served with
+        `token_credentials` (the token listener: TLS without client
+        certificates), by the same handlers and interceptors. Exits with a
+        one-line reason when it cannot bind (a taken port in the words of
+        oncelog.wire.process)."""
+        port = self._bind(listen, self._credentials, GRPC)
+        if token_listen is not None:
+            if token_credentials is None:
+                raise ValueError("a token listener needs TLS credentials")
+            self._bind(token_listen, token_credentials, TOKEN_GRPC)
+        # The health servicer starts with "" SERVING; nothing is served yet.
+        for name in self._names:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.start()
+        return port
+
+    def _bind(self, listen: str, credentials: grpc.ServerCredentials | None,
+              purpose: str) -> int:
         try:
-            if self._credentials is None:
+            if credentials is None:
                 port = self.server.add_insecure_port(listen)
             else:
-                port = self.server.add_secure_port(listen, self._credentials)
+                port = self.server.add_secure_port(listen, credentials)
         except RuntimeError:
             # grpcio raises "Failed to bind" without the reason (older
             # versions returned 0); the reason is asked of the OS below.
             port = 0
         if port == 0:
-            raise SystemExit(listen_failure(self.service_name, GRPC, listen, _bind_error(listen)))
-        # The health servicer starts with "" SERVING; nothing is served yet.
-        for name in self._names:
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.server.start()
+            raise SystemExit(listen_failure(self.service_name, purpose, listen,
+                                            _bind_error(listen)))
         return port
 
     async def set_serving(self) -> None:
@@ -454,7 +505,9 @@ async def serve(
         except OSError as exc:
             address = f"[{host}]:{metrics_port}" if ":" in host else f"{host}:{metrics_port}"
             raise SystemExit(listen_failure(service_name, METRICS, address, exc)) from exc
-    await server.start(listen)
+    await server.start(
+        listen, token_listen=None if security is None else security.settings.token_listen,
+        token_credentials=None if security is None else security.token_server_credentials())
     if security is not None:
         security.log_startup()
         # After the server starts: a store may lead __acls itself, and reads

@@ -76,6 +76,8 @@ class SecuritySettings:
     # None: --authorizer none (authenticated callers may do anything).
     authorizer: AuthorizerConfig | None = None
     acl_refresh_interval_ms: int = 1000
+    # --token-listen: a second TLS port that asks for no client certificate.
+    token_listen: str | None = None
 
 
 def settings_from_args(args: argparse.Namespace) -> SecuritySettings:
@@ -109,6 +111,15 @@ def settings_from_args(args: argparse.Namespace) -> SecuritySettings:
     if tls is not None and not tls.verifies_client_certificates and not issuers:
         raise ValueError("--tls-client-auth none with no --oauth-issuers: no caller could "
                          "authenticate (no client certificate is asked for, no token trusted)")
+    token_listen = args.token_listen or None
+    if args.token_advertised and not token_listen:
+        raise ValueError("--token-advertised without --token-listen: this service has no "
+                         "token listener to advertise")
+    if token_listen and tls is None:
+        raise ValueError("--token-listen serves TLS: give --tls-cert-file and --tls-key-file")
+    if token_listen and not issuers:
+        raise ValueError("--token-listen with no --oauth-issuers: its callers present no client "
+                         "certificate, and no bearer token would be trusted either")
     try:
         super_users = parse_super_users(args.super_users or "")
     except ValueError as exc:
@@ -129,6 +140,7 @@ def settings_from_args(args: argparse.Namespace) -> SecuritySettings:
             leeway_s=args.oauth_leeway_s),
         authorizer=authorizer,
         acl_refresh_interval_ms=args.acl_refresh_interval_ms,
+        token_listen=token_listen,
     )
 
 
@@ -187,6 +199,12 @@ class ServiceSecurity:
     def server_credentials(self) -> grpc.ServerCredentials | None:
         return None if self.tls_files is None else server_credentials(self.tls_files)
 
+    def token_server_credentials(self) -> grpc.ServerCredentials | None:
+        """The token listener's: the same certificate, no client certificate asked."""
+        if self.tls_files is None or self.settings.token_listen is None:
+            return None
+        return server_credentials(self.tls_files, client_certificates=False)
+
     def guard(self) -> SecurityGuard | None:
         """The interceptor, or None when there is nothing to check (plain
         text, no token issuers, no authorizer: everyone may do anything)."""
@@ -209,6 +227,10 @@ class ServiceSecurity:
         if settings.authentication.issuers:
             log.info("bearer tokens trusted from %s",
                      ", ".join(sorted(settings.authentication.issuers)))
+        if settings.token_listen is not None:
+            log.info("%s also serves TLS without client certificates on %s (token listener: "
+                     "callers there authenticate with bearer tokens)", self.service_name,
+                     settings.token_listen)
         if settings.authorizer is None:
             if settings.authentication.required:
                 log.info("no authorizer (--authorizer none): every authenticated caller may "

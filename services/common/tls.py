@@ -22,8 +22,11 @@ check.
 gRPC's Python server cannot ask for a client certificate without requiring
 one (`require_client_auth=False` does not ask at all), so `requested` and
 `required` both verify a client certificate at the handshake; `none` asks
-for none (the callers authenticate with bearer tokens). docs/security.md
-says what that means for clients.
+for none (the callers authenticate with bearer tokens). A service can serve
+both at once: its main port asks for certificates (the services' own calls,
+clients with certificates) and its token listener (--token-listen) asks for
+none (clients with bearer tokens only), as a Kafka broker has an SSL and a
+SASL_SSL listener. docs/security.md says what that means for clients.
 """
 
 from __future__ import annotations
@@ -199,8 +202,13 @@ def _configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration
         root_certificates=material.root_certificates)
 
 
-def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
-    """Credentials that serve the files, taking changed files for new connections."""
+def server_credentials(files: TlsFiles, *, client_certificates: bool | None = None
+                       ) -> grpc.ServerCredentials:
+    """Credentials that serve the files, taking changed files for new
+    connections. `client_certificates` overrides the configuration's
+    --tls-client-auth (False: the token listener, which asks for none)."""
+    if client_certificates is None:
+        client_certificates = files.config.verifies_client_certificates
     first = files.current()
     served = [first.generation]
 
@@ -219,7 +227,7 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     return grpc.dynamic_ssl_server_credentials(
         # grpc-stubs types the fetcher without its documented None ("no change").
         _configuration(first), fetch,  # type: ignore[arg-type]
-        require_client_authentication=files.config.verifies_client_certificates)
+        require_client_authentication=client_certificates)
 
 
 class ClientTls:

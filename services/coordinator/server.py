@@ -119,7 +119,10 @@ async def main(argv: list[str] | None = None) -> None:
     server_base.configure_logging(args.log_format, args.log_level, "coordinator")
     # First: it makes every channel of this process use TLS when it serves TLS.
     security = ServiceSecurity.from_args(args, "coordinator")
-    layout = server_base.layout_from_args(args)
+    try:
+        layout = server_base.layout_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"coordinator: {exc}") from exc
     advertised = args.advertised or layout.coordinators[args.node_id]
     wired = wire(
         layout, args.node_id, producer_id_block_size=args.producer_id_block_size,

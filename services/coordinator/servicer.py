@@ -12,6 +12,7 @@ from oncelog.wire.errors import ErrorCode
 from ..common import limits
 from ..common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from ..common.errors import ServiceError, abort_with
+from ..common.guard import without_client_certificate
 from ..common.service_error import check_id_length
 from ..common.topic_counts import PartitionCounts
 from .core.transactions import TxnMetadata, TxnState
@@ -111,7 +112,8 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                 ))
             partition = self._layout.transaction_state_partition(request.key)
             node_id = self._layout.coordinator_for_partition(partition)
-            address = self._layout.coordinators[node_id]
+            address = self._layout.coordinator_addresses(
+                token=without_client_certificate(context))[node_id]
         else:
             if not self._layout.group_coordinators:
                 await abort_with(context, ServiceError(
@@ -119,7 +121,8 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                 ))
             partition = self._layout.consumer_offsets_partition(request.key)
             node_id = self._layout.group_coordinator_for_partition(partition)
-            address = self._layout.group_coordinators[node_id]
+            address = self._layout.group_coordinator_addresses(
+                token=without_client_certificate(context))[node_id]
         return pb.FindCoordinatorResponse(node_id=node_id, address=address, partition=partition)
 
     async def InitProducerId(  # noqa: N802 - gRPC method name

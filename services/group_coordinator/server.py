@@ -119,7 +119,10 @@ async def main(argv: list[str] | None = None) -> None:
     server_base.configure_logging(args.log_format, args.log_level, "group_coordinator")
     # First: it makes every channel of this process use TLS when it serves TLS.
     security = ServiceSecurity.from_args(args, "group_coordinator")
-    layout = server_base.layout_from_args(args)
+    try:
+        layout = server_base.layout_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"group_coordinator: {exc}") from exc
     advertised = args.advertised or layout.group_coordinators[args.node_id]
     wired = wire(
         layout, args.node_id, lag_refresh_interval_ms=args.lag_refresh_interval_ms,

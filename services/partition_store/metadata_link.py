@@ -92,6 +92,9 @@ class ClusterView:
     # node id -> address of every store that has registered at least once
     # (a key without a lease).
     seen_stores: dict[int, str] = field(default_factory=dict)
+    # The same two for the stores' token listeners (those that have one).
+    live_token_stores: dict[int, str] = field(default_factory=dict)
+    seen_token_stores: dict[int, str] = field(default_factory=dict)
     controller: int | None = None
     next_topic_id: Versioned | None = None
 
@@ -167,11 +170,11 @@ class MetadataLink:
                     view.states[(topic, int(p))] = PartitionState.from_json(item.value)
                     view.state_revisions[(topic, int(p))] = item.mod_revision
                 elif key.startswith(stores_prefix):
-                    view.live_stores[int(key[len(stores_prefix):])] = json.loads(
-                        item.value)["address"]
+                    _registration(json.loads(item.value), int(key[len(stores_prefix):]),
+                                  view.live_stores, view.live_token_stores)
                 elif key.startswith(seen_prefix):
-                    view.seen_stores[int(key[len(seen_prefix):])] = json.loads(
-                        item.value)["address"]
+                    _registration(json.loads(item.value), int(key[len(seen_prefix):]),
+                                  view.seen_stores, view.seen_token_stores)
                 elif key == self._controller_key:
                     view.controller = int(json.loads(item.value)["node_id"])
                 elif key == self._counter_key:
@@ -295,6 +298,14 @@ class MetadataLink:
         known.update(self.view.live_stores)
         return known
 
+    def token_store_addresses(self) -> dict[int, str]:
+        """store_addresses for the stores' token listeners (--token-listen):
+        those that have one."""
+        known = dict(enumerate(self._layout.token_stores))
+        known.update(self.view.seen_token_stores)
+        known.update(self.view.live_token_stores)
+        return known
+
     async def alter_reassignments(
         self, moves: Mapping[TopicPartitionKey, Sequence[int]],
     ) -> dict[TopicPartitionKey, ServiceError | None]:
@@ -350,19 +361,21 @@ class MetadataLink:
 
     # ---------------------------------------------------------- membership
 
-    async def keep_registered(self, address: str) -> None:
-        """Registers this store under a lease, or keeps the lease alive; a
-        lease that ended (the store was paused past its TTL, or the metadata
-        store lost it) is replaced by a new one."""
+    async def keep_registered(self, address: str, token_address: str | None = None) -> None:
+        """Registers this store (its address, and its token listener's if it
+        has one) under a lease, or keeps the lease alive; a lease that ended
+        (the store was paused past its TTL, or the metadata store lost it)
+        is replaced by a new one."""
         if self._lease is not None and await self._call(self.store.keep_alive(self._lease)):
             return
         self._lease = await self._call(self.store.grant_lease(self.lease_ttl_s))
+        value = json.dumps({"address": address, **(
+            {"token_address": token_address} if token_address else {})})
         await self._call(self.store.commit(
-            (), [Put(self._store_key(self._node_id), json.dumps({"address": address}),
-                     self._lease),
+            (), [Put(self._store_key(self._node_id), value, self._lease),
                  # Without a lease: that this store has ever been up, and
                  # where (run_controller_once, store_addresses).
-                 Put(self._seen_key(self._node_id), json.dumps({"address": address}))], ()))
+                 Put(self._seen_key(self._node_id), value)], ()))
         log.info("store node %d registered (lease %d, TTL %d s)", self._node_id, self._lease,
                  self.lease_ttl_s)
 
@@ -495,3 +508,11 @@ class MetadataLink:
 
 def states_of(view: ClusterView, topic: str) -> Mapping[int, PartitionState]:
     return {p: s for (t, p), s in view.states.items() if t == topic}
+
+
+def _registration(value: dict[str, str], node_id: int, addresses: dict[int, str],
+                  token_addresses: dict[int, str]) -> None:
+    """A store's registration value into the view's address maps."""
+    addresses[node_id] = value["address"]
+    if value.get("token_address"):
+        token_addresses[node_id] = value["token_address"]

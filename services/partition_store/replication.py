@@ -79,13 +79,16 @@ class LeaderLink(Protocol):
 class ReplicaManager:
     def __init__(
         self, runtime: StoreRuntime, link: MetadataLink, leaders: LeaderLink, *,
-        address: str, sync_interval_ms: int = DEFAULT_METADATA_SYNC_INTERVAL_MS,
+        address: str, token_address: str | None = None,
+        sync_interval_ms: int = DEFAULT_METADATA_SYNC_INTERVAL_MS,
         fetch_wait_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MS,
     ) -> None:
         self._runtime = runtime
         self._link = link
         self._leaders = leaders
         self._address = address
+        # This store's token listener, registered beside its address.
+        self._token_address = token_address
         self._node_id = runtime.config.node_id
         self._sync_interval_s = sync_interval_ms / 1000
         self._fetch_wait_ms = fetch_wait_ms
@@ -111,7 +114,7 @@ class ReplicaManager:
         deadline_s = self._now_s() + metadata_wait_ms / 1000
         while True:
             try:
-                await self._link.keep_registered(self._address)
+                await self._link.keep_registered(self._address, self._token_address)
                 self._last_keep_alive_s = self._now_s()
                 fenced = await self._link.fence_restarted_self()
                 if fenced:
@@ -165,9 +168,9 @@ class ReplicaManager:
         now = self._now_s()
         if now - self._last_keep_alive_s >= self._link.lease_ttl_s / 3:
             try:
-                await self._link.keep_registered(self._address)
+                await self._link.keep_registered(self._address, self._token_address)
             except LeaseNotFound:
-                await self._link.keep_registered(self._address)
+                await self._link.keep_registered(self._address, self._token_address)
             self._last_keep_alive_s = now
         await self._runtime.refresh_catalog()
         try:

@@ -368,6 +368,10 @@ class StoreRuntime:
         # also those that joined later (the metadata link's).
         self.store_addresses: Callable[[], Mapping[int, str]] = (
             lambda: dict(enumerate(config.layout.stores)))
+        # The same for the stores' token listeners (--token-listen); a store
+        # missing here has none.
+        self.token_store_addresses: Callable[[], Mapping[int, str]] = (
+            lambda: dict(enumerate(config.layout.token_stores)))
         # Replicated clusters: starts replica moves (the metadata link's).
         self.reassigner: Callable[
             [Mapping[tuple[str, int], Sequence[int]]],

@@ -56,6 +56,7 @@ from ..common.server_base import (
     layout_from_args,
     run,
     serve,
+    token_advertised,
 )
 from ..common.service_security import ServiceSecurity
 from ..common.store_client import StoreClient
@@ -209,7 +210,8 @@ class Wired:
 
 def wire(
     store: KeyValueStore, config: StoreConfig, *, metadata: MetadataStore | None = None,
-    address: str = "", metadata_root: str = DEFAULT_ROOT, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
+    address: str = "", token_address: str | None = None,
+    metadata_root: str = DEFAULT_ROOT, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
     unclean_leader_election: bool = False,
     leader_imbalance_check_interval_ms: int = DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
     leader_imbalance_per_store_pct: int = DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
@@ -245,11 +247,12 @@ def wire(
     runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier,
                            clock_ms=clock_ms)
     runtime.store_addresses = link.store_addresses
+    runtime.token_store_addresses = link.token_store_addresses
     runtime.reassigner = link.alter_reassignments
     manager = ReplicaManager(
         runtime, link,
         leaders if leaders is not None else GrpcLeaderLink(link.store_addresses),
-        address=address or config.layout.stores[config.node_id],
+        address=address or config.layout.stores[config.node_id], token_address=token_address,
     )
     return Wired(runtime, manager)
 
@@ -288,6 +291,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
                  "one store")
     wired = wire(
         store, config, metadata=metadata, address=args.advertised or layout.stores[config.node_id],
+        token_address=token_advertised(args, layout.token_stores, config.node_id),
         metadata_root=args.metadata_root, lease_ttl_s=args.lease_ttl_s,
         unclean_leader_election=args.unclean_leader_election,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,

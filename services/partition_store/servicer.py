@@ -18,6 +18,7 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
 
 from ..common.errors import ServiceError, abort_with
+from ..common.guard import without_client_certificate
 from .acls import AclService
 from .controller_link import CATALOG_CHANGED_METADATA
 from .convert import error_to_proto, topic_metadata
@@ -69,12 +70,16 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         # None: no authorizer; the ACL RPCs answer SECURITY_DISABLED.
         self._acls = acls
         layout = runtime.layout
+        # [main port's, token listener's] (see without_client_certificate).
         self._coordinators = [
-            records_pb2.Node(node_id=i, address=a) for i, a in enumerate(layout.coordinators)
+            [records_pb2.Node(node_id=i, address=a)
+             for i, a in enumerate(layout.coordinator_addresses(token=token))]
+            for token in (False, True)
         ]
         self._group_coordinators = [
-            records_pb2.Node(node_id=i, address=a)
-            for i, a in enumerate(layout.group_coordinators)
+            [records_pb2.Node(node_id=i, address=a)
+             for i, a in enumerate(layout.group_coordinator_addresses(token=token))]
+            for token in (False, True)
         ]
 
     async def Metadata(
@@ -86,11 +91,14 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             )
         except ServiceError as exc:
             await abort_with(context, exc)
+        token = without_client_certificate(context)
+        stores = self._runtime.store_addresses()
+        if token:
+            stores = {**stores, **self._runtime.token_store_addresses()}
         response = pb.MetadataResponse(
-            stores=[records_pb2.Node(node_id=i, address=a)
-                    for i, a in sorted(self._runtime.store_addresses().items())],
-            coordinators=self._coordinators,
-            group_coordinators=self._group_coordinators,
+            stores=[records_pb2.Node(node_id=i, address=a) for i, a in sorted(stores.items())],
+            coordinators=self._coordinators[token],
+            group_coordinators=self._group_coordinators[token],
             controller_node_id=self._runtime.catalog_node_id,
         )
         for lookup in lookups:

@@ -7,6 +7,11 @@ with exactly what the ACLs allow:
   in a group and run transactions; a bearer token from
   `sasl_oauth_token_provider` names the principal (the provider is asked
   once while its token is fresh);
+* a client with a bearer token and no certificate (`token_config(name)`)
+  does the same through the token listeners, whose Metadata and
+  FindCoordinator answers name the token listeners (the main ports'
+  answers name the main ports); at a main port it is told that it needs a
+  certificate, and a certificate is not asked for at a token listener;
 * a wrong CA, a plain-text client at the TLS port, an expired token, a
   client without a certificate at a server that requires one: each a typed
   AuthenticationFailedError that says what is wrong — at once, not after
@@ -73,6 +78,10 @@ from oncelog import (
     errors,
 )
 from oncelog.testing import LocalCluster
+from oncelog.v1 import coordinator_pb2 as coord_pb
+from oncelog.v1 import coordinator_pb2_grpc as coord_grpc
+from oncelog.v1 import partition_store_pb2 as ps_pb
+from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from tests.support.copier import COPIER, KEYS, CopierFleet
 from tests.support.secure_clients import (
     admin_of,
@@ -151,6 +160,39 @@ def foreign_ca(path: Path) -> Path:
 
 # ------------------------------------------------------------ the clients
 
+def transact_consume_and_commit(cluster: LocalCluster, bootstrap: str, config: Any, *,
+                                topic: str, group: str, txn_id: str,
+                                earlier: list[bytes]) -> None:
+    """As the principal of `config`, at `bootstrap`: a transaction of ten
+    records committed and one of five aborted, then the topic read in
+    `group` and its offsets committed. The group reads `earlier` (what the
+    topic held before) and the ten, and its offsets end past the last marker."""
+    with Producer(bootstrap=bootstrap, transactional_id=txn_id, **config) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(10):
+            producer.send(topic, key=b"k", value=f"committed-{i}".encode())
+        producer.commit_transaction()
+        producer.begin_transaction()
+        for i in range(5):
+            producer.send(topic, key=b"k", value=f"aborted-{i}".encode())
+        producer.abort_transaction()
+    expected = sorted(earlier + [f"committed-{i}".encode() for i in range(10)])
+    seen: list[bytes] = []
+    with Consumer(bootstrap=bootstrap, group_id=group, **config) as consumer:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(seen) < len(expected):
+            assert time.monotonic() < deadline, f"read only {seen}"
+            seen += [r.value for r in consumer.poll(timeout=0.5)]
+        consumer.commit()
+    assert sorted(seen) == expected
+    with admin_of(cluster) as admin:
+        committed = admin.list_group_offsets(group)
+    assert sum(o.offset for o in committed.values()) == sum(
+        end_offsets(cluster, topic, PARTITIONS, "read_committed").values())
+
+
 def test_certificate_principals_produce_consume_and_transact(cluster: LocalCluster) -> None:
     topic, group, txn_id = unique("alice-pay"), unique("alice-g"), unique("alice-tx")
     create_topics(cluster, topic)
@@ -162,31 +204,9 @@ def test_certificate_principals_produce_consume_and_transact(cluster: LocalClust
     with Producer(bootstrap=cluster.bootstrap, **alice) as producer:
         plain = [producer.send(topic, value=f"plain-{i}".encode()) for i in range(5)]
         assert all(f.result(timeout=60).offset >= 0 for f in plain)
-    with Producer(bootstrap=cluster.bootstrap, transactional_id=txn_id, **alice) as producer:
-        producer.init_transactions()
-        producer.begin_transaction()
-        for i in range(10):
-            producer.send(topic, key=b"k", value=f"committed-{i}".encode())
-        producer.commit_transaction()
-        producer.begin_transaction()
-        for i in range(5):
-            producer.send(topic, key=b"k", value=f"aborted-{i}".encode())
-        producer.abort_transaction()
-
-    seen: list[bytes] = []
-    with Consumer(bootstrap=cluster.bootstrap, group_id=group, **alice) as consumer:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 60
-        while len(seen) < 15:
-            assert time.monotonic() < deadline, f"read only {seen}"
-            seen += [r.value for r in consumer.poll(timeout=0.5)]
-        consumer.commit()
-    assert sorted(seen) == sorted([f"plain-{i}".encode() for i in range(5)]
-                                  + [f"committed-{i}".encode() for i in range(10)])
-    with admin_of(cluster) as admin:
-        committed = admin.list_group_offsets(group)
-    assert sum(o.offset for o in committed.values()) == sum(
-        end_offsets(cluster, topic, PARTITIONS, "read_committed").values())
+    transact_consume_and_commit(cluster, cluster.bootstrap, alice, topic=topic, group=group,
+                                txn_id=txn_id,
+                                earlier=[f"plain-{i}".encode() for i in range(5)])
 
 
 def test_a_bearer_token_names_the_principal(cluster: LocalCluster) -> None:
@@ -210,6 +230,79 @@ def test_a_bearer_token_names_the_principal(cluster: LocalCluster) -> None:
             pytest.raises(errors.TopicAuthorizationFailedError, match=topic):
         producer.send(topic, value=b"x").result(timeout=60)
     assert sum(end_offsets(cluster, topic, PARTITIONS).values()) == 20
+
+
+def test_a_client_with_only_a_token_works_through_the_token_listener(
+    cluster: LocalCluster
+) -> None:
+    """No client certificate, a bearer token alone: at the token listener
+    the client produces in a transaction and consumes in a group, reaching
+    the coordinators through the token-listener addresses it is told. At
+    the main port, which requires a certificate, it is told so at once."""
+    topic, group, txn_id = unique("bob-pay"), unique("bob-g"), unique("bob-tx")
+    create_topics(cluster, topic)
+    grant(cluster, [*allow("User:bob", "topic", topic, "write", "read"),
+                    *allow("User:bob", "group", group, "read"),
+                    *allow("User:bob", "transactional_id", txn_id, "write")])
+    bob = cluster.token_config("bob")
+    assert "ssl_certfile" not in bob
+    transact_consume_and_commit(cluster, cluster.token_bootstrap, bob, topic=topic, group=group,
+                                txn_id=txn_id, earlier=[])
+
+    with Admin(bootstrap=cluster.bootstrap, default_api_timeout_ms=PATIENT_MS, **bob) as admin, \
+            pytest.raises(errors.AuthenticationFailedError, match="token listener"):
+        admin.list_topics()
+
+
+def test_a_certificate_is_not_asked_for_at_the_token_listener(cluster: LocalCluster) -> None:
+    """The token listener asks for no client certificate, so a client that
+    has only one presents nothing there and is refused as unauthenticated:
+    the listener admits no one anonymously."""
+    topic = unique("cert-at-token")
+    create_topics(cluster, topic)
+    with Admin(bootstrap=cluster.token_bootstrap, default_api_timeout_ms=PATIENT_MS,
+               **cluster.client_config("admin")) as admin, \
+            pytest.raises(errors.AuthenticationFailedError, match="neither a verified client"):
+        admin.describe_topic(topic)
+
+
+def test_each_listener_answers_with_its_own_addresses(cluster: LocalCluster) -> None:
+    """Metadata and FindCoordinator name the token listeners to a caller at a
+    token listener and the main ports to a caller with a certificate, as a
+    Kafka broker answers with the addresses of the listener a request came
+    in on."""
+    ca = Path(cluster.ca_file).read_bytes()
+    token_metadata: tuple[tuple[str, str | bytes], ...] = (
+        ("authorization", f"Bearer {cluster.token('admin')}"),)
+    admin_files = cluster.client_config("admin")
+    with_certificate = grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=Path(admin_files["ssl_keyfile"]).read_bytes(),
+        certificate_chain=Path(admin_files["ssl_certfile"]).read_bytes())
+    cases = [
+        (cluster.token_bootstrap, grpc.ssl_channel_credentials(root_certificates=ca),
+         token_metadata, "token_address"),
+        (cluster.bootstrap, with_certificate, (), "address"),
+    ]
+    stores, coordinators, groups = (cluster.processes[kind] for kind in (
+        "partition_store", "coordinator", "group_coordinator"))
+    for store_address, credentials, metadata, field in cases:
+        with grpc.secure_channel(store_address, credentials) as channel:
+            answer = ps_grpc.PartitionStoreStub(channel).Metadata(
+                ps_pb.MetadataRequest(), metadata=metadata, timeout=30)
+        assert [n.address for n in answer.stores] == [getattr(p, field) for p in stores]
+        assert [n.address for n in answer.coordinators] == [
+            getattr(p, field) for p in coordinators]
+        assert [n.address for n in answer.group_coordinators] == [
+            getattr(p, field) for p in groups]
+        coordinator_address = (coordinators[0].token_address if field == "token_address"
+                               else coordinators[0].address)
+        with grpc.secure_channel(coordinator_address, credentials) as channel:
+            stub = coord_grpc.TransactionCoordinatorStub(channel)
+            for kind, processes in ((coord_pb.TRANSACTION, coordinators),
+                                    (coord_pb.GROUP, groups)):
+                found = stub.FindCoordinator(coord_pb.FindCoordinatorRequest(
+                    key="some-id", type=kind), metadata=metadata, timeout=30)
+                assert found.address == getattr(processes[found.node_id], field)
 
 
 @dataclass(frozen=True)

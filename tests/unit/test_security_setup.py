@@ -37,6 +37,7 @@ from cryptography.x509.oid import NameOID
 
 from oncelog.wire.errors import ErrorCode
 from services.common.acl_watcher import AclWatcher
+from services.common.cluster import ClusterLayout
 from services.common.guard import DenialLog, peer_host
 from services.common.security.acl_records import encode_binding, encode_deletion
 from services.common.security.authorizer import (
@@ -144,6 +145,11 @@ def test_the_environment_sets_the_flags(monkeypatch: pytest.MonkeyPatch) -> None
     (["--oauth-issuers", "MISSING"], "--oauth-issuers: cannot read"),
     (["--oauth-leeway-s", "-1"], "--oauth-leeway-s is -1.0"),
     (["--acl-refresh-interval-ms", "0"], "--acl-refresh-interval-ms is 0"),
+    (["--token-listen", "127.0.0.1:7001"], "--token-listen serves TLS"),
+    (["--tls-cert-file", "CERT", "--tls-key-file", "KEY", "--tls-client-auth", "required",
+      "--tls-ca-file", "CERT", "--token-listen", "127.0.0.1:7001"],
+     "--token-listen with no --oauth-issuers"),
+    (["--token-advertised", "a:1"], "--token-advertised without --token-listen"),
 ])
 def test_wrong_flags_are_refused_naming_the_flag(tmp_path: Path, flags: list[str],
                                                  message: str) -> None:
@@ -298,3 +304,13 @@ def test_the_acl_watcher_follows_the_log_and_keeps_its_acls_through_a_lagging_le
         assert watcher.authorizer.bindings == {_binding("c")}
 
     asyncio.run(scenario())
+
+
+def test_token_listener_addresses_come_one_per_process() -> None:
+    with pytest.raises(ValueError, match="--token-stores names 1 addresses for 2 processes"):
+        ClusterLayout(stores=("a:1", "b:1"), token_stores=("a:2",))
+    layout = ClusterLayout(stores=("a:1",), coordinators=("c:1",), token_coordinators=("c:2",))
+    assert layout.coordinator_addresses(token=True) == ("c:2",)
+    assert layout.coordinator_addresses(token=False) == ("c:1",)
+    # A kind without token listeners is named by its main addresses.
+    assert layout.group_coordinator_addresses(token=True) == ()

@@ -21,10 +21,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# What a service listens for: its gRPC port and its Prometheus metrics port.
+# What a service listens for: its gRPC port, its token listener (a second
+# gRPC port, TLS without client certificates) and its Prometheus metrics port.
 GRPC = "gRPC"
+TOKEN_GRPC = "token gRPC"
 METRICS = "metrics"
-PURPOSES = (GRPC, METRICS)
+PURPOSES = (GRPC, TOKEN_GRPC, METRICS)
 
 _LINE = re.compile(
     r"cannot listen for (?P<purpose>" + "|".join(PURPOSES) + r") on (?P<address>\S+?)"
