@@ -44,7 +44,8 @@ SECURITY_FLAGS = frozenset({
     "tls-cert-file", "tls-key-file", "tls-ca-file", "tls-client-auth", "tls-reload-interval-ms",
     "ssl-principal-mapping-rules", "oauth-issuers", "oauth-audience", "oauth-sub-claim",
     "oauth-leeway-s", "authorizer", "super-users", "allow-everyone-if-no-acl-found",
-    "acl-refresh-interval-ms",
+    "acl-refresh-interval-ms", "token-listen", "token-stores", "token-coordinators",
+    "token-group-coordinators",
 })
 
 

@@ -172,9 +172,11 @@ def test_every_container_is_probed_on_the_grpc_port(
     values, rendered = variant
     metrics_on = values.get("metrics", {}).get("enabled", True)
     tls = values.get("security", {}).get("tls", {}).get("enabled", True)
+    tokens = values.get("security", {}).get("oauth", {}).get("enabled", False)
     for sts, container in containers(rendered):
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert set(ports) == ({"grpc", "metrics"} if metrics_on else {"grpc"})
+        assert set(ports) == {"grpc"} | ({"metrics"} if metrics_on else set()) | (
+            {"token"} if tokens else set())
         probes = [k for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in container]
         assert {"readinessProbe", "livenessProbe"} <= set(probes), sts["metadata"]["name"]
         for key in probes:

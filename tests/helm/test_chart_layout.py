@@ -56,6 +56,7 @@ CHART_MANAGED_FLAGS = {
     "help", "node-id", "listen", "advertised", "stores", "coordinators",
     "group-coordinators", "transaction-state-partitions", "consumer-offsets-partitions",
     "metrics-port", "log-format", "log-level", "data-dir", "etcd-endpoints",
+    "token-advertised",
 } | SECURITY_FLAGS
 # Flags the chart deliberately does not offer: test-only switches.
 NOT_OFFERED = {"unsafe-skip-txn-verification"}

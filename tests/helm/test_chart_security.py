@@ -357,7 +357,6 @@ def test_bearer_token_issuers_reach_the_services() -> None:
         assert env["ONCELOG_OAUTH_ISSUERS"] == mount["mountPath"] + "/issuers.json"
         assert (env["ONCELOG_OAUTH_AUDIENCE"], env["ONCELOG_OAUTH_SUB_CLAIM"],
                 env["ONCELOG_OAUTH_LEEWAY_S"]) == ("oncelog", "client_id", "10")
-        assert env["ONCELOG_TLS_CLIENT_AUTH"] == "requested"
         files = _projected_files(_volume(sts, "oauth"))
         assert files["issuers.json"] == ("configMap", config_map["metadata"]["name"],
                                          "issuers.json")
@@ -373,6 +372,40 @@ def test_bearer_token_issuers_reach_the_services() -> None:
     before = rendered.statefulset("coordinator")["spec"]["template"]["metadata"]["annotations"]
     after = changed.statefulset("coordinator")["spec"]["template"]["metadata"]["annotations"]
     assert before["checksum/oauth-issuers"] != after["checksum/oauth-issuers"]
+
+
+def test_with_tokens_every_component_serves_and_names_the_token_listener() -> None:
+    """security.oauth: every pod serves the token port, is told every
+    process's token-listener address (each one's DNS name at ports.token),
+    and the Services and NetworkPolicies carry the port; without oauth
+    there is no token port anywhere."""
+    values = {**VARIANTS["secured-with-everything"], "networkPolicy": {"enabled": True}}
+    rendered = render(values)
+    token_port = 7001
+    for component in COMPONENTS:
+        sts = rendered.statefulset(component)
+        ports = {p["name"]: p["containerPort"] for p in _container(sts)["ports"]}
+        assert ports["token"] == token_port
+        env = pod_environment(rendered, sts, 0)
+        assert env["ONCELOG_TOKEN_LISTEN"] == f"0.0.0.0:{token_port}"
+        for layout, token_layout in (("ONCELOG_STORES", "ONCELOG_TOKEN_STORES"),
+                                     ("ONCELOG_COORDINATORS", "ONCELOG_TOKEN_COORDINATORS"),
+                                     ("ONCELOG_GROUP_COORDINATORS",
+                                      "ONCELOG_TOKEN_GROUP_COORDINATORS")):
+            assert env[token_layout].split(",") == [
+                a.rsplit(":", 1)[0] + f":{token_port}" for a in env[layout].split(",")]
+        policy = rendered.one("NetworkPolicy", sts["metadata"]["name"])
+        client_rule = policy["spec"]["ingress"][0]
+        assert {p["port"] for p in client_rule["ports"]} == {7000, token_port}
+    for service in rendered.of_kind("Service"):
+        if service["metadata"]["name"].endswith("etcd") or "etcd" in service["metadata"]["name"]:
+            continue
+        assert token_port in {p["port"] for p in service["spec"]["ports"]}, service["metadata"]
+    plain = render({"networkPolicy": {"enabled": True}})
+    for component in COMPONENTS:
+        sts = plain.statefulset(component)
+        assert "token" not in {p["name"] for p in _container(sts)["ports"]}
+        assert "ONCELOG_TOKEN_LISTEN" not in pod_environment(plain, sts, 0)
 
 
 # --------------------------------------------------------- the ACL Job
@@ -514,10 +547,10 @@ INCONSISTENT: dict[str, tuple[dict[str, Any], str]] = {
     "authorizer without tls": (
         {"security": {"tls": {"enabled": False}}},
         "security.authorizer=acl needs security.tls.enabled=true"),
-    "tokens with client certificates required": (
-        {"security": {"oauth": {"enabled": True, "issuers": [
+    "token listener on the gRPC port": (
+        {"ports": {"token": 7000}, "security": {"oauth": {"enabled": True, "issuers": [
             {"issuer": "x", "secret": {"name": "k", "key": "k.pem"}}]}}},
-        "security.oauth.enabled needs security.tls.clientAuth=requested"),
+        "ports.token must differ from ports.grpc"),
     "tokens without issuers": (
         {"security": {"tls": {"clientAuth": "requested"}, "oauth": {"enabled": True}}},
         "at least one entry in security.oauth.issuers"),

@@ -136,7 +136,8 @@ app.kubernetes.io/component: {{ $c.name }}
 {{/*
 The advertised addresses of every pod of a component, by node id (= the
 StatefulSet ordinal), comma-separated: the layout every process is given.
-Empty when the component is disabled. Call with (dict "root" $ "key" ...).
+Empty when the component is disabled. Call with (dict "root" $ "key" ...),
+and "port" for another port than ports.grpc (the token listeners').
 */}}
 {{- define "oncelog.addresses" -}}
 {{- $root := .root }}
@@ -146,7 +147,7 @@ Empty when the component is disabled. Call with (dict "root" $ "key" ...).
 {{- $sts := include "oncelog.componentName" . }}
 {{- $svc := include "oncelog.headlessName" . }}
 {{- range $ordinal := until (int $values.replicas) }}
-{{- $addresses = append $addresses (printf "%s-%d.%s.%s.svc.%s:%d" $sts $ordinal $svc $root.Release.Namespace $root.Values.clusterDomain (int $root.Values.ports.grpc)) }}
+{{- $addresses = append $addresses (printf "%s-%d.%s.%s.svc.%s:%d" $sts $ordinal $svc $root.Release.Namespace $root.Values.clusterDomain (int (default $root.Values.ports.grpc $.port))) }}
 {{- end }}
 {{- end }}
 {{- join "," $addresses }}
@@ -199,6 +200,7 @@ restarts nothing; the others name the new stores from their next restart on.
 {{- define "oncelog.clusterEnvChecksum" -}}
 {{- $env := include "oncelog.clusterEnv" . | fromYaml }}
 {{- $_ := unset $env "ONCELOG_STORES" }}
+{{- $_ := unset $env "ONCELOG_TOKEN_STORES" }}
 {{- toYaml $env | sha256sum }}
 {{- end }}
 

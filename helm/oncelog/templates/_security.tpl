@@ -151,6 +151,12 @@ ONCELOG_ALLOW_EVERYONE_IF_NO_ACL_FOUND: {{ ternary "true" "false" $sec.allowEver
 ONCELOG_ACL_REFRESH_INTERVAL_MS: {{ include "oncelog.envValue" $sec.aclRefreshIntervalMs | quote }}
 {{- end }}
 {{- if $sec.oauth.enabled }}
+{{- /* The token listener: every process serves one; each is told all of them. */}}
+{{- $port := int .Values.ports.token }}
+ONCELOG_TOKEN_LISTEN: {{ printf "%s:%d" (include "oncelog.hostForPort" .Values.listenHost) $port | quote }}
+ONCELOG_TOKEN_STORES: {{ include "oncelog.addresses" (dict "root" . "key" "partitionStore" "port" $port) | quote }}
+ONCELOG_TOKEN_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "coordinator" "port" $port) | quote }}
+ONCELOG_TOKEN_GROUP_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "groupCoordinator" "port" $port) | quote }}
 ONCELOG_OAUTH_ISSUERS: {{ printf "%s/issuers.json" (include "oncelog.oauthDir" .) | quote }}
 {{- with $sec.oauth.audience }}
 ONCELOG_OAUTH_AUDIENCE: {{ . | quote }}
@@ -264,8 +270,8 @@ them (the schema checks each value alone). Rendered by configmap.yaml.
 {{- if and $sec.oauth.enabled (not $sec.tls.enabled) }}
 {{- fail "security.oauth.enabled needs security.tls.enabled=true: bearer tokens travel over TLS only" }}
 {{- end }}
-{{- if and $sec.oauth.enabled (eq $sec.tls.clientAuth "required") }}
-{{- fail "security.oauth.enabled needs security.tls.clientAuth=requested: with required, a client without a certificate is refused before its token is read" }}
+{{- if eq (int .Values.ports.token) (int .Values.ports.grpc) }}
+{{- fail "ports.token must differ from ports.grpc: the token listener is a second port" }}
 {{- end }}
 {{- if and $sec.oauth.enabled (not $sec.oauth.issuers) }}
 {{- fail "security.oauth.enabled needs at least one entry in security.oauth.issuers" }}

@@ -29,6 +29,13 @@ spec:
       targetPort: grpc
       protocol: TCP
       appProtocol: grpc
+    {{- if $root.Values.security.oauth.enabled }}
+    - name: token
+      port: {{ $root.Values.ports.token }}
+      targetPort: token
+      protocol: TCP
+      appProtocol: grpc
+    {{- end }}
     {{- if $root.Values.metrics.enabled }}
     - name: metrics
       port: {{ $root.Values.ports.metrics }}

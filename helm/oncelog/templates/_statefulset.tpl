@@ -139,6 +139,11 @@ spec:
             - name: grpc
               containerPort: {{ $root.Values.ports.grpc }}
               protocol: TCP
+            {{- if $security.oauth.enabled }}
+            - name: token
+              containerPort: {{ $root.Values.ports.token }}
+              protocol: TCP
+            {{- end }}
             {{- if $root.Values.metrics.enabled }}
             - name: metrics
               containerPort: {{ $root.Values.ports.metrics }}
