@@ -38,6 +38,7 @@ import pytest
 from oncelog import Admin, ConsumerRecord, TopicPartition, errors
 from oncelog.aio import AIOAdmin, AIOConsumer, AIOProducer
 from oncelog.testing import LocalCluster
+from tests.support.reading import wait_for_markers
 
 T = TypeVar("T")
 GUARD_S = 60.0
@@ -74,15 +75,15 @@ async def produce(bootstrap: str, topic: str, values: list[bytes], partition: in
 
 async def read_committed(bootstrap: str, topic: str, partitions: int = 1
                          ) -> list[ConsumerRecord]:
-    """Every committed record, read up to the log end: commit_transaction()
-    returns before its markers make the records readable (as in Kafka)."""
+    """Every committed record, once the markers of every decided transaction
+    have landed (wait_for_markers)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     out: list[ConsumerRecord] = []
-    async with AIOConsumer(bootstrap=bootstrap, isolation_level="read_uncommitted") as probe:
-        ends = await probe.end_offsets(tps)
+    await asyncio.to_thread(wait_for_markers, bootstrap)
     deadline = time.monotonic() + 60
     async with AIOConsumer(bootstrap=bootstrap) as consumer:
         consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
         for tp in tps:
             while await consumer.position(tp) < ends[tp]:
                 assert time.monotonic() < deadline, f"{topic} not read to {ends}"

@@ -62,6 +62,7 @@ from oncelog._group import GroupClient
 from oncelog.aio import AIOConsumer, AIOProducer
 from oncelog.testing import LocalCluster
 from tests.support.polling import wait_until
+from tests.support.reading import wait_for_markers
 
 T = TypeVar("T")
 PARTITIONS = 3
@@ -142,6 +143,7 @@ class ConsumerDriver(Protocol):
 
 class Clients(Protocol):
     kind: str
+    bootstrap: str
 
     def producer(self, **options: Any) -> ProducerDriver: ...
 
@@ -395,17 +397,16 @@ def tid() -> str:
 
 def read_all(clients: Clients, topic: str, partitions: int, *,
              isolation_level: str = "read_uncommitted") -> list[ConsumerRecord]:
-    """Every record of the topic up to the log end offsets (taken at the
-    start), read with the client under test. read_committed reads to the log
-    end too: commit_transaction() returns before its markers make the records
-    readable (as in Kafka), so the last stable offset of the moment can stop
-    short of them."""
+    """Every record of the topic up to its end offsets (taken at the start),
+    read with the client under test; read_committed once the markers of
+    every decided transaction have landed (wait_for_markers)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     out: list[ConsumerRecord] = []
-    with clients.consumer(isolation_level="read_uncommitted") as probe:
-        ends = probe.end_offsets(tps)
+    if isolation_level == "read_committed":
+        wait_for_markers(clients.bootstrap)
     with clients.consumer(isolation_level=isolation_level) as consumer:
         consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
         deadline = time.monotonic() + WAIT_S
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             assert time.monotonic() < deadline, f"{topic} not read to {ends} in {WAIT_S} s"

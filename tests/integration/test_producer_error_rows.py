@@ -90,13 +90,9 @@ def refuse_poison(code: ErrorCode, times: int | None) -> Callable[[str, bytes], 
     return answer
 
 
-def _committed_values(cluster: LocalCluster, topic: str, until: str = "log_end"
-                      ) -> list[bytes]:
-    """The committed values; until="stable" while a transaction stays open
-    (see read_all)."""
+def _committed_values(cluster: LocalCluster, topic: str) -> list[bytes]:
     return sorted(r.value or b"" for r in read_all(cluster.bootstrap, topic, 1,
-                                                   isolation_level="read_committed",
-                                                   until=until))
+                                                   isolation_level="read_committed"))
 
 
 ROWS = sorted(errors.PRODUCER_ERROR_CLASSES.items(), key=lambda row: row[0].name)
@@ -156,9 +152,7 @@ def test_a_row_behaves_as_its_class(cluster: LocalCluster, mesh: ProxyMesh,
         producer.close()
     finally:
         mesh.policy.answer = None
-    # The fatal producer's transaction stays open until the coordinator
-    # times it out (or a new instance fences it): nothing of it is readable.
-    assert _committed_values(cluster, topic, until="stable") == []
+    assert _committed_values(cluster, topic) == []
     if recoverable:
         # What the class promises: a new producer with the same id goes on.
         with Producer(bootstrap=cluster.bootstrap, transactional_id=tid) as again:

@@ -54,6 +54,7 @@ from tests.integration.test_client_contract import (
     ConsumerDriver,
     make_clients,
 )
+from tests.support.reading import wait_for_markers
 
 PARTITIONS = 2
 WAIT_S = 30.0
@@ -119,16 +120,16 @@ def topic(cluster: LocalCluster) -> str:
 
 def read_back(clients: Clients, topic: str, *, isolation_level: str = "read_committed",
               **options: Any) -> list[ConsumerRecord]:
-    """Every record of `topic` up to the log end, through the client under
-    test with `options` (the deserializers). read_committed reads to the log
-    end too: commit_transaction() returns before its markers make the records
-    readable (as in Kafka)."""
+    """Every record of `topic` up to its end, through the client under test
+    with `options` (the deserializers); read_committed once the markers of
+    every decided transaction have landed (wait_for_markers)."""
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     out: list[ConsumerRecord] = []
-    with clients.consumer(isolation_level="read_uncommitted") as probe:
-        ends = probe.end_offsets(tps)
+    if isolation_level == "read_committed":
+        wait_for_markers(clients.bootstrap)
     with clients.consumer(isolation_level=isolation_level, **options) as consumer:
         consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
         deadline = time.monotonic() + WAIT_S
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             assert time.monotonic() < deadline, f"{topic} not read to {ends}"
