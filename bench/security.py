@@ -1,10 +1,15 @@
 """What security costs: TLS and ACL authorization against plain text, in the
 same run.
 
-Two set-ups, each on a fresh LocalCluster (one partition store, one
+Three set-ups, each on a fresh LocalCluster (one partition store, one
 transaction coordinator, each its own process) for every case and round:
 
 * `plain`: plain text, no authorizer (`LocalCluster(...)`).
+* `tls`: `LocalCluster(security=True)` with `--authorizer none`: TLS and
+  authentication (every call's principal from its client certificate), no
+  ACLs; the measured client connects as `User:bench` as in `secured`. It
+  splits the secured set-up's cost into TLS with authentication, and the
+  authorizer on top.
 * `secured`: `LocalCluster(security=True)`: every service serves TLS and
   verifies client certificates, principals come from the certificates, and
   `--authorizer acl` checks every call against the ACLs. The measured
@@ -30,15 +35,16 @@ bench/replication.py, run by the same code:
   record (`send().result()`), linger 0, 4 partitions, `--latency-samples`
   each after 20 to warm up (bench/pipeline.py's measure_latency); p50, p99.
 
-Each round runs every case on both set-ups, plain first in odd rounds and
-secured first in even ones, so neither always finds the machine as the other
-left it. The table gives, per measure, the median over the rounds with the
-lowest and highest round in brackets, the ratio secured / plain of the
-medians (with the range of the per-round ratios), and what the secured
-cluster keeps of plain text's performance (the ratio for rates, its inverse
-for latencies) against the target of 0.85.
+Each round runs every case on every set-up, the order rotated from round
+to round (plain, tls, secured; then tls, secured, plain; ...), so none
+always finds the machine as another left it. The table gives, per measure,
+the median over the rounds with the lowest and highest round in brackets,
+what TLS alone keeps of plain text's performance, the ratio secured / plain
+of the medians (with the range of the per-round ratios), and what the
+secured cluster keeps of plain text's performance (the ratio for rates, its
+inverse for latencies) against the target of 0.85.
 
-    .venv/bin/python -m bench.security                       # 5 rounds (~7 min)
+    .venv/bin/python -m bench.security                       # 5 rounds (~10 min)
     .venv/bin/python -m bench.security --rounds 1 --seconds 1 --latency-samples 20   # a smoke run
 """
 
@@ -93,11 +99,14 @@ class Setup:
     key: str
     title: str
     security: bool
+    # --authorizer acl (with security): every call checked against the ACLs.
+    authorizer: bool
 
 
-PLAIN = Setup("plain", "plain text", security=False)
-SECURED = Setup("secured", f"TLS + ACLs ({PRINCIPAL})", security=True)
-SETUPS = (PLAIN, SECURED)
+PLAIN = Setup("plain", "plain text", security=False, authorizer=False)
+TLS = Setup("tls", f"TLS, no authorizer ({PRINCIPAL})", security=True, authorizer=False)
+SECURED = Setup("secured", f"TLS + ACLs ({PRINCIPAL})", security=True, authorizer=True)
+SETUPS = (PLAIN, TLS, SECURED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +123,8 @@ class TableRow:
     # What the secured cluster keeps of plain text's performance: the ratio
     # for rates, its inverse for latencies (1.0: no cost).
     kept: float | None
+    # The same for TLS alone (the `tls` set-up); None without both.
+    tls_kept: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +138,9 @@ class Report:
 
 
 def setup_order(round_no: int) -> tuple[Setup, ...]:
-    """Plain first in odd rounds, secured first in even ones."""
-    return SETUPS if round_no % 2 else tuple(reversed(SETUPS))
+    """SETUPS rotated by one each round: each goes first in turn."""
+    shift = (round_no - 1) % len(SETUPS)
+    return SETUPS[shift:] + SETUPS[:shift]
 
 
 def load_1m() -> float:
@@ -141,9 +153,12 @@ def load_1m() -> float:
 @contextlib.contextmanager
 def started_cluster(setup: Setup) -> Iterator[LocalCluster]:
     """A fresh cluster (one store, one transaction coordinator, no group
-    coordinator) in a temporary directory, secured or not."""
+    coordinator) in a temporary directory, as `setup` says."""
+    # LocalCluster's extra_args come after its security flags, and win.
+    no_authorizer = {kind: ["--authorizer", "none"] for kind in KINDS}
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-            LocalCluster(data_dir, group_coordinators=0, security=setup.security) as cluster:
+            LocalCluster(data_dir, group_coordinators=0, security=setup.security,
+                         extra_args=None if setup.authorizer else no_authorizer) as cluster:
         yield cluster
 
 
@@ -202,16 +217,19 @@ def wait_acls_applied(cluster: LocalCluster) -> None:
 
 
 def prepare(cluster: LocalCluster, topic: str, partitions: int, *,
-            transactional_id: str | None = None) -> dict[str, Any]:
+            transactional_id: str | None = None, authorizer: bool = True) -> dict[str, Any]:
     """Creates the topic (as the super user on a secured cluster), grants
-    the measured principal its ACLs and waits until every service has them;
-    returns the measured client's connection options ({} in plain text)."""
+    the measured principal its ACLs and waits until every service has them
+    (`authorizer`: a cluster that checks ACLs); returns the measured
+    client's connection options ({} in plain text)."""
     with Admin(bootstrap=cluster.bootstrap, **admin_options(cluster)) as admin:
         admin.create_topic(topic, partitions=partitions, config=replication.TOPIC_CONFIG)
         if not cluster.security:
             return {}
-        admin.create_acls(bench_acls(topic, transactional_id=transactional_id))
-    wait_acls_applied(cluster)
+        if authorizer:
+            admin.create_acls(bench_acls(topic, transactional_id=transactional_id))
+    if authorizer:
+        wait_acls_applied(cluster)
     return dict(cluster.client_config(CLIENT_NAME))
 
 
@@ -228,7 +246,7 @@ def run_produce(args: argparse.Namespace, setup: Setup, partitions: int) -> Meas
     creating the producer and the final flush, as in bench/peers.py."""
     topic = replication.PRODUCE_TOPIC
     with started_cluster(setup) as cluster:
-        options = prepare(cluster, topic, partitions)
+        options = prepare(cluster, topic, partitions, authorizer=setup.authorizer)
         load = load_1m()
         started = time.perf_counter()
         sent, _ = produce.run_sdk(cluster.bootstrap, topic, value_bytes=peers.SMALL_BYTES,
@@ -251,7 +269,8 @@ def run_latency(args: argparse.Namespace, setup: Setup) -> Measurement:
     """bench/pipeline.py's latency case on a fresh cluster."""
     with started_cluster(setup) as cluster:
         options = prepare(cluster, pipeline.OUTPUT, pipeline.PARTITIONS,
-                          transactional_id=pipeline.LATENCY_TRANSACTIONAL_ID)
+                          transactional_id=pipeline.LATENCY_TRANSACTIONAL_ID,
+                          authorizer=setup.authorizer)
         load = load_1m()
         run = pipeline.measure_latency(cluster.bootstrap,
                                        latency_samples=args.latency_samples,
@@ -296,27 +315,38 @@ def table(measurements: Sequence[Measurement], cases: Sequence[str]) -> list[Tab
             continue
         mine, figures = replication.case_figures(measurements, metric,
                                                  [s.key for s in SETUPS])
-        ratio = kept = None
-        if SECURED.key in figures and PLAIN.key in figures and figures[PLAIN.key][0]:
-            ratio = round(figures[SECURED.key][0] / figures[PLAIN.key][0], 3)
-            if metric.higher_is_better:
-                kept = ratio
-            elif ratio:
-                kept = round(1 / ratio, 3)
+        ratio = _ratio(figures, SECURED)
+        kept = _kept(ratio, metric.higher_is_better)
+        tls_kept = _kept(_ratio(figures, TLS), metric.higher_is_better)
         per_round = [s.values[metric.key] / p.values[metric.key]
                      for s in mine if s.setup == SECURED.key
                      for p in mine if p.setup == PLAIN.key and p.round == s.round
                      and p.values[metric.key]]
         rows.append(TableRow(metric.label, metric.unit, metric.higher_is_better, figures,
-                             ratio, spread(per_round) if per_round else None, kept))
+                             ratio, spread(per_round) if per_round else None, kept, tls_kept))
     return rows
+
+
+def _ratio(figures: dict[str, tuple[float, float, float]], setup: Setup) -> float | None:
+    """`setup`'s median / plain text's; None without both."""
+    if setup.key in figures and PLAIN.key in figures and figures[PLAIN.key][0]:
+        return round(figures[setup.key][0] / figures[PLAIN.key][0], 3)
+    return None
+
+
+def _kept(ratio: float | None, higher_is_better: bool) -> float | None:
+    """What a ratio to plain text keeps of its performance: the ratio for
+    rates, its inverse for latencies."""
+    if ratio is None or (not higher_is_better and not ratio):
+        return None
+    return ratio if higher_is_better else round(1 / ratio, 3)
 
 
 def render(rows: Sequence[TableRow]) -> str:
     lines = ["| measure | " + " | ".join(s.title for s in SETUPS)
-             + " | secured / plain (per round) | kept of plain text (target "
-             f">= {TARGET_KEPT}) |",
-             "|---" * (len(SETUPS) + 3) + "|"]
+             + " | TLS alone keeps | secured / plain (per round) | kept of plain text "
+             f"(target >= {TARGET_KEPT}) |",
+             "|---" * (len(SETUPS) + 4) + "|"]
     for r in rows:
         better = "higher is better" if r.higher_is_better else "lower is better"
         ratio = "—" if r.ratio is None else f"{r.ratio:.3f}"
@@ -325,9 +355,10 @@ def render(rows: Sequence[TableRow]) -> str:
             ratio += f" ({low:.3f}–{high:.3f})"
         kept = "—" if r.kept is None else (
             f"{r.kept:.3f}, {'meets' if r.kept >= TARGET_KEPT else 'misses'}")
+        tls_kept = "—" if r.tls_kept is None else f"{r.tls_kept:.3f}"
         lines.append(f"| {r.label} ({better}) | "
                      + " | ".join(cell(r.figures.get(s.key), r.unit) for s in SETUPS)
-                     + f" | {ratio} | {kept} |")
+                     + f" | {tls_kept} | {ratio} | {kept} |")
     return "\n".join(lines)
 
 

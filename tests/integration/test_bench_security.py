@@ -3,7 +3,7 @@ set-up measures what it says.
 
 Goal: every case (idempotent produce on one and four partitions, the
 acknowledged-send and one-record-transaction latencies) runs end to end on
-both set-ups through the script's own path (argument parsing, the
+all three set-ups through the script's own path (argument parsing, the
 interleaved rounds, the table, the JSON file), and the table has a positive
 figure, a secured / plain ratio and the share kept of plain text wherever it
 promises one; every record sent is in the log afterwards. The secured
@@ -54,11 +54,13 @@ def test_every_case_runs_on_both_setups_and_every_figure_is_there(
         assert all(median > 0 for median, _low, _high in row.figures.values()), row.label
         assert row.ratio is not None and row.ratio > 0, row.label
         assert row.kept is not None and row.kept > 0, row.label
+        assert row.tls_kept is not None and row.tls_kept > 0, row.label
     assert report.undelivered_records == 0
 
     out = capsys.readouterr().out
     lines = _table_lines(out)
-    assert lines[0] == ("| measure | plain text | TLS + ACLs (User:bench) | secured / plain "
+    assert lines[0] == ("| measure | plain text | TLS, no authorizer (User:bench) | "
+                        "TLS + ACLs (User:bench) | TLS alone keeps | secured / plain "
                         "(per round) | kept of plain text (target >= 0.85) |")
     assert len(lines) == 2 + len(bench.METRICS)
     assert all("—" not in line for line in lines[2:])
@@ -115,12 +117,26 @@ def test_plain_text_needs_no_acls_and_no_options(tmp_path: Path) -> None:
             assert admin.list_topics() == {"measured": 1}
 
 
+def test_the_tls_setup_authenticates_and_checks_no_acls() -> None:
+    with bench.started_cluster(bench.TLS) as cluster:
+        options = bench.prepare(cluster, "measured", 1, authorizer=False)
+        assert options == dict(cluster.client_config("bench"))
+        with Admin(bootstrap=cluster.bootstrap, **cluster.client_config("admin")) as admin:
+            admin.create_topic("unmeasured", partitions=1)
+            with pytest.raises(errors.SecurityDisabledError):
+                admin.describe_acls()
+        # No ACL names User:bench, and without an authorizer it may write anything.
+        with Producer(bootstrap=cluster.bootstrap, **options) as producer:
+            assert producer.send("unmeasured", value=b"v").result(timeout=60).offset == 0
+
+
 def test_table_takes_medians_ratios_and_the_share_kept() -> None:
     def m(case: str, setup: bench.Setup, round_no: int, **values: float) -> bench.Measurement:
         return bench.Measurement(case, setup.key, round_no, dict(values))
 
-    plain, secured = bench.PLAIN, bench.SECURED
+    plain, tls, secured = bench.PLAIN, bench.TLS, bench.SECURED
     measurements = [
+        m("produce-1p", tls, 1, records_per_s=95.0),
         m("produce-1p", plain, 1, records_per_s=100.0),
         m("produce-1p", secured, 1, records_per_s=90.0),
         m("produce-1p", secured, 2, records_per_s=60.0),
@@ -133,28 +149,29 @@ def test_table_takes_medians_ratios_and_the_share_kept() -> None:
                      m("latency", secured, 1, send_p50_ms=1.25, **latency)]
     rows = {r.label: r for r in bench.table(measurements, ["produce-1p", "latency"])}
     rate = rows["idempotent produce, 100 B, 1 partition"]
-    assert rate.figures == {"plain": (100.0, 100.0, 200.0), "secured": (80.0, 60.0, 90.0)}
+    assert rate.figures == {"plain": (100.0, 100.0, 200.0), "tls": (95.0, 95.0, 95.0),
+                            "secured": (80.0, 60.0, 90.0)}
     # The ratio of the medians, not of the rounds: 80 / 100.
-    assert rate.ratio == 0.8 and rate.kept == 0.8
+    assert rate.ratio == 0.8 and rate.kept == 0.8 and rate.tls_kept == 0.95
     assert rate.round_ratios == (0.8, 0.3, 0.9)
     send = rows["acknowledged send, one record, p50"]
     # A latency 1.25 times plain text's keeps 0.8 of its performance.
-    assert (send.ratio, send.kept) == (1.25, 0.8)
+    assert (send.ratio, send.kept, send.tls_kept) == (1.25, 0.8, None)
     assert "idempotent produce, 4 partitions" not in " ".join(rows)
 
     lines = _table_lines(bench.render(list(rows.values())))
     (rate_line,) = [line for line in lines if line.startswith("| idempotent produce")]
-    assert "100 records/s (100–200) | 80 records/s (60–90) | 0.800 (0.300–0.900) | " \
-           "0.800, misses |" in rate_line
+    assert "100 records/s (100–200) | 95 records/s | 80 records/s (60–90) | 0.950 | " \
+           "0.800 (0.300–0.900) | 0.800, misses |" in rate_line
     (send_line,) = [line for line in lines if line.startswith("| acknowledged send, one "
                                                               "record, p50")]
-    assert send_line.endswith("| 1.250 | 0.800, misses |")
+    assert send_line.endswith("| — | 1.250 | 0.800, misses |")
 
 
-def test_setups_alternate_which_goes_first() -> None:
+def test_setups_take_turns_going_first() -> None:
     assert [bench.setup_order(r)[0] for r in (1, 2, 3, 4)] == [
-        bench.PLAIN, bench.SECURED, bench.PLAIN, bench.SECURED]
-    assert all(set(bench.setup_order(r)) == set(bench.SETUPS) for r in (1, 2))
+        bench.PLAIN, bench.TLS, bench.SECURED, bench.PLAIN]
+    assert all(set(bench.setup_order(r)) == set(bench.SETUPS) for r in (1, 2, 3))
 
 
 def test_bad_arguments_are_refused() -> None:
