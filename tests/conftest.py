@@ -1,8 +1,14 @@
-"""Shared fixtures.
+"""Shared fixtures, and which tests run alone.
 
 `cluster` starts a fresh LocalCluster (one partition store, one coordinator)
 per test in a temporary directory; `shared_cluster` is one per test module for
 tests that only add topics of their own. Processes die with the test run.
+
+scripts/test.sh runs the default suite on two workers (pytest-xdist), a test
+file per worker, except the tests marked `serial`, which it runs afterwards
+on their own: those of SERIAL_FILES, which kill, pause and restart services
+against leases and deadlines, and whose waits were sized for a machine that
+is not also running a second test file.
 """
 
 from __future__ import annotations
@@ -16,6 +22,22 @@ import pytest
 from oncelog.testing import LocalCluster
 
 _topic_counter = itertools.count()
+
+SERIAL_FILES = frozenset({
+    "tests/integration/test_copier.py",
+    "tests/integration/test_replication.py",
+    "tests/integration/test_replication_etcd_faults.py",
+    "tests/integration/test_etcd_cluster.py",
+    "tests/integration/test_monitoring_prometheus.py",
+    "tests/spark/test_payments_pipeline.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        if item.path.relative_to(root).as_posix() in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture
