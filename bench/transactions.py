@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oncelog import Admin, Consumer, Producer, TopicPartition
-from oncelog.testing import LocalCluster
+from oncelog.testing import LocalCluster, wait_for_markers
 
 PARTITIONS = 4
 # With several producer processes: how long before the common start time
@@ -169,6 +169,10 @@ def produce_together(producers: int, bootstrap: str, topic: str, *, value_bytes:
 def consume(bootstrap: str, topic: str, isolation_level: str) -> tuple[int, float]:
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     count = 0
+    if isolation_level == "read_committed":
+        # Otherwise the last stable offset may stop short of the last
+        # transactions, whose markers follow their commit.
+        wait_for_markers(bootstrap)
     with Consumer(bootstrap=bootstrap, isolation_level=isolation_level,
                   max_poll_records=10_000) as consumer:
         consumer.assign(tps)

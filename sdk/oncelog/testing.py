@@ -78,7 +78,9 @@ except ModuleNotFoundError as exc:
         "oncelog.testing runs the oncelog services, which the SDK alone does not "
         "install: pip install 'oncelog[server]'", name=exc.name) from exc
 
+from oncelog import errors
 from oncelog._security import TokenProvider
+from oncelog.admin import Admin
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
 from oncelog.wire.process import (
     GRPC,
@@ -129,6 +131,38 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# Coordinator states of a transaction that is decided and whose markers are
+# still being written: until they land, its records are not readable
+# (read_committed) although commit_transaction() has returned.
+MARKERS_IN_FLIGHT = ("PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+
+
+def wait_for_markers(bootstrap: str, deadline_s: float = 60.0, **config: Any) -> None:
+    """Waits until no transaction is decided with its markers on their way.
+
+    commit_transaction() returns when the commit is decided and its markers
+    follow (as in Kafka), so a read_committed reader that takes the last
+    stable offset right after it can stop short of the transaction's
+    records. A transaction still open (Ongoing, or Prepared under two-phase
+    commit) is not waited for: it stays invisible, as it should. A cluster
+    without a transaction coordinator has nothing to wait for. `config`
+    goes to the Admin (security settings). Raises TimeoutError when
+    markers are still on their way after deadline_s."""
+    stop_at = time.monotonic() + deadline_s
+    with Admin(bootstrap=bootstrap, **config) as admin:
+        while True:
+            try:
+                pending = admin.list_transactions(states=MARKERS_IN_FLIGHT)
+            except errors.OncelogError:
+                return
+            if not pending:
+                return
+            if time.monotonic() > stop_at:
+                raise TimeoutError(f"markers still on their way after {deadline_s} s: "
+                                     f"{[(t.transactional_id, t.state) for t in pending]}")
+            time.sleep(0.05)
 
 
 class PartitionPlacement(NamedTuple):

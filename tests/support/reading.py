@@ -5,37 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from oncelog import Admin, Consumer, ConsumerRecord, TopicPartition, errors
+from oncelog import Consumer, ConsumerRecord, TopicPartition
+from oncelog.testing import wait_for_markers
 
-# Coordinator states of a transaction that is decided and whose markers are
-# still being written: until they land, its records are not readable
-# (read_committed) although commit_transaction() has returned.
-MARKERS_IN_FLIGHT = ("PrepareCommit", "PrepareAbort", "PrepareEpochFence")
-
-
-def wait_for_markers(bootstrap: str, deadline_s: float = 60.0, **config: Any) -> None:
-    """Waits until no transaction is decided with its markers on their way.
-
-    commit_transaction() returns when the commit is decided and its markers
-    follow (as in Kafka), so a read_committed reader that takes the last
-    stable offset right after it can stop short of the transaction's
-    records. A transaction still open (Ongoing, or Prepared under two-phase
-    commit) is not waited for: it stays invisible, as it should. A cluster
-    without a transaction coordinator has nothing to wait for. `config`
-    goes to the Admin (security settings)."""
-    stop_at = time.monotonic() + deadline_s
-    with Admin(bootstrap=bootstrap, **config) as admin:
-        while True:
-            try:
-                pending = admin.list_transactions(states=MARKERS_IN_FLIGHT)
-            except errors.OncelogError:
-                return
-            if not pending:
-                return
-            if time.monotonic() > stop_at:
-                raise AssertionError(f"markers still on their way after {deadline_s} s: "
-                                     f"{[(t.transactional_id, t.state) for t in pending]}")
-            time.sleep(0.05)
+__all__ = ["read_all", "wait_for_markers"]
 
 
 def read_all(bootstrap: str, topic: str, partitions: int, *, expected: int | None = None,
