@@ -54,6 +54,7 @@ from oncelog.wire.errors import ErrorCode
 
 from . import metrics
 from .errors import ServiceError, abort_with
+from .request_streams import Refused
 from .security.authorizer import Authorizer
 from .security.operations import (
     OPEN_METHODS,
@@ -283,16 +284,21 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
         raise ServiceError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                            "this service is still reading the ACLs (__acls); retry")
 
-    async def _admit(self, request: Message, context: grpc.aio.ServicerContext, method: str,
-                     rule: RpcRule | None) -> tuple[Caller, Authorizer | None]:
-        """Authenticates and authorizes a call, or ends it."""
+    async def _caller(self, context: grpc.aio.ServicerContext, method: str) -> Caller:
+        """The authenticated caller, or the call ends UNAUTHENTICATED."""
         host = peer_host(context.peer() or "")
         try:
             principal = self.authenticate(context)
         except AuthenticationError as exc:
             self._denials.unauthenticated(exc.message, host=host, method=method)
             await abort_with(context, exc)
-        caller = Caller(principal, host)
+        return Caller(principal, host)
+
+    async def _admit(self, request: Message, context: grpc.aio.ServicerContext, method: str,
+                     rule: RpcRule | None) -> tuple[Caller, Authorizer | None]:
+        """Authenticates and authorizes a call, or ends it."""
+        caller = await self._caller(context, method)
+        principal, host = caller.principal, caller.host
         try:
             authorizer = self._authorizer(principal)
         except ServiceError as exc:
@@ -317,6 +323,39 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
 
         for answer_filter in rule.filters:
             apply_filter(answer_filter, request, response, allowed, principal=caller.principal)
+
+    def _wrap_request_stream(self, stream: Any, method: str,
+                             rule: RpcRule) -> StreamBehavior:
+        """A request stream (request_streams.py): the caller is authenticated
+        once, when the stream opens, and every request is authorized by
+        itself with the method's rule, as the unary form's request would be;
+        a refused one reaches the servicer as a Refused, which it answers in
+        the stream, so the client's other requests go on."""
+
+        async def request_stream(requests: AsyncIterator[Any],
+                                 context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            caller = await self._caller(context, method)
+            principal, host = caller.principal, caller.host
+
+            async def admitted() -> AsyncIterator[Any]:
+                async for request in requests:
+                    try:
+                        authorizer = self._authorizer(principal)
+                    except ServiceError as exc:
+                        yield Refused(request.request_id, exc)
+                        continue
+                    denial = None if authorizer is None else first_denial(
+                        authorizer, principal, host, rule.checks(request))
+                    if denial is None:
+                        yield request
+                        continue
+                    self._denials.denied(denial, host=host, method=method)
+                    yield Refused(request.request_id, ServiceError(denial.code, denial.message))
+
+            async for answer in stream(admitted(), context):
+                yield answer
+
+        return request_stream
 
     # ------------------------------------------------------------ interceptor
 
@@ -367,9 +406,16 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
                 unary_stream, request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
 
-        # A client-streaming method: the table's rules read one request, so
-        # such a method could not be authorized before it runs. None exists;
-        # one added later is refused rather than let through unchecked.
+        if handler.stream_stream is not None and rule is not None and rule.per_message:
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_request_stream(handler.stream_stream, method, rule),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+        # Any other client-streaming method: the table's rules read one
+        # request, so such a method could not be authorized before it runs.
+        # None exists; one added later is refused rather than let through
+        # unchecked.
         async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await abort_with(context, ServiceError(
                 ErrorCode.CLUSTER_AUTHORIZATION_FAILED,

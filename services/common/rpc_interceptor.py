@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,14 @@ class _MethodMetrics:
     def error(self, code: int) -> None:
         self._inc(self.errors, metrics.RPC_ERRORS, code)
 
+    def answered(self, response: Message) -> None:
+        """Counts what a response says failed: the request as a whole, or items."""
+        top, items = response_error_codes(response)
+        if top:
+            self.error(top)
+        for code in items:
+            self.result_error(code)
+
     def result_error(self, code: int) -> None:
         self._inc(self.result_errors, metrics.RPC_RESULT_ERRORS, code)
 
@@ -130,6 +138,7 @@ def _split_method(full_method: str) -> tuple[str, str]:
 
 
 Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+StreamBehavior = Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]
 Deserializer = Callable[[bytes], Any]
 
 
@@ -204,27 +213,34 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
         if cached is not None:
             return cached
         handler = await continuation(handler_call_details)
-        # Streaming methods would pass through unmeasured and their
-        # undecodable requests would end UNKNOWN; none exist today, and
+        # Streams of one request and one answer per message (request
+        # streams) are measured and gated per message; a method streaming
+        # only one way would pass through unmeasured and its undecodable
+        # requests would end UNKNOWN. None exists, and
         # tests/integration/test_undecodable_requests.py fails when one is added.
-        if (handler is None or not full_method.startswith(_OWN_PREFIX)
-                or handler.unary_unary is None):
+        if handler is None or not full_method.startswith(_OWN_PREFIX) or (
+                handler.unary_unary is None and handler.stream_stream is None):
             return handler
         service, method = _split_method(full_method)
-        # grpc.aio registers the servicer's coroutine methods as they are.
-        behavior: Behavior = handler.unary_unary  # type: ignore[assignment]
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            self._wrap(behavior, _MethodMetrics(
-                service, method,
-                requests=metrics.RPC_REQUESTS.labels(service, method),
-                latency=metrics.RPC_LATENCY_SECONDS.labels(service, method),
-                in_flight=metrics.RPC_IN_FLIGHT.labels(service),
-            )),
-            request_deserializer=(
-                None if handler.request_deserializer is None
-                else _decoding(handler.request_deserializer, full_method)),
-            response_serializer=handler.response_serializer,
+        m = _MethodMetrics(
+            service, method,
+            requests=metrics.RPC_REQUESTS.labels(service, method),
+            latency=metrics.RPC_LATENCY_SECONDS.labels(service, method),
+            in_flight=metrics.RPC_IN_FLIGHT.labels(service),
         )
+        deserializer = (None if handler.request_deserializer is None
+                        else _decoding(handler.request_deserializer, full_method))
+        # grpc.aio registers the servicer's coroutine methods as they are.
+        if handler.unary_unary is not None:
+            behavior: Behavior = handler.unary_unary  # type: ignore[assignment]
+            wrapped = grpc.unary_unary_rpc_method_handler(
+                self._wrap(behavior, m), request_deserializer=deserializer,
+                response_serializer=handler.response_serializer)
+        else:
+            stream: StreamBehavior = handler.stream_stream  # type: ignore[assignment]
+            wrapped = grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream(stream, m), request_deserializer=deserializer,
+                response_serializer=handler.response_serializer)
         self._handlers[full_method] = wrapped
         return wrapped
 
@@ -239,10 +255,7 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
                                                        request.message))
             if self.draining:
                 m.error(ErrorCode.SHUTTING_DOWN)
-                await abort_with(context, ServiceError(
-                    ErrorCode.SHUTTING_DOWN,
-                    f"{self._service_name} is shutting down; retry after it restarts",
-                ))
+                await abort_with(context, self._shutting_down())
             with self._running(m):
                 started = time.perf_counter()
                 try:
@@ -258,24 +271,83 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
                     raise
                 finally:
                     m.latency.observe(time.perf_counter() - started)
-            top, items = response_error_codes(response)
-            if top:
-                m.error(top)
-            for code in items:
-                m.result_error(code)
+            m.answered(response)
             return response
 
         return handle
 
-    @contextlib.contextmanager
-    def _running(self, m: _MethodMetrics) -> Iterator[None]:
+    def _wrap_stream(self, behavior: StreamBehavior, m: _MethodMetrics) -> StreamBehavior:
+        """A request stream (services/common/request_streams.py), measured
+        and gated per message: each request counts as a request of the
+        method, in flight until its answer (matched by request_id) leaves.
+        An undecodable message, or one that arrives while the process
+        drains, ends the stream after the answers of the requests already
+        started, with INVALID_REQUEST or SHUTTING_DOWN: the client knows
+        that whatever it has not had an answer for was not handled."""
+
+        async def handle(requests: AsyncIterator[Any],
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if self.draining:
+                m.error(ErrorCode.SHUTTING_DOWN)
+                await abort_with(context, self._shutting_down())
+            started_s: dict[int, float] = {}
+            ended_by: list[ServiceError] = []
+            unanswered = 0
+
+            async def admitted() -> AsyncIterator[Any]:
+                nonlocal unanswered
+                async for request in requests:
+                    m.requests.inc()
+                    if isinstance(request, _Undecodable):
+                        m.error(ErrorCode.INVALID_REQUEST)
+                        ended_by.append(ServiceError(ErrorCode.INVALID_REQUEST, request.message))
+                        return
+                    if self.draining:
+                        m.error(ErrorCode.SHUTTING_DOWN)
+                        ended_by.append(self._shutting_down())
+                        return
+                    self._enter(m)
+                    unanswered += 1
+                    started_s.setdefault(request.request_id, time.perf_counter())
+                    yield request
+
+            try:
+                async for answer in behavior(admitted(), context):
+                    if unanswered:
+                        unanswered -= 1
+                        self._leave(m)
+                    began = started_s.pop(answer.request_id, None)
+                    if began is not None:
+                        m.latency.observe(time.perf_counter() - began)
+                    m.answered(answer)
+                    yield answer
+            finally:
+                for _ in range(unanswered):
+                    self._leave(m)
+            if ended_by:
+                await abort_with(context, ended_by[0])
+
+        return handle
+
+    def _shutting_down(self) -> ServiceError:
+        return ServiceError(ErrorCode.SHUTTING_DOWN,
+                            f"{self._service_name} is shutting down; retry after it restarts")
+
+    def _enter(self, m: _MethodMetrics) -> None:
         self._in_flight += 1
         self._idle.clear()
         m.in_flight.inc()
+
+    def _leave(self, m: _MethodMetrics) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+        m.in_flight.dec()
+
+    @contextlib.contextmanager
+    def _running(self, m: _MethodMetrics) -> Iterator[None]:
+        self._enter(m)
         try:
             yield
         finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-            m.in_flight.dec()
+            self._leave(m)

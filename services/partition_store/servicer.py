@@ -8,7 +8,7 @@ partition twice) ends the call with a gRPC status carrying our Error
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
@@ -19,6 +19,7 @@ from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
 
 from ..common.errors import ServiceError, abort_with
 from ..common.guard import without_client_certificate
+from ..common.request_streams import Refused, answer_each
 from .acls import AclService
 from .controller_link import CATALOG_CHANGED_METADATA
 from .convert import error_to_proto, topic_metadata
@@ -47,6 +48,11 @@ def _isolation(value: int) -> Isolation:
 
 def _bad_request(message: str) -> ServiceError:
     return ServiceError(ErrorCode.INVALID_REQUEST, message)
+
+
+def _produce_failed(request_id: int, error: ServiceError) -> pb.ProduceResponse:
+    """ProduceStream's answer to a request that failed as a whole."""
+    return pb.ProduceResponse(request_id=request_id, error=error_to_proto(error))
 
 
 def _check_unique(pairs: Iterable[tuple[str, int]], what: str) -> None:
@@ -165,30 +171,43 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProduceResponse:
         try:
-            if not request.batches:
-                raise _bad_request("ProduceRequest carries no batch")
-            if request.timeout_ms < 0:
-                raise _bad_request(f"timeout_ms is {request.timeout_ms}; it must be >= 0")
-            _check_unique(((b.topic, b.partition) for b in request.batches), "ProduceRequest")
-            items = [
-                ProduceItem(
-                    b.topic, b.partition, b.batch,
-                    b.expected_log_end_offset
-                    if b.HasField("expected_log_end_offset") and b.expected_log_end_offset >= 0
-                    else None,
-                    b.leader_epoch if b.HasField("leader_epoch") else None,
-                )
-                for b in request.batches
-            ]
-            outcomes = await self._runtime.produce(
-                items, timeout_ms=request.timeout_ms,
-                transactional_id=request.transactional_id,
-                add_partitions_to_txn=request.add_partitions_to_txn,
-                coordinator_write=request.coordinator_write,
-            )
+            return await self._produce(request)
         except ServiceError as exc:
             await abort_with(context, exc)
-        return pb.ProduceResponse(results=[
+
+    async def ProduceStream(
+        self, requests: AsyncIterator[pb.ProduceRequest | Refused],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        async for answer in answer_each(requests, self._produce, _produce_failed,
+                                        lambda request: request.request_id):
+            yield answer
+
+    async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
+        """Produce's work, for both its forms; raises ServiceError when the
+        request fails as a whole."""
+        if not request.batches:
+            raise _bad_request("ProduceRequest carries no batch")
+        if request.timeout_ms < 0:
+            raise _bad_request(f"timeout_ms is {request.timeout_ms}; it must be >= 0")
+        _check_unique(((b.topic, b.partition) for b in request.batches), "ProduceRequest")
+        items = [
+            ProduceItem(
+                b.topic, b.partition, b.batch,
+                b.expected_log_end_offset
+                if b.HasField("expected_log_end_offset") and b.expected_log_end_offset >= 0
+                else None,
+                b.leader_epoch if b.HasField("leader_epoch") else None,
+            )
+            for b in request.batches
+        ]
+        outcomes = await self._runtime.produce(
+            items, timeout_ms=request.timeout_ms,
+            transactional_id=request.transactional_id,
+            add_partitions_to_txn=request.add_partitions_to_txn,
+            coordinator_write=request.coordinator_write,
+        )
+        return pb.ProduceResponse(request_id=request.request_id, results=[
             pb.PartitionProduceResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
                 base_offset=o.base_offset, duplicate=o.duplicate,

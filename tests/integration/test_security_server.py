@@ -206,6 +206,9 @@ class Case:
     denied: ErrorCode | None
     works: Callable[[Message], None]
     hidden: Callable[[Message], None] | None = None
+    # A request stream's refusal is an answer in the stream (its `error`),
+    # not the end of the call.
+    in_band: bool = False
 
 
 T_, G_, X_, C_ = "topic", "group", "transactional_id", "cluster"
@@ -287,6 +290,26 @@ def case_produce(env: Env, who: str, name: str) -> Case:
     return Case(lambda p: p.store.Produce(ps.ProduceRequest(
         batches=[ps.PartitionBatch(topic=name, partition=0, batch=_batch())],
         timeout_ms=10_000)), [acl(who, T_, name, "write")], TOPIC_DENIED, works)
+
+
+def case_produce_stream(env: Env, who: str, name: str) -> Case:
+    create_topic(env, name)
+
+    def call(p: Principal) -> Message:
+        request = ps.ProduceRequest(
+            batches=[ps.PartitionBatch(topic=name, partition=0, batch=_batch())],
+            timeout_ms=10_000, request_id=41)
+        [reply] = p.store.ProduceStream(iter([request]), timeout=30)
+        assert reply.request_id == 41
+        return reply
+
+    def works(reply: Message) -> None:
+        assert isinstance(reply, ps.ProduceResponse)
+        _ok(reply.error)
+        _ok(reply.results[0].error)
+        assert reply.results[0].base_offset == 0
+
+    return Case(call, [acl(who, T_, name, "write")], TOPIC_DENIED, works, in_band=True)
 
 
 def case_fetch(env: Env, who: str, name: str) -> Case:
@@ -713,6 +736,7 @@ CASES: dict[str, Callable[[Env, str, str], Case]] = {
     _ps("DeleteTopics"): case_delete_topics,
     _ps("ListTopics"): case_list_topics,
     _ps("Produce"): case_produce,
+    _ps("ProduceStream"): case_produce_stream,
     _ps("Fetch"): case_fetch,
     _ps("ListOffsets"): case_list_offsets,
     _ps("WriteTxnMarkers"): case_write_txn_markers,
@@ -761,7 +785,12 @@ def test_acl_matrix(env: Env, method: str) -> None:
     with Principal(env.cluster, name) as principal:
         case = factory(env, who, name)
         before = snapshot(env)
-        if case.denied is not None:
+        if case.denied is not None and case.in_band:
+            error = case.call(principal).error  # type: ignore[attr-defined]
+            code, message = ErrorCode.from_wire(error.code), error.message
+            assert code == case.denied, message
+            assert message.startswith(f"{who} is not allowed "), message
+        elif case.denied is not None:
             status, code, message = refusal(lambda: case.call(principal))
             assert (status, code) == (grpc.StatusCode.PERMISSION_DENIED, case.denied), message
             assert message.startswith(f"{who} is not allowed "), message

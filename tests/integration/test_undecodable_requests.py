@@ -12,10 +12,11 @@ Method: the methods come from the service descriptors of every generated
 `*_pb2` module in oncelog.v1, and which process serves each service from
 that process's server reflection, so an RPC or a service added later is
 swept without touching this file (and fails here if no process serves it, or
-if it streams: services/common/rpc_interceptor.py passes streaming RPCs
-through untouched). Each method gets a few byte strings that are not a valid
-encoding of any message (checked with `FromString` first) through a raw
-channel with identity serializers. The cluster and its stored state are
+if it streams one way: services/common/rpc_interceptor.py passes those
+through untouched; a request stream gets the bytes as its one message).
+Each method gets a few byte strings that are not a valid encoding of any
+message (checked with `FromString` first) through a raw channel with
+identity serializers. The cluster and its stored state are
 test_bad_input_sweep.py's fixture (records, a committed transaction,
 committed group offsets), started once for this module; its `observe` reads
 the stored state back before and after each method's requests, and a last
@@ -118,13 +119,23 @@ def _counter(s: Sweep, kind: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def _refusal(channel: grpc.Channel, path: str, payload: bytes) -> tuple[Any, Any]:
-    """The call's RpcError (it must fail) and our Error read from it."""
+def _refusal(channel: grpc.Channel, method: MethodDescriptor,
+             payload: bytes) -> tuple[Any, Any]:
+    """The call's RpcError (it must fail) and our Error read from it. A
+    request stream (ProduceStream) gets the payload as its one message: an
+    undecodable message ends the whole stream."""
+    path = _path(method)
     # No serializers: the payload goes out as it is, and a reply would
     # come back as bytes.
-    call = channel.unary_unary(path, request_serializer=None, response_deserializer=None)
     with pytest.raises(grpc.RpcError) as info:
-        call(payload, timeout=30)
+        if method.client_streaming:
+            stream = channel.stream_stream(path, request_serializer=None,
+                                           response_deserializer=None)
+            list(stream(iter([payload]), timeout=30))
+        else:
+            call = channel.unary_unary(path, request_serializer=None,
+                                       response_deserializer=None)
+            call(payload, timeout=30)
     return info.value, error_from_rpc(info.value)
 
 
@@ -135,8 +146,10 @@ def test_undecodable_request_is_invalid_and_changes_nothing(
     s, _stored = sweep
     path = _path(method)
     type_name = method.input_type.name
-    assert not (method.client_streaming or method.server_streaming), (
-        f"{path} streams: teach services/common/rpc_interceptor.py to refuse its "
+    # Request streams (one answer per request) are checked per message; a
+    # method streaming one way only is not.
+    assert method.client_streaming == method.server_streaming, (
+        f"{path} streams one way: teach services/common/rpc_interceptor.py to refuse its "
         "undecodable requests (and to measure it), then sweep it here"
     )
     service = method.containing_service.full_name
@@ -153,7 +166,7 @@ def test_undecodable_request_is_invalid_and_changes_nothing(
     before = observe(s)
 
     for what, payload in GARBAGE.items():
-        exc, error = _refusal(route.channels[kind], path, payload)
+        exc, error = _refusal(route.channels[kind], method, payload)
         assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, exc.code(), exc.details())
         assert ErrorCode.from_wire(error.code) is ErrorCode.INVALID_REQUEST, (what, error)
         assert not error.retriable, (what, error)

@@ -197,6 +197,11 @@ SAMPLES: list[tuple[str, Message, list[Check]]] = [
      ps.ProduceRequest(transactional_id="t-1", add_partitions_to_txn=True,
                        batches=[_batch("a"), _batch("b")]),
      [chk(O.WRITE, X, "t-1"), chk(O.WRITE, T, "a"), chk(O.WRITE, T, "b")]),
+    # Each request of a stream is checked as a unary Produce would be.
+    ("/oncelog.v1.PartitionStore/ProduceStream",
+     ps.ProduceRequest(transactional_id="t-1", add_partitions_to_txn=True, request_id=7,
+                       batches=[_batch("a"), _batch("b")]),
+     [chk(O.WRITE, X, "t-1"), chk(O.WRITE, T, "a"), chk(O.WRITE, T, "b")]),
     # A coordinator's write to an internal topic (transactional or not):
     # ClusterAction, and nothing a client could hold instead.
     ("/oncelog.v1.PartitionStore/Produce",

@@ -484,6 +484,7 @@ class ProduceRequest(_message.Message):
     TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
     ADD_PARTITIONS_TO_TXN_FIELD_NUMBER: _builtins.int
     COORDINATOR_WRITE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     timeout_ms: _builtins.int
     """How long the store may take to make the append durable before answering
     REQUEST_TIMED_OUT.
@@ -506,6 +507,8 @@ class ProduceRequest(_message.Message):
     INVALID_TOPIC_EXCEPTION, as Kafka refuses clients' appends to internal
     topics: a record the coordinators cannot read there stops them loading.
     """
+    request_id: _builtins.int
+    """ProduceStream only: the client's id for this request, echoed in its answer."""
     @_builtins.property
     def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionBatch]: ...
     def __init__(
@@ -516,10 +519,11 @@ class ProduceRequest(_message.Message):
         transactional_id: _builtins.str = ...,
         add_partitions_to_txn: _builtins.bool = ...,
         coordinator_write: _builtins.bool = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_partitions_to_txn", b"add_partitions_to_txn", "batches", b"batches", "coordinator_write", b"coordinator_write", "timeout_ms", b"timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_partitions_to_txn", b"add_partitions_to_txn", "batches", b"batches", "coordinator_write", b"coordinator_write", "request_id", b"request_id", "timeout_ms", b"timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -573,16 +577,28 @@ class ProduceResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    """ProduceStream only: the request_id of the request answered."""
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionProduceResult]: ...
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error:
+        """ProduceStream only: the request failed as a whole (a unary Produce ends
+        with this error in its status instead); `results` is then empty.
+        """
+
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___PartitionProduceResult] | None = ...,
+        request_id: _builtins.int = ...,
+        error: _errors_pb2.Error | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -59,6 +59,11 @@ class PartitionStoreStub:
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/oncelog.v1.PartitionStore/ProduceStream',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceResponse.FromString,
+                _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/oncelog.v1.PartitionStore/Fetch',
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.FetchRequest.SerializeToString,
@@ -142,6 +147,22 @@ class PartitionStoreServicer:
     def Produce(self, request, context):
         """Appends encoded record batches, one per partition, with the append rules
         of idempotent and transactional producers (sequence numbers, epochs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """Produce over one long-lived stream: each request carries a request_id
+        the client chose, and its answer carries it back. Requests are handled
+        as Produce handles concurrent calls (started in the order they arrive)
+        and answered as they complete. A request that fails as a whole (bad
+        input, refused by an ACL) is answered in the stream with `error` set;
+        the stream itself ends only when the client closes it, when the store
+        shuts down (SHUTTING_DOWN: requests still unanswered were not handled),
+        or on bytes that are not a ProduceRequest (INVALID_REQUEST). A message on
+        an open stream costs about half a unary call, which is why the SDK and
+        the coordinators use it; Produce stays for other clients.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -245,6 +266,11 @@ def add_PartitionStoreServicer_to_server(servicer, server):
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
                     request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceResponse.SerializeToString,
             ),
@@ -432,6 +458,33 @@ class PartitionStore:
             request,
             target,
             '/oncelog.v1.PartitionStore/Produce',
+            oncelog_dot_v1_dot_partition__store__pb2.ProduceRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/oncelog.v1.PartitionStore/ProduceStream',
             oncelog_dot_v1_dot_partition__store__pb2.ProduceRequest.SerializeToString,
             oncelog_dot_v1_dot_partition__store__pb2.ProduceResponse.FromString,
             options,

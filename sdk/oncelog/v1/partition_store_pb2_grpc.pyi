@@ -43,6 +43,18 @@ class PartitionStoreStub:
     """Appends encoded record batches, one per partition, with the append rules
     of idempotent and transactional producers (sequence numbers, epochs).
     """
+    ProduceStream: _grpc.StreamStreamMultiCallable[_partition_store_pb2.ProduceRequest, _partition_store_pb2.ProduceResponse]
+    """Produce over one long-lived stream: each request carries a request_id
+    the client chose, and its answer carries it back. Requests are handled
+    as Produce handles concurrent calls (started in the order they arrive)
+    and answered as they complete. A request that fails as a whole (bad
+    input, refused by an ACL) is answered in the stream with `error` set;
+    the stream itself ends only when the client closes it, when the store
+    shuts down (SHUTTING_DOWN: requests still unanswered were not handled),
+    or on bytes that are not a ProduceRequest (INVALID_REQUEST). A message on
+    an open stream costs about half a unary call, which is why the SDK and
+    the coordinators use it; Produce stays for other clients.
+    """
     Fetch: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.FetchRequest, _partition_store_pb2.FetchResponse]
     """Reads whole encoded batches from an offset; long-polls up to max_wait_ms."""
     ListOffsets: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.ListOffsetsRequest, _partition_store_pb2.ListOffsetsResponse]
@@ -82,6 +94,18 @@ class PartitionStoreAsyncStub(PartitionStoreStub):
     Produce: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.ProduceRequest, _partition_store_pb2.ProduceResponse]  # type: ignore[assignment]
     """Appends encoded record batches, one per partition, with the append rules
     of idempotent and transactional producers (sequence numbers, epochs).
+    """
+    ProduceStream: _aio.StreamStreamMultiCallable[_partition_store_pb2.ProduceRequest, _partition_store_pb2.ProduceResponse]  # type: ignore[assignment]
+    """Produce over one long-lived stream: each request carries a request_id
+    the client chose, and its answer carries it back. Requests are handled
+    as Produce handles concurrent calls (started in the order they arrive)
+    and answered as they complete. A request that fails as a whole (bad
+    input, refused by an ACL) is answered in the stream with `error` set;
+    the stream itself ends only when the client closes it, when the store
+    shuts down (SHUTTING_DOWN: requests still unanswered were not handled),
+    or on bytes that are not a ProduceRequest (INVALID_REQUEST). A message on
+    an open stream costs about half a unary call, which is why the SDK and
+    the coordinators use it; Produce stays for other clients.
     """
     Fetch: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.FetchRequest, _partition_store_pb2.FetchResponse]  # type: ignore[assignment]
     """Reads whole encoded batches from an offset; long-polls up to max_wait_ms."""
@@ -149,6 +173,24 @@ class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_partition_store_pb2.ProduceResponse, _abc.Awaitable[_partition_store_pb2.ProduceResponse]]:
         """Appends encoded record batches, one per partition, with the append rules
         of idempotent and transactional producers (sequence numbers, epochs).
+        """
+
+    @_abc_1.abstractmethod
+    def ProduceStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_partition_store_pb2.ProduceRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_partition_store_pb2.ProduceResponse], _abc.AsyncIterator[_partition_store_pb2.ProduceResponse]]:
+        """Produce over one long-lived stream: each request carries a request_id
+        the client chose, and its answer carries it back. Requests are handled
+        as Produce handles concurrent calls (started in the order they arrive)
+        and answered as they complete. A request that fails as a whole (bad
+        input, refused by an ACL) is answered in the stream with `error` set;
+        the stream itself ends only when the client closes it, when the store
+        shuts down (SHUTTING_DOWN: requests still unanswered were not handled),
+        or on bytes that are not a ProduceRequest (INVALID_REQUEST). A message on
+        an open stream costs about half a unary call, which is why the SDK and
+        the coordinators use it; Produce stays for other clients.
         """
 
     @_abc_1.abstractmethod

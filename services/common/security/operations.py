@@ -46,6 +46,7 @@ ahead, keyed by the name it will have, and listed in `PLANNED_METHODS`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
@@ -253,6 +254,10 @@ class RpcRule:
 
     needs: tuple[Need, ...] = ()
     filters: tuple[AnswerFilter, ...] = ()
+    # A request stream (ProduceStream): every message is a request of its
+    # own, checked by itself with `needs` (guard.py); the stream needs
+    # nothing more than an authenticated caller.
+    per_message: bool = False
 
     def checks(self, request: Message) -> list[Check]:
         """The request's checks in the order they are asked (the first denied
@@ -268,7 +273,8 @@ class RpcRule:
 
     def describe(self) -> str:
         parts = [n.describe() for n in self.needs] + [f.describe() for f in self.filters]
-        return "; ".join(parts) if parts else "nothing"
+        needs = "; ".join(parts) if parts else "nothing"
+        return f"each request of the stream by itself: {needs}" if self.per_message else needs
 
 
 _T = ResourceType
@@ -296,6 +302,18 @@ _TOPIC_LISTING = (
                  alternatives=_CA),
 )
 
+# Kafka: Write on the transactional id (the request carries it, as Kafka's
+# Produce does; the store checks with the coordinator that the batches'
+# producer id belongs to it), then Write on each topic; an idempotent
+# producer's batches need only the topic (KIP-679). The coordinators' writes
+# to internal topics need ClusterAction.
+_PRODUCE = RpcRule(needs=(
+    Need(_O.CLUSTER_ACTION, _T.CLUSTER, when=("coordinator_write",)),
+    Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id",
+         when=("!coordinator_write", "transactional_id")),
+    Need(_O.WRITE, _T.TOPIC, "batches[].topic", when=("!coordinator_write",)),
+))
+
 TABLE: Mapping[str, RpcRule] = {
     # ------------------------------------------------------ partition store
     _ps("Metadata"): RpcRule(filters=(
@@ -316,17 +334,9 @@ TABLE: Mapping[str, RpcRule] = {
         Need(_O.CLUSTER_ACTION, _T.CLUSTER, when=("!names",)),
     )),
     _ps("ListTopics"): RpcRule(filters=_TOPIC_LISTING),
-    # Kafka: Write on the transactional id (the request carries it, as
-    # Kafka's Produce does; the store checks with the coordinator that the
-    # batches' producer id belongs to it), then Write on each topic; an
-    # idempotent producer's batches need only the topic (KIP-679). The
-    # coordinators' writes to internal topics need ClusterAction.
-    _ps("Produce"): RpcRule(needs=(
-        Need(_O.CLUSTER_ACTION, _T.CLUSTER, when=("coordinator_write",)),
-        Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id",
-             when=("!coordinator_write", "transactional_id")),
-        Need(_O.WRITE, _T.TOPIC, "batches[].topic", when=("!coordinator_write",)),
-    )),
+    _ps("Produce"): _PRODUCE,
+    # The same, for each request of the stream by itself.
+    _ps("ProduceStream"): dataclasses.replace(_PRODUCE, per_message=True),
     _ps("Fetch"): RpcRule(needs=(
         Need(_O.READ, _T.TOPIC, "partitions[].topic", alternatives=_CA),
     )),
