@@ -73,6 +73,7 @@ from oncelog._coordinators import (
     call_coordinator,
 )
 from oncelog._partitioner import StickyPartitioner, partition_for_key
+from oncelog._produce_stream import Outcome, ProduceStreams
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog._sequencing import PartitionMode, PartitionSequencer
 from oncelog._transactions import (
@@ -1169,7 +1170,7 @@ class _Sender:
         self._sequencers: dict[tuple[str, int], PartitionSequencer] = {}
         # Partitions with unacknowledged batches or a pending retry/reset.
         self._active: set[tuple[str, int]] = set()
-        self._completions: list[tuple[list[ProducerBatch], grpc.Future]] = []
+        self._completions: list[tuple[list[ProducerBatch], grpc.Future | Outcome]] = []
         self.producer_id = -1
         self.producer_epoch = -1
         self.fatal_error: OncelogError | None = None
@@ -1189,6 +1190,9 @@ class _Sender:
         # A new producer id/epoch handed over by the user's thread (after
         # InitProducerId or EndTxn); the sender applies it and clears this.
         self._identity_request: tuple[int, int] | None = None
+        # Produce requests go over one stream per store (_produce_stream.py);
+        # their outcomes arrive like a unary call's.
+        self._streams = ProduceStreams(client.store, client.translate, self._on_rpc_done)
         self.thread = threading.Thread(target=self._run, name="oncelog-producer", daemon=True)
 
     def start(self) -> None:
@@ -1221,6 +1225,11 @@ class _Sender:
             )
             self._abort_all(crashed)
             self.fail_fatal(crashed)
+        finally:
+            # Nothing is waiting for an answer any more (or a forced close
+            # gave up on it): end the streams.
+            self._streams.close(errors.error_for(ErrorCode.NETWORK_EXCEPTION,
+                                                 "the producer is closed"))
 
     def _loop_once(self) -> bool:
         """One round; False when the sender is done."""
@@ -1245,6 +1254,10 @@ class _Sender:
             self._expire(now)
             self._next_expiry_check_ms = now + EXPIRY_CHECK_INTERVAL_MS
         wake_at_ms = self._send_ready(now)
+        next_deadline_s = self._streams.expire()
+        if next_deadline_s is not None:
+            deadline_ms = now + int(next_deadline_s * 1000) + 1
+            wake_at_ms = deadline_ms if wake_at_ms is None else min(wake_at_ms, deadline_ms)
         acc = self._acc
         with acc.lock:
             acc.sender_pass_done()
@@ -1594,6 +1607,9 @@ class _Sender:
                 self.txn_touched = True
             self._acc.requests_unanswered += 1
         try:
+            if self._streams.serves(address):
+                self._streams.send(address, request, batches, timeout_ms / 1000)
+                return
             call = self._client.store(address).Produce.future(request, timeout=timeout_ms / 1000)
         except (OncelogError, ValueError, RuntimeError) as exc:
             with self._acc.lock:
@@ -1610,8 +1626,9 @@ class _Sender:
             return
         call.add_done_callback(functools.partial(self._on_rpc_done, batches))
 
-    def _on_rpc_done(self, batches: list[ProducerBatch], call: grpc.Future) -> None:
-        # A gRPC thread: only hand the answer over to the sender thread.
+    def _on_rpc_done(self, batches: list[ProducerBatch], call: grpc.Future | Outcome) -> None:
+        # A gRPC (or stream reader) thread: only hand the answer over to the
+        # sender thread.
         acc = self._acc
         with acc.lock:
             acc.requests_unanswered -= 1
@@ -1638,10 +1655,21 @@ class _Sender:
                 for batch in batches:
                     self._on_batch_error(None, batch, exc, now, finished, dispatched=True)
                 continue
+            except OncelogError as unanswered:  # a stream's request that got no answer
+                refresh = refresh or needs_metadata_refresh(unanswered)
+                for batch in batches:
+                    self._on_batch_error(None, batch, unanswered, now, finished, dispatched=True)
+                continue
             except Exception as other:  # e.g. grpc.FutureCancelledError at shutdown
                 exc = errors.error_for(ErrorCode.NETWORK_EXCEPTION, f"Produce failed: {other!r}")
                 for batch in batches:
                     self._on_batch_error(None, batch, exc, now, finished, dispatched=True)
+                continue
+            if resp.error.code:  # a stream's request that failed as a whole
+                failed = errors.error_for(resp.error.code, resp.error.message)
+                refresh = refresh or needs_metadata_refresh(failed)
+                for batch in batches:
+                    self._on_batch_error(None, batch, failed, now, finished, dispatched=True)
                 continue
             results = {(r.topic, r.partition): r for r in resp.results}
             for batch in batches:

@@ -4,7 +4,11 @@ replies on purpose, or answer in the process's place.
 A `LostReplyProxy` forwards every unary call byte for byte to one upstream
 process. Its `DropPolicy` can let the upstream act on the n-th call of a
 method and then drop the reply (the client sees UNAVAILABLE): the "lost
-acknowledgement" a retrying client must survive without duplicates. Replies
+acknowledgement" a retrying client must survive without duplicates.
+ProduceStream is forwarded message by message, each counted as a Produce
+call: a dropped reply ends the stream with UNAVAILABLE after the upstream
+acted on the request (a connection lost with the reply on it), so every
+other request the client had on that stream is unanswered too. Replies
 that name addresses (Metadata, FindCoordinator) are rewritten so clients keep
 talking through the proxies.
 
@@ -17,11 +21,13 @@ The services still talk to each other directly: only clients' replies are lost.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -30,6 +36,7 @@ from oncelog.v1 import coordinator_pb2 as co
 from oncelog.v1 import partition_store_pb2 as ps
 
 PRODUCE = "/oncelog.v1.PartitionStore/Produce"
+PRODUCE_STREAM = "/oncelog.v1.PartitionStore/ProduceStream"
 METADATA = "/oncelog.v1.PartitionStore/Metadata"
 FIND_COORDINATOR = "/oncelog.v1.TransactionCoordinator/FindCoordinator"
 INIT_PRODUCER_ID = "/oncelog.v1.TransactionCoordinator/InitProducerId"
@@ -66,6 +73,9 @@ class DropPolicy:
     # forwarding the call (the upstream never sees it), or None to forward:
     # an error answer the real process would not give on demand.
     answer: Callable[[str, bytes], bytes | None] | None = None
+    # Serve no ProduceStream (clients get UNIMPLEMENTED, as from a store
+    # older than the stream): they must fall back to unary Produce.
+    refuse_streams: bool = False
 
     def __post_init__(self) -> None:
         if self.drop_calls:
@@ -94,6 +104,12 @@ class _Forwarder(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = handler_call_details.method
+        if method == PRODUCE_STREAM:
+            if self._proxy.policy.refuse_streams:
+                return None  # type: ignore[return-value]  # grpc: UNIMPLEMENTED
+            return grpc.stream_stream_rpc_method_handler(
+                self._forward_stream, request_deserializer=_identity,
+                response_serializer=_identity)
         upstream = self._proxy.upstream_channel.unary_unary(
             method, request_serializer=_identity, response_deserializer=_identity
         )
@@ -120,6 +136,59 @@ class _Forwarder(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(
             handle, request_deserializer=_identity, response_serializer=_identity
         )
+
+
+    def _forward_stream(self, requests: Iterator[bytes],
+                        context: grpc.ServicerContext) -> Iterator[bytes]:
+        policy = self._proxy.policy
+        replies: queue.SimpleQueue[bytes | _StreamEnd] = queue.SimpleQueue()
+        upstream_requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+        def from_client() -> None:
+            try:
+                for request in requests:
+                    injected = None if policy.answer is None else policy.answer(PRODUCE, request)
+                    if injected is None:
+                        upstream_requests.put(request)
+                        continue
+                    answer = ps.ProduceResponse.FromString(injected)
+                    answer.request_id = ps.ProduceRequest.FromString(request).request_id
+                    replies.put(answer.SerializeToString())
+            except grpc.RpcError:
+                pass  # the client went away
+            finally:
+                upstream_requests.put(None)
+
+        def from_upstream() -> None:
+            upstream = self._proxy.upstream_channel.stream_stream(
+                PRODUCE_STREAM, request_serializer=_identity, response_deserializer=_identity)
+            try:
+                for reply in upstream(iter(upstream_requests.get, None)):
+                    failed = ps.ProduceResponse.FromString(reply).error.code != 0
+                    if not failed and policy.should_drop(PRODUCE):
+                        replies.put(_StreamEnd(grpc.StatusCode.UNAVAILABLE,
+                                               "reply dropped by the test proxy"))
+                        return
+                    replies.put(reply)
+                replies.put(_StreamEnd(None, ""))
+            except grpc.RpcError as exc:
+                replies.put(_StreamEnd(exc.code(), exc.details() or "",
+                                       exc.trailing_metadata() or ()))
+
+        threading.Thread(target=from_client, daemon=True).start()
+        threading.Thread(target=from_upstream, daemon=True).start()
+        while not isinstance(reply := replies.get(), _StreamEnd):
+            yield reply
+        if reply.code is not None:
+            context.set_trailing_metadata(tuple((md.key, md.value) for md in reply.metadata))
+            context.abort(reply.code, reply.details)
+
+
+@dataclass(frozen=True)
+class _StreamEnd:
+    code: grpc.StatusCode | None
+    details: str
+    metadata: Iterable[Any] = ()
 
 
 class LostReplyProxy:

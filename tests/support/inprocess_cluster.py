@@ -16,10 +16,11 @@ unless the fault layer (`_FaultLayer`, a wrapper in front of each servicer)
 fails it. Faults do what a network or an operator can do to a real cluster:
 
 * `fault`, a `FaultPlan` asked per batch of a client's Produce request
-  (never of the coordinators' own writes): DROP_REPLY (the store appends,
-  the reply is lost: the client sees UNAVAILABLE), UNREACHABLE (the request
-  never arrives), or an ErrorCode answered for that batch in the store's
-  place (the other batches of the request reach the store). A plan may
+  (each message of a ProduceStream is one; never of the coordinators' own
+  writes): DROP_REPLY (the store appends, the reply is lost: the client
+  sees UNAVAILABLE, on a stream the whole stream ends so), UNREACHABLE (the
+  request never arrives), or an ErrorCode answered for that batch in the
+  store's place (the other batches of the request reach the store). A plan may
   block: it runs in a worker thread, so it holds back its request only (a
   plan that sleeps a little reorders pipelined requests);
 * `coordinator_fault`, a `CoordinatorFaultPlan` asked per call of the
@@ -45,7 +46,7 @@ import functools
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -61,7 +62,7 @@ from oncelog.v1 import (
 )
 from oncelog.wire import records as codec
 from oncelog.wire.errors import ErrorCode
-from oncelog.wire.status import error_proto
+from oncelog.wire.status import error_from_status, error_proto
 from services.common.cluster import INTERNAL_PREFIX, ClusterLayout
 from services.common.errors import to_grpc_status
 from services.common.server_base import ServiceServer
@@ -145,6 +146,8 @@ class _FaultLayer:
         if method.startswith("_"):
             raise AttributeError(method)
         cluster = self._cluster
+        if method == "ProduceStream":
+            return self._produce_stream
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if self.target is None:
@@ -168,6 +171,93 @@ class _FaultLayer:
             return reply
 
         return call
+
+
+    async def _produce_stream(self, requests: AsyncIterator[Any],
+                              context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """ProduceStream: each message goes through what a unary Produce
+        goes through here (recorded as a Produce call, the same faults), to
+        the servicer's unary Produce. A lost reply or an unreachable store
+        ends the whole stream with UNAVAILABLE (a connection lost); a
+        request the store refuses as a whole is answered in the stream."""
+        if self.target is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "still starting")
+        upstream = self.target.Produce  # type: ignore[attr-defined]
+        cluster = self._cluster
+
+        async def handle(request: Any) -> Any:
+            message_context: Any = _MessageContext(context)
+            try:
+                if _internal_traffic("Produce", request):
+                    reply = await upstream(request, message_context)
+                else:
+                    cluster._record("Produce", request)
+                    reply = await cluster._produce(upstream, request, message_context)
+            except _Refused as refused:
+                return partition_store_pb2.ProduceResponse(
+                    request_id=request.request_id, error=error_from_status(
+                        refused.status.code, refused.status.details,
+                        refused.status.trailing_metadata))
+            reply.request_id = request.request_id
+            return reply
+
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(request: Any) -> None:
+            try:
+                answers.put_nowait(await handle(request))
+            except _StreamEnds as end:
+                answers.put_nowait(end)
+
+        async def read() -> None:
+            async for request in requests:
+                task = asyncio.create_task(one(request))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.gather(*running, return_exceptions=True)
+            answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                if isinstance(answer, _StreamEnds):
+                    await context.abort(answer.code, answer.details)
+                yield answer
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+
+class _StreamEnds(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _Refused(Exception):
+    def __init__(self, status: Any) -> None:
+        super().__init__(status.details)
+        self.status = status
+
+
+class _MessageContext:
+    """A unary handler's context for one message of a stream: where the
+    handler would end its call, it raises instead (the stream decides)."""
+
+    def __init__(self, real: grpc.aio.ServicerContext) -> None:
+        self._real = real
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> None:
+        raise _StreamEnds(code, details)
+
+    async def abort_with_status(self, status: Any) -> None:
+        raise _Refused(status)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
 
 
 async def _fail_before(action: str | ErrorCode | None, context: grpc.aio.ServicerContext,
