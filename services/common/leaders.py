@@ -47,12 +47,15 @@ class LeaderDirectory:
         self._next_store = itertools.cycle(range(len(layout.stores)))
         self._lock = asyncio.Lock()
 
-    def stub(self, node_id: int) -> ps_grpc.PartitionStoreAsyncStub:
+    def address(self, node_id: int) -> str:
         address = self._addresses.get(node_id)
         if address is None:
             raise ServiceError(ErrorCode.LEADER_NOT_AVAILABLE,
                                f"store node {node_id} has no known address; retry")
-        return ps_grpc.PartitionStoreStub(self._channels.get(address))
+        return address
+
+    def stub(self, node_id: int) -> ps_grpc.PartitionStoreAsyncStub:
+        return ps_grpc.PartitionStoreStub(self._channels.get(self.address(node_id)))
 
     async def leader(self, topic: str, partition: int) -> int:
         """The node id of the partition's leader (asks when not cached).

@@ -25,6 +25,7 @@ from .channels import ChannelPool
 from .cluster import ClusterLayout
 from .errors import ServiceError
 from .leaders import LeaderDirectory
+from .produce_stream import ProduceStream
 
 # A single RPC to a store should not take longer than this; the caller retries.
 STORE_RPC_TIMEOUT_S = 10.0
@@ -78,6 +79,8 @@ class StoreClient:
         self._layout = layout
         self._channels = ChannelPool()
         self._leaders = LeaderDirectory(layout, self._channels)
+        # Appends go over one stream per store address (produce_stream.py).
+        self._streams: dict[str, ProduceStream] = {}
 
     async def _stub(self, topic: str, partition: int) -> ps_grpc.PartitionStoreAsyncStub:
         return self._leaders.stub(await self._leaders.leader(topic, partition))
@@ -88,7 +91,23 @@ class StoreClient:
         self._leaders.forget_on(topic, partition, failure.code)
         return failure
 
+    async def _stream(self, topic: str, partition: int) -> ProduceStream:
+        """The open ProduceStream to the partition's leader (a new one when
+        the last ended, or when the channel was replaced after a
+        certificate change)."""
+        address = self._leaders.address(await self._leaders.leader(topic, partition))
+        channel = self._channels.get(address)
+        stream = self._streams.get(address)
+        if stream is None or stream.ended or stream.channel is not channel:
+            if stream is not None:
+                stream.close()
+            stream = self._streams[address] = ProduceStream(channel)
+        return stream
+
     async def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
         await self._channels.close()
 
     async def append(
@@ -123,18 +142,19 @@ class StoreClient:
         pb = ps.PartitionBatch(topic=topic, partition=partition, batch=batch)
         if expected_log_end_offset is not None:
             pb.expected_log_end_offset = expected_log_end_offset
+        request = ps.ProduceRequest(
+            batches=[pb], timeout_ms=int(STORE_RPC_TIMEOUT_S * 1000),
+            transactional_id=producer.transactional_id if producer else "",
+            # Our writes go to internal topics, which take no others.
+            coordinator_write=True,
+        )
         try:
-            resp = await (await self._stub(topic, partition)).Produce(
-                ps.ProduceRequest(
-                    batches=[pb], timeout_ms=int(STORE_RPC_TIMEOUT_S * 1000),
-                    transactional_id=producer.transactional_id if producer else "",
-                    # Our writes go to internal topics, which take no others.
-                    coordinator_write=True,
-                ),
-                timeout=STORE_RPC_TIMEOUT_S,
-            )
+            stream = await self._stream(topic, partition)
+            resp = await stream.produce(request, STORE_RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
             raise self._failed(topic, partition, error_from_rpc(exc)) from exc
+        if resp.error.code != 0:
+            raise self._failed(topic, partition, resp.error)
         result = resp.results[0]
         if result.error.code != 0:
             raise self._failed(topic, partition, result.error)
