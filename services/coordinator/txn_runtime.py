@@ -94,6 +94,29 @@ class TxnPartition(OwnedPartition[TxnPartitionState]):
     decided transactions (not replayed: a load starts them again)."""
 
     marker_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # Per marker task: set once every marker of its transaction has landed,
+    # before Complete* is persisted (see _change).
+    markers_landed: dict[str, _Landing] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Landing:
+    """Which decided transaction a marker task writes markers for, and
+    whether they have all landed."""
+
+    decided: txn.TxnMetadata
+    started_s: float
+    landed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Requests for the id waiting for the markers: once they land, the
+    # marker task leaves Complete* to them (their append carries it) and
+    # persists it itself only if none did.
+    waiters: int = 0
+    handed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def leave(self) -> None:
+        self.waiters -= 1
+        if self.waiters == 0:
+            self.handed.set()
 
 
 class _TxnStateLog:
@@ -200,17 +223,22 @@ class TxnCoordinatorRuntime:
         return self._runtime.owned(self._layout.transaction_state_partition(transactional_id),
                                    f"transactional id {transactional_id!r}")
 
-    async def _persist(self, owned: TxnPartition, records: Sequence[Entry]) -> None:
+    async def _persist(self, owned: TxnPartition, records: Sequence[Entry], *,
+                       completed: txn.TxnMetadata | None = None) -> None:
         """Appends records and then replays them (the shared runtime),
-        counting the state transitions; the caller holds owned.lock."""
-        # Every write here is one record per transactional id, so the states
-        # before the write and after its replay are each id's transition.
+        counting the state transitions; the caller holds owned.lock. Each
+        write is one record per transactional id, except that `completed`
+        (a Complete* record) may come first, before the id's next state."""
         ids = [key[len(TXN_KEY_PREFIX):].decode() for key, _ in records
                if key is not None and key.startswith(TXN_KEY_PREFIX)]
         before = {tid: owned.state.transactions.get(tid) for tid in ids}
         await self._runtime.append(owned, records)
-        for tid in ids:
+        for tid in dict.fromkeys(ids):
             previous, after = before[tid], owned.state.transactions.get(tid)
+            if completed is not None and completed.transactional_id == tid:
+                metrics.TXN_STATE_TRANSITIONS.labels(
+                    previous.state.value if previous else "none", completed.state.value).inc()
+                previous = completed
             metrics.TXN_STATE_TRANSITIONS.labels(
                 previous.state.value if previous else "none",
                 after.state.value if after else txn.TxnState.DEAD.value,
@@ -226,6 +254,32 @@ class TxnCoordinatorRuntime:
             return
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, ServiceError):
             await asyncio.wait_for(asyncio.shield(task), self.config.wait_for_markers_ms / 1000)
+
+    async def _wait_for_landing(self, landing: _Landing, task: asyncio.Task[None]) -> None:
+        """As _wait_for_markers, but only until the markers have landed: the
+        Complete* record that follows can go in the caller's own append."""
+        waits: list[asyncio.Future[object]] = [
+            asyncio.ensure_future(asyncio.shield(task)),
+            asyncio.ensure_future(landing.landed.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, timeout=self.config.wait_for_markers_ms / 1000,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    def _landed_completion(self, owned: TxnPartition,
+                           md: txn.TxnMetadata | None) -> txn.TxnMetadata | None:
+        """The Complete* state of `md` when it is a decided transaction
+        whose markers have all landed and whose Complete* is not yet
+        persisted; None otherwise."""
+        if md is None or not md.state.is_prepare:
+            return None
+        landing = owned.markers_landed.get(md.transactional_id)
+        if landing is None or not landing.landed.is_set() or landing.decided != md:
+            return None
+        return txn.plan_complete(md, now_ms=self._now_ms())
 
     async def _fresh_id_if_needed(self, md: txn.TxnMetadata | None) -> int | None:
         if txn.needs_fresh_producer_id(md):
@@ -293,18 +347,50 @@ class TxnCoordinatorRuntime:
         plan: Callable[[txn.TxnMetadata | None], txn.TxnMetadata | None],
     ) -> None:
         """A request that changes the transactional id's state (or, planned
-        None, leaves it as it is): plan under the lock, persist, replay."""
+        None, leaves it as it is): plan under the lock, persist, replay.
+
+        Arriving while the previous transaction's markers are in flight, it
+        waits for them to land; when the marker task has not persisted
+        Complete* yet, this request's append carries it, before the new
+        state: the log holds the same two records in the same order as when
+        they are written one after the other, and the next transaction
+        starts one append sooner."""
         owned = self.owned_for(transactional_id)
-        await self._wait_for_markers(owned, transactional_id)
+        task = owned.marker_tasks.get(transactional_id)
+        landing = owned.markers_landed.get(transactional_id)
+        if task is None or task.done() or landing is None or landing.landed.is_set():
+            landing = None
+        else:
+            landing.waiters += 1
+        try:
+            if landing is not None and task is not None:
+                await self._wait_for_landing(landing, task)
+            await self._change_locked(owned, transactional_id, plan)
+        finally:
+            if landing is not None:
+                landing.leave()
+
+    async def _change_locked(
+        self, owned: TxnPartition, transactional_id: str,
+        plan: Callable[[txn.TxnMetadata | None], txn.TxnMetadata | None],
+    ) -> None:
         async with owned.lock:
             self._runtime.check_loaded(owned)
+            current = owned.state.transactions.get(transactional_id)
+            completed = self._landed_completion(owned, current)
             try:
-                planned = plan(owned.state.transactions.get(transactional_id))
+                planned = plan(completed or current)
             except ServiceError as exc:
                 await self._confirm_refusal(owned, exc)
                 raise
-            if planned is not None:
-                await self._persist(owned, [encode_txn(planned)])
+            records = [encode_txn(md) for md in (completed, planned) if md is not None]
+            if records:
+                await self._persist(owned, records, completed=completed)
+                landing = owned.markers_landed.get(transactional_id)
+                if completed is not None and landing is not None:
+                    metrics.TXN_COMPLETION_SECONDS.labels(
+                        "commit" if completed.state is txn.TxnState.COMPLETE_COMMIT else "abort",
+                    ).observe(time.perf_counter() - landing.started_s)
             else:
                 # Nothing written, so nothing proved that memory is still the
                 # log's state. A store adding partitions on a producer's
@@ -438,20 +524,28 @@ class TxnCoordinatorRuntime:
     def _start_markers(self, owned: TxnPartition, transactional_id: str) -> None:
         if transactional_id in owned.marker_tasks:
             return
-        task = asyncio.ensure_future(self._complete_with_markers(owned, transactional_id))
+        md = owned.state.transactions.get(transactional_id)
+        landing = None if md is None else _Landing(md, time.perf_counter())
+        task = asyncio.ensure_future(self._complete_with_markers(owned, transactional_id, landing))
         owned.marker_tasks[transactional_id] = task
+        if landing is not None:
+            owned.markers_landed[transactional_id] = landing
 
         def forget(_t: asyncio.Task[None]) -> None:
             if owned.marker_tasks.get(transactional_id) is task:
                 del owned.marker_tasks[transactional_id]
+            if owned.markers_landed.get(transactional_id) is landing:
+                del owned.markers_landed[transactional_id]
 
         task.add_done_callback(forget)
 
-    async def _complete_with_markers(self, owned: TxnPartition, transactional_id: str) -> None:
+    async def _complete_with_markers(self, owned: TxnPartition, transactional_id: str,
+                                     landing: _Landing | None) -> None:
         """Writes markers to every partition of a Prepare* transaction until all
-        landed, then persists Complete*."""
+        landed, then persists Complete* (unless the next request for the id
+        persisted it first, with its own record: _change)."""
         md = owned.state.transactions.get(transactional_id)
-        if md is None or not md.state.is_prepare:
+        if md is None or not md.state.is_prepare or landing is None:
             return
         producer_id, producer_epoch = txn.marker_target(md)
         spec = MarkerSpec(
@@ -483,6 +577,10 @@ class TxnCoordinatorRuntime:
             if remaining:
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, self.config.marker_retry_backoff_ms_max / 1000)
+        landing.landed.set()
+        if landing.waiters:
+            # A request for the id is waiting: its append carries Complete*.
+            await landing.handed.wait()
         crash_point("coordinator.before_complete")
         async with owned.lock:
             current = owned.state.transactions.get(transactional_id)

@@ -3,7 +3,9 @@
 Method: a TxnCoordinatorRuntime over MemoryTxnLog (conditional appends, with
 injectable failures) and FakeMarkerSender; drive init / add / commit / abort /
 timeout / fencing, and check what the log holds, which markers were sent (with
-which epochs), and that a second runtime replaying the same log — a restarted
+which epochs; a next transaction's first request that arrives while the
+markers are in flight carries the Complete* record in its own append), and
+that a second runtime replaying the same log — a restarted
 or replacement coordinator — ends in the same state and resumes unfinished
 markers; and that verification answers only once a read of the log end
 confirms that the runtime's memory is the log's state (a zombie's is not).
@@ -21,6 +23,7 @@ from oncelog.errors import ErrorCode
 from services.common.cluster import ClusterLayout
 from services.common.service_error import ServiceError
 from services.coordinator.core.transactions import TxnState
+from services.coordinator.core.txn_log import TxnPartitionState, txn_key
 from services.coordinator.markers import FakeMarkerSender
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
@@ -219,23 +222,112 @@ def test_a_newer_coordinator_fences_the_old_one() -> None:
     run(scenario)
 
 
+async def committed_with_markers_delayed(
+        log: MemoryTxnLog, markers: FakeMarkerSender, clock: Clock,
+        ids: MemoryProducerIdLog) -> tuple[TxnCoordinatorRuntime, int, int]:
+    """A started runtime whose TID just committed a transaction on a-0, its
+    marker failing three times before it lands; the new producer id and epoch."""
+    rt = make(log, markers, clock, ids)
+    await rt.start()
+    await settle(rt)
+    pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
+    await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+    markers.outcomes[("a", 0)] = [ErrorCode.NETWORK_EXCEPTION] * 3
+    pid, epoch = await rt.end_txn(TID, pid, epoch, commit=True)
+    return rt, pid, epoch
+
+
 def test_next_transaction_waits_for_markers_instead_of_failing() -> None:
     async def scenario() -> None:
-        log, markers, clock, ids = fresh()
-        rt = make(log, markers, clock, ids)
-        await rt.start()
-        await settle(rt)
-        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
-        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         # The marker fails a few times before it lands (store restarting).
-        markers.outcomes[("a", 0)] = [ErrorCode.NETWORK_EXCEPTION] * 3
-        pid, epoch = await rt.end_txn(TID, pid, epoch, commit=True)
+        log, markers, clock, ids = fresh()
+        rt, pid, epoch = await committed_with_markers_delayed(log, markers, clock, ids)
         # The next transaction's first AddPartitions is held until the
         # markers landed, then succeeds: no CONCURRENT_TRANSACTIONS round trip.
         await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
         md, _ = rt.describe(TID)
         assert md is not None and md.state is TxnState.ONGOING
         assert [tp for _, tp in markers.written] == [("a", 0)]
+        await rt.stop()
+
+    run(scenario)
+
+
+class AppendRecordingLog(MemoryTxnLog):
+    """MemoryTxnLog that keeps each append's records together."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends: list[list[Entry]] = []
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        log_end = await super().append(partition, entries,
+                                       expected_log_end_offset=expected_log_end_offset)
+        self.appends.append(list(entries))
+        return log_end
+
+
+def states_of(entries: Sequence[Entry]) -> list[TxnState]:
+    """The state each of TID's records holds, in order."""
+    out = []
+    for key, value in entries:
+        if key == txn_key(TID):
+            replayed = TxnPartitionState()
+            replayed.replay(key, value)
+            out.append(replayed.transactions[TID].state)
+    return out
+
+
+def test_the_next_transaction_carries_the_completion_in_its_own_append() -> None:
+    """AddPartitions arriving while the markers are in flight waits for them to
+    land, then appends CompleteCommit and Ongoing together: one append where
+    there were two, and the log reads as if they had been written apart."""
+    async def scenario() -> None:
+        log, markers, clock, ids = AppendRecordingLog(), FakeMarkerSender(), Clock(), \
+            MemoryProducerIdLog()
+        rt, pid, epoch = await committed_with_markers_delayed(log, markers, clock, ids)
+        appends_before = len(log.appends)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("b", 0)}))
+        await settle(rt)
+        assert [states_of(a) for a in log.appends[appends_before:]] == [
+            [TxnState.COMPLETE_COMMIT, TxnState.ONGOING]]
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.ONGOING
+        assert md.partitions == frozenset({("b", 0)})
+        assert [tp for _, tp in markers.written] == [("a", 0)]
+        await rt.stop()
+        # A coordinator replaying the log ends in the same state, with no
+        # marker to resend.
+        markers_after = FakeMarkerSender()
+        replayed = make(log, markers_after, clock, ids)
+        await replayed.start()
+        await settle(replayed)
+        again, _ = replayed.describe(TID)
+        assert again == md
+        assert markers_after.written == []
+        await replayed.stop()
+
+    run(scenario)
+
+
+def test_a_refused_request_leaves_the_completion_to_the_marker_task() -> None:
+    """A request for the id that waited for the markers and is then refused
+    (a stale epoch) writes nothing; the marker task persists CompleteCommit."""
+    async def scenario() -> None:
+        log, markers, clock, ids = AppendRecordingLog(), FakeMarkerSender(), Clock(), \
+            MemoryProducerIdLog()
+        rt, pid, stale_epoch = await committed_with_markers_delayed(log, markers, clock, ids)
+        stale_epoch -= 1  # the epoch before the commit bumped it
+        appends_before = len(log.appends)
+        with pytest.raises(ServiceError) as refused:
+            await rt.add_partitions(TID, pid, stale_epoch, frozenset({("b", 0)}))
+        assert refused.value.code is ErrorCode.PRODUCER_FENCED
+        await settle(rt)
+        assert [states_of(a) for a in log.appends[appends_before:]] == [
+            [TxnState.COMPLETE_COMMIT]]
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_COMMIT
         await rt.stop()
 
     run(scenario)
