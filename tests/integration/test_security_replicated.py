@@ -103,7 +103,10 @@ def test_replication_and_acls_over_mutual_tls(cluster: LocalCluster) -> None:
         channel, store = _store_stub(cluster, survivors[0], "admin")
         with channel:
             # Still described by the survivors: their ACLs outlive the leader.
-            bindings = store.DescribeAcls(ps.DescribeAclsRequest()).bindings
+            # Retried: the store asked may learn of the new leader only when
+            # its first read of __acls fails at the old one (retriable).
+            bindings = retrying(lambda: store.DescribeAcls(ps.DescribeAclsRequest()),
+                                timeout_s=90).bindings
             assert [b.principal for b in bindings] == ["User:writer"]
             # Retried while the partition's in-sync replicas shrink to the
             # survivors (a retry after a timed-out but applied delete finds
