@@ -17,6 +17,7 @@ of the few futures somebody watches.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import logging
 import struct
@@ -115,7 +116,7 @@ class ProducerBatch:
         self.state = RUNNING
         self.base_offset = -1
         self.error: BaseException | None = None
-        self.watchers: list[RecordFuture] | None = []
+        self.watchers: list[RecordFuture | ManyRecordsFuture] | None = []
 
     def __repr__(self) -> str:
         return (
@@ -324,11 +325,85 @@ class RecordFuture(Future[RecordMetadata]):
         return f"<RecordFuture {batch.topic}-{batch.partition} state={batch.state}>"
 
 
+class SentRecords(Sequence[RecordMetadata]):
+    """What send_many() resolves to: each record's RecordMetadata, in the
+    order the records were given, made when read."""
+
+    def __init__(self, topic: str, spans: list[tuple[ProducerBatch, int, int]],
+                 timestamps: list[int] | int) -> None:
+        self._topic = topic
+        # (batch, index of the span's first record in the batch, records)
+        self._spans = spans
+        self._timestamps = timestamps
+        self._starts: list[int] = []
+        total = 0
+        for _batch, _first, count in spans:
+            self._starts.append(total)
+            total += count
+        self._len = total
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> RecordMetadata:  # type: ignore[override]
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError(index)
+        span = bisect.bisect_right(self._starts, index) - 1
+        batch, first, _count = self._spans[span]
+        offset = batch.base_offset + first + index - self._starts[span] \
+            if batch.base_offset >= 0 else -1
+        ts = self._timestamps if isinstance(self._timestamps, int) else self._timestamps[index]
+        return RecordMetadata(self._topic, batch.partition, offset, ts)
+
+
+class ManyRecordsFuture(Future[SentRecords]):
+    """The future of a send_many() call: done when every batch holding its
+    records is; its result is a SentRecords, or the first failure among its
+    records (by their order). A stock Future, completed by the last batch to
+    finish (each batch counts down once, in the sender thread)."""
+
+    def __init__(self, records: SentRecords) -> None:
+        super().__init__()
+        self._records = records
+        batches = list(dict.fromkeys(batch for batch, _, _ in records._spans))
+        self._waiting = len(batches)
+        self._lock = threading.Lock()
+        self.set_running_or_notify_cancel()
+        finished = 0
+        with _WATCH_LOCK:
+            for batch in batches:
+                if batch.watchers is None:  # already finished
+                    finished += 1
+                else:
+                    batch.watchers.append(self)
+        for _ in range(finished):
+            self._notify_finished()
+
+    def _notify_finished(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+            if self._waiting:
+                return
+        for batch, _first, _count in self._records._spans:
+            if batch.error is not None:
+                self.set_exception(_copy_error(batch.error))
+                return
+        self.set_result(self._records)
+
+
+def failed_batch(topic: str, partition: int | None, error: BaseException) -> ProducerBatch:
+    """A batch that never held records, already finished with `error`."""
+    batch = ProducerBatch(topic, -1 if partition is None else partition, created_ms=0,
+                          deadline_ms=0, limit_bytes=0)
+    batch.finish(error=error)
+    return batch
+
+
 def failed_future(topic: str, partition: int, error: BaseException) -> RecordFuture:
     """A future that is already done with an error (refused at send time)."""
-    batch = ProducerBatch(topic, partition, created_ms=0, deadline_ms=0, limit_bytes=0)
-    batch.finish(error=error)
-    return RecordFuture(batch, 0, -1)
+    return RecordFuture(failed_batch(topic, partition, error), 0, -1)
 
 
 class _PartitionQueue:
@@ -412,6 +487,21 @@ class RecordAccumulator:
     ) -> RecordFuture:
         """Appends a record (partition None: the topic's sticky partition) and
         returns its future. Caller holds `lock`."""
+        batch, index = self.place(topic, partition, num_partitions, record, size_bytes,
+                                  max_message_bytes)
+        return RecordFuture(batch, index, record[3])
+
+    def place(
+        self,
+        topic: str,
+        partition: int | None,
+        num_partitions: int,
+        record: RecordTuple,
+        size_bytes: int,
+        max_message_bytes: int,
+    ) -> tuple[ProducerBatch, int]:
+        """append() without the future: the batch the record went into and
+        its index there. Caller holds `lock`."""
         sticky = partition is None
         if partition is None:
             partition = self._sticky.partition(topic, num_partitions)
@@ -443,7 +533,6 @@ class RecordAccumulator:
             self.incomplete.add(batch)
             self._wake()
         count = batch.record_count
-        fut = RecordFuture(batch, count, record[3])
         batch.records.append(record)  # type: ignore[union-attr]  # open: never None
         batch.record_count = count + 1
         self.buffered_bytes += size_bytes
@@ -451,7 +540,7 @@ class RecordAccumulator:
         batch.size_bytes = size_bytes
         if size_bytes >= batch.limit_bytes:
             self._close_open(queue, num_partitions)
-        return fut
+        return batch, count
 
     def _topic_queues(self, topic: str, num_partitions: int) -> list[_PartitionQueue]:
         queues = self._queues.setdefault(topic, [])
