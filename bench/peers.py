@@ -14,6 +14,10 @@ Cases (`--cases`, comma-separated):
 
 * `produce-1p`, `produce-4p`: the idempotent producer, 100 B records, one
   or four partitions, for `--seconds`; records/s.
+* `produce-many`: the same as `produce-1p`, handing the client 1,000
+  records per call: oncelog's `send_many()` against confluent-kafka's
+  `produce_batch()` (a list of message dicts built once and reused, the
+  records that did not fit in the peer's queue produced again).
 * `latency`: back-to-back acknowledged sends of one record (idempotent
   producer) and back-to-back one-record transactions (begin, send, wait for
   the acknowledgement, commit), `--latency-samples` each; p50 and p99.
@@ -64,7 +68,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench import pipeline, produce, transactions  # noqa: E402
-from oncelog import Admin  # noqa: E402
+from oncelog import Admin, Producer  # noqa: E402
 from oncelog.testing import LocalCluster, free_port  # noqa: E402
 
 ONCELOG, PEER = "oncelog", "peer"
@@ -92,7 +96,7 @@ PEER_CHECK_IDLE_S = 5.0
 TANSU_READY_TIMEOUT_S = 15.0
 TANSU_START_RETRIES = 5
 
-CASES = ("produce-1p", "produce-4p", "latency", "copier", "txn-ratio")
+CASES = ("produce-1p", "produce-4p", "produce-many", "latency", "copier", "txn-ratio")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,9 @@ METRICS = (
            "idempotent produce, 100 B, 1 partition", "records/s", True),
     Metric("produce-4p", "records_per_s",
            "idempotent produce, 100 B, 4 partitions", "records/s", True),
+    Metric("produce-many", "records_per_s",
+           "idempotent produce, 100 B, 1 partition, 1,000 records per call "
+           "(send_many / produce_batch)", "records/s", True),
     Metric("latency", "send_p50_ms", "acknowledged send, one record, p50", "ms", False),
     Metric("latency", "send_p99_ms", "acknowledged send, one record, p99", "ms", False),
     Metric("latency", "transaction_p50_ms",
@@ -590,6 +597,63 @@ def oncelog_produce(args: argparse.Namespace, partitions: int) -> Measurement:
                        {"records": sent, "seconds": round(elapsed, 2)})
 
 
+# Records per call in the produce-many case.
+MANY_PER_CALL = 1000
+
+
+def oncelog_produce_many(args: argparse.Namespace) -> Measurement:
+    """send_many() of MANY_PER_CALL records at a time, one partition."""
+    with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
+            LocalCluster(data_dir, group_coordinators=0) as cluster:
+        with Admin(bootstrap=cluster.bootstrap) as admin:
+            admin.create_topic("bench", partitions=1,
+                               config={"max.message.bytes": str(8 << 20)})
+        values = [b"v" * SMALL_BYTES] * MANY_PER_CALL
+        sent = 0
+        started = time.perf_counter()
+        with Producer(bootstrap=cluster.bootstrap, linger_ms=LINGER_MS,
+                      batch_size=BATCH_SIZE_BYTES) as producer:
+            futures = []
+            deadline = started + args.seconds
+            while time.perf_counter() < deadline:
+                futures.append(producer.send_many("bench", values, partition=0))
+                sent += MANY_PER_CALL
+            producer.flush()
+            for future in futures:
+                future.result()  # a failed delivery fails the run
+        elapsed = time.perf_counter() - started
+    return Measurement("", ONCELOG, 0, {"records_per_s": round(sent / elapsed)},
+                       {"records": sent, "seconds": round(elapsed, 2)})
+
+
+def peer_produce_many(args: argparse.Namespace) -> Measurement:
+    """confluent-kafka's produce_batch() of MANY_PER_CALL records at a time."""
+    from confluent_kafka import Producer as PeerProducer
+
+    with tansu_broker() as broker:
+        peer_create_topics(broker.bootstrap, ["bench"], 1)
+        messages = [{"value": b"v" * SMALL_BYTES}] * MANY_PER_CALL
+        check = DeliveryCheck()
+        sent = 0
+        started = time.perf_counter()
+        producer = PeerProducer({**producer_config(broker.bootstrap), "on_delivery": check})
+        deadline = started + args.seconds
+        while time.perf_counter() < deadline:
+            pending = messages
+            while pending:
+                queued = producer.produce_batch("bench", pending, partition=0)
+                sent += queued
+                pending = pending[queued:]
+                producer.poll(0 if not pending else 0.05)
+        remaining = producer.flush(60)
+        elapsed = time.perf_counter() - started
+        if remaining:
+            raise RuntimeError(f"{remaining} records still unacknowledged after flush")
+        check.raise_if_failed()
+    return Measurement("", PEER, 0, {"records_per_s": round(sent / elapsed)},
+                       {"records": sent, "seconds": round(elapsed, 2)})
+
+
 def peer_produce_case(args: argparse.Namespace, partitions: int) -> Measurement:
     with tansu_broker() as broker:
         peer_create_topics(broker.bootstrap, ["bench"], partitions)
@@ -690,6 +754,7 @@ RUNNERS: dict[str, dict[str, Runner]] = {
                    PEER: lambda a: peer_produce_case(a, 1)},
     "produce-4p": {ONCELOG: lambda a: oncelog_produce(a, PARTITIONS),
                    PEER: lambda a: peer_produce_case(a, PARTITIONS)},
+    "produce-many": {ONCELOG: oncelog_produce_many, PEER: peer_produce_many},
     "latency": {ONCELOG: oncelog_latency, PEER: peer_latency_case},
     "copier": {ONCELOG: oncelog_copier, PEER: peer_copier},
     "txn-ratio": {ONCELOG: oncelog_txn_ratio, PEER: peer_txn_ratio},
