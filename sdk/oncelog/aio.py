@@ -36,7 +36,8 @@ aiokafka names supported:
   `flush()`, `begin_transaction()`, `commit_transaction()`,
   `abort_transaction()`, `transaction()` (async context manager),
   `send_offsets_to_transaction()`; plus `init_transactions()`,
-  `transaction_state`, `producer_id`, `producer_epoch`.
+  `send_many()` (→ one future of every record's RecordMetadata; aiokafka
+  has no such call), `transaction_state`, `producer_id`, `producer_epoch`.
 * AIOConsumer (AIOKafkaConsumer): `AIOConsumer(*topics, ...)`, `start()`,
   `stop()`, `async with`, `async for`, `getone(*partitions)`,
   `getmany(*partitions, timeout_ms=0, max_records=None)` (→ {TopicPartition:
@@ -89,6 +90,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
+from oncelog._batching import SentRecords
 from oncelog.admin import Admin
 from oncelog.consumer import Consumer
 from oncelog.producer import Producer
@@ -224,6 +226,22 @@ class AIOProducer:
         # A RecordFuture cannot be cancelled, so cancelling this asyncio
         # future (or an await of it) never reaches the producer.
         return asyncio.wrap_future(record_future)
+
+    async def send_many(
+        self,
+        topic: str,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None = None,
+        *,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> asyncio.Future[SentRecords]:
+        """Producer.send_many on the worker thread: queues the records and
+        returns an asyncio future of their metadata, in the order given
+        (`await (await producer.send_many(...))`)."""
+        many_future = await self._run("send_many", functools.partial(
+            self._producer.send_many, topic, values, keys, partition, timestamp_ms))
+        return asyncio.wrap_future(many_future)
 
     async def send_and_wait(
         self,

@@ -11,9 +11,10 @@ partition and honours `max_records` and a partition filter; the plain
 methods (`seek`, `assign`) take effect in order with the awaited calls, and
 an error the threaded consumer raises for one of them comes out of the next
 awaited call; `producer.transaction()` commits, or aborts when its block
-raises; calls before start() or after stop() are refused with a clear
-error; and AIOAdmin has every Admin method as a coroutine with the same
-parameters. (The transaction, group and read_committed guarantees are
+raises; `send_many()` resolves to each record's metadata in order; calls
+before start() or after stop() are refused with a clear error; and AIOAdmin
+has every Admin method as a coroutine with the same parameters. (The
+transaction, group and read_committed guarantees are
 test_client_contract.py's, run against both clients.)
 
 Method: one LocalCluster (one store, one transaction coordinator, one group
@@ -318,6 +319,19 @@ def test_the_transaction_context_commits_or_aborts(cluster: LocalCluster) -> Non
                 await producer.send(topic, value=b"kept too", partition=0)
         assert [r.value for r in await read_committed(cluster.bootstrap, topic)] == [
             b"kept", b"kept too"]
+
+    run(scenario())
+
+
+def test_send_many_resolves_to_each_record_in_order(cluster: LocalCluster) -> None:
+    topic = new_topic(cluster)
+    values = [b"%d" % i for i in range(50)]
+
+    async def scenario() -> None:
+        async with AIOProducer(bootstrap=cluster.bootstrap) as producer:
+            sent = await (await producer.send_many(topic, values, partition=0))
+        assert [m.offset for m in sent] == list(range(50))
+        assert [r.value for r in await read_committed(cluster.bootstrap, topic)] == values
 
     run(scenario())
 
