@@ -65,7 +65,9 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_status, error_proto
 from services.common.cluster import INTERNAL_PREFIX, ClusterLayout
 from services.common.errors import to_grpc_status
+from services.common.request_streams import answer_each
 from services.common.server_base import ServiceServer
+from services.common.service_error import ServiceError
 from services.coordinator import server as coordinator_server
 from services.coordinator.core.transactions import TxnMetadata, TxnState
 from services.coordinator.txn_runtime import TxnConfig
@@ -198,36 +200,22 @@ class _FaultLayer:
                     request_id=request.request_id, error=error_from_status(
                         refused.status.code, refused.status.details,
                         refused.status.trailing_metadata))
+            except _StreamEnds as end:
+                return end  # ends the stream once it comes out (below)
             reply.request_id = request.request_id
             return reply
 
-        answers: asyncio.Queue[Any] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
+        # The store's own way of answering a stream (request_streams.py);
+        # nothing here is refused before `handle`, so `failed` never runs.
+        async for answer in answer_each(requests, handle, _never_refused,
+                                        lambda request: request.request_id):
+            if isinstance(answer, _StreamEnds):
+                await context.abort(answer.code, answer.details)
+            yield answer
 
-        async def one(request: Any) -> None:
-            try:
-                answers.put_nowait(await handle(request))
-            except _StreamEnds as end:
-                answers.put_nowait(end)
 
-        async def read() -> None:
-            async for request in requests:
-                task = asyncio.create_task(one(request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            await asyncio.gather(*running, return_exceptions=True)
-            answers.put_nowait(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while (answer := await answers.get()) is not None:
-                if isinstance(answer, _StreamEnds):
-                    await context.abort(answer.code, answer.details)
-                yield answer
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
+def _never_refused(request_id: int, error: ServiceError) -> Any:
+    raise AssertionError(f"request {request_id} refused before the fault layer: {error}")
 
 
 class _StreamEnds(Exception):
