@@ -25,7 +25,7 @@ from .channels import ChannelPool
 from .cluster import ClusterLayout
 from .errors import ServiceError
 from .leaders import LeaderDirectory
-from .produce_stream import ProduceStream
+from .stream_client import StreamMethod
 
 # A single RPC to a store should not take longer than this; the caller retries.
 STORE_RPC_TIMEOUT_S = 10.0
@@ -79,8 +79,10 @@ class StoreClient:
         self._layout = layout
         self._channels = ChannelPool()
         self._leaders = LeaderDirectory(layout, self._channels)
-        # Appends go over one stream per store address (produce_stream.py).
-        self._streams: dict[str, ProduceStream] = {}
+        # Appends go over one stream per store address (stream_client.py).
+        self._produce: StreamMethod[ps.ProduceRequest, ps.ProduceResponse] = StreamMethod(
+            "/oncelog.v1.PartitionStore/ProduceStream", "/oncelog.v1.PartitionStore/Produce",
+            ps.ProduceResponse)
 
     async def _stub(self, topic: str, partition: int) -> ps_grpc.PartitionStoreAsyncStub:
         return self._leaders.stub(await self._leaders.leader(topic, partition))
@@ -91,23 +93,8 @@ class StoreClient:
         self._leaders.forget_on(topic, partition, failure.code)
         return failure
 
-    async def _stream(self, topic: str, partition: int) -> ProduceStream:
-        """The open ProduceStream to the partition's leader (a new one when
-        the last ended, or when the channel was replaced after a
-        certificate change)."""
-        address = self._leaders.address(await self._leaders.leader(topic, partition))
-        channel = self._channels.get(address)
-        stream = self._streams.get(address)
-        if stream is None or stream.ended or stream.channel is not channel:
-            if stream is not None:
-                stream.close()
-            stream = self._streams[address] = ProduceStream(channel)
-        return stream
-
     async def close(self) -> None:
-        for stream in self._streams.values():
-            stream.close()
-        self._streams.clear()
+        self._produce.close()
         await self._channels.close()
 
     async def append(
@@ -148,13 +135,13 @@ class StoreClient:
             # Our writes go to internal topics, which take no others.
             coordinator_write=True,
         )
+        address = self._leaders.address(await self._leaders.leader(topic, partition))
         try:
-            stream = await self._stream(topic, partition)
-            resp = await stream.produce(request, STORE_RPC_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
-        if resp.error.code != 0:
-            raise self._failed(topic, partition, resp.error)
+            resp = await self._produce.ask(address, self._channels.get(address), request,
+                                           STORE_RPC_TIMEOUT_S)
+        except ServiceError as exc:
+            self._leaders.forget_on(topic, partition, exc.code)
+            raise
         result = resp.results[0]
         if result.error.code != 0:
             raise self._failed(topic, partition, result.error)

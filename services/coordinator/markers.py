@@ -1,8 +1,10 @@
 """Sending transaction markers to the partition stores.
 
 The port the coordinator runtime needs, its gRPC adapter (one WriteTxnMarkers
-call per store node, all of that node's partitions in it), and a fake for
-tests. Results are per partition; the runtime retries what did not land.
+request per store node, all of that node's partitions in it, over one
+WriteTxnMarkersStream per store: a producer's next transaction waits for the
+markers of its last), and a fake for tests. Results are per partition; the
+runtime retries what did not land.
 """
 
 from __future__ import annotations
@@ -11,18 +13,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-import grpc
-
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
-from oncelog.wire.status import error_from_rpc
 
 from ..common.channels import ChannelPool
 from ..common.cluster import ClusterLayout
 from ..common.crashpoints import crash_point
 from ..common.errors import ServiceError
 from ..common.leaders import LeaderDirectory
+from ..common.stream_client import StreamMethod
 
 MARKER_RPC_TIMEOUT_S = 10.0
 
@@ -52,8 +52,12 @@ class GrpcMarkerSender:
         self._layout = layout
         self._channels = ChannelPool()
         self._leaders = LeaderDirectory(layout, self._channels)
+        self._markers: StreamMethod[ps.WriteTxnMarkersRequest, ps.WriteTxnMarkersResponse] = \
+            StreamMethod("/oncelog.v1.PartitionStore/WriteTxnMarkersStream",
+                         "/oncelog.v1.PartitionStore/WriteTxnMarkers", ps.WriteTxnMarkersResponse)
 
     async def close(self) -> None:
+        self._markers.close()
         await self._channels.close()
 
     async def write(
@@ -81,14 +85,14 @@ class GrpcMarkerSender:
                 transactional_id=spec.transactional_id,
             )
             try:
-                resp = await self._leaders.stub(node).WriteTxnMarkers(
-                    ps.WriteTxnMarkersRequest(markers=[marker]), timeout=MARKER_RPC_TIMEOUT_S
-                )
-            except grpc.RpcError as exc:
-                code = ErrorCode.from_wire(error_from_rpc(exc).code)
+                address = self._leaders.address(node)
+                resp = await self._markers.ask(
+                    address, self._channels.get(address),
+                    ps.WriteTxnMarkersRequest(markers=[marker]), MARKER_RPC_TIMEOUT_S)
+            except ServiceError as exc:
                 for tp in tps:
-                    results[tp] = code
-                    self._leaders.forget_on(tp[0], tp[1], code)
+                    results[tp] = exc.code
+                    self._leaders.forget_on(tp[0], tp[1], exc.code)
                 continue
             for r in resp.results:
                 code = ErrorCode.from_wire(r.error.code)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 
 from oncelog.v1 import coordinator_pb2 as pb
@@ -13,6 +15,7 @@ from ..common import limits
 from ..common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from ..common.errors import ServiceError, abort_with
 from ..common.guard import without_client_certificate
+from ..common.request_streams import Refused, answer_each
 from ..common.service_error import check_id_length
 from ..common.topic_counts import PartitionCounts
 from .core.transactions import TxnMetadata, TxnState
@@ -29,6 +32,11 @@ def _require_transactional_id(rpc: str, transactional_id: str) -> None:
     # unknown one.
     if not transactional_id:
         raise ServiceError(ErrorCode.INVALID_REQUEST, f"{rpc} needs a transactional_id")
+
+
+def _add_failed(request_id: int, error: ServiceError) -> pb.AddPartitionsToTxnResponse:
+    """AddPartitionsToTxnStream's answer to a request that failed as a whole."""
+    return pb.AddPartitionsToTxnResponse(request_id=request_id, error=error.to_proto())
 
 
 def _prepared(state: tuple[int, int] | None) -> pb.PreparedTxnState | None:
@@ -57,8 +65,10 @@ def _describe(md: TxnMetadata, coordinator_epoch: int) -> pb.TransactionDescript
 
 class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     """Request-level failures travel as a gRPC status carrying our Error; the
-    responses' own `error` fields are left NONE. Per-partition failures (of
-    AddPartitionsToTxn) are in the per-partition results."""
+    responses' own `error` fields are left NONE, except in a stream, where a
+    request that fails as a whole is answered with it (AddPartitionsToTxnStream).
+    Per-partition failures (of AddPartitionsToTxn) are in the per-partition
+    results."""
 
     def __init__(self, *, layout: ClusterLayout, producer_ids: ProducerIdManager,
                  transactions: TxnCoordinatorRuntime, topics: PartitionCounts) -> None:
@@ -158,46 +168,61 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     async def AddPartitionsToTxn(  # noqa: N802 - gRPC method name
         self, request: pb.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddPartitionsToTxnResponse:
-        partitions = [_tp(p) for p in request.partitions]
         try:
-            if not request.transactional_id or not partitions:
-                raise ServiceError(ErrorCode.INVALID_REQUEST,
-                                   "AddPartitionsToTxn needs a transactional id and partitions")
-            for topic, partition in partitions:
-                if not topic:
-                    raise ServiceError(ErrorCode.INVALID_REQUEST,
-                                       f"partition {partition} names no topic (empty topic name)")
-                if len(topic) > limits.MAX_TOPIC_NAME_LENGTH:
-                    # No such topic can exist; and naming it whole would not
-                    # fit in the status (see limits.MAX_ID_LENGTH).
-                    raise ServiceError(
-                        ErrorCode.INVALID_REQUEST,
-                        f"topic name {topic[:32]!r}... is {len(topic)} characters long, over "
-                        f"the limit of {limits.MAX_TOPIC_NAME_LENGTH}",
-                    )
-                if partition < 0:
-                    raise ServiceError(ErrorCode.INVALID_REQUEST,
-                                       f"partition {partition} of topic {topic!r} is negative")
-            if request.verify_only:
-                verdicts = await self._txns.verify_partitions(
-                    request.transactional_id, request.producer_id, request.producer_epoch,
-                    partitions,
-                )
-                return pb.AddPartitionsToTxnResponse(results=[
-                    pb.AddPartitionsToTxnResult(
-                        partition=records_pb2.TopicPartition(topic=t, partition=p),
-                        error=err.to_proto() if err else None,
-                    )
-                    for (t, p), err in verdicts.items()
-                ])
-            await self._check_partitions_exist(partitions)
-            await self._txns.add_partitions(
-                request.transactional_id, request.producer_id, request.producer_epoch,
-                frozenset(partitions),
-            )
+            return await self._add_partitions_to_txn(request)
         except ServiceError as exc:
             await abort_with(context, exc)
-        return pb.AddPartitionsToTxnResponse(results=[
+
+    async def AddPartitionsToTxnStream(  # noqa: N802 - gRPC method name
+        self, requests: AsyncIterator[pb.AddPartitionsToTxnRequest | Refused],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.AddPartitionsToTxnResponse]:
+        async for answer in answer_each(requests, self._add_partitions_to_txn, _add_failed,
+                                        lambda request: request.request_id):
+            yield answer
+
+    async def _add_partitions_to_txn(
+        self, request: pb.AddPartitionsToTxnRequest
+    ) -> pb.AddPartitionsToTxnResponse:
+        """AddPartitionsToTxn's work, for both its forms; raises ServiceError
+        when the request fails as a whole."""
+        partitions = [_tp(p) for p in request.partitions]
+        if not request.transactional_id or not partitions:
+            raise ServiceError(ErrorCode.INVALID_REQUEST,
+                               "AddPartitionsToTxn needs a transactional id and partitions")
+        for topic, partition in partitions:
+            if not topic:
+                raise ServiceError(ErrorCode.INVALID_REQUEST,
+                                   f"partition {partition} names no topic (empty topic name)")
+            if len(topic) > limits.MAX_TOPIC_NAME_LENGTH:
+                # No such topic can exist; and naming it whole would not
+                # fit in the status (see limits.MAX_ID_LENGTH).
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"topic name {topic[:32]!r}... is {len(topic)} characters long, over "
+                    f"the limit of {limits.MAX_TOPIC_NAME_LENGTH}",
+                )
+            if partition < 0:
+                raise ServiceError(ErrorCode.INVALID_REQUEST,
+                                   f"partition {partition} of topic {topic!r} is negative")
+        if request.verify_only:
+            verdicts = await self._txns.verify_partitions(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+                partitions,
+            )
+            return pb.AddPartitionsToTxnResponse(request_id=request.request_id, results=[
+                pb.AddPartitionsToTxnResult(
+                    partition=records_pb2.TopicPartition(topic=t, partition=p),
+                    error=err.to_proto() if err else None,
+                )
+                for (t, p), err in verdicts.items()
+            ])
+        await self._check_partitions_exist(partitions)
+        await self._txns.add_partitions(
+            request.transactional_id, request.producer_id, request.producer_epoch,
+            frozenset(partitions),
+        )
+        return pb.AddPartitionsToTxnResponse(request_id=request.request_id, results=[
             pb.AddPartitionsToTxnResult(partition=p) for p in request.partitions
         ])
 

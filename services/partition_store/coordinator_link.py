@@ -1,6 +1,9 @@
 """The gRPC TxnVerifier: asks the transaction coordinator that owns a
 transactional id (AddPartitionsToTxn with verify_only) whether partitions are
-in a producer's ongoing transaction.
+in a producer's ongoing transaction, or adds them on the producer's behalf.
+The questions go over one AddPartitionsToTxnStream per coordinator
+(services/common/stream_client.py): each transaction's first write waits for
+its answer.
 
 Placement comes from the shared ClusterLayout: the coordinator node of
 `layout.transaction_state_partition(transactional_id)`. A coordinator that
@@ -14,15 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
-
-from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc, records_pb2
+from oncelog.v1 import coordinator_pb2, records_pb2
 from oncelog.wire.errors import ErrorCode
-from oncelog.wire.status import error_from_rpc
 
 from ..common.channels import ChannelPool
 from ..common.cluster import ClusterLayout
 from ..common.errors import ServiceError
+from ..common.stream_client import StreamMethod
 from .core.outcomes import Rejection
 from .txn_verifier import TopicPartitionKey, Verdicts
 
@@ -35,10 +36,11 @@ class GrpcTxnVerifier:
         self._layout = layout
         self._timeout_s = timeout_ms / 1000
         self._channels = ChannelPool()
-
-    def _stub(self, node_id: int) -> coordinator_pb2_grpc.TransactionCoordinatorAsyncStub:
-        channel = self._channels.get(self._layout.coordinators[node_id])
-        return coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
+        self._questions: StreamMethod[coordinator_pb2.AddPartitionsToTxnRequest,
+                                      coordinator_pb2.AddPartitionsToTxnResponse] = StreamMethod(
+            "/oncelog.v1.TransactionCoordinator/AddPartitionsToTxnStream",
+            "/oncelog.v1.TransactionCoordinator/AddPartitionsToTxn",
+            coordinator_pb2.AddPartitionsToTxnResponse)
 
     async def verify(
         self, *, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -61,24 +63,17 @@ class GrpcTxnVerifier:
             partitions=[records_pb2.TopicPartition(topic=t, partition=p) for t, p in partitions],
         )
         try:
-            response = await self._stub(node).AddPartitionsToTxn(
-                request, timeout=self._timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            error = error_from_rpc(exc)
-            code = ErrorCode.from_wire(error.code)
+            response = await self._questions.ask(
+                address, self._channels.get(address), request, self._timeout_s)
+        except ServiceError as exc:
+            code = exc.code
             if code in _TRANSPORT_CODES:
                 code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             raise ServiceError(
                 code,
                 f"transaction coordinator {node} at {address} did not verify "
-                f"transactional id {transactional_id!r}: {error.message}",
+                f"transactional id {transactional_id!r}: {exc.message}",
             ) from exc
-        if response.error.code != 0:
-            raise ServiceError(
-                ErrorCode.from_wire(response.error.code),
-                f"transaction coordinator {node} at {address}: {response.error.message}",
-            )
         answered: dict[TopicPartitionKey, Rejection | None] = {}
         for result in response.results:
             key = (result.partition.topic, result.partition.partition)
@@ -96,4 +91,5 @@ class GrpcTxnVerifier:
         return verdicts
 
     async def close(self) -> None:
+        self._questions.close()
         await self._channels.close()

@@ -55,6 +55,11 @@ def _produce_failed(request_id: int, error: ServiceError) -> pb.ProduceResponse:
     return pb.ProduceResponse(request_id=request_id, error=error_to_proto(error))
 
 
+def _markers_failed(request_id: int, error: ServiceError) -> pb.WriteTxnMarkersResponse:
+    """WriteTxnMarkersStream's answer to a request that failed as a whole."""
+    return pb.WriteTxnMarkersResponse(request_id=request_id, error=error_to_proto(error))
+
+
 def _check_unique(pairs: Iterable[tuple[str, int]], what: str) -> None:
     seen: set[tuple[str, int]] = set()
     for topic, partition in pairs:
@@ -289,27 +294,42 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         self, request: pb.WriteTxnMarkersRequest, context: grpc.aio.ServicerContext
     ) -> pb.WriteTxnMarkersResponse:
         try:
-            if not request.markers:
-                raise _bad_request("WriteTxnMarkersRequest carries no marker")
-            for m in request.markers:
-                if not m.partitions:
-                    raise _bad_request(
-                        f"the marker of producer {m.producer_id} names no partition"
-                    )
-            outcomes = await self._runtime.write_txn_markers([
-                MarkerItem(
-                    producer_id=m.producer_id, producer_epoch=m.producer_epoch,
-                    # Unknown types pass through; the core refuses them per partition.
-                    control_type=_MARKER_TYPES.get(m.type, int(m.type)),
-                    coordinator_epoch=m.coordinator_epoch,
-                    partitions=tuple((tp.topic, tp.partition) for tp in m.partitions),
-                    transactional_id=m.transactional_id,
-                )
-                for m in request.markers
-            ])
+            return await self._write_txn_markers(request)
         except ServiceError as exc:
             await abort_with(context, exc)
-        return pb.WriteTxnMarkersResponse(results=[
+
+    async def WriteTxnMarkersStream(
+        self, requests: AsyncIterator[pb.WriteTxnMarkersRequest | Refused],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.WriteTxnMarkersResponse]:
+        async for answer in answer_each(requests, self._write_txn_markers, _markers_failed,
+                                        lambda request: request.request_id):
+            yield answer
+
+    async def _write_txn_markers(
+        self, request: pb.WriteTxnMarkersRequest
+    ) -> pb.WriteTxnMarkersResponse:
+        """WriteTxnMarkers' work, for both its forms; raises ServiceError
+        when the request fails as a whole."""
+        if not request.markers:
+            raise _bad_request("WriteTxnMarkersRequest carries no marker")
+        for m in request.markers:
+            if not m.partitions:
+                raise _bad_request(
+                    f"the marker of producer {m.producer_id} names no partition"
+                )
+        outcomes = await self._runtime.write_txn_markers([
+            MarkerItem(
+                producer_id=m.producer_id, producer_epoch=m.producer_epoch,
+                # Unknown types pass through; the core refuses them per partition.
+                control_type=_MARKER_TYPES.get(m.type, int(m.type)),
+                coordinator_epoch=m.coordinator_epoch,
+                partitions=tuple((tp.topic, tp.partition) for tp in m.partitions),
+                transactional_id=m.transactional_id,
+            )
+            for m in request.markers
+        ])
+        return pb.WriteTxnMarkersResponse(request_id=request.request_id, results=[
             pb.MarkerPartitionResult(
                 producer_id=o.producer_id, topic=o.topic, partition=o.partition,
                 error=error_to_proto(o.error), offset=o.offset,

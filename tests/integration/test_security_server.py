@@ -341,23 +341,42 @@ def case_list_offsets(env: Env, who: str, name: str) -> Case:
         [acl(who, T_, name, "describe")], TOPIC_DENIED, works)
 
 
-def case_write_txn_markers(env: Env, who: str, name: str) -> Case:
+def _abort_marker(env: Env, name: str) -> ps.WriteTxnMarkersRequest:
+    """An ABORT marker for the open transaction of a new topic `name`."""
     create_topic(env, name)
     producer_id, epoch = open_txn(env, name, name)
     coordinator_epoch = describe_txn(env, name).coordinator_epoch
-    request = ps.WriteTxnMarkersRequest(markers=[ps.TxnMarker(
+    return ps.WriteTxnMarkersRequest(markers=[ps.TxnMarker(
         producer_id=producer_id, producer_epoch=epoch + 1, type=ps.ABORT,
         coordinator_epoch=coordinator_epoch, partitions=[TP(topic=name, partition=0)],
         transactional_id=name)])
 
-    def works(reply: Message) -> None:
-        assert isinstance(reply, ps.WriteTxnMarkersResponse)
-        [result] = reply.results
-        _ok(result.error)
-        assert result.offset == 1
 
+def _marker_written(reply: Message) -> None:
+    assert isinstance(reply, ps.WriteTxnMarkersResponse)
+    _ok(reply.error)
+    [result] = reply.results
+    _ok(result.error)
+    assert result.offset == 1
+
+
+def case_write_txn_markers(env: Env, who: str, name: str) -> Case:
+    request = _abort_marker(env, name)
     return Case(lambda p: p.store.WriteTxnMarkers(request),
-                [acl(who, C_, CLUSTER, "cluster_action")], CLUSTER_DENIED, works)
+                [acl(who, C_, CLUSTER, "cluster_action")], CLUSTER_DENIED, _marker_written)
+
+
+def case_write_txn_markers_stream(env: Env, who: str, name: str) -> Case:
+    request = _abort_marker(env, name)
+    request.request_id = 42
+
+    def call(p: Principal) -> Message:
+        [reply] = p.store.WriteTxnMarkersStream(iter([request]), timeout=30)
+        assert reply.request_id == 42
+        return reply
+
+    return Case(call, [acl(who, C_, CLUSTER, "cluster_action")], CLUSTER_DENIED,
+                _marker_written, in_band=True)
 
 
 def case_describe_producers(env: Env, who: str, name: str) -> Case:
@@ -479,21 +498,45 @@ def case_init_producer_id(env: Env, who: str, name: str) -> Case:
         [acl(who, X_, name, "write")], TXN_DENIED, works)
 
 
-def case_add_partitions_to_txn(env: Env, who: str, name: str) -> Case:
+def _add_request(env: Env, name: str) -> tc.AddPartitionsToTxnRequest:
+    """Adds partition 0 of a new topic `name` to the transaction of a new
+    producer with transactional id `name`."""
     create_topic(env, name)
     producer_id, epoch = init_producer(env, name)
+    return tc.AddPartitionsToTxnRequest(
+        transactional_id=name, producer_id=producer_id, producer_epoch=epoch,
+        partitions=[TP(topic=name, partition=0)])
 
+
+def _added(env: Env, name: str) -> Callable[[Message], None]:
     def works(reply: Message) -> None:
         assert isinstance(reply, tc.AddPartitionsToTxnResponse)
         _ok(reply.error)
+        assert reply.results
         for result in reply.results:
             _ok(result.error)
         assert describe_txn(env, name).state == "Ongoing"
+    return works
 
-    return Case(lambda p: p.txn.AddPartitionsToTxn(tc.AddPartitionsToTxnRequest(
-        transactional_id=name, producer_id=producer_id, producer_epoch=epoch,
-        partitions=[TP(topic=name, partition=0)])),
-        [acl(who, X_, name, "write"), acl(who, T_, name, "write")], TXN_DENIED, works)
+
+def case_add_partitions_to_txn(env: Env, who: str, name: str) -> Case:
+    request = _add_request(env, name)
+    return Case(lambda p: p.txn.AddPartitionsToTxn(request),
+                [acl(who, X_, name, "write"), acl(who, T_, name, "write")], TXN_DENIED,
+                _added(env, name))
+
+
+def case_add_partitions_to_txn_stream(env: Env, who: str, name: str) -> Case:
+    request = _add_request(env, name)
+    request.request_id = 43
+
+    def call(p: Principal) -> Message:
+        [reply] = p.txn.AddPartitionsToTxnStream(iter([request]), timeout=30)
+        assert reply.request_id == 43
+        return reply
+
+    return Case(call, [acl(who, X_, name, "write"), acl(who, T_, name, "write")], TXN_DENIED,
+                _added(env, name), in_band=True)
 
 
 def case_add_offsets_to_txn(env: Env, who: str, name: str) -> Case:
@@ -737,6 +780,7 @@ CASES: dict[str, Callable[[Env, str, str], Case]] = {
     _ps("ListTopics"): case_list_topics,
     _ps("Produce"): case_produce,
     _ps("ProduceStream"): case_produce_stream,
+    _ps("WriteTxnMarkersStream"): case_write_txn_markers_stream,
     _ps("Fetch"): case_fetch,
     _ps("ListOffsets"): case_list_offsets,
     _ps("WriteTxnMarkers"): case_write_txn_markers,
@@ -750,6 +794,7 @@ CASES: dict[str, Callable[[Env, str, str], Case]] = {
     _tc("FindCoordinator"): case_find_coordinator,
     _tc("InitProducerId"): case_init_producer_id,
     _tc("AddPartitionsToTxn"): case_add_partitions_to_txn,
+    _tc("AddPartitionsToTxnStream"): case_add_partitions_to_txn_stream,
     _tc("AddOffsetsToTxn"): case_add_offsets_to_txn,
     _tc("EndTxn"): case_end_txn,
     _tc("ListTransactions"): case_list_transactions,

@@ -16,11 +16,10 @@ unless the fault layer (`_FaultLayer`, a wrapper in front of each servicer)
 fails it. Faults do what a network or an operator can do to a real cluster:
 
 * `fault`, a `FaultPlan` asked per batch of a client's Produce request
-  (each message of a ProduceStream is one; never of the coordinators' own
-  writes): DROP_REPLY (the store appends, the reply is lost: the client
-  sees UNAVAILABLE, on a stream the whole stream ends so), UNREACHABLE (the
-  request never arrives), or an ErrorCode answered for that batch in the
-  store's place (the other batches of the request reach the store). A plan may
+  (never of the coordinators' own writes): DROP_REPLY (the store appends,
+  the reply is lost: the client sees UNAVAILABLE), UNREACHABLE (the request
+  never arrives), or an ErrorCode answered for that batch in the store's
+  place (the other batches of the request reach the store). A plan may
   block: it runs in a worker thread, so it holds back its request only (a
   plan that sleeps a little reorders pipelined requests);
 * `coordinator_fault`, a `CoordinatorFaultPlan` asked per call of the
@@ -30,6 +29,11 @@ fails it. Faults do what a network or an operator can do to a real cluster:
   errors (a gRPC status with our Error in its details);
 * `fetch_fault(n)` fails the n-th client Fetch with a gRPC status, and
   `fetch_reply` rewrites a Fetch reply (bytes corrupted on the way).
+
+Every request stream (`<Method>Stream`: ProduceStream,
+AddPartitionsToTxnStream, WriteTxnMarkersStream) is taken message by
+message, each as a call of `<Method>` with that call's faults; a lost reply
+or an unreachable service ends the whole stream (a connection lost).
 
 The layer records every call it passes (`calls_named`), except the
 services' own reads and writes of their internal topics.
@@ -51,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import grpc
+from google.protobuf import message_factory
 
 from oncelog.v1 import (
     coordinator_pb2,
@@ -147,71 +152,73 @@ class _FaultLayer:
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):
             raise AttributeError(method)
+        if method.endswith(_STREAM_SUFFIX):
+            return functools.partial(self._request_stream, method)
+        return functools.partial(self._call, method)
+
+    async def _call(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         cluster = self._cluster
-        if method == "ProduceStream":
-            return self._produce_stream
-
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if self.target is None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "still starting")
-            upstream = getattr(self.target, method)
-            if _internal_traffic(method, request):
-                return await upstream(request, context)
-            cluster._record(method, request)
-            if self._service == "store":
-                if method == "Produce":
-                    return await cluster._produce(upstream, request, context)
-                if method == "Fetch":
-                    return await cluster._fetch(upstream, request, context)
-                return await upstream(request, context)
-            plan = cluster.coordinator_fault
-            action = None if plan is None else await asyncio.to_thread(plan, method, request)
-            await _fail_before(action, context, "coordinator")
-            reply = await upstream(request, context)
-            if action == DROP_REPLY:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "reply lost (fault plan)")
-            return reply
-
-        return call
-
-
-    async def _produce_stream(self, requests: AsyncIterator[Any],
-                              context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        """ProduceStream: each message goes through what a unary Produce
-        goes through here (recorded as a Produce call, the same faults), to
-        the servicer's unary Produce. A lost reply or an unreachable store
-        ends the whole stream with UNAVAILABLE (a connection lost); a
-        request the store refuses as a whole is answered in the stream."""
         if self.target is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "still starting")
-        upstream = self.target.Produce  # type: ignore[attr-defined]
-        cluster = self._cluster
+        upstream = getattr(self.target, method)
+        if _internal_traffic(method, request):
+            return await upstream(request, context)
+        cluster._record(method, request)
+        if self._service == "store":
+            if method == "Produce":
+                return await cluster._produce(upstream, request, context)
+            if method == "Fetch":
+                return await cluster._fetch(upstream, request, context)
+            return await upstream(request, context)
+        plan = cluster.coordinator_fault
+        action = None if plan is None else await asyncio.to_thread(plan, method, request)
+        await _fail_before(action, context, "coordinator")
+        reply = await upstream(request, context)
+        if action == DROP_REPLY:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "reply lost (fault plan)")
+        return reply
+
+    async def _request_stream(self, method: str, requests: AsyncIterator[Any],
+                              context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """A request stream (ProduceStream, AddPartitionsToTxnStream,
+        WriteTxnMarkersStream): each message goes through what a call of the
+        unary method goes through here (recorded as such a call, the same
+        faults), to the servicer's unary method. A lost reply or an
+        unreachable service ends the whole stream with UNAVAILABLE (a
+        connection lost); a request the service refuses as a whole is
+        answered in the stream."""
+        unary = method[:-len(_STREAM_SUFFIX)]
+        answer_type = message_factory.GetMessageClass(
+            _SERVICES[self._service].methods_by_name[method].output_type)
 
         async def handle(request: Any) -> Any:
             message_context: Any = _MessageContext(context)
             try:
-                if _internal_traffic("Produce", request):
-                    reply = await upstream(request, message_context)
-                else:
-                    cluster._record("Produce", request)
-                    reply = await cluster._produce(upstream, request, message_context)
+                reply = await self._call(unary, request, message_context)
             except _Refused as refused:
-                return partition_store_pb2.ProduceResponse(
-                    request_id=request.request_id, error=error_from_status(
-                        refused.status.code, refused.status.details,
-                        refused.status.trailing_metadata))
+                return answer_type(request_id=request.request_id, error=error_from_status(
+                    refused.status.code, refused.status.details,
+                    refused.status.trailing_metadata))
             except _StreamEnds as end:
                 return end  # ends the stream once it comes out (below)
             reply.request_id = request.request_id
             return reply
 
-        # The store's own way of answering a stream (request_streams.py);
+        # The services' own way of answering a stream (request_streams.py);
         # nothing here is refused before `handle`, so `failed` never runs.
         async for answer in answer_each(requests, handle, _never_refused,
                                         lambda request: request.request_id):
             if isinstance(answer, _StreamEnds):
                 await context.abort(answer.code, answer.details)
             yield answer
+
+
+_STREAM_SUFFIX = "Stream"
+_SERVICES = {
+    "store": partition_store_pb2.DESCRIPTOR.services_by_name["PartitionStore"],
+    "coordinator": coordinator_pb2.DESCRIPTOR.services_by_name["TransactionCoordinator"],
+    "group_coordinator": group_coordinator_pb2.DESCRIPTOR.services_by_name["GroupCoordinator"],
+}
 
 
 def _never_refused(request_id: int, error: ServiceError) -> Any:

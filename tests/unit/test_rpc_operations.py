@@ -217,6 +217,10 @@ SAMPLES: list[tuple[str, Message, list[Check]]] = [
     ("/oncelog.v1.PartitionStore/WriteTxnMarkers",
      ps.WriteTxnMarkersRequest(markers=[ps.TxnMarker(producer_id=7, partitions=_tps("a"))]),
      [chk(O.CLUSTER_ACTION, C)]),
+    ("/oncelog.v1.PartitionStore/WriteTxnMarkersStream",
+     ps.WriteTxnMarkersRequest(request_id=3,
+                               markers=[ps.TxnMarker(producer_id=7, partitions=_tps("a"))]),
+     [chk(O.CLUSTER_ACTION, C)]),
     ("/oncelog.v1.PartitionStore/DescribeProducers",
      ps.DescribeProducersRequest(partitions=_tps("a", "b")),
      [chk(O.READ, T, "a"), chk(O.READ, T, "b")]),
@@ -263,6 +267,10 @@ SAMPLES: list[tuple[str, Message, list[Check]]] = [
      tc.AddPartitionsToTxnRequest(transactional_id="t-1", partitions=_tps("a"),
                                   verify_only=True),
      [chk(O.CLUSTER_ACTION, C)]),
+    # Each request of the stores' stream is checked as a unary one would be.
+    ("/oncelog.v1.TransactionCoordinator/AddPartitionsToTxnStream",
+     tc.AddPartitionsToTxnRequest(transactional_id="t-1", partitions=_tps("a"), request_id=4),
+     [chk(O.WRITE, X, "t-1", CLUSTER_ACTION), chk(O.WRITE, T, "a", CLUSTER_ACTION)]),
     # send_offsets_to_transaction: Write on the id, Read on the group.
     ("/oncelog.v1.TransactionCoordinator/AddOffsetsToTxn",
      tc.AddOffsetsToTxnRequest(transactional_id="t-1", group_id="g"),

@@ -26,15 +26,15 @@ from oncelog.v1 import errors_pb2 as oncelog_dot_v1_dot_errors__pb2
 from oncelog.v1 import records_pb2 as oncelog_dot_v1_dot_records__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1concelog/v1/coordinator.proto\x12\noncelog.v1\x1a\x17oncelog/v1/errors.proto\x1a\x18oncelog/v1/records.proto\"?\n\x10PreparedTxnState\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"P\n\x16\x46indCoordinatorRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.oncelog.v1.CoordinatorType\"p\n\x17\x46indCoordinatorResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x0f\n\x07node_id\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\"\xba\x01\n\x15InitProducerIdRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x16transaction_timeout_ms\x18\x02 \x01(\x05\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\x12\x1f\n\x17\x65nable_two_phase_commit\x18\x05 \x01(\x08\x12\x19\n\x11keep_prepared_txn\x18\x06 \x01(\x08\"\xa3\x01\n\x16InitProducerIdResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12:\n\x14prepared_transaction\x18\x04 \x01(\x0b\x32\x1c.oncelog.v1.PreparedTxnState\"\xa7\x01\n\x19\x41\x64\x64PartitionsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12.\n\npartitions\x18\x04 \x03(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12\x13\n\x0bverify_only\x18\x05 \x01(\x08\"k\n\x18\x41\x64\x64PartitionsToTxnResult\x12-\n\tpartition\x18\x01 \x01(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.oncelog.v1.Error\"u\n\x1a\x41\x64\x64PartitionsToTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x35\n\x07results\x18\x02 \x03(\x0b\x32$.oncelog.v1.AddPartitionsToTxnResult\"q\n\x16\x41\x64\x64OffsetsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x10\n\x08group_id\x18\x04 \x01(\t\";\n\x17\x41\x64\x64OffsetsToTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\"f\n\rEndTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x0e\n\x06\x63ommit\x18\x04 \x01(\x08\"_\n\x0e\x45ndTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"?\n\x17ListTransactionsRequest\x12\x0e\n\x06states\x18\x01 \x03(\t\x12\x14\n\x0cproducer_ids\x18\x02 \x03(\x03\"R\n\x12TransactionListing\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\"r\n\x18ListTransactionsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x34\n\x0ctransactions\x18\x02 \x03(\x0b\x32\x1e.oncelog.v1.TransactionListing\"8\n\x1b\x44\x65scribeTransactionsRequest\x12\x19\n\x11transactional_ids\x18\x01 \x03(\t\"\xf4\x02\n\x16TransactionDescription\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\r\n\x05state\x18\x03 \x01(\t\x12\x13\n\x0bproducer_id\x18\x04 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x05 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x06 \x01(\x05\x12!\n\x19transaction_start_time_ms\x18\x07 \x01(\x03\x12.\n\npartitions\x18\x08 \x03(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12\x19\n\x11\x63oordinator_epoch\x18\t \x01(\x05\x12\x18\n\x10two_phase_commit\x18\n \x01(\x08\x12:\n\x14prepared_transaction\x18\x0b \x01(\x0b\x32\x1c.oncelog.v1.PreparedTxnState\"X\n\x1c\x44\x65scribeTransactionsResponse\x12\x38\n\x0ctransactions\x18\x01 \x03(\x0b\x32\".oncelog.v1.TransactionDescription\"b\n\x19PrepareTransactionRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"z\n\x1aPrepareTransactionResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12:\n\x14prepared_transaction\x18\x02 \x01(\x0b\x32\x1c.oncelog.v1.PreparedTxnState\"\x9f\x01\n\x1a\x43ompleteTransactionRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12:\n\x14prepared_transaction\x18\x04 \x01(\x0b\x32\x1c.oncelog.v1.PreparedTxnState\"\x7f\n\x1b\x43ompleteTransactionResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x11\n\tcommitted\x18\x02 \x01(\x08\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"3\n\x17\x41\x62ortTransactionRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\"u\n\x18\x41\x62ortTransactionResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x37\n\x0btransaction\x18\x02 \x01(\x0b\x32\".oncelog.v1.TransactionDescription*-\n\x0f\x43oordinatorType\x12\x0f\n\x0bTRANSACTION\x10\x00\x12\t\n\x05GROUP\x10\x01\x32\xc5\x07\n\x16TransactionCoordinator\x12Z\n\x0f\x46indCoordinator\x12\".oncelog.v1.FindCoordinatorRequest\x1a#.oncelog.v1.FindCoordinatorResponse\x12W\n\x0eInitProducerId\x12!.oncelog.v1.InitProducerIdRequest\x1a\".oncelog.v1.InitProducerIdResponse\x12\x63\n\x12\x41\x64\x64PartitionsToTxn\x12%.oncelog.v1.AddPartitionsToTxnRequest\x1a&.oncelog.v1.AddPartitionsToTxnResponse\x12Z\n\x0f\x41\x64\x64OffsetsToTxn\x12\".oncelog.v1.AddOffsetsToTxnRequest\x1a#.oncelog.v1.AddOffsetsToTxnResponse\x12?\n\x06\x45ndTxn\x12\x19.oncelog.v1.EndTxnRequest\x1a\x1a.oncelog.v1.EndTxnResponse\x12]\n\x10ListTransactions\x12#.oncelog.v1.ListTransactionsRequest\x1a$.oncelog.v1.ListTransactionsResponse\x12i\n\x14\x44\x65scribeTransactions\x12\'.oncelog.v1.DescribeTransactionsRequest\x1a(.oncelog.v1.DescribeTransactionsResponse\x12]\n\x10\x41\x62ortTransaction\x12#.oncelog.v1.AbortTransactionRequest\x1a$.oncelog.v1.AbortTransactionResponse\x12\x63\n\x12PrepareTransaction\x12%.oncelog.v1.PrepareTransactionRequest\x1a&.oncelog.v1.PrepareTransactionResponse\x12\x66\n\x13\x43ompleteTransaction\x12&.oncelog.v1.CompleteTransactionRequest\x1a\'.oncelog.v1.CompleteTransactionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1concelog/v1/coordinator.proto\x12\noncelog.v1\x1a\x17oncelog/v1/errors.proto\x1a\x18oncelog/v1/records.proto\"?\n\x10PreparedTxnState\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"P\n\x16\x46indCoordinatorRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.oncelog.v1.CoordinatorType\"p\n\x17\x46indCoordinatorResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x0f\n\x07node_id\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\"\xba\x01\n\x15InitProducerIdRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x16transaction_timeout_ms\x18\x02 \x01(\x05\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\x12\x1f\n\x17\x65nable_two_phase_commit\x18\x05 \x01(\x08\x12\x19\n\x11keep_prepared_txn\x18\x06 \x01(\x08\"\xa3\x01\n\x16InitProducerIdResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12:\n\x14prepared_transaction\x18\x04 \x01(\x0b\x32\x1c.oncelog.v1.PreparedTxnState\"\xbb\x01\n\x19\x41\x64\x64PartitionsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12.\n\npartitions\x18\x04 \x03(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12\x13\n\x0bverify_only\x18\x05 \x01(\x08\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\"k\n\x18\x41\x64\x64PartitionsToTxnResult\x12-\n\tpartition\x18\x01 \x01(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.oncelog.v1.Error\"\x89\x01\n\x1a\x41\x64\x64PartitionsToTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x35\n\x07results\x18\x02 \x03(\x0b\x32$.oncelog.v1.AddPartitionsToTxnResult\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"q\n\x16\x41\x64\x64OffsetsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x10\n\x08group_id\x18\x04 \x01(\t\";\n\x17\x41\x64\x64OffsetsToTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\"f\n\rEndTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x0e\n\x06\x63ommit\x18\x04 \x01(\x08\"_\n\x0e\x45ndTxnResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"?\n\x17ListTransactionsRequest\x12\x0e\n\x06states\x18\x01 \x03(\t\x12\x14\n\x0cproducer_ids\x18\x02 \x03(\x03\"R\n\x12TransactionListing\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\"r\n\x18ListTransactionsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x34\n\x0ctransactions\x18\x02 \x03(\x0b\x32\x1e.oncelog.v1.TransactionListing\"8\n\x1b\x44\x65scribeTransactionsRequest\x12\x19\n\x11transactional_ids\x18\x01 \x03(\t\"\xf4\x02\n\x16TransactionDescription\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\r\n\x05state\x18\x03 \x01(\t\x12\x13\n\x0bproducer_id\x18\x04 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x05 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x06 \x01(\x05\x12!\n\x19transaction_start_time_ms\x18\x07 \x01(\x03\x12.\n\npartitions\x18\x08 \x03(\x0b\x32\x1a.oncelog.v1.TopicPartition\x12\x19\n\x11\x63oordinator_epoch\x18\t \x01(\x05\x12\x18\n\x10two_phase_commit\x18\n \x01(\x08\x12:\n\x14prepared_transaction\x18\x0b \x01(\x0b\x32\x1c.oncelog.v1.PreparedTxnState\"X\n\x1c\x44\x65scribeTransactionsResponse\x12\x38\n\x0ctransactions\x18\x01 \x03(\x0b\x32\".oncelog.v1.TransactionDescription\"b\n\x19PrepareTransactionRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"z\n\x1aPrepareTransactionResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12:\n\x14prepared_transaction\x18\x02 \x01(\x0b\x32\x1c.oncelog.v1.PreparedTxnState\"\x9f\x01\n\x1a\x43ompleteTransactionRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12:\n\x14prepared_transaction\x18\x04 \x01(\x0b\x32\x1c.oncelog.v1.PreparedTxnState\"\x7f\n\x1b\x43ompleteTransactionResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x11\n\tcommitted\x18\x02 \x01(\x08\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"3\n\x17\x41\x62ortTransactionRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\"u\n\x18\x41\x62ortTransactionResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.oncelog.v1.Error\x12\x37\n\x0btransaction\x18\x02 \x01(\x0b\x32\".oncelog.v1.TransactionDescription*-\n\x0f\x43oordinatorType\x12\x0f\n\x0bTRANSACTION\x10\x00\x12\t\n\x05GROUP\x10\x01\x32\xb4\x08\n\x16TransactionCoordinator\x12Z\n\x0f\x46indCoordinator\x12\".oncelog.v1.FindCoordinatorRequest\x1a#.oncelog.v1.FindCoordinatorResponse\x12W\n\x0eInitProducerId\x12!.oncelog.v1.InitProducerIdRequest\x1a\".oncelog.v1.InitProducerIdResponse\x12\x63\n\x12\x41\x64\x64PartitionsToTxn\x12%.oncelog.v1.AddPartitionsToTxnRequest\x1a&.oncelog.v1.AddPartitionsToTxnResponse\x12m\n\x18\x41\x64\x64PartitionsToTxnStream\x12%.oncelog.v1.AddPartitionsToTxnRequest\x1a&.oncelog.v1.AddPartitionsToTxnResponse(\x01\x30\x01\x12Z\n\x0f\x41\x64\x64OffsetsToTxn\x12\".oncelog.v1.AddOffsetsToTxnRequest\x1a#.oncelog.v1.AddOffsetsToTxnResponse\x12?\n\x06\x45ndTxn\x12\x19.oncelog.v1.EndTxnRequest\x1a\x1a.oncelog.v1.EndTxnResponse\x12]\n\x10ListTransactions\x12#.oncelog.v1.ListTransactionsRequest\x1a$.oncelog.v1.ListTransactionsResponse\x12i\n\x14\x44\x65scribeTransactions\x12\'.oncelog.v1.DescribeTransactionsRequest\x1a(.oncelog.v1.DescribeTransactionsResponse\x12]\n\x10\x41\x62ortTransaction\x12#.oncelog.v1.AbortTransactionRequest\x1a$.oncelog.v1.AbortTransactionResponse\x12\x63\n\x12PrepareTransaction\x12%.oncelog.v1.PrepareTransactionRequest\x1a&.oncelog.v1.PrepareTransactionResponse\x12\x66\n\x13\x43ompleteTransaction\x12&.oncelog.v1.CompleteTransactionRequest\x1a\'.oncelog.v1.CompleteTransactionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'oncelog.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COORDINATORTYPE']._serialized_start=2961
-  _globals['_COORDINATORTYPE']._serialized_end=3006
+  _globals['_COORDINATORTYPE']._serialized_start=3002
+  _globals['_COORDINATORTYPE']._serialized_end=3047
   _globals['_PREPAREDTXNSTATE']._serialized_start=95
   _globals['_PREPAREDTXNSTATE']._serialized_end=158
   _globals['_FINDCOORDINATORREQUEST']._serialized_start=160
@@ -46,43 +46,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INITPRODUCERIDRESPONSE']._serialized_start=546
   _globals['_INITPRODUCERIDRESPONSE']._serialized_end=709
   _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_start=712
-  _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_end=879
-  _globals['_ADDPARTITIONSTOTXNRESULT']._serialized_start=881
-  _globals['_ADDPARTITIONSTOTXNRESULT']._serialized_end=988
-  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_start=990
-  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_end=1107
-  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_start=1109
-  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_end=1222
-  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_start=1224
-  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_end=1283
-  _globals['_ENDTXNREQUEST']._serialized_start=1285
-  _globals['_ENDTXNREQUEST']._serialized_end=1387
-  _globals['_ENDTXNRESPONSE']._serialized_start=1389
-  _globals['_ENDTXNRESPONSE']._serialized_end=1484
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=1486
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=1549
-  _globals['_TRANSACTIONLISTING']._serialized_start=1551
-  _globals['_TRANSACTIONLISTING']._serialized_end=1633
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=1635
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=1749
-  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_start=1751
-  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_end=1807
-  _globals['_TRANSACTIONDESCRIPTION']._serialized_start=1810
-  _globals['_TRANSACTIONDESCRIPTION']._serialized_end=2182
-  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_start=2184
-  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_end=2272
-  _globals['_PREPARETRANSACTIONREQUEST']._serialized_start=2274
-  _globals['_PREPARETRANSACTIONREQUEST']._serialized_end=2372
-  _globals['_PREPARETRANSACTIONRESPONSE']._serialized_start=2374
-  _globals['_PREPARETRANSACTIONRESPONSE']._serialized_end=2496
-  _globals['_COMPLETETRANSACTIONREQUEST']._serialized_start=2499
-  _globals['_COMPLETETRANSACTIONREQUEST']._serialized_end=2658
-  _globals['_COMPLETETRANSACTIONRESPONSE']._serialized_start=2660
-  _globals['_COMPLETETRANSACTIONRESPONSE']._serialized_end=2787
-  _globals['_ABORTTRANSACTIONREQUEST']._serialized_start=2789
-  _globals['_ABORTTRANSACTIONREQUEST']._serialized_end=2840
-  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_start=2842
-  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_end=2959
-  _globals['_TRANSACTIONCOORDINATOR']._serialized_start=3009
-  _globals['_TRANSACTIONCOORDINATOR']._serialized_end=3974
+  _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_end=899
+  _globals['_ADDPARTITIONSTOTXNRESULT']._serialized_start=901
+  _globals['_ADDPARTITIONSTOTXNRESULT']._serialized_end=1008
+  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_start=1011
+  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_end=1148
+  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_start=1150
+  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_end=1263
+  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_start=1265
+  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_end=1324
+  _globals['_ENDTXNREQUEST']._serialized_start=1326
+  _globals['_ENDTXNREQUEST']._serialized_end=1428
+  _globals['_ENDTXNRESPONSE']._serialized_start=1430
+  _globals['_ENDTXNRESPONSE']._serialized_end=1525
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=1527
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=1590
+  _globals['_TRANSACTIONLISTING']._serialized_start=1592
+  _globals['_TRANSACTIONLISTING']._serialized_end=1674
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=1676
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=1790
+  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_start=1792
+  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_end=1848
+  _globals['_TRANSACTIONDESCRIPTION']._serialized_start=1851
+  _globals['_TRANSACTIONDESCRIPTION']._serialized_end=2223
+  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_start=2225
+  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_end=2313
+  _globals['_PREPARETRANSACTIONREQUEST']._serialized_start=2315
+  _globals['_PREPARETRANSACTIONREQUEST']._serialized_end=2413
+  _globals['_PREPARETRANSACTIONRESPONSE']._serialized_start=2415
+  _globals['_PREPARETRANSACTIONRESPONSE']._serialized_end=2537
+  _globals['_COMPLETETRANSACTIONREQUEST']._serialized_start=2540
+  _globals['_COMPLETETRANSACTIONREQUEST']._serialized_end=2699
+  _globals['_COMPLETETRANSACTIONRESPONSE']._serialized_start=2701
+  _globals['_COMPLETETRANSACTIONRESPONSE']._serialized_end=2828
+  _globals['_ABORTTRANSACTIONREQUEST']._serialized_start=2830
+  _globals['_ABORTTRANSACTIONREQUEST']._serialized_end=2881
+  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_start=2883
+  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_end=3000
+  _globals['_TRANSACTIONCOORDINATOR']._serialized_start=3050
+  _globals['_TRANSACTIONCOORDINATOR']._serialized_end=4126
 # @@protoc_insertion_point(module_scope)

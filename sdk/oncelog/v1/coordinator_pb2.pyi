@@ -206,6 +206,7 @@ class AddPartitionsToTxnRequest(_message.Message):
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     VERIFY_ONLY_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     producer_id: _builtins.int
     producer_epoch: _builtins.int
@@ -215,6 +216,10 @@ class AddPartitionsToTxnRequest(_message.Message):
     producer's open transaction (NONE) or not (INVALID_TXN_STATE,
     PRODUCER_FENCED, INVALID_PRODUCER_ID_MAPPING). Closes the hole where a
     write lands on a partition the coordinator will never send a marker to.
+    """
+    request_id: _builtins.int
+    """AddPartitionsToTxnStream only: the client's id for this request, echoed
+    in its answer.
     """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]: ...
@@ -226,10 +231,11 @@ class AddPartitionsToTxnRequest(_message.Message):
         producer_epoch: _builtins.int = ...,
         partitions: _abc.Iterable[_records_pb2.TopicPartition] | None = ...,
         verify_only: _builtins.bool = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id", "verify_only", b"verify_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "request_id", b"request_id", "transactional_id", b"transactional_id", "verify_only", b"verify_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -265,8 +271,15 @@ class AddPartitionsToTxnResponse(_message.Message):
 
     ERROR_FIELD_NUMBER: _builtins.int
     RESULTS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    """AddPartitionsToTxnStream only: the request_id of the request answered."""
     @_builtins.property
-    def error(self) -> _errors_pb2.Error: ...
+    def error(self) -> _errors_pb2.Error:
+        """AddPartitionsToTxnStream only: the request failed as a whole (a unary
+        AddPartitionsToTxn ends with this error in its status instead).
+        """
+
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___AddPartitionsToTxnResult]: ...
     def __init__(
@@ -274,10 +287,11 @@ class AddPartitionsToTxnResponse(_message.Message):
         *,
         error: _errors_pb2.Error | None = ...,
         results: _abc.Iterable[Global___AddPartitionsToTxnResult] | None = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

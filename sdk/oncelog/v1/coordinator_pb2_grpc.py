@@ -49,6 +49,11 @@ class TransactionCoordinatorStub:
                 request_serializer=oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
                 _registered_method=True)
+        self.AddPartitionsToTxnStream = channel.stream_stream(
+                '/oncelog.v1.TransactionCoordinator/AddPartitionsToTxnStream',
+                request_serializer=oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
+                _registered_method=True)
         self.AddOffsetsToTxn = channel.unary_unary(
                 '/oncelog.v1.TransactionCoordinator/AddOffsetsToTxn',
                 request_serializer=oncelog_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
@@ -103,6 +108,19 @@ class TransactionCoordinatorServicer:
 
     def AddPartitionsToTxn(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddPartitionsToTxnStream(self, request_iterator, context):
+        """AddPartitionsToTxn over one long-lived stream, as PartitionStore's
+        ProduceStream carries Produce: each request carries a request_id, its
+        answer carries it back, requests are handled as concurrent calls are and
+        answered as they complete; one that fails as a whole is answered with
+        `error` set. The partition stores verify producers' transactional writes
+        over it (a message on an open stream costs about half a unary call);
+        AddPartitionsToTxn stays for clients.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -173,6 +191,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
             ),
             'AddPartitionsToTxn': grpc.unary_unary_rpc_method_handler(
                     servicer.AddPartitionsToTxn,
+                    request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.SerializeToString,
+            ),
+            'AddPartitionsToTxnStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AddPartitionsToTxnStream,
                     request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.SerializeToString,
             ),
@@ -291,6 +314,33 @@ class TransactionCoordinator:
             request,
             target,
             '/oncelog.v1.TransactionCoordinator/AddPartitionsToTxn',
+            oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
+            oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddPartitionsToTxnStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/oncelog.v1.TransactionCoordinator/AddPartitionsToTxnStream',
             oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
             oncelog_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
             options,

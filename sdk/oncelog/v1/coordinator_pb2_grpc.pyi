@@ -37,6 +37,15 @@ class TransactionCoordinatorStub:
     FindCoordinator: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.FindCoordinatorRequest, _coordinator_pb2.FindCoordinatorResponse]
     InitProducerId: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.InitProducerIdRequest, _coordinator_pb2.InitProducerIdResponse]
     AddPartitionsToTxn: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AddPartitionsToTxnRequest, _coordinator_pb2.AddPartitionsToTxnResponse]
+    AddPartitionsToTxnStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.AddPartitionsToTxnRequest, _coordinator_pb2.AddPartitionsToTxnResponse]
+    """AddPartitionsToTxn over one long-lived stream, as PartitionStore's
+    ProduceStream carries Produce: each request carries a request_id, its
+    answer carries it back, requests are handled as concurrent calls are and
+    answered as they complete; one that fails as a whole is answered with
+    `error` set. The partition stores verify producers' transactional writes
+    over it (a message on an open stream costs about half a unary call);
+    AddPartitionsToTxn stays for clients.
+    """
     AddOffsetsToTxn: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AddOffsetsToTxnRequest, _coordinator_pb2.AddOffsetsToTxnResponse]
     EndTxn: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EndTxnRequest, _coordinator_pb2.EndTxnResponse]
     ListTransactions: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListTransactionsRequest, _coordinator_pb2.ListTransactionsResponse]
@@ -63,6 +72,15 @@ class TransactionCoordinatorAsyncStub(TransactionCoordinatorStub):
     FindCoordinator: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.FindCoordinatorRequest, _coordinator_pb2.FindCoordinatorResponse]  # type: ignore[assignment]
     InitProducerId: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.InitProducerIdRequest, _coordinator_pb2.InitProducerIdResponse]  # type: ignore[assignment]
     AddPartitionsToTxn: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AddPartitionsToTxnRequest, _coordinator_pb2.AddPartitionsToTxnResponse]  # type: ignore[assignment]
+    AddPartitionsToTxnStream: _aio.StreamStreamMultiCallable[_coordinator_pb2.AddPartitionsToTxnRequest, _coordinator_pb2.AddPartitionsToTxnResponse]  # type: ignore[assignment]
+    """AddPartitionsToTxn over one long-lived stream, as PartitionStore's
+    ProduceStream carries Produce: each request carries a request_id, its
+    answer carries it back, requests are handled as concurrent calls are and
+    answered as they complete; one that fails as a whole is answered with
+    `error` set. The partition stores verify producers' transactional writes
+    over it (a message on an open stream costs about half a unary call);
+    AddPartitionsToTxn stays for clients.
+    """
     AddOffsetsToTxn: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AddOffsetsToTxnRequest, _coordinator_pb2.AddOffsetsToTxnResponse]  # type: ignore[assignment]
     EndTxn: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EndTxnRequest, _coordinator_pb2.EndTxnResponse]  # type: ignore[assignment]
     ListTransactions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListTransactionsRequest, _coordinator_pb2.ListTransactionsResponse]  # type: ignore[assignment]
@@ -104,6 +122,21 @@ class TransactionCoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.AddPartitionsToTxnRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.AddPartitionsToTxnResponse, _abc.Awaitable[_coordinator_pb2.AddPartitionsToTxnResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AddPartitionsToTxnStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_coordinator_pb2.AddPartitionsToTxnRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_coordinator_pb2.AddPartitionsToTxnResponse], _abc.AsyncIterator[_coordinator_pb2.AddPartitionsToTxnResponse]]:
+        """AddPartitionsToTxn over one long-lived stream, as PartitionStore's
+        ProduceStream carries Produce: each request carries a request_id, its
+        answer carries it back, requests are handled as concurrent calls are and
+        answered as they complete; one that fails as a whole is answered with
+        `error` set. The partition stores verify producers' transactional writes
+        over it (a message on an open stream costs about half a unary call);
+        AddPartitionsToTxn stays for clients.
+        """
 
     @_abc_1.abstractmethod
     def AddOffsetsToTxn(

@@ -901,16 +901,22 @@ class WriteTxnMarkersRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MARKERS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    """WriteTxnMarkersStream only: the client's id for this request, echoed in
+    its answer.
+    """
     @_builtins.property
     def markers(self) -> _containers.RepeatedCompositeFieldContainer[Global___TxnMarker]: ...
     def __init__(
         self,
         *,
         markers: _abc.Iterable[Global___TxnMarker] | None = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["markers", b"markers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["markers", b"markers", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -953,16 +959,29 @@ class WriteTxnMarkersResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    """WriteTxnMarkersStream only: the request_id of the request answered."""
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___MarkerPartitionResult]: ...
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error:
+        """WriteTxnMarkersStream only: the request failed as a whole (a unary
+        WriteTxnMarkers ends with this error in its status instead); `results`
+        is then empty.
+        """
+
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___MarkerPartitionResult] | None = ...,
+        request_id: _builtins.int = ...,
+        error: _errors_pb2.Error | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -79,6 +79,11 @@ class PartitionStoreStub:
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
+        self.WriteTxnMarkersStream = channel.stream_stream(
+                '/oncelog.v1.PartitionStore/WriteTxnMarkersStream',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersResponse.FromString,
+                _registered_method=True)
         self.DescribeProducers = channel.unary_unary(
                 '/oncelog.v1.PartitionStore/DescribeProducers',
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.DescribeProducersRequest.SerializeToString,
@@ -188,6 +193,15 @@ class PartitionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteTxnMarkersStream(self, request_iterator, context):
+        """WriteTxnMarkers over one long-lived stream, with request ids and
+        in-stream errors as ProduceStream: the transaction coordinators send
+        markers over it (the next transaction of a producer waits for them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DescribeProducers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -286,6 +300,11 @@ def add_PartitionStoreServicer_to_server(servicer, server):
             ),
             'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteTxnMarkers,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'WriteTxnMarkersStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.WriteTxnMarkersStream,
                     request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersResponse.SerializeToString,
             ),
@@ -566,6 +585,33 @@ class PartitionStore:
             request,
             target,
             '/oncelog.v1.PartitionStore/WriteTxnMarkers',
+            oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteTxnMarkersStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/oncelog.v1.PartitionStore/WriteTxnMarkersStream',
             oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersRequest.SerializeToString,
             oncelog_dot_v1_dot_partition__store__pb2.WriteTxnMarkersResponse.FromString,
             options,

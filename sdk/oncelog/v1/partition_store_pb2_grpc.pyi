@@ -60,6 +60,11 @@ class PartitionStoreStub:
     ListOffsets: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.ListOffsetsRequest, _partition_store_pb2.ListOffsetsResponse]
     WriteTxnMarkers: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.WriteTxnMarkersRequest, _partition_store_pb2.WriteTxnMarkersResponse]
     """Written by the transaction coordinator: COMMIT/ABORT control batches."""
+    WriteTxnMarkersStream: _grpc.StreamStreamMultiCallable[_partition_store_pb2.WriteTxnMarkersRequest, _partition_store_pb2.WriteTxnMarkersResponse]
+    """WriteTxnMarkers over one long-lived stream, with request ids and
+    in-stream errors as ProduceStream: the transaction coordinators send
+    markers over it (the next transaction of a producer waits for them).
+    """
     DescribeProducers: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.DescribeProducersRequest, _partition_store_pb2.DescribeProducersResponse]
     ReplicaFetch: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.ReplicaFetchRequest, _partition_store_pb2.ReplicaFetchResponse]
     """Replication (store to store): a follower copies its leader's log, batch
@@ -112,6 +117,11 @@ class PartitionStoreAsyncStub(PartitionStoreStub):
     ListOffsets: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.ListOffsetsRequest, _partition_store_pb2.ListOffsetsResponse]  # type: ignore[assignment]
     WriteTxnMarkers: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.WriteTxnMarkersRequest, _partition_store_pb2.WriteTxnMarkersResponse]  # type: ignore[assignment]
     """Written by the transaction coordinator: COMMIT/ABORT control batches."""
+    WriteTxnMarkersStream: _aio.StreamStreamMultiCallable[_partition_store_pb2.WriteTxnMarkersRequest, _partition_store_pb2.WriteTxnMarkersResponse]  # type: ignore[assignment]
+    """WriteTxnMarkers over one long-lived stream, with request ids and
+    in-stream errors as ProduceStream: the transaction coordinators send
+    markers over it (the next transaction of a producer waits for them).
+    """
     DescribeProducers: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.DescribeProducersRequest, _partition_store_pb2.DescribeProducersResponse]  # type: ignore[assignment]
     ReplicaFetch: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.ReplicaFetchRequest, _partition_store_pb2.ReplicaFetchResponse]  # type: ignore[assignment]
     """Replication (store to store): a follower copies its leader's log, batch
@@ -215,6 +225,17 @@ class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_partition_store_pb2.WriteTxnMarkersResponse, _abc.Awaitable[_partition_store_pb2.WriteTxnMarkersResponse]]:
         """Written by the transaction coordinator: COMMIT/ABORT control batches."""
+
+    @_abc_1.abstractmethod
+    def WriteTxnMarkersStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_partition_store_pb2.WriteTxnMarkersRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_partition_store_pb2.WriteTxnMarkersResponse], _abc.AsyncIterator[_partition_store_pb2.WriteTxnMarkersResponse]]:
+        """WriteTxnMarkers over one long-lived stream, with request ids and
+        in-stream errors as ProduceStream: the transaction coordinators send
+        markers over it (the next transaction of a producer waits for them).
+        """
 
     @_abc_1.abstractmethod
     def DescribeProducers(

@@ -254,7 +254,7 @@ class RpcRule:
 
     needs: tuple[Need, ...] = ()
     filters: tuple[AnswerFilter, ...] = ()
-    # A request stream (ProduceStream): every message is a request of its
+    # A request stream (the *Stream methods): every message is a request of its
     # own, checked by itself with `needs` (guard.py); the stream needs
     # nothing more than an authenticated caller.
     per_message: bool = False
@@ -314,6 +314,19 @@ _PRODUCE = RpcRule(needs=(
     Need(_O.WRITE, _T.TOPIC, "batches[].topic", when=("!coordinator_write",)),
 ))
 
+# verify_only comes from a store (Kafka's AddPartitionsToTxn v4+,
+# ClusterAction); adding comes from a client (Write on the id and each
+# topic) or from a store on its behalf (ClusterAction).
+_ADD_PARTITIONS_TO_TXN = RpcRule(needs=(
+    Need(_O.CLUSTER_ACTION, _T.CLUSTER, when=("verify_only",)),
+    Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id", when=("!verify_only",),
+         alternatives=_CA),
+    Need(_O.WRITE, _T.TOPIC, "partitions[].topic", when=("!verify_only",),
+         alternatives=_CA),
+))
+
+_MARKERS = RpcRule(needs=(Need(_O.CLUSTER_ACTION, _T.CLUSTER),))
+
 TABLE: Mapping[str, RpcRule] = {
     # ------------------------------------------------------ partition store
     _ps("Metadata"): RpcRule(filters=(
@@ -346,7 +359,9 @@ TABLE: Mapping[str, RpcRule] = {
     # Kafka also takes Alter on the cluster here (KIP-664's abort tool writes
     # markers itself); oncelog's abort goes through the coordinator
     # (AbortTransaction), so markers stay the services' alone.
-    _ps("WriteTxnMarkers"): RpcRule(needs=(Need(_O.CLUSTER_ACTION, _T.CLUSTER),)),
+    _ps("WriteTxnMarkers"): _MARKERS,
+    # The same, for each request of the stream by itself (the coordinators').
+    _ps("WriteTxnMarkersStream"): dataclasses.replace(_MARKERS, per_message=True),
     _ps("DescribeProducers"): RpcRule(needs=(
         Need(_O.READ, _T.TOPIC, "partitions[].topic"),
     )),
@@ -375,16 +390,10 @@ TABLE: Mapping[str, RpcRule] = {
         Need(_O.IDEMPOTENT_WRITE, _T.CLUSTER, when=("!transactional_id",),
              alternatives=(Alternative(_O.WRITE, _T.TOPIC),)),
     )),
-    # verify_only comes from a store (Kafka's AddPartitionsToTxn v4+,
-    # ClusterAction); adding comes from a client (Write on the id and each
-    # topic) or from a store on its behalf (ClusterAction).
-    _tc("AddPartitionsToTxn"): RpcRule(needs=(
-        Need(_O.CLUSTER_ACTION, _T.CLUSTER, when=("verify_only",)),
-        Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id", when=("!verify_only",),
-             alternatives=_CA),
-        Need(_O.WRITE, _T.TOPIC, "partitions[].topic", when=("!verify_only",),
-             alternatives=_CA),
-    )),
+    _tc("AddPartitionsToTxn"): _ADD_PARTITIONS_TO_TXN,
+    # The same, for each request of the stream by itself (the stores').
+    _tc("AddPartitionsToTxnStream"): dataclasses.replace(
+        _ADD_PARTITIONS_TO_TXN, per_message=True),
     _tc("AddOffsetsToTxn"): RpcRule(needs=(
         Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id"),
         Need(_O.READ, _T.GROUP, "group_id"),
