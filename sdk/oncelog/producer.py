@@ -76,7 +76,7 @@ from oncelog._coordinators import (
     call_coordinator,
 )
 from oncelog._partitioner import StickyPartitioner, partition_for_key
-from oncelog._produce_stream import Outcome, ProduceStreams
+from oncelog._request_streams import Outcome, RequestStreams, StreamCaller
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog._sequencing import PartitionMode, PartitionSequencer
 from oncelog._transactions import (
@@ -306,9 +306,16 @@ class Producer:
         self._txn_locator: CoordinatorLocator | None = None
         # Group id -> its coordinator's locator (send_offsets_to_transaction).
         self._group_locators: dict[str, CoordinatorLocator] = {}
+        # EndTxn goes over one stream per coordinator (_request_streams.py).
+        self._end_txns: StreamCaller | None = None
         if transactional_id is not None:
             self._txn = TxnStateMachine(transactional_id)
-            self._txn_locator = CoordinatorLocator(self._client, transactional_id, TRANSACTION)
+            self._txn_locator = locator = CoordinatorLocator(
+                self._client, transactional_id, TRANSACTION)
+            self._end_txns = StreamCaller(
+                "EndTxnStream", self._client.coordinator,
+                lambda exc, address: self._client.rpc_error(exc, address,
+                                                            service=locator.service))
         self._sender = _Sender(
             client=self._client, accumulator=self._accumulator,
             idempotent=enable_idempotence, max_in_flight=max_in_flight,
@@ -1124,8 +1131,11 @@ class Producer:
             )
 
             def attempt(address: str, timeout_s: float) -> coordinator_pb2.EndTxnResponse:
-                return _answered(
-                    self._client.coordinator(address).EndTxn(request, timeout=timeout_s))
+                assert self._end_txns is not None  # transactional
+                stub = self._client.coordinator(address)
+                return _answered(self._end_txns.call(
+                    address, request, timeout_s,
+                    unary=lambda: stub.EndTxn(request, timeout=timeout_s)))
 
             remaining_s = max(0.0, deadline_s - time.monotonic())
             what = "EndTxn(commit)" if commit else "EndTxn(abort)"
@@ -1234,6 +1244,8 @@ class Producer:
         try:
             self._sender.close(timeout)
         finally:
+            if self._end_txns is not None:
+                self._end_txns.close()
             self._client.close()
 
     @property
@@ -1319,9 +1331,11 @@ class _Sender:
         # A new producer id/epoch handed over by the user's thread (after
         # InitProducerId or EndTxn); the sender applies it and clears this.
         self._identity_request: tuple[int, int] | None = None
-        # Produce requests go over one stream per store (_produce_stream.py);
+        # Produce requests go over one stream per store (_request_streams.py);
         # their outcomes arrive like a unary call's.
-        self._streams = ProduceStreams(client.store, client.translate, self._on_rpc_done)
+        self._streams = RequestStreams("ProduceStream", client.store,
+                                       lambda exc, _address: client.translate(exc),
+                                       self._on_rpc_done)
         self.thread = threading.Thread(target=self._run, name="oncelog-producer", daemon=True)
 
     def start(self) -> None:

@@ -1,6 +1,6 @@
 """Request streams: one long-lived RPC carrying many requests, each answered
 in the stream under the request_id its client gave it (ProduceStream,
-AddPartitionsToTxnStream, WriteTxnMarkersStream).
+EndTxnStream, AddPartitionsToTxnStream, WriteTxnMarkersStream).
 
 Why: on this stack a unary gRPC call costs about twice what one message on an
 open stream costs (docs/performance.md), and the producer's path is a chain

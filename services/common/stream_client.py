@@ -10,7 +10,7 @@ and the same errors: a request whose stream ends before its answer fails
 with the failure the stream ended with; one that waits past its deadline
 fails with REQUEST_TIMED_OUT and ends the stream (a stalled connection), so
 that the next request opens a fresh one. The SDK's threaded counterpart is
-oncelog/_produce_stream.py.
+oncelog/_request_streams.py.
 
 `StreamMethod` keeps one stream per server address for one method, and
 falls back to the unary method for a server that does not serve the stream

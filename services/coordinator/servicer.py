@@ -39,6 +39,11 @@ def _add_failed(request_id: int, error: ServiceError) -> pb.AddPartitionsToTxnRe
     return pb.AddPartitionsToTxnResponse(request_id=request_id, error=error.to_proto())
 
 
+def _end_failed(request_id: int, error: ServiceError) -> pb.EndTxnResponse:
+    """EndTxnStream's answer to a request that failed as a whole."""
+    return pb.EndTxnResponse(request_id=request_id, error=error.to_proto())
+
+
 def _prepared(state: tuple[int, int] | None) -> pb.PreparedTxnState | None:
     if state is None:
         return None
@@ -66,7 +71,7 @@ def _describe(md: TxnMetadata, coordinator_epoch: int) -> pb.TransactionDescript
 class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     """Request-level failures travel as a gRPC status carrying our Error; the
     responses' own `error` fields are left NONE, except in a stream, where a
-    request that fails as a whole is answered with it (AddPartitionsToTxnStream).
+    request that fails as a whole is answered with it (the *Stream methods).
     Per-partition failures (of AddPartitionsToTxn) are in the per-partition
     results."""
 
@@ -250,14 +255,28 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, request: pb.EndTxnRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndTxnResponse:
         try:
-            _require_transactional_id("EndTxn", request.transactional_id)
-            producer_id, producer_epoch = await self._txns.end_txn(
-                request.transactional_id, request.producer_id, request.producer_epoch,
-                request.commit,
-            )
+            return await self._end_txn(request)
         except ServiceError as exc:
             await abort_with(context, exc)
-        return pb.EndTxnResponse(producer_id=producer_id, producer_epoch=producer_epoch)
+
+    async def EndTxnStream(  # noqa: N802 - gRPC method name
+        self, requests: AsyncIterator[pb.EndTxnRequest | Refused],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.EndTxnResponse]:
+        async for answer in answer_each(requests, self._end_txn, _end_failed,
+                                        lambda request: request.request_id):
+            yield answer
+
+    async def _end_txn(self, request: pb.EndTxnRequest) -> pb.EndTxnResponse:
+        """EndTxn's work, for both its forms; raises ServiceError when the
+        request fails."""
+        _require_transactional_id("EndTxn", request.transactional_id)
+        producer_id, producer_epoch = await self._txns.end_txn(
+            request.transactional_id, request.producer_id, request.producer_epoch,
+            request.commit,
+        )
+        return pb.EndTxnResponse(request_id=request.request_id, producer_id=producer_id,
+                                 producer_epoch=producer_epoch)
 
     async def PrepareTransaction(  # noqa: N802 - gRPC method name
         self, request: pb.PrepareTransactionRequest, context: grpc.aio.ServicerContext

@@ -551,18 +551,40 @@ def case_add_offsets_to_txn(env: Env, who: str, name: str) -> Case:
         [acl(who, X_, name, "write"), acl(who, G_, name, "read")], TXN_DENIED, works)
 
 
-def case_end_txn(env: Env, who: str, name: str) -> Case:
+def _commit_request(env: Env, name: str) -> tc.EndTxnRequest:
+    """Commits the open transaction of a new producer writing to a new topic
+    `name` (its transactional id `name` too)."""
     create_topic(env, name)
     producer_id, epoch = open_txn(env, name, name)
+    return tc.EndTxnRequest(transactional_id=name, producer_id=producer_id,
+                            producer_epoch=epoch, commit=True)
 
+
+def _committed(env: Env, name: str) -> Callable[[Message], None]:
     def works(reply: Message) -> None:
         assert isinstance(reply, tc.EndTxnResponse)
         _ok(reply.error)
         wait_txn_state(env, name, "CompleteCommit")
+    return works
 
-    return Case(lambda p: p.txn.EndTxn(tc.EndTxnRequest(
-        transactional_id=name, producer_id=producer_id, producer_epoch=epoch, commit=True)),
-        [acl(who, X_, name, "write")], TXN_DENIED, works)
+
+def case_end_txn(env: Env, who: str, name: str) -> Case:
+    request = _commit_request(env, name)
+    return Case(lambda p: p.txn.EndTxn(request), [acl(who, X_, name, "write")], TXN_DENIED,
+                _committed(env, name))
+
+
+def case_end_txn_stream(env: Env, who: str, name: str) -> Case:
+    request = _commit_request(env, name)
+    request.request_id = 44
+
+    def call(p: Principal) -> Message:
+        [reply] = p.txn.EndTxnStream(iter([request]), timeout=30)
+        assert reply.request_id == 44
+        return reply
+
+    return Case(call, [acl(who, X_, name, "write")], TXN_DENIED, _committed(env, name),
+                in_band=True)
 
 
 def case_list_transactions(env: Env, who: str, name: str) -> Case:
@@ -797,6 +819,7 @@ CASES: dict[str, Callable[[Env, str, str], Case]] = {
     _tc("AddPartitionsToTxnStream"): case_add_partitions_to_txn_stream,
     _tc("AddOffsetsToTxn"): case_add_offsets_to_txn,
     _tc("EndTxn"): case_end_txn,
+    _tc("EndTxnStream"): case_end_txn_stream,
     _tc("ListTransactions"): case_list_transactions,
     _tc("DescribeTransactions"): case_describe_transactions,
     _tc("AbortTransaction"): case_abort_transaction,

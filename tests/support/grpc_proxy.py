@@ -5,8 +5,9 @@ A `LostReplyProxy` forwards every unary call byte for byte to one upstream
 process. Its `DropPolicy` can let the upstream act on the n-th call of a
 method and then drop the reply (the client sees UNAVAILABLE): the "lost
 acknowledgement" a retrying client must survive without duplicates.
-ProduceStream is forwarded message by message, each counted as a Produce
-call: a dropped reply ends the stream with UNAVAILABLE after the upstream
+The request streams clients use (ProduceStream, EndTxnStream) are forwarded
+message by message, each counted as a call of the unary method (Produce,
+EndTxn): a dropped reply ends the stream with UNAVAILABLE after the upstream
 acted on the request (a connection lost with the reply on it), so every
 other request the client had on that stream is unanswered too. Replies
 that name addresses (Metadata, FindCoordinator) are rewritten so clients keep
@@ -21,6 +22,7 @@ The services still talk to each other directly: only clients' replies are lost.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections import Counter
@@ -42,6 +44,7 @@ FIND_COORDINATOR = "/oncelog.v1.TransactionCoordinator/FindCoordinator"
 INIT_PRODUCER_ID = "/oncelog.v1.TransactionCoordinator/InitProducerId"
 ADD_OFFSETS_TO_TXN = "/oncelog.v1.TransactionCoordinator/AddOffsetsToTxn"
 END_TXN = "/oncelog.v1.TransactionCoordinator/EndTxn"
+END_TXN_STREAM = "/oncelog.v1.TransactionCoordinator/EndTxnStream"
 PREPARE_TRANSACTION = "/oncelog.v1.TransactionCoordinator/PrepareTransaction"
 COMPLETE_TRANSACTION = "/oncelog.v1.TransactionCoordinator/CompleteTransaction"
 TXN_OFFSET_COMMIT = "/oncelog.v1.GroupCoordinator/TxnOffsetCommit"
@@ -53,6 +56,22 @@ _CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20),
 
 def _identity(data: bytes) -> bytes:
     return data
+
+
+@dataclass(frozen=True)
+class _StreamOf:
+    """A request stream: the unary method its messages count as, and the
+    types of its messages."""
+
+    unary: str
+    request: type[Any]
+    answer: type[Any]
+
+
+_STREAMS = {
+    PRODUCE_STREAM: _StreamOf(PRODUCE, ps.ProduceRequest, ps.ProduceResponse),
+    END_TXN_STREAM: _StreamOf(END_TXN, co.EndTxnRequest, co.EndTxnResponse),
+}
 
 
 @dataclass
@@ -73,8 +92,8 @@ class DropPolicy:
     # forwarding the call (the upstream never sees it), or None to forward:
     # an error answer the real process would not give on demand.
     answer: Callable[[str, bytes], bytes | None] | None = None
-    # Serve no ProduceStream (clients get UNIMPLEMENTED, as from a store
-    # older than the stream): they must fall back to unary Produce.
+    # Serve no request stream (clients get UNIMPLEMENTED, as from a service
+    # older than the streams): they must fall back to unary calls.
     refuse_streams: bool = False
 
     def __post_init__(self) -> None:
@@ -104,12 +123,13 @@ class _Forwarder(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = handler_call_details.method
-        if method == PRODUCE_STREAM:
+        stream_of = _STREAMS.get(method)
+        if stream_of is not None:
             if self._proxy.policy.refuse_streams:
                 return None  # type: ignore[return-value]  # grpc: UNIMPLEMENTED
             return grpc.stream_stream_rpc_method_handler(
-                self._forward_stream, request_deserializer=_identity,
-                response_serializer=_identity)
+                functools.partial(self._forward_stream, method, stream_of),
+                request_deserializer=_identity, response_serializer=_identity)
         upstream = self._proxy.upstream_channel.unary_unary(
             method, request_serializer=_identity, response_deserializer=_identity
         )
@@ -138,7 +158,7 @@ class _Forwarder(grpc.GenericRpcHandler):
         )
 
 
-    def _forward_stream(self, requests: Iterator[bytes],
+    def _forward_stream(self, method: str, stream_of: _StreamOf, requests: Iterator[bytes],
                         context: grpc.ServicerContext) -> Iterator[bytes]:
         policy = self._proxy.policy
         replies: queue.SimpleQueue[bytes | _StreamEnd] = queue.SimpleQueue()
@@ -147,12 +167,13 @@ class _Forwarder(grpc.GenericRpcHandler):
         def from_client() -> None:
             try:
                 for request in requests:
-                    injected = None if policy.answer is None else policy.answer(PRODUCE, request)
+                    injected = (None if policy.answer is None
+                                else policy.answer(stream_of.unary, request))
                     if injected is None:
                         upstream_requests.put(request)
                         continue
-                    answer = ps.ProduceResponse.FromString(injected)
-                    answer.request_id = ps.ProduceRequest.FromString(request).request_id
+                    answer = stream_of.answer.FromString(injected)
+                    answer.request_id = stream_of.request.FromString(request).request_id
                     replies.put(answer.SerializeToString())
             except grpc.RpcError:
                 pass  # the client went away
@@ -161,11 +182,11 @@ class _Forwarder(grpc.GenericRpcHandler):
 
         def from_upstream() -> None:
             upstream = self._proxy.upstream_channel.stream_stream(
-                PRODUCE_STREAM, request_serializer=_identity, response_deserializer=_identity)
+                method, request_serializer=_identity, response_deserializer=_identity)
             try:
                 for reply in upstream(iter(upstream_requests.get, None)):
-                    failed = ps.ProduceResponse.FromString(reply).error.code != 0
-                    if not failed and policy.should_drop(PRODUCE):
+                    failed = stream_of.answer.FromString(reply).error.code != 0
+                    if not failed and policy.should_drop(stream_of.unary):
                         replies.put(_StreamEnd(grpc.StatusCode.UNAVAILABLE,
                                                "reply dropped by the test proxy"))
                         return

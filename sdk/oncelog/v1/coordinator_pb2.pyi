@@ -353,10 +353,13 @@ class EndTxnRequest(_message.Message):
     PRODUCER_ID_FIELD_NUMBER: _builtins.int
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     producer_id: _builtins.int
     producer_epoch: _builtins.int
     commit: _builtins.bool
+    request_id: _builtins.int
+    """EndTxnStream only: the client's id for this request, echoed in its answer."""
     def __init__(
         self,
         *,
@@ -364,10 +367,11 @@ class EndTxnRequest(_message.Message):
         producer_id: _builtins.int = ...,
         producer_epoch: _builtins.int = ...,
         commit: _builtins.bool = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "request_id", b"request_id", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -380,23 +384,31 @@ class EndTxnResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     PRODUCER_ID_FIELD_NUMBER: _builtins.int
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     producer_id: _builtins.int
     """Transaction version 2: the epoch is bumped at every commit or abort; the
     producer uses these for its next transaction.
     """
     producer_epoch: _builtins.int
+    request_id: _builtins.int
+    """EndTxnStream only: the request_id of the request answered."""
     @_builtins.property
-    def error(self) -> _errors_pb2.Error: ...
+    def error(self) -> _errors_pb2.Error:
+        """EndTxnStream only: the request failed as a whole (a unary EndTxn ends
+        with this error in its status instead).
+        """
+
     def __init__(
         self,
         *,
         error: _errors_pb2.Error | None = ...,
         producer_id: _builtins.int = ...,
         producer_epoch: _builtins.int = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -64,6 +64,11 @@ class TransactionCoordinatorStub:
                 request_serializer=oncelog_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
                 _registered_method=True)
+        self.EndTxnStream = channel.stream_stream(
+                '/oncelog.v1.TransactionCoordinator/EndTxnStream',
+                request_serializer=oncelog_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
+                _registered_method=True)
         self.ListTransactions = channel.unary_unary(
                 '/oncelog.v1.TransactionCoordinator/ListTransactions',
                 request_serializer=oncelog_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
@@ -137,6 +142,15 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndTxnStream(self, request_iterator, context):
+        """EndTxn over one long-lived stream, with request ids and in-stream errors
+        as AddPartitionsToTxnStream: the SDK's producers commit over it (every
+        transaction waits for its EndTxn).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListTransactions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -206,6 +220,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
             ),
             'EndTxn': grpc.unary_unary_rpc_method_handler(
                     servicer.EndTxn,
+                    request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.EndTxnRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_coordinator__pb2.EndTxnResponse.SerializeToString,
+            ),
+            'EndTxnStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.EndTxnStream,
                     request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.EndTxnRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_coordinator__pb2.EndTxnResponse.SerializeToString,
             ),
@@ -395,6 +414,33 @@ class TransactionCoordinator:
             request,
             target,
             '/oncelog.v1.TransactionCoordinator/EndTxn',
+            oncelog_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
+            oncelog_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTxnStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/oncelog.v1.TransactionCoordinator/EndTxnStream',
             oncelog_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
             oncelog_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
             options,

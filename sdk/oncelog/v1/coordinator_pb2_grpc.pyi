@@ -48,6 +48,11 @@ class TransactionCoordinatorStub:
     """
     AddOffsetsToTxn: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AddOffsetsToTxnRequest, _coordinator_pb2.AddOffsetsToTxnResponse]
     EndTxn: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EndTxnRequest, _coordinator_pb2.EndTxnResponse]
+    EndTxnStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.EndTxnRequest, _coordinator_pb2.EndTxnResponse]
+    """EndTxn over one long-lived stream, with request ids and in-stream errors
+    as AddPartitionsToTxnStream: the SDK's producers commit over it (every
+    transaction waits for its EndTxn).
+    """
     ListTransactions: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListTransactionsRequest, _coordinator_pb2.ListTransactionsResponse]
     DescribeTransactions: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTransactionsRequest, _coordinator_pb2.DescribeTransactionsResponse]
     AbortTransaction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AbortTransactionRequest, _coordinator_pb2.AbortTransactionResponse]
@@ -83,6 +88,11 @@ class TransactionCoordinatorAsyncStub(TransactionCoordinatorStub):
     """
     AddOffsetsToTxn: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AddOffsetsToTxnRequest, _coordinator_pb2.AddOffsetsToTxnResponse]  # type: ignore[assignment]
     EndTxn: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EndTxnRequest, _coordinator_pb2.EndTxnResponse]  # type: ignore[assignment]
+    EndTxnStream: _aio.StreamStreamMultiCallable[_coordinator_pb2.EndTxnRequest, _coordinator_pb2.EndTxnResponse]  # type: ignore[assignment]
+    """EndTxn over one long-lived stream, with request ids and in-stream errors
+    as AddPartitionsToTxnStream: the SDK's producers commit over it (every
+    transaction waits for its EndTxn).
+    """
     ListTransactions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListTransactionsRequest, _coordinator_pb2.ListTransactionsResponse]  # type: ignore[assignment]
     DescribeTransactions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTransactionsRequest, _coordinator_pb2.DescribeTransactionsResponse]  # type: ignore[assignment]
     AbortTransaction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AbortTransactionRequest, _coordinator_pb2.AbortTransactionResponse]  # type: ignore[assignment]
@@ -151,6 +161,17 @@ class TransactionCoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.EndTxnRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.EndTxnResponse, _abc.Awaitable[_coordinator_pb2.EndTxnResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def EndTxnStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_coordinator_pb2.EndTxnRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_coordinator_pb2.EndTxnResponse], _abc.AsyncIterator[_coordinator_pb2.EndTxnResponse]]:
+        """EndTxn over one long-lived stream, with request ids and in-stream errors
+        as AddPartitionsToTxnStream: the SDK's producers commit over it (every
+        transaction waits for its EndTxn).
+        """
 
     @_abc_1.abstractmethod
     def ListTransactions(

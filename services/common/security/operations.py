@@ -327,6 +327,8 @@ _ADD_PARTITIONS_TO_TXN = RpcRule(needs=(
 
 _MARKERS = RpcRule(needs=(Need(_O.CLUSTER_ACTION, _T.CLUSTER),))
 
+_END_TXN = RpcRule(needs=(Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id"),))
+
 TABLE: Mapping[str, RpcRule] = {
     # ------------------------------------------------------ partition store
     _ps("Metadata"): RpcRule(filters=(
@@ -398,7 +400,9 @@ TABLE: Mapping[str, RpcRule] = {
         Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id"),
         Need(_O.READ, _T.GROUP, "group_id"),
     )),
-    _tc("EndTxn"): RpcRule(needs=(Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id"),)),
+    _tc("EndTxn"): _END_TXN,
+    # The same, for each request of the stream by itself (the SDK's commits).
+    _tc("EndTxnStream"): dataclasses.replace(_END_TXN, per_message=True),
     _tc("ListTransactions"): RpcRule(filters=(
         AnswerFilter(_O.DESCRIBE, _T.TRANSACTIONAL_ID, "transactions", "transactional_id"),
     )),
