@@ -499,6 +499,14 @@ class ClusterClient:
         err.__cause__ = exc
         return err
 
+    def silent(self, address: str, *, service: str = SERVICE) -> OncelogError:
+        """The error for a request that `address` did not answer before its
+        deadline, remembered for gave_up as rpc_error remembers a unary
+        call's DEADLINE_EXCEEDED (a request on a stream has no status)."""
+        self.note_unanswered(address, SILENT, service=service)
+        return errors.error_for(ErrorCode.REQUEST_TIMED_OUT,
+                                f"the {service} at {address}: did not answer in time")
+
     def translate(self, exc: grpc.RpcError) -> OncelogError:
         """translate_rpc_error with this client's security settings."""
         return translate_rpc_error(exc, self.security)

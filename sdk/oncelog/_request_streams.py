@@ -230,12 +230,13 @@ class StreamCaller:
     answer of `request` sent on the address's stream, or of `unary()` (the
     same request as a unary call) at a service that does not serve the
     stream. Failures are raised as a unary call's are: grpc.RpcError from
-    `unary`, OncelogError from the stream (REQUEST_TIMED_OUT when
-    `timeout_s` passes, which also ends the stream)."""
+    `unary`, OncelogError from the stream: `silent(address)` when
+    `timeout_s` passes (the stream is ended too)."""
 
     def __init__(self, method: str, stub_of: Callable[[str], Any],
-                 translate: Translate) -> None:
+                 translate: Translate, silent: Callable[[str], OncelogError]) -> None:
         self._streams = RequestStreams(method, stub_of, translate, _resolve)
+        self._silent = silent
 
     def call(self, address: str, request: Any, timeout_s: float,
              unary: Callable[[], Any]) -> Any:
@@ -243,6 +244,7 @@ class StreamCaller:
             answered: Future[Outcome] = Future()
             self._streams.send(address, request, answered, timeout_s)
             wait_s = timeout_s
+            late = False
             while True:
                 try:
                     outcome = answered.result(wait_s)
@@ -250,8 +252,12 @@ class StreamCaller:
                 except TimeoutError:
                     # Fails the request (and ends its stream) once its
                     # deadline, set a moment after ours, has passed.
+                    late = True
                     self._streams.expire()
                     wait_s = _EXPIRY_POLL_S
+            if late and outcome.error is not None and \
+                    outcome.error.code is ErrorCode.REQUEST_TIMED_OUT:
+                raise self._silent(address) from outcome.error
             if outcome.error is None or self._streams.serves(address):
                 return outcome.result()
         return unary()

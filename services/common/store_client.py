@@ -62,6 +62,10 @@ class TxnWriter:
     producer_id: int
     producer_epoch: int
     base_sequence: int
+    # The store adds the partition to the producer's transaction before the
+    # append (ProduceRequest.add_partitions_to_txn), instead of only
+    # verifying that the producer added it.
+    add_partitions_to_txn: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,7 @@ class StoreClient:
         request = ps.ProduceRequest(
             batches=[pb], timeout_ms=int(STORE_RPC_TIMEOUT_S * 1000),
             transactional_id=producer.transactional_id if producer else "",
+            add_partitions_to_txn=producer.add_partitions_to_txn if producer else False,
             # Our writes go to internal topics, which take no others.
             coordinator_write=True,
         )

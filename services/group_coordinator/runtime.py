@@ -424,6 +424,11 @@ class GroupCoordinatorRuntime:
                         transactional_id=transactional_id, producer_id=producer_id,
                         producer_epoch=producer_epoch,
                         base_sequence=state.next_sequence_for(producer_id, producer_epoch),
+                        # The group's __consumer_offsets partition joins the
+                        # transaction with this write, as a producer's data
+                        # partitions join with theirs: the client sends no
+                        # AddOffsetsToTxn (Kafka's transaction version 2).
+                        add_partitions_to_txn=True,
                     )
             now = self._now_ms()
             try:

@@ -1,8 +1,9 @@
 """Transactions survive retries after lost replies, end to end.
 
 Goal: when the reply of a transactional RPC is lost after the server acted on
-it — EndTxn(commit), EndTxn(abort), InitProducerId, AddOffsetsToTxn,
-TxnOffsetCommit, a Produce inside a transaction, and two-phase commit's
+it — EndTxn(commit), EndTxn(abort), InitProducerId, TxnOffsetCommit (whose
+write adds the group's offsets partition: the SDK sends no AddOffsetsToTxn),
+a Produce inside a transaction, and two-phase commit's
 PrepareTransaction and CompleteTransaction — the SDK retries
 transparently, as Kafka's producer does: the call the user made succeeds,
 the retry is answered as the same decision (no second epoch bump, no second
@@ -198,8 +199,9 @@ def test_lost_init_producer_id_reply_then_fencing_works(cluster: LocalCluster,
 
 def test_lost_offset_replies_commit_the_offsets_exactly_as_sent(
         cluster: LocalCluster, topic: str, topic_name: str) -> None:
-    """A read-process-write copier through the proxies: the first
-    AddOffsetsToTxn and the first TxnOffsetCommit replies are lost."""
+    """A read-process-write copier through the proxies: the first and the
+    third TxnOffsetCommit replies are lost (the store added the offsets
+    partition to the transaction before each lost reply)."""
     sink = f"{topic_name}-out"
     with Admin(bootstrap=cluster.bootstrap) as admin:
         admin.create_topic(sink, partitions=PARTITIONS)
@@ -210,7 +212,7 @@ def test_lost_offset_replies_commit_the_offsets_exactly_as_sent(
                 plain.send(topic, value=v, partition=p)
     group = f"copier-{topic}"
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-    policy = DropPolicy(drop={ADD_OFFSETS_TO_TXN: {1}, TXN_OFFSET_COMMIT: {1}})
+    policy = DropPolicy(drop={TXN_OFFSET_COMMIT: {1, 3}})
     with ProxyMesh.in_front_of(cluster, policy) as mesh, \
             Consumer(bootstrap=mesh.bootstrap, group_id=group, isolation_level="read_committed",
                      max_poll_records=3) as consumer, \
@@ -237,10 +239,10 @@ def test_lost_offset_replies_commit_the_offsets_exactly_as_sent(
             # After every commit, the group's offsets are exactly those sent.
             committed.update(offsets)
             assert consumer.committed(tps) == committed
-        assert policy.dropped_calls == [(ADD_OFFSETS_TO_TXN, 1), (TXN_OFFSET_COMMIT, 1)]
-        # One retry each, in the first transaction.
-        assert policy.calls[ADD_OFFSETS_TO_TXN] == transactions + 1
-        assert policy.calls[TXN_OFFSET_COMMIT] == transactions + 1
+        assert policy.dropped_calls == [(TXN_OFFSET_COMMIT, 1), (TXN_OFFSET_COMMIT, 3)]
+        # One retry for each lost reply; no AddOffsetsToTxn.
+        assert policy.calls[TXN_OFFSET_COMMIT] == transactions + 2
+        assert policy.calls[ADD_OFFSETS_TO_TXN] == 0
         assert consumer.committed(tps) == {tp: 6 for tp in tps}
         assert copied == inputs
     with Admin(bootstrap=cluster.bootstrap) as admin:

@@ -194,6 +194,9 @@ class Txn:
     # A record was refused by the store, asynchronously: the producer is in
     # in_transaction until the sender sees the answer, then abortable_error.
     doomed: bool = False
+    # It was doomed at some point: the menu of the next calls is the
+    # abortable one from then on (see step()).
+    was_doomed: bool = False
     # Offsets were added: the coordinator knows the transaction, so its
     # commit or abort must bump the epoch (so must an acknowledged record).
     reached: bool = False
@@ -344,7 +347,14 @@ class ProducerModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
         with self._step():
-            call = data.draw(st.sampled_from(MENUS[self.state]), label="call")
+            # A doomed transaction turns abortable when some call first finds
+            # its refused record, at a moment the sender thread decides. The
+            # menu must not depend on that moment (hypothesis replays each
+            # sequence's draws and stops at a menu that changed), so a
+            # transaction that was ever doomed draws from the abortable menu.
+            doomed = self.txn is not None and self.txn.was_doomed
+            menu = MENUS[ABORTABLE_ERROR if doomed else self.state]
+            call = data.draw(st.sampled_from(menu), label="call")
             if call == "init_transactions":
                 self._init_transactions()
             elif call == "begin_transaction":
@@ -570,7 +580,7 @@ class ProducerModel(RuleBasedStateMachine):
         txn.failures.append(_failure_pattern(where))
         if kind is Bad.STORE_REFUSED:
             txn.maybe_reached = True
-            txn.doomed = True
+            txn.doomed = txn.was_doomed = True
             if wait:
                 self._check_future_failed(outcome.future, FUTURE_ERRORS[kind], wait=True)
                 txn.doomed = False

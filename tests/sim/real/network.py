@@ -555,6 +555,7 @@ class SimStoreClient:
             (outcome,) = await store.produce(
                 [item], timeout_ms=int(STORE_TIMEOUT_S * 1000), coordinator_write=True,
                 transactional_id=producer.transactional_id if producer else "",
+                add_partitions_to_txn=producer.add_partitions_to_txn if producer else False,
             )
             if outcome.error is not None:
                 raise outcome.error
