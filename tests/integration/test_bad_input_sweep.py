@@ -638,8 +638,15 @@ GROUP_CASES = [
             ErrorCode.INVALID_REQUEST, "no partition"),
     refused("TxnOffsetCommit-metadata over 4 KiB", txn_commit(metadata="x" * 5000),
             ErrorCode.OFFSET_METADATA_TOO_LARGE, f"{TOPIC}-0", "metadata is 5000 bytes"),
-    refused("TxnOffsetCommit-group not in the producer's transaction", txn_commit(),
-            ErrorCode.INVALID_TXN_STATE, f"'{TXN_ID}'", "not in an open transaction"),
+    # The group coordinator's write adds the offsets partition to the
+    # producer's transaction (as a data write with add_partitions_to_txn
+    # does), so a producer id the transactional id does not have is refused
+    # by the coordinator, an old epoch by the store, and nothing is added or
+    # written.
+    refused("TxnOffsetCommit-another producer's id", txn_commit(producer_id=4242),
+            ErrorCode.INVALID_PRODUCER_ID_MAPPING, f"'{TXN_ID}'"),
+    refused("TxnOffsetCommit-an old epoch", txn_commit(producer_epoch=0),
+            ErrorCode.PRODUCER_FENCED, "epoch 0 is below the current epoch 1"),
     refused_item("DescribeGroups-unknown group", describe_group("no-such-group"), first_group,
                  ErrorCode.GROUP_ID_NOT_FOUND, "'no-such-group'"),
     refused_item("DescribeGroups-empty group id", describe_group(""), first_group,
