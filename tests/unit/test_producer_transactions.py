@@ -393,9 +393,21 @@ def test_offsets_join_the_transaction() -> None:
             producer.send_offsets_to_transaction({source: 99}, group)
             producer.abort_transaction()
             assert store.committed_offsets("copier") == {("in", 0): 43}
+            # Offsets alone: the group coordinator's write starts the
+            # transaction at the coordinator, and the commit makes them the
+            # group's (its marker reached the offsets partition).
+            epoch = producer.producer_epoch
+            producer.begin_transaction()
+            producer.send_offsets_to_transaction({source: 120}, group)
+            producer.commit_transaction()
+            assert store.committed_offsets("copier") == {("in", 0): 120}
+            assert producer.producer_epoch == epoch + 1
+        # The offsets partition joined each transaction with the write of the
+        # offsets: the producer sent no AddOffsetsToTxn.
+        assert store.calls_named("AddOffsetsToTxn") == []
         commits = store.calls_named("TxnOffsetCommit")
         assert [(c.generation_id, c.member_id) for c in commits] == [
-            (group.generation_id, group.member_id)] * 2
+            (group.generation_id, group.member_id)] * 3
 
 
 def test_offsets_without_a_group_coordinator_fail_clearly(store: InProcessCluster) -> None:
