@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from oncelog.wire.errors import ErrorCode
 
@@ -29,7 +29,14 @@ from .service_error import ServiceError
 
 log = logging.getLogger(__name__)
 
-Request = TypeVar("Request")
+class _Identified(Protocol):
+    """A stream's request: it carries the id its answer goes back under."""
+
+    @property
+    def request_id(self) -> int: ...
+
+
+Request = TypeVar("Request", bound=_Identified)
 Answer = TypeVar("Answer")
 
 
@@ -48,30 +55,34 @@ _END: Any = object()
 async def answer_each(
     requests: AsyncIterator[Request | Refused],
     handle: Callable[[Request], Awaitable[Answer]],
-    failed: Callable[[int, ServiceError], Answer],
-    request_id: Callable[[Request], int],
+    answer_type: Callable[..., Answer],
 ) -> AsyncIterator[Answer]:
-    """Answers every request of `requests`: `handle(request)` in a task of
-    its own, started in arrival order, or `failed(request_id, error)` when
-    the request was refused or `handle` raised (ServiceError: its code;
-    anything else: UNKNOWN_SERVER_ERROR, logged). Answers come
+    """Answers every request of `requests` (messages with a `request_id`):
+    `handle(request)` in a task of its own, started in arrival order, or
+    `answer_type(request_id=..., error=...)` when the request was refused
+    or `handle` raised (ServiceError: its code; anything else:
+    UNKNOWN_SERVER_ERROR, logged). Answers come
     out as they complete. Ends once the requests end and every started one
     is answered; an exception of the request iterator (an interceptor ending
     the stream) is raised after the answers of the requests already started."""
     answers: asyncio.Queue[Answer] = asyncio.Queue()
     running: set[asyncio.Task[None]] = set()
 
+    def failed(request_id: int, error: ServiceError) -> Answer:
+        return answer_type(request_id=request_id, error=error.to_proto())
+
     async def one(request: Request | Refused) -> None:
         if isinstance(request, Refused):
             answers.put_nowait(failed(request.request_id, request.error))
             return
+        request_id = request.request_id
         try:
             answer = await handle(request)
         except ServiceError as exc:
-            answer = failed(request_id(request), exc)
+            answer = failed(request_id, exc)
         except Exception as exc:  # a bug: answer it rather than leave the client waiting
             log.exception("a request of a stream failed")
-            answer = failed(request_id(request), ServiceError(
+            answer = failed(request_id, ServiceError(
                 ErrorCode.UNKNOWN_SERVER_ERROR, f"the request failed: {exc!r}"))
         answers.put_nowait(answer)
 

@@ -34,16 +34,6 @@ def _require_transactional_id(rpc: str, transactional_id: str) -> None:
         raise ServiceError(ErrorCode.INVALID_REQUEST, f"{rpc} needs a transactional_id")
 
 
-def _add_failed(request_id: int, error: ServiceError) -> pb.AddPartitionsToTxnResponse:
-    """AddPartitionsToTxnStream's answer to a request that failed as a whole."""
-    return pb.AddPartitionsToTxnResponse(request_id=request_id, error=error.to_proto())
-
-
-def _end_failed(request_id: int, error: ServiceError) -> pb.EndTxnResponse:
-    """EndTxnStream's answer to a request that failed as a whole."""
-    return pb.EndTxnResponse(request_id=request_id, error=error.to_proto())
-
-
 def _prepared(state: tuple[int, int] | None) -> pb.PreparedTxnState | None:
     if state is None:
         return None
@@ -182,8 +172,8 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, requests: AsyncIterator[pb.AddPartitionsToTxnRequest | Refused],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.AddPartitionsToTxnResponse]:
-        async for answer in answer_each(requests, self._add_partitions_to_txn, _add_failed,
-                                        lambda request: request.request_id):
+        async for answer in answer_each(requests, self._add_partitions_to_txn,
+                                        pb.AddPartitionsToTxnResponse):
             yield answer
 
     async def _add_partitions_to_txn(
@@ -263,8 +253,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, requests: AsyncIterator[pb.EndTxnRequest | Refused],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.EndTxnResponse]:
-        async for answer in answer_each(requests, self._end_txn, _end_failed,
-                                        lambda request: request.request_id):
+        async for answer in answer_each(requests, self._end_txn, pb.EndTxnResponse):
             yield answer
 
     async def _end_txn(self, request: pb.EndTxnRequest) -> pb.EndTxnResponse:

@@ -50,16 +50,6 @@ def _bad_request(message: str) -> ServiceError:
     return ServiceError(ErrorCode.INVALID_REQUEST, message)
 
 
-def _produce_failed(request_id: int, error: ServiceError) -> pb.ProduceResponse:
-    """ProduceStream's answer to a request that failed as a whole."""
-    return pb.ProduceResponse(request_id=request_id, error=error_to_proto(error))
-
-
-def _markers_failed(request_id: int, error: ServiceError) -> pb.WriteTxnMarkersResponse:
-    """WriteTxnMarkersStream's answer to a request that failed as a whole."""
-    return pb.WriteTxnMarkersResponse(request_id=request_id, error=error_to_proto(error))
-
-
 def _check_unique(pairs: Iterable[tuple[str, int]], what: str) -> None:
     seen: set[tuple[str, int]] = set()
     for topic, partition in pairs:
@@ -184,8 +174,7 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         self, requests: AsyncIterator[pb.ProduceRequest | Refused],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProduceResponse]:
-        async for answer in answer_each(requests, self._produce, _produce_failed,
-                                        lambda request: request.request_id):
+        async for answer in answer_each(requests, self._produce, pb.ProduceResponse):
             yield answer
 
     async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
@@ -302,8 +291,8 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         self, requests: AsyncIterator[pb.WriteTxnMarkersRequest | Refused],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.WriteTxnMarkersResponse]:
-        async for answer in answer_each(requests, self._write_txn_markers, _markers_failed,
-                                        lambda request: request.request_id):
+        async for answer in answer_each(requests, self._write_txn_markers,
+                                        pb.WriteTxnMarkersResponse):
             yield answer
 
     async def _write_txn_markers(

@@ -72,7 +72,6 @@ from services.common.cluster import INTERNAL_PREFIX, ClusterLayout
 from services.common.errors import to_grpc_status
 from services.common.request_streams import answer_each
 from services.common.server_base import ServiceServer
-from services.common.service_error import ServiceError
 from services.coordinator import server as coordinator_server
 from services.coordinator.core.transactions import TxnMetadata, TxnState
 from services.coordinator.txn_runtime import TxnConfig
@@ -204,10 +203,8 @@ class _FaultLayer:
             reply.request_id = request.request_id
             return reply
 
-        # The services' own way of answering a stream (request_streams.py);
-        # nothing here is refused before `handle`, so `failed` never runs.
-        async for answer in answer_each(requests, handle, _never_refused,
-                                        lambda request: request.request_id):
+        # The services' own way of answering a stream (request_streams.py).
+        async for answer in answer_each(requests, handle, answer_type):
             if isinstance(answer, _StreamEnds):
                 await context.abort(answer.code, answer.details)
             yield answer
@@ -219,10 +216,6 @@ _SERVICES = {
     "coordinator": coordinator_pb2.DESCRIPTOR.services_by_name["TransactionCoordinator"],
     "group_coordinator": group_coordinator_pb2.DESCRIPTOR.services_by_name["GroupCoordinator"],
 }
-
-
-def _never_refused(request_id: int, error: ServiceError) -> Any:
-    raise AssertionError(f"request {request_id} refused before the fault layer: {error}")
 
 
 class _StreamEnds(Exception):

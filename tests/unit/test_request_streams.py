@@ -62,10 +62,6 @@ async def feed(queue: asyncio.Queue[Any]) -> AsyncIterator[Any]:
         yield item
 
 
-def failed(request_id: int, error: ServiceError) -> ps.ProduceResponse:
-    return ps.ProduceResponse(request_id=request_id, error=error.to_proto())
-
-
 def test_answers_come_as_requests_complete_and_a_failure_stays_alone() -> None:
     async def scenario() -> list[ps.ProduceResponse]:
         release_first = asyncio.Event()
@@ -83,7 +79,7 @@ def test_answers_come_as_requests_complete_and_a_failure_stays_alone() -> None:
                      Refused(4, ServiceError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "no"))):
             requests.put_nowait(item)
         answers: list[ps.ProduceResponse] = []
-        stream = answer_each(feed(requests), handle, failed, lambda r: r.request_id)
+        stream = answer_each(feed(requests), handle, ps.ProduceResponse)
         async for answer in stream:
             answers.append(answer)
             if len(answers) == 3:
@@ -108,8 +104,7 @@ def test_a_bug_in_the_handler_is_answered_not_left_waiting() -> None:
         requests: asyncio.Queue[Any] = asyncio.Queue()
         requests.put_nowait(ps.ProduceRequest(request_id=9))
         requests.put_nowait(None)
-        return [a async for a in answer_each(feed(requests), handle, failed,
-                                             lambda r: r.request_id)]
+        return [a async for a in answer_each(feed(requests), handle, ps.ProduceResponse)]
 
     [answer] = asyncio.run(scenario())
     assert answer.request_id == 9
@@ -130,7 +125,7 @@ def test_a_message_that_arrives_while_draining_ends_the_stream_after_the_others(
             return ps.ProduceResponse(request_id=request.request_id)
 
         async def servicer(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-            async for answer in answer_each(requests, handle, failed, lambda r: r.request_id):
+            async for answer in answer_each(requests, handle, ps.ProduceResponse):
                 yield answer
 
         wrapped = interceptor._wrap_stream(servicer, method_metrics())
