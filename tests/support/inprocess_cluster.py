@@ -187,7 +187,10 @@ class _FaultLayer:
         connection lost); a request the service refuses as a whole is
         answered in the stream."""
         unary = method[:-len(_STREAM_SUFFIX)]
-        answer_type = message_factory.GetMessageClass(
+        # A constructor of the answer message taking its fields as keywords:
+        # typed as such because protobuf's stubs give GetMessageClass's result
+        # the base Message class, whose constructor takes no fields.
+        answer_type: Callable[..., Any] = message_factory.GetMessageClass(
             _SERVICES[self._service].methods_by_name[method].output_type)
 
         async def handle(request: Any) -> Any:
