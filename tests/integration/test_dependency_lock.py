@@ -10,7 +10,8 @@ temporary directory (the repository itself is never modified): the check
 that setup.sh runs (scripts/lib/uv.sh's check_lock) passes on the files as
 committed, fails naming `bash scripts/update-deps.sh` once a bound in the
 copied pyproject.toml changes, and passes again after that script re-locks
-(offline: uv's cache holds every file the lock names once set-up has run).
+(from uv's cache where it can, else from the package index, as a developer's
+re-lock does).
 The installed .venv is compared with the lock, package by package, and the
 setuptools that builds the project and pyspark at set-up time with the
 lock's.
@@ -37,9 +38,10 @@ PROJECT_FILES = ("pyproject.toml", "uv.lock", "README.md", "LICENSE", "requireme
 TIMEOUT_S = 300.0
 
 
-def bash(script: str, *, cwd: Path) -> subprocess.CompletedProcess[str]:
+def bash(script: str, *, cwd: Path, offline: bool = True) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
-    env["UV_OFFLINE"] = "1"
+    if offline:
+        env["UV_OFFLINE"] = "1"
     return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=TIMEOUT_S, check=False)
 
@@ -92,6 +94,11 @@ def test_a_bound_changed_without_a_new_lock_fails_with_the_fix(project: Path) ->
     assert "run 'bash scripts/update-deps.sh'" in refused.stderr
 
     relocked = bash("bash scripts/update-deps.sh", cwd=project)
+    if relocked.returncode != 0:
+        # Re-locking reads the package index's pages for every Python the lock
+        # covers; uv's cache may not hold them all, so this step may go online
+        # (as a developer's re-lock does).
+        relocked = bash("bash scripts/update-deps.sh", cwd=project, offline=False)
     assert relocked.returncode == 0, relocked.stderr
     assert "now run: bash scripts/test.sh" in relocked.stdout
     accepted = bash(". scripts/lib/uv.sh && check_lock", cwd=project)

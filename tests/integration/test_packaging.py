@@ -1,7 +1,7 @@
 """What `pip install oncelog` gives a user, from the wheel this repository builds.
 
 Goal: the SDK installs lean — the wheel's own dependencies are the client's
-(grpcio, protobuf, googleapis-common-protos, crc32c); the services' (RocksDB,
+(grpcio, protobuf, googleapis-common-protos, crc32c, cramjam); the services' (RocksDB,
 Prometheus, etcd, gRPC's health/reflection/status helpers) and Spark's come
 only with the `server` and `spark` extras — and an SDK-only install works
 against a cluster run from a full install (`oncelog[server]`). Nothing lands
@@ -242,7 +242,7 @@ def test_the_wheel_holds_the_source_tree_under_installed_names(wheel: Path) -> N
     unconditional = sorted(re.split(r"[<>=!~;\[ ]", line.removeprefix("Requires-Dist: "))[0]
                            for line in metadata.splitlines()
                            if line.startswith("Requires-Dist: ") and "extra ==" not in line)
-    assert unconditional == ["crc32c", "googleapis-common-protos", "grpcio", "protobuf"]
+    assert unconditional == ["cramjam", "crc32c", "googleapis-common-protos", "grpcio", "protobuf"]
     assert "oncelog = oncelog.pytest_plugin" in entry_points
 
 
