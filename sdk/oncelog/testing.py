@@ -84,6 +84,7 @@ from oncelog.admin import Admin
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
 from oncelog.wire.process import (
     GRPC,
+    KAFKA,
     METRICS,
     TOKEN_GRPC,
     PortInUse,
@@ -522,10 +523,16 @@ class ServiceProcess(ChildProcess):
     argv: list[str]
     # The token listener's port on a secured cluster (0: none).
     token_port: int = 0
+    # A store's Kafka listener's port (LocalCluster(kafka_listener=True); 0: none).
+    kafka_port: int = 0
 
     @property
     def token_address(self) -> str:
         return f"127.0.0.1:{self.token_port}"
+
+    @property
+    def kafka_address(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
 
 
 class LocalCluster:
@@ -552,6 +559,7 @@ class LocalCluster:
         start: bool = True,
         ports: Mapping[tuple[str, int], tuple[int, int]] | None = None,
         security: bool = False,
+        kafka_listener: bool = False,
     ) -> None:
         if partition_stores < 1:
             raise ValueError("a cluster needs at least one partition store")
@@ -567,6 +575,7 @@ class LocalCluster:
         self._extra_args = extra_args or {}
         self._env = {**os.environ, **(env or {})}
         self.security = security
+        self.kafka_listener = kafka_listener
         self._pki = _LocalPki(self.data_dir / SECURITY_DIR) if security else None
         self._admin_credentials: grpc.ChannelCredentials | None = None
         self._transaction_state_partitions = transaction_state_partitions
@@ -619,6 +628,8 @@ class LocalCluster:
                     log_path=self.data_dir / "logs" / f"{kind}-{i}.log",
                     argv=[],
                     token_port=self._pick_port() if security else 0,
+                    kafka_port=(self._pick_port() if kafka_listener and kind == "partition_store"
+                                else 0),
                 ))
         self._build_argv()
         if start:
@@ -652,6 +663,10 @@ class LocalCluster:
                                ("--token-coordinators", "coordinator"),
                                ("--token-group-coordinators", "group_coordinator")):
                 layout_args += [flag, ",".join(p.token_address for p in self.processes[kind])]
+        store_args: list[str] = []
+        if self.kafka_listener:
+            store_args = ["--kafka-stores", ",".join(
+                p.kafka_address for p in self.processes["partition_store"])]
         for kind, procs in self.processes.items():
             for proc in procs:
                 proc.argv = [
@@ -662,7 +677,9 @@ class LocalCluster:
                     *layout_args,
                 ]
                 if kind == "partition_store":
-                    proc.argv += ["--data-dir", str(proc.data_dir)]
+                    proc.argv += ["--data-dir", str(proc.data_dir), *store_args]
+                    if proc.kafka_port:
+                        proc.argv += ["--kafka-listen", proc.kafka_address]
                 proc.argv += self._security_args(proc)
                 proc.argv += self._extra_args.get(kind, [])
 
@@ -746,6 +763,15 @@ class LocalCluster:
         address for clients that hold only a bearer token)."""
         self._secured()
         return self.processes["partition_store"][0].token_address
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Every store's Kafka listener, comma-separated: what a Kafka
+        client takes as `bootstrap.servers` (LocalCluster(kafka_listener=True))."""
+        if not self.kafka_listener:
+            raise ValueError("this cluster runs no Kafka listener; start it with "
+                             "LocalCluster(..., kafka_listener=True)")
+        return ",".join(p.kafka_address for p in self.processes["partition_store"])
 
     @property
     def bootstrap_servers(self) -> str:
@@ -866,6 +892,7 @@ class LocalCluster:
             data_dir=self.data_dir / f"partition_store-{node_id}",
             log_path=self.data_dir / "logs" / f"partition_store-{node_id}.log", argv=[],
             token_port=self._pick_port() if self._pki is not None else 0,
+            kafka_port=self._pick_port() if self.kafka_listener else 0,
         )
         procs.append(proc)
         self._build_argv()
@@ -885,6 +912,8 @@ class LocalCluster:
         # An address in the layout: every process is told the new one.
         if taken.purpose == TOKEN_GRPC:
             proc.token_port = self._pick_port()
+        elif taken.purpose == KAFKA:
+            proc.kafka_port = self._pick_port()
         else:
             proc.address = f"127.0.0.1:{self._pick_port()}"
         self._build_argv()
@@ -971,6 +1000,10 @@ class LocalCluster:
             log_file.seek(proc.log_offset)
             output = log_file.read().decode(errors="replace")
         own = {(GRPC, proc.address), (METRICS, f"127.0.0.1:{proc.metrics_port}")}
+        if proc.token_port:
+            own.add((TOKEN_GRPC, proc.token_address))
+        if proc.kafka_port:
+            own.add((KAFKA, proc.kafka_address))
         for taken in find_ports_in_use(output):
             if (taken.purpose, taken.address) in own:
                 raise PortTakenError(

@@ -39,6 +39,10 @@ class ClusterLayout:
     token_stores: tuple[str, ...] = ()
     token_coordinators: tuple[str, ...] = ()
     token_group_coordinators: tuple[str, ...] = ()
+    # The stores' Kafka listeners' advertised addresses (--kafka-listen), by
+    # node id; empty: configured per store only (each knows its own, and a
+    # replicated cluster learns the others' from their registrations).
+    kafka_stores: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.stores:
@@ -49,7 +53,8 @@ class ClusterLayout:
                 ("--token-stores", self.token_stores, self.stores),
                 ("--token-coordinators", self.token_coordinators, self.coordinators),
                 ("--token-group-coordinators", self.token_group_coordinators,
-                 self.group_coordinators)):
+                 self.group_coordinators),
+                ("--kafka-stores", self.kafka_stores, self.stores)):
             if token and len(token) != len(main):
                 raise ValueError(f"{flag} names {len(token)} addresses for {len(main)} "
                                  "processes; give one per process, in node-id order, or none")

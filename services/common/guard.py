@@ -227,7 +227,8 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
 
     # ---------------------------------------------------------- authentication
 
-    def _principal_of_certificate(self, pem: bytes) -> str:
+    def principal_of_certificate(self, pem: bytes) -> str:
+        """The principal a verified client certificate (PEM) maps to."""
         principal = self._principals.get(pem)
         if principal is None:
             try:
@@ -241,6 +242,20 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
             self._principals[pem] = principal
         return principal
 
+    def principal_of_token(self, token: str) -> str:
+        """The principal a bearer token (a JWT of a trusted issuer) names."""
+        config = self._authentication
+        if not config.issuers:
+            raise AuthenticationError(
+                "the caller presents a bearer token, but this service trusts no token "
+                "issuer (--oauth-issuers)")
+        return validate_bearer(token, config.issuers, config.audience, self._clock_s(),
+                               config.leeway_s, principal_claim=config.sub_claim)
+
+    @property
+    def authentication_required(self) -> bool:
+        return self._authentication.required
+
     def authenticate(self, context: grpc.aio.ServicerContext) -> str:
         """The caller's principal; AuthenticationError when it has none or a bad one."""
         config = self._authentication
@@ -251,16 +266,10 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
             if not text.lower().startswith(_BEARER):
                 raise AuthenticationError(
                     "the call's 'authorization' metadata is not 'Bearer <token>'")
-            if not config.issuers:
-                raise AuthenticationError(
-                    "the call carries a bearer token, but this service trusts no token "
-                    "issuer (--oauth-issuers)")
-            return validate_bearer(text[len(_BEARER):].strip(), config.issuers, config.audience,
-                                   self._clock_s(), config.leeway_s,
-                                   principal_claim=config.sub_claim)
+            return self.principal_of_token(text[len(_BEARER):].strip())
         pem = _auth_value(context.auth_context() or {}, "x509_pem_cert")
         if pem is not None:
-            return self._principal_of_certificate(pem)
+            return self.principal_of_certificate(pem)
         if config.required:
             raise AuthenticationError(
                 "the call carries neither a verified client certificate nor a bearer token "
@@ -294,25 +303,43 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
             await abort_with(context, exc)
         return Caller(principal, host)
 
+    def authorize(self, caller: Caller, method: str, request: Message) -> Authorizer | None:
+        """Decides whether `caller` may make the call of `method` (a full
+        gRPC method name) with `request`, by the method's rule; raises the
+        refusal's ServiceError. Returns the authorizer that decided (None:
+        the caller may do anything), which filters the answer of a listing
+        (`filter_answer`). The Kafka listener asks this for the gRPC method
+        each Kafka request maps to, so both ports obey the same ACLs."""
+        authorizer = self._authorizer(caller.principal)
+        if authorizer is None:
+            return None
+        rule = TABLE.get(method)
+        if rule is None:
+            raise ServiceError(
+                ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                f"{method} has no authorization rule; {caller.principal} is not allowed "
+                "to call it")
+        denial = first_denial(authorizer, caller.principal, caller.host, rule.checks(request))
+        if denial is not None:
+            self._denials.denied(denial, host=caller.host, method=method)
+            raise ServiceError(denial.code, denial.message)
+        return authorizer
+
+    def filter_answer(self, caller: Caller, method: str, request: Message, response: Message,
+                      authorizer: Authorizer | None) -> None:
+        """Leaves out of a listing's answer what `caller` may not see."""
+        rule = TABLE.get(method)
+        if authorizer is not None and rule is not None and rule.filters:
+            self._filter(rule, request, response, caller, authorizer)
+
     async def _admit(self, request: Message, context: grpc.aio.ServicerContext, method: str,
                      rule: RpcRule | None) -> tuple[Caller, Authorizer | None]:
         """Authenticates and authorizes a call, or ends it."""
         caller = await self._caller(context, method)
-        principal, host = caller.principal, caller.host
         try:
-            authorizer = self._authorizer(principal)
+            authorizer = self.authorize(caller, method, request)
         except ServiceError as exc:
             await abort_with(context, exc)
-        if authorizer is None:
-            return caller, None
-        if rule is None:
-            await abort_with(context, ServiceError(
-                ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-                f"{method} has no authorization rule; {principal} is not allowed to call it"))
-        denial = first_denial(authorizer, principal, host, rule.checks(request))
-        if denial is not None:
-            self._denials.denied(denial, host=host, method=method)
-            await abort_with(context, ServiceError(denial.code, denial.message))
         return caller, authorizer
 
     @staticmethod

@@ -29,6 +29,15 @@ MAX_ID_LENGTH = 249
 MAX_IN_FLIGHT_BATCHES = 5
 # Graceful shutdown: how long in-flight RPCs get to finish (--shutdown-grace-ms).
 SHUTDOWN_GRACE_MS = 5000
+# The Kafka listener (services/kafka): the largest request frame it reads
+# (Kafka's socket.request.max.bytes is 100 MiB; a produce request here holds
+# at most what a gRPC message may), and how many requests of one connection
+# it works on at once (clients pipeline up to 5 produce requests per
+# connection; more is a client that does not wait for answers).
+KAFKA_MAX_REQUEST_BYTES = MAX_GRPC_MESSAGE_BYTES
+KAFKA_MAX_IN_FLIGHT_PER_CONNECTION = 32
+# Connections one Kafka listener keeps open at once; the next ones are closed.
+KAFKA_MAX_CONNECTIONS = 10_000
 
 invariant(DEFAULT_MAX_BATCH_BYTES <= MAX_BATCH_BYTES_CEILING, "default batch limit over ceiling")
 invariant(
@@ -36,3 +45,5 @@ invariant(
     "a gRPC message must hold at least two of the largest batches",
 )
 invariant(DEFAULT_FETCH_MAX_BYTES <= MAX_GRPC_MESSAGE_BYTES, "fetch limit over gRPC limit")
+invariant(MAX_BATCH_BYTES_CEILING * 2 <= KAFKA_MAX_REQUEST_BYTES,
+          "a Kafka request must hold at least two of the largest batches")

@@ -192,6 +192,7 @@ def layout_from_args(args: argparse.Namespace) -> ClusterLayout:
         token_stores=split_addresses(args.token_stores),
         token_coordinators=split_addresses(args.token_coordinators),
         token_group_coordinators=split_addresses(args.token_group_coordinators),
+        kafka_stores=split_addresses(getattr(args, "kafka_stores", "")),
         transaction_state_partitions=args.transaction_state_partitions,
         consumer_offsets_partitions=args.consumer_offsets_partitions,
     )

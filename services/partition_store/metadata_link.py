@@ -72,6 +72,12 @@ from .runtime import TopicOutcome, TopicSpec
 log = logging.getLogger("oncelog.partition_store.metadata")
 
 DEFAULT_ROOT = "/oncelog"
+# A store's listeners besides its gRPC port, as its registration names them
+# (`<kind>_address`): the token listener (--token-listen) and the Kafka
+# listener (--kafka-listen).
+TOKEN_LISTENER = "token"
+KAFKA_LISTENER = "kafka"
+LISTENER_KINDS = (TOKEN_LISTENER, KAFKA_LISTENER)
 DEFAULT_LEASE_TTL_S = 3
 
 TopicPartitionKey = tuple[str, int]
@@ -92,9 +98,10 @@ class ClusterView:
     # node id -> address of every store that has registered at least once
     # (a key without a lease).
     seen_stores: dict[int, str] = field(default_factory=dict)
-    # The same two for the stores' token listeners (those that have one).
-    live_token_stores: dict[int, str] = field(default_factory=dict)
-    seen_token_stores: dict[int, str] = field(default_factory=dict)
+    # The same two for the stores' other listeners, by kind ("token": the
+    # token listener, "kafka": the Kafka listener), for those that have one.
+    live_listeners: dict[str, dict[int, str]] = field(default_factory=dict)
+    seen_listeners: dict[str, dict[int, str]] = field(default_factory=dict)
     controller: int | None = None
     next_topic_id: Versioned | None = None
 
@@ -171,10 +178,10 @@ class MetadataLink:
                     view.state_revisions[(topic, int(p))] = item.mod_revision
                 elif key.startswith(stores_prefix):
                     _registration(json.loads(item.value), int(key[len(stores_prefix):]),
-                                  view.live_stores, view.live_token_stores)
+                                  view.live_stores, view.live_listeners)
                 elif key.startswith(seen_prefix):
                     _registration(json.loads(item.value), int(key[len(seen_prefix):]),
-                                  view.seen_stores, view.seen_token_stores)
+                                  view.seen_stores, view.seen_listeners)
                 elif key == self._controller_key:
                     view.controller = int(json.loads(item.value)["node_id"])
                 elif key == self._counter_key:
@@ -301,9 +308,17 @@ class MetadataLink:
     def token_store_addresses(self) -> dict[int, str]:
         """store_addresses for the stores' token listeners (--token-listen):
         those that have one."""
-        known = dict(enumerate(self._layout.token_stores))
-        known.update(self.view.seen_token_stores)
-        known.update(self.view.live_token_stores)
+        return self._listener_addresses(TOKEN_LISTENER, self._layout.token_stores)
+
+    def kafka_store_addresses(self) -> dict[int, str]:
+        """store_addresses for the stores' Kafka listeners (--kafka-listen):
+        those that have one."""
+        return self._listener_addresses(KAFKA_LISTENER, self._layout.kafka_stores)
+
+    def _listener_addresses(self, kind: str, configured: Sequence[str]) -> dict[int, str]:
+        known = dict(enumerate(configured))
+        known.update(self.view.seen_listeners.get(kind, {}))
+        known.update(self.view.live_listeners.get(kind, {}))
         return known
 
     async def alter_reassignments(
@@ -361,16 +376,18 @@ class MetadataLink:
 
     # ---------------------------------------------------------- membership
 
-    async def keep_registered(self, address: str, token_address: str | None = None) -> None:
-        """Registers this store (its address, and its token listener's if it
-        has one) under a lease, or keeps the lease alive; a lease that ended
-        (the store was paused past its TTL, or the metadata store lost it)
-        is replaced by a new one."""
+    async def keep_registered(self, address: str,
+                              listeners: Mapping[str, str] | None = None) -> None:
+        """Registers this store (its address, and its other listeners' by
+        kind: TOKEN_LISTENER, KAFKA_LISTENER) under a lease, or keeps the
+        lease alive; a lease that ended (the store was paused past its TTL,
+        or the metadata store lost it) is replaced by a new one."""
         if self._lease is not None and await self._call(self.store.keep_alive(self._lease)):
             return
         self._lease = await self._call(self.store.grant_lease(self.lease_ttl_s))
-        value = json.dumps({"address": address, **(
-            {"token_address": token_address} if token_address else {})})
+        value = json.dumps({"address": address, **{
+            f"{kind}_address": listener for kind, listener in (listeners or {}).items()
+            if listener}})
         await self._call(self.store.commit(
             (), [Put(self._store_key(self._node_id), value, self._lease),
                  # Without a lease: that this store has ever been up, and
@@ -511,8 +528,9 @@ def states_of(view: ClusterView, topic: str) -> Mapping[int, PartitionState]:
 
 
 def _registration(value: dict[str, str], node_id: int, addresses: dict[int, str],
-                  token_addresses: dict[int, str]) -> None:
+                  listeners: dict[str, dict[int, str]]) -> None:
     """A store's registration value into the view's address maps."""
     addresses[node_id] = value["address"]
-    if value.get("token_address"):
-        token_addresses[node_id] = value["token_address"]
+    for kind in LISTENER_KINDS:
+        if value.get(f"{kind}_address"):
+            listeners.setdefault(kind, {})[node_id] = value[f"{kind}_address"]

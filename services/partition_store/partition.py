@@ -147,6 +147,9 @@ class FetchRead:
     scanned_bytes: int = 0
     # Records in the returned batches.
     record_count: int = 0
+    # With client_filters under read_committed: the aborted transactions that
+    # have a batch in the returned range (Kafka's aborted_transactions).
+    aborted: tuple[AbortedTxn, ...] = ()
 
 
 class PartitionRuntime:
@@ -897,24 +900,36 @@ class PartitionRuntime:
             yield read_header(value), value
 
     def read(self, offset: int, *, max_bytes: int, isolation: Isolation,
-             include_control: bool = False, take_first_whole: bool = True) -> FetchRead:
+             include_control: bool = False, take_first_whole: bool = True,
+             client_filters: bool = False) -> FetchRead:
         """Whole batches from the one holding `offset`, up to the HW (the LSO
         under read_committed), without control batches and, under
         read_committed, without batches of aborted transactions
         (core/fetch_filter.py). With `take_first_whole` the first batch is
-        returned even when it is larger than max_bytes."""
+        returned even when it is larger than max_bytes.
+
+        `client_filters` (Kafka's clients): every batch below the bound,
+        control and aborted ones included, and under read_committed the
+        aborted transactions of the returned range, from which the reader
+        drops aborted batches itself."""
         self.check_fetch_offset(offset)
         upper = self.upper_bound(isolation)
         committed = isolation is Isolation.READ_COMMITTED
         selection = select_batches(
             self._batches_from(offset, upper), fetch_offset=offset, upper_offset=upper,
-            max_bytes=max_bytes, aborted=self.aborted if committed else None,
-            keep_control=include_control and not committed,
+            max_bytes=max_bytes,
+            aborted=self.aborted if committed and not client_filters else None,
+            keep_control=client_filters or (include_control and not committed),
+            keep_empty=client_filters,
             take_first_whole=take_first_whole,
         )
+        aborted: tuple[AbortedTxn, ...] = ()
+        if client_filters and committed and selection.batches:
+            aborted = tuple(self.aborted.collect(offset, selection.next_fetch_offset))
         return FetchRead(
             selection.batches, selection.size_bytes, selection.next_fetch_offset,
             scanned_bytes=selection.scanned_bytes, record_count=selection.record_count,
+            aborted=aborted,
         )
 
     def list_offset(self, timestamp_ms: int, isolation: Isolation) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
@@ -79,7 +79,7 @@ class LeaderLink(Protocol):
 class ReplicaManager:
     def __init__(
         self, runtime: StoreRuntime, link: MetadataLink, leaders: LeaderLink, *,
-        address: str, token_address: str | None = None,
+        address: str, listeners: Mapping[str, str] | None = None,
         sync_interval_ms: int = DEFAULT_METADATA_SYNC_INTERVAL_MS,
         fetch_wait_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MS,
     ) -> None:
@@ -87,8 +87,9 @@ class ReplicaManager:
         self._link = link
         self._leaders = leaders
         self._address = address
-        # This store's token listener, registered beside its address.
-        self._token_address = token_address
+        # This store's other listeners (token, Kafka), registered beside its
+        # address.
+        self._listeners = dict(listeners or {})
         self._node_id = runtime.config.node_id
         self._sync_interval_s = sync_interval_ms / 1000
         self._fetch_wait_ms = fetch_wait_ms
@@ -114,7 +115,7 @@ class ReplicaManager:
         deadline_s = self._now_s() + metadata_wait_ms / 1000
         while True:
             try:
-                await self._link.keep_registered(self._address, self._token_address)
+                await self._link.keep_registered(self._address, self._listeners)
                 self._last_keep_alive_s = self._now_s()
                 fenced = await self._link.fence_restarted_self()
                 if fenced:
@@ -168,9 +169,9 @@ class ReplicaManager:
         now = self._now_s()
         if now - self._last_keep_alive_s >= self._link.lease_ttl_s / 3:
             try:
-                await self._link.keep_registered(self._address, self._token_address)
+                await self._link.keep_registered(self._address, self._listeners)
             except LeaseNotFound:
-                await self._link.keep_registered(self._address, self._token_address)
+                await self._link.keep_registered(self._address, self._listeners)
             self._last_keep_alive_s = now
         await self._runtime.refresh_catalog()
         try:

@@ -75,6 +75,7 @@ from .core.topics import (
     validate_new_topic,
     validate_topic_name,
 )
+from .core.txn_index import AbortedTxn
 from .partition import (
     Appended,
     Isolation,
@@ -228,6 +229,9 @@ class FetchOutcome:
     # Records and bytes in `batches` (for metrics).
     record_count: int = 0
     size_bytes: int = 0
+    # With client_filters under read_committed: the aborted transactions
+    # with a batch in the returned range.
+    aborted: tuple[AbortedTxn, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +376,9 @@ class StoreRuntime:
         # missing here has none.
         self.token_store_addresses: Callable[[], Mapping[int, str]] = (
             lambda: dict(enumerate(config.layout.token_stores)))
+        # The same for the stores' Kafka listeners (--kafka-listen).
+        self.kafka_store_addresses: Callable[[], Mapping[int, str]] = (
+            lambda: dict(enumerate(config.layout.kafka_stores)))
         # Replicated clusters: starts replica moves (the metadata link's).
         self.reassigner: Callable[
             [Mapping[tuple[str, int], Sequence[int]]],
@@ -1292,13 +1299,16 @@ class StoreRuntime:
         max_bytes: int = 0,
         isolation: Isolation = Isolation.READ_UNCOMMITTED,
         include_control: bool = False,
+        client_filters: bool = False,
     ) -> list[FetchOutcome]:
         """Reads every item; when fewer than min_bytes are available, waits up
         to max_wait_ms for any of the partitions' HW (LSO under
         read_committed) to move and reads again. Bytes filtered out (markers,
         aborted transactions) count toward min_bytes and max_bytes: they are
         work done, and a fetch that skipped them answers at once with a
-        next_fetch_offset past them rather than waiting with nothing new."""
+        next_fetch_offset past them rather than waiting with nothing new.
+        `client_filters`: for readers that filter by themselves (Kafka's
+        clients; PartitionRuntime.read says what changes)."""
         await self._ensure_known({item.topic for item in items})
         loop = asyncio.get_running_loop()
         wait_s = min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
@@ -1309,7 +1319,7 @@ class StoreRuntime:
         budget = min(max_bytes or limits.DEFAULT_FETCH_MAX_BYTES, limits.DEFAULT_FETCH_MAX_BYTES)
         while True:
             outcomes, size, parts, failed = self._fetch_once(
-                items, budget, isolation, include_control
+                items, budget, isolation, include_control, client_filters
             )
             remaining_s = deadline - loop.time()
             if size >= min_bytes or failed or remaining_s <= 0 or self._closing:
@@ -1328,7 +1338,7 @@ class StoreRuntime:
 
     def _fetch_once(
         self, items: Sequence[FetchItem], budget_bytes: int, isolation: Isolation,
-        include_control: bool = False,
+        include_control: bool = False, client_filters: bool = False,
     ) -> tuple[list[FetchOutcome], int, list[PartitionRuntime], bool]:
         outcomes = []
         parts = []
@@ -1345,7 +1355,8 @@ class StoreRuntime:
                 # (by one batch, so a fetch always makes progress); the
                 # response holds at most max(budget, one batch).
                 read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation,
-                                 include_control=include_control, take_first_whole=total == 0)
+                                 include_control=include_control, take_first_whole=total == 0,
+                                 client_filters=client_filters)
             except ServiceError as exc:
                 failed = True
                 outcomes.append(FetchOutcome(
@@ -1362,6 +1373,7 @@ class StoreRuntime:
                 next_fetch_offset=read.next_fetch_offset,
                 record_count=read.record_count,
                 size_bytes=read.size_bytes,
+                aborted=read.aborted,
             ))
         return outcomes, total, parts, failed
 

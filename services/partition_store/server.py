@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from oncelog.v1 import partition_store_pb2_grpc
+from oncelog.wire.process import KAFKA
 
 from ..common.cluster import split_addresses
 from ..common.etcd import EtcdMetadataStore
@@ -54,12 +55,17 @@ from ..common.server_base import (
     env_default,
     env_flag,
     layout_from_args,
+    listen_failure,
     run,
     serve,
     token_advertised,
 )
 from ..common.service_security import ServiceSecurity
 from ..common.store_client import StoreClient
+from ..kafka.broker import KafkaBroker, cluster_id_for
+from ..kafka.forward import CoordinatorClient
+from ..kafka.handlers import HANDLERS
+from ..kafka.listener import KafkaListener, ListenerSecurity
 from .acls import AclService
 from .controller_link import GrpcControllerLink
 from .coordinator_link import GrpcTxnVerifier
@@ -72,6 +78,8 @@ from .core.replicas import (
 from .metadata_link import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_ROOT,
+    KAFKA_LISTENER,
+    TOKEN_LISTENER,
     MetadataLink,
 )
 from .replica_link import GrpcLeaderLink
@@ -169,7 +177,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="UNSAFE, off by default: when no in-sync replica of a partition is alive, let "
              "another replica lead (records only the lost ones had are gone; counted in "
              "oncelog_store_unclean_leader_elections_total and logged)")
+    add("--kafka-listen", default=env_default("kafka-listen", ""),
+        help="also serve Kafka's wire protocol on host:port (docs/kafka-protocol.md); every "
+             "store of the cluster needs one for Kafka clients. Empty: no Kafka listener")
+    add("--kafka-advertised", default=env_default("kafka-advertised", ""),
+        help="host:port Kafka clients are told for this store (default: its entry in "
+             "--kafka-stores, else --kafka-listen)")
+    add("--kafka-stores", default=env_default("kafka-stores", ""),
+        help="comma-separated Kafka-listener addresses of every store, by node id (a "
+             "replicated cluster also learns them from the stores' registrations)")
     return parser
+
+
+def kafka_advertised(args: argparse.Namespace, kafka_addresses: Sequence[str],
+                     node_id: int) -> str | None:
+    """This store's Kafka address as clients are told it; None without a
+    Kafka listener."""
+    if not args.kafka_listen:
+        return None
+    if args.kafka_advertised:
+        return str(args.kafka_advertised)
+    if node_id < len(kafka_addresses):
+        return kafka_addresses[node_id]
+    return str(args.kafka_listen)
 
 
 def config_from_args(args: argparse.Namespace) -> StoreConfig:
@@ -210,7 +240,7 @@ class Wired:
 
 def wire(
     store: KeyValueStore, config: StoreConfig, *, metadata: MetadataStore | None = None,
-    address: str = "", token_address: str | None = None,
+    address: str = "", listeners: Mapping[str, str] | None = None,
     metadata_root: str = DEFAULT_ROOT, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
     unclean_leader_election: bool = False,
     leader_imbalance_check_interval_ms: int = DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
@@ -248,11 +278,12 @@ def wire(
                            clock_ms=clock_ms)
     runtime.store_addresses = link.store_addresses
     runtime.token_store_addresses = link.token_store_addresses
+    runtime.kafka_store_addresses = link.kafka_store_addresses
     runtime.reassigner = link.alter_reassignments
     manager = ReplicaManager(
         runtime, link,
         leaders if leaders is not None else GrpcLeaderLink(link.store_addresses),
-        address=address or config.layout.stores[config.node_id], token_address=token_address,
+        address=address or config.layout.stores[config.node_id], listeners=listeners,
     )
     return Wired(runtime, manager)
 
@@ -289,9 +320,12 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     else:
         log.info("single-copy mode (no --etcd-endpoints): each partition is one copy on "
                  "one store")
+    kafka_address = kafka_advertised(args, layout.kafka_stores, config.node_id)
+    listeners = {TOKEN_LISTENER: token_advertised(args, layout.token_stores, config.node_id),
+                 KAFKA_LISTENER: kafka_address}
     wired = wire(
         store, config, metadata=metadata, address=args.advertised or layout.stores[config.node_id],
-        token_address=token_advertised(args, layout.token_stores, config.node_id),
+        listeners={kind: address for kind, address in listeners.items() if address},
         metadata_root=args.metadata_root, lease_ttl_s=args.lease_ttl_s,
         unclean_leader_election=args.unclean_leader_election,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
@@ -307,13 +341,27 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         if watcher is not None:
             acls = AclService(watcher, acl_client)
 
+    kafka: KafkaListener | None = None
+
     async def close() -> None:
+        nonlocal kafka
+        if kafka is not None:
+            listener, kafka = kafka, None
+            await listener.close()
+            await listener.broker.coordinators.close()
         await wired.close()
         if acl_client is not None:
             await acl_client.close()
 
     try:
         await wired.start()
+        if kafka_address is not None:
+            kafka = kafka_listener(args, runtime, security, kafka_address)
+            try:
+                await kafka.start()
+            except OSError as exc:
+                raise SystemExit(listen_failure("partition_store", KAFKA, args.kafka_listen,
+                                                exc)) from exc
 
         def register(server: grpc.aio.Server) -> None:
             partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(
@@ -338,6 +386,27 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     finally:
         # After serve() this is a no-op; it matters when start or serve failed.
         await close()
+
+
+def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: ServiceSecurity,
+                   advertised: str) -> KafkaListener:
+    """The store's Kafka listener (services/kafka), secured as its gRPC
+    port is: TLS when the store serves TLS, client certificates and
+    SASL/OAUTHBEARER with the same principals, the same ACLs."""
+    node_id = runtime.config.node_id
+    settings = security.settings
+
+    def addresses() -> dict[int, str]:
+        return {**runtime.kafka_store_addresses(), node_id: advertised}
+
+    broker = KafkaBroker(
+        runtime=runtime, node_id=node_id,
+        cluster_id=cluster_id_for(runtime.layout, args.metadata_root),
+        addresses=addresses, coordinators=CoordinatorClient(runtime.layout),
+        handlers=HANDLERS, guard=security.guard())
+    return KafkaListener(broker, args.kafka_listen, ListenerSecurity(
+        tls=security.tls_files, sasl_oauthbearer=bool(settings.authentication.issuers),
+        anonymous=not settings.authentication.required))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -22,11 +22,13 @@ import re
 from dataclasses import dataclass
 
 # What a service listens for: its gRPC port, its token listener (a second
-# gRPC port, TLS without client certificates) and its Prometheus metrics port.
+# gRPC port, TLS without client certificates), its Prometheus metrics port,
+# and a store's Kafka listener.
 GRPC = "gRPC"
 TOKEN_GRPC = "token gRPC"
 METRICS = "metrics"
-PURPOSES = (GRPC, TOKEN_GRPC, METRICS)
+KAFKA = "Kafka"
+PURPOSES = (GRPC, TOKEN_GRPC, METRICS, KAFKA)
 
 _LINE = re.compile(
     r"cannot listen for (?P<purpose>" + "|".join(PURPOSES) + r") on (?P<address>\S+?)"

@@ -13,7 +13,12 @@ any language needs no bookkeeping (DESIGN.md §1, §3):
   whole units of one producer and one transaction, so whole-batch filtering
   is exact;
 * never batches that compaction emptied (no records left: kept only for
-  their producer fields);
+  their producer fields), unless the caller asks for them;
+* a caller whose readers filter by themselves (Kafka's clients: they skip
+  control batches and drop aborted transactions' batches from the
+  `aborted_transactions` of the answer, and take the next offset from the
+  last batch they were given) asks for every batch below the upper bound:
+  no aborted index, control and emptied batches kept;
 * `next_fetch_offset` moves past everything returned AND everything
   filtered, never past the upper bound. When the scan reached the upper
   bound, it is the upper bound: compaction may have removed the batches
@@ -66,6 +71,7 @@ def select_batches(
     max_bytes: int,
     aborted: AbortedIndex | None,
     keep_control: bool = False,
+    keep_empty: bool = False,
     take_first_whole: bool = True,
 ) -> FetchSelection[T]:
     """`stored` are the batches from the one holding fetch_offset on, in
@@ -73,7 +79,7 @@ def select_batches(
     `aborted` is the partition's aborted index under read_committed, None
     under read_uncommitted (which returns aborted batches too).
     `take_first_whole`: the first batch is taken even when larger than
-    max_bytes."""
+    max_bytes. `keep_empty`: batches compaction emptied are returned too."""
     scanned: list[tuple[BatchHeader, T]] = []
     scanned_bytes = 0
     # Whether every stored batch below the upper bound was scanned.
@@ -109,7 +115,9 @@ def select_batches(
     size_bytes = 0
     record_count = 0
     for header, payload in scanned:
-        if (header.is_control and not keep_control) or header.record_count == 0 or (
+        if (header.is_control and not keep_control) or (
+            header.record_count == 0 and not keep_empty
+        ) or (
             overlapping
             and header.is_transactional
             and header.producer_id in overlapping
