@@ -112,25 +112,41 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# The Node.js client example (examples/node) and its test need node and npm.
-# Its packages are installed here, from the committed lockfile, so the test
-# itself needs no network; again only when the lockfile changed.
+# The Node.js examples (examples/node: a gRPC client from the protos;
+# examples/kafkajs: KafkaJS against the Kafka listener) and their tests need
+# node and npm. Their packages are installed here, from the committed
+# lockfiles, so the tests themselves need no network; again only when a
+# lockfile changed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   if command -v apt-get >/dev/null; then
     echo "== installing nodejs and npm"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
   else
-    echo "warning: node and npm are missing (examples/node and its test need them)" >&2
+    echo "warning: node and npm are missing (examples/node, examples/kafkajs and their tests need them)" >&2
   fi
 fi
 if command -v npm >/dev/null; then
-  node_stamp="examples/node/node_modules/.oncelog-installed"
-  node_want="$(sha256sum examples/node/package-lock.json | cut -d' ' -f1)"
-  if [ ! -f "$node_stamp" ] || [ "$(cat "$node_stamp")" != "$node_want" ]; then
-    echo "== installing the Node.js example's packages (npm ci)"
-    # No install scripts: the example has no native code to build.
-    (cd examples/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
-    echo "$node_want" > "$node_stamp"
+  for example in examples/node examples/kafkajs; do
+    node_stamp="$example/node_modules/.oncelog-installed"
+    node_want="$(sha256sum "$example/package-lock.json" | cut -d' ' -f1)"
+    if [ ! -f "$node_stamp" ] || [ "$(cat "$node_stamp")" != "$node_want" ]; then
+      echo "== installing $example's packages (npm ci)"
+      # No install scripts: the examples have no native code to build.
+      (cd "$example" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+      echo "$node_want" > "$node_stamp"
+    fi
+  done
+fi
+
+# kcat (Debian's package): a Kafka command-line client the Kafka-protocol
+# tests run against the stores' Kafka listener.
+if ! command -v kcat >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing kcat (Debian package)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kcat >/dev/null
+  else
+    echo "kcat missing: install Debian's kcat package (as root)" >&2
   fi
 fi

@@ -325,6 +325,19 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
             raise ServiceError(denial.code, denial.message)
         return authorizer
 
+    def authorize_checks(self, caller: Caller, what: str, checks: list[Check]) -> None:
+        """Raises the refusal (ServiceError) of the first check `caller`
+        fails; for a request that has no gRPC method of its own (the Kafka
+        listener's DescribeConfigs). `what` names the request in the denial
+        log."""
+        authorizer = self._authorizer(caller.principal)
+        if authorizer is None:
+            return
+        denial = first_denial(authorizer, caller.principal, caller.host, checks)
+        if denial is not None:
+            self._denials.denied(denial, host=caller.host, method=what)
+            raise ServiceError(denial.code, denial.message)
+
     def filter_answer(self, caller: Caller, method: str, request: Message, response: Message,
                       authorizer: Authorizer | None) -> None:
         """Leaves out of a listing's answer what `caller` may not see."""

@@ -95,7 +95,7 @@ VERSIONS: Mapping[ApiKey, VersionRange] = {
     ApiKey.SYNC_GROUP: VersionRange(0, 5),
     ApiKey.DESCRIBE_GROUPS: VersionRange(0, 5),
     ApiKey.LIST_GROUPS: VersionRange(0, 4),
-    ApiKey.SASL_HANDSHAKE: VersionRange(0, 1),
+    ApiKey.SASL_HANDSHAKE: VersionRange(1, 1),
     ApiKey.API_VERSIONS: VersionRange(0, 3),
     ApiKey.CREATE_TOPICS: VersionRange(2, 7),
     ApiKey.DELETE_TOPICS: VersionRange(1, 6),

@@ -195,6 +195,13 @@ class Connection:
             if body is None:
                 continue
             writer.write(encode_response(correlation_id, body))
+            if self.session.failed_authentication is not None:
+                log.info("closing the Kafka connection of %s: %s", self.peer,
+                         self.session.failed_authentication)
+                with contextlib.suppress(ConnectionError):
+                    await writer.drain()
+                self._abort()
+                return
             if writer.transport.get_write_buffer_size() > limits.DEFAULT_FETCH_MAX_BYTES:
                 await writer.drain()
 

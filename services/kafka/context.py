@@ -15,6 +15,7 @@ from oncelog.wire.errors import ErrorCode
 from ..common.errors import ServiceError
 from ..common.guard import ANONYMOUS, Caller
 from ..common.security.authorizer import Authorizer
+from ..common.security.operations import Check
 from .apis import ApiKey
 from .errors import kafka_code
 from .messages import Builder, RequestHeader
@@ -34,8 +35,13 @@ class Session:
     # certificate's principal, a SASL exchange's, or User:ANONYMOUS on a
     # listener that asks for neither.
     principal: str | None = None
+    # The listener lets a connection without a principal authenticate with
+    # SASL/OAUTHBEARER.
+    sasl_allowed: bool = False
     # The mechanism a SaslHandshake chose, until SaslAuthenticate completes.
     sasl_mechanism: str | None = None
+    # A SASL exchange failed: the connection closes once its answer is sent.
+    failed_authentication: str | None = None
     # SASL/OAUTHBEARER: when the token expires (ms since the epoch), after
     # which the connection must authenticate again (KIP-368), or None.
     session_expiry_ms: int | None = None
@@ -76,6 +82,12 @@ class RequestContext:
         if guard is None:
             return None
         return guard.authorize(self.session.caller, method, request)
+
+    def authorize_checks(self, what: str, checks: list[Check]) -> None:
+        """The same for a request with no gRPC method of its own."""
+        guard = self.broker.guard
+        if guard is not None:
+            guard.authorize_checks(self.session.caller, what, checks)
 
     def filter_answer(self, method: str, request: Message, response: Message,
                       authorizer: Authorizer | None) -> None:

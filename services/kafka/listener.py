@@ -59,7 +59,8 @@ class KafkaListener:
         self._host, self._port = split_host_port(listen)
         self._security = security
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        # Open connections: their tasks (asyncio's, one per client) and writers.
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._context: ssl.SSLContext | None = None
         self._context_generation = 0
 
@@ -111,17 +112,18 @@ class KafkaListener:
             metrics.CONNECTIONS_REFUSED.labels("limit").inc()
             writer.close()
             return
-        self._connections.add(task)
+        self._connections[task] = writer
         metrics.CONNECTIONS.inc()
         try:
             await self._serve(reader, writer)
         finally:
             metrics.CONNECTIONS.dec()
-            self._connections.discard(task)
+            self._connections.pop(task, None)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("?", 0)
-        session = Session(host=str(peer[0]), port=int(peer[1]))
+        session = Session(host=str(peer[0]), port=int(peer[1]),
+                          sasl_allowed=self._security.sasl_oauthbearer)
         sasl = False
         if self._security.tls is not None:
             try:
@@ -166,13 +168,16 @@ class KafkaListener:
         return self.guard.principal_of_certificate(ssl.DER_cert_to_PEM_cert(der).encode())
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for task in list(self._connections):
-                task.cancel()
-            for task in list(self._connections):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
+        """Stops accepting, and ends every connection (their transports are
+        closed, so their loops end by themselves: asyncio's own tasks are
+        not cancelled under it)."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        for writer in list(self._connections.values()):
+            writer.transport.abort()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=limits.SHUTDOWN_GRACE_MS / 1000)
+        with contextlib.suppress(Exception):
+            await server.wait_closed()

@@ -120,7 +120,7 @@ def peek_header(frame: bytes) -> tuple[int, int, int]:
 
 def decode_request(frame: bytes, cls: type[Any]) -> tuple[RequestHeader, Any]:
     """The header and body of a request frame whose class is `cls`;
-    RequestError when the bytes do not hold that message exactly."""
+    RequestError when the bytes do not hold that message."""
     key, version, correlation_id = peek_header(frame)
     try:
         header, header_size = _reader(cls.__header_schema__)(frame, 0)
@@ -129,11 +129,10 @@ def decode_request(frame: bytes, cls: type[Any]) -> tuple[RequestHeader, Any]:
         raise RequestError(f"api key {key} version {version}: the request does not decode "
                            f"({type(exc).__name__}: {exc})", api_key=key, api_version=version,
                            correlation_id=correlation_id) from None
-    if header_size + body_size != len(frame):
-        raise RequestError(
-            f"api key {key} version {version}: {len(frame) - header_size - body_size} bytes "
-            "follow the request's last field", api_key=key, api_version=version,
-            correlation_id=correlation_id)
+    # Bytes after the last field are ignored, as Kafka's broker ignores
+    # them: librdkafka's Metadata for every topic (v9+) leaves a 4-byte
+    # placeholder where a 1-byte count belongs, and Kafka's parser reads the
+    # fields it knows and stops.
     return RequestHeader(key, version, correlation_id, header.client_id), body
 
 

@@ -14,7 +14,18 @@ from collections.abc import Mapping
 
 from ..apis import ApiKey
 from ..context import Handler
-from . import api_versions, fetch, find_coordinator, metadata, offsets, produce, transactions
+from . import (
+    admin,
+    api_versions,
+    fetch,
+    find_coordinator,
+    group_offsets,
+    metadata,
+    offsets,
+    produce,
+    sasl,
+    transactions,
+)
 
 HANDLERS: Mapping[ApiKey, Handler] = {
     ApiKey.API_VERSIONS: api_versions.handle,
@@ -31,4 +42,15 @@ HANDLERS: Mapping[ApiKey, Handler] = {
     ApiKey.DESCRIBE_PRODUCERS: transactions.describe_producers,
     ApiKey.DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
     ApiKey.LIST_TRANSACTIONS: transactions.list_transactions,
+    ApiKey.OFFSET_COMMIT: group_offsets.offset_commit,
+    ApiKey.OFFSET_FETCH: group_offsets.offset_fetch,
+    ApiKey.TXN_OFFSET_COMMIT: group_offsets.txn_offset_commit,
+    ApiKey.CREATE_TOPICS: admin.create_topics,
+    ApiKey.DELETE_TOPICS: admin.delete_topics,
+    ApiKey.DESCRIBE_CONFIGS: admin.describe_configs,
+    ApiKey.DESCRIBE_CLUSTER: admin.describe_cluster,
+    ApiKey.DESCRIBE_GROUPS: admin.describe_groups,
+    ApiKey.LIST_GROUPS: admin.list_groups,
+    ApiKey.SASL_HANDSHAKE: sasl.handshake,
+    ApiKey.SASL_AUTHENTICATE: sasl.authenticate,
 }
