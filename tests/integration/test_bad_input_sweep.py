@@ -170,8 +170,10 @@ def observe(s: Sweep) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sweep, dict[str, object]]]:
+    # With a Kafka listener: test_kafka_bad_input.py sweeps it with this state.
     with LocalCluster(tmp_path_factory.mktemp("sweep") / "cluster",
-                      transaction_state_partitions=1, consumer_offsets_partitions=1) as cluster:
+                      transaction_state_partitions=1, consumer_offsets_partitions=1,
+                      kafka_listener=True) as cluster:
         channels = {kind: grpc.insecure_channel(cluster.address(kind), options=CHANNEL_OPTIONS)
                     for kind in KINDS}
         try:

@@ -1,0 +1,212 @@
+"""Kafka clients no one here wrote, unchanged, against the stores' Kafka listener.
+
+Goal: what a team gets by pointing its Kafka clients at oncelog — librdkafka
+(confluent-kafka), kafka-python, aiokafka and kcat (Debian's, on Debian's
+librdkafka) produce, consume, administer topics and read their offsets with
+oncelog as the broker; records they write are read back exactly as written
+(keys, values, headers, partitions, offsets in order) by another client.
+
+Method: one LocalCluster with a Kafka listener for the module (one store;
+the replicated cluster is test_kafka_exactly_once.py's), a topic per test,
+each client as its users call it, with its defaults except the bootstrap
+address (and idempotence where the test says so). What one client writes,
+a different client reads. No assertion depends on timing: reads poll until
+they have what they expect or a generous deadline passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import confluent_kafka as ck
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition as AioTopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KpTopicPartition
+
+from oncelog.testing import LocalCluster
+
+# Failure guards, not expectations.
+DEADLINE_S = 60.0
+KCAT_TIMEOUT_S = 60.0
+
+Record = tuple[int, int, bytes | None, bytes | None]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("kafka") / "cluster", kafka_listener=True) as c:
+        yield c
+
+
+def create_topic(cluster: LocalCluster, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(name, num_partitions=partitions,
+                                                replication_factor=-1)]).values():
+        future.result(timeout=DEADLINE_S)
+
+
+def _record(message: ck.Message) -> Record:
+    partition, offset = message.partition(), message.offset()
+    assert partition is not None and offset is not None
+    return partition, offset, message.key(), message.value()
+
+
+def read_with_librdkafka(cluster: LocalCluster, topic: str, partitions: int,
+                         count: int) -> list[Record]:
+    consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap,
+                            "group.id": f"reader-{topic}", "enable.auto.commit": False})
+    consumer.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING)
+                     for p in range(partitions)])
+    got: list[Record] = []
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            got.append(_record(message))
+    finally:
+        consumer.close()
+    return got
+
+
+def test_librdkafka_idempotent_produce_read_by_kafka_python(cluster: LocalCluster) -> None:
+    topic = "rd-idempotent"
+    create_topic(cluster, topic, 3)
+    producer = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap,
+                            "enable.idempotence": True, "linger.ms": 5})
+    delivered: list[Record] = []
+
+    def on_delivery(error: ck.KafkaError | None, message: ck.Message) -> None:
+        assert error is None, error
+        delivered.append(_record(message))
+
+    for i in range(300):
+        producer.produce(topic, key=b"k%d" % (i % 7), value=b"v%d" % i,
+                         headers=[("n", str(i).encode())], on_delivery=on_delivery)
+    assert producer.flush(DEADLINE_S) == 0
+    assert len(delivered) == 300
+    # Each partition's offsets run 0..n-1, in the order produced.
+    for p in range(3):
+        offsets = [o for part, o, _k, _v in delivered if part == p]
+        assert offsets == list(range(len(offsets)))
+
+    consumer = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap,
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer.assign([KpTopicPartition(topic, p) for p in range(3)])
+    consumer.seek_to_beginning()
+    got: list[Record] = []
+    headers: dict[bytes | None, list[tuple[str, bytes]]] = {}
+    deadline = time.monotonic() + DEADLINE_S
+    while len(got) < 300 and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            for r in records:
+                got.append((r.partition, r.offset, r.key, r.value))
+                headers[r.value] = list(r.headers)
+    consumer.close()
+    assert sorted(got) == sorted(delivered)
+    assert headers[b"v42"] == [("n", b"42")]
+
+
+def test_kafka_python_produce_read_by_librdkafka(cluster: LocalCluster) -> None:
+    topic = "kp-produce"
+    create_topic(cluster, topic, 2)
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, enable_idempotence=True,
+                             acks="all")
+    metas = [producer.send(topic, key=b"key-%d" % (i % 3), value=b"value-%d" % i).get(
+        timeout=DEADLINE_S) for i in range(50)]
+    producer.close()
+    sent = sorted((m.partition, m.offset) for m in metas)
+    got = read_with_librdkafka(cluster, topic, 2, 50)
+    assert sorted((p, o) for p, o, _k, _v in got) == sent
+    assert sorted(v for _p, _o, _k, v in got if v is not None) == sorted(
+        b"value-%d" % i for i in range(50))
+
+
+def test_aiokafka_produce_and_consume(cluster: LocalCluster) -> None:
+    topic = "aio-produce"
+    create_topic(cluster, topic, 2)
+
+    async def run() -> list[Record]:
+        producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap,
+                                    enable_idempotence=True)
+        await producer.start()
+        try:
+            for i in range(40):
+                await producer.send_and_wait(topic, key=b"a%d" % (i % 4), value=b"%d" % i)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap,
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        got: list[Record] = []
+        try:
+            consumer.assign([AioTopicPartition(topic, p) for p in range(2)])
+            await consumer.seek_to_beginning()
+            deadline = time.monotonic() + DEADLINE_S
+            while len(got) < 40 and time.monotonic() < deadline:
+                batches = await consumer.getmany(timeout_ms=500)
+                for records in batches.values():
+                    got += [(r.partition, r.offset, r.key, r.value) for r in records]
+        finally:
+            await consumer.stop()
+        return got
+
+    got = asyncio.run(run())
+    assert sorted(v for _p, _o, _k, v in got if v is not None) == sorted(
+        b"%d" % i for i in range(40))
+    for p in range(2):
+        offsets = [o for part, o, _k, _v in got if part == p]
+        assert offsets == list(range(len(offsets)))
+
+
+def test_librdkafka_admin_creates_describes_and_lists(cluster: LocalCluster) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    created = admin.create_topics([NewTopic("admin-made", num_partitions=4,
+                                            replication_factor=-1,
+                                            config={"retention.ms": "3600000"})])
+    created["admin-made"].result(timeout=DEADLINE_S)
+    again = admin.create_topics([NewTopic("admin-made", num_partitions=4)])
+    with pytest.raises(ck.KafkaException) as exists:
+        again["admin-made"].result(timeout=DEADLINE_S)
+    assert exists.value.args[0].code() == ck.KafkaError.TOPIC_ALREADY_EXISTS
+    listed = admin.list_topics(timeout=DEADLINE_S)
+    assert len(listed.topics["admin-made"].partitions) == 4
+    # Internal topics hold our own records: they are not listed.
+    assert not any(name.startswith("__") for name in listed.topics)
+    [described] = admin.describe_configs([ConfigResource("topic", "admin-made")]).values()
+    configs = described.result(timeout=DEADLINE_S)
+    assert configs["retention.ms"].value == "3600000"
+    assert not configs["retention.ms"].is_default
+    assert configs["cleanup.policy"].value == "delete"
+    cluster_info = admin.describe_cluster().result(timeout=DEADLINE_S)
+    assert [n.id for n in cluster_info.nodes] == [0]
+    deleted = admin.delete_topics(["admin-made"])
+    deleted["admin-made"].result(timeout=DEADLINE_S)
+    assert "admin-made" not in admin.list_topics(timeout=DEADLINE_S).topics
+
+
+def test_kcat_lists_produces_and_consumes(cluster: LocalCluster, tmp_path: Path) -> None:
+    topic = "kcat-topic"
+    create_topic(cluster, topic, 2)
+    bootstrap = cluster.kafka_bootstrap
+    listing = subprocess.run(["kcat", "-b", bootstrap, "-L", "-t", topic], capture_output=True,
+                             text=True, timeout=KCAT_TIMEOUT_S, check=True).stdout
+    assert f'topic "{topic}" with 2 partitions' in listing
+    lines = [f"key{i}:value{i}" for i in range(20)]
+    subprocess.run(["kcat", "-b", bootstrap, "-P", "-t", topic, "-K:"],
+                   input="\n".join(lines) + "\n", capture_output=True, text=True,
+                   timeout=KCAT_TIMEOUT_S, check=True)
+    consumed = subprocess.run(
+        ["kcat", "-b", bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-q",
+         "-f", "%k:%s\n"], capture_output=True, text=True, timeout=KCAT_TIMEOUT_S,
+        check=True).stdout
+    assert sorted(consumed.split()) == sorted(lines)
