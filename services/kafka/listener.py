@@ -73,11 +73,17 @@ class KafkaListener:
         return self._broker.guard
 
     async def start(self) -> None:
+        tls: ssl.SSLContext | None = None
         if self._security.tls is not None:
-            self._ssl_context()  # fails now, not at the first client, on bad files
+            # Made now, so bad files fail the start, not the first client.
+            tls = self._ssl_context()
+            # Each handshake takes the context of the files as they are now
+            # (rotated certificates reach new connections without a restart).
+            tls.sni_callback = self._select_context
         self._server = await asyncio.start_server(
             self._accept, self._host, self._port, reuse_address=True,
-            limit=limits.KAFKA_MAX_REQUEST_BYTES)
+            limit=limits.KAFKA_MAX_REQUEST_BYTES, ssl=tls,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls is not None else None)
         log.info("Kafka listener on %s:%d (%s)", self._host, self._port,
                  "TLS" if self._security.tls is not None else "PLAIN TEXT")
 
@@ -89,6 +95,8 @@ class KafkaListener:
         if self._context is None or material.generation != self._context_generation:
             config = files.config
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            if self._context is not None:
+                context.sni_callback = self._select_context
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(str(config.cert_file), str(config.key_file))
             if config.ca_file is not None and config.verifies_client_certificates:
@@ -102,6 +110,10 @@ class KafkaListener:
             self._context = context
             self._context_generation = material.generation
         return self._context
+
+    def _select_context(self, connection: ssl.SSLObject, _server_name: str | None,
+                        _context: ssl.SSLContext) -> None:
+        connection.context = self._ssl_context()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -126,15 +138,8 @@ class KafkaListener:
                           sasl_allowed=self._security.sasl_oauthbearer)
         sasl = False
         if self._security.tls is not None:
-            try:
-                await asyncio.wait_for(writer.start_tls(self._ssl_context()),
-                                       TLS_HANDSHAKE_TIMEOUT_S)
-            except (ssl.SSLError, OSError, TimeoutError) as exc:
-                metrics.CONNECTIONS_REFUSED.labels("tls").inc()
-                log.info("Kafka connection from %s:%d refused at the TLS handshake: %s",
-                         session.host, session.port, exc)
-                writer.transport.abort()
-                return
+            # The server's TLS: asyncio completed the handshake before this
+            # runs (a failed one never gets here).
             session.tls = True
             try:
                 session.principal = self._certificate_principal(writer)
