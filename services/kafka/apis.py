@@ -15,7 +15,8 @@ version needs something we do not have:
 * OffsetCommit ≤ 8, OffsetFetch ≤ 8: the next versions are KIP-848's and
   topic ids';
 * Metadata from 1 and every API from its first version kio's schemas
-  (Kafka 4's) still hold.
+  (Kafka 4's) still hold; SaslHandshake 1 only (version 0 sends SASL
+  frames outside Kafka's framing, which no client we serve uses).
 """
 
 from __future__ import annotations
@@ -71,45 +72,63 @@ _TITLES = {ApiKey.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
            ApiKey.TXN_OFFSET_COMMIT: "TxnOffsetCommit"}
 
 
+# Who answers a request (docs/kafka-protocol.md prints this).
+STORE = "the store (its own log or catalog)"
+LEADER = "the store that leads the partition"
+TXN = "forwarded to the transaction coordinator"
+GROUP = "forwarded to the group coordinator"
+LISTENER = "the listener"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionRange:
     min_version: int
     max_version: int
+    answered_by: str = STORE
 
     def __contains__(self, version: object) -> bool:
         return isinstance(version, int) and self.min_version <= version <= self.max_version
 
 
-# The versions served, by API.
+# The versions served, by API, and who answers.
 VERSIONS: Mapping[ApiKey, VersionRange] = {
-    ApiKey.PRODUCE: VersionRange(3, 9),
-    ApiKey.FETCH: VersionRange(4, 12),
-    ApiKey.LIST_OFFSETS: VersionRange(1, 7),
-    ApiKey.METADATA: VersionRange(1, 12),
-    ApiKey.OFFSET_COMMIT: VersionRange(2, 8),
-    ApiKey.OFFSET_FETCH: VersionRange(1, 8),
-    ApiKey.FIND_COORDINATOR: VersionRange(0, 4),
-    ApiKey.JOIN_GROUP: VersionRange(0, 7),
-    ApiKey.HEARTBEAT: VersionRange(0, 4),
-    ApiKey.LEAVE_GROUP: VersionRange(0, 5),
-    ApiKey.SYNC_GROUP: VersionRange(0, 5),
-    ApiKey.DESCRIBE_GROUPS: VersionRange(0, 5),
-    ApiKey.LIST_GROUPS: VersionRange(0, 4),
-    ApiKey.SASL_HANDSHAKE: VersionRange(1, 1),
-    ApiKey.API_VERSIONS: VersionRange(0, 3),
-    ApiKey.CREATE_TOPICS: VersionRange(2, 7),
-    ApiKey.DELETE_TOPICS: VersionRange(1, 6),
-    ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4),
-    ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 4),
-    ApiKey.ADD_PARTITIONS_TO_TXN: VersionRange(0, 3),
-    ApiKey.ADD_OFFSETS_TO_TXN: VersionRange(0, 3),
-    ApiKey.END_TXN: VersionRange(0, 3),
-    ApiKey.TXN_OFFSET_COMMIT: VersionRange(0, 3),
-    ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4),
-    ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2),
-    ApiKey.CREATE_PARTITIONS: VersionRange(0, 3),
-    ApiKey.DESCRIBE_CLUSTER: VersionRange(0, 1),
-    ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0),
-    ApiKey.DESCRIBE_TRANSACTIONS: VersionRange(0, 0),
-    ApiKey.LIST_TRANSACTIONS: VersionRange(0, 1),
+    ApiKey.PRODUCE: VersionRange(3, 9, LEADER),
+    ApiKey.FETCH: VersionRange(4, 12, LEADER),
+    ApiKey.LIST_OFFSETS: VersionRange(1, 7, LEADER),
+    ApiKey.METADATA: VersionRange(1, 12, STORE),
+    ApiKey.OFFSET_COMMIT: VersionRange(2, 8, GROUP),
+    ApiKey.OFFSET_FETCH: VersionRange(1, 8, GROUP),
+    ApiKey.FIND_COORDINATOR: VersionRange(0, 4, STORE),
+    ApiKey.JOIN_GROUP: VersionRange(0, 7, GROUP),
+    ApiKey.HEARTBEAT: VersionRange(0, 4, GROUP),
+    ApiKey.LEAVE_GROUP: VersionRange(0, 5, GROUP),
+    ApiKey.SYNC_GROUP: VersionRange(0, 5, GROUP),
+    ApiKey.DESCRIBE_GROUPS: VersionRange(0, 5, GROUP),
+    ApiKey.LIST_GROUPS: VersionRange(0, 4, GROUP),
+    ApiKey.SASL_HANDSHAKE: VersionRange(1, 1, LISTENER),
+    ApiKey.API_VERSIONS: VersionRange(0, 3, LISTENER),
+    ApiKey.CREATE_TOPICS: VersionRange(2, 7, STORE),
+    ApiKey.DELETE_TOPICS: VersionRange(1, 6, STORE),
+    ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, TXN),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 4, LEADER),
+    ApiKey.ADD_PARTITIONS_TO_TXN: VersionRange(0, 3, TXN),
+    ApiKey.ADD_OFFSETS_TO_TXN: VersionRange(0, 3, TXN),
+    ApiKey.END_TXN: VersionRange(0, 3, TXN),
+    ApiKey.TXN_OFFSET_COMMIT: VersionRange(0, 3, GROUP),
+    ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4, STORE),
+    ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2, LISTENER),
+    ApiKey.CREATE_PARTITIONS: VersionRange(0, 3, STORE),
+    ApiKey.DESCRIBE_CLUSTER: VersionRange(0, 1, STORE),
+    ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0, LEADER),
+    ApiKey.DESCRIBE_TRANSACTIONS: VersionRange(0, 0, TXN),
+    ApiKey.LIST_TRANSACTIONS: VersionRange(0, 1, TXN),
 }
+
+
+def render_table() -> list[tuple[str, str, str]]:
+    """(API and key, versions, who answers) of every API, by key, as
+    docs/kafka-protocol.md prints them."""
+    return [(f"{api.title} ({int(api)})",
+             f"{r.min_version}–{r.max_version}" if r.min_version != r.max_version
+             else str(r.min_version), r.answered_by)
+            for api, r in sorted(VERSIONS.items())]
