@@ -572,7 +572,8 @@ class GroupCoordinatorRuntime:
                     f"assignments) is too large to store: {exc.message}"
                 )) from exc
         owned.state.install_classic(after, persisted=outcome.persist)
-        if not isinstance(before, cl.ClassicGroup) or before.generation_id != after.generation_id:
+        if after.generation_id != (before.generation_id if isinstance(before, cl.ClassicGroup)
+                                   else 0):
             self._on_rebalance(group_id)
         for member_id, join_reply in outcome.join_replies.items():
             _answer(owned.join_waiters.pop((group_id, member_id), None), join_reply)
