@@ -17,12 +17,16 @@ never changes the group it is given.
 Method: the planners called directly with an injected clock (`now_ms`);
 `Run` keeps the current group and, like the runtime, which parked call got
 which answer, so a test reads as the sequence of requests and ticks it is.
+Seeded random runs (the seed is in the test id) check after every step the
+state invariants and that the parked calls the core counts are exactly the
+ones the runtime would hold, so none hangs and none is answered twice.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +68,9 @@ class Run:
     joins: dict[str, cl.JoinReply] = field(default_factory=dict)
     syncs: dict[str, cl.SyncReply] = field(default_factory=dict)
     persisted: list[dict[str, Any]] = field(default_factory=list)
+    # The member id the last JoinGroup's call is about when it parked it or
+    # completed it in the same step (the runtime keys its futures by it).
+    last_call_member_id: str = ""
 
     def apply(self, outcome: cl.Outcome[Any]) -> Any:
         if outcome.group is not None:
@@ -95,6 +102,7 @@ class Run:
             now_ms=self.now_ms, config=CONFIG,
         )
         reply = self.apply(outcome)
+        self.last_call_member_id = outcome.member_id
         return (outcome.member_id or (reply.member_id if reply else member_id)), reply
 
     def sync(self, member_id: str, generation_id: int, *, instance_id: str = "",
@@ -665,3 +673,102 @@ def test_consumer_protocol_subscription_and_assignment_are_read() -> None:
     for broken in (b"\x00", b"\x00\x00\x7f\xff\xff\xff", subscription[:9]):
         assert consumer_protocol.subscribed_topics(broken) is None
         assert consumer_protocol.assigned_partitions(broken) is None
+
+
+# ------------------------------------------------- random runs, invariants
+
+
+def check_invariants(group: cl.ClassicGroup, parked_joins: set[str],
+                     parked_syncs: set[str]) -> None:
+    members = group.members
+    assert (group.leader_id in members) if members else group.leader_id == ""
+    if group.state is S.EMPTY:
+        assert not members
+    if group.state in (S.COMPLETING_REBALANCE, S.STABLE):
+        assert group.protocol_name and all(
+            group.protocol_name in m.protocol_names for m in members.values())
+        assert not any(m.awaiting_join for m in members.values())
+    if group.state is not S.COMPLETING_REBALANCE:
+        assert not any(m.awaiting_sync for m in members.values())
+    instances = [m.instance_id for m in members.values() if m.instance_id]
+    assert len(instances) == len(set(instances))
+    # What the runtime holds futures for is exactly what the core parks:
+    # no call is left unanswered, none answered twice.
+    assert parked_joins == {m.member_id for m in members.values() if m.awaiting_join}
+    assert parked_syncs == {m.member_id for m in members.values() if m.awaiting_sync}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_runs_keep_the_invariants(seed: int) -> None:
+    rng = random.Random(seed)
+    run = Run()
+    parked_joins: set[str] = set()
+    parked_syncs: set[str] = set()
+    known: dict[str, str] = {}  # member ids the "clients" hold -> instance id
+    generation_of: dict[str, int] = {}
+    seen: set[S] = set()
+
+    def settle(before_joins: dict[str, cl.JoinReply],
+               before_syncs: dict[str, cl.SyncReply]) -> None:
+        for member_id, reply in run.joins.items():
+            if before_joins.get(member_id) is not reply:
+                assert member_id in parked_joins, f"answered a join never parked: {member_id}"
+                parked_joins.discard(member_id)
+                if reply.error is None:
+                    generation_of[member_id] = reply.generation_id
+        for member_id, synced in run.syncs.items():
+            if before_syncs.get(member_id) is not synced:
+                assert member_id in parked_syncs, f"answered a sync never parked: {member_id}"
+                parked_syncs.discard(member_id)
+
+    for _step in range(80):
+        before_joins, before_syncs = dict(run.joins), dict(run.syncs)
+        action = rng.choice(["join", "join", "rejoin", "sync", "beat", "leave", "tick",
+                             "tick", "static"])
+        run.now_ms += rng.choice([0, 50, 500, 3_000])
+        protocols = rng.choice([(RANGE,), (RANGE, ROUND_ROBIN), (ROUND_ROBIN, RANGE)])
+        if action in ("join", "static", "rejoin") and (known or action != "rejoin"):
+            if action == "rejoin":
+                member_id = rng.choice(sorted(known))
+                instance = known[member_id]
+                run.join(member_id, instance_id=instance, protocols=protocols)
+            else:
+                instance = rng.choice(["s1", "s2"]) if action == "static" else ""
+                member_id, _ = run.join(instance_id=instance, protocols=protocols,
+                                        require_known=rng.random() < 0.3)
+                known[member_id] = instance
+            parked_as = run.last_call_member_id
+            # As the runtime: a call parked under a member id takes the place
+            # of that member's older parked call (answered, superseded), and
+            # one answered in its own step leaves nothing parked.
+            if parked_as:
+                settle(before_joins, before_syncs)
+                before_joins, before_syncs = dict(run.joins), dict(run.syncs)
+                parked_joins.discard(parked_as)
+                if run.classic.members.get(parked_as, None) is not None and \
+                        run.classic.members[parked_as].awaiting_join:
+                    parked_joins.add(parked_as)
+        elif known and action == "sync":
+            member_id = rng.choice(sorted(known))
+            group = run.group
+            assignments = ([(m, m.encode()) for m in group.members]
+                           if isinstance(group, cl.ClassicGroup) else [])
+            reply_sync = run.sync(member_id, generation_of.get(member_id, 0),
+                                  instance_id=known[member_id], assignments=assignments)
+            if reply_sync is None:
+                parked_syncs.add(member_id)
+        elif known and action == "beat":
+            member_id = rng.choice(sorted(known))
+            run.heartbeat(member_id, generation_of.get(member_id, 0),
+                          instance_id=known[member_id])
+        elif known and action == "leave":
+            member_id = rng.choice(sorted(known))
+            run.leave(cl.LeavingMember(member_id, known[member_id]))
+        elif isinstance(run.group, cl.ClassicGroup):
+            run.tick(run.now_ms)
+        settle(before_joins, before_syncs)
+        if isinstance(run.group, cl.ClassicGroup):
+            check_invariants(run.group, parked_joins, parked_syncs)
+            seen.add(run.group.state)
+    # The run went through the protocol, not around it.
+    assert seen >= {S.PREPARING_REBALANCE, S.COMPLETING_REBALANCE}, seen

@@ -800,14 +800,21 @@ def plan_join(current: AnyGroup | None, *, group_id: str, member_id: str, instan
     return _join_existing_member(s, base, replace(new, member_id=member_id))
 
 
+def _shown(names: frozenset[str]) -> str:
+    """Protocol names for a message: a few of them (a member may send many)."""
+    ordered = sorted(names)
+    more = f" and {len(ordered) - 5} more" if len(ordered) > 5 else ""
+    return f"{ordered[:5]}{more}"
+
+
 def _inconsistent(s: _Scratch, protocol_type: str, names: frozenset[str]) -> str:
     if s.state is ClassicGroupState.EMPTY:
         return (f"group {s.group_id!r}: a member must name a protocol type and at least one "
-                f"protocol (got type {protocol_type!r}, protocols {sorted(names)})")
+                f"protocol (got type {protocol_type!r}, protocols {_shown(names)})")
     if protocol_type != s.protocol_type:
         return (f"group {s.group_id!r} has protocol type {s.protocol_type!r}; the member's is "
                 f"{protocol_type!r}")
-    return (f"group {s.group_id!r}: none of the member's protocols {sorted(names)} is "
+    return (f"group {s.group_id!r}: none of the member's protocols {_shown(names)} is "
             "supported by every member of the group")
 
 
