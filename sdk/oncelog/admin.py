@@ -728,7 +728,8 @@ class Admin:
     def list_groups(self, states: Iterable[str] | None = None) -> list[GroupListing]:
         """Every group every group coordinator (as Metadata lists them) knows,
         optionally only those in `states` (Empty, Assigning, Reconciling,
-        Stable, Dead); sorted by group id."""
+        Stable, Dead; for classic groups, Kafka's protocol, also
+        PreparingRebalance and CompletingRebalance); sorted by group id."""
         request = group_coordinator_pb2.ListGroupsRequest(states=list(states or ()))
         def list_at(address: str, timeout_s: float) -> group_coordinator_pb2.ListGroupsResponse:
             resp = self._rpc(address, self._client.group_coordinator(address).ListGroups,
@@ -745,7 +746,10 @@ class Admin:
     @_within_budget
     def describe_group(self, group_id: str) -> GroupDescription:
         """The group's state, epoch and members (each with its subscription
-        and the partitions it owns), from its coordinator."""
+        and the partitions it owns), from its coordinator. For a classic
+        group (Kafka's clients) the epoch is its generation, and a member's
+        topics and partitions are decoded from its consumer-protocol bytes
+        (empty for other protocols)."""
         group = GroupClient(self._client, check_group_id(group_id))
         request = group_coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id])
 

@@ -17,12 +17,13 @@ from prometheus_client import Counter
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .core.classic import ClassicGroup
 from .runtime import TP, GroupCoordinatorRuntime
 
 REBALANCES = Counter(
     "oncelog_group_rebalances_total",
-    "Times a group's epoch moved (join, leave, session timeout, subscription or "
-    "partition count change)",
+    "Times a group's epoch (a classic group's generation) moved (join, leave, session "
+    "timeout, subscription or partition count change)",
     ["group"],
 )
 
@@ -35,7 +36,8 @@ class GroupCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         members = GaugeMetricFamily("oncelog_group_members", "Members of a group", labels=["group"])
-        epoch = GaugeMetricFamily("oncelog_group_epoch", "A group's epoch (generation)",
+        epoch = GaugeMetricFamily("oncelog_group_epoch", "A group's epoch (a classic group's "
+                                  "generation)",
                                   labels=["group"])
         pending = GaugeMetricFamily(
             "oncelog_group_pending_txn_offsets",
@@ -53,7 +55,9 @@ class GroupCollector(Collector):
         ends = self._end_offsets()
         for group, group_id, offsets, pending_count in self._runtime.snapshot():
             members.add_metric([group_id], len(group.members) if group else 0)
-            epoch.add_metric([group_id], group.epoch if group else 0)
+            epoch.add_metric([group_id], 0 if group is None else
+                             group.generation_id if isinstance(group, ClassicGroup)
+                             else group.epoch)
             pending.add_metric([group_id], pending_count)
             for (topic, partition), value in sorted(offsets.items()):
                 labels = [group_id, topic, str(partition)]

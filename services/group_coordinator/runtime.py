@@ -20,6 +20,14 @@ another process has taken the partition over and this one is fenced.
 A tail task per partition long-polls the store for markers, so pending
 transactional offsets materialize (or vanish) soon after their transaction
 ends, without waiting for the next write.
+
+Classic groups (core/classic.py) add parked calls: a JoinGroup waits for
+its rebalance's join phase, a follower's SyncGroup for the leader's. The
+core says which member each parked call belongs to and, in a later step,
+what to answer it; the futures live here, beside the partition, and are
+answered only after the step's record (if any) is durable and its group
+installed. A partition that stops being served answers its parked calls
+NOT_COORDINATOR (the members find the coordinator again and rejoin).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import logging
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from oncelog.wire import records
 from oncelog.wire.errors import ErrorCode
@@ -43,9 +51,11 @@ from ..common.coordinator_runtime import (
     OwnedPartition,
     WriteRefused,
 )
+from ..common.invariants import invariant
 from ..common.service_error import ServiceError, check_id_length
 from ..common.store_client import RawRead, TxnWriter
 from ..common.topic_counts import PartitionCounts
+from .core import classic as cl
 from .core import groups as gr
 from .core import offsets as offs
 from .core.offsets import FetchedOffset
@@ -54,6 +64,7 @@ from .core.offsets_log import (
     CommittedOffset,
     Entry,
     OffsetsPartitionState,
+    encode_classic_group,
     encode_group,
     encode_offset,
 )
@@ -61,6 +72,7 @@ from .core.offsets_log import (
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+R = TypeVar("R")
 
 # Store answers to a transactional offsets batch that refuse it for good:
 # nothing was written, and retrying the same request cannot succeed.
@@ -101,6 +113,20 @@ class GroupConfig:
     metadata_max_age_ms: int = 2000
     max_offset_metadata_bytes: int = 4096
     tail_wait_ms: int = 1000
+    # Classic groups: a new group's first join phase waits this long for more
+    # members (Kafka's group.initial.rebalance.delay.ms and its default).
+    initial_rebalance_delay_ms: int = 3000
+    # A new member's parked JoinGroup is dropped after this (Kafka's).
+    new_member_join_timeout_ms: int = 300_000
+
+    @property
+    def classic(self) -> cl.ClassicConfig:
+        return cl.ClassicConfig(
+            initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
+            new_member_join_timeout_ms=self.new_member_join_timeout_ms,
+            min_session_timeout_ms=self.min_session_timeout_ms,
+            max_session_timeout_ms=self.max_session_timeout_ms,
+        )
 
 
 @dataclass
@@ -111,6 +137,32 @@ class GroupPartition(OwnedPartition[OffsetsPartitionState]):
     # (group id, member id) -> when its session ends (ms, this process's
     # clock; not persisted: a new owner gives every member a full session).
     deadlines: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Classic groups' parked JoinGroup / SyncGroup calls, by (group id,
+    # member id); the core knows which members have one (awaiting_*).
+    join_waiters: dict[tuple[str, str], asyncio.Future[cl.JoinReply]] = field(
+        default_factory=dict)
+    sync_waiters: dict[tuple[str, str], asyncio.Future[cl.SyncReply]] = field(
+        default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    group_id: str
+    state: str
+    # "consumer" for a server-assigned group; a classic group's members'.
+    protocol_type: str
+    # cl.CONSUMER or cl.CLASSIC (a group with committed offsets alone too).
+    group_type: str
+
+
+def _listing(group_id: str, group: cl.AnyGroup | None) -> GroupListing:
+    if isinstance(group, cl.ClassicGroup):
+        return GroupListing(group_id, group.state.value, group.protocol_type, cl.CLASSIC)
+    if isinstance(group, gr.Group):
+        return GroupListing(group_id, group.state.value, cl.CONSUMER_PROTOCOL_TYPE, cl.CONSUMER)
+    # Offsets alone (assign() consumers, transactional sinks): Kafka's
+    # "simple" group, a classic group without protocol, Empty.
+    return GroupListing(group_id, gr.GroupState.EMPTY.value, "", cl.CLASSIC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +267,7 @@ class GroupCoordinatorRuntime:
             # is caught up, and a tail task per partition long-polls the store
             # for them.
             others_write=True, tail_wait_ms=config.tail_wait_ms,
-            on_loaded=self._start_sessions,
+            on_loaded=self._start_sessions, on_unloaded=self._drop_parked_calls,
         )
         self.partitions = self._runtime.partitions
         self._counts = PartitionCounts(store, now_ms, config.metadata_max_age_ms)
@@ -227,10 +279,14 @@ class GroupCoordinatorRuntime:
         self._runtime.spawn(
             self._every(self.config.session_check_interval_ms, self._expire_sessions))
         self._runtime.spawn(
+            self._every(self.config.session_check_interval_ms, self._classic_timers))
+        self._runtime.spawn(
             self._every(self.config.retention_check_interval_ms, self._apply_retention))
 
     async def stop(self) -> None:
         await self._runtime.stop()
+        for owned in self.partitions.values():
+            self._drop_parked_calls(owned)
 
     def _start_sessions(self, owned: GroupPartition) -> None:
         """A new owner gives every member a full session (deadlines are this
@@ -238,10 +294,29 @@ class GroupCoordinatorRuntime:
         now = self._now_ms()
         owned.deadlines = {
             (g.group_id, m.member_id): now + m.session_timeout_ms
-            for g in owned.state.groups.values() for m in g.members.values()
+            for g in owned.state.groups.values() if isinstance(g, gr.Group)
+            for m in g.members.values()
         }
+        for g in list(owned.state.groups.values()):
+            if isinstance(g, cl.ClassicGroup):
+                owned.state.install_classic(cl.start_sessions(g, now_ms=now), persisted=False)
         log.info("%s-%d: %d groups", CONSUMER_OFFSETS_TOPIC, owned.partition,
                  len(owned.state.known_groups()))
+
+    def _drop_parked_calls(self, owned: GroupPartition) -> None:
+        """The partition's memory is gone (a reload, a newer owner, a stop):
+        parked classic calls cannot be answered from it."""
+        waiters: list[asyncio.Future[Any]] = [*owned.join_waiters.values(),
+                                              *owned.sync_waiters.values()]
+        owned.join_waiters.clear()
+        owned.sync_waiters.clear()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(ServiceError(
+                    ErrorCode.NOT_COORDINATOR,
+                    f"{CONSUMER_OFFSETS_TOPIC}-{owned.partition} is no longer served by group "
+                    f"coordinator {self._node_id}; find the coordinator and join again",
+                ))
 
     # ------------------------------------------------------------- plumbing
 
@@ -291,12 +366,13 @@ class GroupCoordinatorRuntime:
         # exist (yet) is allowed, as in Kafka.
         offs.check_topic_names("subscribed_topics", topics, ErrorCode.INVALID_TOPIC_EXCEPTION,
                                allow_empty=True)
-        current = owned.state.groups.get(group_id)
+        current = cl.consumer_group_or_none(owned.state.groups.get(group_id), group_id)
         wanted = set(topics) | (current.subscribed_topics if current else set())
         counts = await self._counts.get(wanted)
         async with owned.lock:
             self._runtime.check_loaded(owned)
-            before = owned.state.groups.get(group_id)
+            # An empty classic group becomes a server-assigned one here.
+            before = cl.consumer_group_or_none(owned.state.groups.get(group_id), group_id)
             result = gr.plan_heartbeat(
                 before, group_id=group_id, member_id=member_id, member_epoch=member_epoch,
                 instance_id=instance_id, topics=topics, session_timeout_ms=session_timeout_ms,
@@ -337,14 +413,14 @@ class GroupCoordinatorRuntime:
                     expired.setdefault(group_id, []).append(member_id)
             for group_id, member_ids in expired.items():
                 group = owned.state.groups.get(group_id)
-                if group is None:
+                if not isinstance(group, gr.Group):
                     continue
                 counts = await self._counts.get(group.subscribed_topics)
                 async with owned.lock:
                     if not owned.loaded:
                         break
                     before = owned.state.groups.get(group_id)
-                    if before is None:
+                    if not isinstance(before, gr.Group):
                         continue
                     # Re-check under the lock: a heartbeat may have just arrived.
                     still = [m for m in member_ids
@@ -363,6 +439,171 @@ class GroupCoordinatorRuntime:
             except ServiceError as exc:
                 log.info("%s: %s", step.__name__, exc)
 
+    # ------------------------------------------------------- classic groups
+
+    async def join_group(self, *, group_id: str, member_id: str, instance_id: str,
+                         protocol_type: str, protocols: Sequence[cl.Protocol],
+                         session_timeout_ms: int, rebalance_timeout_ms: int, reason: str,
+                         client_id: str, client_host: str,
+                         require_known_member_id: bool) -> cl.JoinReply:
+        """JoinGroup of the classic protocol: a long poll, answered when the
+        join phase the member takes part in completes (or at once)."""
+        owned = self.owned_for(group_id)
+        check_id_length("member_id", member_id)
+        check_id_length("group_instance_id", instance_id)
+        _check_protocols(protocol_type, protocols)
+        async with owned.lock:
+            self._runtime.check_loaded(owned)
+            before = owned.state.groups.get(group_id)
+            outcome = cl.plan_join(
+                before, group_id=group_id, member_id=member_id, instance_id=instance_id,
+                protocol_type=protocol_type, protocols=protocols,
+                session_timeout_ms=session_timeout_ms,
+                rebalance_timeout_ms=rebalance_timeout_ms, client_id=client_id,
+                client_host=client_host, require_known_member_id=require_known_member_id,
+                new_member_suffix=str(uuid.uuid4()), now_ms=self._now_ms(),
+                config=self.config.classic,
+            )
+            if outcome.reply is None or outcome.reply.error is None:
+                log.debug("group %r: member %r joins (%s)", group_id,
+                          outcome.member_id or member_id, reason or "no reason given")
+            await self._apply_classic(owned, group_id, before, outcome)
+            waiter = _park(owned.join_waiters, group_id, outcome, cl.JoinReply(
+                member_id=outcome.member_id, error=_superseded(group_id, outcome.member_id,
+                                                               "JoinGroup")))
+        if waiter is None:
+            invariant(outcome.reply is not None, "a JoinGroup neither answered nor parked")
+            return outcome.reply  # type: ignore[return-value]
+        return await _wait(owned.join_waiters, (group_id, outcome.member_id), waiter)
+
+    async def sync_group(self, *, group_id: str, member_id: str, instance_id: str,
+                         generation_id: int, protocol_type: str, protocol_name: str,
+                         assignments: Sequence[tuple[str, bytes]]) -> cl.SyncReply:
+        """SyncGroup: the leader's stores the assignment and answers every
+        member's; a follower's waits for it (a long poll)."""
+        owned = self.owned_for(group_id)
+        check_id_length("member_id", member_id)
+        check_id_length("group_instance_id", instance_id)
+        for assigned, _ in assignments:
+            check_id_length("assignments[].member_id", assigned)
+        async with owned.lock:
+            self._runtime.check_loaded(owned)
+            before = owned.state.groups.get(group_id)
+            outcome = cl.plan_sync(
+                before, group_id=group_id, member_id=member_id, instance_id=instance_id,
+                generation_id=generation_id, protocol_type=protocol_type,
+                protocol_name=protocol_name, assignments=assignments, now_ms=self._now_ms(),
+                config=self.config.classic,
+            )
+            try:
+                await self._apply_classic(owned, group_id, before, outcome)
+            except ServiceError as exc:
+                if (outcome.persist and isinstance(before, cl.ClassicGroup)
+                        and owned.loaded and not owned.fenced):
+                    # Memory is still the log's (the store refused the
+                    # write whole): the other members learn it too, and
+                    # the group rebalances.
+                    await self._apply_classic(owned, group_id, before, cl.plan_sync_write_failed(
+                        before, exc, now_ms=self._now_ms(), config=self.config.classic))
+                raise
+            waiter = _park(owned.sync_waiters, group_id, outcome, cl.SyncReply(
+                error=_superseded(group_id, outcome.member_id, "SyncGroup")))
+        if waiter is None:
+            invariant(outcome.reply is not None, "a SyncGroup neither answered nor parked")
+            return outcome.reply  # type: ignore[return-value]
+        return await _wait(owned.sync_waiters, (group_id, outcome.member_id), waiter)
+
+    async def classic_heartbeat(self, *, group_id: str, member_id: str, instance_id: str,
+                                generation_id: int) -> cl.HeartbeatReply:
+        owned = self.owned_for(group_id)
+        check_id_length("member_id", member_id)
+        check_id_length("group_instance_id", instance_id)
+        async with owned.lock:
+            self._runtime.check_loaded(owned)
+            before = owned.state.groups.get(group_id)
+            outcome = cl.plan_heartbeat(before, group_id=group_id, member_id=member_id,
+                                        instance_id=instance_id, generation_id=generation_id,
+                                        now_ms=self._now_ms(), config=self.config.classic)
+            await self._apply_classic(owned, group_id, before, outcome)
+        invariant(outcome.reply is not None, "a heartbeat is always answered")
+        return outcome.reply  # type: ignore[return-value]
+
+    async def leave_group(self, *, group_id: str,
+                          members: Sequence[cl.LeavingMember]) -> tuple[cl.LeaveResult, ...]:
+        owned = self.owned_for(group_id)
+        for leaving in members:
+            check_id_length("members[].member_id", leaving.member_id)
+            check_id_length("members[].group_instance_id", leaving.instance_id)
+        async with owned.lock:
+            self._runtime.check_loaded(owned)
+            before = owned.state.groups.get(group_id)
+            outcome = cl.plan_leave(before, group_id=group_id, members=members,
+                                    now_ms=self._now_ms(), config=self.config.classic)
+            for leaving, result in zip(members, outcome.reply or (), strict=True):
+                if result.error is None:
+                    log.debug("group %r: member %r (instance %r) leaves (%s)", group_id,
+                              leaving.member_id, leaving.instance_id,
+                              leaving.reason or "no reason given")
+            await self._apply_classic(owned, group_id, before, outcome)
+        invariant(outcome.reply is not None, "a LeaveGroup is always answered")
+        return outcome.reply  # type: ignore[return-value]
+
+    async def _apply_classic(self, owned: GroupPartition, group_id: str,
+                             before: cl.AnyGroup | None, outcome: cl.Outcome[Any]) -> None:
+        """Persist (if the step wrote its record), install, answer parked
+        calls: in that order, so no answer reports what is not durable. The
+        caller holds owned.lock."""
+        after = outcome.group
+        if after is None:
+            invariant(not outcome.join_replies and not outcome.sync_replies,
+                      lambda: f"group {group_id!r}: parked calls answered by a step that "
+                              "changed nothing")
+            return
+        if outcome.persist:
+            try:
+                await self._persist(owned, [encode_classic_group(after)])
+            except ServiceError as exc:
+                if exc.code is not ErrorCode.MESSAGE_TOO_LARGE:
+                    raise
+                raise ServiceError(exc.code, (
+                    f"group {group_id!r}: the group's record ({len(after.members)} member(s) "
+                    f"with their metadata and assignments, "
+                    f"{sum(len(m.assignment) for m in after.members.values())} bytes of "
+                    f"assignments) is too large to store: {exc.message}"
+                )) from exc
+        owned.state.install_classic(after, persisted=outcome.persist)
+        if after.generation_id != (before.generation_id if isinstance(before, cl.ClassicGroup)
+                                   else 0):
+            self._on_rebalance(group_id)
+        for member_id, join_reply in outcome.join_replies.items():
+            _answer(owned.join_waiters.pop((group_id, member_id), None), join_reply)
+        for member_id, sync_reply in outcome.sync_replies.items():
+            _answer(owned.sync_waiters.pop((group_id, member_id), None), sync_reply)
+
+    async def _classic_timers(self) -> None:
+        """Acts on classic groups' deadlines (join phases, SyncGroup waits,
+        sessions), and answers the parked calls of partitions no longer
+        served."""
+        now = self._now_ms()
+        for owned in list(self.partitions.values()):
+            if not owned.loaded or owned.fenced:
+                if owned.join_waiters or owned.sync_waiters:
+                    self._drop_parked_calls(owned)
+                continue
+            due = [group_id for group_id, g in owned.state.groups.items()
+                   if isinstance(g, cl.ClassicGroup)
+                   and (deadline := g.next_deadline_ms()) is not None and deadline <= now]
+            for group_id in due:
+                async with owned.lock:
+                    if not owned.loaded or owned.fenced:
+                        break
+                    group = owned.state.groups.get(group_id)
+                    if not isinstance(group, cl.ClassicGroup):
+                        continue
+                    outcome = cl.plan_tick(group, now_ms=self._now_ms(),
+                                           config=self.config.classic)
+                    await self._apply_classic(owned, group_id, group, outcome)
+
     # --------------------------------------------------------------- offsets
 
     async def _validate_offsets(self, group_id: str,
@@ -373,14 +614,16 @@ class GroupCoordinatorRuntime:
         offs.check_known(group_id, seen, await self._counts.get(tp[0] for tp in seen))
 
     async def commit_offsets(self, *, group_id: str, member_id: str, generation_id: int,
-                             partitions: Sequence[tuple[TP, int, str]]) -> None:
-        await self._commit(group_id=group_id, member_id=member_id,
+                             partitions: Sequence[tuple[TP, int, str]],
+                             instance_id: str = "") -> None:
+        await self._commit(group_id=group_id, member_id=member_id, instance_id=instance_id,
                            generation_id=generation_id, partitions=partitions, txn=None)
 
     async def txn_commit_offsets(self, *, transactional_id: str, group_id: str,
                                  producer_id: int, producer_epoch: int, member_id: str,
                                  generation_id: int,
-                                 partitions: Sequence[tuple[TP, int, str]]) -> None:
+                                 partitions: Sequence[tuple[TP, int, str]],
+                                 instance_id: str = "") -> None:
         if not transactional_id:
             raise ServiceError(ErrorCode.INVALID_REQUEST,
                                "TxnOffsetCommit needs a transactional_id")
@@ -396,25 +639,34 @@ class GroupCoordinatorRuntime:
                 f"TxnOffsetCommit producer_epoch is {producer_epoch}; it must be "
                 f"0..{records.MAX_PRODUCER_EPOCH}",
             )
-        await self._commit(group_id=group_id, member_id=member_id,
+        await self._commit(group_id=group_id, member_id=member_id, instance_id=instance_id,
                            generation_id=generation_id, partitions=partitions,
                            txn=(transactional_id, producer_id, producer_epoch))
 
-    async def _commit(self, *, group_id: str, member_id: str, generation_id: int,
-                      partitions: Sequence[tuple[TP, int, str]],
+    async def _commit(self, *, group_id: str, member_id: str, instance_id: str,
+                      generation_id: int, partitions: Sequence[tuple[TP, int, str]],
                       txn: tuple[str, int, int] | None) -> None:
         """OffsetCommit, or TxnOffsetCommit when `txn` = (transactional id,
         producer id, epoch): the offsets then go in a transactional batch of
-        that producer and stay pending until its marker."""
+        that producer and stay pending until its marker. Who may commit
+        depends on the group's type (offsets belong to the group id either
+        way)."""
         owned = self.owned_for(group_id)
         check_id_length("member_id", member_id)
+        check_id_length("group_instance_id", instance_id)
         await self._validate_offsets(group_id, partitions)
         async with owned.lock:
             self._runtime.check_loaded(owned)
-            offs.raise_first_refusal(gr.check_commit_member(
-                owned.state.groups.get(group_id), group_id=group_id, member_id=member_id,
-                generation_id=generation_id, partitions=[tp for tp, _, _ in partitions],
-            ))
+            group = owned.state.groups.get(group_id)
+            if isinstance(group, cl.ClassicGroup):
+                cl.check_offset_commit(group, member_id=member_id, instance_id=instance_id,
+                                       generation_id=generation_id,
+                                       transactional=txn is not None)
+            else:
+                offs.raise_first_refusal(gr.check_commit_member(
+                    group, group_id=group_id, member_id=member_id,
+                    generation_id=generation_id, partitions=[tp for tp, _, _ in partitions],
+                ))
             writer = None
             if txn is not None:
                 transactional_id, producer_id, producer_epoch = txn
@@ -452,20 +704,21 @@ class GroupCoordinatorRuntime:
 
     # ----------------------------------------------------------------- admin
 
-    def list_groups(self) -> list[tuple[str, str]]:
+    def list_groups(self) -> list[GroupListing]:
         out = []
         for owned in self._runtime.serving():
             for group_id in sorted(owned.state.known_groups()):
-                group = owned.state.groups.get(group_id)
-                out.append((group_id, (group.state if group else gr.GroupState.EMPTY).value))
+                out.append(_listing(group_id, owned.state.groups.get(group_id)))
         return out
 
-    def describe_group(self, group_id: str) -> tuple[gr.Group, int]:
+    def describe_group(self, group_id: str) -> tuple[cl.AnyGroup | None, int]:
+        """The group (None: it has committed offsets only) and the
+        coordinator epoch; GROUP_ID_NOT_FOUND for a group with neither."""
         owned = self.owned_for(group_id)
         group = owned.state.groups.get(group_id)
         if group is None and group_id not in owned.state.known_groups():
             raise ServiceError(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group_id!r} does not exist")
-        return group or gr.empty_group(group_id), owned.state.coordinator_epoch
+        return group, owned.state.coordinator_epoch
 
     async def delete_group(self, group_id: str) -> None:
         owned = self.owned_for(group_id)
@@ -492,7 +745,7 @@ class GroupCoordinatorRuntime:
 
     # --------------------------------------------------------------- metrics
 
-    def snapshot(self) -> list[tuple[gr.Group | None, str, dict[TP, CommittedOffset], int]]:
+    def snapshot(self) -> list[tuple[cl.AnyGroup | None, str, dict[TP, CommittedOffset], int]]:
         """(group, group id, committed offsets, pending count) per known group."""
         out = []
         for owned in self._runtime.serving():
@@ -502,3 +755,50 @@ class GroupCoordinatorRuntime:
                 out.append((owned.state.groups.get(group_id), group_id,
                             dict(owned.state.offsets.get(group_id, {})), pending))
         return out
+
+
+def _check_protocols(protocol_type: str, protocols: Sequence[cl.Protocol]) -> None:
+    """Names the group's record and its errors carry: bounded like ids.
+    (Whether the member's protocols suit the group is the core's answer.)"""
+    check_id_length("protocol_type", protocol_type)
+    for protocol in protocols:
+        check_id_length("protocols[].name", protocol.name)
+
+
+def _superseded(group_id: str, member_id: str, call: str) -> ServiceError:
+    return ServiceError(
+        ErrorCode.REBALANCE_IN_PROGRESS,
+        f"group {group_id!r}: a newer {call} of member {member_id!r} took this one's place",
+    )
+
+
+def _park(waiters: dict[tuple[str, str], asyncio.Future[R]], group_id: str,
+          outcome: cl.Outcome[R], superseded: R) -> asyncio.Future[R] | None:
+    """The caller's parked call, if the step parked it. A member has one
+    parked call of a kind at a time: an older one (its client gave up on
+    it) is answered `superseded`."""
+    key = (group_id, outcome.member_id)
+    if outcome.member_id:
+        _answer(waiters.pop(key, None), superseded)
+    if outcome.reply is not None:
+        return None
+    waiter: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+    waiters[key] = waiter
+    return waiter
+
+
+async def _wait(waiters: dict[tuple[str, str], asyncio.Future[R]], key: tuple[str, str],
+                waiter: asyncio.Future[R]) -> R:
+    try:
+        return await waiter
+    finally:
+        # A caller that went away (deadline, cancel) leaves no waiter
+        # behind; the core still counts its member as waiting, as Kafka's
+        # does for a client that disconnected.
+        if waiters.get(key) is waiter:
+            del waiters[key]
+
+
+def _answer(waiter: asyncio.Future[R] | None, reply: R) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(reply)

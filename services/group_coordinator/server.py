@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
          "an empty group with no commit for this long is removed with its offsets"),
         ("retention-check-interval-ms", defaults.retention_check_interval_ms,
          "how often expired groups and offsets of deleted topics are removed"),
+        ("initial-rebalance-delay-ms", defaults.initial_rebalance_delay_ms,
+         "a new classic group's first rebalance waits this long for more members (Kafka's "
+         "group.initial.rebalance.delay.ms)"),
         ("lag-refresh-interval-ms", DEFAULT_LAG_REFRESH_INTERVAL_MS,
          "how often the lag metric's end offsets are read from the partition stores"),
     ):
@@ -132,6 +135,7 @@ async def main(argv: list[str] | None = None) -> None:
             max_heartbeat_interval_ms=args.max_heartbeat_interval_ms,
             offsets_retention_ms=args.offsets_retention_ms,
             retention_check_interval_ms=args.retention_check_interval_ms,
+            initial_rebalance_delay_ms=args.initial_rebalance_delay_ms,
         ),
     )
     metrics.register(wired.runtime, lambda: dict(wired.end_offsets))

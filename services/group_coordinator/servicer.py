@@ -2,19 +2,24 @@
 
 Request-level failures travel as a gRPC status carrying our Error (as in the
 other services); the responses' own `error` fields are left NONE, except
-OffsetFetch's per-partition UNSTABLE_OFFSET_COMMIT and DescribeGroups' and
-DeleteGroups' per-group results.
+OffsetFetch's per-partition UNSTABLE_OFFSET_COMMIT, DescribeGroups' and
+DeleteGroups' per-group results, and the classic group protocol's outcomes
+(JoinGroup, SyncGroup, ClassicHeartbeat, LeaveGroup per member), which are
+answers that come with other fields, as in Kafka's responses.
 """
 
 from __future__ import annotations
 
 import grpc
 
+from oncelog.v1 import errors_pb2, records_pb2
 from oncelog.v1 import group_coordinator_pb2 as pb
 from oncelog.v1 import group_coordinator_pb2_grpc as pb_grpc
-from oncelog.v1 import records_pb2
 
 from ..common.errors import ServiceError, abort_with
+from .core import classic as cl
+from .core import consumer_protocol
+from .core import groups as gr
 from .runtime import TP, GroupCoordinatorRuntime
 
 
@@ -32,6 +37,58 @@ def _commit_partitions(parts: list[pb.OffsetCommitPartition]) -> list[tuple[TP, 
 
 def _results(parts: list[pb.OffsetCommitPartition]) -> list[pb.OffsetPartitionResult]:
     return [pb.OffsetPartitionResult(topic=p.topic, partition=p.partition) for p in parts]
+
+
+def _error(error: ServiceError | None) -> errors_pb2.Error | None:
+    return error.to_proto() if error is not None else None
+
+
+def _describe(group_id: str, group: cl.AnyGroup | None,
+              coordinator_epoch: int) -> pb.GroupDescription:
+    if isinstance(group, cl.ClassicGroup):
+        return _describe_classic(group, coordinator_epoch)
+    if group is None:
+        # Committed offsets alone: an Empty group without protocol (Kafka's
+        # "simple" group).
+        return pb.GroupDescription(group_id=group_id, state=gr.GroupState.EMPTY.value,
+                                   coordinator_epoch=coordinator_epoch,
+                                   group_type=cl.CLASSIC)
+    return pb.GroupDescription(
+        group_id=group_id, state=group.state.value, group_epoch=group.epoch,
+        coordinator_epoch=coordinator_epoch, protocol_type=cl.CONSUMER_PROTOCOL_TYPE,
+        group_type=cl.CONSUMER,
+        members=[
+            pb.MemberDescription(
+                member_id=m.member_id, group_instance_id=m.instance_id,
+                member_epoch=m.member_epoch, subscribed_topics=sorted(m.topics),
+                assignment=[_tp_proto(tp) for tp in sorted(m.owned)],
+            )
+            for _, m in sorted(group.members.items())
+        ],
+    )
+
+
+def _describe_classic(group: cl.ClassicGroup, coordinator_epoch: int) -> pb.GroupDescription:
+    consumer = group.protocol_type == cl.CONSUMER_PROTOCOL_TYPE
+    members = []
+    for m, metadata in cl.members_description(group):
+        # Kafka's consumers' bytes are decoded for the fields every group
+        # fills; other protocols' stay opaque.
+        topics = consumer_protocol.subscribed_topics(metadata) if consumer else None
+        assigned = consumer_protocol.assigned_partitions(m.assignment) if consumer else None
+        members.append(pb.MemberDescription(
+            member_id=m.member_id, group_instance_id=m.instance_id,
+            member_epoch=group.generation_id, subscribed_topics=sorted(topics or ()),
+            assignment=[_tp_proto(tp) for tp in sorted(assigned or ())],
+            client_id=m.client_id, client_host=m.client_host, member_metadata=metadata,
+            member_assignment=m.assignment,
+        ))
+    return pb.GroupDescription(
+        group_id=group.group_id, state=group.state.value, group_epoch=group.generation_id,
+        coordinator_epoch=coordinator_epoch, protocol_type=group.protocol_type,
+        protocol_name=group.protocol_name, group_type=cl.CLASSIC,
+        members=sorted(members, key=lambda d: d.member_id),
+    )
 
 
 class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
@@ -65,6 +122,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
                 group_id=request.group_id, member_id=request.member_id,
                 generation_id=request.generation_id,
                 partitions=_commit_partitions(list(request.partitions)),
+                instance_id=request.group_instance_id,
             )
         except ServiceError as exc:
             await abort_with(context, exc)
@@ -79,6 +137,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
                 producer_id=request.producer_id, producer_epoch=request.producer_epoch,
                 member_id=request.member_id, generation_id=request.generation_id,
                 partitions=_commit_partitions(list(request.partitions)),
+                instance_id=request.group_instance_id,
             )
         except ServiceError as exc:
             await abort_with(context, exc)
@@ -106,10 +165,12 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListGroupsResponse:
         states = set(request.states)
+        types = set(request.types)
         return pb.ListGroupsResponse(groups=[
-            pb.GroupListing(group_id=group_id, state=state)
-            for group_id, state in self._rt.list_groups()
-            if not states or state in states
+            pb.GroupListing(group_id=g.group_id, state=g.state, protocol_type=g.protocol_type,
+                            group_type=g.group_type)
+            for g in self._rt.list_groups()
+            if (not states or g.state in states) and (not types or g.group_type in types)
         ])
 
     async def DescribeGroups(  # noqa: N802 - gRPC method name
@@ -122,18 +183,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
             except ServiceError as exc:
                 out.append(pb.GroupDescription(group_id=group_id, error=exc.to_proto()))
                 continue
-            out.append(pb.GroupDescription(
-                group_id=group_id, state=group.state.value, group_epoch=group.epoch,
-                coordinator_epoch=coordinator_epoch,
-                members=[
-                    pb.MemberDescription(
-                        member_id=m.member_id, group_instance_id=m.instance_id,
-                        member_epoch=m.member_epoch, subscribed_topics=sorted(m.topics),
-                        assignment=[_tp_proto(tp) for tp in sorted(m.owned)],
-                    )
-                    for _, m in sorted(group.members.items())
-                ],
-            ))
+            out.append(_describe(group_id, group, coordinator_epoch))
         return pb.DescribeGroupsResponse(groups=out)
 
     async def DeleteGroups(  # noqa: N802 - gRPC method name
@@ -147,3 +197,72 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
             except ServiceError as exc:
                 out.append(pb.DeleteGroupResult(group_id=group_id, error=exc.to_proto()))
         return pb.DeleteGroupsResponse(results=out)
+
+    # ---------------------------------------------------- classic protocol
+
+    async def JoinGroup(  # noqa: N802 - gRPC method name
+        self, request: pb.JoinGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JoinGroupResponse:
+        try:
+            reply = await self._rt.join_group(
+                group_id=request.group_id, member_id=request.member_id,
+                instance_id=request.group_instance_id, protocol_type=request.protocol_type,
+                protocols=[cl.Protocol(p.name, p.metadata) for p in request.protocols],
+                session_timeout_ms=request.session_timeout_ms,
+                rebalance_timeout_ms=request.rebalance_timeout_ms, reason=request.reason,
+                client_id=request.client_id, client_host=request.client_host,
+                require_known_member_id=request.require_known_member_id,
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.JoinGroupResponse(
+            error=_error(reply.error), generation_id=reply.generation_id,
+            protocol_type=reply.protocol_type, protocol_name=reply.protocol_name,
+            leader=reply.leader, member_id=reply.member_id,
+            members=[pb.JoinGroupMember(member_id=m.member_id, group_instance_id=m.instance_id,
+                                        metadata=m.metadata) for m in reply.members],
+        )
+
+    async def SyncGroup(  # noqa: N802 - gRPC method name
+        self, request: pb.SyncGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SyncGroupResponse:
+        try:
+            reply = await self._rt.sync_group(
+                group_id=request.group_id, member_id=request.member_id,
+                instance_id=request.group_instance_id, generation_id=request.generation_id,
+                protocol_type=request.protocol_type, protocol_name=request.protocol_name,
+                assignments=[(a.member_id, a.assignment) for a in request.assignments],
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.SyncGroupResponse(error=_error(reply.error), protocol_type=reply.protocol_type,
+                                    protocol_name=reply.protocol_name,
+                                    assignment=reply.assignment)
+
+    async def ClassicHeartbeat(  # noqa: N802 - gRPC method name
+        self, request: pb.ClassicHeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ClassicHeartbeatResponse:
+        try:
+            reply = await self._rt.classic_heartbeat(
+                group_id=request.group_id, member_id=request.member_id,
+                instance_id=request.group_instance_id, generation_id=request.generation_id,
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.ClassicHeartbeatResponse(error=_error(reply.error))
+
+    async def LeaveGroup(  # noqa: N802 - gRPC method name
+        self, request: pb.LeaveGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LeaveGroupResponse:
+        try:
+            results = await self._rt.leave_group(group_id=request.group_id, members=[
+                cl.LeavingMember(m.member_id, m.group_instance_id, m.reason)
+                for m in request.members
+            ])
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.LeaveGroupResponse(members=[
+            pb.LeaveGroupMemberResult(member_id=r.member_id, group_instance_id=r.instance_id,
+                                      error=_error(r.error))
+            for r in results
+        ])

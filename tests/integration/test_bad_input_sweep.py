@@ -578,6 +578,41 @@ def delete_group(group_id: str) -> Send:
     return lambda s: s.groups.DeleteGroups(gpb.DeleteGroupsRequest(group_ids=[group_id]))
 
 
+def classic_join(group_id: str = "sweep-classic", *, member_id: str = "",
+                 instance_id: str = "", session_timeout_ms: int = 10_000,
+                 protocol_type: str = "consumer", protocol_name: str = "range") -> Send:
+    return lambda s: s.groups.JoinGroup(gpb.JoinGroupRequest(
+        group_id=group_id, member_id=member_id, group_instance_id=instance_id,
+        session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=10_000,
+        protocol_type=protocol_type,
+        protocols=[gpb.JoinGroupProtocol(name=protocol_name, metadata=b"m")]))
+
+
+def classic_sync(group_id: str = "sweep-classic", *, member_id: str = "m",
+                 assigned_to: str = "m") -> Send:
+    return lambda s: s.groups.SyncGroup(gpb.SyncGroupRequest(
+        group_id=group_id, member_id=member_id, generation_id=1,
+        assignments=[gpb.SyncGroupAssignment(member_id=assigned_to, assignment=b"a")]))
+
+
+def classic_heartbeat(group_id: str = "sweep-classic", *, member_id: str = "m") -> Send:
+    return lambda s: s.groups.ClassicHeartbeat(gpb.ClassicHeartbeatRequest(
+        group_id=group_id, member_id=member_id, generation_id=1))
+
+
+def leave(group_id: str = "sweep-classic", *, member_id: str = "m") -> Send:
+    return lambda s: s.groups.LeaveGroup(gpb.LeaveGroupRequest(
+        group_id=group_id, members=[gpb.LeaveGroupMember(member_id=member_id)]))
+
+
+def answer_error(response: Any) -> errors_pb2.Error:
+    return response.error
+
+
+def first_member(response: Any) -> errors_pb2.Error:
+    return response.members[0].error
+
+
 # More subscribed topics (of names as long as may be) than a group record holds.
 MANY_TOPICS = [f"{i:05d}-" + "s" * (limits.MAX_TOPIC_NAME_LENGTH - 6) for i in range(5000)]
 FULL_METADATA = "d" * 4096
@@ -661,6 +696,49 @@ GROUP_CASES = [
                  ErrorCode.INVALID_GROUP_ID, "group_id"),
     refused_item("DeleteGroups-long group id", delete_group(LONG_ID), first_result,
                  ErrorCode.INVALID_GROUP_ID, "group_id", f"{len(LONG_ID)} characters"),
+    # Kafka's classic group protocol: bad input is a status; the protocol's
+    # own refusals are the answer's `error` (they come with other fields).
+    refused("JoinGroup-empty group id", classic_join(""), ErrorCode.INVALID_GROUP_ID,
+            "group_id"),
+    refused("JoinGroup-long group id", classic_join(LONG_ID), ErrorCode.INVALID_GROUP_ID,
+            "group_id", f"{len(LONG_ID)} characters"),
+    refused("JoinGroup-2 MB member id", classic_join(member_id=TWO_MB),
+            ErrorCode.INVALID_REQUEST, "member_id", f"{len(TWO_MB)} characters"),
+    refused("JoinGroup-long group instance id", classic_join(instance_id=LONG_ID),
+            ErrorCode.INVALID_REQUEST, "group_instance_id", f"{len(LONG_ID)} characters"),
+    refused("JoinGroup-session timeout below the range", classic_join(session_timeout_ms=5),
+            ErrorCode.INVALID_SESSION_TIMEOUT, "session_timeout_ms 5"),
+    refused("JoinGroup-huge protocol name", classic_join(protocol_name=HUGE),
+            ErrorCode.INVALID_REQUEST, "protocols[].name", f"{len(HUGE)} characters"),
+    refused("JoinGroup-huge protocol type", classic_join(protocol_type=HUGE),
+            ErrorCode.INVALID_REQUEST, "protocol_type", f"{len(HUGE)} characters"),
+    refused_item("JoinGroup-no protocol type", classic_join(protocol_type=""), answer_error,
+                 ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "'sweep-classic'", "protocol type"),
+    refused_item("JoinGroup-unknown member of an unknown group",
+                 classic_join(member_id="ghost"), answer_error,
+                 ErrorCode.UNKNOWN_MEMBER_ID, "'sweep-classic'", "'ghost'"),
+    refused("SyncGroup-empty group id", classic_sync(""), ErrorCode.INVALID_GROUP_ID,
+            "group_id"),
+    refused("SyncGroup-long member id", classic_sync(member_id=LONG_ID),
+            ErrorCode.INVALID_REQUEST, "member_id", f"{len(LONG_ID)} characters"),
+    refused("SyncGroup-long member id in an assignment", classic_sync(assigned_to=HUGE),
+            ErrorCode.INVALID_REQUEST, "assignments[].member_id", f"{len(HUGE)} characters"),
+    refused_item("SyncGroup-unknown group", classic_sync(), answer_error,
+                 ErrorCode.UNKNOWN_MEMBER_ID, "'sweep-classic'", "'m'"),
+    refused("ClassicHeartbeat-empty group id", classic_heartbeat(""),
+            ErrorCode.INVALID_GROUP_ID, "group_id"),
+    refused("ClassicHeartbeat-long member id", classic_heartbeat(member_id=LONG_ID),
+            ErrorCode.INVALID_REQUEST, "member_id", f"{len(LONG_ID)} characters"),
+    refused_item("ClassicHeartbeat-unknown member", classic_heartbeat(), answer_error,
+                 ErrorCode.UNKNOWN_MEMBER_ID, "'sweep-classic'", "'m'"),
+    refused("LeaveGroup-empty group id", leave(""), ErrorCode.INVALID_GROUP_ID, "group_id"),
+    refused("LeaveGroup-long member id", leave(member_id=LONG_ID),
+            ErrorCode.INVALID_REQUEST, "members[].member_id", f"{len(LONG_ID)} characters"),
+    refused_item("LeaveGroup-unknown member", leave(), first_member,
+                 ErrorCode.UNKNOWN_MEMBER_ID, "'sweep-classic'", "'m'"),
+    # A group with committed offsets alone has no classic member.
+    refused_item("SyncGroup-to the setup's group", classic_sync(GROUP), answer_error,
+                 ErrorCode.UNKNOWN_MEMBER_ID, f"'{GROUP}'"),
 ]
 
 CASES = COORDINATOR_CASES + STORE_CASES + GROUP_CASES

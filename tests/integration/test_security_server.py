@@ -70,7 +70,10 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with LocalCluster(tmp_path_factory.mktemp("secure") / "cluster", security=True,
-                      transaction_state_partitions=1, consumer_offsets_partitions=1) as cluster, \
+                      transaction_state_partitions=1, consumer_offsets_partitions=1,
+                      # Classic groups' first rebalance: short, as in every test.
+                      extra_args={"group_coordinator": ["--initial-rebalance-delay-ms", "100"]},
+                      ) as cluster, \
             Principal(cluster, "admin") as admin:
         yield Env(cluster, admin)
 
@@ -783,6 +786,88 @@ def case_delete_groups(env: Env, who: str, name: str) -> Case:
                 [acl(who, G_, name, "delete")], GROUP_DENIED, works)
 
 
+def _classic_join(name: str, *, require_known: bool = False) -> gc.JoinGroupRequest:
+    return gc.JoinGroupRequest(
+        group_id=name, session_timeout_ms=30_000, rebalance_timeout_ms=30_000,
+        protocol_type="consumer", protocols=[gc.JoinGroupProtocol(name="range", metadata=b"m")],
+        require_known_member_id=require_known)
+
+
+def classic_member(env: Env, name: str) -> gc.JoinGroupResponse:
+    """A classic group `name` with one member (joined as the admin, through
+    the initial rebalance delay) and committed offsets, so retention keeps
+    the group once the member is gone."""
+    create_topic(env, name)
+    commit_offset(env, name, name)
+    joined: gc.JoinGroupResponse = env.admin.groups.JoinGroup(_classic_join(name), timeout=60)
+    _ok(joined.error)
+    return joined
+
+
+def _leave_as_admin(env: Env, name: str, member_id: str) -> None:
+    """Ends the case's member, so that no session expiry writes to
+    __consumer_offsets while a later case compares the stored state."""
+    left = env.admin.groups.LeaveGroup(gc.LeaveGroupRequest(
+        group_id=name, members=[gc.LeaveGroupMember(member_id=member_id)]))
+    for member in left.members:
+        _ok(member.error)
+
+
+def case_join_group(env: Env, who: str, name: str) -> Case:
+    create_topic(env, name)
+    commit_offset(env, name, name)
+
+    def works(reply: Message) -> None:
+        # Answered by the group protocol (KIP-394's first step): a member id
+        # to join with, and nothing written.
+        assert isinstance(reply, gc.JoinGroupResponse)
+        assert ErrorCode.from_wire(reply.error.code) is ErrorCode.MEMBER_ID_REQUIRED, reply.error
+        assert reply.member_id
+
+    return Case(lambda p: p.groups.JoinGroup(_classic_join(name, require_known=True)),
+                [acl(who, G_, name, "read")], GROUP_DENIED, works)
+
+
+def case_sync_group(env: Env, who: str, name: str) -> Case:
+    joined = classic_member(env, name)
+
+    def works(reply: Message) -> None:
+        assert isinstance(reply, gc.SyncGroupResponse)
+        _ok(reply.error)
+        assert reply.assignment == b"a"
+        _leave_as_admin(env, name, joined.member_id)
+
+    return Case(lambda p: p.groups.SyncGroup(gc.SyncGroupRequest(
+        group_id=name, member_id=joined.member_id, generation_id=joined.generation_id,
+        assignments=[gc.SyncGroupAssignment(member_id=joined.member_id, assignment=b"a")])),
+        [acl(who, G_, name, "read")], GROUP_DENIED, works)
+
+
+def case_classic_heartbeat(env: Env, who: str, name: str) -> Case:
+    joined = classic_member(env, name)
+
+    def works(reply: Message) -> None:
+        assert isinstance(reply, gc.ClassicHeartbeatResponse)
+        _ok(reply.error)
+        _leave_as_admin(env, name, joined.member_id)
+
+    return Case(lambda p: p.groups.ClassicHeartbeat(gc.ClassicHeartbeatRequest(
+        group_id=name, member_id=joined.member_id, generation_id=joined.generation_id)),
+        [acl(who, G_, name, "read")], GROUP_DENIED, works)
+
+
+def case_leave_group(env: Env, who: str, name: str) -> Case:
+    joined = classic_member(env, name)
+
+    def works(reply: Message) -> None:
+        assert isinstance(reply, gc.LeaveGroupResponse)
+        assert [(m.member_id, m.error.code) for m in reply.members] == [(joined.member_id, 0)]
+
+    return Case(lambda p: p.groups.LeaveGroup(gc.LeaveGroupRequest(
+        group_id=name, members=[gc.LeaveGroupMember(member_id=joined.member_id)])),
+        [acl(who, G_, name, "read")], GROUP_DENIED, works)
+
+
 def _ps(method: str) -> str:
     return f"/oncelog.v1.PartitionStore/{method}"
 
@@ -832,6 +917,10 @@ CASES: dict[str, Callable[[Env, str, str], Case]] = {
     _gc("ListGroups"): case_list_groups,
     _gc("DescribeGroups"): case_describe_groups,
     _gc("DeleteGroups"): case_delete_groups,
+    _gc("JoinGroup"): case_join_group,
+    _gc("SyncGroup"): case_sync_group,
+    _gc("ClassicHeartbeat"): case_classic_heartbeat,
+    _gc("LeaveGroup"): case_leave_group,
 }
 
 

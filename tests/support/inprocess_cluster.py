@@ -76,7 +76,7 @@ from services.coordinator import server as coordinator_server
 from services.coordinator.core.transactions import TxnMetadata, TxnState
 from services.coordinator.txn_runtime import TxnConfig
 from services.group_coordinator import server as group_server
-from services.group_coordinator.core.groups import Member
+from services.group_coordinator.core.groups import Group, Member
 from services.group_coordinator.runtime import GroupConfig
 from services.partition_store import server as store_server
 from services.partition_store.partition import Isolation
@@ -596,7 +596,8 @@ class InProcessCluster:
                 group, _epoch = self.groups.describe_group(group_id)
             except Exception:  # GROUP_ID_NOT_FOUND: no members
                 return {}
-            return dict(group.members)
+            # Server-assigned groups only (classic ones have no such members).
+            return dict(group.members) if isinstance(group, Group) else {}
         return self._run(describe())
 
     def join_member(self, group_id: str, topics: Sequence[str], *,

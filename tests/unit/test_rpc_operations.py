@@ -311,6 +311,18 @@ SAMPLES: list[tuple[str, Message, list[Check]]] = [
     ("/oncelog.v1.GroupCoordinator/DeleteGroups",
      gc.DeleteGroupsRequest(group_ids=["g", "h"]),
      [chk(O.DELETE, G, "g"), chk(O.DELETE, G, "h")]),
+    ("/oncelog.v1.GroupCoordinator/JoinGroup",
+     gc.JoinGroupRequest(group_id="g", protocol_type="consumer",
+                         protocols=[gc.JoinGroupProtocol(name="range")]),
+     [chk(O.READ, G, "g")]),
+    ("/oncelog.v1.GroupCoordinator/SyncGroup",
+     gc.SyncGroupRequest(group_id="g", assignments=[gc.SyncGroupAssignment(member_id="m")]),
+     [chk(O.READ, G, "g")]),
+    ("/oncelog.v1.GroupCoordinator/ClassicHeartbeat",
+     gc.ClassicHeartbeatRequest(group_id="g", member_id="m"), [chk(O.READ, G, "g")]),
+    ("/oncelog.v1.GroupCoordinator/LeaveGroup",
+     gc.LeaveGroupRequest(group_id="g", members=[gc.LeaveGroupMember(member_id="m")]),
+     [chk(O.READ, G, "g")]),
 ]
 
 

@@ -55,6 +55,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     append reached it: not acknowledged; a retry is deduplicated.
     """
     ILLEGAL_GENERATION: _ErrorCode.ValueType  # 22
+    INCONSISTENT_GROUP_PROTOCOL: _ErrorCode.ValueType  # 23
+    """A classic group member's protocols (type or names) are not those of the
+    group, or the group id belongs to a group of the other protocol.
+    """
     INVALID_GROUP_ID: _ErrorCode.ValueType  # 24
     UNKNOWN_MEMBER_ID: _ErrorCode.ValueType  # 25
     INVALID_SESSION_TIMEOUT: _ErrorCode.ValueType  # 26
@@ -167,6 +171,10 @@ NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.ValueType  # 20
 append reached it: not acknowledged; a retry is deduplicated.
 """
 ILLEGAL_GENERATION: ErrorCode.ValueType  # 22
+INCONSISTENT_GROUP_PROTOCOL: ErrorCode.ValueType  # 23
+"""A classic group member's protocols (type or names) are not those of the
+group, or the group id belongs to a group of the other protocol.
+"""
 INVALID_GROUP_ID: ErrorCode.ValueType  # 24
 UNKNOWN_MEMBER_ID: ErrorCode.ValueType  # 25
 INVALID_SESSION_TIMEOUT: ErrorCode.ValueType  # 26

@@ -69,6 +69,26 @@ class GroupCoordinatorStub:
                 request_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.DeleteGroupsRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.DeleteGroupsResponse.FromString,
                 _registered_method=True)
+        self.JoinGroup = channel.unary_unary(
+                '/oncelog.v1.GroupCoordinator/JoinGroup',
+                request_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.JoinGroupRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.JoinGroupResponse.FromString,
+                _registered_method=True)
+        self.SyncGroup = channel.unary_unary(
+                '/oncelog.v1.GroupCoordinator/SyncGroup',
+                request_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.SyncGroupRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.SyncGroupResponse.FromString,
+                _registered_method=True)
+        self.ClassicHeartbeat = channel.unary_unary(
+                '/oncelog.v1.GroupCoordinator/ClassicHeartbeat',
+                request_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.ClassicHeartbeatRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.ClassicHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.LeaveGroup = channel.unary_unary(
+                '/oncelog.v1.GroupCoordinator/LeaveGroup',
+                request_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.LeaveGroupRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.LeaveGroupResponse.FromString,
+                _registered_method=True)
 
 
 class GroupCoordinatorServicer:
@@ -118,6 +138,43 @@ class GroupCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinGroup(self, request, context):
+        """Kafka's classic group protocol (docs/groups.md, "Classic groups"): the
+        coordinator keeps membership and generations; the leader the members
+        elected computes the assignment. Metadata and assignments are opaque
+        bytes. The group protocol's outcomes (MEMBER_ID_REQUIRED,
+        UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS, ...) come
+        in the responses' `error`, as in Kafka's responses; bad input and the
+        coordinator errors come as a gRPC status, as for every RPC.
+
+        A long poll: answered when the rebalance the join takes part in
+        completes, or at once when there is nothing to wait for.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SyncGroup(self, request, context):
+        """The leader's call carries every member's assignment; a follower's waits
+        for the leader's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClassicHeartbeat(self, request, context):
+        """Kafka's Heartbeat of the classic protocol.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GroupCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +212,26 @@ def add_GroupCoordinatorServicer_to_server(servicer, server):
                     servicer.DeleteGroups,
                     request_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.DeleteGroupsRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.DeleteGroupsResponse.SerializeToString,
+            ),
+            'JoinGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinGroup,
+                    request_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.JoinGroupRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.JoinGroupResponse.SerializeToString,
+            ),
+            'SyncGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.SyncGroup,
+                    request_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.SyncGroupRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.SyncGroupResponse.SerializeToString,
+            ),
+            'ClassicHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClassicHeartbeat,
+                    request_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.ClassicHeartbeatRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.ClassicHeartbeatResponse.SerializeToString,
+            ),
+            'LeaveGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveGroup,
+                    request_deserializer=oncelog_dot_v1_dot_group__coordinator__pb2.LeaveGroupRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_group__coordinator__pb2.LeaveGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -346,6 +423,114 @@ class GroupCoordinator:
             '/oncelog.v1.GroupCoordinator/DeleteGroups',
             oncelog_dot_v1_dot_group__coordinator__pb2.DeleteGroupsRequest.SerializeToString,
             oncelog_dot_v1_dot_group__coordinator__pb2.DeleteGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.GroupCoordinator/JoinGroup',
+            oncelog_dot_v1_dot_group__coordinator__pb2.JoinGroupRequest.SerializeToString,
+            oncelog_dot_v1_dot_group__coordinator__pb2.JoinGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SyncGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.GroupCoordinator/SyncGroup',
+            oncelog_dot_v1_dot_group__coordinator__pb2.SyncGroupRequest.SerializeToString,
+            oncelog_dot_v1_dot_group__coordinator__pb2.SyncGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClassicHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.GroupCoordinator/ClassicHeartbeat',
+            oncelog_dot_v1_dot_group__coordinator__pb2.ClassicHeartbeatRequest.SerializeToString,
+            oncelog_dot_v1_dot_group__coordinator__pb2.ClassicHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaveGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.GroupCoordinator/LeaveGroup',
+            oncelog_dot_v1_dot_group__coordinator__pb2.LeaveGroupRequest.SerializeToString,
+            oncelog_dot_v1_dot_group__coordinator__pb2.LeaveGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,7 @@ class ErrorCode(enum.IntEnum):
     NOT_ENOUGH_REPLICAS = (19, Kind.RETRIABLE)
     NOT_ENOUGH_REPLICAS_AFTER_APPEND = (20, Kind.RETRIABLE)
     ILLEGAL_GENERATION = (22, Kind.NOT_RETRIABLE)
+    INCONSISTENT_GROUP_PROTOCOL = (23, Kind.NOT_RETRIABLE)
     INVALID_GROUP_ID = (24, Kind.NOT_RETRIABLE)
     UNKNOWN_MEMBER_ID = (25, Kind.NOT_RETRIABLE)
     INVALID_SESSION_TIMEOUT = (26, Kind.NOT_RETRIABLE)
@@ -197,6 +198,7 @@ PRODUCER_ERROR_CLASSES: dict[ErrorCode, ProducerErrorClass] = {
     # A group's offsets refused (send_offsets_to_transaction): the consumer
     # rejoins; this transaction aborts (Kafka's CommitFailedException).
     ErrorCode.ILLEGAL_GENERATION: _P.ABORTABLE,
+    ErrorCode.INCONSISTENT_GROUP_PROTOCOL: _P.ABORTABLE,
     ErrorCode.INVALID_GROUP_ID: _P.ABORTABLE,
     ErrorCode.UNKNOWN_MEMBER_ID: _P.ABORTABLE,
     ErrorCode.INVALID_SESSION_TIMEOUT: _P.ABORTABLE,
@@ -342,6 +344,7 @@ _CLASS_NAMES: dict[ErrorCode, str] = {
     ErrorCode.INVALID_TOPIC_EXCEPTION: "InvalidTopicError",
     ErrorCode.RECORD_LIST_TOO_LARGE: "RecordListTooLargeError",
     ErrorCode.ILLEGAL_GENERATION: "IllegalGenerationError",
+    ErrorCode.INCONSISTENT_GROUP_PROTOCOL: "InconsistentGroupProtocolError",
     ErrorCode.INVALID_GROUP_ID: "InvalidGroupIdError",
     ErrorCode.UNKNOWN_MEMBER_ID: "UnknownMemberIdError",
     ErrorCode.INVALID_SESSION_TIMEOUT: "InvalidSessionTimeoutError",

@@ -449,6 +449,12 @@ TABLE: Mapping[str, RpcRule] = {
     )),
     _gc("DescribeGroups"): RpcRule(needs=(Need(_O.DESCRIBE, _T.GROUP, "group_ids[]"),)),
     _gc("DeleteGroups"): RpcRule(needs=(Need(_O.DELETE, _T.GROUP, "group_ids[]"),)),
+    # Kafka's classic group protocol: Read on the group (KafkaApis'
+    # JoinGroup, SyncGroup, Heartbeat and LeaveGroup).
+    _gc("JoinGroup"): RpcRule(needs=(Need(_O.READ, _T.GROUP, "group_id"),)),
+    _gc("SyncGroup"): RpcRule(needs=(Need(_O.READ, _T.GROUP, "group_id"),)),
+    _gc("ClassicHeartbeat"): RpcRule(needs=(Need(_O.READ, _T.GROUP, "group_id"),)),
+    _gc("LeaveGroup"): RpcRule(needs=(Need(_O.READ, _T.GROUP, "group_id"),)),
 }
 
 # In TABLE, not yet in the protos (docs/security.md marks them "planned").

@@ -14,7 +14,7 @@ from oncelog.wire.errors import ErrorCode
 
 from ...common import limits
 from ...common.service_error import ServiceError
-from .groups import Group
+from .classic import AnyGroup, in_use
 from .offsets_log import (
     CommittedOffset,
     Entry,
@@ -138,13 +138,14 @@ def removal_records(state: OffsetsPartitionState, group_id: str) -> list[Entry]:
 
 
 def plan_delete_group(state: OffsetsPartitionState, group_id: str) -> list[Entry]:
-    """DeleteGroups: only an empty group, and only one that exists."""
+    """DeleteGroups: only an empty group (a classic group: one in state
+    Empty), and only one that exists."""
     group = state.groups.get(group_id)
-    if group is not None and group.members:
+    if in_use(group):
         raise ServiceError(
             ErrorCode.NON_EMPTY_GROUP,
-            f"group {group_id!r} has {len(group.members)} member(s); only an empty "
-            "group can be deleted",
+            f"group {group_id!r} has {len(group.members) if group else 0} member(s); only an "
+            "empty group can be deleted",
         )
     if group is None and group_id not in state.known_groups():
         raise ServiceError(ErrorCode.GROUP_ID_NOT_FOUND,
@@ -160,10 +161,10 @@ def plan_retention(state: OffsetsPartitionState, *, now_ms: int, counts: Mapping
     entries: list[Entry] = []
     expired: list[tuple[str, int]] = []
     for group_id in sorted(state.known_groups()):
-        group: Group | None = state.groups.get(group_id)
+        group: AnyGroup | None = state.groups.get(group_id)
         committed = state.offsets.get(group_id, {})
         newest_ms = max((c.commit_ms for c in committed.values()), default=0)
-        if (group is None or not group.members) and now_ms - newest_ms > retention_ms:
+        if not in_use(group) and now_ms - newest_ms > retention_ms:
             expired.append((group_id, now_ms - newest_ms))
             entries.extend(removal_records(state, group_id))
             continue

@@ -4,8 +4,12 @@ Keys (first byte tells the kind; values are versioned, CRC-sealed JSON):
 
     E                          -> a group coordinator took the partition over:
                                   {"coordinator_epoch": n, "node_id": k}
-    G | group id               -> the group's membership (groups.Group), None
-                                  when the group was deleted or expired
+    G | group id               -> the group's membership, None when the group
+                                  was deleted or expired: a server-assigned
+                                  group (groups.Group), or a classic group
+                                  (classic.snapshot: Kafka's GroupMetadata
+                                  record, tagged "type": "classic"). One key
+                                  per group id: a group has one type at a time
     O | [group, topic, part]   -> a committed offset {"offset", "metadata",
                                   "commit_ms"}, None when removed
 
@@ -30,6 +34,9 @@ from oncelog.wire.records import MARKER_COMMIT, next_sequence
 
 from ...common import durable
 from ...common.coordinator_epoch import EPOCH_KEY, decode_epoch
+from ...common.invariants import invariant
+from . import classic
+from .classic import AnyGroup, ClassicGroup
 from .groups import Group
 
 RECORD_VERSION = 1
@@ -50,6 +57,10 @@ def offset_key(group_id: str, topic: str, partition: int) -> bytes:
 
 def encode_group(group: Group) -> Entry:
     return group_key(group.group_id), durable.encode(RECORD_VERSION, group.to_payload())
+
+
+def encode_classic_group(group: ClassicGroup) -> Entry:
+    return group_key(group.group_id), durable.encode(RECORD_VERSION, classic.snapshot(group))
 
 
 def encode_group_tombstone(group_id: str) -> Entry:
@@ -112,7 +123,7 @@ class BatchView:
 class OffsetsPartitionState:
     coordinator_epoch: int = -1
     epoch_owner_node_id: int = -1
-    groups: dict[str, Group] = field(default_factory=dict)
+    groups: dict[str, AnyGroup] = field(default_factory=dict)
     offsets: dict[str, dict[TP, CommittedOffset]] = field(default_factory=dict)
     # producer id -> group -> partition -> pending offset
     pending: dict[int, dict[str, dict[TP, CommittedOffset]]] = field(default_factory=dict)
@@ -134,6 +145,24 @@ class OffsetsPartitionState:
 
     def known_groups(self) -> set[str]:
         return set(self.groups) | {g for g, offs in self.offsets.items() if offs}
+
+    # ------------------------------------------------ classic groups' live part
+
+    def install_classic(self, group: ClassicGroup, *, persisted: bool) -> None:
+        """Makes a classic group's value current. Its durable part is what
+        replay of its last record gave (`persisted`: the record of this very
+        value was just replayed); the live part — the rebalance under way,
+        parked calls, deadlines — is never written (classic.py), so it is
+        applied here, after the write if there was one."""
+        if persisted:
+            replayed = self.groups.get(group.group_id)
+            invariant(
+                isinstance(replayed, ClassicGroup)
+                and classic.snapshot(replayed) == classic.snapshot(group),
+                lambda: f"group {group.group_id!r}: the record just replayed is not the group "
+                        "being installed",
+            )
+        self.groups[group.group_id] = group
 
     # -------------------------------------------------------------- replay
 
@@ -179,7 +208,9 @@ class OffsetsPartitionState:
                 return
             payload = durable.decode(value, expected_version=RECORD_VERSION,
                                      what=f"membership of group {group_id!r}")
-            self.groups[group_id] = Group.from_payload(group_id, payload)
+            self.groups[group_id] = (classic.from_snapshot(group_id, payload)
+                                     if classic.is_classic_payload(payload)
+                                     else Group.from_payload(group_id, payload))
             return
         self._replay_offset(key, value, offset, into=None)
 
