@@ -20,6 +20,7 @@ from . import (
     fetch,
     find_coordinator,
     group_offsets,
+    groups,
     metadata,
     offsets,
     produce,
@@ -51,6 +52,10 @@ HANDLERS: Mapping[ApiKey, Handler] = {
     ApiKey.DESCRIBE_CLUSTER: admin.describe_cluster,
     ApiKey.DESCRIBE_GROUPS: admin.describe_groups,
     ApiKey.LIST_GROUPS: admin.list_groups,
+    ApiKey.JOIN_GROUP: groups.join_group,
+    ApiKey.SYNC_GROUP: groups.sync_group,
+    ApiKey.HEARTBEAT: groups.heartbeat,
+    ApiKey.LEAVE_GROUP: groups.leave_group,
     ApiKey.SASL_HANDSHAKE: sasl.handshake,
     ApiKey.SASL_AUTHENTICATE: sasl.authenticate,
 }

@@ -213,19 +213,20 @@ async def describe_groups(ctx: RequestContext, request: Any) -> Any:
 
 
 def _described(ctx: RequestContext, builder: Any, group: Any) -> Any:
+    """One group as Kafka's DescribeGroups shows it: a classic group with its
+    members' metadata and assignments (opaque bytes), a server-assigned one
+    (our SDK's) as a "consumer" group whose members carry none."""
     members = tuple(builder.make(
         "DescribedGroupMember", member_id=m.member_id,
-        group_instance_id=m.group_instance_id or None,
-        client_id=getattr(m, "client_id", ""), client_host=getattr(m, "client_host", ""),
-        member_metadata=getattr(m, "metadata", b""),
-        member_assignment=getattr(m, "assignment_bytes", b""))
+        group_instance_id=m.group_instance_id or None, client_id=m.client_id,
+        client_host=m.client_host, member_metadata=m.member_metadata,
+        member_assignment=m.member_assignment)
         for m in group.members)
     error = None if group.error.code == 0 else ErrorCode.from_wire(group.error.code)
     return builder.make(
         "DescribedGroup", error_code=ctx.code(error), group_id=group.group_id,
-        group_state=group.state, protocol_type=getattr(group, "protocol_type", "") or "consumer",
-        protocol_data=getattr(group, "protocol_name", ""), members=members,
-        authorized_operations=-(2**31))
+        group_state=group.state, protocol_type=group.protocol_type or "consumer",
+        protocol_data=group.protocol_name, members=members, authorized_operations=-(2**31))
 
 
 async def list_groups(ctx: RequestContext, request: Any) -> Any:
@@ -243,6 +244,5 @@ async def list_groups(ctx: RequestContext, request: Any) -> Any:
         listing.groups.extend(response.groups)
     ctx.filter_answer(_GC + "ListGroups", proto, listing, authorizer)
     return builder.response(throttle_time=0, error_code=0, groups=tuple(builder.make(
-        "ListedGroup", group_id=g.group_id,
-        protocol_type=getattr(g, "protocol_type", "") or "consumer", group_state=g.state)
-        for g in listing.groups))
+        "ListedGroup", group_id=g.group_id, protocol_type=g.protocol_type or "consumer",
+        group_state=g.state) for g in listing.groups))

@@ -51,8 +51,8 @@ async def offset_commit(ctx: RequestContext, request: Any) -> Any:
     partitions = _partitions(request.topics)
     proto = gpb.OffsetCommitRequest(
         group_id=request.group_id, generation_id=int(request.generation_id_or_member_epoch),
-        member_id=request.member_id or "", partitions=partitions, **_instance(
-            gpb.OffsetCommitRequest, getattr(request, "group_instance_id", None)))
+        member_id=request.member_id or "", partitions=partitions,
+        group_instance_id=getattr(request, "group_instance_id", None) or "")
     try:
         ctx.authorize(_GC + "OffsetCommit", proto)
         response = await ctx.broker.coordinators.group(
@@ -83,13 +83,6 @@ async def txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
         results = {(p.topic, p.partition): ctx.code(exc) for p in partitions}
     return _commit_answer(ctx, request, "TxnOffsetCommitResponsePartition",
                           "TxnOffsetCommitResponseTopic", results)
-
-
-def _instance(message_type: Any, instance_id: str | None) -> dict[str, str]:
-    """The group instance id, when the coordinator's request has the field."""
-    if instance_id and "group_instance_id" in message_type.DESCRIPTOR.fields_by_name:
-        return {"group_instance_id": instance_id}
-    return {}
 
 
 async def _fetch_group(ctx: RequestContext, group_id: str, topics: Any,
