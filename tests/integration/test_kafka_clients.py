@@ -210,3 +210,114 @@ def test_kcat_lists_produces_and_consumes(cluster: LocalCluster, tmp_path: Path)
          "-f", "%k:%s\n"], capture_output=True, text=True, timeout=KCAT_TIMEOUT_S,
         check=True).stdout
     assert sorted(consumed.split()) == sorted(lines)
+
+
+# --------------------------------------------------------------------- groups
+
+
+def test_a_librdkafka_group_of_two_shares_the_partitions_and_commits(
+        cluster: LocalCluster) -> None:
+    """Two members of one group (the classic protocol, the client-side
+    range assignor): each partition is read by one member at a time, every
+    record is read, and the committed offsets are where each member stopped;
+    a member of the same group that comes later starts from them."""
+    topic, group = "rd-group", "rd-group-g"
+    create_topic(cluster, topic, 4)
+    producer = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap})
+    for i in range(200):
+        producer.produce(topic, key=b"%d" % i, value=b"%d" % i)
+    assert producer.flush(DEADLINE_S) == 0
+
+    def member() -> ck.Consumer:
+        consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group,
+                                "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                "isolation.level": "read_committed"})
+        consumer.subscribe([topic])
+        return consumer
+
+    members = [member(), member()]
+    read: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while sum(len(r) for r in read.values()) < 200 and time.monotonic() < deadline:
+            for i, consumer in enumerate(members):
+                message = consumer.poll(0.2)
+                if message is None or message.error() is not None:
+                    continue
+                partition, offset = message.partition(), message.offset()
+                assert partition is not None and offset is not None
+                read[i].append((partition, offset))
+                consumer.commit(message=message, asynchronous=False)
+        assignments = [{tp.partition for tp in c.assignment()} for c in members]
+    finally:
+        for consumer in members:
+            consumer.close()
+    everything = read[0] + read[1]
+    assert len(everything) == len(set(everything)) == 200
+    # After the last rebalance, each member owned its own partitions.
+    assert assignments[0] & assignments[1] == set()
+    assert assignments[0] | assignments[1] == {0, 1, 2, 3}
+    later = member()
+    try:
+        committed = later.committed([ck.TopicPartition(topic, p) for p in range(4)],
+                                    timeout=DEADLINE_S)
+    finally:
+        later.close()
+    ends = {p: max(o for part, o in everything if part == p) + 1 for p in range(4)}
+    assert {tp.partition: tp.offset for tp in committed} == ends
+
+
+def test_a_kafka_python_group_reads_and_commits(cluster: LocalCluster) -> None:
+    topic, group = "kp-group", "kp-group-g"
+    create_topic(cluster, topic, 2)
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap)
+    for i in range(30):
+        producer.send(topic, value=b"%d" % i)
+    producer.flush()
+    producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=cluster.kafka_bootstrap, group_id=group,
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=5000)
+    values = sorted(int(r.value) for r in consumer)
+    consumer.commit()
+    consumer.close()
+    assert values == list(range(30))
+    again = KafkaConsumer(topic, bootstrap_servers=cluster.kafka_bootstrap, group_id=group,
+                          auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    assert list(again) == []
+    again.close()
+
+
+def test_an_aiokafka_group_reads_and_commits(cluster: LocalCluster) -> None:
+    topic, group = "aio-group", "aio-group-g"
+    create_topic(cluster, topic, 2)
+
+    async def run() -> tuple[list[bytes], dict[int, int]]:
+        producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap)
+        await producer.start()
+        try:
+            for i in range(30):
+                await producer.send(topic, value=b"%d" % i, partition=i % 2)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=cluster.kafka_bootstrap,
+                                    group_id=group, auto_offset_reset="earliest",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        values: list[bytes] = []
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            while len(values) < 30 and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    values += [r.value for r in records if r.value is not None]
+            await consumer.commit()
+            committed = {p: await consumer.committed(AioTopicPartition(topic, p))
+                         for p in range(2)}
+        finally:
+            await consumer.stop()
+        return values, {p: int(o) for p, o in committed.items() if o is not None}
+
+    values, committed = asyncio.run(run())
+    assert sorted(int(v) for v in values) == list(range(30))
+    assert committed == {0: 15, 1: 15}
