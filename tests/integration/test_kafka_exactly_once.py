@@ -1,0 +1,166 @@
+"""Exactly-once over Kafka's protocol, with clients no one here wrote.
+
+Goal: a Kafka client's transactional read-process-write pipeline keeps the
+same promise as our SDK's: every input record appears in the output
+exactly once and the group's offsets are committed exactly once, while a
+partition store and the transaction coordinator are killed with kill -9 on
+a replicated cluster (3 stores, RF 3, etcd). And a Kafka client and our
+SDK share transactions: what one commits the other reads under
+read_committed, what one aborts the other never sees.
+
+Method: a LocalCluster with 3 stores and etcd, every store with a Kafka
+listener. The pipeline is tests/support/kafka_copier.py (confluent-kafka
+only) run as its own process; the test kills a store and the coordinator
+under it and restarts them, starting the copier again when it ends with a
+fatal error (a new instance fences the old one, as a supervisor would).
+The output is read back under read_committed by a separate librdkafka
+consumer and compared with the input, value by value; the group's
+committed offsets with the input's end offsets. No assertion depends on
+timing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from oncelog.testing import LocalCluster
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDS = 3000
+PARTITIONS = 3
+# Failure guards, not expectations.
+DEADLINE_S = 240.0
+READ_DEADLINE_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("kafka-eos") / "cluster", partition_stores=3,
+                      etcd_members=1, kafka_listener=True,
+                      extra_args={"group_coordinator": ["--initial-rebalance-delay-ms",
+                                                        "300"]}) as c:
+        yield c
+
+
+def create_topics(cluster: LocalCluster, *names: str) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(n, num_partitions=PARTITIONS,
+                                                replication_factor=3) for n in names]).values():
+        future.result(timeout=60)
+
+
+def fill(cluster: LocalCluster, topic: str, count: int) -> None:
+    producer = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap,
+                            "enable.idempotence": True})
+    for i in range(count):
+        producer.produce(topic, key=b"k%d" % (i % 50), value=b"%d" % i)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def read_committed(cluster: LocalCluster, topic: str, expected: int) -> list[bytes]:
+    consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap,
+                            "group.id": f"checker-{topic}-{time.monotonic_ns()}",
+                            "isolation.level": "read_committed",
+                            "enable.auto.commit": False})
+    consumer.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING)
+                     for p in range(PARTITIONS)])
+    values: list[bytes] = []
+    idle_since = time.monotonic()
+    deadline = time.monotonic() + READ_DEADLINE_S
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                # Past the expected count, a few idle seconds prove no more comes.
+                if len(values) >= expected and time.monotonic() - idle_since > 3:
+                    break
+                continue
+            idle_since = time.monotonic()
+            value = message.value()
+            assert value is not None
+            values.append(value)
+    finally:
+        consumer.close()
+    return values
+
+
+def end_offsets(cluster: LocalCluster, topic: str) -> dict[int, int]:
+    consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "ends"})
+    try:
+        return {p: consumer.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=30)[1]
+                for p in range(PARTITIONS)}
+    finally:
+        consumer.close()
+
+
+def committed(cluster: LocalCluster, group: str, topic: str) -> dict[int, int]:
+    consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group})
+    try:
+        return {tp.partition: tp.offset for tp in consumer.committed(
+            [ck.TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30)}
+    finally:
+        consumer.close()
+
+
+class Copier:
+    """kafka_copier.py as a process, started again after a fatal error."""
+
+    def __init__(self, cluster: LocalCluster, source: str, target: str, group: str) -> None:
+        self.argv = [sys.executable, "-m", "tests.support.kafka_copier",
+                     cluster.kafka_bootstrap, source, target, group, f"{group}-txn",
+                     str(RECORDS)]
+        self.reports: list[str] = []
+        self.restarts = 0
+
+    def run(self) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            result = subprocess.run(self.argv, cwd=REPO, capture_output=True, text=True,
+                                    timeout=DEADLINE_S, check=False)
+            self.reports.append(result.stdout.strip() or result.stderr[-2000:])
+            if result.returncode == 0:
+                return
+            self.restarts += 1
+        raise AssertionError(f"the copier did not finish: {self.reports}")
+
+
+def test_librdkafka_read_process_write_under_kill_9_is_exactly_once(
+        cluster: LocalCluster) -> None:
+    source, target, group = "eos-in", "eos-out", "eos-copier"
+    create_topics(cluster, source, target)
+    fill(cluster, source, RECORDS)
+    copier = Copier(cluster, source, target, group)
+    worker = threading.Thread(target=copier.run)
+    worker.start()
+    # Faults while it copies: a store (a replica, and the leader of some
+    # partitions), then the transaction coordinator.
+    time.sleep(3)
+    cluster.kill("partition_store", 1)
+    time.sleep(2)
+    cluster.restart("partition_store", 1)
+    time.sleep(2)
+    cluster.kill("coordinator", 0)
+    time.sleep(1)
+    cluster.restart("coordinator", 0)
+    worker.join(DEADLINE_S + 30)
+    assert not worker.is_alive(), "the copier did not finish"
+    output = read_committed(cluster, target, RECORDS)
+    counts = Counter(output)
+    duplicated = {v: n for v, n in counts.items() if n > 1}
+    missing = {b"%d" % i for i in range(RECORDS)} - set(counts)
+    assert duplicated == {} and missing == set(), (duplicated, sorted(missing)[:20],
+                                                  copier.reports)
+    assert committed(cluster, group, source) == end_offsets(cluster, source)
+    assert json.loads(copier.reports[-1])["committed"] >= 1

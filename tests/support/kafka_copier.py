@@ -1,0 +1,106 @@
+"""An exactly-once copier written with confluent-kafka (librdkafka) alone, as
+its users write one: a consumer group reads `input` under read_committed,
+and each polled batch goes to `output` in one transaction with the group's
+offsets (send_offsets_to_transaction). Run as its own process by the
+Kafka-protocol tests, which kill -9 the servers under it:
+
+    python -m tests.support.kafka_copier BOOTSTRAP INPUT OUTPUT GROUP TXN_ID EXPECTED
+
+It handles errors as librdkafka's own transactional example does: an
+abortable error aborts the transaction and rewinds the consumer to the
+group's committed offsets; a retriable commit is retried; a fatal error
+ends the process with status 3 (the test starts a new one, whose
+init_transactions fences this one). It exits 0 once the group's committed
+offsets cover EXPECTED input records, printing how many transactions it
+committed and aborted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import confluent_kafka as ck
+
+# Failure guards, not expectations: a run that makes no progress this long
+# ends with status 4.
+STALL_S = 120.0
+POLL_RECORDS = 200
+FATAL_EXIT = 3
+STALLED_EXIT = 4
+
+
+def committed_total(consumer: ck.Consumer, topic: str, partitions: int) -> int:
+    offsets = consumer.committed([ck.TopicPartition(topic, p) for p in range(partitions)],
+                                 timeout=30)
+    return sum(max(tp.offset, 0) for tp in offsets)
+
+
+def rewind(consumer: ck.Consumer) -> None:
+    """Back to the group's committed offsets (after an abort)."""
+    assigned = consumer.assignment()
+    if not assigned:
+        return
+    for tp in consumer.committed(assigned, timeout=30):
+        consumer.seek(ck.TopicPartition(tp.topic, tp.partition,
+                                        tp.offset if tp.offset >= 0 else ck.OFFSET_BEGINNING))
+
+
+def main(argv: list[str]) -> int:
+    bootstrap, source, target, group, transactional_id, expected_text = argv
+    expected = int(expected_text)
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                            "isolation.level": "read_committed", "enable.auto.commit": False,
+                            "auto.offset.reset": "earliest", "session.timeout.ms": 10000})
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+                            "transaction.timeout.ms": 30000, "linger.ms": 5})
+    producer.init_transactions(60)
+    metadata = consumer.list_topics(source, timeout=30)
+    partitions = len(metadata.topics[source].partitions)
+    consumer.subscribe([source])
+    committed_txns = aborted_txns = 0
+    last_progress = time.monotonic()
+    try:
+        while True:
+            if committed_total(consumer, source, partitions) >= expected:
+                print(json.dumps({"committed": committed_txns, "aborted": aborted_txns}))
+                return 0
+            if time.monotonic() - last_progress > STALL_S:
+                print(json.dumps({"stalled": True, "committed": committed_txns}))
+                return STALLED_EXIT
+            messages = [m for m in consumer.consume(POLL_RECORDS, timeout=1.0)
+                        if m.error() is None]
+            if not messages:
+                continue
+            try:
+                producer.begin_transaction()
+                for message in messages:
+                    producer.produce(target, key=message.key(), value=message.value())
+                producer.send_offsets_to_transaction(
+                    consumer.position(consumer.assignment()),
+                    consumer.consumer_group_metadata(), 60)
+                while True:
+                    try:
+                        producer.commit_transaction(60)
+                        break
+                    except ck.KafkaException as exc:
+                        if exc.args[0].retriable():
+                            continue
+                        raise
+                committed_txns += 1
+                last_progress = time.monotonic()
+            except ck.KafkaException as exc:
+                error = exc.args[0]
+                if error.fatal():
+                    print(json.dumps({"fatal": str(error)}), flush=True)
+                    return FATAL_EXIT
+                producer.abort_transaction(60)
+                aborted_txns += 1
+                rewind(consumer)
+    finally:
+        consumer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
