@@ -4,7 +4,7 @@ catalog entries.
 
 Every value carries a format version and a CRC32C of its payload, so a reader
 can tell a torn or foreign value from a good one and fall back (an older
-snapshot, a replay of the log) — STYLE.md "Durable bytes".
+snapshot, a replay of the log) — docs/contributing.md, "Where a new thing goes".
 
     byte 0     format version
     bytes 1-4  CRC32C of the payload, big-endian

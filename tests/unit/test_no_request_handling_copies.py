@@ -2,8 +2,8 @@
 
 Goal: the SDK's tests run against the real servicers and runtimes
 (tests/support/inprocess_cluster.py), not against a second implementation
-of how the services handle requests, which would drift (STYLE.md,
-"Simulation"); this test keeps a new copy from growing back.
+of how the services handle requests, which would drift
+(docs/contributing.md, "Tests"); this test keeps a new copy from growing back.
 
 Method: every function defined under tests/ is checked against the method
 names of the three gRPC services, read from their descriptors. A
