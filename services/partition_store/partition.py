@@ -495,7 +495,10 @@ class PartitionRuntime:
             gate = self._gates.get(checked.producer_id)
             if gate is not None and gate is not own_gate:
                 return WaitForGate(gate)
-        decision = self.producers.check_append(checked, txn_verified=txn_verified)
+        # A conditional append is a coordinator's own write, exactly-once by
+        # its condition: no sequence rules (core/producer_state.py).
+        decision = self.producers.check_append(
+            checked, txn_verified=txn_verified, sequenced=expected_log_end_offset is None)
         if isinstance(decision, Rejection):
             raise ServiceError(decision.code, decision.message)
         if isinstance(decision, NeedsVerification):

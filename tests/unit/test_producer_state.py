@@ -9,7 +9,8 @@ zombie coordinator, delayed marker, no prior state) — deciding never changes
 the state (only `replay` does), and the LSO input (first unstable offset)
 follows open transactions and markers. Version-1 producers keep their epoch
 and their sequences across transactions, so the append rows also walk a
-version-1 producer's next transaction after a marker of its epoch.
+version-1 producer's next transaction after a marker of its epoch; and a
+coordinator's conditional append is checked without the sequence rules.
 
 Method: tables. Each row replays a history of batches and markers (at
 consecutive offsets from 0) into a fresh ProducerStateManager, then checks one
@@ -71,6 +72,8 @@ class B:
     txn: bool = False
     # Checked as if the coordinator had confirmed the transaction.
     verified: bool = False
+    # A coordinator's conditional append (no sequence rules).
+    coordinator: bool = False
 
     def header(self) -> BatchHeader:
         """The header of a real encoded one-record batch, with the record
@@ -245,6 +248,18 @@ ROWS: list[tuple[str, Sequence[B | M], B, object]] = [
     ("v1: after a fence marker (epoch bumped by the coordinator), the old epoch is fenced",
      [B(seq=0, count=2, txn=True), v1(1, 100)], B(seq=2, txn=True),
      ErrorCode.PRODUCER_FENCED),
+    # -- a coordinator's conditional append: no sequence rules, the rest holds
+    ("coordinator: a sequence reused after a marker of its epoch is no duplicate",
+     [B(seq=0, txn=True), v1(0, 100)], B(seq=0, txn=True, verified=True, coordinator=True),
+     APPEND),
+    ("coordinator: out of sequence appends", [B(seq=0, count=3)], B(seq=7, coordinator=True),
+     APPEND),
+    ("coordinator: a new epoch at any sequence appends", [B(seq=0, count=3)],
+     B(epoch=1, seq=7, coordinator=True), APPEND),
+    ("coordinator: an older epoch is still fenced", [B(epoch=2, seq=0)],
+     B(epoch=1, seq=5, txn=True, coordinator=True), ErrorCode.PRODUCER_FENCED),
+    ("coordinator: opening a transaction is still verified", [],
+     B(seq=4, txn=True, coordinator=True), VERIFY),
 ]
 
 
@@ -264,7 +279,8 @@ def _history(steps: Sequence[B | M]) -> ProducerStateManager:
 def test_append_rules(history: Sequence[B | M], batch: B, expected: object) -> None:
     state = _history(history)
     before = state.as_mapping()
-    decision = state.check_append(batch.header(), txn_verified=batch.verified)
+    decision = state.check_append(batch.header(), txn_verified=batch.verified,
+                                  sequenced=not batch.coordinator)
     if expected == APPEND:
         assert isinstance(decision, Append), decision
     elif expected == VERIFY:

@@ -40,6 +40,15 @@ Append rules, in the order they are checked:
     version 2): until then the decision is `NeedsVerification`, and the
     runtime asks the coordinator and checks again with txn_verified=True.
 
+A coordinator's own append (a conditional append, `sequenced=False`) skips
+the sequence rules 4 and 6-9, as Kafka's coordinator appends do: its
+condition on the log end already makes it land once, and the group
+coordinator numbers a producer's offset batches from what it reads of the
+log, which compaction thins (a version-1 producer keeps its epoch across
+transactions, so a number reused after a marker of that epoch would be
+taken for a retry and the offsets silently dropped). The epoch rules still
+fence.
+
 Marker rules (`check_marker`), in order. A marker names its producer's
 transaction version (docs/coordinator.md, "Transaction versions"): version 2
 bumps the epoch at every transaction, version 1 (Kafka's clients) keeps it,
@@ -281,9 +290,10 @@ MarkerDecision = WriteMarker | DuplicateMarker | Rejection
 
 def check_append(
     entry: ProducerEntry | None, header: BatchHeader, *, topic_partition: str,
-    txn_verified: bool = False,
+    txn_verified: bool = False, sequenced: bool = True,
 ) -> AppendDecision:
-    """Decides on a batch against a producer's current entry. Reads only."""
+    """Decides on a batch against a producer's current entry. Reads only.
+    `sequenced` False: a coordinator's conditional append (see above)."""
     producer_id = header.producer_id
     if producer_id == NO_PRODUCER_ID:
         return APPEND
@@ -306,7 +316,7 @@ def check_append(
                 f"{who}: epoch {epoch} is below the current epoch {entry.producer_epoch}; "
                 "a newer instance of this producer has taken over",
             )
-        duplicate = entry.find_duplicate(header)
+        duplicate = entry.find_duplicate(header) if sequenced else None
         if duplicate is not None:
             return Duplicate(duplicate.base_offset, duplicate.record_count)
         if entry.has_open_txn:
@@ -324,7 +334,8 @@ def check_append(
                     # soon as EndTxn answers). The coordinator answers the
                     # verification only once that transaction's markers have
                     # all landed, so ask it first and check again after.
-                    return _check_sequence(entry, header, who=who) or NEEDS_VERIFICATION
+                    rejection = _check_sequence(entry, header, who=who) if sequenced else None
+                    return rejection or NEEDS_VERIFICATION
                 # Verified, yet no marker came: a transaction the coordinator
                 # no longer knows is hanging here (the admin tools abort it).
                 return Rejection(
@@ -333,7 +344,7 @@ def check_append(
                     f"(from offset {entry.current_txn_first_offset}) is still open on this "
                     "partition; its marker must end it before a new epoch writes",
                 )
-    sequence_rejection = _check_sequence(entry, header, who=who)
+    sequence_rejection = _check_sequence(entry, header, who=who) if sequenced else None
     if sequence_rejection is not None:
         return sequence_rejection
     opens_txn = header.is_transactional and (entry is None or not entry.has_open_txn)
@@ -566,10 +577,12 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------ decisions
 
-    def check_append(self, header: BatchHeader, *, txn_verified: bool = False) -> AppendDecision:
+    def check_append(self, header: BatchHeader, *, txn_verified: bool = False,
+                     sequenced: bool = True) -> AppendDecision:
         return check_append(
             self._producers.get(header.producer_id), header,
             topic_partition=self.topic_partition, txn_verified=txn_verified,
+            sequenced=sequenced,
         )
 
     def check_marker(self, marker: TxnMarker) -> MarkerDecision:

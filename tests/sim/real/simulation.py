@@ -286,9 +286,10 @@ def _skip_verification() -> contextlib.AbstractContextManager[None]:
     transaction never added opens a transaction no marker will end."""
     def unverified(original: Callable[..., Any]) -> Callable[..., Any]:
         def check(entry: Any, header: Any, *, topic_partition: str,
-                  txn_verified: bool = False) -> Any:
+                  txn_verified: bool = False, sequenced: bool = True) -> Any:
             del txn_verified
-            return original(entry, header, topic_partition=topic_partition, txn_verified=True)
+            return original(entry, header, topic_partition=topic_partition, txn_verified=True,
+                            sequenced=sequenced)
         return check
     return _patched(producer_state, "check_append", unverified)
 
