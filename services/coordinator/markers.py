@@ -23,6 +23,7 @@ from ..common.crashpoints import crash_point
 from ..common.errors import ServiceError
 from ..common.leaders import LeaderDirectory
 from ..common.stream_client import StreamMethod
+from .core.transactions import TransactionVersion
 
 MARKER_RPC_TIMEOUT_S = 10.0
 
@@ -34,6 +35,10 @@ class MarkerSpec:
     producer_epoch: int
     commit: bool
     coordinator_epoch: int
+    # Which marker rule the stores apply (TxnMarker.transaction_version).
+    transaction_version: TransactionVersion = TransactionVersion.V2
+    # Version 1: the decision's timestamp, the control batch's (0: the store's clock).
+    timestamp_ms: int = 0
 
 
 class MarkerSender(Protocol):
@@ -83,6 +88,8 @@ class GrpcMarkerSender:
                 coordinator_epoch=spec.coordinator_epoch,
                 partitions=[records_pb2.TopicPartition(topic=t, partition=p) for t, p in tps],
                 transactional_id=spec.transactional_id,
+                transaction_version=int(spec.transaction_version),
+                timestamp_ms=spec.timestamp_ms,
             )
             try:
                 address = self._leaders.address(node)

@@ -18,7 +18,12 @@ from ..common.guard import without_client_certificate
 from ..common.request_streams import Refused, answer_each
 from ..common.service_error import check_id_length
 from ..common.topic_counts import PartitionCounts
-from .core.transactions import TxnMetadata, TxnState
+from .core.transactions import (
+    TxnMetadata,
+    TxnState,
+    parse_expected_producer,
+    parse_transaction_version,
+)
 from .runtime import ProducerIdManager
 from .txn_runtime import TxnCoordinatorRuntime
 
@@ -55,6 +60,7 @@ def _describe(md: TxnMetadata, coordinator_epoch: int) -> pb.TransactionDescript
         prepared_transaction=_prepared(
             md.prepared_state if md.state is TxnState.PREPARED else None
         ),
+        transaction_version=int(md.transaction_version),
     )
 
 
@@ -139,6 +145,12 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                     request.transactional_id, request.transaction_timeout_ms,
                     two_phase_commit=request.enable_two_phase_commit,
                     keep_prepared_txn=request.keep_prepared_txn,
+                    transaction_version=parse_transaction_version(
+                        request.transaction_version),
+                    expected=parse_expected_producer(
+                        request.producer_id if request.HasField("producer_id") else None,
+                        request.producer_epoch if request.HasField("producer_epoch") else None,
+                        transactional_id=request.transactional_id),
                 )
             except ServiceError as exc:
                 await abort_with(context, exc)

@@ -281,8 +281,9 @@ class TxnCoordinatorRuntime:
             return None
         return txn.plan_complete(md, now_ms=self._now_ms())
 
-    async def _fresh_id_if_needed(self, md: txn.TxnMetadata | None) -> int | None:
-        if txn.needs_fresh_producer_id(md):
+    async def _fresh_id_if_needed(self, md: txn.TxnMetadata | None, *,
+                                  end_txn: bool = False) -> int | None:
+        if txn.needs_fresh_producer_id(md, end_txn=end_txn):
             return await self._producer_ids.next_producer_id()
         return None
 
@@ -291,9 +292,12 @@ class TxnCoordinatorRuntime:
     async def init_producer_id(
         self, transactional_id: str, transaction_timeout_ms: int, *, two_phase_commit: bool = False,
         keep_prepared_txn: bool = False,
+        transaction_version: txn.TransactionVersion = txn.TransactionVersion.V2,
+        expected: tuple[int, int] | None = None,
     ) -> tuple[int, int, tuple[int, int] | None]:
         """The producer id and epoch, and the prepared state of a transaction
-        kept with keep_prepared_txn (None when none was kept)."""
+        kept with keep_prepared_txn (None when none was kept). `expected`:
+        KIP-360's producer id and epoch of the caller (None: a new instance)."""
         if two_phase_commit and not self.config.allow_two_phase_commit:
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
@@ -313,14 +317,22 @@ class TxnCoordinatorRuntime:
                     max_transaction_timeout_ms=self.config.max_transaction_timeout_ms,
                     now_ms=self._now_ms(),
                     fresh_producer_id=fresh_producer_id, two_phase_commit=two_phase_commit,
-                    keep_prepared_txn=keep_prepared_txn,
+                    keep_prepared_txn=keep_prepared_txn, transaction_version=transaction_version,
+                    expected=expected,
                 )
             except ServiceError as exc:
                 await self._confirm_refusal(owned, exc)
                 raise
+            if not plan.persist:
+                # A KIP-360 retry answered from memory: not final by itself
+                # (a zombie's memory may lag), so confirm it is the log's.
+                await self._runtime.check_log_end_locked(owned)
+                return plan.to_persist.producer_id, plan.to_persist.producer_epoch, None
             await self._persist(owned, [encode_txn(plan.to_persist)])
-            if md is not None and md.state is not txn.TxnState.DEAD:
-                # A known id: its epoch moved, fencing the previous instance.
+            if md is not None and md.state is not txn.TxnState.DEAD and \
+                    plan.to_persist.bump_reason == "init":
+                # A known id: a new instance moved its epoch, fencing the
+                # previous one (a KIP-360 recovery fences nobody else).
                 metrics.PRODUCER_FENCINGS.labels("init").inc()
             if plan.abort_started:
                 self._start_markers(owned, transactional_id)
@@ -453,12 +465,16 @@ class TxnCoordinatorRuntime:
         async with owned.lock:
             self._runtime.check_loaded(owned)
             md = owned.state.transactions.get(transactional_id)
-            fresh_producer_id = await self._fresh_id_if_needed(md) if md else None
+            fresh_producer_id = await self._fresh_id_if_needed(md, end_txn=True) if md else None
             try:
                 planned = plan(md, fresh_producer_id)
             except ServiceError as exc:
                 await self._confirm_refusal(owned, exc)
                 raise
+            if isinstance(planned, txn.EndPlan) and planned.confirm_owner:
+                # Version 1's success after completion, from memory: see
+                # plan_end_txn for why a zombie must not give it.
+                await self._runtime.check_log_end_locked(owned)
             if planned.to_persist is not None:
                 await self._persist(owned, [encode_txn(planned.to_persist)])
                 # The outcome is decided and durable from here on.
@@ -552,6 +568,8 @@ class TxnCoordinatorRuntime:
             transactional_id=transactional_id, producer_id=producer_id,
             producer_epoch=producer_epoch, commit=md.state is txn.TxnState.PREPARE_COMMIT,
             coordinator_epoch=owned.state.coordinator_epoch,
+            transaction_version=md.transaction_version,
+            timestamp_ms=txn.marker_timestamp(md),
         )
         remaining = set(md.partitions)
         backoff_s = 0.02

@@ -498,7 +498,10 @@ class PartitionRuntime:
             gate = self._gates.get(checked.producer_id)
             if gate is not None and gate is not own_gate:
                 return WaitForGate(gate)
-        decision = self.producers.check_append(checked, txn_verified=txn_verified)
+        # A conditional append is a coordinator's own write, exactly-once by
+        # its condition: no sequence rules (core/producer_state.py).
+        decision = self.producers.check_append(
+            checked, txn_verified=txn_verified, sequenced=expected_log_end_offset is None)
         if isinstance(decision, Rejection):
             raise ServiceError(decision.code, decision.message)
         if isinstance(decision, NeedsVerification):
@@ -549,7 +552,10 @@ class PartitionRuntime:
         stored = encode_control_batch(
             marker=marker.control_type, coordinator_epoch=marker.coordinator_epoch,
             producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
-            timestamp_ms=now_ms, base_offset=base_offset, leader_epoch=self.state.leader_epoch,
+            # A version-1 marker's timestamp is its decision's, which the marker
+            # rules compare (core/producer_state.py); it travels in the batch.
+            timestamp_ms=marker.timestamp_ms if marker.is_version_1 else now_ms,
+            base_offset=base_offset, leader_epoch=self.state.leader_epoch,
         )
         header = read_header(stored)
         group = self._replay(header, (marker.control_type, marker.coordinator_epoch), now_ms)

@@ -260,6 +260,10 @@ class MarkerItem:
     coordinator_epoch: int
     partitions: tuple[tuple[str, int], ...]
     transactional_id: str = ""
+    # The producer's transaction version (0 or 2: version 2) and, for version
+    # 1, the decision's timestamp (TxnMarker in partition_store.proto).
+    transaction_version: int = 2
+    timestamp_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -1233,7 +1237,8 @@ class StoreRuntime:
         waits: dict[int, asyncio.Future[None]] = {}
         for item in markers:
             marker = TxnMarker(
-                item.producer_id, item.producer_epoch, item.control_type, item.coordinator_epoch
+                item.producer_id, item.producer_epoch, item.control_type, item.coordinator_epoch,
+                transaction_version=item.transaction_version, timestamp_ms=item.timestamp_ms,
             )
             for topic, partition in item.partitions:
                 try:

@@ -315,6 +315,8 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                 coordinator_epoch=m.coordinator_epoch,
                 partitions=tuple((tp.topic, tp.partition) for tp in m.partitions),
                 transactional_id=m.transactional_id,
+                transaction_version=m.transaction_version,
+                timestamp_ms=m.timestamp_ms,
             )
             for m in request.markers
         ])

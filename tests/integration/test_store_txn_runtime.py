@@ -20,6 +20,11 @@ version 2) holds end to end below gRPC:
   after the marker (never inside the old transaction);
 * zombie-coordinator and delayed markers are refused and change nothing;
   identical retries answer with the original offset;
+* transaction version 1: a producer keeps its epoch and its sequences across
+  transactions, each first write to a partition is verified again, markers
+  at the data's epoch end each transaction, and a delayed marker of an
+  earlier transaction is told apart by its decision timestamp, also after a
+  kill-style restart that replays the control batches;
 * the per-partition gauges (LSO, HW - LSO, open transactions, oldest open
   transaction's age) and the markers-written counter follow;
 * after a kill-style restart (no shutdown snapshot), also from a corrupt newest
@@ -593,6 +598,68 @@ def test_zombie_coordinator_and_delayed_markers_change_nothing(tmp_path: Path) -
         # The real marker still works.
         await end_ok(rt, p, MARKER_ABORT, "a", verifier=verifier, coordinator_epoch=5)
         assert await read(rt, "a", COMMITTED) == (["first"], 4)
+        await rt.close()
+
+    run(body)
+
+
+def test_version_1_transactions_share_an_epoch_and_refuse_delayed_markers(
+        tmp_path: Path) -> None:
+    p = Producer(10, "kafka-1")
+    verifier = _verifier_with((p, ("a",)))
+
+    def v1_marker(marker_type: int, decided_ms: int) -> MarkerItem:
+        return MarkerItem(producer_id=p.pid, producer_epoch=p.epoch, control_type=marker_type,
+                          coordinator_epoch=1, partitions=(("a", 0),),
+                          transactional_id=p.tid, transaction_version=1,
+                          timestamp_ms=decided_ms)
+
+    async def written(rt: StoreRuntime, item: MarkerItem) -> MarkerOutcome:
+        [out] = await rt.write_txn_markers([item])
+        return out
+
+    async def body() -> None:
+        # No snapshot in between: recovery replays the control batches.
+        rt = await _open(tmp_path / "db", verifier, snapshot_interval_batches=1000)
+        await create(rt, "a")
+        await send_ok(rt, p, "a", "t1-1", "t1-2")                  # 0-1, sequences 0-1
+        verifier.end(p.tid)
+        first = await written(rt, v1_marker(MARKER_COMMIT, 100))   # 2
+        assert (first.error, first.offset) == (None, 2)
+        # The next transaction: the same epoch, the sequence goes on, and its
+        # first write here is verified again.
+        verifier.begin(p.tid, p.pid, p.epoch, [("a", 0)])
+        calls = len(verifier.calls)
+        await send_ok(rt, p, "a", "t2-1")                           # 3, sequence 2
+        assert len(verifier.calls) == calls + 1
+        part = rt.partition("a", 0)
+        assert part.log.last_stable_offset == 3
+        # A delayed copy of the first marker: nothing written, still open.
+        copy = await written(rt, v1_marker(MARKER_COMMIT, 100))
+        assert (copy.error, copy.offset) == (None, 2)
+        late = await written(rt, v1_marker(MARKER_ABORT, 100))
+        assert late.error is not None and late.error.code is ErrorCode.INVALID_PRODUCER_EPOCH
+        assert (part.log.log_end_offset, part.log.last_stable_offset) == (4, 3)
+        verifier.end(p.tid)
+        second = await written(rt, v1_marker(MARKER_ABORT, 200))   # 4
+        assert (second.error, second.offset) == (None, 4)
+        assert await read(rt, "a", COMMITTED) == (["t1-1", "t1-2"], 5)
+        [out] = await rt.fetch([FetchItem("a", 0, 4, 0)], isolation=UNCOMMITTED,
+                               include_control=True)
+        # The marker's control batch carries its decision's timestamp.
+        assert [read_header(b).max_timestamp_ms for b in out.batches] == [200]
+        await rt.close(take_snapshots=False)
+
+        rt = await _open(tmp_path / "db", verifier, snapshot_interval_batches=1000)
+        part = rt.partition("a", 0)
+        assert part.recovery_replayed_batches > 0
+        entry = part.producers.get(p.pid)
+        assert entry is not None and entry.last_marker is not None
+        assert (entry.producer_epoch, entry.last_marker.timestamp_ms) == (0, 200)
+        stale = await written(rt, v1_marker(MARKER_COMMIT, 100))
+        assert stale.error is not None and stale.error.code is ErrorCode.INVALID_PRODUCER_EPOCH
+        assert part.log.log_end_offset == 5
+        assert await read(rt, "a", COMMITTED) == (["t1-1", "t1-2"], 5)
         await rt.close()
 
     run(body)

@@ -8,7 +8,9 @@ transactions go and never count as "newest"; a marker stays while any record
 of its transaction survives and for delete.retention.ms, and a removed ABORT
 marker takes its aborted-index entry with it; a producer still in the
 producer table keeps its last batch (as a header with no records, producer
-fields intact); the offset map's bound ends a pass early. The persisted
+fields intact), and its last data batch too when only markers of that
+batch's epoch follow it (transaction version 1: they carry no sequence, and
+the producer's sequence goes on); the offset map's bound ends a pass early. The persisted
 cleaning state round-trips, rejects damage, slices its history and decides
 when a pass is due.
 
@@ -278,6 +280,37 @@ def test_active_producer_keeps_its_last_batch_as_a_header() -> None:
     # An already emptied last batch is kept as it is on the next pass.
     again = run_pass(result.log, active=frozenset({pid}))
     assert again.decisions[1].action is BatchAction.KEEP
+
+
+def test_a_version_1_producer_keeps_the_data_batch_that_holds_its_sequence() -> None:
+    """Markers of the data's epoch (version 1) say nothing of the sequence:
+    the producer's last data batch stays under them, emptied; a marker of a
+    newer epoch (version 2, or a fence) restarts the sequence and lets it go."""
+    pid = 5
+    log = [
+        data(0, (b"k", b"a"), pid=pid, epoch=2, seq=0, txn=True),
+        data(1, (b"k", b"b"), pid=pid, epoch=2, seq=1, txn=True),
+        marker(2, codec.MARKER_ABORT, pid=pid, epoch=2),
+        marker(3, codec.MARKER_COMMIT, pid=pid, epoch=2),
+        data(4, (b"k", b"c")),
+    ]
+    aborted = [AbortedTxn(pid, 0, 2, 3)]
+    result = run_pass(log, state=CLEANED_LONG_AGO, aborted=aborted, active=frozenset({pid}))
+    assert actions(result) == {0: "drop", 1: "rewrite", 2: "drop", 3: "keep", 4: "keep"}
+    held = codec.read_header(result.log[0].data)
+    assert (held.base_offset, held.producer_epoch, held.last_sequence, held.record_count) == (
+        1, 2, 1, 0)
+    # The emptied batch stays on the next pass.
+    again = run_pass(result.log, state=CLEANED_LONG_AGO, active=frozenset({pid}))
+    assert again.decisions[1].action is BatchAction.KEEP
+    # A marker of a newer epoch restarts the sequence: the batch may go.
+    bumped = [*log[:2], marker(2, codec.MARKER_ABORT, pid=pid, epoch=3),
+              marker(3, codec.MARKER_COMMIT, pid=pid, epoch=3), log[4]]
+    gone = run_pass(bumped, state=CLEANED_LONG_AGO, aborted=aborted, active=frozenset({pid}))
+    assert actions(gone) == {0: "drop", 1: "drop", 2: "drop", 3: "keep", 4: "keep"}
+    # Not in the producer table: nothing of it needs to stay.
+    idle = run_pass(log, state=CLEANED_LONG_AGO, aborted=aborted)
+    assert actions(idle) == {0: "drop", 1: "drop", 2: "drop", 3: "drop", 4: "keep"}
 
 
 def test_offset_map_bound_ends_the_pass_below_the_batch_that_does_not_fit() -> None:

@@ -1,12 +1,16 @@
-"""The append and marker rules of DESIGN.md §3-§4 (transaction version 2),
-on the pure producer-state core.
+"""The append and marker rules of DESIGN.md §3-§4 (transaction versions 2
+and 1), on the pure producer-state core.
 
 Goal: every row of the rules tables gives the documented outcome — data
 batches (idempotence, epochs, open transactions, the verification step) and
-COMMIT/ABORT markers (strictly higher epoch, identical retry, zombie
-coordinator, delayed marker, no prior state) — deciding never changes the
-state (only `replay` does), and the LSO input (first unstable offset) follows
-open transactions and markers.
+COMMIT/ABORT markers (version 2: strictly higher epoch; version 1: the same
+epoch or above, told apart by the decision's timestamp; identical retry,
+zombie coordinator, delayed marker, no prior state) — deciding never changes
+the state (only `replay` does), and the LSO input (first unstable offset)
+follows open transactions and markers. Version-1 producers keep their epoch
+and their sequences across transactions, so the append rows also walk a
+version-1 producer's next transaction after a marker of its epoch; and a
+coordinator's conditional append is checked without the sequence rules.
 
 Method: tables. Each row replays a history of batches and markers (at
 consecutive offsets from 0) into a fresh ProducerStateManager, then checks one
@@ -68,6 +72,8 @@ class B:
     txn: bool = False
     # Checked as if the coordinator had confirmed the transaction.
     verified: bool = False
+    # A coordinator's conditional append (no sequence rules).
+    coordinator: bool = False
 
     def header(self) -> BatchHeader:
         """The header of a real encoded one-record batch, with the record
@@ -93,21 +99,32 @@ def _seqs(first: int, count: int, n: int) -> list[B]:
 
 @dataclass(frozen=True)
 class M:
-    """A marker in a history or a row: epoch, type, coordinator epoch."""
+    """A marker in a history or a row: epoch, type, coordinator epoch; the
+    transaction version and (version 1) the decision's timestamp, which the
+    store writes as the control batch's."""
 
     epoch: int
     type: int = MARKER_COMMIT
     coord: int = 0
     pid: int = PID
+    version: int = 2
+    ts: int = 2_000
 
     def marker(self) -> TxnMarker:
-        return TxnMarker(self.pid, self.epoch, self.type, self.coord)
+        return TxnMarker(self.pid, self.epoch, self.type, self.coord,
+                         transaction_version=self.version,
+                         timestamp_ms=self.ts if self.version == 1 else -1)
 
     def header(self) -> BatchHeader:
         return read_header(encode_control_batch(
             marker=self.type, coordinator_epoch=self.coord, producer_id=self.pid,
-            producer_epoch=self.epoch, timestamp_ms=2_000,
+            producer_epoch=self.epoch, timestamp_ms=self.ts,
         ))
+
+
+def v1(epoch: int, ts: int, **kwargs: int) -> M:
+    """A version-1 marker decided at `ts`."""
+    return M(epoch=epoch, version=1, ts=ts, **kwargs)
 
 
 # Six batches of two records: sequences 0-1, 2-3, ..., 10-11 at offsets 0, 2, ..., 10.
@@ -217,6 +234,32 @@ ROWS: list[tuple[str, Sequence[B | M], B, object]] = [
      [B(seq=0, txn=True), M(epoch=1)], B(epoch=1, seq=0), APPEND),
     ("a marker for a producer never seen here creates its entry",
      [M(epoch=4)], B(epoch=4, seq=0, txn=True), VERIFY),
+    # -- version 1: the next transaction keeps the epoch and the sequences
+    ("v1: after a marker of its epoch, the next transaction goes on at the next sequence "
+     "and is verified first", [B(seq=0, count=2, txn=True), v1(0, 100)],
+     B(seq=2, txn=True), VERIFY),
+    ("v1: ... and verified, appends", [B(seq=0, count=2, txn=True), v1(0, 100)],
+     B(seq=2, txn=True, verified=True), APPEND),
+    ("v1: restarting the sequence at 0 at the same epoch is out of order",
+     [B(seq=0, count=2, txn=True), v1(0, 100)], B(seq=0, txn=True),
+     ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    ("v1: a late retry of the last transaction's batch after its marker is a duplicate",
+     [B(seq=0, count=2, txn=True), v1(0, 100)], B(seq=0, count=2, txn=True), dup(0)),
+    ("v1: after a fence marker (epoch bumped by the coordinator), the old epoch is fenced",
+     [B(seq=0, count=2, txn=True), v1(1, 100)], B(seq=2, txn=True),
+     ErrorCode.PRODUCER_FENCED),
+    # -- a coordinator's conditional append: no sequence rules, the rest holds
+    ("coordinator: a sequence reused after a marker of its epoch is no duplicate",
+     [B(seq=0, txn=True), v1(0, 100)], B(seq=0, txn=True, verified=True, coordinator=True),
+     APPEND),
+    ("coordinator: out of sequence appends", [B(seq=0, count=3)], B(seq=7, coordinator=True),
+     APPEND),
+    ("coordinator: a new epoch at any sequence appends", [B(seq=0, count=3)],
+     B(epoch=1, seq=7, coordinator=True), APPEND),
+    ("coordinator: an older epoch is still fenced", [B(epoch=2, seq=0)],
+     B(epoch=1, seq=5, txn=True, coordinator=True), ErrorCode.PRODUCER_FENCED),
+    ("coordinator: opening a transaction is still verified", [],
+     B(seq=4, txn=True, coordinator=True), VERIFY),
 ]
 
 
@@ -236,7 +279,8 @@ def _history(steps: Sequence[B | M]) -> ProducerStateManager:
 def test_append_rules(history: Sequence[B | M], batch: B, expected: object) -> None:
     state = _history(history)
     before = state.as_mapping()
-    decision = state.check_append(batch.header(), txn_verified=batch.verified)
+    decision = state.check_append(batch.header(), txn_verified=batch.verified,
+                                  sequenced=not batch.coordinator)
     if expected == APPEND:
         assert isinstance(decision, Append), decision
     elif expected == VERIFY:
@@ -345,6 +389,8 @@ def test_expiry_by_store_clock_spares_open_transactions() -> None:
 
 TXN = B(seq=0, count=2, txn=True)        # a transaction's batch at offsets 0-1
 NEXT_TXN = B(epoch=1, seq=0, txn=True)   # the next transaction, after a marker at epoch 1
+# Version 1: the next transaction at the same epoch, its sequence going on (offset 3).
+V1_NEXT_TXN = B(epoch=0, seq=2, txn=True, verified=True)
 
 MARKER_ROWS: list[tuple[str, Sequence[B | M], M, object]] = [
     ("no state for the producer: written", [], M(epoch=0), WRITE),
@@ -378,6 +424,39 @@ MARKER_ROWS: list[tuple[str, Sequence[B | M], M, object]] = [
     ("negative producer epoch", [], M(epoch=-1), ErrorCode.INVALID_REQUEST),
     ("producer epoch beyond int16", [], M(epoch=2**15), ErrorCode.INVALID_REQUEST),
     ("no producer id", [], M(epoch=1, pid=-1), ErrorCode.INVALID_REQUEST),
+    ("unknown transaction version", [TXN], M(epoch=1, version=3), ErrorCode.INVALID_REQUEST),
+    # -- version 1: the data's epoch (or above), ordered by the decision's timestamp
+    ("v1: no state for the producer: written", [], v1(0, 100), WRITE),
+    ("v1: the data's epoch (equal): written", [TXN], v1(0, 100), WRITE),
+    ("v1: above the data's epoch (a fence): written", [TXN], v1(1, 100), WRITE),
+    ("v1: below the producer's epoch: refused", [B(epoch=2, seq=0, txn=True)], v1(1, 100),
+     ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("v1: a marker of the fenced epoch after the fence's: refused", [TXN, v1(1, 100)],
+     v1(0, 200), ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("v1: identical retry of the last marker: no-op with its offset", [TXN, v1(0, 100)],
+     v1(0, 100), dup(2)),
+    ("v1: the next transaction's marker, same epoch and type, later: written",
+     [TXN, v1(0, 100), V1_NEXT_TXN], v1(0, 200), WRITE),
+    ("v1: the next transaction's ABORT, same epoch, later: written",
+     [TXN, v1(0, 100), V1_NEXT_TXN], v1(0, 200, type=MARKER_ABORT), WRITE),
+    ("v1: the next transaction's marker where it wrote nothing: written",
+     [TXN, v1(0, 100)], v1(0, 200), WRITE),
+    ("v1: a delayed copy of the last marker while the next transaction is open: no-op, "
+     "it stays open", [TXN, v1(0, 100), V1_NEXT_TXN], v1(0, 100), dup(2)),
+    ("v1: a delayed marker of an earlier transaction (older timestamp): refused",
+     [TXN, v1(0, 100), V1_NEXT_TXN, v1(0, 200), B(seq=3, txn=True)], v1(0, 100),
+     ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("v1: ... of the other type: refused",
+     [TXN, v1(0, 100), V1_NEXT_TXN, v1(0, 200), B(seq=3, txn=True)],
+     v1(0, 100, type=MARKER_ABORT), ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("v1: the other outcome with the last marker's timestamp: refused", [TXN, v1(0, 100)],
+     v1(0, 100, type=MARKER_ABORT), ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("v1: lower coordinator epoch: zombie coordinator",
+     [TXN, v1(0, 100, coord=5), V1_NEXT_TXN], v1(0, 200, coord=4),
+     ErrorCode.TRANSACTION_COORDINATOR_FENCED),
+    ("v1: no timestamp", [TXN], M(epoch=0, version=1, ts=0), ErrorCode.INVALID_REQUEST),
+    ("v2 rule for the same history: the data's epoch is refused", [TXN, v1(0, 100),
+     V1_NEXT_TXN], M(epoch=0, type=MARKER_ABORT), ErrorCode.INVALID_PRODUCER_EPOCH),
 ]
 
 
@@ -445,7 +524,7 @@ def test_marker_replay_ends_the_transaction(marker_type: int) -> None:
     assert entry.batches == ()            # the new epoch restarts its sequences at 0
     assert entry.current_txn_first_offset == NO_OFFSET
     assert entry.coordinator_epoch == 3
-    assert entry.last_marker == MarkerMetadata(1, marker_type, 3)
+    assert entry.last_marker == MarkerMetadata(1, marker_type, 3, 2_000)
     assert entry.last_append_time_ms == 9_000
     # Ended, but the marker is not durable yet: the transaction still holds the LSO.
     assert state.open_txn_count == 0
@@ -454,6 +533,29 @@ def test_marker_replay_ends_the_transaction(marker_type: int) -> None:
     assert state.first_unstable_offset == 0
     state.on_high_watermark(4)
     assert state.first_unstable_offset is None
+
+
+def test_version_1_marker_keeps_the_epoch_the_batches_and_its_timestamp() -> None:
+    """A version-1 marker at the data's epoch ends the transaction but leaves
+    the producer's epoch and cached batches (its sequences go on); its
+    decision's timestamp is read back from the control batch, as recovery
+    and a follower replay it, and orders the next marker of the epoch."""
+    state = _history([B(seq=0, count=2, txn=True), B(seq=2, txn=True)])  # offsets 0-1, 2
+    decision = state.check_marker(v1(0, 1_234).marker())
+    assert isinstance(decision, WriteMarker), decision
+    completed = state.replay(
+        dataclasses.replace(v1(0, 1_234).header(), base_offset=3), 3, 9_000,
+        control=(MARKER_COMMIT, 0),
+    )
+    assert completed is not None and not completed.aborted
+    entry = state.get(PID)
+    assert entry is not None
+    assert entry.producer_epoch == 0
+    assert [(b.first_sequence, b.last_sequence) for b in entry.batches] == [(0, 1), (2, 2)]
+    assert entry.last_marker == MarkerMetadata(0, MARKER_COMMIT, 3, 1_234)
+    stale = state.check_marker(v1(0, 1_000, type=MARKER_ABORT).marker())
+    assert isinstance(stale, Rejection)
+    assert "decided at 1234" in stale.message and "received 1000" in stale.message
 
 
 def test_marker_without_open_transaction_ends_nothing() -> None:

@@ -1,8 +1,9 @@
 """Producer-state snapshots: encode/decode and refusal of damaged bytes.
 
 Goal: a snapshot round-trips exactly (open transactions, coordinator epochs
-and last markers included), a version-1 snapshot (written before
-transactions) still loads, and anything but an intact snapshot of a known
+and last markers with their timestamps included), version-1 and version-2
+snapshots (written before transactions, and before markers kept their
+timestamps) still load, and anything but an intact snapshot of a known
 version (flipped bit, bad CRC, truncation, unknown version, garbage payload)
 raises SnapshotError, so recovery falls back instead of loading a wrong
 producer table.
@@ -37,7 +38,8 @@ ENTRIES = [
         batches=tuple(BatchMetadata(i * 2, i * 2 + 1, 100 + i * 2, 2, 5_000 + i) for i in range(5)),
         last_timestamp_ms=5_004, last_append_time_ms=9_000, coordinator_epoch=2,
         current_txn_first_offset=-1,
-        last_marker=MarkerMetadata(producer_epoch=3, control_type=1, offset=99),
+        last_marker=MarkerMetadata(producer_epoch=3, control_type=1, offset=99,
+                                   timestamp_ms=1_234),
     ),
     ProducerEntry(producer_id=8, producer_epoch=0, current_txn_first_offset=42,
                   current_txn_start_time_ms=8_500, coordinator_epoch=4,
@@ -75,8 +77,9 @@ def _reseal(payload: bytes, version: int = SNAPSHOT_VERSION) -> bytes:
         ("truncated envelope", lambda d: d[:3]),
         ("empty", lambda d: b""),
         ("wrong version", lambda d: bytes([SNAPSHOT_VERSION + 1]) + d[1:]),
-        ("version 1 byte on a version 2 payload", lambda d: bytes([1]) + d[1:]),
-        ("version 2 payload sealed as version 1", lambda d: _reseal(d[5:], 1)),
+        ("version 1 byte on a current payload", lambda d: bytes([1]) + d[1:]),
+        ("current payload sealed as version 1", lambda d: _reseal(d[5:], 1)),
+        ("current payload sealed as version 2", lambda d: _reseal(d[5:], 2)),
         ("bad marker, valid crc", lambda d: _reseal(
             b'{"offset": 3, "producers": [[1, 0, 0, 0, 0, -1, [], -1, [1, 2]]]}')),
         ("wrong version, valid crc", lambda d: _reseal(d[5:], SNAPSHOT_VERSION + 1)),
@@ -106,4 +109,17 @@ def test_version_1_snapshots_still_load() -> None:
     assert list(snap.producers) == [ProducerEntry(
         producer_id=7, producer_epoch=3, batches=(BatchMetadata(0, 1, 8, 2, 5000),),
         last_timestamp_ms=5004, last_append_time_ms=9000,
+    )]
+
+
+def test_version_2_snapshots_still_load() -> None:
+    """Written before markers kept their timestamp: the last marker loads
+    with the timestamp unknown."""
+    payload = (
+        b'{"offset": 10, "producers": [[7, 3, 5004, 9000, 2, -1, [], -1, [3, 1, 9]]]}'
+    )
+    snap = decode_snapshot(_reseal(payload, 2))
+    assert list(snap.producers) == [ProducerEntry(
+        producer_id=7, producer_epoch=3, last_timestamp_ms=5004, last_append_time_ms=9000,
+        coordinator_epoch=2, last_marker=MarkerMetadata(3, 1, 9),
     )]

@@ -9,6 +9,10 @@ that a second runtime replaying the same log — a restarted
 or replacement coordinator — ends in the same state and resumes unfinished
 markers; and that verification answers only once a read of the log end
 confirms that the runtime's memory is the log's state (a zombie's is not).
+Transaction version 1: two transactions on one epoch, their markers naming
+the version and rising decision timestamps; a zombie does not answer a
+version-1 EndTxn from its stale memory of the last completion; KIP-360
+recovery and its retry through the runtime.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pytest
 from oncelog.errors import ErrorCode
 from services.common.cluster import ClusterLayout
 from services.common.service_error import ServiceError
-from services.coordinator.core.transactions import TxnState
+from services.coordinator.core.transactions import TransactionVersion, TxnState
 from services.coordinator.core.txn_log import TxnPartitionState, txn_key
 from services.coordinator.markers import FakeMarkerSender
 from services.coordinator.runtime import ProducerIdManager
@@ -550,3 +554,108 @@ def test_the_two_phase_commit_flag_defaults_on_and_turns_off(
     monkeypatch.setenv("ONCELOG_ALLOW_TWO_PHASE_COMMIT", "false")
     assert parse_args([]).allow_two_phase_commit is False
     assert parse_args(["--allow-two-phase-commit"]).allow_two_phase_commit is True
+
+
+V1 = TransactionVersion.V1
+
+
+def test_version_1_keeps_the_epoch_across_transactions_and_stamps_markers() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000, transaction_version=V1)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        assert await rt.end_txn(TID, pid, epoch, commit=True) == (pid, epoch)
+        await settle(rt)
+        first_ts = clock.now_ms
+        clock.now_ms -= 10  # a clock step back must not reorder the markers
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0), ("b", 0)}))
+        assert await rt.end_txn(TID, pid, epoch, commit=False) == (pid, epoch)
+        await settle(rt)
+        sent = [(s.commit, s.producer_epoch, s.transaction_version, s.timestamp_ms, tp)
+                for s, tp in markers.written]
+        assert sorted(sent) == sorted([
+            (True, epoch, V1, first_ts, ("a", 0)),
+            (False, epoch, V1, first_ts + 1, ("a", 0)),
+            (False, epoch, V1, first_ts + 1, ("b", 0)),
+        ])
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_ABORT
+        assert (md.producer_id, md.producer_epoch) == (pid, epoch)
+        # A retried abort succeeds with the same ids; a commit is refused.
+        assert await rt.end_txn(TID, pid, epoch, commit=False) == (pid, epoch)
+        with pytest.raises(ServiceError) as err:
+            await rt.end_txn(TID, pid, epoch, commit=True)
+        assert err.value.code is ErrorCode.INVALID_TXN_STATE
+        # A restarted coordinator reads the same version from the log.
+        await rt.stop()
+        again = make(log, FakeMarkerSender(), clock, ids)
+        await again.start()
+        await settle(again)
+        md, _ = again.describe(TID)
+        assert md is not None and md.transaction_version is V1
+        await again.stop()
+
+    run(scenario)
+
+
+def test_a_zombie_does_not_acknowledge_a_version_1_commit_from_stale_memory() -> None:
+    """The zombie remembers the last transaction as completed; the log has
+    since opened the next one at the same epoch. Answering the next
+    transaction's EndTxn(commit) with the last one's success would
+    acknowledge a commit nobody makes."""
+    async def scenario() -> None:
+        log = MemoryTxnLog()
+        zombie = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
+        await zombie.start()
+        await settle(zombie)
+        pid, epoch, _ = await zombie.init_producer_id(TID, 30_000, transaction_version=V1)
+        await zombie.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        await zombie.end_txn(TID, pid, epoch, commit=True)
+        await settle(zombie)
+        successor = make(log, FakeMarkerSender(), Clock(), MemoryProducerIdLog())
+        await successor.start()
+        await settle(successor)
+        await successor.add_partitions(TID, pid, epoch, frozenset({("b", 0)}))
+        with pytest.raises(ServiceError) as err:
+            await zombie.end_txn(TID, pid, epoch, commit=True)
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        assert await successor.end_txn(TID, pid, epoch, commit=True) == (pid, epoch)
+        await zombie.stop()
+        await successor.stop()
+
+    run(scenario)
+
+
+def test_kip_360_recovery_and_its_retry_through_the_runtime() -> None:
+    async def scenario() -> None:
+        log, markers, clock, ids = fresh()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000, transaction_version=V1)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        await rt.end_txn(TID, pid, epoch, commit=False)
+        recovered = await rt.init_producer_id(TID, 30_000, transaction_version=V1,
+                                              expected=(pid, epoch))
+        assert recovered == (pid, epoch + 1, None)
+        # The answer was lost; the retry gets the same ids.
+        assert await rt.init_producer_id(TID, 30_000, transaction_version=V1,
+                                         expected=(pid, epoch)) == (pid, epoch + 1, None)
+        # A late copy during the next transaction writes nothing.
+        await rt.add_partitions(TID, pid, epoch + 1, frozenset({("a", 0)}))
+        end_before = await log.log_end_offset(LAYOUT.transaction_state_partition(TID))
+        assert await rt.init_producer_id(TID, 30_000, transaction_version=V1,
+                                         expected=(pid, epoch)) == (pid, epoch + 1, None)
+        assert await log.log_end_offset(LAYOUT.transaction_state_partition(TID)) == end_before
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.ONGOING
+        with pytest.raises(ServiceError) as err:
+            await rt.init_producer_id(TID, 30_000, transaction_version=V1,
+                                      expected=(pid, epoch + 5))
+        assert err.value.code is ErrorCode.PRODUCER_FENCED
+        await rt.stop()
+
+    run(scenario)

@@ -128,12 +128,19 @@ class InitProducerIdRequest(_message.Message):
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
     ENABLE_TWO_PHASE_COMMIT_FIELD_NUMBER: _builtins.int
     KEEP_PREPARED_TXN_FIELD_NUMBER: _builtins.int
+    TRANSACTION_VERSION_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     """Empty: an idempotent-only producer gets a fresh producer id."""
     transaction_timeout_ms: _builtins.int
     producer_id: _builtins.int
-    """The id and epoch the producer holds, or -1: lets a producer recover from an
-    abortable error by bumping its own epoch.
+    """KIP-360 (Kafka's InitProducerId v3+): the id and epoch the producer
+    holds, to recover from an abortable error by bumping its own epoch
+    without fencing itself. Unset, or both -1: a new instance (the epoch is
+    bumped and whoever held it is fenced). Set: the epoch is bumped only if
+    they are the id's current producer id and epoch (a retry whose answer was
+    lost, naming the id and epoch from before that bump, gets the current
+    ones again); anything else is PRODUCER_FENCED. One of them -1 and the
+    other not is INVALID_REQUEST. Ignored without a transactional id.
     """
     producer_epoch: _builtins.int
     enable_two_phase_commit: _builtins.bool
@@ -147,21 +154,40 @@ class InitProducerIdRequest(_message.Message):
     fenced), instead of aborted. An open transaction that was never prepared
     is aborted as usual.
     """
+    transaction_version: _builtins.int
+    """The transaction protocol this producer speaks, kept with the
+    transactional id until its next InitProducerId. 0 or 2: transaction
+    version 2 (KIP-890), what the SDK speaks: EndTxn bumps the epoch and
+    answers the new one. 1: transaction version 1, for Kafka clients
+    (EndTxn v0-v4): the epoch stays the same across commits and aborts and
+    the producer's sequence numbers continue; only a fence (timeout, a new
+    instance, the admin abort, KIP-360 recovery) bumps it. Version 1 cannot
+    be combined with enable_two_phase_commit. Other values: INVALID_REQUEST.
+    docs/coordinator.md, "Transaction versions".
+    """
     def __init__(
         self,
         *,
         transactional_id: _builtins.str = ...,
         transaction_timeout_ms: _builtins.int = ...,
-        producer_id: _builtins.int = ...,
-        producer_epoch: _builtins.int = ...,
+        producer_id: _builtins.int | None = ...,
+        producer_epoch: _builtins.int | None = ...,
         enable_two_phase_commit: _builtins.bool = ...,
         keep_prepared_txn: _builtins.bool = ...,
+        transaction_version: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enable_two_phase_commit", b"enable_two_phase_commit", "keep_prepared_txn", b"keep_prepared_txn", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "enable_two_phase_commit", b"enable_two_phase_commit", "keep_prepared_txn", b"keep_prepared_txn", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transaction_timeout_ms", b"transaction_timeout_ms", "transaction_version", b"transaction_version", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__producer_epoch: _TypeAlias = _typing.Literal["producer_epoch"]  # noqa: Y015
+    _WhichOneofArgType__producer_epoch: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch"]  # noqa: Y015
+    _WhichOneofReturnType__producer_id: _TypeAlias = _typing.Literal["producer_id"]  # noqa: Y015
+    _WhichOneofArgType__producer_id: _TypeAlias = _typing.Literal["_producer_id", b"_producer_id"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__producer_epoch) -> _WhichOneofReturnType__producer_epoch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__producer_id) -> _WhichOneofReturnType__producer_id | None: ...
 
 Global___InitProducerIdRequest: _TypeAlias = InitProducerIdRequest  # noqa: Y015
 
@@ -386,8 +412,10 @@ class EndTxnResponse(_message.Message):
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     producer_id: _builtins.int
-    """Transaction version 2: the epoch is bumped at every commit or abort; the
-    producer uses these for its next transaction.
+    """The producer id and epoch for the producer's next transaction. Transaction
+    version 2: bumped at every commit or abort. Version 1: the ones the
+    request carried (only a fence moves them). The version is the one the
+    producer's InitProducerId chose; EndTxn does not carry it.
     """
     producer_epoch: _builtins.int
     request_id: _builtins.int
@@ -524,6 +552,7 @@ class TransactionDescription(_message.Message):
     COORDINATOR_EPOCH_FIELD_NUMBER: _builtins.int
     TWO_PHASE_COMMIT_FIELD_NUMBER: _builtins.int
     PREPARED_TRANSACTION_FIELD_NUMBER: _builtins.int
+    TRANSACTION_VERSION_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     state: _builtins.str
     producer_id: _builtins.int
@@ -535,6 +564,8 @@ class TransactionDescription(_message.Message):
     """The producer was initialized with two-phase commit: its transactions
     never time out.
     """
+    transaction_version: _builtins.int
+    """The transaction version its producer's InitProducerId chose (1 or 2)."""
     @_builtins.property
     def error(self) -> _errors_pb2.Error: ...
     @_builtins.property
@@ -560,10 +591,11 @@ class TransactionDescription(_message.Message):
         coordinator_epoch: _builtins.int = ...,
         two_phase_commit: _builtins.bool = ...,
         prepared_transaction: Global___PreparedTxnState | None = ...,
+        transaction_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "prepared_transaction", b"prepared_transaction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "error", b"error", "partitions", b"partitions", "prepared_transaction", b"prepared_transaction", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "state", b"state", "transaction_start_time_ms", b"transaction_start_time_ms", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id", "two_phase_commit", b"two_phase_commit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "error", b"error", "partitions", b"partitions", "prepared_transaction", b"prepared_transaction", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "state", b"state", "transaction_start_time_ms", b"transaction_start_time_ms", "transaction_timeout_ms", b"transaction_timeout_ms", "transaction_version", b"transaction_version", "transactional_id", b"transactional_id", "two_phase_commit", b"two_phase_commit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

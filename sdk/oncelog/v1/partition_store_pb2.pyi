@@ -868,14 +868,30 @@ class TxnMarker(_message.Message):
     COORDINATOR_EPOCH_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    TRANSACTION_VERSION_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     producer_id: _builtins.int
     producer_epoch: _builtins.int
     """Transaction version 2: strictly above the epoch of the transaction's
-    data batches on each partition.
+    data batches on each partition, and above the producer's epoch there.
+    Version 1: at least the producer's epoch there (the data's epoch, or
+    above it when the coordinator fenced the producer).
     """
     type: Global___MarkerType.ValueType
     coordinator_epoch: _builtins.int
     transactional_id: _builtins.str
+    transaction_version: _builtins.int
+    """The transaction version of the producer (0 or 2: version 2; 1: version
+    1), which decides the epoch rule above.
+    """
+    timestamp_ms: _builtins.int
+    """Version 1 (required, > 0): the timestamp of the marker's control batch,
+    set by the coordinator when it decided the transaction and strictly
+    increasing over the decisions of one producer id. Markers of successive
+    version-1 transactions share their epoch; this tells a delayed copy of
+    an earlier transaction's marker (refused) from the next transaction's.
+    Version 2: 0 (the store's clock).
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]: ...
     def __init__(
@@ -887,10 +903,12 @@ class TxnMarker(_message.Message):
         coordinator_epoch: _builtins.int = ...,
         partitions: _abc.Iterable[_records_pb2.TopicPartition] | None = ...,
         transactional_id: _builtins.str = ...,
+        transaction_version: _builtins.int = ...,
+        timestamp_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "partitions", b"partitions", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "partitions", b"partitions", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "timestamp_ms", b"timestamp_ms", "transaction_version", b"transaction_version", "transactional_id", b"transactional_id", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,5 +1,6 @@
 """The transaction state machine of one transactional id (Kafka's
-TransactionState and TransactionMetadata, with "transaction version 2" rules).
+TransactionState and TransactionMetadata, with "transaction version 2" rules,
+and version 1 for Kafka's clients).
 
 Every change is a new `TxnMetadata` value. A handler validates a request
 against the current value and returns the value to persist (and the reply);
@@ -10,6 +11,16 @@ Transaction version 2 (KIP-890): the producer epoch is bumped at every commit
 and abort, so the markers of a transaction carry an epoch strictly above the
 epoch of its data, and a delayed EndTxn or marker of an earlier transaction
 can never complete a later one.
+
+Transaction version 1 (Kafka's coordinator before KIP-890 part 2), chosen at
+InitProducerId for Kafka's clients, which keep their epoch across
+transactions: EndTxn decides without a bump and answers the same epoch, the
+markers carry the data's epoch, and only a fence (the timeout, a new
+instance, the admin abort, KIP-360 recovery) bumps it. Each decision also
+stamps its markers with a timestamp that strictly increases per
+transactional id, so that a store can tell a delayed marker of an earlier
+transaction from the next one's at the same epoch. The same table and the
+same planners serve both versions: the version is a field of the metadata.
 
 Participation in an external two-phase commit (KIP-939): a producer
 initialized with two-phase commit may *prepare* its transaction (state
@@ -38,6 +49,35 @@ from ...common.service_error import ServiceError
 # epoch bump for fencing is always possible; at it, the producer id rotates.
 MAX_PRODUCER_EPOCH = 32767 - 1
 NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+
+
+class TransactionVersion(enum.IntEnum):
+    """The transaction protocol a producer speaks, chosen at InitProducerId
+    and kept with its transactional id (docs/coordinator.md, "Transaction
+    versions")."""
+
+    V1 = 1
+    """Kafka's clients (EndTxn v0-v4): EndTxn keeps the epoch; markers carry
+    the data's epoch, stamped with the decision's timestamp."""
+
+    V2 = 2
+    """KIP-890 part 2, the SDK's: EndTxn bumps the epoch; markers carry an
+    epoch strictly above the data's."""
+
+
+def parse_transaction_version(value: int) -> TransactionVersion:
+    """The version an InitProducerId asks for: 0 (unset) is version 2, so that
+    every caller from before versions existed is unchanged."""
+    if value == 0:
+        return TransactionVersion.V2
+    try:
+        return TransactionVersion(value)
+    except ValueError:
+        raise ServiceError(
+            ErrorCode.INVALID_REQUEST,
+            f"transaction_version {value} is unknown; expected 1, 2 or 0 (version 2)",
+        ) from None
 
 
 class TxnState(enum.Enum):
@@ -47,14 +87,15 @@ class TxnState(enum.Enum):
     EMPTY = "Empty"
     """No transaction open.
     action: InitProducerId bumps the epoch; AddPartitions opens a transaction;
-    EndTxn(commit) is INVALID_TXN_STATE; EndTxn(abort) bumps the epoch (v2);
-    PrepareTransaction (two-phase commit) prepares an empty transaction;
+    EndTxn(commit) is INVALID_TXN_STATE; EndTxn(abort) bumps the epoch (v2),
+    is INVALID_TXN_STATE (v1); PrepareTransaction (two-phase commit) prepares an empty transaction;
     CompleteTransaction answers from the last prepared transaction's outcome.
     transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead (expiry)."""
 
     ONGOING = "Ongoing"
     """A transaction is open with partitions (and maybe a group's offsets).
-    action: AddPartitions adds; EndTxn decides; PrepareTransaction (two-phase
+    action: AddPartitions adds; EndTxn decides (v2: with an epoch bump; v1:
+    keeping the epoch); PrepareTransaction (two-phase
     commit) prepares it; InitProducerId aborts it and fences the old producer
     (also with keep_prepared_txn: it was never prepared); the timeout aborts
     it with an epoch bump, unless the producer uses two-phase commit.
@@ -73,7 +114,8 @@ class TxnState(enum.Enum):
 
     PREPARE_COMMIT = "PrepareCommit"
     """The commit is decided and durable; markers are in flight.
-    action: everything but a retried EndTxn(commit) answers CONCURRENT_TRANSACTIONS.
+    action: everything but a retried EndTxn(commit) answers CONCURRENT_TRANSACTIONS
+    (v1: EndTxn(abort) is INVALID_TXN_STATE, EndTxn(commit) CONCURRENT_TRANSACTIONS).
     transition: CompleteCommit once every marker has landed."""
 
     PREPARE_ABORT = "PrepareAbort"
@@ -83,12 +125,16 @@ class TxnState(enum.Enum):
 
     COMPLETE_COMMIT = "CompleteCommit"
     """The last transaction committed and every marker landed.
-    action: as Empty; a retried EndTxn(commit) of the last epoch succeeds.
+    action: as Empty; a retried EndTxn(commit) of the last epoch succeeds (v1:
+    EndTxn(commit) of the current epoch succeeds, EndTxn(abort) is
+    INVALID_TXN_STATE).
     transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead."""
 
     COMPLETE_ABORT = "CompleteAbort"
     """The last transaction aborted and every marker landed.
-    action: as Empty; a retried EndTxn(abort) of the last epoch succeeds.
+    action: as Empty; a retried EndTxn(abort) of the last epoch succeeds (v1:
+    EndTxn(abort) of the current epoch succeeds, EndTxn(commit) is
+    INVALID_TXN_STATE).
     transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead."""
 
     PREPARE_EPOCH_FENCE = "PrepareEpochFence"
@@ -166,7 +212,9 @@ class TxnMetadata:
     # Why the epoch last moved: "end_txn" (the producer's own commit/abort or
     # completion of a prepared transaction, so a retry from the previous epoch
     # is legitimate), "init" (a new instance fenced the old one), "timeout"
-    # (the coordinator fenced a late producer) or "admin" (an operator's abort).
+    # (the coordinator fenced a late producer), "admin" (an operator's abort)
+    # or "recover" (KIP-360: the producer bumped its own epoch to recover from
+    # an abortable error, so a retry from the previous epoch is legitimate).
     bump_reason: str = ""
     # The producer initialized with two-phase commit (KIP-939): its
     # transactions never time out, and it may prepare them.
@@ -182,6 +230,13 @@ class TxnMetadata:
     # named when the outcome was decided (see `_decide`).
     marker_producer_id: int = NO_PRODUCER_ID
     marker_producer_epoch: int = -1
+    # The transaction protocol of the producer, from its InitProducerId.
+    transaction_version: TransactionVersion = TransactionVersion.V2
+    # The timestamp of the last decision (set in its Prepare* record, kept
+    # after): version-1 markers carry it, and it strictly increases over the
+    # decisions of the id, whatever the clocks of the coordinators that made
+    # them (see `_decide`). -1: never decided.
+    decision_timestamp_ms: int = -1
 
     def transition(self, target: TxnState, **changes: object) -> TxnMetadata:
         check_transition(self.state, target, self.transactional_id)
@@ -213,6 +268,8 @@ class TxnMetadata:
             "prepared_outcome": self.prepared_outcome,
             "marker_producer_id": self.marker_producer_id,
             "marker_producer_epoch": self.marker_producer_epoch,
+            "transaction_version": int(self.transaction_version),
+            "decision_timestamp_ms": self.decision_timestamp_ms,
         }
 
     @staticmethod
@@ -238,6 +295,9 @@ class TxnMetadata:
             prepared_outcome=str(payload.get("prepared_outcome", "")),
             marker_producer_id=int(payload.get("marker_producer_id", NO_PRODUCER_ID)),
             marker_producer_epoch=int(payload.get("marker_producer_epoch", -1)),
+            # Records from before transaction versions were version 2.
+            transaction_version=TransactionVersion(int(payload.get("transaction_version", 2))),
+            decision_timestamp_ms=int(payload.get("decision_timestamp_ms", -1)),
         )
 
 
@@ -274,11 +334,14 @@ class InitPlan:
     """The outcome of InitProducerId: what to persist, and the ids to answer
     with, or that an open transaction must first be aborted (the client gets
     CONCURRENT_TRANSACTIONS and retries). `kept_prepared` is the prepared
-    state of a transaction kept with keep_prepared_txn (None otherwise)."""
+    state of a transaction kept with keep_prepared_txn (None otherwise).
+    `persist` False: nothing changes; `to_persist` is the current state,
+    whose ids answer a KIP-360 retry in the middle of a transaction."""
 
     to_persist: TxnMetadata
     abort_started: bool
     kept_prepared: tuple[int, int] | None = None
+    persist: bool = True
 
 
 def _in_flight(md: TxnMetadata, transactional_id: str) -> ServiceError | None:
@@ -302,6 +365,8 @@ def plan_init_producer_id(
     fresh_producer_id: int | None,
     two_phase_commit: bool = False,
     keep_prepared_txn: bool = False,
+    transaction_version: TransactionVersion = TransactionVersion.V2,
+    expected: tuple[int, int] | None = None,
 ) -> InitPlan:
     """InitProducerId for a transactional id.
 
@@ -310,8 +375,23 @@ def plan_init_producer_id(
     `needs_fresh_producer_id` says so. `two_phase_commit`: the producer takes
     part in an external two-phase commit (its transactions never time out);
     `keep_prepared_txn` (which needs it): a Prepared transaction is kept, not
-    aborted, for this instance to complete.
+    aborted, for this instance to complete. `transaction_version`: the
+    protocol the producer speaks from now on.
+
+    `expected` (KIP-360): the producer id and epoch the caller holds, None
+    for a new instance. As Kafka's coordinator: the epoch is bumped only if
+    they are the current ones; the ids from before the last KIP-360 bump
+    are a retry whose answer was lost and get the current ids again;
+    anything else is PRODUCER_FENCED (a zombie must not bump the epoch of
+    the instance that fenced it). Stricter than Kafka, whose coordinator
+    aborts an open transaction for any caller naming the right producer id.
     """
+    if transaction_version is TransactionVersion.V1 and two_phase_commit:
+        raise ServiceError(
+            ErrorCode.INVALID_REQUEST,
+            f"transactional id {transactional_id!r}: two-phase commit needs transaction "
+            "version 2, not 1",
+        )
     if keep_prepared_txn and not two_phase_commit:
         raise ServiceError(
             ErrorCode.INVALID_REQUEST,
@@ -337,31 +417,85 @@ def plan_init_producer_id(
                 state=TxnState.EMPTY,
                 last_update_ms=now_ms,
                 two_phase_commit=two_phase_commit,
+                transaction_version=transaction_version,
             ),
             abort_started=False,
         )
     busy = _in_flight(md, transactional_id)
     if busy is not None:
         raise busy
+    reason = "init"
+    if expected is not None:
+        if _is_recovery_retry(md, expected):
+            if md.state in (TxnState.ONGOING, TxnState.PREPARED):
+                # The producer has gone on with the epoch it recovered to: a
+                # late copy of its request changes nothing.
+                return InitPlan(md, abort_started=False, persist=False)
+            return InitPlan(md.transition(
+                TxnState.EMPTY, last_update_ms=now_ms,
+                transaction_timeout_ms=transaction_timeout_ms,
+                two_phase_commit=two_phase_commit, transaction_version=transaction_version,
+            ), abort_started=False)
+        if expected != (md.producer_id, md.producer_epoch):
+            raise ServiceError(
+                ErrorCode.PRODUCER_FENCED,
+                f"transactional id {transactional_id!r}: producer {expected[0]} epoch "
+                f"{expected[1]} cannot recover; the current producer is {md.producer_id} "
+                f"epoch {md.producer_epoch} (another instance took over)",
+            )
+        reason = "recover"
     if md.state is TxnState.PREPARED and keep_prepared_txn:
         # Fence the instance that prepared it; the transaction stays, with its
         # data under the prepared state, for this instance to complete.
-        kept = _bump_epoch(md, TxnState.PREPARED, now_ms, fresh_producer_id, "init")
+        kept = _bump_epoch(md, TxnState.PREPARED, now_ms, fresh_producer_id, reason)
         return InitPlan(kept, abort_started=False, kept_prepared=md.prepared_state)
     if md.state in (TxnState.ONGOING, TxnState.PREPARED):
         # Fence the previous instance and abort what it left open (an Ongoing
         # transaction is aborted even with keep_prepared_txn: it was never
         # prepared, so nobody holds its prepared state). The new producer
-        # retries InitProducerId once the abort has completed.
-        return InitPlan(_decide(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, "init"),
+        # retries InitProducerId once the abort has completed. The abort
+        # keeps the aborted transaction's version; the retry sets the new one.
+        return InitPlan(_decide(md, TxnState.PREPARE_ABORT, now_ms, fresh_producer_id, reason),
                         abort_started=True)
-    bumped = _bump_epoch(md, TxnState.EMPTY, now_ms, fresh_producer_id, "init")
+    bumped = _bump_epoch(md, TxnState.EMPTY, now_ms, fresh_producer_id, reason)
     return InitPlan(replace(bumped, transaction_timeout_ms=transaction_timeout_ms,
-                            two_phase_commit=two_phase_commit), abort_started=False)
+                            two_phase_commit=two_phase_commit,
+                            transaction_version=transaction_version), abort_started=False)
 
 
-def needs_fresh_producer_id(md: TxnMetadata | None) -> bool:
-    """Whether the next epoch bump of this id needs a newly allocated producer id."""
+def _is_recovery_retry(md: TxnMetadata, expected: tuple[int, int]) -> bool:
+    """A KIP-360 InitProducerId naming the ids from before the last bump,
+    which was itself a KIP-360 recovery: its answer was lost (Kafka keeps the
+    last epoch only for such bumps; a new instance's bump forgets it, so a
+    fenced instance cannot pass for a retry)."""
+    return md.bump_reason == "recover" and expected == (
+        md.previous_producer_id, md.previous_producer_epoch)
+
+
+def parse_expected_producer(producer_id: int | None, producer_epoch: int | None,
+                            *, transactional_id: str) -> tuple[int, int] | None:
+    """KIP-360's (producer id, epoch) of an InitProducerId, as Kafka reads
+    them: both unset or both -1 is a new instance (None); one of them -1 is
+    INVALID_REQUEST."""
+    pid = NO_PRODUCER_ID if producer_id is None else producer_id
+    epoch = NO_PRODUCER_EPOCH if producer_epoch is None else producer_epoch
+    if pid == NO_PRODUCER_ID and epoch == NO_PRODUCER_EPOCH:
+        return None
+    if pid < 0 or not 0 <= epoch <= MAX_PRODUCER_EPOCH + 1:
+        raise ServiceError(
+            ErrorCode.INVALID_REQUEST,
+            f"transactional id {transactional_id!r}: InitProducerId names producer {pid} "
+            f"epoch {epoch}; expected both -1 (a new instance) or a producer id >= 0 with "
+            f"an epoch in 0..{MAX_PRODUCER_EPOCH + 1}",
+        )
+    return pid, epoch
+
+
+def needs_fresh_producer_id(md: TxnMetadata | None, *, end_txn: bool = False) -> bool:
+    """Whether the next epoch bump of this id needs a newly allocated producer
+    id. `end_txn`: the bump an EndTxn would make, which version 1 never makes."""
+    if end_txn and md is not None and md.transaction_version is TransactionVersion.V1:
+        return False
     return md is None or md.state is TxnState.DEAD or md.producer_epoch >= MAX_PRODUCER_EPOCH
 
 
@@ -386,26 +520,44 @@ def _bump_epoch(md: TxnMetadata, target: TxnState, now_ms: int,
 
 def _decide(md: TxnMetadata, target: TxnState, now_ms: int, fresh_producer_id: int | None,
             reason: str) -> TxnMetadata:
-    """Decides the open transaction (or an empty one): Prepare* with an epoch
-    bump, and the producer id and epoch its markers carry.
+    """Decides the open transaction (or an empty one): Prepare*, the producer
+    id and epoch its markers carry, and the decision's timestamp.
 
-    Markers go to the producer id the transaction's data was written with, at
-    an epoch strictly above the data's: normally the bumped epoch. The data
-    was written with the prepared state when the transaction is Prepared (a
-    new instance that kept it holds a later epoch); and when the bump rotated
-    the producer id (epoch exhaustion), the markers stay on the data's id at
-    the epoch one above the data's.
+    Version 2, and every fence (`reason` other than "end_txn") in version 1:
+    the epoch is bumped. Markers go to the producer id the transaction's data
+    was written with, at an epoch strictly above the data's: normally the
+    bumped epoch. The data was written with the prepared state when the
+    transaction is Prepared (a new instance that kept it holds a later
+    epoch); and when the bump rotated the producer id (epoch exhaustion), the
+    markers stay on the data's id at the epoch one above the data's.
+
+    Version 1's own EndTxn: no bump; the markers carry the data's id and
+    epoch, which the producer keeps using.
+
+    The timestamp is the clock's, or one above the last decision's when the
+    clock is behind it (another coordinator's clock, or a step back), so that
+    it strictly increases over the id's decisions: a store compares the
+    timestamps of version-1 markers of one epoch to refuse a delayed one.
     """
     invariant(target.is_prepare, lambda: f"deciding into {target.value}")
     data_pid, data_epoch = (md.prepared_state if md.state is TxnState.PREPARED
                             else None) or (md.producer_id, md.producer_epoch)
-    decided = _bump_epoch(md, target, now_ms, fresh_producer_id, reason)
-    marker_epoch = decided.producer_epoch if decided.producer_id == data_pid else data_epoch + 1
+    if md.transaction_version is TransactionVersion.V1 and reason == "end_txn":
+        invariant(md.state is not TxnState.PREPARED,
+                  lambda: f"transactional id {md.transactional_id!r}: a version-1 producer "
+                  "holds a prepared transaction")
+        decided = md.transition(target, last_update_ms=now_ms)
+        marker_epoch = data_epoch
+    else:
+        decided = _bump_epoch(md, target, now_ms, fresh_producer_id, reason)
+        marker_epoch = (decided.producer_epoch if decided.producer_id == data_pid
+                        else data_epoch + 1)
     outcome = md.prepared_outcome
     if md.state is TxnState.PREPARED:
         outcome = "commit" if target is TxnState.PREPARE_COMMIT else "abort"
     return replace(decided, marker_producer_id=data_pid, marker_producer_epoch=marker_epoch,
-                   prepared_outcome=outcome)
+                   prepared_outcome=outcome,
+                   decision_timestamp_ms=max(now_ms, md.decision_timestamp_ms + 1))
 
 
 def plan_add_partitions(
@@ -448,11 +600,15 @@ def plan_add_partitions(
 @dataclass(frozen=True, slots=True)
 class EndPlan:
     """The outcome of EndTxn: metadata to persist (None for an idempotent
-    retry) and the producer id and epoch to answer with."""
+    retry) and the producer id and epoch to answer with. `confirm_owner`:
+    the success is answered from memory and, unlike a version-2 retry, is
+    not final by itself (see plan_end_txn): the runtime must first confirm
+    that memory is the log's state."""
 
     to_persist: TxnMetadata | None
     producer_id: int
     producer_epoch: int
+    confirm_owner: bool = False
 
 
 def _is_end_retry(md: TxnMetadata, producer_id: int, producer_epoch: int) -> bool:
@@ -476,14 +632,43 @@ def plan_end_txn(
     now_ms: int,
     fresh_producer_id: int | None,
 ) -> EndPlan:
-    """EndTxn(commit|abort), with v2's epoch bump and retry detection. A
-    Prepared transaction is decided as an Ongoing one is."""
+    """EndTxn(commit|abort). A Prepared transaction is decided as an Ongoing
+    one is.
+
+    Version 2: the decision bumps the epoch; a retry whose answer was lost
+    comes from the epoch before it and gets the decision's ids again.
+
+    Version 1 (Kafka's coordinator before KIP-890 part 2): the decision keeps
+    the epoch, so a retry comes with the current one. After the decision, the
+    same outcome is CONCURRENT_TRANSACTIONS while its markers are in flight
+    and success once they have landed (same ids); the other outcome is
+    INVALID_TXN_STATE; with nothing open, INVALID_TXN_STATE. Such a success
+    is answered from memory, and a zombie coordinator's memory may say
+    "completed" for what the log has since opened as the next transaction,
+    whose commit would then be acknowledged and never made: the runtime
+    confirms ownership first (`confirm_owner`)."""
     if md is None or md.state is TxnState.DEAD:
         _check_producer(md, transactional_id, producer_id, producer_epoch)
         raise AssertionError("unreachable")  # pragma: no cover
     wanted_prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
     wanted_complete = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-    if _is_end_retry(md, producer_id, producer_epoch):
+    if md.transaction_version is TransactionVersion.V1:
+        current = _check_producer(md, transactional_id, producer_id, producer_epoch)
+        if current.state.is_prepare or current.state.is_complete:
+            if current.state not in (wanted_prepare, wanted_complete):
+                raise ServiceError(
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"transactional id {transactional_id!r}: cannot "
+                    f"{'commit' if commit else 'abort'} a transaction that is "
+                    f"{current.state.value}",
+                )
+            busy = _in_flight(current, transactional_id)
+            if busy is not None:
+                raise busy
+            return EndPlan(None, current.producer_id, current.producer_epoch,
+                           confirm_owner=True)
+    if md.transaction_version is TransactionVersion.V2 and \
+            _is_end_retry(md, producer_id, producer_epoch):
         if md.state in (wanted_prepare, wanted_complete):
             return EndPlan(None, md.producer_id, md.producer_epoch)
         raise ServiceError(
@@ -498,12 +683,12 @@ def plan_end_txn(
     if current.state in (TxnState.ONGOING, TxnState.PREPARED):
         decided = _decide(current, wanted_prepare, now_ms, fresh_producer_id, "end_txn")
         return EndPlan(decided, decided.producer_id, decided.producer_epoch)
-    # Empty or Complete*: nothing open.
-    if commit:
+    # Empty or Complete*: nothing open (version 1: Empty).
+    if commit or current.transaction_version is TransactionVersion.V1:
         raise ServiceError(
             ErrorCode.INVALID_TXN_STATE,
-            f"transactional id {transactional_id!r} has no open transaction to commit "
-            f"({current.state.value})",
+            f"transactional id {transactional_id!r} has no open transaction to "
+            f"{'commit' if commit else 'abort'} ({current.state.value})",
         )
     # v2: aborting with nothing open still bumps the epoch, so a producer can
     # always recover from an abortable error with a fresh epoch.
@@ -700,6 +885,18 @@ def plan_expire(md: TxnMetadata, *, now_ms: int, expiration_ms: int) -> bool:
     """Whether an idle transactional id has expired (its record becomes a tombstone)."""
     idle = md.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
     return idle and now_ms - md.last_update_ms >= expiration_ms
+
+
+def marker_timestamp(md: TxnMetadata) -> int:
+    """The timestamp the markers of a Prepare* transaction carry: version 1's
+    decision timestamp; 0 for version 2 (the store stamps its own clock)."""
+    invariant(md.state.is_prepare, lambda: f"markers for a {md.state.value} transaction")
+    if md.transaction_version is TransactionVersion.V2:
+        return 0
+    invariant(md.decision_timestamp_ms >= 0,
+              lambda: f"transactional id {md.transactional_id!r}: a version-1 decision "
+              "without a timestamp")
+    return md.decision_timestamp_ms
 
 
 def marker_target(md: TxnMetadata) -> tuple[int, int]:

@@ -39,7 +39,13 @@ Two phases, as Kafka's cleaner:
    never dropped, only emptied (a header with no records, or the marker
    kept), as Kafka keeps each active producer's last batch: recovery that
    falls back to an older snapshot or to the log start still replays that
-   producer's epoch and last sequence from it.
+   producer's epoch and last sequence from it. A marker carries no
+   sequence: when the markers after the producer's last data batch are of
+   that batch's epoch (transaction version 1, whose producers keep their
+   epoch and sequences across transactions), that data batch stays too
+   (emptied), since it still says where the producer's sequence is. The
+   group coordinator, which numbers a producer's offset batches from what
+   the log says, needs it as much as recovery does.
 
    The leader-epoch cache (core/leader_epochs.py) is stored apart from the
    batches, so compaction leaves it as it is, even when it drops an epoch's
@@ -303,6 +309,9 @@ class Cleaner:
     # producer id -> whether a record of its current transaction survives.
     _txn_retained: dict[int, bool] = field(default_factory=dict)
     _deferred: dict[int, _Deferred] = field(default_factory=dict)
+    # producer id -> its last data batch, deferred while only markers of its
+    # epoch follow it (they leave its sequence where the batch says).
+    _sequence_holders: dict[int, _Deferred] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._horizon = self.state.removal_horizon(self.now_ms, self.delete_retention_ms)
@@ -324,8 +333,21 @@ class Cleaner:
         pid = header.producer_id
         deferred = self._deferred.pop(pid, None) if pid >= 0 else None
         if deferred is not None:
-            # Not the producer's last batch after all.
-            out.append(self._drop(deferred.header, deferred.drops_aborted_txn))
+            if header.is_control and not deferred.header.is_control \
+                    and header.producer_epoch == deferred.header.producer_epoch:
+                # A marker of the batch's epoch: the batch still holds the
+                # producer's last sequence.
+                self._sequence_holders[pid] = deferred
+            else:
+                # Not the producer's last batch after all.
+                out.append(self._drop(deferred.header, deferred.drops_aborted_txn))
+        holder = self._sequence_holders.get(pid) if pid >= 0 else None
+        if holder is not None and holder is not deferred and (
+                not header.is_control or header.producer_epoch != holder.header.producer_epoch):
+            # A later data batch holds the sequence now, or a new epoch
+            # restarted it.
+            del self._sequence_holders[pid]
+            out.append(self._drop(holder.header, holder.drops_aborted_txn))
         if header.is_control:
             invariant(control_type is not None,
                       lambda: f"control batch at {header.base_offset} without its marker type")
@@ -387,13 +409,15 @@ class Cleaner:
 
     def finish(self) -> list[BatchDecision]:
         """The decisions still deferred: each is its producer's last batch in
-        the pass, kept as a header with no records (a marker stays whole)."""
+        the pass, or its last data batch followed only by markers of its
+        epoch, kept as a header with no records (a marker stays whole)."""
         out = []
-        for deferred in self._deferred.values():
+        for deferred in (*self._deferred.values(), *self._sequence_holders.values()):
             header = deferred.header
             if header.is_control or header.record_count == 0:
                 out.append(BatchDecision(header, BatchAction.KEEP))
             else:
                 out.append(BatchDecision(header, BatchAction.REWRITE, frozenset()))
         self._deferred.clear()
+        self._sequence_holders.clear()
         return out

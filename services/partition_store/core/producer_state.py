@@ -1,5 +1,5 @@
 """Per-partition producer state, the append rules (DESIGN.md §3) and the
-marker rules of transactions (DESIGN.md §4, transaction version 2).
+marker rules of transactions (DESIGN.md §4, transaction versions 2 and 1).
 
 For every producer id that wrote to a partition the store keeps its epoch, the
 sequence ranges and offsets of its last five batches (enough to recognize any
@@ -40,10 +40,25 @@ Append rules, in the order they are checked:
     version 2): until then the decision is `NeedsVerification`, and the
     runtime asks the coordinator and checks again with txn_verified=True.
 
-Marker rules (`check_marker`), in order:
+A coordinator's own append (a conditional append, `sequenced=False`) skips
+the sequence rules 4 and 6-9, as Kafka's coordinator appends do: its
+condition on the log end already makes it land once, and the group
+coordinator numbers a producer's offset batches from what it reads of the
+log, which compaction thins (a version-1 producer keeps its epoch across
+transactions, so a number reused after a marker of that epoch would be
+taken for a retry and the offsets silently dropped). The epoch rules still
+fence.
 
-1. a marker with an unknown type, a negative producer id or an epoch outside
-   int16: INVALID_REQUEST;
+Marker rules (`check_marker`), in order. A marker names its producer's
+transaction version (docs/coordinator.md, "Transaction versions"): version 2
+bumps the epoch at every transaction, version 1 (Kafka's clients) keeps it,
+so its markers are told apart by the decision's timestamp, which the
+coordinator makes strictly increasing per producer and the store writes as
+the control batch's timestamp (so it is replicated and replayed with it).
+
+1. a marker with an unknown type, a negative producer id, an epoch outside
+   int16, an unknown transaction version, or of version 1 without a
+   timestamp: INVALID_REQUEST;
 2. no state for the producer (the partition was added to the transaction but
    never written, or its state expired): the marker is written and creates
    the entry (Kafka does the same);
@@ -54,15 +69,23 @@ Marker rules (`check_marker`), in order:
    whose transactional ids live on different coordinator partitions carry
    unrelated coordinator epochs;
 4. the same producer epoch and type as the last marker written for this
-   producer: an idempotent retry; nothing is written, the original offset is
-   returned;
-5. producer epoch not strictly above the producer's current epoch:
-   INVALID_PRODUCER_EPOCH. The coordinator bumps the epoch at every
+   producer (version 1: and the same timestamp): an idempotent retry;
+   nothing is written, the original offset is returned;
+5. version 2: producer epoch not strictly above the producer's current
+   epoch: INVALID_PRODUCER_EPOCH. The coordinator bumps the epoch at every
    EndTxn, so this refuses a delayed marker of an earlier transaction that
    would otherwise end a later one (the hole Jepsen found in the old rules);
-6. otherwise the marker is written: the producer's epoch moves to the
-   marker's, its open transaction (if any) ends, an ABORT adds the
-   transaction to the partition's aborted index.
+6. version 1: producer epoch below the producer's current epoch:
+   INVALID_PRODUCER_EPOCH (equal is the rule: the marker carries the
+   data's epoch; above is a fence);
+7. version 1: the last marker written for this producer has the same epoch
+   and a timestamp at or above this one's: INVALID_PRODUCER_EPOCH. It is a
+   delayed marker of an earlier transaction, which would otherwise end the
+   producer's next transaction here at the same epoch: the same hole, closed
+   by the timestamp where version 2 closes it by the epoch;
+8. otherwise the marker is written: the producer's epoch moves to the
+   marker's (version 1: usually stays), its open transaction (if any) ends,
+   an ABORT adds the transaction to the partition's aborted index.
 
 Unknown producers must start at 0. Kafka accepts an unknown producer at any
 sequence after its state was lost to log truncation; we keep producer state in
@@ -106,6 +129,10 @@ CACHED_BATCHES = limits.MAX_IN_FLIGHT_BATCHES
 NO_OFFSET = -1
 NO_COORDINATOR_EPOCH = -1
 NO_TIME_MS = -1
+# Transaction versions a marker may name (0 is version 2: the proto default).
+TXN_VERSION_1 = 1
+TXN_VERSION_2 = 2
+TXN_VERSIONS = (0, TXN_VERSION_1, TXN_VERSION_2)
 # Kafka's producer.id.expiration.ms default: one day.
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 24 * 60 * 60 * 1000
 MARKER_NAMES = {MARKER_ABORT: "ABORT", MARKER_COMMIT: "COMMIT"}
@@ -134,6 +161,8 @@ class MarkerMetadata:
     producer_epoch: int
     control_type: int
     offset: int
+    # The control batch's timestamp (for a version-1 marker, its decision's).
+    timestamp_ms: int = NO_TIME_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,12 +209,23 @@ class ProducerEntry:
 
 @dataclass(frozen=True, slots=True)
 class TxnMarker:
-    """A COMMIT or ABORT marker for one producer, as the coordinator sends it."""
+    """A COMMIT or ABORT marker for one producer, as the coordinator sends it
+    (or as replay reads it back from its control batch)."""
 
     producer_id: int
     producer_epoch: int
     control_type: int
     coordinator_epoch: int
+    # The producer's transaction version (TXN_VERSION_*; 0: version 2). Only
+    # the checks read it; replay does not know it and needs not.
+    transaction_version: int = TXN_VERSION_2
+    # The control batch's timestamp: version 1's decision timestamp; for
+    # version 2, NO_TIME_MS until written (then the store's clock).
+    timestamp_ms: int = NO_TIME_MS
+
+    @property
+    def is_version_1(self) -> bool:
+        return self.transaction_version == TXN_VERSION_1
 
     @property
     def name(self) -> str:
@@ -250,9 +290,10 @@ MarkerDecision = WriteMarker | DuplicateMarker | Rejection
 
 def check_append(
     entry: ProducerEntry | None, header: BatchHeader, *, topic_partition: str,
-    txn_verified: bool = False,
+    txn_verified: bool = False, sequenced: bool = True,
 ) -> AppendDecision:
-    """Decides on a batch against a producer's current entry. Reads only."""
+    """Decides on a batch against a producer's current entry. Reads only.
+    `sequenced` False: a coordinator's conditional append (see above)."""
     producer_id = header.producer_id
     if producer_id == NO_PRODUCER_ID:
         return APPEND
@@ -275,7 +316,7 @@ def check_append(
                 f"{who}: epoch {epoch} is below the current epoch {entry.producer_epoch}; "
                 "a newer instance of this producer has taken over",
             )
-        duplicate = entry.find_duplicate(header)
+        duplicate = entry.find_duplicate(header) if sequenced else None
         if duplicate is not None:
             return Duplicate(duplicate.base_offset, duplicate.record_count)
         if entry.has_open_txn:
@@ -293,7 +334,8 @@ def check_append(
                     # soon as EndTxn answers). The coordinator answers the
                     # verification only once that transaction's markers have
                     # all landed, so ask it first and check again after.
-                    return _check_sequence(entry, header, who=who) or NEEDS_VERIFICATION
+                    rejection = _check_sequence(entry, header, who=who) if sequenced else None
+                    return rejection or NEEDS_VERIFICATION
                 # Verified, yet no marker came: a transaction the coordinator
                 # no longer knows is hanging here (the admin tools abort it).
                 return Rejection(
@@ -302,7 +344,7 @@ def check_append(
                     f"(from offset {entry.current_txn_first_offset}) is still open on this "
                     "partition; its marker must end it before a new epoch writes",
                 )
-    sequence_rejection = _check_sequence(entry, header, who=who)
+    sequence_rejection = _check_sequence(entry, header, who=who) if sequenced else None
     if sequence_rejection is not None:
         return sequence_rejection
     opens_txn = header.is_transactional and (entry is None or not entry.has_open_txn)
@@ -366,6 +408,19 @@ def check_marker(
             ErrorCode.INVALID_REQUEST,
             f"{who}: producer epoch {marker.producer_epoch} is outside 0..{MAX_PRODUCER_EPOCH}",
         )
+    if marker.transaction_version not in TXN_VERSIONS:
+        return Rejection(
+            ErrorCode.INVALID_REQUEST,
+            f"{who}: transaction version {marker.transaction_version} is unknown; expected "
+            f"{TXN_VERSION_1} or {TXN_VERSION_2}",
+        )
+    v1 = marker.is_version_1
+    if v1 and marker.timestamp_ms <= 0:
+        return Rejection(
+            ErrorCode.INVALID_REQUEST,
+            f"{who}: a version-1 marker needs its decision's timestamp (> 0), received "
+            f"{marker.timestamp_ms}",
+        )
     if entry is None:
         return WRITE_MARKER
     if marker.coordinator_epoch < entry.coordinator_epoch:
@@ -380,15 +435,35 @@ def check_marker(
         last is not None
         and last.producer_epoch == marker.producer_epoch
         and last.control_type == marker.control_type
+        and (not v1 or last.timestamp_ms == marker.timestamp_ms)
     ):
         return DuplicateMarker(last.offset)
-    if marker.producer_epoch <= entry.producer_epoch:
+    if not v1:
+        if marker.producer_epoch <= entry.producer_epoch:
+            return Rejection(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"{who}: a marker's producer epoch must be strictly above the producer's "
+                f"current epoch {entry.producer_epoch} (transaction version 2); expected "
+                f"> {entry.producer_epoch}, received {marker.producer_epoch} (a delayed "
+                "marker of an earlier transaction?)",
+            )
+        return WRITE_MARKER
+    if marker.producer_epoch < entry.producer_epoch:
         return Rejection(
             ErrorCode.INVALID_PRODUCER_EPOCH,
-            f"{who}: a marker's producer epoch must be strictly above the producer's "
-            f"current epoch {entry.producer_epoch} (transaction version 2); expected "
-            f"> {entry.producer_epoch}, received {marker.producer_epoch} (a delayed "
-            "marker of an earlier transaction?)",
+            f"{who}: a version-1 marker's producer epoch must be at least the producer's "
+            f"current epoch; expected >= {entry.producer_epoch}, received "
+            f"{marker.producer_epoch} (a marker of a fenced producer?)",
+        )
+    if last is not None and last.producer_epoch == marker.producer_epoch \
+            and last.timestamp_ms >= marker.timestamp_ms:
+        return Rejection(
+            ErrorCode.INVALID_PRODUCER_EPOCH,
+            f"{who}: the last marker of this producer here (epoch {last.producer_epoch}, "
+            f"{MARKER_NAMES.get(last.control_type, last.control_type)} at offset "
+            f"{last.offset}) was decided at {last.timestamp_ms}; expected a timestamp above "
+            f"it, received {marker.timestamp_ms} (a delayed marker of an earlier "
+            "transaction)",
         )
     return WRITE_MARKER
 
@@ -441,7 +516,9 @@ def apply_marker(
     are remembered. No checks (recovery replays what was accepted before)."""
     if entry is None:
         entry = ProducerEntry(producer_id=marker.producer_id, producer_epoch=marker.producer_epoch)
-    # A new epoch starts with no cached batches (its sequences restart at 0).
+    # A new epoch starts with no cached batches (its sequences restart at 0);
+    # the same epoch (version 1) keeps them: the producer's sequences go on
+    # into its next transaction, and a late retry is still recognised.
     batches = entry.batches if marker.producer_epoch == entry.producer_epoch else ()
     return replace(
         entry,
@@ -451,7 +528,8 @@ def apply_marker(
         coordinator_epoch=max(entry.coordinator_epoch, marker.coordinator_epoch),
         current_txn_first_offset=NO_OFFSET,
         current_txn_start_time_ms=NO_TIME_MS,
-        last_marker=MarkerMetadata(marker.producer_epoch, marker.control_type, offset),
+        last_marker=MarkerMetadata(marker.producer_epoch, marker.control_type, offset,
+                                   marker.timestamp_ms),
     )
 
 
@@ -499,10 +577,12 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------ decisions
 
-    def check_append(self, header: BatchHeader, *, txn_verified: bool = False) -> AppendDecision:
+    def check_append(self, header: BatchHeader, *, txn_verified: bool = False,
+                     sequenced: bool = True) -> AppendDecision:
         return check_append(
             self._producers.get(header.producer_id), header,
             topic_partition=self.topic_partition, txn_verified=txn_verified,
+            sequenced=sequenced,
         )
 
     def check_marker(self, marker: TxnMarker) -> MarkerDecision:
@@ -519,7 +599,8 @@ class ProducerStateManager:
     ) -> CompletedTxn | None:
         """Applies an appended batch: the one way batches change this table.
         A control batch comes with its (marker type, coordinator epoch) and
-        returns the transaction it ended here, if one was open."""
+        returns the transaction it ended here, if one was open; its
+        timestamp is the marker's (version 1: its decision's)."""
         pid = header.producer_id
         if header.is_control:
             if control is None:
@@ -529,7 +610,8 @@ class ProducerStateManager:
                 )
             control_type, coordinator_epoch = control
             return self.replay_marker(
-                TxnMarker(pid, header.producer_epoch, control_type, coordinator_epoch),
+                TxnMarker(pid, header.producer_epoch, control_type, coordinator_epoch,
+                          timestamp_ms=header.max_timestamp_ms),
                 base_offset, append_time_ms,
             )
         if pid == NO_PRODUCER_ID:

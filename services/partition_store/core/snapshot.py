@@ -13,7 +13,10 @@ Versions:
   Written before transactions existed (no open transactions then); still
   read, the fields it lacks take their defaults.
 * 2 — version 1 plus, per producer, the store time its open transaction
-  started and its last marker (epoch, type, offset). Written now.
+  started and its last marker (epoch, type, offset). Still read (the
+  marker's timestamp unknown).
+* 3 — version 2 with the last marker's timestamp (a version-1 marker's
+  decision timestamp, which the marker rules compare). Written now.
 
 The aborted-transaction index is not in the snapshot: each entry is its own
 key, written in the same RocksDB write as its ABORT marker (storage/keys.py),
@@ -33,9 +36,9 @@ from .producer_state import (
     ProducerEntry,
 )
 
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 # Versions decode_snapshot reads.
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 
 
 class SnapshotError(CorruptValueError):
@@ -63,7 +66,7 @@ def encode_snapshot(offset: int, producers: list[ProducerEntry]) -> bytes:
                 e.current_txn_start_time_ms,
                 None if e.last_marker is None else [
                     e.last_marker.producer_epoch, e.last_marker.control_type,
-                    e.last_marker.offset,
+                    e.last_marker.offset, e.last_marker.timestamp_ms,
                 ],
             ]
             for e in producers
@@ -102,7 +105,7 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot:
                     coordinator_epoch=_int(coord_epoch),
                     current_txn_first_offset=_int(txn_first),
                     current_txn_start_time_ms=_int(txn_start_ms),
-                    last_marker=_marker(marker),
+                    last_marker=_marker(marker, with_timestamp=version >= 3),
                 )
             )
     except (ValueError, TypeError, KeyError) as exc:
@@ -112,11 +115,13 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot:
     return ProducerSnapshot(offset=offset, producers=tuple(producers))
 
 
-def _marker(value: object) -> MarkerMetadata | None:
+def _marker(value: object, *, with_timestamp: bool) -> MarkerMetadata | None:
     if value is None:
         return None
-    if not isinstance(value, list) or len(value) != 3:
-        raise TypeError(f"expected [epoch, type, offset] for a marker, found {value!r}")
+    fields = 4 if with_timestamp else 3
+    if not isinstance(value, list) or len(value) != fields:
+        shape = "[epoch, type, offset, timestamp]" if with_timestamp else "[epoch, type, offset]"
+        raise TypeError(f"expected {shape} for a marker, found {value!r}")
     return MarkerMetadata(*(_int(v) for v in value))
 
 

@@ -17,10 +17,22 @@ independently.
 
 Method: every record's value names its transaction and place
 (`tid|instance|txn|partition|index`, and a copier's output adds the input
-record it copies), so a read maps back to the ledger. `TxnLogView` replays
-the durable transaction log record by record into its own model of the
-decisions (Prepare* records): which marker (producer id, epoch) commits or
-aborts, and which data (producer id, epoch) each marker ends.
+record it copies), so a read maps back to the ledger; so does a copier's
+committed offset, whose metadata names its transaction. `TxnLogView`
+replays the durable transaction log record by record into its own model of
+the decisions (Prepare* records): which marker (producer id, epoch) commits
+or aborts, and which data (producer id, epoch) each marker ends.
+
+Transaction version 1 (Kafka's clients): a producer's transactions share
+its epoch, so its markers and data do not name their transaction. Its
+decisions are kept in log order per producer id, and on each partition the
+producer's version-1 markers must be exactly its version-1 decisions that
+include the partition, in that order, each with its decision's epoch,
+outcome and timestamp (a delayed marker of an earlier transaction, or a
+lost one, breaks the sequence; a marker repeated once the store forgot the
+idle producer is harmless if it ends nothing); the data batches a marker
+ends must all belong to one client transaction, which no other decision
+ends, on any partition.
 
 After every N steps, on each data partition whose store is up:
 * no record appears twice, and offsets strictly increase;
@@ -41,7 +53,8 @@ After every N steps, on each data partition whose store is up:
 * from the transaction log: no data decided both ways, no two-phase-commit
   transaction aborted on its timeout, every EndTxn answered with success
   matches the decision for its data (and names the bumped epoch, or a
-  rotated producer id at epoch exhaustion), every CompleteTransaction's
+  rotated producer id at epoch exhaustion; version 1: the same producer id
+  and epoch), every CompleteTransaction's
   `committed` matches the decision for the prepared state (unless a newer
   transaction was prepared since), no commit decided for a transaction its
   client never asked to commit;
@@ -114,6 +127,8 @@ class TxnFacts:
     # EndTxn answered with success: (commit?, the producer id and epoch
     # it answered).
     end_answer: tuple[bool, int, int] | None = None
+    # The transaction version its producer spoke (1: Kafka's clients).
+    version: int = 2
 
     def may_commit(self) -> bool:
         """Whether the transaction may have committed, by what its client
@@ -124,6 +139,19 @@ class TxnFacts:
 def record_value(key: TxnKey, partition: int, index: int) -> bytes:
     tid, instance, number = key
     return f"{tid}|{instance}|{number}|{partition}|{index}".encode()
+
+
+def offsets_metadata(key: TxnKey) -> str:
+    """The metadata a copier commits its input offsets with: its
+    transaction, so that the checker maps a committed offset to it."""
+    return "|".join(map(str, key))
+
+
+def parse_offsets_metadata(metadata: str) -> TxnKey | None:
+    fields = metadata.split("|")
+    if len(fields) != 3:
+        return None
+    return fields[0], int(fields[1]), int(fields[2])
 
 
 def parse_value(value: bytes) -> tuple[TxnKey, int]:
@@ -150,6 +178,26 @@ class Ledger:
         return facts
 
 
+@dataclass(frozen=True, slots=True)
+class V1Decision:
+    """A version-1 decision of the transaction log: the `index`-th of its
+    markers' producer id, their epoch, outcome and timestamp (their control
+    batches'), the partitions they go to, and the data (producer id, epoch)
+    the transaction wrote with."""
+
+    transactional_id: str
+    index: int
+    epoch: int
+    commit: bool
+    timestamp_ms: int
+    partitions: frozenset[tuple[str, int]]
+    data: tuple[int, int]
+
+    def marks(self, epoch: int, commit: bool, timestamp_ms: int) -> bool:
+        """Whether a marker with these is this decision's."""
+        return (self.epoch, self.commit, self.timestamp_ms) == (epoch, commit, timestamp_ms)
+
+
 class TxnLogView:
     """The decisions in the durable transaction log, read independently.
 
@@ -162,7 +210,9 @@ class TxnLogView:
     marker's, or the prepared state of a two-phase-commit transaction that
     a new instance kept. It checks, as records arrive, that no data is
     decided both ways and that no two-phase-commit transaction is aborted
-    on its timeout."""
+    on its timeout. Version-1 decisions share their (producer id, epoch)
+    with the producer's other transactions: they are kept apart, in log
+    order per marker producer id (`v1_decisions`)."""
 
     def __init__(self, partitions: int, store_for: Callable[[str, int], StoreRuntime | None],
                  *, replicated: bool = False) -> None:
@@ -178,6 +228,12 @@ class TxnLogView:
         self.data_of_marker: dict[tuple[int, int], tuple[int, int]] = {}
         self.last_record: dict[str, txn.TxnMetadata] = {}
         self.last_prepared: dict[str, tuple[int, int]] = {}
+        # marker producer id -> its version-1 decisions, in log order.
+        self.v1_decisions: dict[int, list[V1Decision]] = {}
+
+    def v1_including(self, producer_id: int, tp: tuple[str, int]) -> list[V1Decision]:
+        """The producer id's version-1 decisions whose markers go to `tp`."""
+        return [d for d in self.v1_decisions.get(producer_id, []) if tp in d.partitions]
 
     def refresh(self) -> bool:
         """Reads what is new; False when a partition's store is down."""
@@ -221,6 +277,15 @@ class TxnLogView:
                 continue
             target = txn.marker_target(md)
             commit = md.state is txn.TxnState.PREPARE_COMMIT
+            if md.transaction_version is txn.TransactionVersion.V1:
+                # The data's id and epoch are the open transaction's (the
+                # marker's, or one below it after a fence's bump).
+                data = (previous.producer_id, previous.producer_epoch) \
+                    if previous is not None else target
+                decided = self.v1_decisions.setdefault(target[0], [])
+                decided.append(V1Decision(md.transactional_id, len(decided), target[1], commit,
+                                          md.decision_timestamp_ms, md.partitions, data))
+                continue
             if previous is not None and previous.state is txn.TxnState.PREPARED \
                     and previous.prepared_state is not None:
                 data = previous.prepared_state
@@ -289,6 +354,9 @@ class Checker:
                                          FetchOutcome]] = {}
         # partition -> the read_committed view at the last check
         self._seen: dict[int, list[Seen]] = {}
+        # partition -> client transaction -> the version-1 decision that
+        # ended its batches there: (marker producer id, index, commit?).
+        self._v1_ended: dict[int, dict[TxnKey, tuple[int, int, bool]]] = {}
         self.checks = 0
 
     def read_committed(self, partition: int) -> tuple[list[Seen], FetchOutcome] | None:
@@ -405,6 +473,10 @@ class Checker:
         open_batches: dict[int, list[tuple[records.BatchHeader, list[tuple[int, bytes]]]]] = {}
         committed: list[tuple[int, bytes]] = []
         next_offset = 0
+        # Version 1: producer id -> how many of its version-1 markers came
+        # so far here; client transaction -> the decision that ended it here.
+        v1_markers: dict[int, int] = {}
+        v1_ended: dict[TxnKey, tuple[int, int, bool]] = {}
         for raw in batches:
             header, control, rows = self._parse(raw)
             if header.base_offset != next_offset:
@@ -415,6 +487,35 @@ class Checker:
             if control is not None:
                 commit = control[0] == records.MARKER_COMMIT
                 decided = log.decisions.get((pid, epoch))
+                ended = log.data_of_marker.get((pid, epoch))
+                v1: V1Decision | None = None
+                if decided is None:
+                    nth = v1_markers.get(pid, 0)
+                    mine = log.v1_including(pid, (self._topic, partition))
+                    stamp = header.max_timestamp_ms
+                    if nth and mine[nth - 1].marks(epoch, commit, stamp):
+                        # The last decision's marker again: written anew once
+                        # the store forgot the idle producer. Harmless while
+                        # it ends nothing.
+                        v1 = mine[nth - 1]
+                        if open_batches.get(pid):
+                            raise Violation(
+                                f"{where}@{header.base_offset}: a repeated marker of decision "
+                                f"#{v1.index} of producer {pid} ends batches written after its "
+                                "first one")
+                    elif nth < len(mine):
+                        v1 = mine[nth]
+                        v1_markers[pid] = nth + 1
+                        if not v1.marks(epoch, commit, stamp):
+                            raise Violation(
+                                f"{where}@{header.base_offset}: {'COMMIT' if commit else 'ABORT'}"
+                                f" marker of producer {pid} epoch {epoch} at {stamp} is its "
+                                f"version-1 marker #{nth} here, but its decision #{nth} that "
+                                f"includes {where} is {decision_name(v1.commit)} at epoch "
+                                f"{v1.epoch} at {v1.timestamp_ms} ({v1.transactional_id}; a "
+                                "delayed, lost or extra marker)")
+                    if v1 is not None:
+                        decided, ended = commit, v1.data
                 if decided is None and not log_complete:
                     return False  # the view has not read that decision yet
                 if decided != commit:
@@ -422,7 +523,9 @@ class Checker:
                                     f"{'COMMIT' if commit else 'ABORT'} marker of producer "
                                     f"{pid} epoch {epoch}, but the transaction log holds "
                                     f"{decision_name(decided)}")
-                ended = log.data_of_marker.get((pid, epoch))
+                if v1 is not None:
+                    self._end_v1(where, header.base_offset, v1, pid, commit,
+                                 open_batches.get(pid, []), v1_ended)
                 for data, data_rows in open_batches.pop(pid, []):
                     if not commit:
                         continue
@@ -461,7 +564,43 @@ class Checker:
                             f"durable log says {len(expected)} are committed below the LSO "
                             f"{lso}; not committed but returned: {extra[:5]}; committed but "
                             f"not returned: {missing[:5]}")
+        self._v1_ended[partition] = v1_ended
+        for key, decision in v1_ended.items():
+            for other, ended_there in self._v1_ended.items():
+                there = ended_there.get(key)
+                if there is not None and there != decision:
+                    raise Violation(f"transaction {key} is ended by decision {decision[:2]} on "
+                                    f"{where} and by {there[:2]} on {self._topic}-{other} "
+                                    "(torn)")
         return True
+
+    @staticmethod
+    def _end_v1(where: str, marker_offset: int, decision: V1Decision, pid: int, commit: bool,
+                batches: list[tuple[records.BatchHeader, list[tuple[int, bytes]]]],
+                ended: dict[TxnKey, tuple[int, int, bool]]) -> None:
+        """A version-1 marker ends the producer's batches since its last
+        marker here: they must be one client transaction's, which no other
+        decision ended here before."""
+        keys = {parse_value(value)[0] for _h, rows in batches for _o, value in rows}
+        if len(keys) > 1:
+            raise Violation(f"{where}@{marker_offset}: the version-1 marker of producer {pid} "
+                            f"(decision #{decision.index}) ends batches of several "
+                            f"transactions: {sorted(keys)}")
+        for key in keys:
+            if key in ended and ended[key][:2] != (pid, decision.index):
+                raise Violation(f"{where}@{marker_offset}: transaction {key} is ended by "
+                                f"decision #{decision.index} of producer {pid} after decision "
+                                f"#{ended[key][1]} ended part of it (a delayed marker of an "
+                                "earlier transaction)")
+            ended[key] = (pid, decision.index, commit)
+
+    def v1_outcome(self, key: TxnKey) -> bool | None:
+        """How the version-1 decision that ended the transaction's batches
+        went (None: none of its batches is ended in the logs read)."""
+        for ended in self._v1_ended.values():
+            if key in ended:
+                return ended[key][2]
+        return None
 
     def _check_partition(self, partition: int, view: list[Seen], *,
                          final: bool = False) -> None:
@@ -554,6 +693,18 @@ class Checker:
             if facts.topic != self._topic or facts.end_answer is None:
                 continue
             commit, answered_id, answered_epoch = facts.end_answer
+            if facts.version == 1:
+                # Version 1: the same ids back; the decision is the one that
+                # ended its batches (none: it wrote nothing that landed).
+                ended_as = self.v1_outcome(key)
+                if (answered_id, answered_epoch) != facts.producer or \
+                        ended_as not in (None, commit):
+                    raise Violation(
+                        f"EndTxn({'commit' if commit else 'abort'}) of {key} (version 1, "
+                        f"producer {facts.producer}) answered success with ({answered_id}, "
+                        f"{answered_epoch}), and the decision that ended its batches is "
+                        f"{decision_name(ended_as)}")
+                continue
             decided = log.decisions_by_data.get(facts.producer)
             pid, epoch = facts.producer
             answer_ok = (answered_id, answered_epoch) == (pid, epoch + 1) or (
@@ -564,7 +715,14 @@ class Checker:
                                 f"{pid} epoch {epoch}) answered success with ({answered_id}, "
                                 f"{answered_epoch}), but the transaction log holds "
                                 f"{decision_name(decided)} for its data")
-        by_producer = {f.producer: f for f in self._ledger.txns.values()}
+        for ended in self._v1_ended.values():
+            for key, (pid, index, commit) in ended.items():
+                v1_facts = self._ledger.txns.get(key)
+                if commit and v1_facts is not None and not v1_facts.commit_sent:
+                    raise Violation(f"the transaction log's decision #{index} of producer "
+                                    f"{pid} commits {key}, which its client never asked to "
+                                    "commit")
+        by_producer = {f.producer: f for f in self._ledger.txns.values() if f.version != 1}
         for data, commit in log.decisions_by_data.items():
             decided_facts = by_producer.get(data)
             if commit and decided_facts is not None and decided_facts.topic == self._topic \
@@ -780,6 +938,8 @@ class GroupOffset:
     offset: int
     log_offset: int
     producer: tuple[int, int]  # the transactional batch's (id, epoch); (-1, -1): plain
+    # The transaction its metadata names (a copier's; None: none named).
+    txn: TxnKey | None = None
 
 
 class GroupChecker:
@@ -861,9 +1021,9 @@ class GroupChecker:
                     found = self._offset_record(record.key, record.value)
                     if found is None:
                         continue
-                    part, found_offset = found
+                    part, found_offset, named = found
                     at = GroupOffset(found_offset, record.offset, (pid, header.producer_epoch)
-                                     if header.is_transactional else (-1, -1))
+                                     if header.is_transactional else (-1, -1), named)
                     target = (pending.setdefault(pid, {}) if header.is_transactional
                               else committed)
                     if found_offset < 0:
@@ -874,23 +1034,31 @@ class GroupChecker:
                 return committed
             offset = outcome.next_fetch_offset
 
-    def _offset_record(self, key: bytes | None,
-                       value: bytes | None) -> tuple[int, int] | None:
-        """(input partition, offset; -1 for a tombstone) of an offset record
-        of this group's input, None for any other record."""
+    def _offset_record(self, key: bytes | None, value: bytes | None
+                       ) -> tuple[int, int, TxnKey | None] | None:
+        """(input partition, offset; -1 for a tombstone, the transaction its
+        metadata names) of an offset record of this group's input, None for
+        any other record."""
         if key is None or not key.startswith(b"O"):
             return None
         group_id, topic, partition = json.loads(key[1:])
         if group_id != self._group_id or topic != self._input_topic:
             return None
         if value is None:
-            return int(partition), -1
+            return int(partition), -1, None
         payload = durable.decode(value, expected_version=1, what="an offset record")
-        return int(partition), int(payload["offset"])
+        return (int(partition), int(payload["offset"]),
+                parse_offsets_metadata(str(payload.get("metadata", ""))))
 
-    def _txn_of(self, producer: tuple[int, int]) -> TxnFacts | None:
+    def _txn_of(self, at: GroupOffset) -> TxnFacts | None:
+        """The copier transaction that sent the offset: the one its metadata
+        names (version 1's transactions share their producer id and epoch),
+        else the one of its producer id and epoch."""
+        if at.txn is not None:
+            named = self._ledger.txns.get(at.txn)
+            return named if named is not None and named.producer == at.producer else None
         for facts in self._ledger.txns.values():
-            if facts.producer == producer and facts.inputs:
+            if facts.producer == at.producer and facts.inputs:
                 return facts
         return None
 
@@ -910,7 +1078,7 @@ class GroupChecker:
                     covered.setdefault(part, []).append(span)
         for part, at in sorted(committed.items()):
             where = f"group {self._group_id!r} {self._input_topic}-{part}"
-            sent_by = self._txn_of(at.producer)
+            sent_by = self._txn_of(at)
             if sent_by is None:
                 raise Violation(f"{where}: committed offset {at.offset} (log offset "
                                 f"{at.log_offset}) of producer {at.producer}, which no "
@@ -986,5 +1154,6 @@ class GroupChecker:
 
 
 __all__ = ["Checker", "GroupChecker", "Ledger", "ReplicaChecker", "TxnFacts", "TxnKey",
-           "TxnLogView", "Violation", "asyncio", "copied_input", "input_value", "parse_value",
-           "record_value", "run_now"]
+           "TxnLogView", "V1Decision", "Violation", "asyncio", "copied_input", "input_value",
+           "offsets_metadata", "parse_offsets_metadata", "parse_value", "record_value",
+           "run_now"]

@@ -17,6 +17,10 @@ Method:
   incarnation from the node's durable state (its `SimDisk`).
 * **The network** (`Network.call`) delivers a request after a seeded delay,
   or loses it, or delivers it twice; the answer travels back the same way.
+  A call made with `once` is never delivered twice: Kafka's protocol runs
+  over TCP, which does not duplicate a request, and transaction version 1
+  relies on that (a late second copy of a producer's EndTxn would end its
+  next transaction, which shares the epoch; docs/coordinator.md).
   The caller waits at most the timeout its real gRPC adapter uses, then
   raises `RpcTimeout`; a request to a dead process fails with
   `RpcUnavailable` (a refused connection). Each adapter maps those to the
@@ -287,9 +291,10 @@ class Network:
         return self._rng.randint(100, 3000) / 1_000_000
 
     def _send(self, what: str, callback: Callable[[], None],
-              link: tuple[str, str] | None = None) -> None:
-        """Schedules a message's arrival (or loses it, or sends it twice);
-        `link`: (sender, receiver) node names, for network partitions."""
+              link: tuple[str, str] | None = None, *, once: bool = False) -> None:
+        """Schedules a message's arrival (or loses it, or sends it twice
+        unless `once`); `link`: (sender, receiver) node names, for network
+        partitions."""
         self.messages += 1
         if self.holds and self._scripted(what, callback):
             return
@@ -301,16 +306,18 @@ class Network:
             self._trace(f"DROP {what}")
             return
         self._trace(f"send {what}")
-        copies = 2 if self._rng.random() < faults.duplicate else 1
+        copies = 2 if self._rng.random() < faults.duplicate and not once else 1
         if copies == 2:
             self._trace(f"DUPLICATE {what}")
         for _ in range(copies):
             self._loop.call_later(self._delay_s(), callback, context=self._root)
 
     async def call(self, src: Incarnation, dst: str, what: str,
-                   op: Callable[[Incarnation], Awaitable[T]], *, timeout_s: float) -> T:
+                   op: Callable[[Incarnation], Awaitable[T]], *, timeout_s: float,
+                   once: bool = False) -> T:
         """Sends `op` (a call on the destination's runtime) and waits for its
-        answer; raises what it raised, RpcTimeout or RpcUnavailable."""
+        answer; raises what it raised, RpcTimeout or RpcUnavailable.
+        `once`: the request is never duplicated (see the module's doc)."""
         reply: asyncio.Future[T] = self._loop.create_future()
 
         def answer(result: T | None, error: BaseException | None) -> None:
@@ -335,7 +342,7 @@ class Network:
                 self._loop.call_soon(self.on_store_crash, target, f"as {what} arrived",
                                      context=self._root)
 
-        self._send(f"{src}->{dst} {what}", arrive, (src.name, dst))
+        self._send(f"{src}->{dst} {what}", arrive, (src.name, dst), once=once)
         try:
             return await asyncio.wait_for(reply, timeout_s)
         except TimeoutError:
@@ -708,6 +715,8 @@ class SimMarkerSender:
                 spec.producer_id, spec.producer_epoch,
                 records.MARKER_COMMIT if spec.commit else records.MARKER_ABORT,
                 spec.coordinator_epoch, tuple(tps), spec.transactional_id,
+                transaction_version=int(spec.transaction_version),
+                timestamp_ms=spec.timestamp_ms,
             )
 
             async def op(target: Incarnation, item: MarkerItem = item) -> list[tuple[
@@ -718,7 +727,8 @@ class SimMarkerSender:
                          else o.error.code) for o in outcomes]
 
             what = (f"marker {'COMMIT' if spec.commit else 'ABORT'} pid={spec.producer_id} "
-                    f"epoch={spec.producer_epoch} {tps}")
+                    f"epoch={spec.producer_epoch}"
+                    + (f" v1@{spec.timestamp_ms}" if spec.timestamp_ms else "") + f" {tps}")
             try:
                 answered = await self._net.call(self._me, store_name(node), what, op,
                                                 timeout_s=MARKER_TIMEOUT_S)

@@ -192,7 +192,12 @@ class Scenario:
 
     # ------------------------------------------------------------- clients
 
-    def producer(self, transactional_id: str, instance: int = 0) -> TxnProducer:
+    def producer(self, transactional_id: str, instance: int = 0, *,
+                 version_1: bool = False) -> TxnProducer:
+        """`version_1`: the transactional id runs transaction version 1
+        (Kafka's clients), as do its later instances."""
+        if version_1:
+            self.sim.version_1_ids.add(transactional_id)
         return self.sim.start_producer(transactional_id, instance, run=False)
 
     def copier(self, index: int = 0, instance: int = 0) -> Copier:

@@ -22,7 +22,11 @@ Method, per seed:
    and hand the prepared state to an outside coordinator, `Handoff`), and
    1-2 copiers run the read-process-write loop from the input topic to the
    output topic, committing their input offsets in the group's
-   `__consumer_offsets` within each transaction. A producer instance that
+   `__consumer_offsets` within each transaction. A share of the
+   transactional ids (not the two-phase-commit ones) run transaction
+   version 1, as Kafka's clients do through the Kafka listener: their epoch
+   stays across transactions, they recover from a failed write with KIP-360
+   (workload.py). A producer instance that
    ends (fenced, failed, handed its prepared transaction over) is replaced
    by a new one, as a supervisor restarts a task. A fault task, at seeded
    intervals, crashes and restarts stores (recovery from the MemoryStore:
@@ -162,6 +166,8 @@ RECIPE_SHARE = 0.25
 # Idle transactional ids are forgotten after this (a week by default),
 # scaled down so that clock jumps of minutes make them expire.
 TRANSACTIONAL_ID_EXPIRATION_MS = 180_000
+# The share of transactional ids that run transaction version 1.
+VERSION_1_SHARE = 0.4
 # A producer id no block of the coordinators' hands out: the transactional id
 # whose epoch starts near int16's end (`_near_epoch_exhaustion`).
 EXHAUSTED_PRODUCER_ID = 1 << 40
@@ -244,6 +250,31 @@ def _no_marker_epoch_check() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _kafka_v1_marker_rule() -> Iterator[None]:
+    """A store that applies Kafka's own rule to version-1 markers: any epoch
+    at or above the producer's is written, with no timestamp to order them
+    (and so no retry recognised): a delayed copy of an earlier
+    transaction's marker then ends the producer's next transaction early."""
+    original = producer_state.check_marker
+
+    def kafka(entry: Any, marker: Any, *, topic_partition: str) -> Any:
+        decision = original(entry, marker, topic_partition=topic_partition)
+        if marker.is_version_1 and entry is not None and (
+                isinstance(decision, producer_state.DuplicateMarker)
+                or (isinstance(decision, Rejection)
+                    and decision.code is ErrorCode.INVALID_PRODUCER_EPOCH
+                    and marker.producer_epoch >= entry.producer_epoch)):
+            return producer_state.WRITE_MARKER
+        return decision
+
+    producer_state.check_marker = kafka
+    try:
+        yield
+    finally:
+        producer_state.check_marker = original
+
+
+@contextlib.contextmanager
 def _offsets_on_abort() -> Iterator[None]:
     """A group coordinator that materializes a transaction's pending offsets
     whatever its marker says: an aborted transaction's offsets become the
@@ -286,9 +317,10 @@ def _skip_verification() -> contextlib.AbstractContextManager[None]:
     transaction never added opens a transaction no marker will end."""
     def unverified(original: Callable[..., Any]) -> Callable[..., Any]:
         def check(entry: Any, header: Any, *, topic_partition: str,
-                  txn_verified: bool = False) -> Any:
+                  txn_verified: bool = False, sequenced: bool = True) -> Any:
             del txn_verified
-            return original(entry, header, topic_partition=topic_partition, txn_verified=True)
+            return original(entry, header, topic_partition=topic_partition, txn_verified=True,
+                            sequenced=sequenced)
         return check
     return _patched(producer_state, "check_append", unverified)
 
@@ -371,6 +403,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-confirm-ownership": _no_confirm_ownership,
     "ack-before-durable": _ack_before_durable,
     "no-marker-epoch-check": _no_marker_epoch_check,
+    "kafka-v1-marker-rule": _kafka_v1_marker_rule,
     "offsets-on-abort": _offsets_on_abort,
     "leaky-read-committed": _leaky_read_committed,
     "skip-verification": _skip_verification,
@@ -514,6 +547,12 @@ class Simulation:
         self.two_phase_ids = {f"txn-{i}" for i in range(4)
                               if faults and self.recipe is None
                               and two_phase_rng.random() < 0.4}
+        # Transactional ids that run transaction version 1 (Kafka's clients),
+        # drawn apart from the run's generator; not the two-phase-commit ones.
+        version_rng = random.Random(f"version-1 {seed}")
+        self.version_1_ids = {
+            tid for tid in (*(f"txn-{i}" for i in range(4)), *(f"copier-{i}" for i in range(2)))
+            if version_rng.random() < VERSION_1_SHARE and tid not in self.two_phase_ids}
         self.handoff = Handoff()
         self.fault_counts: dict[str, int] = {}
         self._incarnations = 0
@@ -531,6 +570,10 @@ class Simulation:
             and random.Random(f"epochs {seed}").random() < 0.3
         self.leader_imbalance_check_interval_ms = random.Random(
             f"rebalance {seed}").choice(LEADER_IMBALANCE_CHECK_INTERVALS_MS)
+
+    def _version_of(self, transactional_id: str) -> txn.TransactionVersion:
+        return (txn.TransactionVersion.V1 if transactional_id in self.version_1_ids
+                else txn.TransactionVersion.V2)
 
     def _txn_open(self, transactional_id: str, producer: tuple[int, int]) -> bool:
         """Whether the durable transaction log (read now, whole) holds an
@@ -730,6 +773,7 @@ class Simulation:
             topic=OUTPUT_TOPIC, counters=self.counters, trace=self.trace,
             txn_open=self._txn_open, follow_leaders=self.replicated,
             leads=self._leads if self.replicated else None,
+            transaction_version=self._version_of(transactional_id),
         )
         inc.runtime = copier
         self.producers.append(copier)
@@ -795,6 +839,7 @@ class Simulation:
                 and self.handoff.pending(transactional_id) is not None
                 and self.rng.random() < 0.7)),
             follow_leaders=self.replicated, leads=self._leads if self.replicated else None,
+            transaction_version=self._version_of(transactional_id),
         )
         inc.runtime = producer
         self.producers.append(producer)
@@ -1366,6 +1411,7 @@ class Simulation:
                                    f"{outcome}")
 
     async def _main(self) -> None:
+        self.trace(f"transaction version 1: {sorted(self.version_1_ids) or 'none'}")
         await self.setup()
         for index in range(self.rng.randint(2, 4)):
             self.start_producer(f"txn-{index}", 0)

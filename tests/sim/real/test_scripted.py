@@ -152,6 +152,59 @@ def test_teeth_the_delayed_marker_schedule_catches_a_store_without_the_epoch_rul
     assert "lost write" in result.failure, result.failure
 
 
+# --------------------------- version 1: a delayed marker at the same epoch
+
+
+async def delayed_version_1_marker(sc: Scenario) -> None:
+    """Transaction version 1 (docs/coordinator.md, "Transaction versions"):
+    a producer's transactions share its epoch, so only the decision's
+    timestamp tells a delayed marker of an earlier transaction from a later
+    one's. T1 writes p0 and commits; the first copy of its COMMIT marker to
+    p0 is held back, and the coordinator's retry lands. T2 writes p0 and
+    aborts. T3 writes p0 (the same epoch, its sequence going on); then T1's
+    held COMMIT arrives, and T3 aborts. The store refuses the held marker
+    (T2's, decided later, is the last one there); with Kafka's own rule
+    (any epoch at or above the producer's) it would commit T3's records,
+    whose abort is then acknowledged."""
+    producer = sc.producer("tx", 0, version_1=True)
+    await sc.do(producer, producer.init())
+    store = f"->store-{sc.store_node(0)} marker COMMIT"
+    t1 = producer.begin()
+    assert await sc.do(producer, producer.add_partitions(t1, [(DATA_TOPIC, 0)])) is None
+    assert await sc.do(producer, producer.write(t1, 0, add=False, batches=1)) is None
+    held = sc.hold(store)
+    await sc.do(producer, producer.end(t1, commit=True))
+    await sc.until(lambda: bool(held.held), what="T1's COMMIT marker held")
+    for commit in (False, False):  # T2 ends; T3 is left open while T1's marker lands
+        txn = producer.begin()
+        assert await sc.do(producer, producer.add_partitions(txn, [(DATA_TOPIC, 0)])) is None
+        assert await sc.do(producer, producer.write(txn, 0, add=False, batches=1)) is None
+        if producer.txn_number == 2:
+            await sc.do(producer, producer.end(txn, commit=commit))
+    sc.notes["released"] = sc.release(held)
+    await sc.sleep(1.0)
+    await sc.do(producer, producer.end(txn, commit=False))
+    sc.notes["epochs"] = {f.producer for f in sc.sim.ledger.txns.values()}
+    sc.notes["outcomes"] = tuple(f.outcome for f in sc.sim.ledger.txns.values())
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS, ids=lambda s: f"seed{s}")
+def test_a_delayed_version_1_marker_ends_nothing(seed: int) -> None:
+    scenario, result = _run(delayed_version_1_marker, seed=seed, bug=None)
+    assert result.ok, _explain(result)
+    assert scenario.notes["outcomes"] == (True, False, False), scenario.notes
+    assert len(scenario.notes["epochs"]) == 1, scenario.notes  # type: ignore[arg-type]
+    assert len(scenario.notes["released"]) == 1, scenario.notes  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS, ids=lambda s: f"seed{s}")
+def test_teeth_the_version_1_schedule_catches_kafkas_marker_rule(seed: int) -> None:
+    _scenario, result = _run(delayed_version_1_marker, seed=seed, bug="kafka-v1-marker-rule")
+    assert not result.ok, _explain(result)
+    assert any(reason in result.failure for reason in (
+        "abort of", "never asked to commit", "delayed, lost or extra marker")), result.failure
+
+
 # ------------------------------- an aborted transaction's offsets (read-process-write)
 
 

@@ -26,6 +26,16 @@ abort it), or completes an already completed state again. A `Copier` is the
 read-process-write loop of send_offsets_to_transaction. Every outcome is
 written to the checker's ledger, and an OUT_OF_ORDER_SEQUENCE_NUMBER the
 client cannot explain is reported there.
+
+A transactional id may run transaction version 1, as Kafka's clients do
+through the Kafka listener: EndTxn keeps the producer's epoch, its sequence
+numbers go on from one transaction to the next (one sequencer per partition
+for the epoch), it always adds its partitions (AddPartitionsToTxn,
+AddOffsetsToTxn) before writing, and after a transaction broken by a failed
+write it bumps its own epoch with KIP-360 (InitProducerId with its id and
+epoch) once the abort is done, as librdkafka and Kafka's Java client do. Its
+coordinator calls are never duplicated by the network (Kafka's TCP does not
+duplicate requests; version 1 relies on it, see network.py).
 """
 
 from __future__ import annotations
@@ -44,12 +54,13 @@ from oncelog.errors import ErrorCode, OncelogError
 from oncelog.records import iter_records
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.common.errors import ServiceError
+from services.coordinator.core.transactions import TransactionVersion
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.group_coordinator.core.offsets import FetchedOffset
 from services.group_coordinator.runtime import GroupCoordinatorRuntime
 from services.partition_store.partition import Isolation
 from services.partition_store.runtime import FetchItem, ProduceItem
-from tests.sim.real.checker import Ledger, TxnFacts, TxnKey, record_value
+from tests.sim.real.checker import Ledger, TxnFacts, TxnKey, offsets_metadata, record_value
 from tests.sim.real.loop import DeterministicLoop
 from tests.sim.real.network import (
     Incarnation,
@@ -120,7 +131,8 @@ class TxnProducer:
                  txn_open: Callable[[str, tuple[int, int]], bool] | None = None,
                  handoff: Handoff | None = None, keep_prepared: bool = False,
                  follow_leaders: bool = False,
-                 leads: Callable[[int, str, int], bool] | None = None) -> None:
+                 leads: Callable[[int, str, int], bool] | None = None,
+                 transaction_version: TransactionVersion = TransactionVersion.V2) -> None:
         self.me = me
         self._net = net
         self._loop = loop
@@ -157,6 +169,12 @@ class TxnProducer:
         self._leads = leads
         self._sent_to: dict[int, int] = {}
         self.sm = TxnStateMachine(transactional_id)
+        self.version = transaction_version
+        # Version 1: one sequencer per partition for the current epoch, whose
+        # sequences go on across transactions; and the partitions that
+        # acknowledged a batch in the transaction under way.
+        self._sequencers: dict[int, PartitionSequencer] = {}
+        self._acked_in_txn: set[int] = set()
         self.producer_id = -1
         self.producer_epoch = -1
         self.txn_number = 0
@@ -167,6 +185,10 @@ class TxnProducer:
 
     def __repr__(self) -> str:
         return f"producer {self.transactional_id}#{self.instance}"
+
+    @property
+    def v1(self) -> bool:
+        return self.version is TransactionVersion.V1
 
     # --------------------------------------------------------------- calls
 
@@ -187,7 +209,7 @@ class TxnProducer:
             try:
                 return await self._net.call(
                     self.me, self.coordinator_node, what,
-                    lambda t: op(t.runtime), timeout_s=REQUEST_TIMEOUT_S)
+                    lambda t: op(t.runtime), timeout_s=REQUEST_TIMEOUT_S, once=self.v1)
             except (ServiceError, RpcTimeout, RpcUnavailable) as exc:
                 error = as_client_error(exc)
             if not error.retriable:
@@ -255,10 +277,12 @@ class TxnProducer:
             producer_id, epoch, kept = await self._call_coordinator(
                 f"init {self.transactional_id}"
                 + (" two-phase" if two_phase else "")
-                + (" keep-prepared" if self.keep_prepared else ""),
+                + (" keep-prepared" if self.keep_prepared else "")
+                + (" v1" if self.v1 else ""),
                 lambda c: c.init_producer_id(self.transactional_id, TXN_TIMEOUT_MS,
                                              two_phase_commit=two_phase,
-                                             keep_prepared_txn=self.keep_prepared))
+                                             keep_prepared_txn=self.keep_prepared,
+                                             transaction_version=self.version))
         except OncelogError as exc:
             raise self._fatal(exc) from None
         self.producer_id, self.producer_epoch = producer_id, epoch
@@ -274,6 +298,27 @@ class TxnProducer:
             # Nothing was kept: the outside coordinator completes the state
             # it holds anyway (a repeated completion, answered from the log).
             await self._complete_handed(kept=False)
+
+    async def recover(self) -> None:
+        """KIP-360 (version 1): after a transaction broken by a failed write
+        was aborted, the producer bumps its own epoch with InitProducerId
+        naming its id and epoch, so that a late copy of a batch of the aborted
+        transaction cannot join the next one (which would share its epoch);
+        its sequences restart at 0. Fenced: the producer ends. (Part of
+        ending the aborted transaction: the SDK's state machine, which is
+        version 2's, stays ready.)"""
+        expected = (self.producer_id, self.producer_epoch)
+        try:
+            producer_id, epoch, _kept = await self._call_coordinator(
+                f"recover {self.transactional_id} pid={expected[0]} epoch={expected[1]}",
+                lambda c: c.init_producer_id(self.transactional_id, TXN_TIMEOUT_MS,
+                                             transaction_version=self.version,
+                                             expected=expected))
+        except OncelogError as exc:
+            raise self._fatal(exc) from None
+        self.producer_id, self.producer_epoch = producer_id, epoch
+        self._sequencers.clear()
+        self._trace(f"{self} recovered to pid={producer_id} epoch={epoch}")
 
     async def _complete_handed(self, *, kept: bool) -> None:
         """CompleteTransaction with the prepared state the outside coordinator
@@ -356,6 +401,8 @@ class TxnProducer:
         self.txn_number += 1
         facts = self._ledger.begin(key, self._topic)
         facts.producer = (self.producer_id, self.producer_epoch)
+        facts.version = int(self.version)
+        self._acked_in_txn.clear()
         return facts
 
     async def add_partitions(self, facts: TxnFacts,
@@ -376,7 +423,10 @@ class TxnProducer:
         facts = self.begin()
         chosen = sorted(self._rng.sample(range(self._partitions),
                                          self._rng.randint(1, min(3, self._partitions))))
-        explicit_add = self._rng.random() < 0.5
+        # Version 1 adds first, as Kafka's clients do: a write that adds its
+        # partition arriving before the last transaction's marker would join
+        # that transaction, which has the same epoch.
+        explicit_add = self._rng.random() < 0.5 or self.v1
         failure: BaseException | None = None
         unadded: list[int] = []
         if explicit_add:
@@ -406,6 +456,8 @@ class TxnProducer:
                 raise self._fatal(failure)
             self.sm.transition_to(ProducerTxnState.ABORTABLE_ERROR, failure)
             await self.end(facts, commit=False)
+            if self.v1:
+                await self.recover()
             return
         if commit and self.handoff is not None and self._rng.random() < 0.8:
             await self.prepare(facts)
@@ -421,10 +473,16 @@ class TxnProducer:
         to the transaction (else it asks the coordinator to verify it).
         `payloads` (a copier's output): one record each, appended to the
         record's value, in batches of 1-3."""
-        sequencer = PartitionSequencer(
-            idempotent=True, transactional=True, max_in_flight=5,
-            retry_backoff_ms=RETRY_BACKOFF_MS, retry_backoff_max_ms=RETRY_BACKOFF_MAX_MS,
-            rng=self._rng)
+        sequencer = self._sequencers.get(partition) if self.v1 else None
+        if sequencer is None or sequencer.window or \
+                (sequencer.producer_id, sequencer.producer_epoch) != (self.producer_id,
+                                                                      self.producer_epoch):
+            sequencer = PartitionSequencer(
+                idempotent=True, transactional=True, max_in_flight=5,
+                retry_backoff_ms=RETRY_BACKOFF_MS, retry_backoff_max_ms=RETRY_BACKOFF_MAX_MS,
+                rng=self._rng)
+            if self.v1:
+                self._sequencers[partition] = sequencer
         now_ms = self._loop.now_ms()
         values = facts.values.setdefault(partition, [])
         todo = list(payloads) if payloads is not None else None
@@ -476,7 +534,11 @@ class TxnProducer:
         except OncelogError as exc:
             producer = (batch.producer_id, batch.producer_epoch)
             sent_to = self._sent_to.pop(id(batch), None)
+            # Version 1's sequences span transactions: the store may have
+            # forgotten the idle producer before this transaction's first
+            # batch here (expiry); not once a batch of it was acknowledged.
             if exc.code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and batch.sent_as_oldest \
+                    and (not self.v1 or batch.partition in self._acked_in_txn) \
                     and self._txn_open is not None \
                     and self._txn_open(self.transactional_id, producer) \
                     and (self._leads is None or sent_to is None
@@ -493,6 +555,7 @@ class TxnProducer:
             return sequencer.on_error(batch, exc, self._loop.now_ms(), dispatched=True)
         self._sent_to.pop(id(batch), None)
         sequencer.on_success(batch)
+        self._acked_in_txn.add(batch.partition)
         return None
 
     async def end(self, facts: TxnFacts, *, commit: bool) -> None:
@@ -507,6 +570,13 @@ class TxnProducer:
                 f"epoch={epoch}",
                 lambda c: c.end_txn(self.transactional_id, producer_id, epoch, commit))
         except OncelogError as exc:
+            if self.v1 and not commit and exc.code is ErrorCode.INVALID_TXN_STATE:
+                # Version 1: nothing of this transaction is open (no add of it
+                # landed); there is nothing to abort.
+                facts.outcome = False
+                self.sm.transition_to(ProducerTxnState.READY)
+                self._trace(f"{self}: nothing of {facts.key} to abort")
+                return
             if commit and self.last_call_attempts == 1:
                 # Refused on its only attempt (copies of one request are
                 # answered alike): this EndTxn committed nothing.
@@ -569,7 +639,8 @@ class Copier(TxnProducer):
             try:
                 return await self._net.call(
                     self.me, self.group_coordinator_node, what,
-                    lambda t: op(_group_runtime(t)), timeout_s=REQUEST_TIMEOUT_S)
+                    lambda t: op(_group_runtime(t)), timeout_s=REQUEST_TIMEOUT_S,
+                    once=self.v1)
             except (ServiceError, RpcTimeout, RpcUnavailable) as exc:
                 error = as_client_error(exc)
             if not error.retriable:
@@ -663,7 +734,7 @@ class Copier(TxnProducer):
         by_output: dict[int, list[bytes]] = {}
         for p, values in sorted(chunks.items()):
             by_output.setdefault(p % self._partitions, []).extend(values)
-        explicit_add = self._rng.random() < 0.5
+        explicit_add = self._rng.random() < 0.5 or self.v1
         failure: BaseException | None = None
         if explicit_add:
             failure = await self.add_partitions(
@@ -689,16 +760,19 @@ class Copier(TxnProducer):
         """send_offsets_to_transaction: TxnOffsetCommit, whose write adds
         the group's __consumer_offsets partition to the transaction (as the
         SDK does); every other transaction first adds it with
-        AddOffsetsToTxn (as a client of another language may). The error
-        that broke the transaction, if any."""
+        AddOffsetsToTxn (as a client of another language may), and version 1
+        always does (Kafka's clients). The offsets' metadata names the
+        transaction, for the checker. The error that broke the transaction,
+        if any."""
         # Alternating rather than drawn: a draw would move every later
         # choice of each seed.
-        if facts.key[2] % 2 == 0:
+        if facts.key[2] % 2 == 0 or self.v1:
             partition = self._layout.consumer_offsets_partition(self.group_id)
             failure = await self.add_partitions(facts, [(CONSUMER_OFFSETS_TOPIC, partition)])
             if failure is not None:
                 return failure
-        parts = [((self._input_topic, p), offset, "") for p, offset in sorted(offsets.items())]
+        parts = [((self._input_topic, p), offset, offsets_metadata(facts.key))
+                 for p, offset in sorted(offsets.items())]
         producer_id, epoch = self.producer_id, self.producer_epoch
         facts.offsets_sent = True
 
