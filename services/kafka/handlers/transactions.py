@@ -35,10 +35,9 @@ def _code(error: Any) -> ErrorCode | None:
 
 # ------------------------------------------------------------- InitProducerId
 
-# Transaction version 1, once the coordinator's InitProducerId takes it.
-_VERSION_1: dict[str, Any] = (
-    {"transaction_version": 1}
-    if "transaction_version" in cpb.InitProducerIdRequest.DESCRIPTOR.fields_by_name else {})
+# Kafka's clients speak transaction version 1 (docs/coordinator.md,
+# "Transaction versions"): their EndTxn keeps the producer epoch.
+TRANSACTION_VERSION_1 = 1
 
 
 async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
@@ -49,7 +48,7 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
         transactional_id=transactional_id, transaction_timeout_ms=timeout_ms,
         producer_id=int(getattr(request, "producer_id", -1)),
         producer_epoch=int(getattr(request, "producer_epoch", -1)),
-        **_VERSION_1)
+        transaction_version=TRANSACTION_VERSION_1)
     try:
         ctx.authorize(_TC + "InitProducerId", proto)
         # An idempotent producer's id may come from any coordinator: each
