@@ -63,10 +63,12 @@ A control batch (COMMIT/ABORT marker) holds one record whose key is
 Speed: this module is the SDK's per-record path (the producer encodes, the
 consumer decodes), and varints cost more in Python than struct does. The
 common record (a value, no headers, small lengths and deltas) therefore
-takes table look-ups instead of function calls: `_VARINT` holds the
-encoding of every value below VARINT_TABLE_SIZE and `_UNZIGZAG` the value
-of every one- or two-byte varint; anything else goes through `_varint` and
-`_read_varint`.
+takes table look-ups instead of function calls: `_VARINT` (and its
+variants) hold the encoding of every value below VARINT_TABLE_SIZE,
+`_UNZIGZAG` and `_UNZIGZAG_2` the value of every one- and two-byte varint;
+anything else goes through `_varint` and `_read_varint`. A reader that
+unpacks every record takes plain tuples (`iter_record_fields`): making a
+named tuple per record costs about as much as parsing the record.
 """
 
 from __future__ import annotations
@@ -221,8 +223,9 @@ _AFTER_NULL_KEY = [_NULL + v for v in _VARINT]
 # first byte (0x80-0xff) and its second (0x00-0x7f): look-ups instead of a
 # shift, a mask and an or per byte.
 _UNZIGZAG = [_unzigzag(raw) for raw in range(0x80)]
-_UNZIGZAG_2: list[list[int]] = [[] for _ in range(0x80)] + [
-    [_unzigzag((first & 0x7F) | (second << 7)) for second in range(0x80)]
+_UNZIGZAG_2: list[list[int | None]] = [[] for _ in range(0x80)] + [
+    [_unzigzag((first & 0x7F) | (second << 7)) if second < 0x80 else None
+     for second in range(0x100)]
     for first in range(0x80, 0x100)
 ]
 
@@ -605,8 +608,9 @@ def iter_record_fields(batch: bytes | memoryview, *, min_offset: int = 0) -> Ite
     record does.
 
     The consumer's per-record hot path: each varint is read inline, one- and
-    two-byte ones through the _UNZIGZAG and _UNZIGZAG_2 tables; a longer
-    one, a record with headers, and every error take the slow paths.
+    two-byte ones through the _UNZIGZAG and _UNZIGZAG_2 tables (the second
+    says None for a longer one); a longer one, a record with headers, and
+    every error take the slow paths.
     """
     header = read_header(batch)
     if header.attributes & ATTR_LOG_APPEND_TIME:
@@ -621,47 +625,50 @@ def iter_record_fields(batch: bytes | memoryview, *, min_offset: int = 0) -> Ite
     unzigzag = _UNZIGZAG
     unzigzag_2 = _UNZIGZAG_2
     read_varint = _read_varint
+    # None from _UNZIGZAG_2: a varint longer than two bytes (read_varint's).
+    length: int | None
+    ts_delta: int | None
+    delta: int | None
+    key_len: int | None
+    value_len: int | None
     try:
         for _ in range(count):
             # length (the record ends at next_pos)
             raw = data[pos]
             if raw < 0x80:
-                next_pos = pos + 1 + unzigzag[raw]
                 pos += 1
+                next_pos = pos + unzigzag[raw]
             else:
-                low = data[pos + 1]
-                if low < 0x80:
-                    next_pos = pos + 2 + unzigzag_2[raw][low]
-                    pos += 2
-                else:
+                length = unzigzag_2[raw][data[pos + 1]]
+                if length is None:
                     length, pos = read_varint(data, pos)
-                    next_pos = pos + length
+                else:
+                    pos += 2
+                next_pos = pos + length
             # attributes (unused, skipped), then the timestamp delta
             raw = data[pos + 1]
             if raw < 0x80:
                 timestamp_ms = base_ts + unzigzag[raw]
                 pos += 2
             else:
-                low = data[pos + 2]
-                if low < 0x80:
-                    timestamp_ms = base_ts + unzigzag_2[raw][low]
-                    pos += 3
+                ts_delta = unzigzag_2[raw][data[pos + 2]]
+                if ts_delta is None:
+                    ts_delta, pos = read_varint(data, pos + 1)
                 else:
-                    timestamp_ms, pos = read_varint(data, pos + 1)
-                    timestamp_ms += base_ts
+                    pos += 3
+                timestamp_ms = base_ts + ts_delta
             # offset delta
             raw = data[pos]
             if raw < 0x80:
                 offset = base + unzigzag[raw]
                 pos += 1
             else:
-                low = data[pos + 1]
-                if low < 0x80:
-                    offset = base + unzigzag_2[raw][low]
-                    pos += 2
+                delta = unzigzag_2[raw][data[pos + 1]]
+                if delta is None:
+                    delta, pos = read_varint(data, pos)
                 else:
-                    offset, pos = read_varint(data, pos)
-                    offset += base
+                    pos += 2
+                offset = base + delta
             # key: 1 is the varint -1, a null key; any negative length is
             # one, as Kafka reads it
             raw = data[pos]
@@ -673,12 +680,11 @@ def iter_record_fields(batch: bytes | memoryview, *, min_offset: int = 0) -> Ite
                     key_len = unzigzag[raw]
                     pos += 1
                 else:
-                    low = data[pos + 1]
-                    if low < 0x80:
-                        key_len = unzigzag_2[raw][low]
-                        pos += 2
-                    else:
+                    key_len = unzigzag_2[raw][data[pos + 1]]
+                    if key_len is None:
                         key_len, pos = read_varint(data, pos)
+                    else:
+                        pos += 2
                 if key_len < 0:
                     key = None
                 else:
@@ -690,17 +696,17 @@ def iter_record_fields(batch: bytes | memoryview, *, min_offset: int = 0) -> Ite
                 value_len = unzigzag[raw]
                 pos += 1
             else:
-                low = data[pos + 1]
-                if low < 0x80:
-                    value_len = unzigzag_2[raw][low]
-                    pos += 2
-                else:
+                value_len = unzigzag_2[raw][data[pos + 1]]
+                if value_len is None:
                     value_len, pos = read_varint(data, pos)
+                else:
+                    pos += 2
             if value_len < 0:
                 value = None
             else:
-                value = data[pos:pos + value_len]
-                pos += value_len
+                value_end = pos + value_len
+                value = data[pos:value_end]
+                pos = value_end
             # headers: a zero count that ends the record, or the slow path
             if pos + 1 == next_pos and data[pos] == 0:
                 pos = next_pos
