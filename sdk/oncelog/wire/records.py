@@ -797,53 +797,105 @@ class RecordKey:
     is_tombstone: bool
 
 
-class _Span(NamedTuple):
-    """Where one record lies in the records part: its bytes [start, end),
-    its key's [key_start, key_start + key_len) (key_len -1: null) and its
-    value's length (-1: null)."""
-
-    offset_delta: int
-    start: int
-    end: int
-    key_start: int
-    key_len: int
-    value_start: int
-    value_len: int
+# Where one record lies in the records part: (offset delta, start, end,
+# key start, key length, value start, value length); a length of -1: null.
+# A plain tuple: compaction walks every record of the batches it cleans.
+_Span = tuple[int, int, int, int, int, int, int]
 
 
 def _record_spans(data: bytes, pos: int, end: int, count: int) -> Iterator[_Span]:
     """The span of each of `count` records from `pos`, checking that each
-    lies inside [pos, end). iter_records walks the records itself: it is the
-    consumer's per-record hot path."""
+    lies inside [pos, end) and that its fields fill it exactly. Varints are
+    read inline as in iter_record_fields (which walks the records itself:
+    it is the consumer's hot path, and this is compaction's)."""
+    unzigzag = _UNZIGZAG
+    unzigzag_2 = _UNZIGZAG_2
+    read_varint = _read_varint
+    length: int | None
+    delta: int | None
+    key_len: int | None
+    value_len: int | None
+    start = pos
     try:
         for _ in range(count):
             start = pos
-            length, pos = _read_varint(data, pos)
+            raw = data[pos]
+            if raw < 0x80:
+                length = unzigzag[raw]
+                pos += 1
+            else:
+                length = unzigzag_2[raw][data[pos + 1]]
+                if length is None:
+                    length, pos = read_varint(data, pos)
+                else:
+                    pos += 2
             next_pos = pos + length
             if length < 0 or next_pos > end:
                 raise BatchFormatError(
                     f"record at byte {start} says {length} bytes, {end - pos} remain"
                 )
-            pos += 1  # attributes
-            _ts_delta, pos = _read_varint(data, pos)
-            delta, pos = _read_varint(data, pos)
-            key_len, pos = _read_varint(data, pos)
+            # attributes, then the timestamp delta (skipped)
+            raw = data[pos + 1]
+            if raw < 0x80:
+                pos += 2
+            elif data[pos + 2] < 0x80:
+                pos += 3
+            else:
+                _ts_delta, pos = read_varint(data, pos + 1)
+            raw = data[pos]
+            if raw < 0x80:
+                delta = unzigzag[raw]
+                pos += 1
+            else:
+                delta = unzigzag_2[raw][data[pos + 1]]
+                if delta is None:
+                    delta, pos = read_varint(data, pos)
+                else:
+                    pos += 2
+            raw = data[pos]
+            if raw < 0x80:
+                key_len = unzigzag[raw]
+                pos += 1
+            else:
+                key_len = unzigzag_2[raw][data[pos + 1]]
+                if key_len is None:
+                    key_len, pos = read_varint(data, pos)
+                else:
+                    pos += 2
             key_start = pos
-            pos += max(key_len, 0)
-            value_len, pos = _read_varint(data, pos)
+            if key_len > 0:
+                pos += key_len
+            raw = data[pos]
+            if raw < 0x80:
+                value_len = unzigzag[raw]
+                pos += 1
+            else:
+                value_len = unzigzag_2[raw][data[pos + 1]]
+                if value_len is None:
+                    value_len, pos = read_varint(data, pos)
+                else:
+                    pos += 2
             value_start = pos
-            pos += max(value_len, 0)
-            if pos >= next_pos:
-                raise BatchFormatError(f"record at byte {start} runs past its length {length}")
-            _headers, pos = _read_headers(data, pos)
-            if pos != next_pos:
-                raise BatchFormatError(
-                    f"record at byte {start} says {length} bytes but holds "
-                    f"{pos - next_pos + length}"
-                )
-            yield _Span(delta, start, next_pos, key_start, key_len, value_start, value_len)
+            if value_len > 0:
+                pos += value_len
+            if pos + 1 == next_pos and data[pos] == 0:
+                pos = next_pos
+            else:
+                if pos >= next_pos:
+                    raise BatchFormatError(
+                        f"record at byte {start} runs past its length {length}"
+                    )
+                _headers, pos = _read_headers(data, pos)
+                if pos != next_pos:
+                    raise BatchFormatError(
+                        f"record at byte {start} says {length} bytes but holds "
+                        f"{pos - next_pos + length}"
+                    )
+            yield delta, start, next_pos, key_start, key_len, value_start, value_len
     except IndexError:
-        raise BatchFormatError(f"record at byte {pos} runs past the end of its batch") from None
+        raise BatchFormatError(
+            f"record at byte {start} runs past the end of its batch"
+        ) from None
     if pos != end:
         raise BatchFormatError(f"record batch holds {end - pos} bytes after its {count} records")
 
@@ -858,20 +910,18 @@ def iter_record_keys(batch: bytes | memoryview) -> Iterator[RecordKey]:
     """The key and tombstone flag of every record, without copying values."""
     header, data, spans = _spans_of(batch)
     base = header.base_offset
-    for span in spans:
-        key = None
-        if span.key_len >= 0:
-            key = data[span.key_start:span.key_start + span.key_len]
-        yield RecordKey(base + span.offset_delta, key, span.value_len < 0)
+    for delta, _start, _end, key_start, key_len, _value_start, value_len in spans:
+        key = None if key_len < 0 else data[key_start:key_start + key_len]
+        yield RecordKey(base + delta, key, value_len < 0)
 
 
 def first_null_key_offset(batch: bytes | memoryview) -> int | None:
     """The offset of the first record without a key, None when every record
     has one (compacted topics accept only keyed records)."""
     header, _data, spans = _spans_of(batch)
-    for span in spans:
-        if span.key_len < 0:
-            return header.base_offset + span.offset_delta
+    for delta, _start, _end, _key_start, key_len, _value_start, _value_len in spans:
+        if key_len < 0:
+            return header.base_offset + delta
     return None
 
 
@@ -885,7 +935,8 @@ def retain_records(batch: bytes | memoryview, offsets: Collection[int]) -> bytes
     header, data, spans = _spans_of(batch)
     base = header.base_offset
     wanted = set(offsets)
-    kept = [data[s.start:s.end] for s in spans if base + s.offset_delta in wanted]
+    kept = [data[start:end] for delta, start, end, _ks, _kl, _vs, _vl in spans
+            if base + delta in wanted]
     if len(kept) != len(wanted):
         raise BatchFormatError(
             f"batch at offset {base} holds {len(kept)} of the {len(wanted)} offsets to retain"
@@ -914,14 +965,15 @@ def control_marker(batch: bytes | memoryview) -> tuple[int, int]:
     span = next(spans, None)
     if span is None:
         raise BatchFormatError(f"control batch at offset {header.base_offset} has no record")
-    if span.key_len < _CONTROL_KEY.size or span.value_len < _CONTROL_VALUE.size:
+    _delta, _start, _end, key_start, key_len, value_start, value_len = span
+    if key_len < _CONTROL_KEY.size or value_len < _CONTROL_VALUE.size:
         raise BatchFormatError(
-            f"control record at offset {header.base_offset} has a {span.key_len}-byte key "
-            f"and a {span.value_len}-byte value, expected at least {_CONTROL_KEY.size} "
+            f"control record at offset {header.base_offset} has a {key_len}-byte key "
+            f"and a {value_len}-byte value, expected at least {_CONTROL_KEY.size} "
             f"and {_CONTROL_VALUE.size}"
         )
-    key_version, marker = _CONTROL_KEY.unpack_from(data, span.key_start)
-    value_version, coordinator_epoch = _CONTROL_VALUE.unpack_from(data, span.value_start)
+    key_version, marker = _CONTROL_KEY.unpack_from(data, key_start)
+    value_version, coordinator_epoch = _CONTROL_VALUE.unpack_from(data, value_start)
     if key_version < 0 or value_version < 0:
         raise BatchFormatError(
             f"control record at offset {header.base_offset} has version {key_version} "
