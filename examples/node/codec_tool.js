@@ -7,7 +7,8 @@
 //   node codec_tool.js encode   < {"records": [{"key": hex|null, "value": hex|null,
 //                                   "headers": [[str, hex|null]], "timestamp_ms": int}],
 //                                  "producer_id": "int64", "producer_epoch": int,
-//                                  "base_sequence": int, "transactional": bool}
+//                                  "base_sequence": int, "transactional": bool,
+//                                  "compression": "none"|"gzip"}
 //                               > {"batch": hex}
 //   node codec_tool.js decode   < {"batch": hex, "min_offset": int}
 //                               > {"header": {...}, "records": [...]}
@@ -30,6 +31,7 @@ const commands = {
       producerEpoch: input.producer_epoch ?? -1,
       baseSequence: input.base_sequence ?? -1,
       transactional: Boolean(input.transactional),
+      compression: input.compression ?? 'none',
     });
     return { batch: toHex(batch) };
   },
@@ -41,6 +43,7 @@ const commands = {
         base_offset: header.baseOffset,
         partition_leader_epoch: header.partitionLeaderEpoch,
         attributes: header.attributes,
+        compression: header.compression,
         is_transactional: header.isTransactional,
         is_control: header.isControl,
         producer_id: header.producerId.toString(),

@@ -31,15 +31,24 @@ from concurrent.futures import _base as _futures_base
 from oncelog._partitioner import StickyPartitioner
 from oncelog.types import RecordMetadata
 from oncelog.wire import records as codec
+from oncelog.wire.compression import Codec
 
 log = logging.getLogger("oncelog.producer")
 
 RUNNING = _futures_base.RUNNING
 FINISHED = _futures_base.FINISHED
 
-# Encoded size of a record beyond its key, value and headers (records.py: length,
-# offset_delta, timestamp_delta, key_length, value_length, header_count).
+# The most bytes a record takes beyond its key, value and headers (records.py's
+# varints): length <= 4 (a record is under 2^27 bytes: batches are at most
+# 16 MiB), attributes 1, timestamp delta <= 10 (any int64), offset delta <= 4,
+# key and value lengths <= 4 each, header count 1. The producer counts this
+# bound, not the exact size: the timestamp and offset deltas are known only
+# once the batch is encoded. Typical records take 9 of these bytes.
 RECORD_OVERHEAD_BYTES = 28
+# The same for each header beyond its key and value: two lengths of <= 4
+# bytes (a header count of 64 or more takes 2-4 bytes where 1 is counted:
+# each header's own 8 covers that many times over).
+HEADER_OVERHEAD_BYTES = 8
 BATCH_OVERHEAD_BYTES = codec.HEADER_SIZE_BYTES
 
 RecordTuple = tuple[bytes | None, bytes | None, Sequence[codec.Header] | None, int]
@@ -52,7 +61,9 @@ _WATCH_LOCK = threading.Lock()
 def record_size_bytes(
     key: bytes | None, value: bytes | None, headers: Sequence[codec.Header] | None
 ) -> int:
-    """The exact encoded size of one record."""
+    """An upper bound of the encoded size of one record (its compressed size
+    is not known before the batch is encoded: the bound is uncompressed, as
+    Kafka's producer counts batch.size)."""
     size = RECORD_OVERHEAD_BYTES
     if key is not None:
         size += len(key)
@@ -60,7 +71,8 @@ def record_size_bytes(
         size += len(value)
     if headers:
         for hkey, hvalue in headers:
-            size += 8 + len(hkey.encode()) + (0 if hvalue is None else len(hvalue))
+            size += HEADER_OVERHEAD_BYTES + len(hkey.encode()) + (
+                0 if hvalue is None else len(hvalue))
     return size
 
 
@@ -79,11 +91,12 @@ class ProducerBatch:
         "base_sequence", "attempts", "in_flight", "maybe_landed", "needs_send", "acked",
         "sent_as_oldest",
         "unknown_topic_retried", "last_error", "state", "base_offset", "error",
-        "watchers", "transactional",
+        "watchers", "transactional", "compression",
     )
 
     def __init__(
-        self, topic: str, partition: int, *, created_ms: int, deadline_ms: int, limit_bytes: int
+        self, topic: str, partition: int, *, created_ms: int, deadline_ms: int, limit_bytes: int,
+        compression: Codec = Codec.NONE,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -98,6 +111,7 @@ class ProducerBatch:
         self.producer_epoch = codec.NO_PRODUCER_EPOCH
         self.base_sequence = codec.NO_SEQUENCE
         self.transactional = False
+        self.compression = compression
         # Sending state, owned by the sender thread.
         self.attempts = 0
         self.in_flight = False
@@ -140,6 +154,7 @@ class ProducerBatch:
         self.data = codec.encode_batch(
             self.records, producer_id=producer_id, producer_epoch=producer_epoch,
             base_sequence=base_sequence, transactional=self.transactional,
+            compression=self.compression,
         )
         self.records = None
 
@@ -435,8 +450,11 @@ class RecordAccumulator:
         clock_ms: Callable[[], int],
         hand_over_lag_ms: int = 10,
         hand_over_max_unanswered: int = 1,
+        compression: Codec = Codec.NONE,
     ) -> None:
         self.batch_size_bytes = batch_size_bytes
+        # The codec of every batch this accumulator opens.
+        self.compression = compression
         self.linger_ms = linger_ms
         self.delivery_timeout_ms = delivery_timeout_ms
         self.buffer_memory_bytes = buffer_memory_bytes
@@ -528,6 +546,7 @@ class RecordAccumulator:
                 topic, partition, created_ms=now_ms,
                 deadline_ms=now_ms + self.delivery_timeout_ms,
                 limit_bytes=min(self.batch_size_bytes, max_message_bytes),
+                compression=self.compression,
             )
             queue.open = batch
             self.incomplete.add(batch)

@@ -117,7 +117,7 @@ class _PartitionState:
     log_start_offset: int = -1
     # Fetched and not yet handed out: batches, and the iterator over them.
     batches: deque[bytes] = field(default_factory=deque)
-    records: Iterator[codec.Record] | None = None
+    records: Iterator[codec.RecordFields] | None = None
     next_fetch_offset: int = -1
     retry_at_s: float = 0.0
     attempts: int = 0
@@ -1206,12 +1206,15 @@ class Consumer:
         return False
 
     @staticmethod
-    def _iter_buffered(st: _PartitionState, min_offset: int) -> Iterator[codec.Record]:
+    def _iter_buffered(st: _PartitionState, min_offset: int) -> Iterator[codec.RecordFields]:
+        # Plain tuples, not codec.Records: _drain unpacks each one into a
+        # ConsumerRecord, and a named tuple per record costs as much to make
+        # as decoding the record does.
         while st.batches:
             batch = st.batches.popleft()
             if codec.read_header(batch).is_control:
                 continue
-            yield from codec.iter_records(batch, min_offset=min_offset)
+            yield from codec.iter_record_fields(batch, min_offset=min_offset)
 
     def _drain(self, max_records: int,
                only: frozenset[TopicPartition] | None = None) -> list[ConsumerRecord]:

@@ -68,7 +68,13 @@ from oncelog._client import (
     error_from_proto,
     needs_metadata_refresh,
 )
-from oncelog._config import acks_option, bool_option, client_timing_options, int_option
+from oncelog._config import (
+    acks_option,
+    bool_option,
+    choice_option,
+    client_timing_options,
+    int_option,
+)
 from oncelog._coordinators import (
     GROUP,
     TRANSACTION,
@@ -96,6 +102,7 @@ from oncelog.v1 import (
     partition_store_pb2,
 )
 from oncelog.wire import errors
+from oncelog.wire.compression import CODEC_NAMES, Codec
 from oncelog.wire.errors import ErrorCode, OncelogError
 from oncelog.wire.limits import MAX_GRPC_MESSAGE_BYTES
 from oncelog.wire.records import MAX_PRODUCER_EPOCH, Header
@@ -193,6 +200,7 @@ class Producer:
         acks: str | int = "all",
         linger_ms: int = 5,
         batch_size: int = 16384,
+        compression_type: str = "none",
         max_in_flight: int = 5,
         transaction_timeout_ms: int = 60_000,
         delivery_timeout_ms: int = 120_000,
@@ -216,6 +224,11 @@ class Producer:
 
         `security_protocol`, `ssl_*` and `sasl_*` (kafka-python's names):
         how to connect to a secured cluster (oncelog._security).
+
+        `compression_type`: Kafka's names, "none" (the default), "gzip",
+        "snappy", "lz4" or "zstd": the codec of every batch's records
+        (oncelog.wire.compression); `batch_size` counts records before
+        compression, as in Kafka.
 
         `enable_idempotence` defaults to True, except with `acks=1` (as in
         Kafka, where an unset enable.idempotence gives way to acks). `acks`:
@@ -253,6 +266,8 @@ class Producer:
         int_option("transaction_timeout_ms", transaction_timeout_ms, minimum=1)
         int_option("linger_ms", linger_ms, minimum=0)
         int_option("batch_size", batch_size, minimum=1)
+        compression = Codec[choice_option(
+            "compression_type", compression_type, CODEC_NAMES).upper()]
         int_option("max_in_flight", max_in_flight, minimum=1)
         int_option("delivery_timeout_ms", delivery_timeout_ms, minimum=1)
         client_timing_options(request_timeout_ms=request_timeout_ms,
@@ -287,6 +302,7 @@ class Producer:
             buffer_memory_bytes=buffer_memory_bytes,
             sticky=StickyPartitioner(random.Random()),
             clock_ms=_now_ms,
+            compression=compression,
         )
         # topic -> (number of partitions, max.message.bytes), valid for one
         # metadata version.

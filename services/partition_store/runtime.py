@@ -76,6 +76,7 @@ from .core.topics import (
     validate_topic_name,
 )
 from .core.txn_index import AbortedTxn
+from .format_upgrade import upgrade_log_format
 from .partition import (
     Appended,
     Isolation,
@@ -406,7 +407,9 @@ class StoreRuntime:
 
     async def start(self) -> None:
         """Loads the catalog and recovers every local partition, then starts
-        the writer and the housekeeping task."""
+        the writer and the housekeeping task. A database written in the
+        first record format is rewritten first (format_upgrade.py)."""
+        upgrade_log_format(self._store)
         now_ms = self._clock_ms()
         started_s = time.perf_counter()
         for key, value in self._store.scan(keys.CATALOG_START, keys.CATALOG_END):

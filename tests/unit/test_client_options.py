@@ -4,7 +4,8 @@ Goal: a Kafka user's slip — a string where an int goes, True for a number, an
 acks value Kafka has but we do not — fails at construction with a ValueError
 naming the option and the value received, never later as a raw comparison
 error in a background thread; `acks` takes Kafka's spellings with Kafka's
-meaning (and its rule that idempotence needs acks="all").
+meaning (and its rule that idempotence needs acks="all"); `compression_type`
+takes Kafka's codec names and lists them when given another.
 
 Also: retry backoff is exponential with KIP-580's jitter, so clients that
 failed together do not retry in step.
@@ -23,6 +24,7 @@ import pytest
 
 from oncelog import Admin, Consumer, Producer
 from oncelog._client import BACKOFF_JITTER, backoff_ms
+from oncelog.aio import AIOProducer
 
 NOWHERE = "127.0.0.1:1"
 
@@ -73,6 +75,25 @@ def test_acks_1_gives_up_idempotence_unless_it_was_asked_for() -> None:
 def test_acks_0_is_refused_with_the_reason(acks: Any) -> None:
     with pytest.raises(ValueError, match="acks=0 .fire and forget. is not supported"):
         Producer(bootstrap=NOWHERE, acks=acks, enable_idempotence=False)
+
+
+@pytest.mark.parametrize("name", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_compression_type_takes_kafkas_names(name: str) -> None:
+    with Producer(bootstrap=NOWHERE, compression_type=name) as producer:
+        assert producer._accumulator.compression.name.lower() == name
+    with Producer(bootstrap=NOWHERE) as producer:
+        assert producer._accumulator.compression.name == "NONE"
+
+
+@pytest.mark.parametrize("value", ["brotli", "GZIP", "", 2, None])
+def test_a_bad_compression_type_lists_the_choices(value: Any) -> None:
+    match = (r"^compression_type must be one of 'none', 'gzip', 'snappy', 'lz4', 'zstd', "
+             rf"got {value!r}")
+    with pytest.raises(ValueError, match=match):
+        Producer(bootstrap=NOWHERE, compression_type=value)
+    # AIOProducer takes Producer's options, checked the same way.
+    with pytest.raises(ValueError, match=match):
+        AIOProducer(bootstrap=NOWHERE, compression_type=value)
 
 
 @pytest.mark.parametrize("acks", [2, "leader", False, None])

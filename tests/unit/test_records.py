@@ -3,8 +3,10 @@ store must not accept.
 
 Method: encode batches (null keys and values, empty values, headers with
 unicode keys and null values, large batches, producer fields), decode them
-with iter_records and read_header, and compare; then corrupt one field at a
-time of a valid batch and check that validate_batch names the problem.
+with iter_records and read_header, and compare; check the bytes of records
+against ones written out by hand from Kafka's record layout; then corrupt
+one field at a time of a valid batch and check that validate_batch (or the
+record reader) names the problem.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from oncelog import ConsumerRecord
 from oncelog import records as codec
 from oncelog._batching import record_size_bytes, restamp_batch
+from oncelog.wire import records as records_module
 
 
 def roundtrip(
@@ -93,14 +96,72 @@ def test_producer_fields_and_sequence_wrap() -> None:
     assert header.last_sequence == 0
 
 
-def test_record_size_bytes_is_exact() -> None:
+def test_record_size_bytes_bounds_the_encoded_size() -> None:
+    # The producer counts record_size_bytes before it knows the offset and
+    # timestamp deltas: it must never be below what encoding takes, with the
+    # largest deltas, lengths that need 3-byte varints, and many headers.
     cases: list[tuple[bytes | None, bytes | None, list[codec.Header] | None]] = [
         (None, None, None), (b"key", b"value" * 10, None),
-        (b"", b"", [("h", b"v"), ("ü", None)]),
+        (b"", b"", [("h", b"v"), ("\u00fc", None)]),
+        (b"k" * 9000, b"v" * 70_000, [("x" * 9000, b"y" * 9000)]),
+        (None, b"v", [(f"h{i}", b"") for i in range(200)]),
     ]
     for key, value, headers in cases:
+        rows = [(key, value, headers, 0), (key, value, headers, -(2**62)),
+                (key, value, headers, 2**62)] + [(key, value, headers, 5)] * 9000
+        batch = codec.encode_batch(rows)
+        bound = codec.HEADER_SIZE_BYTES + len(rows) * record_size_bytes(key, value, headers)
+        assert len(batch) <= bound
         one = codec.encode_batch([(key, value, headers, 0)])
-        assert len(one) == codec.HEADER_SIZE_BYTES + record_size_bytes(key, value, headers)
+        assert len(one) <= codec.HEADER_SIZE_BYTES + record_size_bytes(key, value, headers)
+    # A typical record takes 9 bytes besides its key and value, not 28.
+    typical = codec.encode_batch([(None, b"x" * 100, None, 7)])
+    assert len(typical) == codec.HEADER_SIZE_BYTES + 9 + 100
+
+
+def test_records_are_kafkas_bytes() -> None:
+    # Written out from Kafka's DefaultRecord layout (zigzag varints): length,
+    # attributes, timestamp delta, offset delta, key length and key, value
+    # length and value, header count, headers.
+    batch = codec.encode_batch([
+        (b"k", b"v", None, 1000),
+        (None, b"", [("h", None), ("\u00e9", b"xy")], 1064),
+        (b"", None, None, 999),
+    ])
+    header = codec.read_header(batch)
+    assert (header.base_timestamp_ms, header.max_timestamp_ms) == (999, 1064)
+    assert batch[codec.HEADER_SIZE_BYTES:] == bytes([
+        # 8 bytes (zigzag 16): attributes 0, ts delta 1 (zigzag 2), offset 0,
+        # key 1 (2) "k", value 1 (2) "v", no headers
+        0x10, 0x00, 0x02, 0x00, 0x02, 0x6B, 0x02, 0x76, 0x00,
+        # 16 bytes (32): ts delta 65 (zigzag 130: 0x82 0x01), offset 1 (2), null
+        # key (1), empty value (0), 2 headers (4): "h" null, "\u00e9" (2 bytes) "xy"
+        0x20, 0x00, 0x82, 0x01, 0x02, 0x01, 0x00, 0x04,
+        0x02, 0x68, 0x01,
+        0x04, 0xC3, 0xA9, 0x04, 0x78, 0x79,
+        # 6 bytes (12): ts delta 0, offset 2 (4), empty key (0), null value (1)
+        0x0C, 0x00, 0x00, 0x04, 0x00, 0x01, 0x00,
+    ])
+    assert [(r.offset, r.timestamp_ms, r.key, r.value, r.headers)
+            for r in codec.iter_records(batch)] == [
+        (0, 1000, b"k", b"v", ()),
+        (1, 1064, None, b"", (("h", None), ("\u00e9", b"xy"))),
+        (2, 999, b"", None, ()),
+    ]
+
+
+@pytest.mark.parametrize("value", [0, 1, -1, 63, -64, 64, -65, 8191, 8192, 2**31 - 1,
+                                   -(2**31), 2**62, 2**63 - 1, -(2**63)])
+def test_varints_round_trip_at_every_width(value: int) -> None:
+    encoded = records_module._varint(value)
+    raw = (value << 1) ^ (value >> 63)
+    assert len(encoded) == max(1, (raw.bit_length() + 6) // 7)
+    assert records_module._read_varint(encoded + b"\xff", 0) == (value, len(encoded))
+    # As the offset and timestamp deltas of real batches (the fast path
+    # takes the small ones, the general form the rest).
+    if 0 <= value < 2**31:
+        rows = [(None, b"a", None, 0), (None, b"b", None, value)]
+        assert [r.timestamp_ms for r in codec.iter_records(codec.encode_batch(rows))] == [0, value]
 
 
 def test_restamp_changes_identity_and_keeps_a_valid_crc() -> None:
@@ -173,9 +234,26 @@ def test_validate_rejects_producer_without_sequence() -> None:
 
 def test_iter_records_rejects_a_record_running_past_the_batch() -> None:
     buf = bytearray(_valid())
-    struct.pack_into(">i", buf, codec.HEADER_SIZE_BYTES, 10_000)  # first record's length
+    buf[-1] = 0x02  # the last record's header count: 1 header, whose bytes are missing
     with pytest.raises(codec.BatchFormatError, match="runs past"):
-        list(codec.iter_records(bytes(buf)))
+        list(codec.iter_records(_with_crc(buf)))
+
+
+@pytest.mark.parametrize("length_byte", [0x7E, 0x02])
+def test_iter_records_rejects_a_record_whose_length_disagrees(length_byte: int) -> None:
+    # The first record's length varint: 63 (past its fields) or 1 (short of them).
+    buf = bytearray(_valid())
+    buf[codec.HEADER_SIZE_BYTES] = length_byte
+    for read in (codec.iter_records, codec.iter_record_keys):
+        with pytest.raises(codec.BatchFormatError, match="record"):
+            list(read(_with_crc(buf)))
+
+
+def test_iter_records_rejects_bytes_after_the_last_record() -> None:
+    buf = bytearray(_valid()) + b"\x00"
+    struct.pack_into(">i", buf, 8, len(buf) - 12)
+    with pytest.raises(codec.BatchFormatError, match="1 bytes after its 2 records"):
+        list(codec.iter_records(_with_crc(buf)))
 
 
 def test_encode_refuses_an_empty_batch() -> None:
@@ -236,8 +314,9 @@ def test_header_fields_sit_where_the_layout_says() -> None:
     def at(fmt: str, pos: int) -> int:
         return int(struct.unpack_from(fmt, batch, pos)[0])
 
-    # 28 bytes per record, plus its key and value.
-    assert len(batch) == codec.HEADER_SIZE_BYTES + (28 + 2) + (28 + 1)
+    # 7 bytes per record besides its key and value, as
+    # test_records_are_kafkas_bytes spells out.
+    assert len(batch) == codec.HEADER_SIZE_BYTES + (7 + 2) + (7 + 1)
     assert at(">q", 0) == header.base_offset == 1_000
     assert at(">i", 8) == header.batch_length == len(batch) - 12
     assert at(">i", codec.PARTITION_LEADER_EPOCH_POS) == header.partition_leader_epoch == 12

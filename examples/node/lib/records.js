@@ -1,8 +1,9 @@
 'use strict';
 // The encoded record batch, written and read by this client itself: the
-// store never decodes records, so every client carries this codec. The byte
-// layout is the one of sdk/oncelog/records.py, documented field by field in
-// docs/grpc-api.md ("Record batches"). Big-endian throughout.
+// store never decodes records, so every client carries this codec. It is
+// Kafka's record batch v2 (magic 2), the format of sdk/oncelog/wire/records.py,
+// documented field by field in docs/grpc-api.md ("Record batches").
+// The header is big-endian:
 //
 //   offset  size  field
 //        0     8  base_offset             set by the store; 0 when produced
@@ -10,7 +11,8 @@
 //       12     4  partition_leader_epoch  set by the store; -1 when produced
 //       16     1  magic                   2
 //       17     4  crc                     CRC32C of every byte from offset 21 on
-//       21     2  attributes              0x10 transactional, 0x20 control
+//       21     2  attributes              bits 0-2 codec, 0x08 log append time,
+//                                         0x10 transactional, 0x20 control
 //       23     4  last_offset_delta       record_count - 1
 //       27     8  base_timestamp_ms
 //       35     8  max_timestamp_ms
@@ -18,13 +20,19 @@
 //       51     2  producer_epoch          -1: none
 //       53     4  base_sequence           -1: none
 //       57     4  record_count
-//       61     -  records
+//       61     -  records (compressed as one block when the codec is not 0)
 //
-// Each record: int32 length of the rest, int32 offset_delta, int64
-// timestamp_delta_ms, int32 key length (-1: null) + key, int32 value length
-// (-1: null) + value, int32 header count, then per header int32 key length,
-// UTF-8 key, int32 value length (-1: null), value.
+// Each record, in zigzag varints (varlong: the same, 64-bit): varint length
+// of the rest, int8 attributes (0), varlong timestamp_delta_ms, varint
+// offset_delta, varint key length (-1: null) + key, varint value length
+// (-1: null) + value, varint header count, then per header varint key
+// length, UTF-8 key, varint value length (-1: null), value.
+//
+// Compression: this example writes and reads gzip (node's zlib) besides
+// none; batches of the other codecs (snappy, lz4, zstd) are refused with an
+// error that names the codec.
 
+const zlib = require('zlib');
 const { crc32c } = require('./crc32c');
 
 const BATCH_MAGIC = 2;
@@ -35,6 +43,8 @@ const HEADER_SIZE_BYTES = 61;
 const CRC_START = 21;
 // What a producer writes as partition_leader_epoch (the store overwrites it).
 const NO_PARTITION_LEADER_EPOCH = -1;
+const ATTR_COMPRESSION_MASK = 0x07;
+const ATTR_LOG_APPEND_TIME = 0x08;
 const ATTR_TRANSACTIONAL = 0x10;
 const ATTR_CONTROL = 0x20;
 const NO_PRODUCER_ID = -1n;
@@ -42,9 +52,9 @@ const NO_PRODUCER_EPOCH = -1;
 const NO_SEQUENCE = -1;
 // Sequence numbers are non-negative int32 values; after 2^31 - 1 comes 0.
 const SEQUENCE_MODULUS = 2 ** 31;
-// The fixed part of a record after its length field: offset_delta (4),
-// timestamp_delta_ms (8), key length (4).
-const RECORD_FIXED_BYTES = 16;
+// Kafka's codec ids (attributes bits 0-2).
+const CODECS = ['none', 'gzip', 'snappy', 'lz4', 'zstd'];
+const WRITTEN_CODECS = ['none', 'gzip'];
 
 class BatchFormatError extends Error {}
 
@@ -66,6 +76,54 @@ function checkInt(value, what, min, max) {
   return value;
 }
 
+/** An int32 as a zigzag varint (Kafka's ByteUtils.writeVarint). */
+function varint(value) {
+  let raw = ((value << 1) ^ (value >> 31)) >>> 0;
+  const out = [];
+  while (raw >= 0x80) {
+    out.push((raw & 0x7f) | 0x80);
+    raw >>>= 7;
+  }
+  out.push(raw);
+  return Buffer.from(out);
+}
+
+/** An int64 (a bigint) as a zigzag varlong (Kafka's ByteUtils.writeVarlong). */
+function varlong(value) {
+  let raw = BigInt.asUintN(64, (value << 1n) ^ (value >> 63n));
+  const out = [];
+  while (raw >= 0x80n) {
+    out.push(Number(raw & 0x7fn) | 0x80);
+    raw >>= 7n;
+  }
+  out.push(Number(raw));
+  return Buffer.from(out);
+}
+
+/**
+ * The zigzag varint at `pos` of `buf`: [value, position after it]; a bigint
+ * when `long` (a varlong), else a number (an int32).
+ */
+function readVarint(buf, pos, end, long = false) {
+  let raw = 0n;
+  let shift = 0n;
+  const maxBytes = long ? 10 : 5;
+  for (let i = 0; i < maxBytes; i++) {
+    if (pos >= end) {
+      throw new BatchFormatError(`record field at byte ${pos} runs past the end of its batch`);
+    }
+    const byte = buf[pos++];
+    raw |= BigInt(byte & 0x7f) << shift;
+    if (byte < 0x80) {
+      const value = (raw >> 1n) ^ -(raw & 1n);
+      if (long) return [BigInt.asIntN(64, value), pos];
+      return [Number(BigInt.asIntN(32, value)), pos];
+    }
+    shift += 7n;
+  }
+  throw new BatchFormatError(`varint at byte ${pos - maxBytes} is longer than ${maxBytes} bytes`);
+}
+
 /**
  * One record's bytes.
  * @param {number} offsetDelta
@@ -75,40 +133,25 @@ function checkInt(value, what, min, max) {
  * @param {Array<[string, Buffer|null]>} headers
  */
 function encodeRecord(offsetDelta, timestampDeltaMs, key, value, headers) {
-  const headerParts = [];
-  const count = Buffer.alloc(4);
-  count.writeInt32BE(headers.length);
-  headerParts.push(count);
+  const parts = [
+    Buffer.from([0]), varlong(timestampDeltaMs), varint(offsetDelta),
+    varint(key === null ? -1 : key.length),
+  ];
+  if (key !== null) parts.push(key);
+  parts.push(varint(value === null ? -1 : value.length));
+  if (value !== null) parts.push(value);
+  parts.push(varint(headers.length));
   for (const [hkey, hvalue] of headers) {
     if (typeof hkey !== 'string') {
       throw new TypeError(`a header key must be a string, got ${typeof hkey}`);
     }
     const hk = Buffer.from(hkey, 'utf8');
     const hv = checkBytes(hvalue, `value of header ${JSON.stringify(hkey)}`);
-    const lengths = Buffer.alloc(4);
-    lengths.writeInt32BE(hk.length);
-    const valueLength = Buffer.alloc(4);
-    valueLength.writeInt32BE(hv === null ? -1 : hv.length);
-    headerParts.push(lengths, hk, valueLength);
-    if (hv !== null) headerParts.push(hv);
+    parts.push(varint(hk.length), hk, varint(hv === null ? -1 : hv.length));
+    if (hv !== null) parts.push(hv);
   }
-  const headerBlob = Buffer.concat(headerParts);
-  const keyLength = key === null ? 0 : key.length;
-  const valueLength = value === null ? 0 : value.length;
-  const length = RECORD_FIXED_BYTES + keyLength + 4 + valueLength + headerBlob.length;
-  const fixed = Buffer.alloc(4 + RECORD_FIXED_BYTES);
-  fixed.writeInt32BE(length, 0);
-  fixed.writeInt32BE(offsetDelta, 4);
-  fixed.writeBigInt64BE(timestampDeltaMs, 8);
-  fixed.writeInt32BE(key === null ? -1 : key.length, 16);
-  const valueField = Buffer.alloc(4);
-  valueField.writeInt32BE(value === null ? -1 : value.length);
-  const parts = [fixed];
-  if (key !== null) parts.push(key);
-  parts.push(valueField);
-  if (value !== null) parts.push(value);
-  parts.push(headerBlob);
-  return Buffer.concat(parts);
+  const body = Buffer.concat(parts);
+  return Buffer.concat([varint(body.length), body]);
 }
 
 /**
@@ -117,7 +160,7 @@ function encodeRecord(offsetDelta, timestampDeltaMs, key, value, headers) {
  * @param {Array<{key?: Buffer|null, value?: Buffer|null,
  *                headers?: Array<[string, Buffer|null]>, timestampMs: number}>} records
  * @param {{producerId?: bigint, producerEpoch?: number, baseSequence?: number,
- *          transactional?: boolean}} [options]
+ *          transactional?: boolean, compression?: 'none'|'gzip'}} [options]
  * @returns {Buffer}
  */
 function encodeBatch(records, options = {}) {
@@ -126,6 +169,7 @@ function encodeBatch(records, options = {}) {
     producerEpoch = NO_PRODUCER_EPOCH,
     baseSequence = NO_SEQUENCE,
     transactional = false,
+    compression = 'none',
   } = options;
   if (!Array.isArray(records) || records.length === 0) {
     throw new BatchFormatError('a record batch needs at least one record');
@@ -135,6 +179,10 @@ function encodeBatch(records, options = {}) {
   }
   checkInt(producerEpoch, 'producerEpoch', -1, 2 ** 15 - 1);
   checkInt(baseSequence, 'baseSequence', -1, SEQUENCE_MODULUS - 1);
+  if (!WRITTEN_CODECS.includes(compression)) {
+    throw new RangeError(`compression must be one of ${WRITTEN_CODECS.join(', ')} in this ` +
+      `example (Kafka's ${CODECS.join(', ')} need libraries it does not use), got ${compression}`);
+  }
   if (producerId >= 0n && baseSequence === NO_SEQUENCE) {
     throw new BatchFormatError(`a batch of producer ${producerId} needs a baseSequence`);
   }
@@ -145,17 +193,22 @@ function encodeBatch(records, options = {}) {
     BigInt(checkInt(r.timestampMs, `records[${i}].timestampMs`, 0, Number.MAX_SAFE_INTEGER)));
   const baseTimestampMs = timestamps.reduce((a, b) => (b < a ? b : a));
   const maxTimestampMs = timestamps.reduce((a, b) => (b > a ? b : a));
-  const body = Buffer.concat(records.map((r, i) => encodeRecord(
+  let body = Buffer.concat(records.map((r, i) => encodeRecord(
     i, timestamps[i] - baseTimestampMs,
     checkBytes(r.key, `records[${i}].key`), checkBytes(r.value, `records[${i}].value`),
     r.headers || [],
   )));
+  let attributes = transactional ? ATTR_TRANSACTIONAL : 0;
+  if (compression === 'gzip') {
+    body = zlib.gzipSync(body);
+    attributes |= CODECS.indexOf('gzip');
+  }
   const batch = Buffer.alloc(HEADER_SIZE_BYTES + body.length);
   batch.writeBigInt64BE(0n, 0);
   batch.writeInt32BE(batch.length - 12, 8);
   batch.writeInt32BE(NO_PARTITION_LEADER_EPOCH, 12);
   batch.writeInt8(BATCH_MAGIC, 16);
-  batch.writeInt16BE(transactional ? ATTR_TRANSACTIONAL : 0, 21);
+  batch.writeInt16BE(attributes, 21);
   batch.writeInt32BE(records.length - 1, 23);
   batch.writeBigInt64BE(baseTimestampMs, 27);
   batch.writeBigInt64BE(maxTimestampMs, 35);
@@ -194,6 +247,7 @@ function readHeader(batch) {
     magic: batch.readInt8(16),
     crc: batch.readUInt32BE(17),
     attributes,
+    compression: CODECS[attributes & ATTR_COMPRESSION_MASK] ?? null,
     isTransactional: Boolean(attributes & ATTR_TRANSACTIONAL),
     isControl: Boolean(attributes & ATTR_CONTROL),
     lastOffsetDelta: batch.readInt32BE(23),
@@ -204,6 +258,29 @@ function readHeader(batch) {
     baseSequence: batch.readInt32BE(53),
     recordCount: batch.readInt32BE(57),
   };
+}
+
+/** The records part of a batch, decompressed: [bytes, start, end]. */
+function recordsPart(batch, header) {
+  const codecId = header.attributes & ATTR_COMPRESSION_MASK;
+  if (codecId === 0) return [batch, HEADER_SIZE_BYTES, batch.length];
+  const name = CODECS[codecId];
+  if (name === undefined) {
+    throw new BatchFormatError(`record batch compression codec is ${codecId}; expected 0 none, ` +
+      '1 gzip, 2 snappy, 3 lz4 or 4 zstd');
+  }
+  if (header.recordCount === 0) return [Buffer.alloc(0), 0, 0];
+  if (name !== 'gzip') {
+    throw new BatchFormatError(`record batch at offset ${header.baseOffset} is compressed with ` +
+      `${name} (codec ${codecId}); this example reads none and gzip only`);
+  }
+  let data;
+  try {
+    data = zlib.gunzipSync(batch.subarray(HEADER_SIZE_BYTES));
+  } catch (exc) {
+    throw new BatchFormatError(`gzip records do not decompress: ${exc.message}`);
+  }
+  return [data, 0, data.length];
 }
 
 /**
@@ -230,41 +307,47 @@ function decodeBatch(batch, options = {}) {
     throw new BatchFormatError(
       `record batch CRC32C is 0x${actualCrc.toString(16)}, header says 0x${header.crc.toString(16)}`);
   }
-  const end = batch.length;
-  const need = (pos, size) => {
-    if (pos + size > end) {
-      throw new BatchFormatError(`record field at byte ${pos} runs past the end of its batch`);
-    }
-  };
+  const [data, start, end] = recordsPart(batch, header);
+  const logAppendTime = Boolean(header.attributes & ATTR_LOG_APPEND_TIME);
   const readBytes = (pos) => {
-    need(pos, 4);
-    const length = batch.readInt32BE(pos);
-    if (length < 0) return [null, pos + 4];
-    need(pos + 4, length);
-    return [Buffer.from(batch.subarray(pos + 4, pos + 4 + length)), pos + 4 + length];
+    const [length, after] = readVarint(data, pos, end);
+    if (length < 0) return [null, after];
+    if (after + length > end) {
+      throw new BatchFormatError(`record field at byte ${after} runs past the end of its batch`);
+    }
+    return [Buffer.from(data.subarray(after, after + length)), after + length];
   };
   const records = [];
-  let pos = HEADER_SIZE_BYTES;
+  let pos = start;
   for (let i = 0; i < header.recordCount; i++) {
-    need(pos, 4 + RECORD_FIXED_BYTES);
-    const length = batch.readInt32BE(pos);
-    const nextPos = pos + 4 + length;
-    need(pos, 4 + length);
-    const offset = header.baseOffset + batch.readInt32BE(pos + 4);
-    const timestampMs = toOffset(header.baseTimestampMs + batch.readBigInt64BE(pos + 8),
-      'timestamp');
+    const [length, bodyStart] = readVarint(data, pos, end);
+    const nextPos = bodyStart + length;
+    if (length < 0 || nextPos > end) {
+      throw new BatchFormatError(`record at byte ${pos} says ${length} bytes, ` +
+        `${end - bodyStart} remain`);
+    }
+    let p = bodyStart + 1; // attributes: unused
+    let timestampDeltaMs;
+    let offsetDelta;
+    [timestampDeltaMs, p] = readVarint(data, p, end, true);
+    [offsetDelta, p] = readVarint(data, p, end);
+    const offset = header.baseOffset + offsetDelta;
     if (offset < minOffset) {
       pos = nextPos;
       continue;
     }
-    let p = pos + 16;
+    const timestampMs = toOffset(
+      logAppendTime ? header.maxTimestampMs : header.baseTimestampMs + timestampDeltaMs,
+      'timestamp');
     let key;
     let value;
+    let headerCount;
     [key, p] = readBytes(p);
     [value, p] = readBytes(p);
-    need(p, 4);
-    const headerCount = batch.readInt32BE(p);
-    p += 4;
+    [headerCount, p] = readVarint(data, p, end);
+    if (headerCount < 0) {
+      throw new BatchFormatError(`record at byte ${pos} has ${headerCount} headers`);
+    }
     const headers = [];
     for (let h = 0; h < headerCount; h++) {
       let hkey;
@@ -273,17 +356,28 @@ function decodeBatch(batch, options = {}) {
       [hvalue, p] = readBytes(p);
       headers.push([hkey === null ? '' : hkey.toString('utf8'), hvalue]);
     }
+    if (p !== nextPos) {
+      throw new BatchFormatError(`record at byte ${pos} says ${length} bytes but holds ` +
+        `${p - bodyStart}`);
+    }
     records.push({ offset, timestampMs, key, value, headers });
     pos = nextPos;
+  }
+  if (pos !== end) {
+    throw new BatchFormatError(`record batch holds ${end - pos} bytes after its ` +
+      `${header.recordCount} records`);
   }
   return { header, records };
 }
 
 module.exports = {
+  ATTR_COMPRESSION_MASK,
   ATTR_CONTROL,
+  ATTR_LOG_APPEND_TIME,
   ATTR_TRANSACTIONAL,
   BATCH_MAGIC,
   BatchFormatError,
+  CODECS,
   CRC_START,
   HEADER_SIZE_BYTES,
   NO_PARTITION_LEADER_EPOCH,

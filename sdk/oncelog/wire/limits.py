@@ -12,6 +12,10 @@ from __future__ import annotations
 MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
 # A topic's max.message.bytes (largest encoded batch) when its config leaves it out.
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+# The most bytes the records of one compressed batch may decompress to. A
+# few compressed bytes can stand for gigabytes; no producer writes a batch
+# this large (Kafka's producers count batch.size before compression).
+MAX_UNCOMPRESSED_RECORDS_BYTES = MAX_GRPC_MESSAGE_BYTES
 
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),

@@ -6,10 +6,15 @@ Order and codes (every message names the partition and the sizes or fields):
 * more bytes than the topic's max.message.bytes: MESSAGE_TOO_LARGE;
 * anything records.validate_batch refuses (short header, wrong magic, length
   field, CRC, counts, sequence fields): CORRUPT_MESSAGE;
+* an intact batch whose attributes name a compression codec of 5-7 (none of
+  Kafka's): INVALID_RECORD, not CORRUPT_MESSAGE, which Kafka's clients
+  retry: the same bytes would be refused for ever;
 * a control batch: INVALID_RECORD (markers come only through WriteTxnMarkers);
 * on a compacted topic, a record without a key: INVALID_RECORD (Kafka's
   "Compacted topic cannot accept message without key": compaction keeps the
   newest record per key, and a record without one has no place in that).
+  Only here are records decoded on produce (decompressed first when the
+  batch is compressed); records that do not decode: CORRUPT_MESSAGE.
 
 Not checked: partition_leader_epoch. Producers write -1, but whatever a
 batch carries is overwritten when the store appends it (records.stamp_batch
@@ -26,6 +31,7 @@ from oncelog.wire.records import (
     HEADER_SIZE_BYTES,
     BatchFormatError,
     BatchHeader,
+    UnsupportedCodecError,
     crc32c,
     first_null_key_offset,
     read_header,
@@ -51,6 +57,8 @@ def check_produce_batch(
         )
     try:
         header = validate_batch(batch, max_size_bytes=max_message_bytes)
+    except UnsupportedCodecError as exc:
+        return Rejection(ErrorCode.INVALID_RECORD, f"{topic_partition}: {exc}")
     except BatchFormatError as exc:
         if _is_intact_but_empty(batch):
             return Rejection(

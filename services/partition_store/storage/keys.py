@@ -24,6 +24,13 @@ re-created topic never sees the old topic's data.
                                                       leader-epoch cache, core/leader_epochs.py)
   C | topic name (utf-8)                           -> topic catalog record (core/topics.py)
   N                                                -> next topic id (controller only)
+  F                                                -> the record format of every stored
+                                                      batch (sealed int64: 2, Kafka's varint
+                                                      records); absent: the fixed-width
+                                                      records of the first format
+  U                                                -> the `L` key of the last batch an
+                                                      unfinished rewrite to format 2 has
+                                                      converted (format_upgrade.py)
 
 `A` entries are written in the same WriteBatch as their marker, so the
 aborted index on disk always matches the markers in the log; retention
@@ -38,6 +45,11 @@ deletes them, deletes the `A` entry of a removed ABORT marker, and writes
 WriteBatch as the log change that changed the cache (a batch of a new
 epoch, a truncation of the log's end or start); core/leader_epochs.py says
 how.
+
+`F` is written when a store first starts on a database (empty or
+rewritten); until then `U` tracks the rewrite, written in the same
+WriteBatch as the batches it converted, so after a crash the rewrite goes on
+after that key: no batch converted twice, none skipped.
 
 Values other than batches are sealed (version byte + CRC32C, core/codec.py).
 ListOffsets by timestamp seeks to the first T key >= ts: every batch before
@@ -58,6 +70,8 @@ COMPACTION = b"K"
 LEADER_EPOCH = b"E"
 CATALOG = b"C"
 TOPIC_ID_COUNTER = b"N"
+LOG_FORMAT = b"F"
+LOG_FORMAT_UPGRADE = b"U"
 # Every kind whose keys start with topic_id | partition: a partition's data.
 PARTITION_KINDS = (LOG, SNAPSHOT, META, TIME_INDEX, ABORTED_TXN, COMPACTION, LEADER_EPOCH)
 
@@ -117,6 +131,16 @@ def log_key_end(topic_id: int, partition: int) -> bytes:
 
 def log_key_offset(key: bytes) -> int:
     return _tail(key)
+
+
+def log_key_partition(key: bytes) -> tuple[int, int]:
+    """(topic_id, partition) of an `L` key."""
+    topic_id, partition = _PARTITION.unpack_from(key, len(LOG))
+    return int(topic_id), int(partition)
+
+
+LOG_START = LOG
+LOG_END = next_prefix(LOG)
 
 
 def snapshot_key(topic_id: int, partition: int, offset: int) -> bytes:
