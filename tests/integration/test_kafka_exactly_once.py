@@ -34,11 +34,14 @@ import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from oncelog import Consumer, Producer, TopicPartition
 from oncelog.testing import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
-RECORDS = 3000
+RECORDS = 6000
 PARTITIONS = 3
+# Small transactions, so that the faults land while many are in flight.
+RECORDS_PER_TXN = 40
 # Failure guards, not expectations.
 DEADLINE_S = 240.0
 READ_DEADLINE_S = 90.0
@@ -114,13 +117,38 @@ def committed(cluster: LocalCluster, group: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
+class Progress:
+    """How far the copier is: the group's committed offsets, summed."""
+
+    def __init__(self, cluster: LocalCluster, group: str, topic: str) -> None:
+        self._consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap,
+                                      "group.id": group})
+        self._topic = topic
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def wait_for(self, records: int) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            try:
+                offsets = self._consumer.committed(
+                    [ck.TopicPartition(self._topic, p) for p in range(PARTITIONS)], timeout=5)
+            except ck.KafkaException:
+                offsets = []
+            if sum(max(tp.offset, 0) for tp in offsets) >= records:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"the copier did not reach {records} records")
+
+
 class Copier:
     """kafka_copier.py as a process, started again after a fatal error."""
 
     def __init__(self, cluster: LocalCluster, source: str, target: str, group: str) -> None:
         self.argv = [sys.executable, "-m", "tests.support.kafka_copier",
                      cluster.kafka_bootstrap, source, target, group, f"{group}-txn",
-                     str(RECORDS)]
+                     str(RECORDS), str(RECORDS_PER_TXN)]
         self.reports: list[str] = []
         self.restarts = 0
 
@@ -144,16 +172,18 @@ def test_librdkafka_read_process_write_under_kill_9_is_exactly_once(
     copier = Copier(cluster, source, target, group)
     worker = threading.Thread(target=copier.run)
     worker.start()
-    # Faults while it copies: a store (a replica, and the leader of some
-    # partitions), then the transaction coordinator.
-    time.sleep(3)
+    # Faults while it copies, each once the copier has made some progress: a
+    # store (a replica, and the leader of some partitions), then the
+    # transaction coordinator.
+    progress = Progress(cluster, group, source)
+    progress.wait_for(RECORDS // 5)
     cluster.kill("partition_store", 1)
-    time.sleep(2)
+    progress.wait_for(RECORDS * 2 // 5)
     cluster.restart("partition_store", 1)
-    time.sleep(2)
     cluster.kill("coordinator", 0)
     time.sleep(1)
     cluster.restart("coordinator", 0)
+    progress.close()
     worker.join(DEADLINE_S + 30)
     assert not worker.is_alive(), "the copier did not finish"
     output = read_committed(cluster, target, RECORDS)
@@ -164,3 +194,50 @@ def test_librdkafka_read_process_write_under_kill_9_is_exactly_once(
                                                   copier.reports)
     assert committed(cluster, group, source) == end_offsets(cluster, source)
     assert json.loads(copier.reports[-1])["committed"] >= 1
+
+
+def test_sdk_transactions_read_by_librdkafka_and_the_reverse(cluster: LocalCluster) -> None:
+    """Our SDK commits one transaction and aborts one; librdkafka reading
+    read_committed sees exactly the committed one. librdkafka commits one
+    and aborts one; our SDK sees exactly its committed one. Both share one
+    topic, partition by partition, in one log."""
+    topic = "mixed"
+    create_topics(cluster, topic)
+    with Producer(bootstrap=cluster.bootstrap_servers, transactional_id="sdk-tx") as ours:
+        ours.init_transactions()
+        for outcome in ("commit", "abort"):
+            ours.begin_transaction()
+            for i in range(10):
+                ours.send(topic, value=b"sdk-%s-%d" % (outcome.encode(), i), partition=i % 3)
+            if outcome == "commit":
+                ours.commit_transaction()
+            else:
+                ours.abort_transaction()
+    theirs = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap,
+                          "transactional.id": "rd-tx"})
+    theirs.init_transactions(60)
+    for outcome in ("commit", "abort"):
+        theirs.begin_transaction()
+        for i in range(10):
+            theirs.produce(topic, value=b"rd-%s-%d" % (outcome.encode(), i), partition=i % 3)
+        if outcome == "commit":
+            theirs.commit_transaction(60)
+        else:
+            theirs.abort_transaction(60)
+    committed_values = {b"%s-commit-%d" % (who, i) for who in (b"sdk", b"rd") for i in range(10)}
+
+    seen_by_librdkafka = read_committed(cluster, topic, len(committed_values))
+    assert sorted(seen_by_librdkafka) == sorted(committed_values)
+
+    seen_by_sdk: list[bytes] = []
+    with Consumer(bootstrap=cluster.bootstrap_servers, isolation_level="read_committed") as sdk:
+        partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        sdk.assign(partitions)
+        for tp in partitions:
+            sdk.seek(tp, 0)
+        deadline = time.monotonic() + READ_DEADLINE_S
+        while len(seen_by_sdk) < len(committed_values) and time.monotonic() < deadline:
+            seen_by_sdk += [r.value for r in sdk.poll(timeout=0.5) if r.value is not None]
+        # Nothing more comes: the aborted records are never delivered.
+        seen_by_sdk += [r.value for r in sdk.poll(timeout=2.0) if r.value is not None]
+    assert sorted(seen_by_sdk) == sorted(committed_values)

@@ -4,7 +4,7 @@ and each polled batch goes to `output` in one transaction with the group's
 offsets (send_offsets_to_transaction). Run as its own process by the
 Kafka-protocol tests, which kill -9 the servers under it:
 
-    python -m tests.support.kafka_copier BOOTSTRAP INPUT OUTPUT GROUP TXN_ID EXPECTED
+    python -m tests.support.kafka_copier BOOTSTRAP INPUT OUTPUT GROUP TXN_ID EXPECTED [PER_TXN]
 
 It handles errors as librdkafka's own transactional example does: an
 abortable error aborts the transaction and rewinds the consumer to the
@@ -26,6 +26,7 @@ import confluent_kafka as ck
 # Failure guards, not expectations: a run that makes no progress this long
 # ends with status 4.
 STALL_S = 120.0
+# Records per transaction unless the caller says otherwise.
 POLL_RECORDS = 200
 FATAL_EXIT = 3
 STALLED_EXIT = 4
@@ -48,8 +49,9 @@ def rewind(consumer: ck.Consumer) -> None:
 
 
 def main(argv: list[str]) -> int:
-    bootstrap, source, target, group, transactional_id, expected_text = argv
+    bootstrap, source, target, group, transactional_id, expected_text, *rest = argv
     expected = int(expected_text)
+    per_txn = int(rest[0]) if rest else POLL_RECORDS
     consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                             "isolation.level": "read_committed", "enable.auto.commit": False,
                             "auto.offset.reset": "earliest", "session.timeout.ms": 10000})
@@ -69,7 +71,7 @@ def main(argv: list[str]) -> int:
             if time.monotonic() - last_progress > STALL_S:
                 print(json.dumps({"stalled": True, "committed": committed_txns}))
                 return STALLED_EXIT
-            messages = [m for m in consumer.consume(POLL_RECORDS, timeout=1.0)
+            messages = [m for m in consumer.consume(per_txn, timeout=1.0)
                         if m.error() is None]
             if not messages:
                 continue
