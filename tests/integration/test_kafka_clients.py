@@ -321,3 +321,80 @@ def test_an_aiokafka_group_reads_and_commits(cluster: LocalCluster) -> None:
     values, committed = asyncio.run(run())
     assert sorted(int(v) for v in values) == list(range(30))
     assert committed == {0: 15, 1: 15}
+
+
+# --------------------------------------------------------------- transactions
+
+
+def committed_values(cluster: LocalCluster, topic: str, partitions: int,
+                     expected: int) -> list[bytes]:
+    """What librdkafka reads under read_committed, once `expected` records
+    arrived and nothing more comes for a while."""
+    consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap,
+                            "group.id": f"committed-{topic}", "enable.auto.commit": False,
+                            "isolation.level": "read_committed"})
+    consumer.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING)
+                     for p in range(partitions)])
+    values: list[bytes] = []
+    quiet_since = time.monotonic()
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.3)
+            if message is None or message.error() is not None:
+                if len(values) >= expected and time.monotonic() - quiet_since > 2:
+                    break
+                continue
+            quiet_since = time.monotonic()
+            value = message.value()
+            assert value is not None
+            values.append(value)
+    finally:
+        consumer.close()
+    return values
+
+
+def test_a_kafka_python_transaction_commits_and_aborts(cluster: LocalCluster) -> None:
+    topic = "kp-txn"
+    create_topic(cluster, topic, 2)
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap,
+                             transactional_id="kp-txn-id")
+    producer.init_transactions()
+    for outcome in ("commit", "abort", "commit2"):
+        producer.begin_transaction()
+        for i in range(5):
+            producer.send(topic, value=b"%s-%d" % (outcome.encode(), i))
+        if outcome == "abort":
+            producer.abort_transaction()
+        else:
+            producer.commit_transaction()
+    producer.close()
+    values = committed_values(cluster, topic, 2, 10)
+    assert sorted(values) == sorted(b"%s-%d" % (o, i) for o in (b"commit", b"commit2")
+                                    for i in range(5))
+
+
+def test_an_aiokafka_transaction_commits_and_aborts(cluster: LocalCluster) -> None:
+    topic = "aio-txn"
+    create_topic(cluster, topic, 2)
+
+    async def run() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap,
+                                    transactional_id="aio-txn-id")
+        await producer.start()
+        try:
+            for outcome in ("commit", "abort", "commit2"):
+                await producer.begin_transaction()
+                for i in range(5):
+                    await producer.send(topic, value=b"%s-%d" % (outcome.encode(), i))
+                if outcome == "abort":
+                    await producer.abort_transaction()
+                else:
+                    await producer.commit_transaction()
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+    values = committed_values(cluster, topic, 2, 10)
+    assert sorted(values) == sorted(b"%s-%d" % (o, i) for o in (b"commit", b"commit2")
+                                    for i in range(5))
