@@ -16,9 +16,10 @@
   aborted transactions and markers filtered out); long-poll on the
   partitions' HW (LSO) waiters up to max_wait_ms.
 * Catalog: node `layout.controller_node_id` owns it. Other nodes forward
-  CreateTopics/DeleteTopics there, learn topics by asking it (ListTopics) on a
-  miss and periodically, keep a copy on disk, and delete the data of topics
-  that disappeared. Placement is `layout.store_for(topic, partition)`.
+  CreateTopics/DeleteTopics/CreatePartitions there, learn topics by asking it
+  (ListTopics) on a miss and periodically, keep a copy on disk, open the new
+  partitions of grown topics, and delete the data of topics that
+  disappeared. Placement is `layout.store_for(topic, partition)`.
 * Housekeeping: snapshots every N batches / T ms, retention, compaction of
   compacted topics (cleaner.py), producer-id expiry, catalog refresh, the
   open-transaction age gauges.
@@ -72,6 +73,7 @@ from .core.topics import (
     TopicRecord,
     decode_topic_record,
     encode_topic_record,
+    grow_topic,
     validate_new_topic,
     validate_topic_name,
 )
@@ -169,6 +171,15 @@ class TopicSpec:
     config: dict[str, str] = field(default_factory=dict)
     # 0: the cluster's default (core/replicas.py); 1 without a metadata store.
     replication_factor: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NewPartitions:
+    """A CreatePartitions entry: topic `name` is to have `count` partitions
+    in all (Kafka's NewPartitions.increaseTo)."""
+
+    name: str
+    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +329,10 @@ class ControllerLink(Protocol):
     ) -> list[TopicOutcome]: ...
 
     async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]: ...
+
+    async def create_partitions(
+        self, specs: Sequence[NewPartitions], *, validate_only: bool
+    ) -> list[TopicOutcome]: ...
 
     async def notify_catalog_changed(self, node_id: int) -> None:
         """Tells another store node to refresh its catalog now (best effort)."""
@@ -739,11 +754,81 @@ class StoreRuntime:
             await self._notify_peers()
         return outcomes
 
+    async def create_partitions(
+        self, specs: Sequence[NewPartitions], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        """Grows topics (Kafka's CreatePartitions), each on its own: a topic
+        that is refused does not stop the others. The new partitions open
+        on their stores at once and existing ones keep their records."""
+        if not self.config.is_controller:
+            return await self._forward_create_partitions(specs, validate_only=validate_only)
+        self._check_accepting()
+        counts: dict[str, int] = {}
+        for spec in specs:
+            counts[spec.name] = counts.get(spec.name, 0) + 1
+        now_ms = self._clock_ms()
+        group = WriteGroup()
+        outcomes = []
+        for spec in specs:
+            record = self._catalog.get(spec.name)
+            topic_id, before = (record.topic_id, record.partitions) if record else (0, 0)
+            if counts[spec.name] > 1:
+                outcomes.append(TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"topic {spec.name!r} appears {counts[spec.name]} times in one request",
+                ), topic_id))
+                continue
+            after = grow_topic(spec.name, record, spec.count)
+            if isinstance(after, Rejection):
+                outcomes.append(TopicOutcome(
+                    spec.name, ServiceError(after.code, after.message), topic_id))
+                continue
+            if not validate_only:
+                # Applied to memory now, as create_topics does: a concurrent
+                # request sees the new count; the reply waits for durability.
+                self._update_topic(after, group, now_ms)
+                log.info("topic %s (id %d) grew from %d to %d partitions", spec.name,
+                         topic_id, before, after.partitions)
+            outcomes.append(TopicOutcome(spec.name, None, topic_id))
+        if group.ops:
+            await self._writer.submit(group)
+            # The new partitions live on other stores too: they open them
+            # when they learn the count, before this answer when reachable.
+            await self._notify_peers()
+        return outcomes
+
+    def _update_topic(self, record: TopicRecord, group: WriteGroup, now_ms: int) -> None:
+        """Takes a newer catalog record of a known topic (the same topic id:
+        more partitions, or another configuration): the open partitions get
+        it, and new partitions placed here open (empty)."""
+        self._catalog[record.name] = record
+        group.put(keys.catalog_key(record.name), encode_topic_record(record))
+        for p in range(record.partitions):
+            part = self._partitions.get((record.name, p))
+            if part is not None:
+                part.topic = record
+            elif (self.config.node_id in self.partition_state(record.name, p).replicas
+                  and (record.name, p) not in self._rewriting):
+                self._open_partition(record, p, now_ms)
+
+    async def _forward_create_partitions(
+        self, specs: Sequence[NewPartitions], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        try:
+            outcomes = await self._link().create_partitions(specs, validate_only=validate_only)
+        except ServiceError as exc:
+            return [TopicOutcome(s.name, exc) for s in specs]
+        if not validate_only:
+            # So that this store's Metadata answers the new count at once.
+            await self.refresh_catalog()
+        return outcomes
+
     async def _notify_peers(self) -> None:
         """Tells the other store nodes to refresh their catalog, waiting up to
         PEER_NOTIFY_WAIT_MS so that reachable peers have dropped a deleted
-        topic when DeleteTopics answers; slow ones finish in the background
-        (and every node also refreshes on a miss and periodically)."""
+        topic when DeleteTopics answers (opened a grown topic's new
+        partitions when CreatePartitions answers); slow ones finish in the
+        background (and every node also refreshes on a miss and periodically)."""
         if self._controller is None:
             return
         tasks = []
@@ -824,16 +909,9 @@ class StoreRuntime:
             if current is None:
                 self._add_topic(record, group, now_ms)
             elif current != record:
-                # Same topic id, new configuration or partition count.
-                self._catalog[name] = record
-                group.put(keys.catalog_key(name), encode_topic_record(record))
-                for p in range(record.partitions):
-                    part = self._partitions.get((name, p))
-                    if part is not None:
-                        part.topic = record
-                    elif (self.config.node_id in self.partition_state(name, p).replicas
-                          and (name, p) not in self._rewriting):
-                        self._open_partition(record, p, now_ms)
+                # Same topic id, new configuration or partition count
+                # (CreatePartitions): the same steps as on the catalog's owner.
+                self._update_topic(record, group, now_ms)
         self._apply_states(now_ms)
         if group.ops:
             await self._writer.submit(group)
