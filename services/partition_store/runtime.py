@@ -923,20 +923,27 @@ class StoreRuntime:
 
     @property
     def catalog_node_id(self) -> int:
-        """The store that takes CreateTopics/DeleteTopics: node 0 with single
-        copies; on a replicated cluster any store (this one) does."""
+        """The store that takes CreateTopics/DeleteTopics/CreatePartitions:
+        node 0 with single copies; on a replicated cluster any store (this
+        one) does."""
         return self.config.node_id if self.config.replicated else self.layout.controller_node_id
 
     def clock_ms(self) -> int:
         return self._clock_ms()
 
-    async def _ensure_known(self, names: Iterable[str]) -> None:
+    async def _ensure_known(self, names: Iterable[str],
+                            partitions: Iterable[tuple[str, int]] = ()) -> None:
         """On a non-controller node, asks the controller once when a topic is
-        not in the cached catalog. Returns without awaiting anything when all
-        are known, so callers keep their synchronous ordering."""
+        not in the cached catalog, or (`partitions`) has fewer partitions
+        than a request names: the topic may have grown since (a node that
+        missed the controller's nudge would otherwise refuse a new partition
+        until its next periodic refresh). Returns without awaiting anything
+        when all are known, so callers keep their synchronous ordering."""
         if self.config.is_controller:
             return
-        if all(name in self._catalog for name in names):
+        catalog = self._catalog
+        if all(name in catalog for name in names) and all(
+                t not in catalog or p < catalog[t].partitions for t, p in partitions):
             return
         await self._refresh_quietly()
 
@@ -1065,7 +1072,8 @@ class StoreRuntime:
         producer's transaction (the client sent no AddPartitionsToTxn).
         `coordinator_write`: the coordinators' own writes, the only ones
         internal topics take."""
-        await self._ensure_known({item.topic for item in items})
+        await self._ensure_known({item.topic for item in items},
+                                 [(item.topic, item.partition) for item in items])
         now_ms = self._clock_ms()
         skip_verification = self._skips_verification(add_partitions_to_txn)
         outcomes: list[ProduceOutcome | None] = []
@@ -1387,7 +1395,8 @@ class StoreRuntime:
         next_fetch_offset past them rather than waiting with nothing new.
         `client_filters`: for readers that filter by themselves (Kafka's
         clients; PartitionRuntime.read says what changes)."""
-        await self._ensure_known({item.topic for item in items})
+        await self._ensure_known({item.topic for item in items},
+                                 [(item.topic, item.partition) for item in items])
         loop = asyncio.get_running_loop()
         wait_s = min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
         deadline = loop.time() + wait_s
@@ -1458,7 +1467,8 @@ class StoreRuntime:
     async def list_offsets(
         self, queries: Sequence[OffsetQuery], *, isolation: Isolation
     ) -> list[OffsetOutcome]:
-        await self._ensure_known({q.topic for q in queries})
+        await self._ensure_known({q.topic for q in queries},
+                                 [(q.topic, q.partition) for q in queries])
         outcomes = []
         for q in queries:
             try:

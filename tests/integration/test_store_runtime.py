@@ -577,6 +577,61 @@ def test_create_partitions_across_two_nodes(tmp_path: Path) -> None:
     run(body)
 
 
+class DeafLink(InProcessLink):
+    """A link over which the controller's "the catalog changed" nudge is
+    lost (a store unreachable at that moment)."""
+
+    async def notify_catalog_changed(self, node_id: int) -> None:
+        pass
+
+
+def test_a_store_that_missed_the_growth_learns_it_when_a_new_partition_is_asked(
+        tmp_path: Path) -> None:
+    """Without the nudge, node 1 still has the old count cached; a produce,
+    fetch or ListOffsets naming one of the new partitions makes it ask the
+    controller, instead of refusing until its periodic refresh."""
+    layout = ClusterLayout(stores=("127.0.0.1:1", "127.0.0.1:2"))
+
+    async def body() -> None:
+        link = DeafLink()
+        node0 = StoreRuntime(RocksStore(tmp_path / "n0"), _config(layout=layout),
+                             controller=link)
+        node1 = StoreRuntime(RocksStore(tmp_path / "n1"), _config(layout=layout, node_id=1),
+                             controller=link)
+        link.controller, link.nodes = node0, {1: node1}
+        await node0.start()
+        await node1.start()
+        await create(node0, "late", partitions=1)
+        await node1.refresh_catalog()
+        [grown] = await node0.create_partitions([NewPartitions("late", 6)],
+                                                validate_only=False)
+        assert grown.error is None
+        assert [r.partitions for r in node1.topics(include_internal=False)] == [1]
+        on1 = [p for p in range(1, 6) if layout.store_for("late", p) == 1]
+        assert len(on1) >= 2, "the test needs two new partitions on node 1"
+        out = await produce(node1, "late", batch(0), partition=on1[0])
+        assert (out.error, out.base_offset) == (None, 0)
+        assert [r.partitions for r in node1.topics(include_internal=False)] == [6]
+        # The same for a fetch and for ListOffsets, each after another growth.
+        for count, ask in ((9, "fetch"), (12, "list offsets")):
+            [again] = await node0.create_partitions([NewPartitions("late", count)],
+                                                    validate_only=False)
+            assert again.error is None
+            new = next(p for p in range(count - 3, count) if layout.store_for("late", p) == 1)
+            if ask == "fetch":
+                [read] = await node1.fetch([FetchItem("late", new, 0)])
+                assert (read.error, read.high_watermark) == (None, 0)
+            else:
+                [end] = await node1.list_offsets([OffsetQuery("late", new, -1)],
+                                                 isolation=Isolation.READ_UNCOMMITTED)
+                assert (end.error, end.offset) == (None, 0)
+            assert [r.partitions for r in node1.topics(include_internal=False)] == [count]
+        await node0.close()
+        await node1.close()
+
+    run(body)
+
+
 def test_validate_only_creates_nothing(tmp_path: Path) -> None:
     async def body() -> None:
         rt = await _open(tmp_path / "db")
