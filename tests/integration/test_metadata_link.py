@@ -18,12 +18,13 @@ hand-driven clock; leases expire when the clock passes them.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from prometheus_client import REGISTRY
 
 from oncelog.wire.errors import ErrorCode
 from services.common.cluster import ClusterLayout, stable_hash
-from services.common.metadata_store import MemoryMetadataStore
+from services.common.metadata_store import METADATA_TXN_OPS_MAX, MemoryMetadataStore
 from services.partition_store.core.replicas import (
     NO_LEADER,
     PartitionState,
@@ -311,5 +312,43 @@ def test_growing_a_topic_places_new_partitions_and_loses_to_a_concurrent_change(
         assert smaller.error is not None and smaller.error.code == ErrorCode.INVALID_PARTITIONS
         assert "has 6 partitions; 3 would not be an increase" in smaller.error.message
         assert (await links[0].refresh()).topics["t"].partitions == 6
+
+    asyncio.run(run())
+
+
+def test_growing_by_more_partitions_than_one_transaction_holds_goes_in_whole_steps() -> None:
+    """etcd takes at most METADATA_TXN_OPS_MAX writes per transaction (the
+    memory store enforces the same): 1 -> 300 partitions lands as several
+    growths, each with its record and its partitions' states, and ends with
+    every partition placed."""
+    async def run() -> None:
+        clock = Clock()
+        _store, links = _links(clock)
+        await _register_all(links)
+        [made] = await links[0].create_topics([TopicSpec("wide", 1, {}, 3)],
+                                              validate_only=False)
+        counts: list[int] = []
+        client = links[1].store
+        real_commit = client.commit
+
+        async def watching(*args: Any, **kwargs: Any) -> bool:
+            done = await real_commit(*args, **kwargs)
+            counts.append((await links[0].refresh()).topics["wide"].partitions)
+            return done
+
+        client.commit = watching  # type: ignore[method-assign]
+        [grown] = await links[1].create_partitions([NewPartitions("wide", 300)],
+                                                   validate_only=False)
+        client.commit = real_commit  # type: ignore[method-assign]
+        assert (grown.error, grown.topic_id) == (None, made.topic_id)
+        assert len(counts) == 3 and counts[-1] == 300, counts
+        steps = [b - a for a, b in zip([1, *counts], counts, strict=False)]
+        step = METADATA_TXN_OPS_MAX - 1
+        assert steps == [step, step, 300 - 1 - 2 * step], steps
+        view = await links[0].refresh()
+        placed = assign_replicas(first_store_index=stable_hash("wide"), partitions=300,
+                                 stores=[0, 1, 2], replication_factor=3)
+        assert sorted(p for t, p in view.states if t == "wide") == list(range(300))
+        assert all(view.states[("wide", p)] == initial_state(placed[p]) for p in range(300))
 
     asyncio.run(run())
