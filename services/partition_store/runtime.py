@@ -820,7 +820,9 @@ class StoreRuntime:
             return [TopicOutcome(s.name, exc) for s in specs]
         if not validate_only:
             # So that this store's Metadata answers the new count at once.
-            await self.refresh_catalog()
+            # Quietly: the topics grew, and a refresh that fails now must
+            # not turn that answer into an error (the next one catches up).
+            await self._refresh_quietly()
         return outcomes
 
     async def _notify_peers(self) -> None:

@@ -10,13 +10,18 @@ same count, an unknown or an internal topic are refused with typed errors
 and change nothing, and so does validate_only; a group consumer subscribed
 to the topic is assigned the new partitions by the group coordinator and
 reads their records. The single-copy cluster also grows a topic through a
-store that does not keep the catalog (forwarded to the one that does).
+store that does not keep the catalog (forwarded to the one that does), and
+through a proxy that loses the store's answer: Admin's retry, refused with
+"already has N partitions", counts as done when N is the count it asked
+for.
 
 Method: one LocalCluster per kind (two stores without etcd; three stores
 with one etcd member), the SDK's Admin, Producer and Consumer as an
 application uses them, raw gRPC to each store's Metadata and to a
-non-controller's CreatePartitions. Waits are bounded polls on observable
-state (metadata, assignment, records read); no assertion depends on timing.
+non-controller's CreatePartitions, a ProxyMesh (tests/support/grpc_proxy.py)
+dropping chosen CreatePartitions answers after the store acted. Waits are
+bounded polls on observable state (metadata, assignment, records read); no
+assertion depends on timing.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from oncelog import Admin, Consumer, Producer, TopicPartition, errors
 from oncelog.testing import LocalCluster
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
+from tests.support.grpc_proxy import DropPolicy, ProxyMesh
+
+CREATE_PARTITIONS = "/oncelog.v1.PartitionStore/CreatePartitions"
 
 _ids = itertools.count()
 WAIT_S = 60.0
@@ -242,3 +250,26 @@ def test_replicated_grows_with_replicas_placed_as_a_new_topic(replicated: LocalC
     replicated.wait_in_sync([topic])
     assert read_back(replicated, topic, range(AFTER)) == {
         p: ([b"before-%d" % p] if p < BEFORE else []) + [b"after-%d" % p] for p in range(AFTER)}
+
+
+def test_a_lost_answer_retried_is_not_an_error(single: LocalCluster) -> None:
+    """The store grows the topic and the answer is lost on the way back: the
+    Admin's retry is refused ("already has 4 partitions"), and Admin sees
+    that the topic has the count it asked for, so the call succeeds."""
+    topic = f"grow-{next(_ids)}"
+    with Admin(bootstrap=single.bootstrap_servers) as admin:
+        admin.create_topic(topic, partitions=2)
+    policy = DropPolicy(drop={CREATE_PARTITIONS: {1}})
+    with ProxyMesh.in_front_of(single, policy) as mesh, \
+            Admin(bootstrap=mesh.bootstrap) as admin:
+        admin.create_partitions({topic: 4})
+        assert policy.dropped == 1
+        assert admin.list_topics()[topic] == 4
+        # Again (the 3rd call's answer lost, the 4th a retry); a refusal
+        # that no lost answer explains stays an error.
+        policy.drop[CREATE_PARTITIONS] = {3}
+        admin.create_partitions({topic: 6})
+        assert policy.dropped == 2
+        assert admin.list_topics()[topic] == 6
+        with pytest.raises(errors.InvalidPartitionsError, match="has 6 partitions; 5"):
+            admin.create_partitions({topic: 5})
