@@ -118,7 +118,7 @@ def _ms(timeout_s: float) -> int:
 
 
 class Admin:
-    """Creates, deletes, lists and describes topics; lists, describes and
+    """Creates, grows, deletes, lists and describes topics; lists, describes and
     aborts transactions; finds and aborts hanging transactions; lists,
     describes and deletes consumer groups, and shows and resets their
     offsets; creates, describes and deletes ACLs."""
@@ -211,6 +211,65 @@ class Admin:
         if not validate_only:
             self._client.invalidate_metadata()
         return out
+
+    @_within_budget
+    def create_partitions(
+        self, new_partitions: Mapping[str, int], *, validate_only: bool = False
+    ) -> None:
+        """Grows topics to a new total partition count each (Kafka's
+        createPartitions): `{"payments": 6}` gives payments 6 partitions in
+        all. Existing partitions keep their records; keys hashed over the
+        count may go to other partitions from now on. With validate_only
+        the cluster checks the request and changes nothing.
+
+        Each topic is handled on its own; the first refusal, in the order
+        given, is raised (its message names the topic): InvalidPartitionsError
+        (the count does not grow, or is over the limit),
+        UnknownTopicOrPartitionError, InvalidRequestError (an internal topic).
+        A retry after a lost answer that finds the topic already grown to
+        the count asked for counts as done."""
+        counts = dict(new_partitions)
+        for name, count in counts.items():
+            if not isinstance(name, str):
+                raise TypeError(f"create_partitions() takes topic names as keys, got {name!r}")
+            if type(count) is not int:
+                raise TypeError(f"{name}: the new partition count must be an int, got {count!r}")
+        if not counts:
+            return
+        request = partition_store_pb2.CreatePartitionsRequest(
+            topics=[partition_store_pb2.CreatePartitionsTopic(name=name, count=count)
+                    for name, count in counts.items()],
+            validate_only=validate_only,
+        )
+        sent = 0
+
+        def attempt(timeout_s: float) -> partition_store_pb2.CreatePartitionsResponse:
+            nonlocal sent
+            deadline_s = time.monotonic() + timeout_s
+            address, stub = self._controller(timeout_s)
+            sent += 1
+            return self._rpc(address, stub.CreatePartitions, request, deadline_s)
+
+        resp = self._call("CreatePartitions", attempt)
+        failures: dict[str, OncelogError] = {}
+        for result in resp.results:
+            exc = error_from_proto(result.error)
+            if exc is not None:
+                failures[result.name] = exc
+        if not validate_only:
+            self._client.invalidate_metadata()
+            if sent > 1 and any(e.code is ErrorCode.INVALID_PARTITIONS
+                                for e in failures.values()):
+                # An earlier attempt may have grown the topic and lost its answer.
+                topics = self._refreshed_metadata().topics
+                for name, exc in list(failures.items()):
+                    info = topics.get(name)
+                    if (exc.code is ErrorCode.INVALID_PARTITIONS and info is not None
+                            and info.num_partitions == counts[name]):
+                        del failures[name]
+        for name in counts:
+            if name in failures:
+                raise failures[name]
 
     @_within_budget
     def alter_partition_reassignments(

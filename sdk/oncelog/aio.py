@@ -759,6 +759,11 @@ class AIOAdmin:
         return await self._call(self._admin.create_topics, list(topics),
                                 validate_only=validate_only)
 
+    async def create_partitions(self, new_partitions: Mapping[str, int], *,
+                                validate_only: bool = False) -> None:
+        await self._call(self._admin.create_partitions, dict(new_partitions),
+                         validate_only=validate_only)
+
     async def alter_partition_reassignments(
             self, reassignments: Mapping[TopicPartition, Sequence[int]]
     ) -> dict[TopicPartition, OncelogError | None]:

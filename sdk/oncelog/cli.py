@@ -4,6 +4,7 @@
     export ONCELOG_BOOTSTRAP=127.0.0.1:PORT
     oncelog topics create payments --partitions 3 --config retention.ms=86400000
     oncelog topics list | describe payments | delete payments
+    oncelog topics add-partitions payments --partitions 6
     printf 'a\\nb\\n' | oncelog produce payments
     oncelog produce payments --file lines.txt --parse-key --headers
     oncelog consume payments --from-beginning
@@ -292,7 +293,8 @@ def build_parser() -> CliParser:
     up.add_argument("--coordinators", type=int, default=1)
     up.add_argument("--group-coordinators", type=int, default=1)
 
-    topics = commands.add_parser("topics", help="create, list, describe, delete topics")
+    topics = commands.add_parser("topics",
+                                 help="create, list, describe, delete topics, add partitions")
     topic_cmds = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = topic_cmds.add_parser("create", parents=[common], help="create a topic")
     create.add_argument("name")
@@ -313,6 +315,14 @@ def build_parser() -> CliParser:
     _add_output_option(describe)
     delete = topic_cmds.add_parser("delete", parents=[common], help="delete a topic")
     delete.add_argument("name")
+    grow = topic_cmds.add_parser(
+        "add-partitions", parents=[common],
+        help="grow a topic to more partitions (existing ones keep their records)")
+    grow.add_argument("name")
+    grow.add_argument("--partitions", type=int, required=True, metavar="N",
+                      help="the topic's new total partition count (more than it has)")
+    grow.add_argument("--validate-only", action="store_true",
+                      help="check with the cluster, change nothing")
 
     partitions = commands.add_parser(
         "partitions", help="move partition replicas (a replicated cluster)")
@@ -1072,6 +1082,15 @@ def _topics(args: argparse.Namespace) -> int:
                 for p in d.partitions
             ]
             _print_table(rows)
+        elif args.action == "add-partitions":
+            with _working(f"growing topic {args.name} to {args.partitions} partitions"):
+                admin.create_partitions({args.name: args.partitions},
+                                        validate_only=args.validate_only)
+            if args.validate_only:
+                print(f"topic {args.name} can grow to {args.partitions} partitions "
+                      "(validate only: nothing changed)")
+            else:
+                print(f"topic {args.name} now has {args.partitions} partitions")
         else:
             with _working(f"deleting topic {args.name}"):
                 admin.delete_topic(args.name)

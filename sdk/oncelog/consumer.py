@@ -827,11 +827,12 @@ class Consumer:
         try:
             answers = self._list_offsets(wanted, budget_ms=remaining_ms(deadline_s))
         except OncelogError as exc:
-            if raise_errors or not exc.retriable:
+            if raise_errors or not (exc.retriable or self._group_is_ahead(exc)):
                 raise
             for tp in wanted:
                 self._back_off(self._assignment[tp])
-            self._log_unreachable(exc, "a position reset")
+            if exc.retriable:
+                self._log_unreachable(exc, "a position reset")
             return
         for tp, (offset, _ts) in answers.items():
             resolved = self._assignment.get(tp)
@@ -909,6 +910,15 @@ class Consumer:
                 st_or_none.reset = None
             else:
                 st_or_none.reset = self._default_reset()
+
+    def _group_is_ahead(self, exc: OncelogError) -> bool:
+        """Whether `exc` says a partition the group assigned is not in this
+        consumer's metadata yet: the group coordinator learned of a topic's
+        new partitions (CreatePartitions) before the store this consumer
+        asked did. Retried after a backoff, not raised: the partition
+        exists, and a topic really gone is revoked by the coordinator."""
+        return (self._subscription is not None
+                and exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
 
     def _back_off(self, st: _PartitionState) -> None:
         st.attempts += 1
@@ -1073,7 +1083,7 @@ class Consumer:
         """Asks for metadata again, at most once per retry_backoff_ms, by
         deadline_s; True when it got an answer. Raises
         UnknownTopicOrPartitionError for an assigned partition that does not
-        exist."""
+        exist, unless the group assigned it (_group_is_ahead: waited for)."""
         now_s = time.monotonic()
         if (now_s - self._last_refresh_s) * 1000 < self._retry_backoff_ms:
             return False
@@ -1097,11 +1107,13 @@ class Consumer:
                 if refusal is not None:
                     raise refusal
             if info is None or tp.partition >= info.num_partitions:
-                raise errors.error_for(
+                missing = errors.error_for(
                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                     f"assigned partition {tp.topic}-{tp.partition} does not exist"
                     + ("" if info is None else f" (the topic has {info.num_partitions})"),
                 )
+                if not self._group_is_ahead(missing):
+                    raise missing
         return True
 
     def _log_unreachable(self, exc: OncelogError, what: str) -> None:

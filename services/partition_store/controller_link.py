@@ -16,7 +16,7 @@ from ..common.cluster import ClusterLayout
 from ..common.errors import ServiceError
 from .convert import error_from_proto, topic_record_from_metadata
 from .core.topics import TopicRecord
-from .runtime import TopicOutcome, TopicSpec
+from .runtime import NewPartitions, TopicOutcome, TopicSpec
 
 log = logging.getLogger("oncelog.partition_store.controller_link")
 
@@ -80,6 +80,23 @@ class GrpcControllerLink:
                 partition_store_pb2.DeleteTopicsRequest(names=list(names)),
                 timeout=self._timeout_s,
             )
+        except grpc.aio.AioRpcError as exc:
+            raise self._unreachable(exc) from exc
+        return [
+            TopicOutcome(r.name, error_from_proto(r.error), r.topic_id) for r in response.results
+        ]
+
+    async def create_partitions(
+        self, specs: Sequence[NewPartitions], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        stub = self._stub(self._layout.controller_node_id)
+        request = partition_store_pb2.CreatePartitionsRequest(
+            topics=[partition_store_pb2.CreatePartitionsTopic(name=s.name, count=s.count)
+                    for s in specs],
+            validate_only=validate_only,
+        )
+        try:
+            response = await stub.CreatePartitions(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise self._unreachable(exc) from exc
         return [

@@ -16,8 +16,8 @@ its ISR, two nodes creating the same topic) cannot both win: the loser reads
 again and decides again. Nothing here is a consensus algorithm of our own.
 
 `MetadataLink` is the store's ControllerLink when the cluster has a metadata
-store: any store creates and deletes topics itself (no forwarding), every
-store reads the whole tree at once (`refresh`, one range read) and the
+store: any store creates, grows and deletes topics itself (no forwarding),
+every store reads the whole tree at once (`refresh`, one range read) and the
 elected controller moves leadership away from stores whose lease ended.
 """
 
@@ -27,7 +27,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from oncelog.wire.errors import ErrorCode
@@ -35,6 +35,7 @@ from oncelog.wire.errors import ErrorCode
 from ..common.cluster import ClusterLayout, stable_hash
 from ..common.errors import ServiceError
 from ..common.metadata_store import (
+    METADATA_TXN_OPS_MAX,
     Compare,
     MetadataStore,
     MetadataUnavailable,
@@ -58,16 +59,18 @@ from .core.replicas import (
     initial_state,
     is_unclean,
     plan_preferred_elections,
+    replication_factor_of,
     shrink_isr,
 )
 from .core.topics import (
     INTERNAL_TOPIC_CONFIG,
     TopicRecord,
+    grow_topic,
     topic_record_from_json,
     topic_record_json,
     validate_new_topic,
 )
-from .runtime import TopicOutcome, TopicSpec
+from .runtime import NewPartitions, TopicOutcome, TopicSpec
 
 log = logging.getLogger("oncelog.partition_store.metadata")
 
@@ -293,6 +296,82 @@ class MetadataLink:
                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                     f"topic {name!r} changed while it was being deleted; try again")))
         return outcomes
+
+    async def create_partitions(
+        self, specs: Sequence[NewPartitions], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        counts: dict[str, int] = {}
+        for spec in specs:
+            counts[spec.name] = counts.get(spec.name, 0) + 1
+        outcomes = []
+        for spec in specs:
+            if counts[spec.name] > 1:
+                outcomes.append(TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"topic {spec.name!r} appears {counts[spec.name]} times in one request")))
+                continue
+            outcomes.append(await self._grow_one(spec, validate_only=validate_only))
+        return outcomes
+
+    async def _grow_one(self, spec: NewPartitions, *, validate_only: bool) -> TopicOutcome:
+        """One topic's new partitions: the catalog record with the new count
+        and each new partition's state (placed as a new topic's partitions
+        are, with the replication factor of the topic's partition 0), in one
+        transaction guarded by the revision of the topic's record, so two
+        concurrent requests (or a deletion) cannot both apply: the loser
+        reads again and decides again.
+
+        A transaction holds at most METADATA_TXN_OPS_MAX writes, so a topic
+        that gains more partitions than fit grows in steps, each a whole
+        growth of its own (the record's count and those partitions' states
+        together): readers see a smaller count for a moment, never a count
+        without its states. Should a step fail, the topic keeps the steps
+        done so far and the same request sent again goes on from there."""
+        grown_here = False
+        while True:
+            view = await self.refresh()
+            record = view.topics.get(spec.name)
+            after = grow_topic(spec.name, record, spec.count)
+            topic_id = record.topic_id if record is not None else 0
+            if isinstance(after, Rejection):
+                if grown_here and record is not None and record.partitions == spec.count:
+                    return TopicOutcome(spec.name, None, topic_id)  # its last step landed
+                return TopicOutcome(spec.name, ServiceError(after.code, after.message), topic_id)
+            first = view.states.get((spec.name, 0))
+            if first is None:
+                return TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {spec.name!r} has no state for partition 0 in the metadata "
+                    "store; it cannot grow until it has one"), topic_id)
+            stores = sorted(self.store_addresses())
+            rf = replication_factor_of(first)
+            if rf > len(stores):
+                return TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"topic {spec.name!r}: its replication factor {rf} needs {rf} stores, "
+                    f"the cluster has {len(stores)}"), topic_id)
+            if validate_only:
+                return TopicOutcome(spec.name, None, topic_id)
+            before = view.topics[spec.name].partitions
+            # One write is the record's; the rest are partition states.
+            step = replace(after, partitions=min(after.partitions,
+                                                 before + METADATA_TXN_OPS_MAX - 1))
+            replicas = assign_replicas(
+                first_store_index=stable_hash(spec.name), partitions=step.partitions - before,
+                stores=stores, replication_factor=rf, first_partition=before,
+            )
+            puts = [Put(self._topic_key(spec.name), topic_record_json(step))]
+            puts += [
+                Put(self._state_key(spec.name, p), initial_state(r).to_json())
+                for p, r in enumerate(replicas, start=before)
+            ]
+            compares = [Compare(self._topic_key(spec.name), view.topic_revisions[spec.name])]
+            if await self._call(self.store.commit(compares, puts, ())):
+                grown_here = True
+                log.info("topic %s (id %d) grew from %d to %d partitions (replication "
+                         "factor %d)", spec.name, topic_id, before, step.partitions, rf)
+                if step.partitions == spec.count:
+                    return TopicOutcome(spec.name, None, topic_id)
 
     def partition_states(self) -> Mapping[TopicPartitionKey, PartitionState]:
         return self.view.states

@@ -16,9 +16,10 @@
   aborted transactions and markers filtered out); long-poll on the
   partitions' HW (LSO) waiters up to max_wait_ms.
 * Catalog: node `layout.controller_node_id` owns it. Other nodes forward
-  CreateTopics/DeleteTopics there, learn topics by asking it (ListTopics) on a
-  miss and periodically, keep a copy on disk, and delete the data of topics
-  that disappeared. Placement is `layout.store_for(topic, partition)`.
+  CreateTopics/DeleteTopics/CreatePartitions there, learn topics by asking it
+  (ListTopics) on a miss and periodically, keep a copy on disk, open the new
+  partitions of grown topics, and delete the data of topics that
+  disappeared. Placement is `layout.store_for(topic, partition)`.
 * Housekeeping: snapshots every N batches / T ms, retention, compaction of
   compacted topics (cleaner.py), producer-id expiry, catalog refresh, the
   open-transaction age gauges.
@@ -72,6 +73,7 @@ from .core.topics import (
     TopicRecord,
     decode_topic_record,
     encode_topic_record,
+    grow_topic,
     validate_new_topic,
     validate_topic_name,
 )
@@ -170,6 +172,15 @@ class TopicSpec:
     config: dict[str, str] = field(default_factory=dict)
     # 0: the cluster's default (core/replicas.py); 1 without a metadata store.
     replication_factor: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NewPartitions:
+    """A CreatePartitions entry: topic `name` is to have `count` partitions
+    in all (Kafka's NewPartitions.increaseTo)."""
+
+    name: str
+    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +334,10 @@ class ControllerLink(Protocol):
     ) -> list[TopicOutcome]: ...
 
     async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]: ...
+
+    async def create_partitions(
+        self, specs: Sequence[NewPartitions], *, validate_only: bool
+    ) -> list[TopicOutcome]: ...
 
     async def notify_catalog_changed(self, node_id: int) -> None:
         """Tells another store node to refresh its catalog now (best effort)."""
@@ -746,11 +761,83 @@ class StoreRuntime:
             await self._notify_peers()
         return outcomes
 
+    async def create_partitions(
+        self, specs: Sequence[NewPartitions], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        """Grows topics (Kafka's CreatePartitions), each on its own: a topic
+        that is refused does not stop the others. The new partitions open
+        on their stores at once and existing ones keep their records."""
+        if not self.config.is_controller:
+            return await self._forward_create_partitions(specs, validate_only=validate_only)
+        self._check_accepting()
+        counts: dict[str, int] = {}
+        for spec in specs:
+            counts[spec.name] = counts.get(spec.name, 0) + 1
+        now_ms = self._clock_ms()
+        group = WriteGroup()
+        outcomes = []
+        for spec in specs:
+            record = self._catalog.get(spec.name)
+            topic_id, before = (record.topic_id, record.partitions) if record else (0, 0)
+            if counts[spec.name] > 1:
+                outcomes.append(TopicOutcome(spec.name, ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"topic {spec.name!r} appears {counts[spec.name]} times in one request",
+                ), topic_id))
+                continue
+            after = grow_topic(spec.name, record, spec.count)
+            if isinstance(after, Rejection):
+                outcomes.append(TopicOutcome(
+                    spec.name, ServiceError(after.code, after.message), topic_id))
+                continue
+            if not validate_only:
+                # Applied to memory now, as create_topics does: a concurrent
+                # request sees the new count; the reply waits for durability.
+                self._update_topic(after, group, now_ms)
+                log.info("topic %s (id %d) grew from %d to %d partitions", spec.name,
+                         topic_id, before, after.partitions)
+            outcomes.append(TopicOutcome(spec.name, None, topic_id))
+        if group.ops:
+            await self._writer.submit(group)
+            # The new partitions live on other stores too: they open them
+            # when they learn the count, before this answer when reachable.
+            await self._notify_peers()
+        return outcomes
+
+    def _update_topic(self, record: TopicRecord, group: WriteGroup, now_ms: int) -> None:
+        """Takes a newer catalog record of a known topic (the same topic id:
+        more partitions, or another configuration): the open partitions get
+        it, and new partitions placed here open (empty)."""
+        self._catalog[record.name] = record
+        group.put(keys.catalog_key(record.name), encode_topic_record(record))
+        for p in range(record.partitions):
+            part = self._partitions.get((record.name, p))
+            if part is not None:
+                part.topic = record
+            elif (self.config.node_id in self.partition_state(record.name, p).replicas
+                  and (record.name, p) not in self._rewriting):
+                self._open_partition(record, p, now_ms)
+
+    async def _forward_create_partitions(
+        self, specs: Sequence[NewPartitions], *, validate_only: bool
+    ) -> list[TopicOutcome]:
+        try:
+            outcomes = await self._link().create_partitions(specs, validate_only=validate_only)
+        except ServiceError as exc:
+            return [TopicOutcome(s.name, exc) for s in specs]
+        if not validate_only:
+            # So that this store's Metadata answers the new count at once.
+            # Quietly: the topics grew, and a refresh that fails now must
+            # not turn that answer into an error (the next one catches up).
+            await self._refresh_quietly()
+        return outcomes
+
     async def _notify_peers(self) -> None:
         """Tells the other store nodes to refresh their catalog, waiting up to
         PEER_NOTIFY_WAIT_MS so that reachable peers have dropped a deleted
-        topic when DeleteTopics answers; slow ones finish in the background
-        (and every node also refreshes on a miss and periodically)."""
+        topic when DeleteTopics answers (opened a grown topic's new
+        partitions when CreatePartitions answers); slow ones finish in the
+        background (and every node also refreshes on a miss and periodically)."""
         if self._controller is None:
             return
         tasks = []
@@ -831,16 +918,9 @@ class StoreRuntime:
             if current is None:
                 self._add_topic(record, group, now_ms)
             elif current != record:
-                # Same topic id, new configuration or partition count.
-                self._catalog[name] = record
-                group.put(keys.catalog_key(name), encode_topic_record(record))
-                for p in range(record.partitions):
-                    part = self._partitions.get((name, p))
-                    if part is not None:
-                        part.topic = record
-                    elif (self.config.node_id in self.partition_state(name, p).replicas
-                          and (name, p) not in self._rewriting):
-                        self._open_partition(record, p, now_ms)
+                # Same topic id, new configuration or partition count
+                # (CreatePartitions): the same steps as on the catalog's owner.
+                self._update_topic(record, group, now_ms)
         self._apply_states(now_ms)
         if group.ops:
             await self._writer.submit(group)
@@ -852,20 +932,27 @@ class StoreRuntime:
 
     @property
     def catalog_node_id(self) -> int:
-        """The store that takes CreateTopics/DeleteTopics: node 0 with single
-        copies; on a replicated cluster any store (this one) does."""
+        """The store that takes CreateTopics/DeleteTopics/CreatePartitions:
+        node 0 with single copies; on a replicated cluster any store (this
+        one) does."""
         return self.config.node_id if self.config.replicated else self.layout.controller_node_id
 
     def clock_ms(self) -> int:
         return self._clock_ms()
 
-    async def _ensure_known(self, names: Iterable[str]) -> None:
+    async def _ensure_known(self, names: Iterable[str],
+                            partitions: Iterable[tuple[str, int]] = ()) -> None:
         """On a non-controller node, asks the controller once when a topic is
-        not in the cached catalog. Returns without awaiting anything when all
-        are known, so callers keep their synchronous ordering."""
+        not in the cached catalog, or (`partitions`) has fewer partitions
+        than a request names: the topic may have grown since (a node that
+        missed the controller's nudge would otherwise refuse a new partition
+        until its next periodic refresh). Returns without awaiting anything
+        when all are known, so callers keep their synchronous ordering."""
         if self.config.is_controller:
             return
-        if all(name in self._catalog for name in names):
+        catalog = self._catalog
+        if all(name in catalog for name in names) and all(
+                t not in catalog or p < catalog[t].partitions for t, p in partitions):
             return
         await self._refresh_quietly()
 
@@ -994,7 +1081,8 @@ class StoreRuntime:
         producer's transaction (the client sent no AddPartitionsToTxn).
         `coordinator_write`: the coordinators' own writes, the only ones
         internal topics take."""
-        await self._ensure_known({item.topic for item in items})
+        await self._ensure_known({item.topic for item in items},
+                                 [(item.topic, item.partition) for item in items])
         now_ms = self._clock_ms()
         skip_verification = self._skips_verification(add_partitions_to_txn)
         outcomes: list[ProduceOutcome | None] = []
@@ -1317,7 +1405,8 @@ class StoreRuntime:
         next_fetch_offset past them rather than waiting with nothing new.
         `client_filters`: for readers that filter by themselves (Kafka's
         clients; PartitionRuntime.read says what changes)."""
-        await self._ensure_known({item.topic for item in items})
+        await self._ensure_known({item.topic for item in items},
+                                 [(item.topic, item.partition) for item in items])
         loop = asyncio.get_running_loop()
         wait_s = min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
         deadline = loop.time() + wait_s
@@ -1388,7 +1477,8 @@ class StoreRuntime:
     async def list_offsets(
         self, queries: Sequence[OffsetQuery], *, isolation: Isolation
     ) -> list[OffsetOutcome]:
-        await self._ensure_known({q.topic for q in queries})
+        await self._ensure_known({q.topic for q in queries},
+                                 [(q.topic, q.partition) for q in queries])
         outcomes = []
         for q in queries:
             try:

@@ -27,6 +27,7 @@ from .partition import Isolation
 from .runtime import (
     FetchItem,
     MarkerItem,
+    NewPartitions,
     OffsetQuery,
     ProduceItem,
     ReplicaFetchItem,
@@ -148,6 +149,23 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         except ServiceError as exc:
             await abort_with(context, exc)
         return pb.DeleteTopicsResponse(results=[
+            pb.TopicResult(name=o.name, error=error_to_proto(o.error), topic_id=o.topic_id)
+            for o in outcomes
+        ])
+
+    async def CreatePartitions(
+        self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreatePartitionsResponse:
+        try:
+            if not request.topics:
+                raise _bad_request("CreatePartitions names no topic")
+            outcomes = await self._runtime.create_partitions(
+                [NewPartitions(t.name, t.count) for t in request.topics],
+                validate_only=request.validate_only,
+            )
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        return pb.CreatePartitionsResponse(results=[
             pb.TopicResult(name=o.name, error=error_to_proto(o.error), topic_id=o.topic_id)
             for o in outcomes
         ])

@@ -431,6 +431,12 @@ def delete_topics(*names: str) -> Send:
     return lambda s: s.store.DeleteTopics(ps.DeleteTopicsRequest(names=list(names)))
 
 
+def create_partitions(*counts: tuple[str, int], validate_only: bool = False) -> Send:
+    return lambda s: s.store.CreatePartitions(ps.CreatePartitionsRequest(
+        topics=[ps.CreatePartitionsTopic(name=n, count=c) for n, c in counts],
+        validate_only=validate_only))
+
+
 def produce(topic: str, partition: int, data: bytes, *, timeout_ms: int = 0,
             transactional_id: str = "") -> Send:
     return lambda s: s.store.Produce(ps.ProduceRequest(
@@ -493,6 +499,34 @@ STORE_CASES = [
                  ErrorCode.INVALID_REQUEST, f"'{TOPIC}'", "2 times"),
     refused_item("DeleteTopics-empty name", delete_topics(""), first_result,
                  ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "''"),
+    refused("CreatePartitions-no topics", create_partitions(),
+            ErrorCode.INVALID_REQUEST, "names no topic"),
+    # Kafka's rules: a topic only grows; none of these changes its count.
+    refused_item("CreatePartitions-fewer partitions", create_partitions((TOPIC, 1)),
+                 first_result, ErrorCode.INVALID_PARTITIONS,
+                 f"'{TOPIC}' has {PARTITIONS} partitions", "1 would not be an increase"),
+    refused_item("CreatePartitions-fewer partitions, validate only",
+                 create_partitions((TOPIC, 1), validate_only=True),
+                 first_result, ErrorCode.INVALID_PARTITIONS, "1 would not be an increase"),
+    refused_item("CreatePartitions-the same count", create_partitions((TOPIC, PARTITIONS)),
+                 first_result, ErrorCode.INVALID_PARTITIONS,
+                 f"already has {PARTITIONS} partitions"),
+    refused_item("CreatePartitions-negative count", create_partitions((TOPIC, -1)),
+                 first_result, ErrorCode.INVALID_PARTITIONS, "-1 would not be an increase"),
+    refused_item("CreatePartitions-over the per-topic limit",
+                 create_partitions((TOPIC, limits.MAX_PARTITIONS_PER_TOPIC + 1)),
+                 first_result, ErrorCode.INVALID_PARTITIONS,
+                 f"got {limits.MAX_PARTITIONS_PER_TOPIC + 1}"),
+    refused_item("CreatePartitions-the same topic twice",
+                 create_partitions((TOPIC, 3), (TOPIC, 4)), first_result,
+                 ErrorCode.INVALID_REQUEST, f"'{TOPIC}'", "2 times"),
+    refused_item("CreatePartitions-unknown topic", create_partitions(("no-such-topic", 3)),
+                 first_result, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "'no-such-topic'"),
+    refused_item("CreatePartitions-empty name", create_partitions(("", 3)), first_result,
+                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "''"),
+    *(refused_item(f"CreatePartitions-internal topic {topic}", create_partitions((topic, 9)),
+                   first_result, ErrorCode.INVALID_REQUEST, f"{topic!r} is internal")
+      for topic in INTERNAL),
     refused("Produce-negative timeout", produce(TOPIC, 0, DATA, timeout_ms=-1),
             ErrorCode.INVALID_REQUEST, "timeout_ms", "-1"),
     refused_item("Produce-empty topic name", produce("", 0, DATA), first_result,

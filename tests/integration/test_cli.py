@@ -3,7 +3,7 @@
 Goal: `oncelog cluster up` starts a cluster in the foreground and prints its
 bootstrap address, keeps its ports across restarts of a data dir, takes
 --port, and refuses a data dir in use or a kept port that is taken, in one
-line; topics can be created, listed, described and deleted; lines go in
+line; topics can be created, listed, described, grown and deleted; lines go in
 with `produce` (optionally HEADERS<TAB>KEY<TAB>VALUE) and come back out with
 `consume` (the fields --print names; as a group member with --group; until
 --max-records or --idle-timeout-ms); transactions and consumer groups can be
@@ -117,6 +117,38 @@ def test_topics_produce_consume_round_trip(bootstrap: str, tmp_path: Path) -> No
     assert "high_watermark" in described
     run(bootstrap, "topics", "delete", "pay")
     assert b"pay\t" not in run(bootstrap, "topics", "list").stdout
+
+
+def test_topics_add_partitions(bootstrap: str) -> None:
+    run(bootstrap, "topics", "create", "grower", "--partitions", "2")
+    checked = run(bootstrap, "topics", "add-partitions", "grower", "--partitions", "4",
+                  "--validate-only")
+    assert checked.stdout.strip() == (
+        b"topic grower can grow to 4 partitions (validate only: nothing changed)")
+    assert b"grower\t2" in run(bootstrap, "topics", "list").stdout
+    grown = run(bootstrap, "topics", "add-partitions", "grower", "--partitions", "4")
+    assert grown.stdout.strip() == b"topic grower now has 4 partitions"
+    assert b"grower\t4" in run(bootstrap, "topics", "list").stdout
+    # The new partitions take records at once.
+    produced = run(bootstrap, "produce", "grower", "--partition", "3", stdin=b"on-3\n")
+    assert produced.stdout.strip() == b"1 records produced to grower"
+    assert run(bootstrap, "consume", "grower", "--partition", "3").stdout == b"on-3\n"
+    # Shrinking, an unknown topic: one line each, exit 1, nothing changed.
+    shrink = run(bootstrap, "topics", "add-partitions", "grower", "--partitions", "3",
+                 check=False)
+    assert shrink.returncode == 1
+    assert shrink.stderr.decode().strip() == (
+        "oncelog: error: InvalidPartitionsError: topic 'grower' has 4 partitions; 3 would "
+        "not be an increase (partitions are never removed)")
+    unknown = run(bootstrap, "topics", "add-partitions", "nowhere", "--partitions", "3",
+                  check=False)
+    assert unknown.returncode == 1
+    assert unknown.stderr.decode().strip() == (
+        "oncelog: error: UnknownTopicOrPartitionError: topic 'nowhere' does not exist")
+    assert b"grower\t4" in run(bootstrap, "topics", "list").stdout
+    missing_count = run(bootstrap, "topics", "add-partitions", "grower", check=False)
+    assert missing_count.returncode == 2
+    assert b"--partitions" in missing_count.stderr
 
 
 def test_follow_prints_new_records_until_interrupted(bootstrap: str) -> None:

@@ -43,7 +43,7 @@ CLI = [sys.executable, "-m", "oncelog.cli"]
 # The commands that change something and print one line: no JSON. Any
 # other command lists something and must have a case in CASES.
 ACTIONS = frozenset({
-    ("cluster", "up"), ("topics", "create"), ("topics", "delete"),
+    ("cluster", "up"), ("topics", "create"), ("topics", "delete"), ("topics", "add-partitions"),
     ("partitions", "reassign"), ("produce",), ("transactions", "abort"),
     ("transactions", "abort-hanging"), ("groups", "delete"),
     ("acls", "add"), ("acls", "remove"),

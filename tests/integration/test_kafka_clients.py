@@ -2,9 +2,10 @@
 
 Goal: what a team gets by pointing its Kafka clients at oncelog — librdkafka
 (confluent-kafka), kafka-python, aiokafka and kcat (Debian's, on Debian's
-librdkafka) produce, consume, administer topics and read their offsets with
-oncelog as the broker; records they write are read back exactly as written
-(keys, values, headers, partitions, offsets in order) by another client.
+librdkafka) produce, consume, administer topics (create, grow, describe,
+delete) and read their offsets with oncelog as the broker; records they
+write are read back exactly as written (keys, values, headers, partitions,
+offsets in order) by another client.
 
 Method: one LocalCluster with a Kafka listener for the module (one store;
 the replicated cluster is test_kafka_exactly_once.py's), a topic per test,
@@ -26,9 +27,12 @@ import confluent_kafka as ck
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AioTopicPartition
+from confluent_kafka import admin as ck_admin
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
+from kafka.admin import NewPartitions as KpNewPartitions
+from kafka.errors import InvalidPartitionsError as KpInvalidPartitionsError
 
 from oncelog.testing import LocalCluster
 
@@ -192,6 +196,43 @@ def test_librdkafka_admin_creates_describes_and_lists(cluster: LocalCluster) -> 
     deleted = admin.delete_topics(["admin-made"])
     deleted["admin-made"].result(timeout=DEADLINE_S)
     assert "admin-made" not in admin.list_topics(timeout=DEADLINE_S).topics
+
+
+def test_librdkafka_and_kafka_python_grow_a_topic(cluster: LocalCluster) -> None:
+    """CreatePartitions from two clients' admin APIs: validate_only changes
+    nothing, a grown topic takes records on its new partitions at once, and
+    a count that does not grow is refused with INVALID_PARTITIONS."""
+    topic = "admin-grown"
+    create_topic(cluster, topic, 2)
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    checked = admin.create_partitions([ck_admin.NewPartitions(topic, 4)], validate_only=True)
+    checked[topic].result(timeout=DEADLINE_S)
+    assert len(admin.list_topics(timeout=DEADLINE_S).topics[topic].partitions) == 2
+    grown = admin.create_partitions([ck_admin.NewPartitions(topic, 4)])
+    grown[topic].result(timeout=DEADLINE_S)
+    assert len(admin.list_topics(timeout=DEADLINE_S).topics[topic].partitions) == 4
+    shrink = admin.create_partitions([ck_admin.NewPartitions(topic, 3)])
+    with pytest.raises(ck.KafkaException) as refused:
+        shrink[topic].result(timeout=DEADLINE_S)
+    assert refused.value.args[0].code() == ck.KafkaError.INVALID_PARTITIONS
+    assert "has 4 partitions; 3 would not be an increase" in refused.value.args[0].str()
+
+    kp_admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    try:
+        kp_admin.create_partitions({topic: KpNewPartitions(6)})
+        with pytest.raises(KpInvalidPartitionsError):
+            kp_admin.create_partitions({topic: KpNewPartitions(6)})
+    finally:
+        kp_admin.close()
+    assert len(admin.list_topics(timeout=DEADLINE_S).topics[topic].partitions) == 6
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap)
+    try:
+        for p in range(6):
+            producer.send(topic, value=b"on-%d" % p, partition=p).get(timeout=DEADLINE_S)
+    finally:
+        producer.close()
+    got = read_with_librdkafka(cluster, topic, 6, 6)
+    assert sorted((p, o, v) for p, o, _k, v in got) == [(p, 0, b"on-%d" % p) for p in range(6)]
 
 
 def test_kcat_lists_produces_and_consumes(cluster: LocalCluster, tmp_path: Path) -> None:

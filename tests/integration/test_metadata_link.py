@@ -8,7 +8,8 @@ restarted store's fence each commit only on the revision they were decided
 on; a dead leader is replaced from the ISR, a dead follower leaves it;
 unclean election happens only when asked for and is counted; a partition
 with no live in-sync replica goes offline and comes back with its last
-in-sync replica.
+in-sync replica; a topic grows (CreatePartitions) in one guarded
+transaction, its new partitions placed as a new topic's.
 
 Method: MetadataLinks of three "stores" over one MemoryMetadataStore with a
 hand-driven clock; leases expire when the clock passes them.
@@ -17,14 +18,21 @@ hand-driven clock; leases expire when the clock passes them.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from prometheus_client import REGISTRY
 
-from services.common.cluster import ClusterLayout
-from services.common.metadata_store import MemoryMetadataStore
-from services.partition_store.core.replicas import NO_LEADER, PartitionState
-from services.partition_store.metadata_link import MetadataLink
-from services.partition_store.runtime import TopicSpec
+from oncelog.wire.errors import ErrorCode
+from services.common.cluster import ClusterLayout, stable_hash
+from services.common.metadata_store import METADATA_TXN_OPS_MAX, MemoryMetadataStore
+from services.partition_store.core.replicas import (
+    NO_LEADER,
+    PartitionState,
+    assign_replicas,
+    initial_state,
+)
+from services.partition_store.metadata_link import ClusterView, MetadataLink
+from services.partition_store.runtime import NewPartitions, TopicSpec
 
 LAYOUT = ClusterLayout(stores=("s0:1", "s1:1", "s2:1"), transaction_state_partitions=1,
                        consumer_offsets_partitions=1)
@@ -233,5 +241,114 @@ def test_leadership_goes_back_to_the_preferred_replica_at_the_next_imbalance_che
         assert sorted(changed) == [0, 0, 0, 1]
         back = await _state(links[0])
         assert back.leader == preferred and back.leader_epoch == moved.leader_epoch + 1
+
+    asyncio.run(run())
+
+
+def test_growing_a_topic_places_new_partitions_and_loses_to_a_concurrent_change() -> None:
+    """CreatePartitions on a replicated cluster: one transaction writes the
+    record's new count and each new partition's state, placed as a new
+    topic's partitions would be with the topic's replication factor, every
+    replica in sync; the existing partitions' states are left alone; a
+    decision taken on a stale read of the topic loses and is taken again."""
+    async def run() -> None:
+        clock = Clock()
+        _store, links = _links(clock)
+        await _register_all(links)
+        [made] = await links[0].create_topics([TopicSpec("t", 2, {}, 2)], validate_only=False)
+        view = await links[0].refresh()
+        # An existing partition's leader changed since creation: growing
+        # must not reset it.
+        moved = PartitionState(view.states[("t", 0)].replicas,
+                               view.states[("t", 0)].replicas[1], 1,
+                               view.states[("t", 0)].isr)
+        assert await links[0].update_state("t", 0, view.state_revisions[("t", 0)], moved)
+
+        [checked] = await links[1].create_partitions([NewPartitions("t", 4)],
+                                                     validate_only=True)
+        assert (checked.error, checked.topic_id) == (None, made.topic_id)
+        assert (await links[1].refresh()).topics["t"].partitions == 2
+
+        # Link 2 decides on a read taken before link 1 grows the topic to 4
+        # and partition 2's leader moves: its first commit must lose.
+        stale = await links[2].refresh()
+        [grown] = await links[1].create_partitions([NewPartitions("t", 4)], validate_only=False)
+        assert (grown.error, grown.topic_id) == (None, made.topic_id)
+        view = await links[1].refresh()
+        moved2 = PartitionState(view.states[("t", 2)].replicas,
+                                view.states[("t", 2)].replicas[1], 1,
+                                view.states[("t", 2)].isr)
+        assert await links[1].update_state("t", 2, view.state_revisions[("t", 2)], moved2)
+        reads: list[int] = []
+        real_refresh = links[2].refresh
+
+        async def stale_first() -> ClusterView:
+            reads.append(len(reads))
+            return stale if len(reads) == 1 else await real_refresh()
+
+        links[2].refresh = stale_first  # type: ignore[method-assign]
+        [again] = await links[2].create_partitions([NewPartitions("t", 6)], validate_only=False)
+        assert again.error is None
+        assert len(reads) == 2, "the stale decision was not refused"
+
+        view = await links[0].refresh()
+        assert view.topics["t"].partitions == 6
+        assert view.topics["t"].topic_id == made.topic_id
+        placed = assign_replicas(first_store_index=stable_hash("t"), partitions=6,
+                                 stores=[0, 1, 2], replication_factor=2)
+        assert view.states[("t", 0)] == moved
+        assert view.states[("t", 2)] == moved2
+        for p in (1, 3, 4, 5):
+            assert view.states[("t", p)] == initial_state(placed[p]), p
+        # Shrinking and an unknown topic are refused; nothing changes.
+        outcomes = await links[0].create_partitions(
+            [NewPartitions("t", 3), NewPartitions("nowhere", 3), NewPartitions("t", 9)],
+            validate_only=False)
+        assert [o.error.code if o.error else None for o in outcomes] == [
+            ErrorCode.INVALID_REQUEST, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.INVALID_REQUEST]
+        [smaller] = await links[0].create_partitions([NewPartitions("t", 3)],
+                                                     validate_only=False)
+        assert smaller.error is not None and smaller.error.code == ErrorCode.INVALID_PARTITIONS
+        assert "has 6 partitions; 3 would not be an increase" in smaller.error.message
+        assert (await links[0].refresh()).topics["t"].partitions == 6
+
+    asyncio.run(run())
+
+
+def test_growing_by_more_partitions_than_one_transaction_holds_goes_in_whole_steps() -> None:
+    """etcd takes at most METADATA_TXN_OPS_MAX writes per transaction (the
+    memory store enforces the same): 1 -> 300 partitions lands as several
+    growths, each with its record and its partitions' states, and ends with
+    every partition placed."""
+    async def run() -> None:
+        clock = Clock()
+        _store, links = _links(clock)
+        await _register_all(links)
+        [made] = await links[0].create_topics([TopicSpec("wide", 1, {}, 3)],
+                                              validate_only=False)
+        counts: list[int] = []
+        client = links[1].store
+        real_commit = client.commit
+
+        async def watching(*args: Any, **kwargs: Any) -> bool:
+            done = await real_commit(*args, **kwargs)
+            counts.append((await links[0].refresh()).topics["wide"].partitions)
+            return done
+
+        client.commit = watching  # type: ignore[method-assign]
+        [grown] = await links[1].create_partitions([NewPartitions("wide", 300)],
+                                                   validate_only=False)
+        client.commit = real_commit  # type: ignore[method-assign]
+        assert (grown.error, grown.topic_id) == (None, made.topic_id)
+        assert len(counts) == 3 and counts[-1] == 300, counts
+        steps = [b - a for a, b in zip([1, *counts], counts, strict=False)]
+        step = METADATA_TXN_OPS_MAX - 1
+        assert steps == [step, step, 300 - 1 - 2 * step], steps
+        view = await links[0].refresh()
+        placed = assign_replicas(first_store_index=stable_hash("wide"), partitions=300,
+                                 stores=[0, 1, 2], replication_factor=3)
+        assert sorted(p for t, p in view.states if t == "wide") == list(range(300))
+        assert all(view.states[("wide", p)] == initial_state(placed[p]) for p in range(300))
 
     asyncio.run(run())

@@ -252,6 +252,22 @@ def case_create_topics(env: Env, who: str, name: str) -> Case:
         [acl(who, T_, name, "create")], TOPIC_DENIED, works)
 
 
+def case_create_partitions(env: Env, who: str, name: str) -> Case:
+    create_topic(env, name)
+
+    def works(reply: Message) -> None:
+        assert isinstance(reply, ps.CreatePartitionsResponse)
+        _ok(reply.results[0].error)
+        counts = {t.name: len(t.partitions) for t in env.admin.store.ListTopics(
+            ps.ListTopicsRequest()).topics}
+        assert counts[name] == 3
+
+    # Kafka's: Alter on the topic.
+    return Case(lambda p: p.store.CreatePartitions(ps.CreatePartitionsRequest(
+        topics=[ps.CreatePartitionsTopic(name=name, count=3)])),
+        [acl(who, T_, name, "alter")], TOPIC_DENIED, works)
+
+
 def case_delete_topics(env: Env, who: str, name: str) -> Case:
     create_topic(env, name)
 
@@ -884,6 +900,7 @@ CASES: dict[str, Callable[[Env, str, str], Case]] = {
     _ps("Metadata"): case_metadata,
     _ps("CreateTopics"): case_create_topics,
     _ps("DeleteTopics"): case_delete_topics,
+    _ps("CreatePartitions"): case_create_partitions,
     _ps("ListTopics"): case_list_topics,
     _ps("Produce"): case_produce,
     _ps("ProduceStream"): case_produce_stream,

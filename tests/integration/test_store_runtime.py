@@ -31,6 +31,7 @@ from services.partition_store.core.topics import TopicRecord
 from services.partition_store.runtime import (
     FetchItem,
     Isolation,
+    NewPartitions,
     OffsetQuery,
     ProduceItem,
     ProduceOutcome,
@@ -424,6 +425,10 @@ class InProcessLink:
     async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]:
         return await self._c().delete_topics(names)
 
+    async def create_partitions(self, specs: Sequence[NewPartitions], *,
+                                validate_only: bool) -> list[TopicOutcome]:
+        return await self._c().create_partitions(specs, validate_only=validate_only)
+
     def partition_states(self) -> None:
         return None
 
@@ -476,6 +481,153 @@ def test_catalog_across_two_nodes(tmp_path: Path) -> None:
         assert internal.error.code == ErrorCode.INVALID_TOPIC_EXCEPTION
         await node1.close()
         await node0.close()
+
+    run(body)
+
+
+def test_create_partitions_across_two_nodes(tmp_path: Path) -> None:
+    """Growing a topic through either node: the controller records the new
+    count, both nodes open their new partitions (the other one told to
+    refresh before the answer), existing partitions keep their records, and
+    after both restart (a crash: no shutdown snapshots) the count holds."""
+    layout = ClusterLayout(stores=("127.0.0.1:1", "127.0.0.1:2"))
+
+    async def start(link: InProcessLink) -> tuple[StoreRuntime, StoreRuntime]:
+        node0 = StoreRuntime(RocksStore(tmp_path / "n0"), _config(layout=layout),
+                             controller=link)
+        node1 = StoreRuntime(RocksStore(tmp_path / "n1"), _config(layout=layout, node_id=1),
+                             controller=link)
+        link.controller, link.nodes = node0, {1: node1}
+        await node0.start()
+        await node1.start()
+        return node0, node1
+
+    def owner(nodes: tuple[StoreRuntime, StoreRuntime], p: int) -> StoreRuntime:
+        return nodes[layout.store_for("grow", p)]
+
+    async def body() -> None:
+        nodes = await start(InProcessLink())
+        node0, node1 = nodes
+        made = await create(node0, "grow", partitions=2)
+        await create(node0, "grow-too", partitions=1)
+        for p in range(2):
+            assert (await produce(owner(nodes, p), "grow", batch(0), partition=p)).error is None
+        # validate_only answers as if grown and changes nothing, on either node.
+        for node in nodes:
+            [checked] = await node.create_partitions([NewPartitions("grow", 5)],
+                                                     validate_only=True)
+            assert (checked.error, checked.topic_id) == (None, made.topic_id)
+            assert [r.partitions for r in node.topics(include_internal=False)
+                    if r.name == "grow"] == [2]
+        # Forwarded by node 1 to the controller.
+        [grown] = await node1.create_partitions([NewPartitions("grow", 5)], validate_only=False)
+        assert (grown.error, grown.topic_id) == (None, made.topic_id)
+        for node in nodes:
+            record = {r.name: r for r in node.topics(include_internal=False)}["grow"]
+            assert (record.partitions, record.topic_id) == (5, made.topic_id)
+        assert {p for p in range(5) if layout.store_for("grow", p) == 1} - {0, 1}, (
+            "the test needs a new partition on node 1")
+        for p in range(2, 5):
+            out = await produce(owner(nodes, p), "grow", batch(0, pid=PID + p), partition=p)
+            assert (out.error, out.base_offset) == (None, 0)
+        for p in range(2):
+            assert await read_all(owner(nodes, p), "grow", p) == [b"77-0", b"77-1"]
+        # Shrinking, the same count, an unknown or internal topic: refused,
+        # per topic, and the topics asked beside them are still handled.
+        outcomes = await node1.create_partitions(
+            [NewPartitions("grow", 3), NewPartitions("nowhere", 2),
+             NewPartitions("__consumer_offsets", 99), NewPartitions("grow-too", 2)],
+            validate_only=False)
+        assert [o.error.code if o.error else None for o in outcomes] == [
+            ErrorCode.INVALID_PARTITIONS, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.INVALID_REQUEST, None]
+        assert {r.name: r.partitions for r in node1.topics(include_internal=False)} == {
+            "grow": 5, "grow-too": 2}
+        # Grown at the controller: node 1 was told before the answer came.
+        [told] = await node0.create_partitions([NewPartitions("grow-too", 4)],
+                                               validate_only=False)
+        assert told.error is None
+        assert {r.name: r.partitions for r in node1.topics(include_internal=False)} == {
+            "grow": 5, "grow-too": 4}
+        assert {p for p in range(2, 4) if layout.store_for("grow-too", p) == 1}, (
+            "the test needs a new partition of grow-too on node 1")
+        for p in range(2, 4):
+            assert (await produce(nodes[layout.store_for("grow-too", p)], "grow-too", batch(0),
+                                  partition=p)).error is None
+        [twice, again] = await node0.create_partitions(
+            [NewPartitions("grow", 6), NewPartitions("grow", 7)], validate_only=False)
+        assert twice.error is not None and twice.error.code == ErrorCode.INVALID_REQUEST
+        assert again.error is not None and "2 times" in again.error.message
+        assert {r.name: r.partitions for r in node0.topics(include_internal=False)} == {
+            "grow": 5, "grow-too": 4}
+        await node1.close(take_snapshots=False)
+        await node0.close(take_snapshots=False)
+
+        nodes = await start(InProcessLink())
+        for node in nodes:
+            assert {r.name: r.partitions for r in node.topics(include_internal=False)} == {
+                "grow": 5, "grow-too": 4}
+        for p in range(5):
+            expected = [b"77-0", b"77-1"] if p < 2 else [f"{PID + p}-0".encode(),
+                                                         f"{PID + p}-1".encode()]
+            assert await read_all(owner(nodes, p), "grow", p) == expected
+        for node in nodes:
+            await node.close()
+
+    run(body)
+
+
+class DeafLink(InProcessLink):
+    """A link over which the controller's "the catalog changed" nudge is
+    lost (a store unreachable at that moment)."""
+
+    async def notify_catalog_changed(self, node_id: int) -> None:
+        pass
+
+
+def test_a_store_that_missed_the_growth_learns_it_when_a_new_partition_is_asked(
+        tmp_path: Path) -> None:
+    """Without the nudge, node 1 still has the old count cached; a produce,
+    fetch or ListOffsets naming one of the new partitions makes it ask the
+    controller, instead of refusing until its periodic refresh."""
+    layout = ClusterLayout(stores=("127.0.0.1:1", "127.0.0.1:2"))
+
+    async def body() -> None:
+        link = DeafLink()
+        node0 = StoreRuntime(RocksStore(tmp_path / "n0"), _config(layout=layout),
+                             controller=link)
+        node1 = StoreRuntime(RocksStore(tmp_path / "n1"), _config(layout=layout, node_id=1),
+                             controller=link)
+        link.controller, link.nodes = node0, {1: node1}
+        await node0.start()
+        await node1.start()
+        await create(node0, "late", partitions=1)
+        await node1.refresh_catalog()
+        [grown] = await node0.create_partitions([NewPartitions("late", 6)],
+                                                validate_only=False)
+        assert grown.error is None
+        assert [r.partitions for r in node1.topics(include_internal=False)] == [1]
+        on1 = [p for p in range(1, 6) if layout.store_for("late", p) == 1]
+        assert len(on1) >= 2, "the test needs two new partitions on node 1"
+        out = await produce(node1, "late", batch(0), partition=on1[0])
+        assert (out.error, out.base_offset) == (None, 0)
+        assert [r.partitions for r in node1.topics(include_internal=False)] == [6]
+        # The same for a fetch and for ListOffsets, each after another growth.
+        for count, ask in ((9, "fetch"), (12, "list offsets")):
+            [again] = await node0.create_partitions([NewPartitions("late", count)],
+                                                    validate_only=False)
+            assert again.error is None
+            new = next(p for p in range(count - 3, count) if layout.store_for("late", p) == 1)
+            if ask == "fetch":
+                [read] = await node1.fetch([FetchItem("late", new, 0)])
+                assert (read.error, read.high_watermark) == (None, 0)
+            else:
+                [end] = await node1.list_offsets([OffsetQuery("late", new, -1)],
+                                                 isolation=Isolation.READ_UNCOMMITTED)
+                assert (end.error, end.offset) == (None, 0)
+            assert [r.partitions for r in node1.topics(include_internal=False)] == [count]
+        await node0.close()
+        await node1.close()
 
     run(body)
 

@@ -1,7 +1,9 @@
 """Topic names and configuration, and the checks on produced batches.
 
-Goal: Kafka's topic-name rules, the config keys and value ranges, and the
-order and codes of the store's batch checks (empty -> INVALID_RECORD, too
+Goal: Kafka's topic-name rules, the config keys and value ranges, the
+rules for growing a topic (CreatePartitions: only up, never an internal
+topic, the same id and config after), and the order and codes of the
+store's batch checks (empty -> INVALID_RECORD, too
 large -> MESSAGE_TOO_LARGE, damaged -> CORRUPT_MESSAGE), each with a message
 naming what was wrong.
 
@@ -33,6 +35,7 @@ from services.partition_store.core.topics import (
     TopicRecord,
     decode_topic_record,
     encode_topic_record,
+    grow_topic,
     parse_config,
     validate_new_topic,
 )
@@ -107,6 +110,48 @@ def test_config_defaults_and_record_round_trip() -> None:
                                overrides={"retention.ms": "5"}, internal=False)
     assert decode_topic_record(encode_topic_record(record)) == record
     assert record.config.retention_ms == 5
+
+
+_PAYMENTS = TopicRecord.build(name="payments", topic_id=7, partitions=2,
+                              overrides={"retention.ms": "5"}, internal=False)
+
+
+@pytest.mark.parametrize(
+    ("record", "count", "code", "fragments"),
+    [
+        # Kafka's rules, in its order: unknown topic first, then the count.
+        (None, 5, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ("'payments'", "does not exist")),
+        (_PAYMENTS, 2, ErrorCode.INVALID_PARTITIONS, ("already has 2 partitions",)),
+        (_PAYMENTS, 1, ErrorCode.INVALID_PARTITIONS, ("has 2 partitions", "1 would not be")),
+        (_PAYMENTS, 0, ErrorCode.INVALID_PARTITIONS, ("has 2 partitions", "0 would not be")),
+        (_PAYMENTS, -3, ErrorCode.INVALID_PARTITIONS, ("-3 would not be",)),
+        (_PAYMENTS, 10_001, ErrorCode.INVALID_PARTITIONS, ("1..10000", "got 10001")),
+        # Internal topics never change, whatever the count (even a valid one).
+        (TopicRecord.build(name="__consumer_offsets", topic_id=3, partitions=8, overrides={},
+                           internal=True), 16,
+         ErrorCode.INVALID_REQUEST, ("'__consumer_offsets' is internal", "8 partitions")),
+    ],
+)
+def test_grow_topic_refusals(record: TopicRecord | None, count: int, code: ErrorCode,
+                             fragments: tuple[str, ...]) -> None:
+    result = grow_topic("payments" if record is None else record.name, record, count)
+    assert isinstance(result, Rejection)
+    assert result.code == code
+    for fragment in fragments:
+        assert fragment in result.message
+
+
+def test_grow_topic_keeps_id_and_config() -> None:
+    for count in (3, 5, 10_000):
+        result = grow_topic("payments", _PAYMENTS, count)
+        assert result == TopicRecord.build(name="payments", topic_id=7, partitions=count,
+                                           overrides={"retention.ms": "5"}, internal=False)
+    # The catalog record of the grown topic round-trips like any other.
+    grown = grow_topic("payments", _PAYMENTS, 5)
+    assert isinstance(grown, TopicRecord)
+    assert decode_topic_record(encode_topic_record(grown)) == grown
+    # Checking changed nothing in the record it was given.
+    assert _PAYMENTS.partitions == 2
 
 
 def test_compaction_config_and_internal_topics_always_compacted() -> None:

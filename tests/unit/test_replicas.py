@@ -17,6 +17,7 @@ from services.partition_store.core.replicas import (
     PartitionState,
     ReplicaStateError,
     assign_replicas,
+    begin_reassignment,
     check_leader_epoch,
     default_replication_factor,
     effective_min_insync,
@@ -29,6 +30,7 @@ from services.partition_store.core.replicas import (
     is_unclean,
     lagging_followers,
     plan_preferred_elections,
+    replication_factor_of,
     shrink_isr,
 )
 
@@ -36,6 +38,13 @@ from services.partition_store.core.replicas import (
 def _state(replicas: tuple[int, ...], leader: int, epoch: int,
            isr: tuple[int, ...]) -> PartitionState:
     return PartitionState(replicas, leader, epoch, isr)
+
+
+def test_replication_factor_of_a_partition_being_moved_is_its_target() -> None:
+    assert replication_factor_of(_state((0, 1), 0, 0, (0, 1))) == 2
+    moving = begin_reassignment(_state((0, 1), 0, 0, (0, 1)), (2, 3, 4))
+    assert len(moving.replicas) == 5
+    assert replication_factor_of(moving) == 3
 
 
 def test_placement_spreads_leaders_and_copies() -> None:
@@ -47,6 +56,12 @@ def test_placement_spreads_leaders_and_copies() -> None:
     with pytest.raises(ValueError, match="replication factor 4"):
         assign_replicas(first_store_index=0, partitions=1, stores=[0, 1, 2],
                         replication_factor=4)
+    # Partitions added to a topic (CreatePartitions) are placed as if the
+    # topic had been created with them.
+    assert assign_replicas(first_store_index=1, partitions=2, stores=[0, 1, 2],
+                           replication_factor=3, first_partition=2) == lists[2:]
+    assert assign_replicas(first_store_index=1, partitions=3, stores=[0, 1, 2, 3],
+                           replication_factor=2, first_partition=5) == [(2, 3), (3, 0), (0, 1)]
     assert [default_replication_factor(n) for n in (1, 2, 3, 5)] == [1, 2, 3, 3]
     assert [effective_min_insync(2, rf) for rf in (1, 2, 3)] == [1, 2, 2]
     assert initial_state((2, 0, 1)) == _state((2, 0, 1), 2, 0, (2, 0, 1))

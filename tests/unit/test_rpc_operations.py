@@ -188,6 +188,12 @@ SAMPLES: list[tuple[str, Message, list[Check]]] = [
     ("/oncelog.v1.PartitionStore/DeleteTopics", ps.DeleteTopicsRequest(),
      [chk(O.CLUSTER_ACTION, C)]),
     ("/oncelog.v1.PartitionStore/ListTopics", ps.ListTopicsRequest(include_internal=True), []),
+    # Kafka: Alter on each topic; a store forwarding to the controller
+    # holds ClusterAction instead.
+    ("/oncelog.v1.PartitionStore/CreatePartitions",
+     ps.CreatePartitionsRequest(topics=[ps.CreatePartitionsTopic(name="a", count=4),
+                                        ps.CreatePartitionsTopic(name="b", count=2)]),
+     [chk(O.ALTER, T, "a", CLUSTER_ACTION), chk(O.ALTER, T, "b", CLUSTER_ACTION)]),
     # Idempotent produce: Write on each topic, once each.
     ("/oncelog.v1.PartitionStore/Produce",
      ps.ProduceRequest(batches=[_batch("a", 0), _batch("a", 1), _batch("b")]),
@@ -423,6 +429,8 @@ SERVICE_ON_BEHALF: list[tuple[str, Message]] = [
     ("/oncelog.v1.PartitionStore/CreateTopics",
      ps.CreateTopicsRequest(topics=[ps.TopicSpec(name="payments")])),
     ("/oncelog.v1.PartitionStore/DeleteTopics", ps.DeleteTopicsRequest(names=["payments"])),
+    ("/oncelog.v1.PartitionStore/CreatePartitions", ps.CreatePartitionsRequest(
+        topics=[ps.CreatePartitionsTopic(name="payments", count=4)])),
     ("/oncelog.v1.PartitionStore/OffsetsForLeaderEpoch",
      ps.OffsetsForLeaderEpochRequest(partitions=[ps.EpochQuery(topic="payments")])),
     ("/oncelog.v1.TransactionCoordinator/AddPartitionsToTxn",

@@ -420,6 +420,79 @@ class ListTopicsResponse(_message.Message):
 Global___ListTopicsResponse: _TypeAlias = ListTopicsResponse  # noqa: Y015
 
 @_typing.final
+class CreatePartitionsTopic(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    count: _builtins.int
+    """The topic's new total partition count: above the current one (equal or
+    fewer is INVALID_PARTITIONS) and within the per-topic limit that
+    CreateTopics has. New partitions get the replication factor of the
+    topic's existing ones.
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsTopic: _TypeAlias = CreatePartitionsTopic  # noqa: Y015
+
+@_typing.final
+class CreatePartitionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """Check the request and answer as if the topics grew, changing nothing."""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreatePartitionsTopic]: ...
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___CreatePartitionsTopic] | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsRequest: _TypeAlias = CreatePartitionsRequest  # noqa: Y015
+
+@_typing.final
+class CreatePartitionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicResult]:
+        """One per topic, in request order; `topic_id` is set for a known topic."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___TopicResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsResponse: _TypeAlias = CreatePartitionsResponse  # noqa: Y015
+
+@_typing.final
 class PartitionBatch(_message.Message):
     """----------------------------------------------------------------- produce"""
 

@@ -54,6 +54,11 @@ class PartitionStoreStub:
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.ListTopicsRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ListTopicsResponse.FromString,
                 _registered_method=True)
+        self.CreatePartitions = channel.unary_unary(
+                '/oncelog.v1.PartitionStore/CreatePartitions',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
         self.Produce = channel.unary_unary(
                 '/oncelog.v1.PartitionStore/Produce',
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.ProduceRequest.SerializeToString,
@@ -145,6 +150,16 @@ class PartitionStoreServicer:
 
     def ListTopics(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreatePartitions(self, request, context):
+        """Grows topics to a new total partition count (Kafka's CreatePartitions,
+        KIP-195). Any store answers. Existing partitions and their records are
+        left as they are; keys hashed over the partition count may map to other
+        partitions afterwards.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -277,6 +292,11 @@ def add_PartitionStoreServicer_to_server(servicer, server):
                     servicer.ListTopics,
                     request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ListTopicsRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_partition__store__pb2.ListTopicsResponse.SerializeToString,
+            ),
+            'CreatePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartitions,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.CreatePartitionsResponse.SerializeToString,
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
@@ -452,6 +472,33 @@ class PartitionStore:
             '/oncelog.v1.PartitionStore/ListTopics',
             oncelog_dot_v1_dot_partition__store__pb2.ListTopicsRequest.SerializeToString,
             oncelog_dot_v1_dot_partition__store__pb2.ListTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.PartitionStore/CreatePartitions',
+            oncelog_dot_v1_dot_partition__store__pb2.CreatePartitionsRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.CreatePartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

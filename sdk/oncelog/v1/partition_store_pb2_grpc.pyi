@@ -39,6 +39,12 @@ class PartitionStoreStub:
     CreateTopics: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.CreateTopicsRequest, _partition_store_pb2.CreateTopicsResponse]
     DeleteTopics: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.DeleteTopicsRequest, _partition_store_pb2.DeleteTopicsResponse]
     ListTopics: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.ListTopicsRequest, _partition_store_pb2.ListTopicsResponse]
+    CreatePartitions: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.CreatePartitionsRequest, _partition_store_pb2.CreatePartitionsResponse]
+    """Grows topics to a new total partition count (Kafka's CreatePartitions,
+    KIP-195). Any store answers. Existing partitions and their records are
+    left as they are; keys hashed over the partition count may map to other
+    partitions afterwards.
+    """
     Produce: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.ProduceRequest, _partition_store_pb2.ProduceResponse]
     """Appends encoded record batches, one per partition, with the append rules
     of idempotent and transactional producers (sequence numbers, epochs).
@@ -96,6 +102,12 @@ class PartitionStoreAsyncStub(PartitionStoreStub):
     CreateTopics: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.CreateTopicsRequest, _partition_store_pb2.CreateTopicsResponse]  # type: ignore[assignment]
     DeleteTopics: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.DeleteTopicsRequest, _partition_store_pb2.DeleteTopicsResponse]  # type: ignore[assignment]
     ListTopics: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.ListTopicsRequest, _partition_store_pb2.ListTopicsResponse]  # type: ignore[assignment]
+    CreatePartitions: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.CreatePartitionsRequest, _partition_store_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
+    """Grows topics to a new total partition count (Kafka's CreatePartitions,
+    KIP-195). Any store answers. Existing partitions and their records are
+    left as they are; keys hashed over the partition count may map to other
+    partitions afterwards.
+    """
     Produce: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.ProduceRequest, _partition_store_pb2.ProduceResponse]  # type: ignore[assignment]
     """Appends encoded record batches, one per partition, with the append rules
     of idempotent and transactional producers (sequence numbers, epochs).
@@ -174,6 +186,18 @@ class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _partition_store_pb2.ListTopicsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_partition_store_pb2.ListTopicsResponse, _abc.Awaitable[_partition_store_pb2.ListTopicsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreatePartitions(
+        self,
+        request: _partition_store_pb2.CreatePartitionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_partition_store_pb2.CreatePartitionsResponse, _abc.Awaitable[_partition_store_pb2.CreatePartitionsResponse]]:
+        """Grows topics to a new total partition count (Kafka's CreatePartitions,
+        KIP-195). Any store answers. Existing partitions and their records are
+        left as they are; keys hashed over the partition count may map to other
+        partitions afterwards.
+        """
 
     @_abc_1.abstractmethod
     def Produce(

@@ -349,6 +349,11 @@ TABLE: Mapping[str, RpcRule] = {
         Need(_O.CLUSTER_ACTION, _T.CLUSTER, when=("!names",)),
     )),
     _ps("ListTopics"): RpcRule(filters=_TOPIC_LISTING),
+    # Kafka: Alter on each topic. ClusterAction: a store forwarding its
+    # client's request to the controller.
+    _ps("CreatePartitions"): RpcRule(needs=(
+        Need(_O.ALTER, _T.TOPIC, "topics[].name", alternatives=_CA),
+    )),
     _ps("Produce"): _PRODUCE,
     # The same, for each request of the stream by itself.
     _ps("ProduceStream"): dataclasses.replace(_PRODUCE, per_message=True),

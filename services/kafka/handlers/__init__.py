@@ -48,6 +48,7 @@ HANDLERS: Mapping[ApiKey, Handler] = {
     ApiKey.TXN_OFFSET_COMMIT: group_offsets.txn_offset_commit,
     ApiKey.CREATE_TOPICS: admin.create_topics,
     ApiKey.DELETE_TOPICS: admin.delete_topics,
+    ApiKey.CREATE_PARTITIONS: admin.create_partitions,
     ApiKey.DESCRIBE_CONFIGS: admin.describe_configs,
     ApiKey.DESCRIBE_CLUSTER: admin.describe_cluster,
     ApiKey.DESCRIBE_GROUPS: admin.describe_groups,

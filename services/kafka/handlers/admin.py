@@ -1,11 +1,13 @@
-"""The admin APIs: CreateTopics (19), DeleteTopics (20), DescribeConfigs (32),
-DescribeCluster (60), DescribeGroups (15) and ListGroups (16).
+"""The admin APIs: CreateTopics (19), DeleteTopics (20), CreatePartitions
+(37), DescribeConfigs (32), DescribeCluster (60), DescribeGroups (15) and
+ListGroups (16).
 
 Topics are made and removed by the store's own catalog path, the one our
 Admin uses (a non-controller store forwards to the controller), with the
 same checks: a replication factor of -1 or a partition count of -1 takes
 the cluster's default (Kafka's num.partitions is 1 here); manual replica
-assignments are refused (INVALID_REQUEST: placement is the cluster's).
+assignments are refused (INVALID_REQUEST: placement is the cluster's), for
+new topics and for partitions added to one alike.
 Configs are a topic's effective configuration (its overrides are
 DYNAMIC_TOPIC_CONFIG, the rest DEFAULT_CONFIG) or, for a broker, the few
 broker settings that Kafka's tools ask about. Groups are the group
@@ -23,7 +25,7 @@ from oncelog.wire.errors import ErrorCode
 from ...common.errors import ServiceError
 from ...common.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...common.security.operations import CLUSTER_ACTION, Check
-from ...partition_store.runtime import TopicSpec
+from ...partition_store.runtime import NewPartitions, TopicSpec
 from ..context import RequestContext
 from ..forward import GROUP_COORDINATOR
 from .metadata import topic_uuid
@@ -84,6 +86,44 @@ async def create_topics(ctx: RequestContext, request: Any) -> Any:
             num_partitions=partitions if not code else -1,
             replication_factor=(factor or -1) if not code else -1, configs=None))
     return builder.response(throttle_time=0, topics=tuple(topics))
+
+
+# ------------------------------------------------------------ CreatePartitions
+
+
+async def create_partitions(ctx: RequestContext, request: Any) -> Any:
+    """Grows topics through the store's own CreatePartitions path (the
+    rules and codes of docs/grpc-api.md, "Growing a topic")."""
+    builder = ctx.builder()
+    results: dict[str, tuple[int, str | None]] = {}
+    asked: dict[str, NewPartitions] = {}
+    for topic in request.topics:
+        if topic.name in results or topic.name in asked:
+            asked.pop(topic.name, None)
+            results[topic.name] = (ctx.code(ErrorCode.INVALID_REQUEST),
+                                   f"topic {topic.name!r} is named twice")
+        elif topic.assignments is not None:
+            results[topic.name] = (ctx.code(ErrorCode.INVALID_REQUEST),
+                                   "manual replica assignments are not taken: the cluster "
+                                   "places the new partitions' replicas")
+        else:
+            asked[topic.name] = NewPartitions(topic.name, int(topic.count))
+    if asked:
+        proto = pb.CreatePartitionsRequest(
+            topics=[pb.CreatePartitionsTopic(name=name) for name in asked])
+        try:
+            ctx.authorize(_PS + "CreatePartitions", proto)
+            outcomes = await ctx.broker.runtime.create_partitions(
+                list(asked.values()), validate_only=bool(request.validate_only))
+            for o in outcomes:
+                results[o.name] = (ctx.code(o.error), o.error.message if o.error else None)
+        except ServiceError as exc:
+            for name in asked:
+                results[name] = (ctx.code(exc), exc.message)
+    return builder.response(throttle_time=0, results=tuple(
+        builder.make("CreatePartitionsTopicResult", name=name, error_code=code,
+                     error_message=message)
+        for name, (code, message) in results.items()))
 
 
 # ---------------------------------------------------------------- DeleteTopics

@@ -116,10 +116,14 @@ def initial_state(replicas: Sequence[int]) -> PartitionState:
 
 def assign_replicas(
     *, first_store_index: int, partitions: int, stores: Sequence[int], replication_factor: int,
+    first_partition: int = 0,
 ) -> list[tuple[int, ...]]:
-    """Replica lists for a topic's partitions: partition p starts at store
-    index (first_store_index + p) and takes the next replication_factor stores
-    in index order, so leaders and copies spread over the stores."""
+    """Replica lists for `partitions` partitions of a topic, numbered from
+    `first_partition` (0 for a new topic; the current count for partitions
+    added to it, so they are placed as if the topic had been created with
+    them): partition p starts at store index (first_store_index + p) and
+    takes the next replication_factor stores in index order, so leaders and
+    copies spread over the stores."""
     if not 1 <= replication_factor <= len(stores):
         raise ValueError(
             f"replication factor {replication_factor} needs 1..{len(stores)} stores"
@@ -128,8 +132,15 @@ def assign_replicas(
     n = len(ordered)
     return [
         tuple(ordered[(first_store_index + p + i) % n] for i in range(replication_factor))
-        for p in range(partitions)
+        for p in range(first_partition, first_partition + partitions)
     ]
+
+
+def replication_factor_of(state: PartitionState) -> int:
+    """How many copies a partition is meant to have: its replica list, or
+    the target of a move in progress (during a move the list also holds
+    the replicas that are leaving)."""
+    return len(state.target if state.target is not None else state.replicas)
 
 
 def default_replication_factor(store_count: int) -> int:

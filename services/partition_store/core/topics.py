@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import HEADER_SIZE_BYTES
@@ -265,6 +265,47 @@ def validate_new_topic(
     if isinstance(parsed, Rejection):
         return Rejection(parsed.code, f"topic {name!r}: {parsed.message}")
     return parsed
+
+
+def grow_topic(name: str, record: TopicRecord | None, count: int) -> Rejection | TopicRecord:
+    """A CreatePartitions entry (Kafka's rules, KIP-195) against the topic as
+    the catalog has it: the topic's record with `count` partitions (its id
+    and configuration unchanged), or the first rule it breaks, in order:
+
+    1. the topic exists (UNKNOWN_TOPIC_OR_PARTITION);
+    2. it is not internal (INVALID_REQUEST): the coordinators place
+       transactional ids and groups by hashing over its partition count, so
+       a new count would move their state to partitions they never wrote;
+    3. the count grows (INVALID_PARTITIONS for an equal or lower one: a
+       partition is never removed, its records would go with it);
+    4. the count is within limits.MAX_PARTITIONS_PER_TOPIC (INVALID_PARTITIONS)."""
+    if record is None:
+        return Rejection(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+    if record.internal:
+        return Rejection(
+            ErrorCode.INVALID_REQUEST,
+            f"topic {name!r} is internal: its {record.partitions} partitions cannot change "
+            "(the coordinators place their state by hashing over that count)",
+        )
+    if count == record.partitions:
+        return Rejection(
+            ErrorCode.INVALID_PARTITIONS,
+            f"topic {name!r} already has {record.partitions} partitions; ask for more "
+            f"than {record.partitions}",
+        )
+    if count < record.partitions:
+        return Rejection(
+            ErrorCode.INVALID_PARTITIONS,
+            f"topic {name!r} has {record.partitions} partitions; {count} would not be an "
+            "increase (partitions are never removed)",
+        )
+    if count > limits.MAX_PARTITIONS_PER_TOPIC:
+        return Rejection(
+            ErrorCode.INVALID_PARTITIONS,
+            f"topic {name!r}: partitions must be 1..{limits.MAX_PARTITIONS_PER_TOPIC}, "
+            f"got {count}",
+        )
+    return replace(record, partitions=count)
 
 
 CATALOG_VERSION = 1

@@ -79,6 +79,7 @@ from services.partition_store.runtime import (
     EpochEndOutcome,
     FetchItem,
     MarkerItem,
+    NewPartitions,
     OffsetQuery,
     ProduceItem,
     ReplicaFetchItem,
@@ -814,6 +815,11 @@ class SimControllerLink:
 
     async def delete_topics(self, names: Sequence[str]) -> list[TopicOutcome]:
         return await self._call("delete-topics", lambda s: s.delete_topics(names))
+
+    async def create_partitions(self, specs: Sequence[NewPartitions], *,
+                                validate_only: bool) -> list[TopicOutcome]:
+        return await self._call(
+            "create-partitions", lambda s: s.create_partitions(specs, validate_only=validate_only))
 
     async def notify_catalog_changed(self, node_id: int) -> None:
         """Best effort, as the real link (topics are not deleted here)."""
