@@ -5,14 +5,21 @@ tuple to the partition's open batch and creates one future. Everything else
 happens once per batch, in the sender thread: encoding (once, when the batch is
 first sent), and completion, which resolves every future of the batch at once.
 
-`RecordFuture` is a real `concurrent.futures.Future` (the API promises one)
-made cheap: a stock Future builds a Condition (an RLock and a deque) when
-created and takes it again to complete, ~2.7 us per record, as much as the
-rest of the producer's per-record work together. A record future instead
-reads its state and result from its batch, builds its RecordMetadata when
-asked, and makes a Condition only when a thread actually waits on it or
-registers a callback; completing a batch is then one assignment plus a wake-up
-of the few futures somebody watches.
+A batch is its records' future: it holds the outcome (state, base offset,
+error), the one Condition its waiters wait on, and the callbacks and
+`concurrent.futures.wait` waiters registered by its records. `RecordFuture`
+is a real `concurrent.futures.Future` (the API promises one) that holds only
+its batch, its index and its timestamp: a stock Future builds a Condition
+(an RLock and a deque) when created and takes it again to complete, ~2.7 us
+per record, as much as the rest of the producer's per-record work together.
+A record future reads its state and result from its batch, builds its
+RecordMetadata when asked, and waits on its batch's Condition; completing a
+batch is one assignment, one notify, and whatever callbacks its records'
+callers asked for.
+
+The module is compiled by mypyc in the compiled wheel
+(build_support/oncelog_build.py): its classes are then native, with no
+`__dict__` and only the attributes declared here.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import _base as _futures_base
+from typing import Any, Protocol
 
 from oncelog._partitioner import StickyPartitioner
 from oncelog.types import RecordMetadata
@@ -53,9 +61,9 @@ BATCH_OVERHEAD_BYTES = codec.HEADER_SIZE_BYTES
 
 RecordTuple = tuple[bytes | None, bytes | None, Sequence[codec.Header] | None, int]
 
-# Guards the creation of a record future's Condition and its registration with
-# the batch (rare: only futures somebody waits on get one).
-_WATCH_LOCK = threading.Lock()
+# A callback or a `concurrent.futures.wait` waiter, as a batch runs it when
+# it finishes.
+BatchListener = Callable[["ProducerBatch"], None]
 
 
 def record_size_bytes(
@@ -91,7 +99,7 @@ class ProducerBatch:
         "base_sequence", "attempts", "in_flight", "maybe_landed", "needs_send", "acked",
         "sent_as_oldest",
         "unknown_topic_retried", "last_error", "state", "base_offset", "error",
-        "watchers", "transactional", "compression",
+        "condition", "listeners", "waiters", "transactional", "compression",
     )
 
     def __init__(
@@ -130,7 +138,14 @@ class ProducerBatch:
         self.state = RUNNING
         self.base_offset = -1
         self.error: BaseException | None = None
-        self.watchers: list[RecordFuture | ManyRecordsFuture] | None = []
+        # The batch's future: what its records' waiters wait on (one
+        # Condition per batch, never one per record), what runs when it
+        # finishes (callbacks; send_many's countdown), and the waiters of
+        # concurrent.futures.wait/as_completed, per record future. Guarded by
+        # `condition`; the lists are dropped once the batch is finished.
+        self.condition = threading.Condition()
+        self.listeners: list[BatchListener] | None = None
+        self.waiters: list[tuple[RecordFuture, _Waiter]] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -172,19 +187,41 @@ class ProducerBatch:
 
     def finish(self, *, base_offset: int = -1, error: BaseException | None = None) -> None:
         """Completes every record future of the batch. Sender thread only."""
-        self.base_offset = base_offset
-        self.error = error
         self.records = None
         self.data = None
-        # The state is written before the watchers are collected: a future that
-        # registers after this sees FINISHED under its own Condition and never waits.
-        self.state = FINISHED
-        with _WATCH_LOCK:
-            watchers = self.watchers
-            self.watchers = None
-        if watchers:
-            for fut in watchers:
-                fut._notify_finished()
+        with self.condition:
+            self.base_offset = base_offset
+            self.error = error
+            self.state = FINISHED
+            waiters = self.waiters
+            listeners = self.listeners
+            self.waiters = self.listeners = None
+            if waiters:
+                # Under the Condition, as a stock Future tells its waiters.
+                for fut, waiter in waiters:
+                    if error is None:
+                        waiter.add_result(fut)
+                    else:
+                        waiter.add_exception(fut)
+            self.condition.notify_all()
+        if listeners:
+            for listener in listeners:
+                try:
+                    listener(self)
+                except Exception:
+                    log.exception("exception calling a callback of %r", self)
+
+    def add_listener(self, listener: BatchListener) -> bool:
+        """Registers `listener` to run when the batch finishes; False (and
+        not registered) when it already has."""
+        with self.condition:
+            if self.state == FINISHED:
+                return False
+            if self.listeners is None:
+                self.listeners = [listener]
+            else:
+                self.listeners.append(listener)
+            return True
 
 
 _IDENTITY = struct.Struct(">qhi")  # producer_id, producer_epoch, base_sequence
@@ -213,30 +250,82 @@ def _copy_error(err: BaseException) -> BaseException:
     return dup
 
 
+class _Waiter(Protocol):
+    """What concurrent.futures.wait and as_completed register on a future."""
+
+    def add_result(self, future: Future[Any]) -> None: ...
+
+    def add_exception(self, future: Future[Any]) -> None: ...
+
+
+class _BatchWaiters:
+    """A record future's `_waiters` as stock Future code uses it (append
+    and remove a waiter, under the future's `_condition`): kept in the
+    batch's list, with the future they wait for."""
+
+    __slots__ = ("_batch", "_future")
+
+    def __init__(self, batch: ProducerBatch, future: RecordFuture) -> None:
+        self._batch = batch
+        self._future = future
+
+    def append(self, waiter: _Waiter) -> None:
+        batch = self._batch
+        if batch.waiters is None:
+            batch.waiters = []
+        batch.waiters.append((self._future, waiter))
+
+    def remove(self, waiter: _Waiter) -> None:
+        waiters = self._batch.waiters
+        if waiters is not None:
+            waiters.remove((self._future, waiter))
+
+
+def _run_callback(fn: Callable[[Future[RecordMetadata]], object],
+                  future: RecordFuture) -> None:
+    try:
+        fn(future)
+    except Exception:
+        log.exception("exception calling callback for %r", future)
+
+
 class RecordFuture(Future[RecordMetadata]):
     """The future of one record: state and result come from its batch.
 
     Never cancellable (the record is already queued, as in Kafka) and completed
-    only by the producer; it is RUNNING from creation until it is done.
+    only by the producer; it is RUNNING from creation until it is done. Stock
+    Future code (result() with a timeout, concurrent.futures.wait, asyncio's
+    wrap_future) finds the batch's Condition and outcome through the
+    properties below, which stand in for the attributes Future.__init__
+    would have made.
     """
 
-    # Stock Future code uses these only under _condition, which creates them
-    # per instance; the class-level empty tuples make any other use fail loudly
-    # instead of sharing one list between futures.
-    _waiters = ()  # type: ignore[assignment]
-    _done_callbacks = ()
+    _batch: ProducerBatch
+    _index: int
+    _timestamp_ms: int
+    # This future's own copy of its batch's error, made when first asked for.
+    _own_error: BaseException | None
 
     def __init__(self, batch: ProducerBatch, index: int, timestamp_ms: int) -> None:
-        # Future.__init__ is skipped on purpose: it builds the Condition.
+        # Future.__init__ is skipped on purpose: it builds a Condition.
         self._batch = batch
         self._index = index
         self._timestamp_ms = timestamp_ms
+        self._own_error = None
 
     # ---- what stock Future code reads
 
     @property
     def _state(self) -> str:  # type: ignore[override]
         return self._batch.state
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        return self._batch.condition
+
+    @property
+    def _waiters(self) -> _BatchWaiters:  # type: ignore[override]
+        return _BatchWaiters(self._batch, self)
 
     @property
     def _result(self) -> RecordMetadata | None:  # type: ignore[override]
@@ -251,41 +340,10 @@ class RecordFuture(Future[RecordMetadata]):
         err = self._batch.error
         if err is None:
             return None
-        mine = self.__dict__.get("_own_error")
+        mine = self._own_error
         if mine is None:
-            mine = self.__dict__["_own_error"] = _copy_error(err)
+            mine = self._own_error = _copy_error(err)
         return mine
-
-    @property
-    def _condition(self) -> threading.Condition:  # type: ignore[override]
-        cond: threading.Condition | None = self.__dict__.get("_cond")
-        if cond is None:
-            with _WATCH_LOCK:
-                cond = self.__dict__.get("_cond")
-                if cond is None:
-                    self.__dict__["_waiters"] = []
-                    self.__dict__["_done_callbacks"] = []
-                    cond = threading.Condition()
-                    self.__dict__["_cond"] = cond
-                    if self._batch.watchers is not None:
-                        self._batch.watchers.append(self)
-        return cond
-
-    def _notify_finished(self) -> None:
-        cond: threading.Condition = self.__dict__["_cond"]
-        failed = self._batch.error is not None
-        with cond:
-            for waiter in self.__dict__["_waiters"]:
-                if failed:
-                    waiter.add_exception(self)
-                else:
-                    waiter.add_result(self)
-            cond.notify_all()
-        for callback in self.__dict__["_done_callbacks"]:
-            try:
-                callback(self)
-            except Exception:
-                log.exception("exception calling callback for %r", self)
 
     # ---- fast paths that skip the Condition once the batch is done
 
@@ -318,13 +376,8 @@ class RecordFuture(Future[RecordMetadata]):
         return super().exception(timeout)
 
     def add_done_callback(self, fn: Callable[[Future[RecordMetadata]], object]) -> None:
-        if self._batch.state == FINISHED:
-            try:
-                fn(self)
-            except Exception:
-                log.exception("exception calling callback for %r", self)
-            return
-        super().add_done_callback(fn)
+        if not self._batch.add_listener(lambda _batch: _run_callback(fn, self)):
+            _run_callback(fn, self)
 
     def set_result(self, result: RecordMetadata) -> None:
         raise RuntimeError("a record future is completed by its producer")
@@ -386,17 +439,11 @@ class ManyRecordsFuture(Future[SentRecords]):
         self._waiting = len(batches)
         self._lock = threading.Lock()
         self.set_running_or_notify_cancel()
-        finished = 0
-        with _WATCH_LOCK:
-            for batch in batches:
-                if batch.watchers is None:  # already finished
-                    finished += 1
-                else:
-                    batch.watchers.append(self)
-        for _ in range(finished):
-            self._notify_finished()
+        for batch in batches:
+            if not batch.add_listener(self._batch_finished):
+                self._batch_finished(batch)
 
-    def _notify_finished(self) -> None:
+    def _batch_finished(self, _batch: ProducerBatch) -> None:
         with self._lock:
             self._waiting -= 1
             if self._waiting:

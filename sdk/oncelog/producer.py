@@ -42,7 +42,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -150,7 +150,10 @@ def _as_bytes(value: Any, what: str) -> bytes:
 
 
 def _check_headers(headers: Sequence[Header] | Mapping[str, bytes | None]) -> tuple[Header, ...]:
-    items = headers.items() if isinstance(headers, Mapping) else headers
+    # Each item is checked here, so it is taken as whatever the caller
+    # passed: typed as a Header, the compiled module (mypyc) would refuse a
+    # malformed one with its own TypeError before these checks could name it.
+    items: Iterable[Any] = headers.items() if isinstance(headers, Mapping) else headers
     out: list[Header] = []
     for item in items:
         try:
@@ -1335,8 +1338,11 @@ class _Sender:
         # ending it needs an EndTxn. Guarded by the lock.
         self.txn_touched = False
         # A new producer id/epoch handed over by the user's thread (after
-        # InitProducerId or EndTxn); the sender applies it and clears this.
+        # InitProducerId or EndTxn); the sender applies it, clears this and
+        # counts it applied. Guarded by the lock.
         self._identity_request: tuple[int, int] | None = None
+        self._identities_requested = 0
+        self._identities_applied = 0
         # Produce requests go over one stream per store (_request_streams.py);
         # their outcomes arrive like a unary call's.
         self._streams = RequestStreams("ProduceStream", client.store,
@@ -1436,9 +1442,15 @@ class _Sender:
         acc = self._acc
         with acc.lock:
             self._identity_request = (producer_id, producer_epoch)
+            self._identities_requested += 1
+            wanted = self._identities_requested
             acc.woken = True
             acc.wakeup.notify()
-            while self._identity_request is not None:
+            # Counted, not `while self._identity_request is not None`: the
+            # assignment above narrows that field's type, and the compiled
+            # module (mypyc) enforces the narrowed type when the sender
+            # thread has reset it.
+            while self._identities_applied < wanted:
                 if self.fatal_error is not None:
                     raise self._fatal_copy()
                 if not self.thread.is_alive():
@@ -1499,6 +1511,7 @@ class _Sender:
         with acc.lock:
             self.txn_touched = False
             self._identity_request = None
+            self._identities_applied += 1
             acc.changed.notify_all()
         log.debug("transactional producer %r now producer id %d epoch %d",
                   self._transactional_id, self.producer_id, self.producer_epoch)

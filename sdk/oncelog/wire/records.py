@@ -360,8 +360,9 @@ def encode_batch(
                     after_attributes[ts_delta], varint[delta], varint[key_len], key,
                     varint[value_len], value, b"\x00",
                 ))
-        except IndexError:
-            # A delta or length beyond the tables: the general form.
+        except (IndexError, OverflowError):
+            # A delta or length beyond the tables: the general form. (Compiled
+            # by mypyc, an index beyond a C integer raises OverflowError.)
             parts.append(_encode_record(delta, key, value, None, ts - base_ts))
     body = b"".join(parts)
     attributes = ATTR_TRANSACTIONAL if transactional else 0
