@@ -127,6 +127,10 @@ MIN_METADATA_REFRESH_MS = 50
 # How long send() waits at most for a lagging sender thread's pass (a sender
 # blocked in a call, such as InitProducerId, must not stall send() for long).
 SENDER_HAND_OVER_MAX_S = 0.02
+# How long send() waits at most for the sender to take a backlogged
+# partition's closed batches (see RecordAccumulator.max_queued_batches), and
+# never longer than max_block_ms.
+BACKLOG_WAIT_MAX_MS = 100
 # States in which the sender sends a transaction's batches.
 _TXN_SENDING = frozenset({
     ProducerTxnState.IN_TRANSACTION, ProducerTxnState.COMMITTING, ProducerTxnState.PREPARING,
@@ -305,6 +309,7 @@ class Producer:
             buffer_memory_bytes=buffer_memory_bytes,
             sticky=StickyPartitioner(random.Random()),
             clock_ms=_now_ms,
+            backlog_wait_ms=min(max_block_ms, BACKLOG_WAIT_MAX_MS),
             compression=compression,
         )
         # topic -> (number of partitions, max.message.bytes), valid for one
@@ -496,11 +501,16 @@ class Producer:
                 if batch is last:
                     b, first, count = spans[-1]
                     spans[-1] = (b, first, count + 1)
-                else:
-                    spans.append((batch, index, 1))
-                    last = batch
-            if acc.hand_over_due and threading.current_thread() is not self._sender.thread:
-                acc.wait_for_sender_pass(SENDER_HAND_OVER_MAX_S)
+                    continue
+                spans.append((batch, index, 1))
+                last = batch
+                if acc.sender_wanted and threading.current_thread() is not self._sender.thread:
+                    # The batch before this one closed behind a backlog (or
+                    # while the sender starved): let the sender take it
+                    # before filling this one.
+                    acc.wait_for_sender(SENDER_HAND_OVER_MAX_S)
+            if acc.sender_wanted and threading.current_thread() is not self._sender.thread:
+                acc.wait_for_sender(SENDER_HAND_OVER_MAX_S)
         return ManyRecordsFuture(SentRecords(topic, spans, timestamp_ms))
 
     @staticmethod
@@ -627,9 +637,9 @@ class Producer:
                 topic, partition, num_partitions, (key, value, header_tuple, timestamp_ms),
                 size, max_message_bytes,
             )
-            if acc.hand_over_due and threading.current_thread() is not self._sender.thread:
+            if acc.sender_wanted and threading.current_thread() is not self._sender.thread:
                 # Not from a callback on the sender thread: it would wait for itself.
-                acc.wait_for_sender_pass(SENDER_HAND_OVER_MAX_S)
+                acc.wait_for_sender(SENDER_HAND_OVER_MAX_S)
             return fut
         finally:
             acc.lock.release()

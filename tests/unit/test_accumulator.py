@@ -6,7 +6,9 @@ partition until its batch closes; flush and close make everything sendable;
 queued batches expire at their delivery deadline; send() is told to hand
 over to the sender thread when a batch closes while the sender has made no
 pass for a while and the stores are running out of its requests, and waits
-for one pass at most as long as asked; and the cheap record
+for one pass at most as long as asked; a partition with more closed batches
+waiting for the sender than allowed (a backlog) makes send() wait until the
+sender has taken them down, at most as long as allowed; and the cheap record
 futures behave like any concurrent.futures.Future (result, exception,
 callbacks, wait, as_completed, asyncio) although they are completed a batch
 at a time.
@@ -343,6 +345,7 @@ def close_batch(acc: RecordAccumulator) -> None:
 def test_hand_over_is_due_when_a_batch_closes_long_after_the_last_sender_pass() -> None:
     clock = Clock()
     acc = make_acc(clock)
+    acc.max_queued_batches = 1 << 30   # the starved-sender rule alone, no backlog
     assert acc.hand_over_lag_ms == 10
     close_batch(acc)   # opens the first batch
     clock.now_ms += 9
@@ -364,6 +367,7 @@ def test_no_hand_over_while_the_stores_have_enough_requests_to_work_on() -> None
     busy; its work then waits for the application's next pause."""
     clock = Clock()
     acc = make_acc(clock)
+    acc.max_queued_batches = 1 << 30   # the starved-sender rule alone, no backlog
     assert acc.hand_over_max_unanswered == 1
     close_batch(acc)
     acc.requests_unanswered = 2
@@ -375,7 +379,7 @@ def test_no_hand_over_while_the_stores_have_enough_requests_to_work_on() -> None
     assert acc.hand_over_due
 
 
-def test_wait_for_sender_pass_returns_after_the_next_pass_and_clears_the_flag() -> None:
+def test_wait_for_sender_returns_after_the_next_pass_and_clears_the_flag() -> None:
     acc = make_acc(Clock())
     acc.hand_over_due = True
     passes: list[int] = []
@@ -387,16 +391,88 @@ def test_wait_for_sender_pass_returns_after_the_next_pass_and_clears_the_flag() 
             passes.append(acc.sender_passes)
 
     with acc.lock:
+        assert acc.sender_wanted
         threading.Thread(target=sender).start()
-        acc.wait_for_sender_pass(max_wait_s=60)
+        acc.wait_for_sender(max_pass_wait_s=60)
         assert acc.sender_passes == 1 and passes == [1]
-        assert not acc.hand_over_due
+        assert not acc.hand_over_due and not acc.sender_wanted
+    assert acc.hand_overs == 1
 
 
-def test_wait_for_sender_pass_gives_up_after_its_limit() -> None:
+def test_wait_for_sender_gives_up_after_its_limit() -> None:
     """A sender stuck in a blocking call must not stall send() for good."""
     acc = make_acc(Clock())
     acc.hand_over_due = True
     with acc.lock:
-        acc.wait_for_sender_pass(max_wait_s=0.01)
+        acc.wait_for_sender(max_pass_wait_s=0.01)
     assert acc.sender_passes == 0 and not acc.hand_over_due
+
+
+# ------------------------------------------------------------------ backlog
+
+
+def test_a_partition_with_more_closed_batches_than_allowed_is_a_backlog() -> None:
+    """Closed batches the sender has not taken are records waiting: beyond
+    max_queued_batches of them in one partition, send() is told to wait."""
+    clock = Clock()
+    acc = make_acc(clock)
+    assert acc.max_queued_batches == 1
+    close_batch(acc)
+    close_batch(acc)   # one closed batch waits: allowed
+    assert acc.backlogged is None
+    with acc.lock:
+        acc.sender_pass_done()   # a pass that took nothing (its window is full)
+    close_batch(acc)   # a second one waits
+    assert acc.backlogged is not None and acc.sender_wanted
+    assert not acc.hand_over_due   # a backlog, not a starved sender
+
+
+def test_wait_for_sender_waits_until_the_backlog_is_taken() -> None:
+    clock = Clock()
+    acc = make_acc(clock)
+    for _ in range(3):
+        close_batch(acc)
+    queue = acc.backlogged
+    assert queue is not None and len(queue.ready) == 2
+    taken: list[ProducerBatch] = []
+
+    def sender() -> None:
+        # A pass that takes nothing (the window is full), then one that takes
+        # a batch once an answer came.
+        with acc.lock:
+            acc.sender_pass_done()
+        batch = acc.pop(("t", 0), clock.now_ms, 1)
+        assert batch is not None
+        taken.append(batch)
+        with acc.lock:
+            acc.sender_pass_done()
+
+    with acc.lock:
+        threading.Thread(target=sender).start()
+        acc.wait_for_sender(max_pass_wait_s=0)
+        assert len(queue.ready) == 1 and len(taken) == 1
+        assert not acc.sender_wanted
+
+
+def test_a_backlog_the_sender_never_takes_stops_the_wait_at_its_limit() -> None:
+    """A store that does not answer must not stall send() for long: buffer
+    memory (and max_block_ms) bound what queues up after that."""
+    clock = Clock()
+    acc = make_acc(clock)
+    acc.backlog_wait_ms = 20
+    for _ in range(3):
+        close_batch(acc)
+    with acc.lock:
+        acc.wait_for_sender(max_pass_wait_s=0)
+    assert acc.backlogged is None and acc.hand_overs == 1
+
+
+def test_no_backlog_wait_without_a_wait_allowed() -> None:
+    """max_block_ms=0 (backlog_wait_ms 0): send() never waits for the sender
+    because of a backlog."""
+    clock = Clock()
+    acc = make_acc(clock)
+    acc.backlog_wait_ms = 0
+    for _ in range(4):
+        close_batch(acc)
+    assert acc.backlogged is None
