@@ -112,6 +112,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# .venv-compiled: the same locked packages with oncelog installed from its
+# compiled wheel (the SDK's hot modules built by mypyc), where the default
+# test run runs the SDK's own tests a second time. Rebuilt when the lock or
+# the sources changed (scripts/compiled-venv.sh).
+bash scripts/compiled-venv.sh
+
 # The Node.js examples (examples/node: a gRPC client from the protos;
 # examples/kafkajs: KafkaJS against the Kafka listener) and their tests need
 # node and npm. Their packages are installed here, from the committed

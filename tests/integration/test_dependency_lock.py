@@ -31,9 +31,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # What `uv lock` reads: the project's metadata (its version is dynamic, read
-# from the SDK's sources) and the scripts under test.
+# from the SDK's sources through the build backend in build_support/) and
+# the scripts under test.
 PROJECT_FILES = ("pyproject.toml", "uv.lock", "README.md", "LICENSE", "requirements",
-                 "scripts", "sdk", "services", "spark")
+                 "scripts", "sdk", "services", "spark", "setup.py", "MANIFEST.in",
+                 "build_support")
 # Failure guard for the subprocesses, not an expectation.
 TIMEOUT_S = 300.0
 
