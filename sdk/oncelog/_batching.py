@@ -59,7 +59,7 @@ RECORD_OVERHEAD_BYTES = 28
 HEADER_OVERHEAD_BYTES = 8
 BATCH_OVERHEAD_BYTES = codec.HEADER_SIZE_BYTES
 
-RecordTuple = tuple[bytes | None, bytes | None, Sequence[codec.Header] | None, int]
+Headers = Sequence[codec.Header]
 
 # A callback or a `concurrent.futures.wait` waiter, as a batch runs it when
 # it finishes.
@@ -94,7 +94,8 @@ class ProducerBatch:
     """
 
     __slots__ = (
-        "topic", "partition", "records", "size_bytes", "limit_bytes", "created_ms",
+        "topic", "partition", "keys", "values", "timestamps", "headers", "size_bytes",
+        "limit_bytes", "created_ms",
         "deadline_ms", "record_count", "data", "producer_id", "producer_epoch",
         "base_sequence", "attempts", "in_flight", "maybe_landed", "needs_send", "acked",
         "sent_as_oldest",
@@ -108,7 +109,15 @@ class ProducerBatch:
     ) -> None:
         self.topic = topic
         self.partition = partition
-        self.records: list[RecordTuple] | None = []
+        # The records, as columns until the batch is encoded (then emptied):
+        # appending a key, a value and a timestamp makes no object per record
+        # that the garbage collector would have to visit, as a tuple per
+        # record did (measured: ~0.15 us of the application's 0.85 us per
+        # compiled send()). `headers` stays None until a record has some.
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.timestamps: list[int] = []
+        self.headers: list[Headers | None] | None = None
         self.size_bytes = BATCH_OVERHEAD_BYTES
         self.limit_bytes = limit_bytes
         self.created_ms = created_ms
@@ -159,19 +168,43 @@ class ProducerBatch:
             return codec.NO_SEQUENCE
         return codec.next_sequence(self.base_sequence, self.record_count - 1)
 
+    def add(self, key: bytes | None, value: bytes | None, headers: Headers | None,
+            timestamp_ms: int) -> int:
+        """Appends one record (not counted against size_bytes: the
+        accumulator does that); returns its index in the batch."""
+        if self.data is not None:
+            raise RuntimeError(f"{self!r} is already encoded")
+        count = self.record_count
+        self.keys.append(key)
+        self.values.append(value)
+        self.timestamps.append(timestamp_ms)
+        if headers is not None or self.headers is not None:
+            if self.headers is None:
+                self.headers = [None] * count
+            self.headers.append(headers)
+        self.record_count = count + 1
+        return count
+
     def encode(self, *, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
         """Encodes the records once, under the given identity, and drops them."""
-        if self.records is None:
+        if self.data is not None or self.state == FINISHED:
             raise RuntimeError(f"{self!r} is already encoded")
         self.producer_id = producer_id
         self.producer_epoch = producer_epoch
         self.base_sequence = base_sequence
-        self.data = codec.encode_batch(
-            self.records, producer_id=producer_id, producer_epoch=producer_epoch,
+        self.data = codec.encode_columns(
+            self.keys, self.values, self.timestamps, self.headers,
+            producer_id=producer_id, producer_epoch=producer_epoch,
             base_sequence=base_sequence, transactional=self.transactional,
             compression=self.compression,
         )
-        self.records = None
+        self._drop_records()
+
+    def _drop_records(self) -> None:
+        self.keys = []
+        self.values = []
+        self.timestamps = []
+        self.headers = None
 
     def restamp(self, *, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
         """Gives an encoded batch a new identity (after a sequence reset)."""
@@ -187,7 +220,7 @@ class ProducerBatch:
 
     def finish(self, *, base_offset: int = -1, error: BaseException | None = None) -> None:
         """Completes every record future of the batch. Sender thread only."""
-        self.records = None
+        self._drop_records()
         self.data = None
         with self.condition:
             self.base_offset = base_offset
@@ -564,22 +597,28 @@ class RecordAccumulator:
         topic: str,
         partition: int | None,
         num_partitions: int,
-        record: RecordTuple,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None,
+        timestamp_ms: int,
         size_bytes: int,
         max_message_bytes: int,
     ) -> RecordFuture:
         """Appends a record (partition None: the topic's sticky partition) and
         returns its future. Caller holds `lock`."""
-        batch, index = self.place(topic, partition, num_partitions, record, size_bytes,
-                                  max_message_bytes)
-        return RecordFuture(batch, index, record[3])
+        batch, index = self.place(topic, partition, num_partitions, key, value, headers,
+                                  timestamp_ms, size_bytes, max_message_bytes)
+        return RecordFuture(batch, index, timestamp_ms)
 
     def place(
         self,
         topic: str,
         partition: int | None,
         num_partitions: int,
-        record: RecordTuple,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None,
+        timestamp_ms: int,
         size_bytes: int,
         max_message_bytes: int,
     ) -> tuple[ProducerBatch, int]:
@@ -616,8 +655,15 @@ class RecordAccumulator:
             queue.open = batch
             self.incomplete.add(batch)
             self._wake()
+        # ProducerBatch.add, inlined: this runs once per record.
         count = batch.record_count
-        batch.records.append(record)  # type: ignore[union-attr]  # open: never None
+        batch.keys.append(key)
+        batch.values.append(value)
+        batch.timestamps.append(timestamp_ms)
+        if headers is not None or batch.headers is not None:
+            if batch.headers is None:
+                batch.headers = [None] * count
+            batch.headers.append(headers)
         batch.record_count = count + 1
         self.buffered_bytes += size_bytes
         size_bytes += batch.size_bytes

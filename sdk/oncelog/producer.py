@@ -438,8 +438,10 @@ class Producer:
             raise ValueError(f"partition must be an int >= 0 or None, got {partition!r}")
         if not isinstance(topic, str) or not topic:
             raise TypeError(f"topic must be a non-empty str, got {topic!r}")
-        # Serialized and checked before anything is queued.
-        records: list[tuple[bytes | None, bytes | None, None, int]] = []
+        # Serialized and checked before anything is queued; as columns, with
+        # no object made per record.
+        record_keys: list[bytes | None] = []
+        record_values: list[bytes | None] = []
         sizes: list[int] = []
         key_serializer, value_serializer = self._key_serializer, self._value_serializer
         for i, value in enumerate(values):
@@ -450,19 +452,21 @@ class Producer:
                 value = _as_bytes(value, "value")
             if key is not None and type(key) is not bytes:
                 key = _as_bytes(key, "key")
-            records.append((key, value, None, timestamp_ms))
+            record_keys.append(key)
+            record_values.append(value)
             sizes.append(RECORD_OVERHEAD_BYTES + (0 if key is None else len(key))
                          + (0 if value is None else len(value)))
+        record_count = len(record_values)
         fatal = self._sender.fatal_error
         if fatal is not None and self._txn is None:
-            return self._many_failed(topic, partition, len(records), timestamp_ms, fatal)
+            return self._many_failed(topic, partition, record_count, timestamp_ms, fatal)
         if self._txn is not None:
             self._check_txn(Op.SEND)
         try:
             num_partitions, max_message_bytes = self._wait_for_topic(topic, partition)
         except OncelogError as exc:
             self._break_transaction(topic, -1 if partition is None else partition, exc)
-            return self._many_failed(topic, partition, len(records), timestamp_ms, exc)
+            return self._many_failed(topic, partition, record_count, timestamp_ms, exc)
         largest = max(sizes)
         if largest + BATCH_OVERHEAD_BYTES > max_message_bytes:
             too_large = errors.error_for(
@@ -471,7 +475,8 @@ class Producer:
                 f"one), over max.message.bytes={max_message_bytes} of topic {topic!r}; "
                 "send_many() queued none of its records")
             self._break_transaction(topic, -1 if partition is None else partition, too_large)
-            return self._many_failed(topic, partition, len(records), timestamp_ms, too_large)
+            return self._many_failed(topic, partition, record_count, timestamp_ms,
+                                     too_large)
 
         acc = self._accumulator
         place = acc.place
@@ -482,7 +487,11 @@ class Producer:
             txn = self._txn
             if txn is not None and txn.state is not _IN_TRANSACTION:
                 txn.check(Op.SEND)
-            for record, size in zip(records, sizes, strict=True):
+            # (`record_count` is never reassigned below: compiled, range()'s
+            # bound is read again on every turn of the loop.)
+            for i in range(record_count):
+                key = record_keys[i]
+                size = sizes[i]
                 if acc.buffered_bytes + size > limit and acc.buffered_bytes:
                     blocked = self._wait_for_buffer(size)
                     if blocked is not None:
@@ -491,13 +500,13 @@ class Producer:
                         self._break_transaction_locked(
                             topic, -1 if partition is None else partition, blocked)
                         spans.append((failed_batch(topic, partition, blocked), 0,
-                                      len(records) - sum(c for _, _, c in spans)))
+                                      record_count - sum(c for _, _, c in spans)))
                         break
                 target = partition
-                if target is None and record[0] is not None:
-                    target = partition_for_key(record[0], num_partitions)
-                batch, index = place(topic, target, num_partitions, record, size,
-                                     max_message_bytes)
+                if target is None and key is not None:
+                    target = partition_for_key(key, num_partitions)
+                batch, index = place(topic, target, num_partitions, key, record_values[i], None,
+                                     timestamp_ms, size, max_message_bytes)
                 if batch is last:
                     b, first, count = spans[-1]
                     spans[-1] = (b, first, count + 1)
@@ -634,7 +643,7 @@ class Producer:
                                                    blocked)
                     return failed_future(topic, -1 if partition is None else partition, blocked)
             fut = acc.append(
-                topic, partition, num_partitions, (key, value, header_tuple, timestamp_ms),
+                topic, partition, num_partitions, key, value, header_tuple, timestamp_ms,
                 size, max_message_bytes,
             )
             if acc.sender_wanted and threading.current_thread() is not self._sender.thread:

@@ -65,7 +65,7 @@ def append(
 ) -> RecordFuture:
     size = record_size_bytes(None, value, None)
     with acc.lock:
-        return acc.append("t", partition, partitions, (None, value, None, ts), size,
+        return acc.append("t", partition, partitions, None, value, None, ts, size,
                           max_message_bytes)
 
 
@@ -192,13 +192,36 @@ def test_encode_once_then_records_are_dropped() -> None:
     batch = acc.pop(("t", 0), clock.now_ms + 5, 1)
     assert batch is not None
     batch.encode(producer_id=9, producer_epoch=2, base_sequence=100)
-    assert batch.records is None and batch.data is not None
+    assert batch.values == [] and batch.data is not None
     header = read_header(batch.data)
     assert (header.producer_id, header.producer_epoch, header.base_sequence) == (9, 2, 100)
     assert [r.value for r in iter_records(batch.data)] == [b"a", b"b"]
     assert batch.last_sequence == 101
     with pytest.raises(RuntimeError):
         batch.encode(producer_id=9, producer_epoch=2, base_sequence=100)
+
+
+def test_records_with_and_without_headers_share_a_batch() -> None:
+    """A batch keeps its records as columns; headers get a column only once
+    a record has some, and every record keeps its own."""
+    clock = Clock()
+    acc = make_acc(clock, batch_size=1 << 20)
+    rows: list[tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...] | None]] = [
+        (None, b"a", None), (b"k", b"b", None), (None, b"c", (("h", b"1"), ("n", None))),
+        (b"k2", None, None), (None, b"e", (("x", b""),)),
+    ]
+    with acc.lock:
+        for i, (key, value, headers) in enumerate(rows):
+            acc.append("t", 0, 1, key, value, headers, 100 + i,
+                       record_size_bytes(key, value, headers), 1 << 20)
+    batch = acc.pop(("t", 0), clock.now_ms + 5, 1)
+    assert batch is not None
+    assert batch.headers == [None, None, rows[2][2], None, rows[4][2]]
+    batch.encode(producer_id=1, producer_epoch=0, base_sequence=0)
+    assert batch.data is not None
+    assert [(r.key, r.value, r.headers or None, r.timestamp_ms)
+            for r in iter_records(batch.data)] == [
+        (key, value, headers, 100 + i) for i, (key, value, headers) in enumerate(rows)]
 
 
 # ------------------------------------------------------------------ futures

@@ -393,3 +393,27 @@ def test_retain_records_keeps_the_leader_epoch() -> None:
         kept = codec.retain_records(batch, offsets)
         header = codec.validate_batch(kept, max_size_bytes=len(kept), compacted=True)
         assert (header.partition_leader_epoch, header.base_offset) == (5, 100)
+
+
+def test_columns_encode_as_the_same_rows_do() -> None:
+    """encode_columns (the producer's path: a batch keeps its records as
+    columns) writes exactly the bytes encode_batch writes for the same
+    records given as rows, and refuses columns of different lengths."""
+    rows: list[tuple[bytes | None, bytes | None, list[codec.Header] | None, int]] = [
+        (None, b"v" * 100, None, 1_000), (b"k", b"", None, 1_003),
+        (None, None, [("h", b"1")], 999), (b"k" * 300, b"x" * 20_000, None, 1_000 + 10**9),
+    ]
+    as_rows = codec.encode_batch(rows, producer_id=7, producer_epoch=1, base_sequence=40)
+    as_columns = codec.encode_columns(
+        [r[0] for r in rows], [r[1] for r in rows], [r[3] for r in rows], [r[2] for r in rows],
+        producer_id=7, producer_epoch=1, base_sequence=40)
+    assert as_columns == as_rows
+    without_headers = rows[:2]
+    assert codec.encode_columns([r[0] for r in without_headers],
+                                [r[1] for r in without_headers],
+                                [r[3] for r in without_headers]) == codec.encode_batch(
+                                    without_headers)
+    with pytest.raises(ValueError, match="different lengths"):
+        codec.encode_columns([None], [b"a", b"b"], [1, 2])
+    with pytest.raises(codec.BatchFormatError, match="at least one record"):
+        codec.encode_columns([], [], [])

@@ -36,10 +36,8 @@ def seq_(*, idempotent: bool = True, max_in_flight: int = 5) -> PartitionSequenc
 def batch(n: int, *, now_ms: int = 0, tag: str = "r") -> ProducerBatch:
     b = ProducerBatch("t", 0, created_ms=now_ms, deadline_ms=now_ms + DELIVERY_MS,
                       limit_bytes=1 << 20)
-    assert b.records is not None
     for i in range(n):
-        b.records.append((None, f"{tag}{i}".encode(), None, 1))
-    b.record_count = n
+        b.add(None, f"{tag}{i}".encode(), None, 1)
     return b
 
 

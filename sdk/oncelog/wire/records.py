@@ -315,18 +315,52 @@ def encode_batch(
     compression: Codec = Codec.NONE,
 ) -> bytes:
     """Encodes (key, value, headers, timestamp_ms) tuples into one batch,
-    its records compressed with `compression`. A batch that compression
-    would make larger goes out uncompressed (codec 0): every reader reads
-    both, and it keeps a batch of incompressible records within the size the
-    producer counted for it.
+    its records compressed with `compression`: encode_columns, given the
+    records as rows."""
+    if not records:
+        raise BatchFormatError("a record batch needs at least one record")
+    keys, values, headers, timestamps = zip(*records, strict=True)
+    return encode_columns(
+        list(keys), list(values), list(timestamps),
+        list(headers) if any(headers) else None,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+        transactional=transactional, base_offset=base_offset, compression=compression,
+    )
 
-    This is the producer's hot path: a record with a value and no headers
+
+def encode_columns(
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    timestamps: list[int],
+    headers: list[Sequence[Header] | None] | None = None,
+    *,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    transactional: bool = False,
+    base_offset: int = 0,
+    compression: Codec = Codec.NONE,
+) -> bytes:
+    """Encodes records given as columns (record i is keys[i], values[i],
+    timestamps[i] and headers[i]; `headers` None: no record has any) into
+    one batch, its records compressed with `compression`. A batch that
+    compression would make larger goes out uncompressed (codec 0): every
+    reader reads both, and it keeps a batch of incompressible records within
+    the size the producer counted for it.
+
+    This is the producer's hot path (its batches hold their records as these
+    columns: no tuple per record): a record with a value and no headers
     (the common case) is a few table look-ups and one extend; the rest go
     through _encode_record.
     """
-    if not records:
+    count = len(values)
+    if not count:
         raise BatchFormatError("a record batch needs at least one record")
-    timestamps = [r[3] for r in records]
+    if len(keys) != count or len(timestamps) != count or (
+            headers is not None and len(headers) != count):
+        raise ValueError(
+            f"columns of different lengths: {len(keys)} keys, {count} values, "
+            f"{len(timestamps)} timestamps, {None if headers is None else len(headers)} headers")
     base_ts = min(timestamps)
     max_ts = max(timestamps)
     parts: list[bytes] = []
@@ -335,12 +369,15 @@ def encode_batch(
     size = _VARINT_SIZE
     after_attributes = _AFTER_ATTRIBUTES
     after_null_key = _AFTER_NULL_KEY
-    for delta, (key, value, headers, ts) in enumerate(records):
-        if headers or value is None:
-            parts.append(_encode_record(delta, key, value, headers, ts - base_ts))
+    for delta in range(count):
+        key = keys[delta]
+        value = values[delta]
+        ts_delta = timestamps[delta] - base_ts
+        if value is None or (headers is not None and headers[delta]):
+            parts.append(_encode_record(delta, key, value,
+                                        None if headers is None else headers[delta], ts_delta))
             continue
         try:
-            ts_delta = ts - base_ts
             value_len = len(value)
             # length, attributes + timestamp delta, offset delta, key
             # length (+ key), value length, value, header count (0). The
@@ -363,7 +400,7 @@ def encode_batch(
         except (IndexError, OverflowError):
             # A delta or length beyond the tables: the general form. (Compiled
             # by mypyc, an index beyond a C integer raises OverflowError.)
-            parts.append(_encode_record(delta, key, value, None, ts - base_ts))
+            parts.append(_encode_record(delta, key, value, None, ts_delta))
     body = b"".join(parts)
     attributes = ATTR_TRANSACTIONAL if transactional else 0
     if compression is not Codec.NONE:
@@ -372,7 +409,7 @@ def encode_batch(
             body = packed
             attributes |= compression
     return _finish(
-        body, attributes, len(records), base_ts, max_ts,
+        body, attributes, count, base_ts, max_ts,
         producer_id, producer_epoch, base_sequence, base_offset,
     )
 
@@ -450,11 +487,17 @@ def _finish(
     producer_id: int, producer_epoch: int, base_sequence: int, base_offset: int,
     *, leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
 ) -> bytes:
-    tail = _CRC_HEADER.pack(
+    """The batch of these records: the header's fields, then `body`, copied
+    once (the CRC is computed over the header's part and the body apart)."""
+    crc_header = _CRC_HEADER.pack(
         attributes, count - 1, base_ts, max_ts,
         producer_id, producer_epoch, base_sequence, count,
-    ) + body
-    return _assemble(tail, base_offset=base_offset, leader_epoch=leader_epoch)
+    )
+    crc = int(_crc32c.crc32c(body, _crc32c.crc32c(crc_header)))
+    batch_length = len(crc_header) + len(body) + _PREFIX.size - 12
+    return b"".join((
+        _PREFIX.pack(base_offset, batch_length, leader_epoch, BATCH_MAGIC, crc), crc_header, body,
+    ))
 
 
 def _assemble(tail: bytes, *, base_offset: int, leader_epoch: int) -> bytes:

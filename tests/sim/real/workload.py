@@ -492,8 +492,6 @@ class TxnProducer:
             batch = ProducerBatch(self._topic, partition, created_ms=now_ms,
                                   deadline_ms=now_ms + DELIVERY_TIMEOUT_MS,
                                   limit_bytes=1 << 20)
-            records = batch.records
-            assert records is not None  # noqa: S101 - a new batch holds its records
             for _ in range(self._rng.randint(1, 3)):
                 value = record_value(facts.key, partition, len(values))
                 if todo is not None:
@@ -501,8 +499,7 @@ class TxnProducer:
                         break
                     value += b"|" + todo.pop(0)
                 values.append(value)
-                records.append((None, value, None, now_ms))
-                batch.record_count += 1
+                batch.add(None, value, None, now_ms)
             sequencer.assign(batch, producer_id=self.producer_id,
                              producer_epoch=self.producer_epoch)
         in_flight: set[asyncio.Task[BaseException | None]] = set()
