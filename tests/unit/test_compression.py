@@ -72,6 +72,38 @@ def test_the_forms_kafka_writes() -> None:
     assert comp.compress(Codec.ZSTD, DATA)[:4] == b"\x28\xb5\x2f\xfd"
 
 
+def test_lz4_frames_are_built_from_independent_blocks() -> None:
+    """The producer's LZ4 frames are written here from cramjam's block
+    compression (which releases the GIL; its streaming compressor does not):
+    a descriptor with independent blocks, no checksums and 64 KiB blocks,
+    whose checksum byte is XXH32's (checked against the hash's published
+    values and cramjam's own frames); a block that would grow is stored as
+    it is; an empty input is a frame of no block. Every frame reads back
+    with cramjam's frame decoder."""
+    assert [comp._xxh32(data) for data in (b"", b"a", b"abc")] == [
+        0x02CC5D05, 0x550D7456, 0x32D153FF]
+    theirs = cramjam.lz4.Compressor(level=9, content_checksum=False, block_linked=False)
+    theirs.compress(DATA)
+    frame = bytes(theirs.finish())
+    assert frame[6] == (comp._xxh32(frame[4:6]) >> 8) & 0xFF
+    noise = os.urandom(70_000)
+    for data, blocks in ((DATA, -(-len(DATA) // 65_536)), (noise, 2), (b"", 0)):
+        packed = comp.compress(Codec.LZ4, data)
+        assert packed[:7] == b"\x04\x22\x4d\x18\x60\x40" + bytes(
+            ((comp._xxh32(b"\x60\x40") >> 8) & 0xFF,))
+        assert packed[-4:] == b"\x00\x00\x00\x00"
+        sizes, pos = [], 7
+        while pos < len(packed) - 4:
+            (size,) = struct.unpack_from("<I", packed, pos)
+            sizes.append(size)
+            pos += 4 + (size & 0x7FFFFFFF)
+        assert pos == len(packed) - 4 and len(sizes) == blocks
+        if data is noise:
+            assert all(size & 0x80000000 for size in sizes)   # stored, not grown
+        assert bytes(cramjam.lz4.decompress(packed)) == data
+        assert comp.decompress(Codec.LZ4, packed, max_bytes=len(data)) == data
+
+
 def test_bounds_hold_before_the_excess_is_made() -> None:
     bomb = b"\x00" * (64 * 1024 * 1024)
     # snappy says its size first: refused before decompressing.
