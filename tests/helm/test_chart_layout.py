@@ -23,6 +23,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -234,9 +235,11 @@ def test_group_coordinator_settings_reach_the_group_coordinator(
 
 
 def _service_flags(module: str) -> set[str]:
+    # Wide enough that argparse wraps no help line: it breaks lines after a
+    # hyphen, which would cut "--kafka-stores" into a made-up "--kafka-".
     result = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,
-        cwd=REPO,
+        cwd=REPO, env={**os.environ, "COLUMNS": "10000"},
     )
     assert result.returncode == 0, result.stderr
     flags = set(re.findall(r"--([a-z0-9][a-z0-9-]*)", result.stdout))
