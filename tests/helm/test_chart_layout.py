@@ -58,6 +58,9 @@ CHART_MANAGED_FLAGS = {
     "group-coordinators", "transaction-state-partitions", "consumer-offsets-partitions",
     "metrics-port", "log-format", "log-level", "data-dir", "etcd-endpoints",
     "token-advertised",
+    # The stores' Kafka listener: partitionStore.kafka and ports.kafka
+    # (test_chart_kafka.py); each store advertises its entry of kafka-stores.
+    "kafka-listen", "kafka-stores", "kafka-advertised",
 } | SECURITY_FLAGS
 # Flags the chart deliberately does not offer: test-only switches.
 NOT_OFFERED = {"unsafe-skip-txn-verification"}
