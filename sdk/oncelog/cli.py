@@ -101,6 +101,8 @@ DEFAULT_HEADERS_KEY_SEPARATOR = ":"
 # start) and the lock a running `cluster up` holds.
 PORTS_FILE = "cluster-ports.json"
 LOCK_FILE = "cluster.lock"
+# How often a running `cluster up` looks whether it was asked to stop.
+STOP_POLL_INTERVAL_S = 0.1
 # The progress line is redrawn at most this often.
 PROGRESS_INTERVAL_S = 0.2
 # A topics operation shows its elapsed time once it has taken this long.
@@ -790,7 +792,12 @@ def _working(label: str) -> Iterator[None]:
 def _stop_on_signals() -> Iterator[threading.Event]:
     """SIGINT/SIGTERM set an event instead of raising KeyboardInterrupt in the
     middle of SDK code (which could leave a client half-way through a call
-    and hang its close())."""
+    and hang its close()).
+
+    Look at it with is_set(), never wait() on it: the handler runs in the
+    main thread, and a signal that lands while the main thread is inside
+    wait() makes set() take the lock that wait() holds, which hangs the
+    process for good."""
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -948,7 +955,9 @@ def _cluster_up(args: argparse.Namespace) -> int:
             for kind in sorted(cluster.missing_kinds):
                 print(f"note: this version has no {kind} service; left out", flush=True)
             print("Ctrl-C stops it.", flush=True)
-            stop.wait()
+            # A signal interrupts the sleep (_stop_on_signals says why not wait()).
+            while not stop.is_set():
+                time.sleep(STOP_POLL_INTERVAL_S)
         finally:
             print("stopping...", file=sys.stderr, flush=True)
             cluster.stop()
