@@ -286,6 +286,7 @@ ADMIN_CALLS: list[tuple[str, Callable[[Admin], object]]] = [
     ("create_topics", lambda a: a.create_topics([NewTopic("t-new", 1)])),
     ("delete_topic", lambda a: a.delete_topic(TOPIC + "-gone")),
     ("delete_topics", lambda a: a.delete_topics([TOPIC + "-gone"])),
+    ("create_partitions", lambda a: a.create_partitions({TOPIC: 3})),
     ("list_topics", lambda a: a.list_topics()),
     ("describe_topic", lambda a: a.describe_topic(TOPIC)),
     ("alter_partition_reassignments",
