@@ -569,6 +569,22 @@ class StoreRuntime:
         await self.refresh_catalog()
         return outcomes
 
+    def apply_learned_states(self) -> None:
+        """Applies the partition states the link holds now, without reading
+        the catalog (states learned from other stores while the metadata
+        store is out of reach: replication.py)."""
+        states = self._link().partition_states()
+        if states is not None:
+            self._states = states
+        self._apply_states(self._clock_ms())
+        if self.on_states_applied is not None:
+            self.on_states_applied()
+
+    def partition_states(self) -> dict[tuple[str, int], PartitionState]:
+        """Every partition state this store holds (a copy; empty without a
+        metadata store)."""
+        return dict(self._states or {})
+
     def partition_state(self, topic: str, partition: int) -> PartitionState:
         """Replicas, leader, leader epoch and ISR of a partition: from the
         metadata store, or the single copy on layout.store_for. A partition
