@@ -59,6 +59,7 @@ from .runtime import (
     ReplicaFetchOutcome,
     StoreRuntime,
 )
+from .storage.port import CorruptionError
 
 log = logging.getLogger("oncelog.partition_store.replication")
 
@@ -273,6 +274,12 @@ class ReplicaManager:
             if part is None or part.state.leader_epoch != epoch:
                 return
             leader = part.state.leader
+            if not self._runtime.storage_writable:
+                # A fetch tells the leader this replica holds everything
+                # below its log end, which a failed write left ahead of the
+                # disk: no fetch until storage is back (memory rebuilt).
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS * 10 / 1000)
+                continue
             try:
                 if not truncated:
                     await self._truncate_to_leader(part, leader, epoch)
@@ -304,6 +311,10 @@ class ReplicaManager:
             except ServiceError as exc:
                 log.debug("%s-%d: following store %d at epoch %d: %s", topic, partition,
                           leader, epoch, exc.message)
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+            except CorruptionError as exc:
+                # Its own log, read to truncate or to replay: damaged.
+                self._runtime.report_damage(exc)
                 await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
             except Exception:
                 log.exception("%s-%d: follower failed", topic, partition)

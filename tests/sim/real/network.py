@@ -935,6 +935,15 @@ class SimDisk:
     def seek_for_prev(self, key: bytes, lower_bound: bytes) -> tuple[bytes, bytes] | None:
         return self._live.seek_for_prev(key, lower_bound)
 
+    def locate(self, key: bytes) -> str | None:
+        return None
+
+    def room_to_reopen(self) -> bool:
+        return True
+
+    def reopen(self) -> None:
+        """Writes here never fail: nothing to reopen."""
+
     def close(self) -> None:
         """The disk outlives the process."""
 
