@@ -54,12 +54,14 @@ import ipaddress
 import itertools
 import os
 import pickle
+import runpy
 import shutil
 import socket
 import subprocess
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -409,11 +411,15 @@ def run_callable(
 ) -> Any:
     """Runs fn(*args, **kwargs) in a fresh Python and returns its result
     (both pickled: fn must be importable by name, e.g. a module's top-level
-    function). An exception in fn is raised here again (as RuntimeError with
-    the child's traceback when it does not pickle). `spawn(argv, env)`
-    starts argv, with env added to the environment, in `namespace`, with
-    stdin and stdout piped (LocalCluster.client_popen: it dies with us)."""
-    payload = pickle.dumps((fn, tuple(args), kwargs))
+    function; one of the script that runs as __main__ too, which the child
+    loads without running what its `if __name__ == "__main__":` guards).
+    An exception in fn is raised here again (as RuntimeError with the
+    child's traceback when it does not pickle). `spawn(argv, env)` starts
+    argv, with env added to the environment, in `namespace`, with stdin and
+    stdout piped (LocalCluster.client_popen: it dies with us)."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    script = main_file if getattr(fn, "__module__", None) == "__main__" else None
+    payload = pickle.dumps(script) + pickle.dumps((fn, tuple(args), kwargs))
     argv = [sys.executable, "-m", "oncelog._netns", "call"]
     # The child imports fn by name: give it the modules this process sees.
     env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -442,11 +448,18 @@ def run_callable(
 def _call_main() -> None:
     """The child side of run_callable: a pickled call on stdin, its pickled
     outcome on stdout (its own output goes to stderr)."""
-    payload = sys.stdin.buffer.read()
+    stdin = sys.stdin.buffer
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # the callable's prints must not mix with the result
     try:
-        fn, args, kwargs = pickle.loads(payload)
+        script = pickle.load(stdin)
+        if script is not None:
+            # The caller's __main__ script, loaded as a module (its guarded
+            # main part does not run), so that its functions unpickle.
+            main = types.ModuleType("__main__")
+            main.__dict__.update(runpy.run_path(script, run_name="__oncelog_script__"))
+            sys.modules["__main__"] = main
+        fn, args, kwargs = pickle.load(stdin)
         outcome: tuple[str, Any, str] = ("ok", fn(*args, **kwargs), "")
     except BaseException as exc:  # noqa: BLE001 - handed back to the caller
         text = traceback.format_exc()

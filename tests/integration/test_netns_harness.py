@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -278,3 +279,32 @@ def test_it_refuses_to_start_where_it_cannot_make_namespaces(
     monkeypatch.setattr(_netns.shutil, "which", lambda name: None)
     with pytest.raises(NamespacesUnavailable, match="`ip` command"):
         NamespaceNetwork()
+
+
+def _bound_port(host: str) -> int:
+    """Binds a socket to `host`: possible only in the namespace that has it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _fail(message: str) -> None:
+    raise LookupError(message)
+
+
+def test_a_callable_runs_in_the_client_namespace(network: NamespaceNetwork) -> None:
+    def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "oncelog._child", str(os.getpid()),
+             *network.child_args(*CLIENT), *argv],
+            env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    client_host = network.host(*CLIENT)
+    with pytest.raises(OSError):
+        _bound_port(client_host)  # not here
+    assert _netns.run_callable(spawn, network.namespace(*CLIENT), _bound_port,
+                               [client_host], {}, timeout_s=120) > 0
+    with pytest.raises(LookupError, match="from the child") as failed:
+        _netns.run_callable(spawn, network.namespace(*CLIENT), _fail, ["from the child"], {},
+                            timeout_s=120)
+    assert "in namespace" in "".join(failed.value.__notes__)

@@ -21,6 +21,7 @@ aborted record visible, no torn transaction, per-partition order kept.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -208,27 +209,30 @@ class ClientLog:
     def parse(cls, *paths: Path) -> ClientLog:
         log = cls()
         for path in paths:
-            if not path.exists():
-                continue
-            for line in path.read_text().splitlines():
-                kind, rest = line.split(" ", 1)
-                if kind == "ack":
-                    value, partition, offset = rest.split()
-                    log.acked[value.encode()] = (int(partition), int(offset))
-                elif kind == "fail":
-                    log.failed.add(rest.split()[0].encode())
-                elif kind == "txn":
-                    outcome, txn, items = rest.split(" ", 2)
-                    placed: dict[bytes, tuple[int, int] | None] = {}
-                    for item in items.split(","):
-                        value, _, where = item.partition("@")
-                        if where:
-                            partition, offset = where.split(":")
-                            placed[value.encode()] = (int(partition), int(offset))
-                        else:
-                            placed[value.encode()] = None
-                    log.txns[txn] = (outcome, placed)
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    log.feed(line)
         return log
+
+    def feed(self, line: str) -> None:
+        """Takes one line of a stream's log."""
+        kind, rest = line.split(" ", 1)
+        if kind == "ack":
+            value, partition, offset = rest.split()
+            self.acked[value.encode()] = (int(partition), int(offset))
+        elif kind == "fail":
+            self.failed.add(rest.split()[0].encode())
+        elif kind == "txn":
+            outcome, txn, items = rest.split(" ", 2)
+            placed: dict[bytes, tuple[int, int] | None] = {}
+            for item in items.split(","):
+                value, _, where = item.partition("@")
+                if where:
+                    partition, offset = where.split(":")
+                    placed[value.encode()] = (int(partition), int(offset))
+                else:
+                    placed[value.encode()] = None
+            self.txns[txn] = (outcome, placed)
 
     def committed(self) -> int:
         return sum(1 for outcome, _ in self.txns.values() if outcome == COMMITTED)
@@ -245,6 +249,8 @@ class ClientStreams:
         self.txn_log = directory / "transactions.log"
         self._stop_path = directory / "stop"
         self._stop_path.unlink(missing_ok=True)
+        self._log = ClientLog()
+        self._read_bytes = {self.idempotent_log: 0, self.txn_log: 0}
         bootstrap = cluster.bootstrap_servers
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="client-stream")
         self._runs = [
@@ -257,7 +263,20 @@ class ClientStreams:
         ]
 
     def log(self) -> ClientLog:
-        return ClientLog.parse(self.idempotent_log, self.txn_log)
+        """What the streams logged so far (read on from where the last call
+        stopped: the logs grow to tens of thousands of lines)."""
+        for path in (self.idempotent_log, self.txn_log):
+            if not path.exists():
+                continue
+            with open(path, "rb") as source:
+                source.seek(self._read_bytes[path])
+                chunk = source.read()
+            complete = chunk[:chunk.rfind(b"\n") + 1]
+            self._read_bytes[path] += len(complete)
+            for line in complete.decode().splitlines():
+                self._log.feed(line)
+        return dataclasses.replace(self._log, acked=dict(self._log.acked),
+                                   failed=set(self._log.failed), txns=dict(self._log.txns))
 
     def _raise_if_failed(self) -> None:
         for run in self._runs:
@@ -291,7 +310,7 @@ class ClientStreams:
                 run.result(timeout=FINISH_TIMEOUT_S + 60)
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        return self.log()
+        return ClientLog.parse(self.idempotent_log, self.txn_log)
 
 
 def check_exactly_once(log: ClientLog, records: list[tuple[int, int, bytes]]) -> None:
