@@ -239,7 +239,7 @@ class NamespaceNetwork:
             _run_ip(["netns", "add", self.bridge_namespace])
             _run_ip(["link", "add", BRIDGE, "type", "bridge"], namespace=self.bridge_namespace)
             _run_ip(["link", "set", BRIDGE, "up"], namespace=self.bridge_namespace)
-            # The bridge's own address is never used: skip .1 for nothing.
+            # The bridge itself has no address: the harness takes the first.
             self.add(*HARNESS)
             self.add(*CLIENT)
         except BaseException:

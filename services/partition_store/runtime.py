@@ -1278,12 +1278,7 @@ class StoreRuntime:
         if not waits:
             return {}
         timeout_s = (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
-        shields = [asyncio.shield(f) for f in waits.values()]
-        for shield in shields:
-            # Read below from the futures themselves; a failed write must
-            # not be logged again as an exception nobody retrieved.
-            shield.add_done_callback(_retrieve)
-        await asyncio.wait(shields, timeout=timeout_s)
+        await asyncio.wait([asyncio.shield(f) for f in waits.values()], timeout=timeout_s)
         errors: dict[int, ServiceError] = {}
         for index, future in waits.items():
             if not future.done():
@@ -1907,11 +1902,6 @@ def _count_fetched(outcomes: Sequence[FetchOutcome]) -> None:
         if o.batches:
             metrics.FETCH_RECORDS.labels(o.topic).inc(o.record_count)
             metrics.FETCH_BYTES.labels(o.topic).inc(o.size_bytes)
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _durable_callback(
