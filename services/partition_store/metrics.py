@@ -154,3 +154,30 @@ TRUNCATIONS = Counter(
     "Times a follower truncated a divergent tail (records a deposed leader never had "
     "acknowledged)", ["topic"],
 )
+
+# ------------------------------------------------------------------ storage
+# (docs/partition-store.md, "Damaged and full disks").
+DISK_FULL = Gauge(
+    "oncelog_store_disk_full",
+    "1 while a write found the data directory's device full: appends are refused "
+    "(STORAGE_ERROR, retriable) until space is freed, then resume by themselves",
+)
+STORAGE_FAILED = Gauge(
+    "oncelog_store_storage_failed",
+    "1 after a storage write failed for another reason than a full disk: appends are "
+    "refused until the store is restarted",
+)
+STORAGE_REFUSED_APPENDS = Counter(
+    "oncelog_store_storage_refused_appends_total",
+    "Appends (produce batches, markers, replicated batches) refused because storage "
+    "cannot take writes, by reason (disk_full, storage_failed)", ["reason"],
+)
+CORRUPT_READS = Counter(
+    "oncelog_store_corrupt_reads_total",
+    "Reads that found stored bytes failing a checksum (RocksDB's, or a batch's CRC); "
+    "the bytes are never served",
+)
+# Exported at 0 from the start: an alert or a dashboard sees the series
+# before the first refusal.
+for _reason in ("disk_full", "storage_failed"):
+    STORAGE_REFUSED_APPENDS.labels(_reason)

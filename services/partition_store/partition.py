@@ -40,7 +40,7 @@ from oncelog.wire.records import (
 
 from ..common.errors import ServiceError, invariant
 from . import metrics
-from .core.batches import check_produce_batch
+from .core.batches import check_produce_batch, stored_batch_damage
 from .core.codec import (
     CorruptValueError,
     decode_offset,
@@ -94,7 +94,7 @@ from .core.txn_index import (
     encode_aborted_txn,
 )
 from .storage import keys
-from .storage.port import KeyValueStore, WriteGroup
+from .storage.port import CorruptionError, KeyValueStore, WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.partition")
 
@@ -896,14 +896,27 @@ class PartitionRuntime:
             )
 
     def _batches_from(self, offset: int, upper: int) -> Iterator[tuple[BatchHeader, bytes]]:
-        """Stored batches from the one holding `offset` up to `upper` (exclusive)."""
+        """Stored batches from the one holding `offset` up to `upper`
+        (exclusive), each checked against its CRC32C: a damaged one raises
+        CorruptionError (RocksDB's own checksums raise it too) and is never
+        returned."""
         tid, p = self.topic.topic_id, self.partition
         start_key = keys.log_key(tid, p, offset)
         prev = self._store.seek_for_prev(start_key, self._log_prefix)
-        if prev is not None and read_header(prev[1]).next_offset > offset:
-            start_key = prev[0]
-        for _key, value in self._store.scan(start_key, keys.log_key(tid, p, upper)):
+        if prev is not None:
+            self._check_stored(*prev)
+            if read_header(prev[1]).next_offset > offset:
+                start_key = prev[0]
+        for key, value in self._store.scan(start_key, keys.log_key(tid, p, upper)):
+            self._check_stored(key, value)
             yield read_header(value), value
+
+    def _check_stored(self, key: bytes, value: bytes) -> None:
+        damage = stored_batch_damage(value)
+        if damage is not None:
+            raise CorruptionError(
+                f"{self.topic_partition}: the batch at offset {keys.log_key_offset(key)}: "
+                f"{damage}", path=self._store.locate(key))
 
     def read(self, offset: int, *, max_bytes: int, isolation: Isolation,
              include_control: bool = False, take_first_whole: bool = True,

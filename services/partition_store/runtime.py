@@ -87,7 +87,7 @@ from .partition import (
     WaitForGate,
 )
 from .storage import keys
-from .storage.port import KeyValueStore, WriteGroup
+from .storage.port import CorruptionError, KeyValueStore, StorageError, WriteGroup
 from .txn_verifier import TopicPartitionKey, TxnVerifier, Verdicts
 from .writer import GroupCommitWriter
 
@@ -385,6 +385,9 @@ class StoreRuntime:
         # Partitions taken out of service while their stored log is rewritten
         # (truncate_replica, reset_replica): not reopened from disk meanwhile.
         self._rewriting: set[tuple[str, int]] = set()
+        # Called with damage found in stored data (the server records it and
+        # stops the process: damage.py); None: only answered as an error.
+        self.on_damage: Callable[[CorruptionError], None] | None = None
         # Called when a follower outside the ISR has caught up (the replica
         # manager adds it back through the metadata store).
         self.on_isr_expand: Callable[[PartitionRuntime, int], None] | None = None
@@ -523,7 +526,64 @@ class StoreRuntime:
                 ErrorCode.SHUTTING_DOWN,
                 f"store node {self.config.node_id} is shutting down; retry later",
             )
+        if self._writer.failure is not None:
+            metrics.STORAGE_REFUSED_APPENDS.labels(
+                "disk_full" if self._writer.disk_full else "storage_failed").inc()
         self._writer.check_healthy()
+
+    def report_damage(self, error: CorruptionError) -> ServiceError:
+        """Stored bytes failed a checksum: counted, logged, handed to
+        `on_damage` (the server stops the process: damage.py), and answered
+        as STORAGE_ERROR; the bytes themselves are never served."""
+        metrics.CORRUPT_READS.inc()
+        log.critical("store node %d: stored data is damaged: %s (file %s)", self.config.node_id,
+                     error, error.path or "unknown")
+        if self.on_damage is not None:
+            self.on_damage(error)
+        return ServiceError(
+            ErrorCode.STORAGE_ERROR,
+            f"store node {self.config.node_id}: stored data is damaged ({error}); it is not "
+            f"served: retry (another replica, or this one rebuilt)")
+
+    @property
+    def storage_writable(self) -> bool:
+        """False while writes are refused (a full disk, a failed write): a
+        follower must not fetch then, since its next fetch would tell the
+        leader it holds what it could not write."""
+        return self._writer.failure is None
+
+    async def _resume_after_disk_full(self) -> bool:
+        """Once space is freed after a write found the disk full: reopens
+        the database, rebuilds every partition's memory from what is on disk
+        (the appends that failed were replayed into memory first: producer
+        state, log end) and takes writes again. Returns whether it did."""
+        if not self._writer.disk_full or not self._store.room_to_reopen():
+            return False
+        # No scan may be open while the database is replaced: retention and
+        # compaction, which read across awaits, hold this lock.
+        async with self._log_rewrite_lock:
+            try:
+                self._store.reopen()
+            except StorageError as exc:
+                log.warning("store node %d: reopening storage after a full disk failed, "
+                            "trying again: %s", self.config.node_id, exc)
+                return False
+            self._writer.resume()
+            now_ms = self._clock_ms()
+            refused = ServiceError(ErrorCode.STORAGE_ERROR,
+                                   "the write failed for lack of space; retry")
+            for (name, p), part in list(self._partitions.items()):
+                del self._partitions[(name, p)]
+                part.close()
+                part.fail_acks(refused)
+                record = self._catalog.get(name)
+                if record is not None:
+                    self._open_partition(record, p, now_ms)
+        log.warning("store node %d: space was freed; storage reopened, %d partitions rebuilt "
+                    "from disk, writes resume", self.config.node_id, len(self._partitions))
+        if self.on_states_applied is not None:
+            self.on_states_applied()
+        return True
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -590,6 +650,22 @@ class StoreRuntime:
         outcomes = await self.reassigner(moves)
         await self.refresh_catalog()
         return outcomes
+
+    def apply_learned_states(self) -> None:
+        """Applies the partition states the link holds now, without reading
+        the catalog (states learned from other stores while the metadata
+        store is out of reach: replication.py)."""
+        states = self._link().partition_states()
+        if states is not None:
+            self._states = states
+        self._apply_states(self._clock_ms())
+        if self.on_states_applied is not None:
+            self.on_states_applied()
+
+    def partition_states(self) -> dict[tuple[str, int], PartitionState]:
+        """Every partition state this store holds (a copy; empty without a
+        metadata store)."""
+        return dict(self._states or {})
 
     def partition_state(self, topic: str, partition: int) -> PartitionState:
         """Replicas, leader, leader epoch and ISR of a partition: from the
@@ -1451,9 +1527,12 @@ class StoreRuntime:
                 # Only the first partition with data may go over the budget
                 # (by one batch, so a fetch always makes progress); the
                 # response holds at most max(budget, one batch).
-                read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation,
-                                 include_control=include_control, take_first_whole=total == 0,
-                                 client_filters=client_filters)
+                try:
+                    read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation,
+                                     include_control=include_control,
+                                     take_first_whole=total == 0, client_filters=client_filters)
+                except CorruptionError as damage:
+                    raise self.report_damage(damage) from damage
             except ServiceError as exc:
                 failed = True
                 outcomes.append(FetchOutcome(
@@ -1485,6 +1564,9 @@ class StoreRuntime:
                 offset, ts = self._resolve_leader(q.topic, q.partition).list_offset(
                     q.timestamp_ms, isolation
                 )
+            except CorruptionError as damage:
+                outcomes.append(OffsetOutcome(q.topic, q.partition, self.report_damage(damage)))
+                continue
             except ServiceError as exc:
                 outcomes.append(OffsetOutcome(q.topic, q.partition, exc))
                 continue
@@ -1547,10 +1629,13 @@ class StoreRuntime:
                     if first:
                         part.record_follower_fetch(replica_id, item.fetch_offset, now_ms)
                         self._maybe_expand_isr(part, replica_id, item.fetch_offset)
-                    batches, _next = part.read_replica(
-                        item.fetch_offset,
-                        max_bytes=item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
-                    )
+                    try:
+                        batches, _next = part.read_replica(
+                            item.fetch_offset,
+                            max_bytes=item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
+                        )
+                    except CorruptionError as damage:
+                        raise self.report_damage(damage) from damage
                 except ServiceError as exc:
                     # The leader's bounds tell a follower out of range whether
                     # to truncate (it is ahead) or start over (it is behind
@@ -1875,6 +1960,10 @@ class StoreRuntime:
             except TimeoutError:
                 pass
             try:
+                # While writes are refused there is nothing to snapshot,
+                # retain or compact: only a full disk is waited out.
+                if self._writer.failure is not None and not await self._resume_after_disk_full():
+                    continue
                 now_ms = self._clock_ms()
                 for part in list(self._partitions.values()):
                     self._maybe_snapshot(part, now_ms)
@@ -1890,6 +1979,8 @@ class StoreRuntime:
                     await self._refresh_quietly()
             except ServiceError as exc:
                 log.warning("housekeeping: %s", exc)
+            except CorruptionError as exc:
+                self.report_damage(exc)
 
 
 @dataclass(slots=True)

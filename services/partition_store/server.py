@@ -28,6 +28,8 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --replica-lag-time-max-ms       a follower this far behind leaves the ISR
   --unclean-leader-election       UNSAFE: let a replica outside the ISR lead when no
                                   in-sync one is alive (acknowledged records may be lost)
+  --verify-checksums-on-start     read every stored key and check every batch's CRC32C
+                                  before serving (damaged data: damage.py)
 
 The transaction coordinators (--coordinators) are asked to verify a
 producer's first transactional write to each partition (verify_only).
@@ -36,9 +38,12 @@ producer's first transactional write to each partition (verify_only).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -48,7 +53,7 @@ from oncelog.wire.process import KAFKA
 
 from ..common.cluster import split_addresses
 from ..common.etcd import EtcdMetadataStore
-from ..common.metadata_store import MetadataStore
+from ..common.metadata_store import MetadataStore, MetadataUnavailable
 from ..common.server_base import (
     add_common_arguments,
     configure_logging,
@@ -75,15 +80,17 @@ from .core.replicas import (
     DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
     DEFAULT_REPLICA_LAG_TIME_MAX_MS,
 )
+from .damage import open_store, record_and_stop
 from .metadata_link import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_ROOT,
     KAFKA_LISTENER,
     TOKEN_LISTENER,
     MetadataLink,
+    sole_in_sync_replica_of,
 )
 from .replica_link import GrpcLeaderLink
-from .replication import LeaderLink, ReplicaManager
+from .replication import START_METADATA_WAIT_MS, LeaderLink, ReplicaManager
 from .runtime import (
     DEFAULT_COMPACTION_CHUNK_BYTES,
     DEFAULT_COMPACTION_INTERVAL_MS,
@@ -94,8 +101,7 @@ from .runtime import (
     wall_clock_ms,
 )
 from .servicer import SERVICE_NAME, PartitionStoreServicer
-from .storage.port import KeyValueStore
-from .storage.rocksdb import RocksStore
+from .storage.port import CorruptionError, KeyValueStore
 from .txn_verifier import TxnVerifier
 
 log = logging.getLogger("oncelog.partition_store")
@@ -177,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="UNSAFE, off by default: when no in-sync replica of a partition is alive, let "
              "another replica lead (records only the lost ones had are gone; counted in "
              "oncelog_store_unclean_leader_elections_total and logged)")
+    add("--verify-checksums-on-start", action="store_true",
+        default=env_flag("verify-checksums-on-start"),
+        help="before serving, read every stored key and check every stored batch's CRC32C "
+             "(time grows with the data held): damage in data that recovery does not "
+             "read is found at start rather than by the first read of it")
     add("--kafka-listen", default=env_default("kafka-listen", ""),
         help="also serve Kafka's wire protocol on host:port (docs/kafka-protocol.md); every "
              "store of the cluster needs one for Kafka clients. Empty: no Kafka listener")
@@ -302,7 +313,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     security = ServiceSecurity.from_args(args, "partition_store")
     layout = config.layout
     listen = args.listen or args.advertised or layout.stores[config.node_id]
-    store = RocksStore(Path(args.data_dir) / "rocksdb")
+    data_dir = Path(args.data_dir)
     if config.unsafe_skip_txn_verification:
         log.warning(
             "--unsafe-skip-txn-verification is set: transactional writes are NOT verified "
@@ -320,6 +331,10 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     else:
         log.info("single-copy mode (no --etcd-endpoints): each partition is one copy on "
                  "one store")
+    store = await open_store(
+        data_dir, node_id=config.node_id, verify=args.verify_checksums_on_start,
+        sole_copies=None if metadata is None else partial(
+            _sole_copies, metadata, root=args.metadata_root, node_id=config.node_id))
     kafka_address = kafka_advertised(args, layout.kafka_stores, config.node_id)
     listeners = {TOKEN_LISTENER: token_advertised(args, layout.token_stores, config.node_id),
                  KAFKA_LISTENER: kafka_address}
@@ -332,6 +347,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         leader_imbalance_per_store_pct=args.leader_imbalance_per_store_pct,
     )
     runtime = wired.runtime
+    runtime.on_damage = partial(record_and_stop, data_dir, config.node_id)
     # With --authorizer acl: this store's own client of the stores, through
     # which it reads and appends __acls at whichever store leads it.
     acl_client = StoreClient(layout) if security.settings.authorizer is not None else None
@@ -354,7 +370,11 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             await acl_client.close()
 
     try:
-        await wired.start()
+        try:
+            await wired.start()
+        except CorruptionError as exc:
+            # Recovery read damaged data: the next start decides (damage.py).
+            record_and_stop(data_dir, config.node_id, exc)
         if kafka_address is not None:
             kafka = kafka_listener(args, runtime, security, kafka_address)
             try:
@@ -386,6 +406,19 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     finally:
         # After serve() this is a no-op; it matters when start or serve failed.
         await close()
+
+
+async def _sole_copies(metadata: MetadataStore, *, root: str, node_id: int) -> list[str]:
+    """sole_in_sync_replica_of, retried while the metadata store is out of
+    reach (a whole cluster starting), up to START_METADATA_WAIT_MS."""
+    deadline_s = time.monotonic() + START_METADATA_WAIT_MS / 1000
+    while True:
+        try:
+            return await sole_in_sync_replica_of(metadata, root=root, node_id=node_id)
+        except MetadataUnavailable:
+            if time.monotonic() > deadline_s:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: ServiceSecurity,

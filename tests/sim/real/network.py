@@ -72,9 +72,10 @@ from services.coordinator.storage.txn_log import Entry
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.group_coordinator.runtime import GroupCoordinatorRuntime
 from services.partition_store.core.outcomes import Rejection
+from services.partition_store.core.replicas import PartitionState
 from services.partition_store.core.topics import TopicRecord
 from services.partition_store.partition import Isolation
-from services.partition_store.replica_link import REPLICA_RPC_TIMEOUT_S
+from services.partition_store.replica_link import PARTITION_STATES_TIMEOUT_S, REPLICA_RPC_TIMEOUT_S
 from services.partition_store.runtime import (
     EpochEndOutcome,
     FetchItem,
@@ -872,6 +873,12 @@ class SimLeaderLink:
             f"{t}-{p}/e{e}" for t, p, e, _c in queries)
         return await self._call(leader, what, op, REPLICA_RPC_TIMEOUT_S)
 
+    async def partition_states(self, node_id: int) -> dict[tuple[str, int], PartitionState]:
+        async def op(store: StoreRuntime) -> dict[tuple[str, int], PartitionState]:
+            return store.partition_states()
+
+        return await self._call(node_id, "partition-states", op, PARTITION_STATES_TIMEOUT_S)
+
     async def close(self) -> None:
         """Nothing to release."""
 
@@ -943,6 +950,15 @@ class SimDisk:
 
     def seek_for_prev(self, key: bytes, lower_bound: bytes) -> tuple[bytes, bytes] | None:
         return self._live.seek_for_prev(key, lower_bound)
+
+    def locate(self, key: bytes) -> str | None:
+        return None
+
+    def room_to_reopen(self) -> bool:
+        return True
+
+    def reopen(self) -> None:
+        """Writes here never fail: nothing to reopen."""
 
     def close(self) -> None:
         """The disk outlives the process."""
