@@ -1936,7 +1936,6 @@ class StoreRuntime:
             except ServiceError as exc:
                 log.warning("housekeeping: %s", exc)
 
-
     # --------------------------------------------------- hanging transactions
 
     def check_hanging_txns(self, now_ms: int) -> list[asyncio.Task[None]]:
@@ -2011,7 +2010,7 @@ class StoreRuntime:
                                 policy.timeout_of(txn), coordinator)
             elif resolution is hanging_txns.Resolution.COORDINATOR_COMMITS:
                 log.warning("%s, past its timeout of %d ms: %s decided to commit it; its "
-                            "COMMIT marker was sent again", who, policy.timeout_of(txn),
+                            "COMMIT marker is on its way", who, policy.timeout_of(txn),
                             coordinator)
             elif resolution is hanging_txns.Resolution.WAIT_OPEN:
                 log.info("%s: %s holds it open (%s); asking again in %d ms", who, coordinator,
