@@ -164,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         in ("1", "true", "yes", "on"),
         help="end a transaction that holds a partition's last stable offset past its "
              "timeout plus --hanging-txn-margin-ms: its coordinator aborts it, or (when no "
-             "coordinator knows it) this store writes its ABORT marker "
-             "(--no-resolve-hanging-transactions leaves it to an operator, as Kafka does)")
+             "coordinator knows it) this store writes its ABORT marker (off: left to an "
+             "operator, as Kafka does)")
     add("--hanging-txn-margin-ms", type=int,
         default=env_default("hanging-txn-margin-ms", str(DEFAULT_HANGING_TXN_MARGIN_MS)),
         help="how long past its timeout a transaction may hold a partition open before the "
