@@ -97,6 +97,15 @@ TXN_VERIFICATIONS = Counter(
     "write to a partition (verify, or add for requests with add_partitions_to_txn), "
     "by outcome (the error code name, or NONE)", ["outcome"],
 )
+AUTO_ABORTED_TRANSACTIONS = Counter(
+    "oncelog_store_auto_aborted_transactions_total",
+    "Transactions that held a partition open past their timeout plus the margin and were "
+    "aborted without an operator, by who aborted them: coordinator (the store's question "
+    "made it abort by its timeout path, or send its abort again) or store (no coordinator "
+    "knew the transaction: the store wrote the ABORT marker itself)",
+    ["topic", "resolution"],
+)
+HANGING_RESOLUTIONS = ("coordinator", "store")
 COMPACTIONS = Counter(
     "oncelog_store_compactions_total", "Compaction passes completed", ["topic"]
 )

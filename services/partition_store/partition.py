@@ -56,6 +56,7 @@ from .core.compaction import (
     initial_state,
 )
 from .core.fetch_filter import select_batches
+from .core.hanging_txns import OpenTxn, open_transactions
 from .core.leader_epochs import (
     LeaderEpochCache,
     decode_epoch_entry,
@@ -197,6 +198,10 @@ class PartitionRuntime:
         # producer id -> the verification its first transactional batch here
         # is waiting for; that producer's later appends wait for it.
         self._gates: dict[int, asyncio.Future[None]] = {}
+        # producer id -> the timeout of its open transaction here, as its
+        # coordinator told the verification (memory only: a restart or a
+        # new leader falls back to the bound; core/hanging_txns.py).
+        self.txn_timeouts_ms: dict[int, int] = {}
         self.closed = False
         # Replication (docs/replication.md). `state` is this replica's view of
         # who leads at which epoch and who is in sync; set by the runtime.
@@ -234,6 +239,8 @@ class PartitionRuntime:
         metrics.RETENTION_DELETED_BATCHES.labels(topic.name)
         for marker_name in MARKER_NAMES.values():
             metrics.TXN_MARKERS_WRITTEN.labels(topic.name, marker_name.lower())
+        for resolution in metrics.HANGING_RESOLUTIONS:
+            metrics.AUTO_ABORTED_TRANSACTIONS.labels(topic.name, resolution)
         metrics.ISR_SHRINKS.labels(topic.name)
         metrics.ISR_EXPANDS.labels(topic.name)
         metrics.TRUNCATIONS.labels(topic.name)
@@ -532,12 +539,16 @@ class PartitionRuntime:
             record_count=header.record_count, size_bytes=len(stored), group=group,
         )
 
-    def append_marker(self, marker: TxnMarker, *, now_ms: int) -> Appended | DuplicateMarker:
+    def append_marker(self, marker: TxnMarker, *, now_ms: int,
+                      timestamp_ms: int | None = None) -> Appended | DuplicateMarker:
         """Checks a COMMIT/ABORT marker (core/producer_state.py) and, when
         accepted, appends its control batch: replayed into memory now (the
         producer's epoch and open transaction, the aborted index, the LSO's
         inputs), persisted with its aborted-index entry in one write group.
-        Raises ServiceError when refused; a refused marker changes nothing."""
+        Raises ServiceError when refused; a refused marker changes nothing.
+        `timestamp_ms`: the control batch's timestamp (None: version 1's
+        decision's, else the store's clock; the store's own abort of a
+        hanging transaction gives its own, core/hanging_txns.py)."""
         if self.closed:
             raise ServiceError(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -554,7 +565,8 @@ class PartitionRuntime:
             producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
             # A version-1 marker's timestamp is its decision's, which the marker
             # rules compare (core/producer_state.py); it travels in the batch.
-            timestamp_ms=marker.timestamp_ms if marker.is_version_1 else now_ms,
+            timestamp_ms=(timestamp_ms if timestamp_ms is not None
+                          else marker.timestamp_ms if marker.is_version_1 else now_ms),
             base_offset=base_offset, leader_epoch=self.state.leader_epoch,
         )
         header = read_header(stored)
@@ -590,6 +602,8 @@ class PartitionRuntime:
                 encode_offset(header.base_offset),
             )
         completed = self.producers.replay(header, header.base_offset, now_ms, control=control)
+        if completed is not None:
+            self.txn_timeouts_ms.pop(completed.producer_id, None)
         if completed is not None and completed.aborted:
             entry = AbortedTxn(
                 completed.producer_id, completed.first_offset, completed.last_offset,
@@ -640,6 +654,11 @@ class PartitionRuntime:
         self._txn_age_gauge.set(0 if oldest is None else max(0, now_ms - oldest) / 1000)
 
     # ------------------------------------------------- verification gates
+
+    def open_transactions(self) -> list[OpenTxn]:
+        """The transactions open here, oldest first, with the timeouts their
+        coordinators told this store (O(open transactions))."""
+        return open_transactions(self.producers.open_entries(), self.txn_timeouts_ms)
 
     def open_verification_gate(self, producer_id: int) -> asyncio.Future[None]:
         """Makes the producer's later appends here wait (see `append`)."""

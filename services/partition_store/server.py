@@ -19,6 +19,12 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --unsafe-skip-txn-verification  TEST ONLY: do not ask the transaction coordinator
                                   before a producer's first transactional write to a
                                   partition (makes hanging transactions possible)
+  --resolve-hanging-transactions  end transactions that hold a partition open past their
+                                  timeout plus --hanging-txn-margin-ms (default on)
+  --hanging-txn-margin-ms         how long past its timeout a transaction may stay open
+                                  before the store asks the coordinators about it
+  --max-transaction-timeout-ms    the timeout assumed for a transaction whose timeout the
+                                  store did not learn (>= the coordinators')
   --etcd-endpoints                replicate partitions, with the cluster's metadata in
                                   this etcd (host:port,...; docs/replication.md). Without
                                   it every partition is one copy on one store
@@ -32,7 +38,9 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
                                   before serving (damaged data: damage.py)
 
 The transaction coordinators (--coordinators) are asked to verify a
-producer's first transactional write to each partition (verify_only).
+producer's first transactional write to each partition (verify_only), and
+about transactions that hold a partition open past their timeout
+(ResolveTransaction; docs/partition-store.md, "Hanging transactions").
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ from ..kafka.handlers import HANDLERS
 from ..kafka.listener import KafkaListener, ListenerSecurity
 from .acls import AclService
 from .controller_link import GrpcControllerLink
-from .coordinator_link import GrpcTxnVerifier
+from .coordinator_link import GrpcTxnResolver, GrpcTxnVerifier
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .core.replicas import (
     DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
@@ -95,6 +103,8 @@ from .runtime import (
     DEFAULT_COMPACTION_CHUNK_BYTES,
     DEFAULT_COMPACTION_INTERVAL_MS,
     DEFAULT_COMPACTION_MAX_KEYS_PER_PASS,
+    DEFAULT_HANGING_TXN_MARGIN_MS,
+    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
     ControllerLink,
     StoreConfig,
     StoreRuntime,
@@ -102,6 +112,7 @@ from .runtime import (
 )
 from .servicer import SERVICE_NAME, PartitionStoreServicer
 from .storage.port import CorruptionError, KeyValueStore
+from .txn_resolver import TxnResolver
 from .txn_verifier import TxnVerifier
 
 log = logging.getLogger("oncelog.partition_store")
@@ -154,6 +165,23 @@ def build_parser() -> argparse.ArgumentParser:
              "write to a partition without verifying with the transaction coordinator that "
              "the partition is in its transaction. Lets tests create hanging transactions "
              "on purpose (and lets a buggy client create them by accident). Off by default")
+    add("--resolve-hanging-transactions", action=argparse.BooleanOptionalAction,
+        default=(env_default("resolve-hanging-transactions", "true") or "").strip().lower()
+        in ("1", "true", "yes", "on"),
+        help="end a transaction that holds a partition's last stable offset past its "
+             "timeout plus --hanging-txn-margin-ms: its coordinator aborts it, or (when no "
+             "coordinator knows it) this store writes its ABORT marker (off: left to an "
+             "operator, as Kafka does)")
+    add("--hanging-txn-margin-ms", type=int,
+        default=env_default("hanging-txn-margin-ms", str(DEFAULT_HANGING_TXN_MARGIN_MS)),
+        help="how long past its timeout a transaction may hold a partition open before the "
+             "store asks the transaction coordinators about it")
+    add("--max-transaction-timeout-ms", type=int,
+        default=env_default("max-transaction-timeout-ms",
+                            str(DEFAULT_MAX_TRANSACTION_TIMEOUT_MS)),
+        help="the timeout assumed for a transaction whose timeout this store did not learn "
+             "from its coordinator (written before a restart or a leader change); at least "
+             "the coordinators' --max-transaction-timeout-ms")
     add("--etcd-endpoints", default=env_default("etcd-endpoints", ""),
         help="replicated mode: host:port,... of the etcd that holds the cluster's metadata "
              "(env ONCELOG_ETCD_ENDPOINTS); empty: single copies, no etcd")
@@ -227,6 +255,9 @@ def config_from_args(args: argparse.Namespace) -> StoreConfig:
         compaction_max_keys_per_pass=args.compaction_max_keys_per_pass,
         compaction_chunk_bytes=args.compaction_chunk_bytes,
         unsafe_skip_txn_verification=args.unsafe_skip_txn_verification,
+        resolve_hanging_txns=args.resolve_hanging_transactions,
+        hanging_txn_margin_ms=args.hanging_txn_margin_ms,
+        max_transaction_timeout_ms=args.max_transaction_timeout_ms,
         replicated=bool(split_addresses(args.etcd_endpoints)),
         replica_lag_time_max_ms=args.replica_lag_time_max_ms,
     )
@@ -256,7 +287,7 @@ def wire(
     unclean_leader_election: bool = False,
     leader_imbalance_check_interval_ms: int = DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
     leader_imbalance_per_store_pct: int = DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
-    txn_verifier: TxnVerifier | None = None,
+    txn_verifier: TxnVerifier | None = None, txn_resolver: TxnResolver | None = None,
     controller: ControllerLink | None = None, leaders: LeaderLink | None = None,
     clock_ms: Callable[[], int] = wall_clock_ms,
 ) -> Wired:
@@ -266,15 +297,16 @@ def wire(
     (replicated). `main_async` serves one over RocksDB; tests run one
     in-process over a MemoryStore (tests/support/inprocess_cluster.py), and
     the simulation (tests/sim/real) passes its own ports for the links
-    that go over the network (`txn_verifier`, `controller`, `leaders`;
-    gRPC when left out) and its clock."""
+    that go over the network (`txn_verifier`, `txn_resolver`, `controller`,
+    `leaders`; gRPC when left out) and its clock."""
     verifier = txn_verifier if txn_verifier is not None else GrpcTxnVerifier(config.layout)
+    resolver = txn_resolver if txn_resolver is not None else GrpcTxnResolver(config.layout)
     if not config.replicated:
         return Wired(StoreRuntime(
             store, config,
             controller=controller if controller is not None else GrpcControllerLink(
                 config.layout),
-            txn_verifier=verifier, clock_ms=clock_ms,
+            txn_verifier=verifier, txn_resolver=resolver, clock_ms=clock_ms,
         ))
     if metadata is None:
         raise ValueError("a replicated store needs its metadata store")
@@ -286,7 +318,7 @@ def wire(
         clock_ms=clock_ms,
     )
     runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier,
-                           clock_ms=clock_ms)
+                           txn_resolver=resolver, clock_ms=clock_ms)
     runtime.store_addresses = link.store_addresses
     runtime.token_store_addresses = link.token_store_addresses
     runtime.kafka_store_addresses = link.kafka_store_addresses
