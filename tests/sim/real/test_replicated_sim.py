@@ -95,9 +95,9 @@ TEETH: dict[str, tuple[list[int], tuple[str, ...]]] = {
     "hw-ignores-followers": ([7], ("beyond the log end",)),
     # A deposed leader keeps its own tail as a follower: the replicas
     # diverge below the HW.
-    "no-follower-truncation": ([6, 12], ("the replicas diverged",)),
+    "no-follower-truncation": ([1, 12], ("the replicas diverged",)),
     # A replica outside the ISR leads and lacks acknowledged records.
-    "elect-outside-isr": ([6, 11], ("beyond the log end",)),
+    "elect-outside-isr": ([9, 11], ("beyond the log end",)),
 }
 
 
