@@ -126,9 +126,9 @@ def test_refused_connections_fail_fast_with_the_addresses_named() -> None:
     of waiting out its whole budget (60 s by default for a producer)."""
     addresses = [dead_address(), dead_address()]
     started_s = time.monotonic()
-    with Producer(bootstrap=",".join(addresses)) as producer:
-        with pytest.raises(errors.KafkaTimeoutError) as refused:
-            producer.send(TOPIC, value=b"x").result()
+    with (Producer(bootstrap=",".join(addresses)) as producer,
+          pytest.raises(errors.KafkaTimeoutError) as refused):
+        producer.send(TOPIC, value=b"x").result()
     elapsed_s = time.monotonic() - started_s
     # A failure guard far below the 60 s budget, not a latency expectation.
     assert elapsed_s < FAIL_FAST_GUARD_S, f"took {elapsed_s:.1f} s"

@@ -661,7 +661,8 @@ def case_resolve_transaction(env: Env, who: str, name: str) -> Case:
 
     return Case(lambda p: p.txn.ResolveTransaction(tc.ResolveTransactionRequest(
         producer_id=producer_id, producer_epoch=epoch,
-        partition=records_pb2.TopicPartition(topic=name, partition=0), last_marker_timestamp_ms=-1)),
+        partition=records_pb2.TopicPartition(topic=name, partition=0),
+        last_marker_timestamp_ms=-1)),
         [acl(who, C_, CLUSTER, "cluster_action")], CLUSTER_DENIED, works)
 
 
