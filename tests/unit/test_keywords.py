@@ -25,6 +25,12 @@ from oncelog._keywords import KAFKA_NAMES
 NOWHERE = "127.0.0.1:1"
 
 
+def options(**given: Any) -> dict[str, Any]:
+    """Keywords as a user's untyped code passes them (a type checker would
+    refuse the names these tests use on purpose)."""
+    return given
+
+
 @pytest.mark.parametrize("cls", [Producer, Consumer, Admin])
 def test_bootstrap_servers_and_dotted_names_are_taken(cls: Callable[..., Any]) -> None:
     for options in ({"bootstrap_servers": NOWHERE}, {"bootstrap.servers": NOWHERE,
@@ -38,7 +44,7 @@ def test_bootstrap_servers_and_dotted_names_are_taken(cls: Callable[..., Any]) -
 
 def test_a_kafka_name_is_checked_as_ours() -> None:
     with pytest.raises(ValueError, match="max_in_flight"):
-        Producer(bootstrap=NOWHERE, max_in_flight_requests_per_connection="five")
+        Producer(**options(bootstrap=NOWHERE, max_in_flight_requests_per_connection="five"))
 
 
 @pytest.mark.parametrize(("given", "suggested"), [
@@ -49,7 +55,7 @@ def test_a_kafka_name_is_checked_as_ours() -> None:
 ])
 def test_a_misspelled_option_says_did_you_mean(given: str, suggested: str) -> None:
     with pytest.raises(TypeError) as refused:
-        Producer(bootstrap=NOWHERE, **{given: 1})
+        Producer(**options(bootstrap=NOWHERE), **options(**{given: 1}))
     message = str(refused.value)
     assert f"unexpected keyword argument {given!r}" in message
     assert f"did you mean {suggested!r}?" in message
@@ -57,13 +63,13 @@ def test_a_misspelled_option_says_did_you_mean(given: str, suggested: str) -> No
 
 def test_nothing_close_gets_no_guess() -> None:
     with pytest.raises(TypeError) as refused:
-        Consumer(bootstrap=NOWHERE, zzzzzz=1)
+        Consumer(**options(bootstrap=NOWHERE, zzzzzz=1))
     assert "did you mean" not in str(refused.value)
 
 
 def test_the_same_option_twice_is_refused() -> None:
     with pytest.raises(TypeError, match="'bootstrap' twice"):
-        Producer(bootstrap=NOWHERE, bootstrap_servers=NOWHERE)
+        Producer(**options(bootstrap=NOWHERE, bootstrap_servers=NOWHERE))
 
 
 @pytest.mark.parametrize("cls", [Producer, Consumer, Admin])
