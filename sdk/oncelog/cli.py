@@ -57,14 +57,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from oncelog import __version__, errors
 from oncelog._client import unreachable_addresses
+from oncelog._kept_ports import PORTS_FILE, load_kept_ports
 from oncelog._security import OAUTHBEARER, SECURITY_PROTOCOLS, TokenFileProvider
 from oncelog.admin import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, Admin
 from oncelog.consumer import Consumer
@@ -100,10 +100,8 @@ DEFAULT_KEY_SEPARATOR = "\t"
 DEFAULT_HEADERS_DELIMITER = "\t"
 DEFAULT_HEADERS_SEPARATOR = ","
 DEFAULT_HEADERS_KEY_SEPARATOR = ":"
-# In a cluster up data dir: the ports of its services and whether it serves
-# Kafka's protocol (kept for the next start), and the lock a running
-# `cluster up` holds.
-PORTS_FILE = "cluster-ports.json"
+# In a cluster up data dir: the lock a running `cluster up` holds (the ports
+# kept for the next start are oncelog._kept_ports.PORTS_FILE).
 LOCK_FILE = "cluster.lock"
 # How often a running `cluster up` looks whether it was asked to stop.
 STOP_POLL_INTERVAL_S = 0.1
@@ -859,55 +857,6 @@ def _data_dir_lock(data_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-@dataclass(frozen=True, slots=True)
-class _Kept:
-    """What a data dir's last `cluster up` left for the next one."""
-
-    ports: ServicePorts
-    # Whether it served Kafka's protocol: a later start without --kafka or
-    # --no-kafka does the same, so Kafka clients keep finding a listener.
-    kafka: bool
-
-
-def _load_kept(data_dir: Path, counts: Mapping[str, int]) -> _Kept:
-    """The ports the services of this data dir had at its last start (those
-    of services this start also runs), and whether it served Kafka's
-    protocol; no ports and no Kafka on a first start."""
-    path = data_dir / PORTS_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return _Kept(ports={}, kafka=False)
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from exc
-    ports: ServicePorts = {}
-    try:
-        doc = json.loads(text)
-        for entry in doc["services"]:
-            kind, node_id = str(entry["kind"]), int(entry["node_id"])
-            if node_id < counts.get(kind, 0):
-                ports[(kind, node_id)] = (int(entry["grpc_port"]), int(entry["metrics_port"]))
-        # Files written before --kafka existed have no "kafka": no listener.
-        kafka = doc.get("kafka", False)
-        if not isinstance(kafka, bool):
-            raise TypeError(f'"kafka" is {kafka!r}, not true or false')
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CliError(f"{path} is not a ports file ({type(exc).__name__}: {exc}); delete it "
-                       "to start on new ports") from exc
-    return _Kept(ports=ports, kafka=kafka)
-
-
-def _save_kept(data_dir: Path, kept: _Kept) -> None:
-    path = data_dir / PORTS_FILE
-    doc = {"kafka": kept.kafka, "services": [
-        {"kind": kind, "node_id": node_id, "grpc_port": grpc_port, "metrics_port": metrics_port}
-        for (kind, node_id), (grpc_port, metrics_port) in sorted(kept.ports.items())
-    ]}
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(temporary, path)  # whole or not at all, should we die meanwhile
-
-
 def _port_free(port: int) -> bool:
     """Whether a service could listen on 127.0.0.1:port now. SO_REUSEADDR
     as gRPC's servers set it: a port whose old connections linger in
@@ -949,8 +898,16 @@ def _cluster_up(args: argparse.Namespace) -> int:
     counts = {"partition_store": args.partition_stores, "coordinator": args.coordinators,
               "group_coordinator": args.group_coordinators}
     with _data_dir_lock(data_dir), _stop_on_signals() as stop:
-        kept = _load_kept(data_dir, counts)
-        ports = kept.ports
+        # LocalCluster keeps a data dir's ports itself; `cluster up` makes the
+        # gRPC and metrics ones fixed, so that a port another process took
+        # since is an error naming it rather than a silent move.
+        try:
+            kept = load_kept_ports(data_dir)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+        ports: ServicePorts = {
+            (kind, node_id): (k.grpc_port, k.metrics_port)
+            for (kind, node_id), k in kept.ports.items() if node_id < counts.get(kind, 0)}
         kafka: bool = kept.kafka if args.kafka is None else args.kafka
         if args.port is not None:
             # --port wins; another service that had that port gets new ones.
@@ -981,11 +938,6 @@ def _cluster_up(args: argparse.Namespace) -> int:
         except (RuntimeError, TimeoutError) as exc:
             raise CliError(f"the cluster did not start: {exc}") from exc
         try:
-            _save_kept(data_dir, _Kept(ports={
-                (proc.kind, proc.node_id): (int(proc.address.rsplit(":", 1)[1]),
-                                            proc.metrics_port)
-                for procs in cluster.processes.values() for proc in procs
-            }, kafka=kafka))
             # Kafka clients take every store's listener as bootstrap.servers.
             beside = f"; kafka bootstrap {cluster.kafka_bootstrap}" if kafka else ""
             print(f"oncelog cluster up; bootstrap {cluster.bootstrap}{beside}", flush=True)

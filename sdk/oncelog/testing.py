@@ -18,9 +18,12 @@ Used by the tests, the demo, and `oncelog cluster up`. Addresses are chosen
 once (free loopback ports) and kept across restarts, as a Kubernetes
 StatefulSet keeps its DNS names; a port that another process takes between
 the pick and the first start gets a fresh pick (`start`), so addresses are
-final once `start` returns. `ports` fixes the ports of chosen services
-instead (`oncelog cluster up` keeps its ports across runs of a data dir):
-a fixed port that another process holds is not replaced; start() raises
+final once `start` returns. A data dir given by the caller also keeps them
+across runs: they are written to `<data_dir>/cluster-ports.json`
+(oncelog._kept_ports) and taken again by the next LocalCluster of that data
+dir (a kept port another process holds by then is picked anew). `ports`
+fixes the ports of chosen services instead (`oncelog cluster up` fixes the
+kept ones): a fixed port that another process holds is not replaced; start() raises
 PortTakenError naming it. Children die with the process that started them
 (PR_SET_PDEATHSIG), so a crashed test run leaves nothing behind.
 
@@ -86,6 +89,7 @@ except ModuleNotFoundError as exc:
         "install: pip install 'oncelog[server]'", name=exc.name) from exc
 
 from oncelog import errors
+from oncelog._kept_ports import KeptPorts, load_kept_ports, save_kept_ports
 from oncelog._security import TokenProvider
 from oncelog.admin import Admin
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
@@ -612,6 +616,21 @@ class LocalCluster:
         })
         # No picked port may equal a fixed one.
         self._ports_given.update(p for pair in self._fixed_ports.values() for p in pair)
+        # A data dir's earlier run left its ports: taken again, as picks (a
+        # port another process holds now gets a fresh pick at start). A
+        # temporary dir and namespaces (fixed ports per namespace) keep none.
+        self._kept_ports: dict[tuple[str, int], KeptPorts] = {}
+        if self._temporary_dir is None and network is None:
+            fixed = {port for pair in self._fixed_ports.values() for port in pair}
+            self._kept_ports = {
+                service: kept for service, kept in load_kept_ports(self.data_dir).ports.items()
+                # A service whose kept port is now fixed for another picks anew.
+                if service in self._fixed_ports or not fixed & {
+                    kept.grpc_port, kept.metrics_port, kept.token_port, kept.kafka_port}}
+            self._ports_given.update(
+                port for kept in self._kept_ports.values()
+                for port in (kept.grpc_port, kept.metrics_port, kept.token_port,
+                             kept.kafka_port) if port)
         self.network: NamespaceNetwork | None = None
         if network is not None:
             from oncelog._netns import NamespaceNetwork
@@ -669,13 +688,14 @@ class LocalCluster:
             token_port, kafka_port = NAMESPACED_PORTS[TOKEN_GRPC], NAMESPACED_PORTS[KAFKA]
         else:
             host = "127.0.0.1"
+            kept = self._kept_ports.get((kind, node_id), KeptPorts(0, 0))
             grpc_port, metrics_port = self._fixed_ports.get((kind, node_id)) or (
-                self._pick_port(), self._pick_port())
+                kept.grpc_port or self._pick_port(), kept.metrics_port or self._pick_port())
             token_port = kafka_port = 0
             if self.security:
-                token_port = self._pick_port()
+                token_port = kept.token_port or self._pick_port()
             if self.kafka_listener and kind == "partition_store":
-                kafka_port = self._pick_port()
+                kafka_port = kept.kafka_port or self._pick_port()
         return ServiceProcess(
             kind=kind, node_id=node_id, address=f"{host}:{grpc_port}",
             metrics_port=metrics_port, data_dir=self.data_dir / f"{kind}-{node_id}",
@@ -914,6 +934,7 @@ class LocalCluster:
                 try:
                     self._wait_all_ready(self._all(), READY_TIMEOUT_S)
                     self._addresses_final = True
+                    self._save_layout()
                     return
                 except PortTakenError as exc:
                     # A fixed port is the caller's choice: not replaced.
@@ -947,9 +968,19 @@ class LocalCluster:
         procs.append(proc)
         self._build_argv()
         self._spawn(proc)
+        self._save_layout()
         if wait:
             self.wait_ready("partition_store", node_id)
         return node_id
+
+    def _save_layout(self) -> None:
+        """Writes the services' ports into the data dir for its next run
+        (PORTS_FILE); a temporary data dir has no next run."""
+        if self._temporary_dir is None and self.network is None:
+            save_kept_ports(self.data_dir, {
+                (p.kind, p.node_id): KeptPorts(int(p.address.rsplit(":", 1)[1]), p.metrics_port,
+                                               p.token_port, p.kafka_port)
+                for p in self._all()}, kafka=self.kafka_listener)
 
     def _move(self, proc: ServiceProcess, taken: PortInUse) -> None:
         """Gives `proc` a fresh port for the one that was taken and starts

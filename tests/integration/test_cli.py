@@ -543,8 +543,8 @@ def test_cluster_up_kafka_prints_a_kafka_bootstrap_and_keeps_serving_it(
     printed.clear()
     with cluster_up(data_dir, printed=printed) as second:
         assert second == first
-        kafka_bootstrap = _kafka_bootstrap(printed)
-        assert kafka_bootstrap
+        # At the same Kafka address too: a Kafka client's config stays right.
+        assert _kafka_bootstrap(printed) == kafka_bootstrap
         assert _produce_with_librdkafka(kafka_bootstrap, "from-kafka", b"two") == 1
         assert _high_watermark(second, "from-kafka") == 2
 
