@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -37,6 +36,10 @@ class KeptLayout(NamedTuple):
     ports: dict[tuple[str, int], KeptPorts]
     # Whether it served Kafka's protocol (`oncelog cluster up` keeps doing so).
     kafka: bool
+    # Its etcd members (0: not replicated) and whether it was secured; files
+    # written before these existed have neither.
+    etcd_members: int = 0
+    security: bool = False
 
 
 def load_kept_ports(data_dir: str | os.PathLike[str]) -> KeptLayout:
@@ -55,24 +58,28 @@ def load_kept_ports(data_dir: str | os.PathLike[str]) -> KeptLayout:
                 int(entry["grpc_port"]), int(entry["metrics_port"]),
                 int(entry.get("token_port", 0)), int(entry.get("kafka_port", 0)))
         # Files written before Kafka's listener existed have no "kafka".
-        kafka = doc.get("kafka", False)
-        if not isinstance(kafka, bool):
-            raise TypeError(f'"kafka" is {kafka!r}, not true or false')
+        kafka, security = doc.get("kafka", False), doc.get("security", False)
+        etcd_members = doc.get("etcd_members", 0)
+        for name, value in (("kafka", kafka), ("security", security)):
+            if not isinstance(value, bool):
+                raise TypeError(f'"{name}" is {value!r}, not true or false')
+        if type(etcd_members) is not int or etcd_members < 0:
+            raise TypeError(f'"etcd_members" is {etcd_members!r}, not a count')
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path} is not a ports file ({type(exc).__name__}: {exc}); delete "
                          "it to start on new ports") from exc
-    return KeptLayout(ports, kafka=kafka)
+    return KeptLayout(ports, kafka=kafka, etcd_members=etcd_members, security=security)
 
 
-def save_kept_ports(data_dir: Path, ports: Mapping[tuple[str, int], KeptPorts], *,
-                    kafka: bool) -> None:
+def save_kept_ports(data_dir: Path, layout: KeptLayout) -> None:
     """Writes the layout for the data dir's next start, atomically."""
     path = data_dir / PORTS_FILE
-    doc = {"kafka": kafka, "services": [
+    doc = {"kafka": layout.kafka, "etcd_members": layout.etcd_members,
+           "security": layout.security, "services": [
         {"kind": kind, "node_id": node_id, "grpc_port": kept.grpc_port,
          "metrics_port": kept.metrics_port, "token_port": kept.token_port,
          "kafka_port": kept.kafka_port}
-        for (kind, node_id), kept in sorted(ports.items())
+        for (kind, node_id), kept in sorted(layout.ports.items())
     ]}
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(doc, indent=2) + "\n")

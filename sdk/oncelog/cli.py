@@ -57,7 +57,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
@@ -292,9 +292,20 @@ def build_parser() -> CliParser:
     up.add_argument("--port", type=int,
                     help="the bootstrap port (the first partition store's); default: the "
                          "port of the last start of this data dir, else a free one")
-    up.add_argument("--partition-stores", type=int, default=1)
+    up.add_argument("--stores", "--partition-stores", dest="partition_stores", type=int,
+                    metavar="N", help="partition stores (default: 3 with --replicated, else 1)")
     up.add_argument("--coordinators", type=int, default=1)
     up.add_argument("--group-coordinators", type=int, default=1)
+    up.add_argument("--replicated", action=argparse.BooleanOptionalAction,
+                    help="run etcd and keep min(3, stores) copies of every partition "
+                         "(docs/replication.md); default: as at the last start of this data "
+                         "dir, else off. A data dir keeps what its first start chose")
+    up.add_argument("--etcd-members", type=int, choices=(1, 3),
+                    help="etcd members of a replicated cluster (default 1)")
+    up.add_argument("--secure", action=argparse.BooleanOptionalAction,
+                    help="TLS with client certificates and ACLs (docs/security.md); writes "
+                         "DATA_DIR/admin.properties for --command-config; default: as at the "
+                         "last start of this data dir, else off")
     up.add_argument("--kafka", action=argparse.BooleanOptionalAction,
                     help="also serve Kafka's wire protocol on every partition store, for "
                          "Kafka's own clients (docs/kafka-protocol.md), and print their "
@@ -880,6 +891,34 @@ def _port_taken(port: int, kind: str, node_id: int, purpose: str, *, data_dir: P
     )
 
 
+def _etcd_members(args: argparse.Namespace, kept: int, *, started: bool) -> int:
+    """How many etcd members this start runs: what the flags ask, else what
+    the data dir's last start ran. A data dir stays replicated or not for
+    its life: its stores' data is laid out for one or the other."""
+    wanted = kept if args.replicated is None else (
+        (args.etcd_members or kept or 1) if args.replicated else 0)
+    if args.etcd_members is not None:
+        if args.replicated is False:
+            raise UsageError("--etcd-members needs a replicated cluster, not --no-replicated")
+        wanted = args.etcd_members
+    if started and bool(wanted) != bool(kept):
+        was = "replicated (with etcd)" if kept else "not replicated (no etcd)"
+        raise CliError(f"this data dir was started {was}, and stays so: its stores' data is "
+                       f"laid out for it; use another --data-dir")
+    return wanted
+
+
+def _write_admin_properties(data_dir: Path, config: Mapping[str, object]) -> Path:
+    """DATA_DIR/admin.properties: the super user's TLS files as a client
+    properties file, for --command-config (Kafka's property names)."""
+    by_dest = {dest: prop for dest, _env, prop in SECURITY_SETTINGS}
+    path = data_dir / "admin.properties"
+    lines = ["# oncelog cluster up --secure: connect as User:admin (a super user)"]
+    lines += [f"{by_dest[key]}={value}" for key, value in config.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def _cluster_up(args: argparse.Namespace) -> int:
     # Lazily: it pulls in process management, and needs the services.
     try:
@@ -895,8 +934,6 @@ def _cluster_up(args: argparse.Namespace) -> int:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CliError(f"cannot create {data_dir}: {exc.strerror}") from exc
-    counts = {"partition_store": args.partition_stores, "coordinator": args.coordinators,
-              "group_coordinator": args.group_coordinators}
     with _data_dir_lock(data_dir), _stop_on_signals() as stop:
         # LocalCluster keeps a data dir's ports itself; `cluster up` makes the
         # gRPC and metrics ones fixed, so that a port another process took
@@ -905,6 +942,13 @@ def _cluster_up(args: argparse.Namespace) -> int:
             kept = load_kept_ports(data_dir)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
+        etcd_members = _etcd_members(args, kept.etcd_members, started=bool(kept.ports))
+        stores = args.partition_stores or (3 if etcd_members else 1)
+        if stores < 1:
+            raise UsageError(f"--stores must be at least 1, got {stores}")
+        counts = {"partition_store": stores, "coordinator": args.coordinators,
+                  "group_coordinator": args.group_coordinators}
+        security: bool = kept.security if args.secure is None else args.secure
         ports: ServicePorts = {
             (kind, node_id): (k.grpc_port, k.metrics_port)
             for (kind, node_id), k in kept.ports.items() if node_id < counts.get(kind, 0)}
@@ -928,9 +972,10 @@ def _cluster_up(args: argparse.Namespace) -> int:
                                       and (kind, node_id) == _BOOTSTRAP_SERVICE)
         try:
             cluster = LocalCluster(
-                data_dir, partition_stores=args.partition_stores,
+                data_dir, partition_stores=stores,
                 coordinators=args.coordinators, group_coordinators=args.group_coordinators,
-                ports=ports, kafka_listener=kafka,
+                ports=ports, kafka_listener=kafka, etcd_members=etcd_members,
+                security=security,
             )
         except PortTakenError as exc:
             raise _port_taken(exc.taken.port, exc.kind, exc.node_id, exc.taken.purpose,
@@ -942,6 +987,11 @@ def _cluster_up(args: argparse.Namespace) -> int:
             beside = f"; kafka bootstrap {cluster.kafka_bootstrap}" if kafka else ""
             print(f"oncelog cluster up; bootstrap {cluster.bootstrap}{beside}", flush=True)
             print(f"export {BOOTSTRAP_ENV}={cluster.bootstrap}", flush=True)
+            if security:
+                # The CLI and the SDK read the same files (a Kafka client's
+                # properties: docs/cli.md, "Secured clusters").
+                properties = _write_admin_properties(data_dir, cluster.client_config("admin"))
+                print(f"export {COMMAND_CONFIG_ENV}={properties}", flush=True)
             for kind in sorted(cluster.missing_kinds):
                 print(f"note: this version has no {kind} service; left out", flush=True)
             print("Ctrl-C stops it.", flush=True)

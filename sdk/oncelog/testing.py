@@ -89,7 +89,7 @@ except ModuleNotFoundError as exc:
         "install: pip install 'oncelog[server]'", name=exc.name) from exc
 
 from oncelog import errors
-from oncelog._kept_ports import KeptPorts, load_kept_ports, save_kept_ports
+from oncelog._kept_ports import KeptLayout, KeptPorts, load_kept_ports, save_kept_ports
 from oncelog._security import TokenProvider
 from oncelog.admin import Admin
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
@@ -977,10 +977,12 @@ class LocalCluster:
         """Writes the services' ports into the data dir for its next run
         (PORTS_FILE); a temporary data dir has no next run."""
         if self._temporary_dir is None and self.network is None:
-            save_kept_ports(self.data_dir, {
+            save_kept_ports(self.data_dir, KeptLayout({
                 (p.kind, p.node_id): KeptPorts(int(p.address.rsplit(":", 1)[1]), p.metrics_port,
                                                p.token_port, p.kafka_port)
-                for p in self._all()}, kafka=self.kafka_listener)
+                for p in self._all()}, kafka=self.kafka_listener,
+                etcd_members=0 if self.etcd is None else len(self.etcd.members),
+                security=self.security))
 
     def _move(self, proc: ServiceProcess, taken: PortInUse) -> None:
         """Gives `proc` a fresh port for the one that was taken and starts
