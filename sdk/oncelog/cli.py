@@ -52,7 +52,6 @@ import fcntl
 import json
 import os
 import re
-import signal
 import socket
 import sys
 import threading
@@ -64,11 +63,11 @@ from typing import Any, BinaryIO, NoReturn
 
 from oncelog import __version__, errors
 from oncelog._client import unreachable_addresses
-from oncelog._kept_ports import PORTS_FILE, load_kept_ports
 from oncelog._security import OAUTHBEARER, SECURITY_PROTOCOLS, TokenFileProvider
 from oncelog.admin import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, Admin
 from oncelog.consumer import Consumer
 from oncelog.producer import Producer
+from oncelog.signals import stop_on_signals
 from oncelog.types import (
     ACL_CLUSTER_NAME,
     AclBinding,
@@ -79,6 +78,7 @@ from oncelog.types import (
     TopicPartition,
 )
 from oncelog.wire.errors import ErrorCode
+from oncelog_local.layout import PORTS_FILE, load_kept_ports
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
@@ -101,7 +101,7 @@ DEFAULT_HEADERS_DELIMITER = "\t"
 DEFAULT_HEADERS_SEPARATOR = ","
 DEFAULT_HEADERS_KEY_SEPARATOR = ":"
 # In a cluster up data dir: the lock a running `cluster up` holds (the ports
-# kept for the next start are oncelog._kept_ports.PORTS_FILE).
+# kept for the next start are oncelog_local.layout.PORTS_FILE).
 LOCK_FILE = "cluster.lock"
 # How often a running `cluster up` looks whether it was asked to stop.
 STOP_POLL_INTERVAL_S = 0.1
@@ -815,29 +815,6 @@ def _working(label: str) -> Iterator[None]:
 
 # --------------------------------------------------------------------- cluster
 
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """SIGINT/SIGTERM set an event instead of raising KeyboardInterrupt in the
-    middle of SDK code (which could leave a client half-way through a call
-    and hang its close()).
-
-    Look at it with is_set(), never wait() on it: the handler runs in the
-    main thread, and a signal that lands while the main thread is inside
-    wait() makes set() take the lock that wait() holds, which hangs the
-    process for good."""
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 ServicePorts = dict[tuple[str, int], tuple[int, int]]
 _BOOTSTRAP_SERVICE = ("partition_store", 0)
 
@@ -934,7 +911,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CliError(f"cannot create {data_dir}: {exc.strerror}") from exc
-    with _data_dir_lock(data_dir), _stop_on_signals() as stop:
+    with _data_dir_lock(data_dir), stop_on_signals() as stop:
         # LocalCluster keeps a data dir's ports itself; `cluster up` makes the
         # gRPC and metrics ones fixed, so that a port another process took
         # since is an error naming it rather than a silent move.
@@ -995,7 +972,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             for kind in sorted(cluster.missing_kinds):
                 print(f"note: this version has no {kind} service; left out", flush=True)
             print("Ctrl-C stops it.", flush=True)
-            # A signal interrupts the sleep (_stop_on_signals says why not wait()).
+            # A signal interrupts the sleep (oncelog.signals.stop_on_signals says why not wait()).
             while not stop.is_set():
                 time.sleep(STOP_POLL_INTERVAL_S)
         finally:
@@ -1762,7 +1739,7 @@ def _consume(args: argparse.Namespace) -> int:
         last_record_s = time.monotonic()
         joined = args.group is None
         try:
-            with _stop_on_signals() as stop:
+            with stop_on_signals() as stop:
                 while (args.max_records is None or printed < args.max_records) \
                         and not stop.is_set():
                     if not joined and consumer.assignment():

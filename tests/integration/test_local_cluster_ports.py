@@ -37,8 +37,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from oncelog import Admin, Producer, testing
+from oncelog import Admin, Producer
 from oncelog.testing import LocalCluster, PortTakenError
+from oncelog_local import cluster as local_cluster
 from tests.support.reading import read_all
 
 # LocalCluster picks ports in layout order, gRPC address then metrics port:
@@ -77,13 +78,14 @@ def impostor_port() -> Iterator[int]:
 
 def hand_out(monkeypatch: pytest.MonkeyPatch, taken: dict[int, int]) -> None:
     """free_port returns taken[n] on its n-th call, a really free port otherwise."""
-    real_free_port = testing.free_port
+    real_free_port = local_cluster.free_port
     picks = itertools.count()
 
     def free_port() -> int:
         return taken.get(next(picks)) or real_free_port()
 
-    monkeypatch.setattr(testing, "free_port", free_port)
+    # LocalCluster's own module picks its ports (oncelog_local.cluster).
+    monkeypatch.setattr(local_cluster, "free_port", free_port)
 
 
 @contextmanager
@@ -178,7 +180,7 @@ def test_a_taken_metrics_port_restarts_only_its_process(
 
 
 def test_the_retries_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(testing, "START_PORT_RETRIES", 1)
+    monkeypatch.setattr(local_cluster, "START_PORT_RETRIES", 1)
     with held_port() as first, held_port() as second:
         # The store's address, then its fresh address after the first failure
         # (pick 1 is its metrics port).
