@@ -1246,10 +1246,11 @@ class Producer:
         return self._max_block_ms / 1000 if timeout is None else max(0.0, timeout)
 
     @property
-    def transaction_state(self) -> str | None:
-        """The transactional state's name (ProducerTxnState values: "ready",
-        "in_transaction", ...), or None for a producer without transactions."""
-        return None if self._txn is None else self._txn.state.value
+    def transaction_state(self) -> ProducerTxnState | None:
+        """The transactional state (a ProducerTxnState, a StrEnum: it equals
+        its name, "ready", "in_transaction", ...), or None for a producer
+        without transactions."""
+        return None if self._txn is None else self._txn.state
 
     # ------------------------------------------------------------------ close
 

@@ -98,6 +98,7 @@ from oncelog.wire.process import (
     find_ports_in_use,
     process_health_service,
 )
+from oncelog.wire.vocabulary import ServiceKind
 from oncelog_local.layout import KeptLayout, KeptPorts, load_kept_ports, save_kept_ports
 from oncelog_local.pki import (
     PRINCIPAL_MAPPING_RULES,
@@ -120,7 +121,7 @@ if TYPE_CHECKING:
     from oncelog_local.etcd import EtcdCluster
     from oncelog_local.netns import NamespaceNetwork
 
-KINDS = ("partition_store", "coordinator", "group_coordinator")
+KINDS = tuple(kind.value for kind in ServiceKind)
 # The installed name of the services (services/ in the source tree): each
 # process runs `python -m oncelog_server.<kind>`.
 SERVER_PACKAGE = "oncelog_server"
