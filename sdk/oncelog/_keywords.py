@@ -21,10 +21,13 @@ signature checks and type checkers still see our names only.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 # Kafka's (and kafka-python's) name for an option -> ours, where they differ.
@@ -77,9 +80,13 @@ def kafka_names(cls: C) -> C:
     """Class decorator: `cls.__init__` (keyword-only options) also takes
     Kafka's names for its options, and says "did you mean" for a misspelled one."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]
-    parameters = frozenset(
-        name for name, p in inspect.signature(init).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    signature = inspect.signature(init)
+    compiled = not any(p.kind is inspect.Parameter.KEYWORD_ONLY
+                       for p in signature.parameters.values())
+    if compiled:
+        signature = _compiled_signature(cls)
+    parameters = frozenset(name for name, p in signature.parameters.items()
+                           if p.kind is inspect.Parameter.KEYWORD_ONLY)
     owner = cls.__name__
 
     @functools.wraps(init)
@@ -89,5 +96,68 @@ def kafka_names(cls: C) -> C:
             return
         init(self, *args, **resolve_keywords(owner, parameters, options))
 
+    if compiled:
+        # What inspect.signature(), help() and the docs' checks show.
+        __init__.__signature__ = signature  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[misc]
     return cls
+
+
+
+class _Default:
+    """A default value as its source text, for a compiled __init__'s
+    signature where the text is not a literal (a module constant)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _compiled_signature(cls: type) -> inspect.Signature:
+    """`cls.__init__`'s signature where `cls` was compiled by mypyc
+    (build_support/oncelog_build.py): a compiled __init__ has none to
+    inspect, so it is read from the module's .py file, which the compiled
+    wheel ships next to its extension (names, kinds and defaults; the
+    annotations as their source text)."""
+    # Found through the package: while a compiled module runs its body (as
+    # kafka_names() does), its own __file__ is not yet the installed path.
+    package, _, name = cls.__module__.rpartition(".")
+    paths = list(getattr(sys.modules.get(package), "__path__", []))
+    source = Path(paths[0]) / f"{name}.py" if paths else None
+    if source is None or not source.is_file():
+        raise RuntimeError(f"{cls.__qualname__}.__init__ has no signature to inspect and its "
+                           f"source {source} is missing")
+    text = source.read_text(encoding="utf-8")
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    return _signature_of(item.args, text)
+    raise RuntimeError(f"no {cls.__name__}.__init__ in {source}")
+
+
+def _signature_of(args: ast.arguments, text: str) -> inspect.Signature:
+    def default(node: ast.expr | None) -> Any:
+        if node is None:
+            return inspect.Parameter.empty
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            return _Default(ast.get_source_segment(text, node) or "...")
+
+    def annotation(node: ast.expr | None) -> Any:
+        if node is None:
+            return inspect.Parameter.empty
+        return ast.get_source_segment(text, node) or inspect.Parameter.empty
+
+    positional = args.posonlyargs + args.args
+    pos_defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    params = [inspect.Parameter(a.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                default=default(d), annotation=annotation(a.annotation))
+              for a, d in zip(positional, pos_defaults, strict=True)]
+    params += [inspect.Parameter(a.arg, inspect.Parameter.KEYWORD_ONLY,
+                                 default=default(d), annotation=annotation(a.annotation))
+               for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+    return inspect.Signature(params)

@@ -82,6 +82,7 @@ from oncelog._coordinators import (
     call_coordinator,
 )
 from oncelog._keywords import kafka_names
+from oncelog._mypyc import mypyc_attr
 from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._request_streams import Outcome, RequestStreams, StreamCaller
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
@@ -214,7 +215,12 @@ def with_authorization_advice(exc: OncelogError) -> OncelogError:
     return advised
 
 
-@kafka_names
+# Not `@kafka_names` on the class: mypyc compiles a class with any decorator
+# but its own as a plain Python class (it fails on this one), and the
+# compiled wheel's `send()` depends on a native one. A native class cannot
+# be changed after it is made unless it allows interpreted subclasses, so
+# it does, and kafka_names() wraps its __init__ after the class statement.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Producer:
     """Sends records to topics; idempotent by default, transactional with a
     `transactional_id`.
@@ -1325,6 +1331,9 @@ class Producer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+kafka_names(Producer)
 
 
 class _Sender:
