@@ -7,8 +7,9 @@ metrics count them), and every record it sent is read back exactly once; a
 client under another client id is not throttled; a consumer over its
 consumer quota is throttled and still reads everything exactly once;
 librdkafka (confluent-kafka) is told the throttle (its `throttle_cb`) by
-the Kafka listener; a bad quota flag stops the store at start with a
-message naming the flag.
+the Kafka listener; on a secured cluster a principal's override throttles
+that principal and not another with the same client id; a bad quota flag
+stops the store at start with a message naming the flag.
 
 Method: one LocalCluster (one store with a Kafka listener) whose store runs
 with `--producer-byte-rate` 20,000 B/s over windows of 11 x 100 ms (so the
@@ -16,7 +17,8 @@ first burst that passes is 20 KB and the throttles are short), and a
 consumer quota for the client id `slow-reader` only. Each client writes
 80 records of 1 KB, four times what passes unthrottled. Assertions are on
 what was throttled and what was read, never on how long anything took;
-reads poll until they have everything or a generous deadline passes.
+reads poll until they have everything or a generous deadline passes. The
+principal case has a secured cluster of its own.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import pytest
 
 from oncelog import Admin, Consumer, Producer, TopicPartition
 from oncelog.testing import LocalCluster
+from tests.support.reading import read_all as read_all_records
+from tests.support.secure_clients import allow, grant
 
 PRODUCER_BYTE_RATE = 20_000
 CONSUMER_BYTE_RATE = 20_000
@@ -180,3 +184,33 @@ def test_a_bad_quota_flag_stops_the_store_naming_it(tmp_path: Path,
          flag, value], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert flag in result.stderr
+
+
+def test_a_principal_override_throttles_that_principal_only(tmp_path: Path,
+                                                            topic_name: str) -> None:
+    """The same through a secured cluster: the quota is alice's (her
+    certificate's principal, whatever her client id), and bob, with the
+    same client id, is not throttled."""
+    store_args = ["--quota-window-size-ms", "100", "--client-quotas",
+                  f"user=User:alice:producer_byte_rate={PRODUCER_BYTE_RATE}"]
+    with LocalCluster(tmp_path / "cluster", security=True, group_coordinators=0,
+                      extra_args={"partition_store": store_args}) as cluster:
+        with Admin(bootstrap=cluster.bootstrap, **cluster.client_config("admin")) as admin:
+            admin.create_topic(topic_name, partitions=1)
+        grant(cluster, [binding for user in ("User:alice", "User:bob") for binding in (
+            allow(user, "topic", topic_name, "write", "describe")
+            + allow(user, "cluster", "oncelog-cluster", "idempotent_write"))])
+        throttled = {}
+        for user in ("alice", "bob"):
+            with Producer(bootstrap=cluster.bootstrap, client_id="shared",
+                          **cluster.client_config(user)) as producer:
+                futures = [producer.send(topic_name, value=v) for v in values(user)]
+                producer.flush(timeout=DEADLINE_S)
+                for future in futures:
+                    future.result(timeout=DEADLINE_S)
+                throttled[user] = producer.produce_throttle_time
+        assert throttled["alice"].count > 0, throttled
+        assert throttled["bob"].count == 0, throttled
+        got = read_all_records(cluster.bootstrap, topic_name, 1, deadline_s=DEADLINE_S,
+                               **cluster.client_config("admin"))
+        assert sorted(r.value for r in got) == sorted(values("alice") + values("bob"))
