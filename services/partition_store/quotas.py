@@ -34,6 +34,7 @@ from .core.quotas import (
     QuotaConfig,
     QuotaEntity,
     QuotaKind,
+    Recorded,
     check_byte_rate,
     parse_client_quotas,
 )
@@ -92,6 +93,18 @@ def quota_config_from_args(args: argparse.Namespace) -> QuotaConfig:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class FetchThrottle:
+    """What a Fetch's answer gets: its throttle time (0: none), and whether
+    its batches are withheld (StoreQuotas.fetched)."""
+
+    throttle_time_ms: int
+    withhold_batches: bool
+
+
+NOT_THROTTLED = FetchThrottle(0, False)
+
+
 @dataclass(slots=True)
 class _Gate:
     """The requests of one entity waiting out its throttle, in order."""
@@ -144,27 +157,28 @@ class StoreQuotas:
                 self._gates.pop(key, None)
 
     def _record(self, kind: QuotaKind, principal: str, client_id: str,
-                size_bytes: int) -> tuple[QuotaEntity, int] | None:
+                size_bytes: int) -> Recorded | None:
         recorded = self._quotas.record(kind, principal, client_id, size_bytes, self._clock_ms())
         metrics.QUOTA_ENTITIES.set(self._quotas.entity_count)
         if recorded is None:
             return None
         level = recorded.entity.level.value
-        # A throttled fetch's bytes are taken back (fetched): not counted.
-        if kind is QuotaKind.PRODUCE or recorded.throttle_time_ms == 0:
-            metrics.QUOTA_BYTES.labels(kind.value, level).inc(max(size_bytes, 0))
         if recorded.throttle_time_ms > 0:
             metrics.QUOTA_THROTTLED_REQUESTS.labels(kind.value, level).inc()
             metrics.QUOTA_THROTTLE_SECONDS.labels(kind.value).observe(
                 recorded.throttle_time_ms / 1000)
-        return recorded.entity, recorded.throttle_time_ms
+        return recorded
 
     def produced(self, principal: str, client_id: str, size_bytes: int) -> int:
         """Counts a Produce's batch bytes; the throttle time to answer (ms)."""
         if not self.enabled:
             return 0
         recorded = self._record(QuotaKind.PRODUCE, principal, client_id, size_bytes)
-        return 0 if recorded is None else recorded[1]
+        if recorded is None:
+            return 0
+        metrics.QUOTA_BYTES.labels(QuotaKind.PRODUCE.value, recorded.entity.level.value).inc(
+            max(size_bytes, 0))
+        return recorded.throttle_time_ms
 
     def fetch_max_bytes(self, principal: str, client_id: str, max_bytes: int) -> int:
         """The fetch size to use: the client's, cut to what its quota allows
@@ -173,16 +187,28 @@ class StoreQuotas:
             return max_bytes
         return self._quotas.fetch_max_bytes(principal, client_id, max_bytes)
 
-    def fetched(self, principal: str, client_id: str, size_bytes: int) -> int:
-        """Counts a Fetch's answer; the throttle time (ms). When it is > 0
-        the caller answers without the batches, and they do not count."""
+    def fetched(self, principal: str, client_id: str, size_bytes: int) -> FetchThrottle:
+        """Counts a Fetch's answer of `size_bytes` batch bytes: the throttle
+        time to answer, and whether to answer without the batches.
+
+        As Kafka's broker, a throttled fetch is answered without its batches
+        and they do not count, so the client fetches them again after its
+        throttle time. Unlike Kafka's, an answer larger than the quota
+        allows in a whole window (its first batch alone is larger: a fetch
+        always returns its first batch whole) keeps its batches and counts:
+        it would be throttled however long the client waited, and the
+        consumer would never get past it."""
         if not self.enabled:
-            return 0
+            return NOT_THROTTLED
         recorded = self._record(QuotaKind.FETCH, principal, client_id, size_bytes)
         if recorded is None:
-            return 0
-        entity, throttle_ms = recorded
-        if throttle_ms > 0:
-            self._quotas.unrecord(QuotaKind.FETCH, entity, size_bytes, self._clock_ms())
-        return throttle_ms
-
+            return NOT_THROTTLED
+        withhold = (recorded.throttle_time_ms > 0 and size_bytes
+                    <= self.config.max_bytes_in_window(recorded.quota_bytes_per_s))
+        if withhold:
+            self._quotas.unrecord(QuotaKind.FETCH, recorded.entity, size_bytes,
+                                  self._clock_ms())
+        else:
+            metrics.QUOTA_BYTES.labels(QuotaKind.FETCH.value, recorded.entity.level.value).inc(
+                max(size_bytes, 0))
+        return FetchThrottle(recorded.throttle_time_ms, withhold)

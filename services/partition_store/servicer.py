@@ -25,7 +25,7 @@ from .controller_link import CATALOG_CHANGED_METADATA
 from .convert import error_to_proto, topic_metadata
 from .core.quotas import QuotaKind
 from .partition import Isolation
-from .quotas import StoreQuotas, exempt
+from .quotas import NOT_THROTTLED, StoreQuotas, exempt
 from .runtime import (
     FetchItem,
     MarkerItem,
@@ -287,14 +287,14 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             )
         except ServiceError as exc:
             await abort_with(context, exc)
-        throttle_ms = 0 if quotas is None else quotas.fetched(
+        throttle = NOT_THROTTLED if quotas is None else quotas.fetched(
             principal, request.client_id, sum(len(b) for o in outcomes for b in o.batches))
-        if throttle_ms > 0:
+        if throttle.withhold_batches:
             # As Kafka's: a throttled fetch returns no batches (they do not
             # count against the quota either); the client fetches the same
             # offsets once its throttle time has passed.
             offsets = {(p.topic, p.partition): p.fetch_offset for p in request.partitions}
-            return pb.FetchResponse(throttle_time_ms=throttle_ms, results=[
+            return pb.FetchResponse(throttle_time_ms=throttle.throttle_time_ms, results=[
                 pb.PartitionFetchResult(
                     topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
                     high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,
@@ -303,7 +303,7 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                 )
                 for o in outcomes
             ])
-        return pb.FetchResponse(results=[
+        return pb.FetchResponse(throttle_time_ms=throttle.throttle_time_ms, results=[
             pb.PartitionFetchResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
                 high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,

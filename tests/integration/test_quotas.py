@@ -7,7 +7,8 @@ metrics count them), and every record it sent is read back exactly once; a
 client under another client id is not throttled; a consumer over its
 consumer quota is throttled and still reads everything exactly once;
 librdkafka (confluent-kafka) is told the throttle (its `throttle_cb`) by
-the Kafka listener; on a secured cluster a principal's override throttles
+the Kafka listener, producing and fetching, and its consumer reads every
+record once; on a secured cluster a principal's override throttles
 that principal and not another with the same client id; a bad quota flag
 stops the store at start with a message naming the flag.
 
@@ -170,6 +171,35 @@ def test_librdkafka_is_told_the_throttle_by_the_kafka_listener(
     got, reader = read_all(cluster, topic_name, len(records))
     reader.close()
     assert sorted(got) == sorted(records)
+
+    # librdkafka's consumer under the consumer quota of slow-reader: a
+    # throttled fetch is answered with no partitions, as Kafka's broker
+    # answers it; the consumer fetches again after the throttle.
+    fetch_events: list[int] = []
+
+    def on_fetch_throttle(event: ck.ThrottleEvent) -> None:
+        fetch_events.append(int(event.throttle_time * 1000))
+
+    consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap,
+                            "client.id": "slow-reader", "group.id": f"{topic_name}-slow",
+                            "enable.auto.commit": False, "max.partition.fetch.bytes": 4_096,
+                            "throttle_cb": on_fetch_throttle})
+    consumer.assign([ck.TopicPartition(topic_name, 0, ck.OFFSET_BEGINNING)])
+    read: list[bytes] = []
+    stop_at = time.monotonic() + DEADLINE_S
+    try:
+        while len(read) < len(records) and time.monotonic() < stop_at:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                read.append(message.value() or b"")
+        # One more poll: anything beyond would be a duplicate.
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            read.append(message.value() or b"")
+    finally:
+        consumer.close()
+    assert sorted(read) == sorted(records)
+    assert fetch_events and max(fetch_events) > 0, fetch_events
 
 
 @pytest.mark.parametrize(("flag", "value"), [

@@ -32,7 +32,12 @@ from services.partition_store.core.quotas import (
     parse_client_quotas,
     throttle_time_ms,
 )
-from services.partition_store.quotas import StoreQuotas, exempt, quota_config_from_args
+from services.partition_store.quotas import (
+    FetchThrottle,
+    StoreQuotas,
+    exempt,
+    quota_config_from_args,
+)
 from services.partition_store.server import build_parser
 
 ALICE = "User:alice"
@@ -282,10 +287,23 @@ def test_a_throttled_clients_next_requests_are_held_in_order() -> None:
     assert sum(clock.slept_ms) == 10_000
 
 
-def test_a_throttled_fetch_does_not_count() -> None:
+def test_a_throttled_fetch_withholds_its_batches_and_does_not_count() -> None:
     clock = FakeClock()
     quotas = StoreQuotas(QuotaConfig(consumer_byte_rate=1000), clock_ms=clock,
                          sleep=clock.sleep)
-    assert quotas.fetched(BOB, "c", 15_000) == 5_000
-    clock.now_ms = 5_000
-    assert quotas.fetched(BOB, "c", 9_000) == 0
+    assert quotas.fetched(BOB, "c", 9_000) == FetchThrottle(0, False)
+    # 12,000 B over 10 s: 1,200 B/s, 2 s of throttle; withheld and taken back.
+    assert quotas.fetched(BOB, "c", 3_000) == FetchThrottle(2_000, True)
+    clock.now_ms = 2_000
+    assert quotas.fetched(BOB, "c", 1_000) == FetchThrottle(0, False)
+
+
+def test_an_answer_larger_than_a_window_is_throttled_but_kept() -> None:
+    """Withholding it would throttle it again after every wait: the client
+    would never get past its first batch."""
+    clock = FakeClock()
+    quotas = StoreQuotas(QuotaConfig(consumer_byte_rate=1000), clock_ms=clock,
+                         sleep=clock.sleep)
+    assert quotas.fetched(BOB, "c", 15_000) == FetchThrottle(5_000, False)
+    # It counted: the next small fetch is throttled too.
+    assert quotas.fetched(BOB, "c", 100).throttle_time_ms > 0

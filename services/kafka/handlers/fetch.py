@@ -18,7 +18,10 @@ Client quotas (partition_store/quotas.py): as Kafka's broker, a fetch is cut
 to what the consumer quota of the connection's principal and the header's
 client_id allows in one window, and a fetch that puts the client over its
 quota is answered with its throttle time and no partitions at all (Kafka's
-throttled response), so the client fetches the same offsets again later.
+throttled response), so the client fetches the same offsets again later —
+unless the answer alone is larger than a window allows (a first batch
+larger than that), which is answered whole with its throttle time
+(StoreQuotas.fetched says why).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from oncelog.wire.errors import ErrorCode
 from ...common.errors import ServiceError
 from ...partition_store.core.quotas import QuotaKind
 from ...partition_store.partition import Isolation
-from ...partition_store.quotas import exempt
+from ...partition_store.quotas import NOT_THROTTLED, exempt
 from ...partition_store.runtime import FetchItem
 from ..context import RequestContext
 
@@ -80,6 +83,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             refused.update({(i.topic, i.partition): exc for i in items})
             items = []
     by_topic: dict[str, list[Any]] = {}
+    throttle_ms = 0
     if error is None and items:
         wait_ms = max(int(request.max_wait.total_seconds() * 1000), 0)
         max_bytes = max(int(getattr(request, "max_bytes", 0)) or 0, 0)
@@ -90,9 +94,10 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             max_bytes=max_bytes,
             isolation=Isolation.READ_COMMITTED if committed else Isolation.READ_UNCOMMITTED,
             client_filters=True)
-        throttle_ms = 0 if quotas is None else quotas.fetched(
+        throttle = NOT_THROTTLED if quotas is None else quotas.fetched(
             principal, client_id, sum(len(b) for o in outcomes for b in o.batches))
-        if throttle_ms > 0:
+        throttle_ms = throttle.throttle_time_ms
+        if throttle.withhold_batches:
             return builder.response(throttle_time=throttle_ms, error_code=0, session_id=0,
                                     responses=())
         for o in outcomes:
@@ -112,7 +117,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
             aborted_transactions=None, preferred_read_replica=-1, records=b""))
     return builder.response(
-        throttle_time=0, error_code=ctx.code(error), session_id=0,
+        throttle_time=throttle_ms, error_code=ctx.code(error), session_id=0,
         responses=tuple(builder.make("FetchableTopicResponse", topic=topic,
                                      partitions=tuple(parts))
                         for topic, parts in by_topic.items()))
