@@ -136,11 +136,16 @@ class _Landing:
 
 @dataclass(frozen=True, slots=True)
 class _Write:
-    """A submitted change: its answer, and the state transitions it makes
-    (counted once it is durable)."""
+    """A submitted change: its answer (None once durable and replayed)."""
 
     done: asyncio.Future[None]
-    transitions: tuple[tuple[str, str], ...]
+
+
+def _count_transitions(done: asyncio.Future[None],
+                       transitions: Sequence[tuple[str, str]]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        for previous, after in transitions:
+            metrics.TXN_STATE_TRANSITIONS.labels(previous, after).inc()
 
 
 class _TxnStateLog:
@@ -278,15 +283,15 @@ class TxnCoordinatorRuntime:
                 previous = completed
             transitions.append((previous.state.value if previous else "none",
                                 after.state.value if after else txn.TxnState.DEAD.value))
-        return _Write(done, tuple(transitions))
+        # Counted when durable, whether or not the caller still waits.
+        done.add_done_callback(lambda f: _count_transitions(f, transitions))
+        return _Write(done)
 
     async def _written(self, owned: TxnPartition, view: PlanView[TxnPartitionState],
                        write: _Write) -> None:
-        """Returns once the submitted change is durable and replayed, counting
-        its state transitions; raises its batch's error (or StalePlan)."""
+        """Returns once the submitted change is durable and replayed; raises
+        its batch's error (or StalePlan)."""
         await self._runtime.settle(owned, view, write.done)
-        for previous, after in write.transitions:
-            metrics.TXN_STATE_TRANSITIONS.labels(previous, after).inc()
 
     async def _replanned(self, request: Callable[[], Awaitable[T]]) -> T:
         """Runs a request again when what it was planned on did not become
