@@ -69,9 +69,11 @@ from oncelog._client import (
     needs_metadata_refresh,
 )
 from oncelog._config import (
+    DEFAULT_CLIENT_ID,
     acks_option,
     bool_option,
     choice_option,
+    client_id_option,
     client_timing_options,
     int_option,
 )
@@ -87,6 +89,7 @@ from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._request_streams import Outcome, RequestStreams, StreamCaller
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog._sequencing import PartitionMode, PartitionSequencer
+from oncelog._throttle import Throttles
 from oncelog._transactions import (
     Op,
     ProducerTxnState,
@@ -96,7 +99,7 @@ from oncelog._transactions import (
 )
 from oncelog.errors import SerializationError
 from oncelog.serializers import Serializer
-from oncelog.types import GroupMetadata, PreparedTxnState, TopicPartition
+from oncelog.types import GroupMetadata, PreparedTxnState, ThrottleTime, TopicPartition
 from oncelog.v1 import (
     coordinator_pb2,
     errors_pb2,
@@ -258,9 +261,15 @@ class Producer:
         ssl_keyfile: str | os.PathLike[str] | None = None,
         sasl_mechanism: str | None = None,
         sasl_oauth_token_provider: TokenProvider | None = None,
+        client_id: str = DEFAULT_CLIENT_ID,
     ) -> None:
         """Options as Kafka's producer has them (in Python spelling); each is
         checked here, and a wrong one is a ValueError naming it.
+
+        `client_id` (Kafka's client.id): this producer's name in the
+        stores' quotas, with its principal. A store that answers with a
+        throttle time (its quota is exceeded) is sent nothing more until it
+        has passed; `produce_throttle_time` sums what they answered.
 
         `security_protocol`, `ssl_*` and `sasl_*` (kafka-python's names):
         how to connect to a secured cluster (oncelog._security).
@@ -315,6 +324,7 @@ class Producer:
                               retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("buffer_memory_bytes", buffer_memory_bytes, minimum=1)
         int_option("max_block_ms", max_block_ms, minimum=0)
+        client_id = client_id_option(client_id)
         if enable_idempotence and max_in_flight > MAX_IN_FLIGHT_IDEMPOTENT:
             raise ValueError(
                 f"an idempotent producer allows at most {MAX_IN_FLIGHT_IDEMPOTENT} batches in "
@@ -380,7 +390,7 @@ class Producer:
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             transaction_timeout_ms=transaction_timeout_ms,
-            txn=self._txn,
+            txn=self._txn, client_id=client_id,
         )
         self._sender.start()
 
@@ -1321,6 +1331,12 @@ class Producer:
     def producer_epoch(self) -> int:
         return self._sender.producer_epoch
 
+    @property
+    def produce_throttle_time(self) -> ThrottleTime:
+        """The throttle times the stores answered this producer's Produce
+        requests with (Kafka's produce-throttle-time-avg/max)."""
+        return self._sender.throttles.totals()
+
     def __enter__(self) -> Producer:
         return self
 
@@ -1365,8 +1381,12 @@ class _Sender:
         retry_backoff_max_ms: int,
         transaction_timeout_ms: int,
         txn: TxnStateMachine | None = None,
+        client_id: str = DEFAULT_CLIENT_ID,
     ) -> None:
         self._client = client
+        self._client_id = client_id
+        # When each store asked to be sent nothing before (throttle times).
+        self.throttles = Throttles("produce")
         self._acc = accumulator
         self._idempotent = idempotent
         self._max_in_flight = max_in_flight
@@ -1377,7 +1397,8 @@ class _Sender:
         self._sequencers: dict[tuple[str, int], PartitionSequencer] = {}
         # Partitions with unacknowledged batches or a pending retry/reset.
         self._active: set[tuple[str, int]] = set()
-        self._completions: list[tuple[list[ProducerBatch], grpc.Future | Outcome]] = []
+        # (store address, batches, answer) of each request answered.
+        self._completions: list[tuple[str, list[ProducerBatch], grpc.Future | Outcome]] = []
         self.producer_id = -1
         self.producer_epoch = -1
         self.fatal_error: OncelogError | None = None
@@ -1757,6 +1778,11 @@ class _Sender:
         finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
         for key in list(self._active):
             seq = self._sequencers[key]
+            held_until_ms = self._held_until_ms(key, now)
+            if held_until_ms is not None:
+                # Its store throttles this producer: nothing goes there yet.
+                wake_at = held_until_ms if wake_at is None else min(wake_at, held_until_ms)
+                continue
             batches = seq.batches_to_send(now)
             if not batches:
                 if seq.idle:
@@ -1787,6 +1813,11 @@ class _Sender:
                 self._dispatch(address, batches, now)
         return wake_at
 
+    def _held_until_ms(self, key: tuple[str, int], now: int) -> int | None:
+        md = self._client.cached_metadata
+        address = md.leader_address(*key) if md is not None else None
+        return None if address is None else self.throttles.held_until_ms(address, now)
+
     def _dispatch(self, address: str, batches: list[ProducerBatch], now: int) -> None:
         """Sends batches (distinct partitions) to one store, in requests of at
         most MAX_REQUEST_BYTES."""
@@ -1815,6 +1846,7 @@ class _Sender:
             timeout_ms=self._request_timeout_ms,
             transactional_id=self._transactional_id,
             add_partitions_to_txn=self._txn is not None,
+            client_id=self._client_id,
         )
         # The attempt may not outlive the latest delivery deadline among its
         # batches (a cut-short attempt counts as "outcome unknown").
@@ -1827,7 +1859,7 @@ class _Sender:
             self._acc.requests_unanswered += 1
         try:
             if self._streams.serves(address):
-                self._streams.send(address, request, batches, timeout_ms / 1000)
+                self._streams.send(address, request, (address, batches), timeout_ms / 1000)
                 return
             call = self._client.store(address).Produce.future(request, timeout=timeout_ms / 1000)
         except (OncelogError, ValueError, RuntimeError) as exc:
@@ -1843,15 +1875,16 @@ class _Sender:
                                      dispatched=False)
             self._complete(finished)
             return
-        call.add_done_callback(functools.partial(self._on_rpc_done, batches))
+        call.add_done_callback(functools.partial(self._on_rpc_done, (address, batches)))
 
-    def _on_rpc_done(self, batches: list[ProducerBatch], call: grpc.Future | Outcome) -> None:
+    def _on_rpc_done(self, sent: tuple[str, list[ProducerBatch]],
+                     call: grpc.Future | Outcome) -> None:
         # A gRPC (or stream reader) thread: only hand the answer over to the
         # sender thread.
         acc = self._acc
         with acc.lock:
             acc.requests_unanswered -= 1
-            self._completions.append((batches, call))
+            self._completions.append((sent[0], sent[1], call))
             acc.woken = True
             acc.wakeup.notify()
 
@@ -1865,7 +1898,7 @@ class _Sender:
             self._completions = []
         finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
         refresh = False
-        for batches, call in items:
+        for address, batches, call in items:
             try:
                 resp = call.result()
             except grpc.RpcError as rpc_exc:
@@ -1890,6 +1923,7 @@ class _Sender:
                 for batch in batches:
                     self._on_batch_error(None, batch, failed, now, finished, dispatched=True)
                 continue
+            self.throttles.answered(address, resp.throttle_time_ms, now)
             results = {(r.topic, r.partition): r for r in resp.results}
             for batch in batches:
                 if batch.state == FINISHED:  # failed meanwhile (close)
