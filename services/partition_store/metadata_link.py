@@ -136,6 +136,9 @@ class MetadataLink:
         # Controller: when leadership is next moved back to preferred
         # replicas (one interval after this store became controller).
         self._next_rebalance_ms: int | None = None
+        # Controller: the (revision, stores gone) of its last pass that found
+        # nothing to do; the same again needs no look at every partition.
+        self._quiet_pass: tuple[int, frozenset[int]] | None = None
 
     # ------------------------------------------------------------------ keys
 
@@ -195,6 +198,14 @@ class MetadataLink:
                 log.error("metadata entry %s unreadable: %s", key, exc)
         self.view = view
         return view
+
+    async def current_revision(self) -> int:
+        """The metadata store's revision now, from a read of one small key:
+        while it equals a view's, the tree is that view (every change, a
+        lease's end included, moves it), so the whole tree need not be read
+        again."""
+        _entries, revision = await self._call(self.store.get_prefix(self._controller_key))
+        return revision
 
     async def _call(self, awaitable: Awaitable[_T]) -> _T:
         try:
@@ -562,7 +573,11 @@ class MetadataLink:
             self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
             rebalance = plan_preferred_elections(
                 view.states, live, imbalance_pct=self.leader_imbalance_per_store_pct)
+        quiet_pass = (view.revision, frozenset(gone))
+        if not rebalance and quiet_pass == self._quiet_pass:
+            return 0
         changed = 0
+        attempted = 0
         for (topic, partition), state in sorted(view.states.items()):
             if state.online and state.leader not in gone:
                 # A follower whose store is gone leaves the ISR now, as
@@ -574,6 +589,7 @@ class MetadataLink:
                 after = elect_leader(state, live, unclean=self.unclean_leader_election)
             if after is None:
                 continue
+            attempted += 1
             if await self.update_state(topic, partition, view.state_revisions[(topic, partition)],
                                        after):
                 changed += 1
@@ -597,6 +613,9 @@ class MetadataLink:
                     metrics.LEADER_ELECTIONS.inc()
                     log.info("%s-%d: leader %d -> %d at epoch %d (ISR %s)", topic, partition,
                              state.leader, after.leader, after.leader_epoch, list(after.isr))
+        # Nothing to decide at this revision with these stores gone: the
+        # next passes skip the partitions until one of the two moves.
+        self._quiet_pass = quiet_pass if not attempted else None
         if changed:
             await self.refresh()
         return changed
