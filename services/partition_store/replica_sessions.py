@@ -55,6 +55,14 @@ class FetchSession:
     answered: dict[PartitionKey, None] = field(default_factory=dict)
     # The parked request's wake-up, while one waits.
     waiter: asyncio.Future[None] | None = None
+    # Partitions where the follower is outside the ISR, to check for
+    # rejoining at its next request (runtime._recheck_rejoin).
+    rejoin_checks: dict[PartitionKey, None] = field(default_factory=dict)
+
+    def take_rejoin_checks(self) -> list[PartitionKey]:
+        keys = list(self.rejoin_checks)
+        self.rejoin_checks.clear()
+        return keys
 
     def take_ready(self) -> list[PartitionKey]:
         ready = list(self.ready)
@@ -99,10 +107,12 @@ class FetchSessions:
         session.epoch = epoch
         return session
 
-    def entry(self, replica_id: int, key: PartitionKey) -> SessionEntry | None:
-        """What the follower's open session holds of a partition."""
+    def check_rejoin(self, replica_id: int, key: PartitionKey) -> None:
+        """Asks for a rejoin check of the partition at the follower's next
+        request, when its session holds the partition."""
         session = self._by_replica.get(replica_id)
-        return session.entries.get(key) if session is not None else None
+        if session is not None and key in session.entries:
+            session.rejoin_checks[key] = None
 
     def is_open(self, session: FetchSession) -> bool:
         return self._by_replica.get(session.replica_id) is session

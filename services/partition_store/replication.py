@@ -110,7 +110,7 @@ class ReplicaManager:
         # string hashing, so a simulation seed replays the same anywhere).
         self._expand: dict[tuple[str, int, int], None] = {}
         self._task: asyncio.Task[None] | None = None
-        self._last_keep_alive_s = 0.0
+        self._keep_alive_task: asyncio.Task[None] | None = None
         self._last_unreachable_log_s = 0.0
         self._closing = False
         runtime.on_states_applied = self._reconcile
@@ -126,7 +126,6 @@ class ReplicaManager:
         while True:
             try:
                 await self._link.keep_registered(self._address, self._listeners)
-                self._last_keep_alive_s = self._now_s()
                 fenced = await self._link.fence_restarted_self()
                 if fenced:
                     log.info("store node %d left the ISR of %d partitions on start; it "
@@ -140,14 +139,17 @@ class ReplicaManager:
                 log.warning("store node %d: cannot start replication yet (%s); trying again",
                             self._node_id, getattr(exc, "message", exc))
                 await asyncio.sleep(FOLLOWER_BACKOFF_MS * 10 / 1000)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="replication")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="replication")
+        self._keep_alive_task = loop.create_task(self._keep_alive(), name="store-lease")
 
     async def close(self) -> None:
         self._closing = True
         tasks = [f.stop() for f in self._fetchers.values()]
-        if self._task is not None:
-            self._task.cancel()
-            tasks.append(self._task)
+        for task in (self._task, self._keep_alive_task):
+            if task is not None:
+                task.cancel()
+                tasks.append(task)
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -172,18 +174,11 @@ class ReplicaManager:
             await asyncio.sleep(self._sync_interval_s)
 
     async def sync_once(self) -> None:
-        """One round: keep the lease, read the metadata when it changed
+        """One round: read the metadata when it changed
         (which applies it and reconciles followers), act as controller if
         this node is, and move followers out of / into the ISR. A round in
         which nothing changed costs one small read of the metadata store's
         revision, whatever the number of partitions."""
-        now = self._now_s()
-        if now - self._last_keep_alive_s >= self._link.lease_ttl_s / 3:
-            try:
-                await self._link.keep_registered(self._address, self._listeners)
-            except LeaseNotFound:
-                await self._link.keep_registered(self._address, self._listeners)
-            self._last_keep_alive_s = now
         changed = await self._refresh_if_changed()
         try:
             decided = await self._link.run_controller_once()
@@ -208,6 +203,27 @@ class ReplicaManager:
         # shows as another revision next time.
         self._applied_revision = revision
         return True
+
+    async def _keep_alive(self) -> None:
+        """Keeps the store's lease alive every TTL/3, in a task of its own:
+        a long round of the sync loop (a controller deciding for a thousand
+        partitions on a loaded machine) must not let the lease run out, or
+        the store would be taken for dead."""
+        while not self._closing:
+            # The loop's own clock: a jump of the wall clock must not
+            # stretch the wait past the lease.
+            await asyncio.sleep(self._link.lease_ttl_s / 3)
+            try:
+                try:
+                    await self._link.keep_registered(self._address, self._listeners)
+                except LeaseNotFound:
+                    await self._link.keep_registered(self._address, self._listeners)
+            except ServiceError as exc:
+                log.debug("store node %d: lease keep-alive: %s", self._node_id, exc.message)
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+            except Exception:
+                log.exception("lease keep-alive failed")
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
 
     def _now_s(self) -> float:
         # The runtime's clock: the simulation drives it.
@@ -292,12 +308,12 @@ class ReplicaManager:
                 continue
             stored = view.states.get(key)
             if stored is None or stored != part.state:
-                # The view is behind this replica's state: ask again next
-                # round (a follower that has caught up asks only once).
-                self._requeue_expand(expand, key)
+                # The view is behind this replica's state. A follower that
+                # asked is checked again at its next request once the state
+                # is applied (runtime._recheck_rejoin): never from an old
+                # request, which may come from a store that has died since.
                 continue
             after = None
-            rejoined = -1
             lagging = lagging_followers(
                 isr=part.state.isr, leader=self._node_id,
                 last_caught_up_ms=part.last_caught_up_ms, now_ms=now_ms,
@@ -316,7 +332,6 @@ class ReplicaManager:
                         after = expand_isr(part.state, replica)
                         counter = metrics.ISR_EXPANDS
                         if after is not None:
-                            rejoined = replica
                             break
             if after is None:
                 continue
@@ -326,20 +341,7 @@ class ReplicaManager:
                 log.info("%s: ISR %s -> %s (leader %d, epoch %d)", part.topic_partition,
                          list(part.state.isr), list(after.isr), self._node_id,
                          after.leader_epoch)
-                # One change per partition and round: the other followers
-                # asking to rejoin it are taken next round (they may not ask
-                # again: an idle partition's follower sends nothing).
-                if counter is metrics.ISR_EXPANDS:
-                    self._requeue_expand(expand, key, but=rejoined)
-            else:
-                self._requeue_expand(expand, key)
         return changed
-
-    def _requeue_expand(self, expand: Mapping[tuple[str, int, int], None],
-                        key: PartitionKey, *, but: int | None = None) -> None:
-        for topic, partition, replica in expand:
-            if (topic, partition) == key and replica != but:
-                self._expand[(topic, partition, replica)] = None
 
     def _update_gauges(self) -> None:
         led = [p for p in self._runtime.partitions if not p.closed and p.is_leader]

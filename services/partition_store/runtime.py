@@ -600,22 +600,19 @@ class StoreRuntime:
             self._recheck_rejoin(part)
 
     def _recheck_rejoin(self, part: PartitionRuntime) -> None:
-        """As leader, on a new state: a follower outside the ISR that its
-        fetch session shows caught up asks to rejoin now. It may have caught
-        up while this replica still counted it in sync (a restarted store
-        leaves the ISRs in the metadata store before its leaders learn it),
-        and, idle, it sends nothing more that would ask again."""
+        """As leader, on a new state: a follower outside the ISR whose
+        fetch session holds the partition is checked for rejoining at its
+        next request. It may have caught up while this replica still counted
+        it in sync (a restarted store leaves the ISRs in the metadata store
+        before its leaders learn it), and, idle, it lists the partition no
+        more. Only a request proves the follower is still there: a dead
+        store's session must never bring it back."""
         if self.on_isr_expand is None or part.closed or not part.is_leader:
             return
         key = (part.topic.name, part.partition)
         for replica in part.state.replicas:
-            if replica in part.state.isr:
-                continue
-            entry = self._sessions.entry(replica, key)
-            if entry is not None and entry.leader_epoch == part.state.leader_epoch and (
-                    part.follower_end_offsets.get(replica) == entry.fetch_offset) and (
-                    self.may_rejoin_isr(part, replica)):
-                self.on_isr_expand(part, replica)
+            if replica not in part.state.isr:
+                self._sessions.check_rejoin(replica, key)
 
     def _drop_replica(self, part: PartitionRuntime) -> None:
         """This store no longer holds the partition (its replicas moved):
@@ -1694,6 +1691,14 @@ class StoreRuntime:
             # Its HW is news to the follower until sent once.
             session.hw_moved[key] = None
             check[key] = None
+        for key in session.take_rejoin_checks():
+            stored = session.entries.get(key)
+            led = self.led_partition(*key)
+            # Unlisted: the follower's log end is still what the session holds.
+            if stored is not None and led is not None and (
+                    stored.leader_epoch == led.state.leader_epoch) and (
+                    led.follower_end_offsets.get(replica_id) == stored.fetch_offset):
+                self._maybe_expand_isr(led, replica_id, stored.fetch_offset)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
         while True:
