@@ -18,10 +18,11 @@ Cases (`--cases`, comma-separated):
     cluster before the topic existed);
   - idle CPU: each store's CPU time over `--idle-seconds` with nothing
     written, as a share of one core;
-  - failover after kill -9 of store 1: until every partition has a leader
-    on a live store (the survivors' Metadata, polled every 50 ms), and
-    until a producer that had written to every partition before the kill
-    has one record acknowledged on each partition the dead store led;
+  - failover after kill -9 of the store leading the most partitions: until
+    every partition has a leader on a live store (the survivors' Metadata,
+    polled every 50 ms), and until a producer that had written to every
+    partition before the kill has one record acknowledged on each partition
+    the dead store led;
   - restart of that store: until it serves, and until every partition has
     it back in its ISR.
 * `txn` (sizes: `--txn-producers`): that many transactional ids, each its
@@ -83,8 +84,6 @@ BATCH_SIZE_BYTES = 512 * 1024
 # etcd takes at most 128 writes per transaction: a topic is created with
 # this many partitions, then grown (CreatePartitions steps by itself).
 CREATE_PARTITIONS_MAX = 100
-# The store killed in the failover case (any store leads a third).
-VICTIM = 1
 POLL_S = 0.05
 IN_SYNC_TIMEOUT_S = 600.0
 FAILOVER_TIMEOUT_S = 120.0
@@ -173,17 +172,20 @@ def idle_cpu_pct(pids: Sequence[int], seconds: float) -> list[float]:
 
 
 def failover(cluster: LocalCluster, topic: str, partitions: int) -> dict[str, float]:
-    """Kill -9 of VICTIM: until every partition is led by a live store,
-    and until one record per partition it led is acknowledged."""
-    survivors = [i for i in range(STORES) if i != VICTIM]
+    """Kill -9 of the store that leads the most partitions (a third, unless
+    leadership moved): until every partition is led by a live store, and
+    until one record per partition it led is acknowledged."""
     states = cluster.partition_states([topic])
-    victims = sorted(p for (_t, p), s in states.items() if s.leader == VICTIM)
+    led = [sum(1 for s in states.values() if s.leader == i) for i in range(STORES)]
+    victim = led.index(max(led))
+    survivors = [i for i in range(STORES) if i != victim]
+    victims = sorted(p for (_t, p), s in states.items() if s.leader == victim)
     with Producer(bootstrap=cluster.bootstrap_servers, linger_ms=0) as producer:
         # Warm: a producer id, metadata and connections to every leader.
         for warm in [producer.send(topic, value=b"w", partition=p) for p in range(partitions)]:
             warm.result(timeout=60)
         killed = time.monotonic()
-        cluster.kill(STORE, VICTIM)
+        cluster.kill(STORE, victim)
         futures: list[Future[RecordMetadata]] = [
             producer.send(topic, value=b"f", partition=p) for p in victims]
         led_s = None
@@ -200,10 +202,11 @@ def failover(cluster: LocalCluster, topic: str, partitions: int) -> dict[str, fl
             f.result(timeout=FAILOVER_TIMEOUT_S)
         acked_s = time.monotonic() - killed
     started = time.monotonic()
-    cluster.restart(STORE, VICTIM)
+    cluster.restart(STORE, victim)
     serving_s = time.monotonic() - started
     cluster.wait_in_sync([topic], timeout_s=IN_SYNC_TIMEOUT_S)
-    return {"failover_led_s": led_s, "failover_acked_s": acked_s,
+    return {"failover_partitions": float(len(victims)),
+            "failover_led_s": led_s, "failover_acked_s": acked_s,
             "restart_serving_s": serving_s, "restart_in_sync_s": time.monotonic() - started}
 
 
@@ -244,12 +247,30 @@ def register_ids(address: str, count: int) -> None:
         stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
 
         def init(i: int) -> None:
-            stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(
-                transactional_id=f"scale-known-{i}", transaction_timeout_ms=60_000),
-                timeout=60)
+            init_producer_id(stub, f"scale-known-{i}")
 
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(init, range(count)))
+
+
+def init_producer_id(stub: coordinator_pb2_grpc.TransactionCoordinatorStub,
+                     transactional_id: str) -> None:
+    """InitProducerId, tried again while the coordinator answers that it is
+    loading or not available yet (retriable)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            reply = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(
+                transactional_id=transactional_id, transaction_timeout_ms=60_000), timeout=60)
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+        else:
+            if not reply.error.code:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"InitProducerId {transactional_id}: {reply.error}")
+        time.sleep(POLL_S / 5)
 
 
 def reload_time(cluster: LocalCluster) -> dict[str, float]:
@@ -259,13 +280,8 @@ def reload_time(cluster: LocalCluster) -> dict[str, float]:
     serving_s = time.monotonic() - started
     address = cluster.address(COORDINATOR, 0)
     with grpc.insecure_channel(address) as channel:
-        stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
-        while True:
-            reply = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(
-                transactional_id="scale-known-0", transaction_timeout_ms=60_000), timeout=60)
-            if not reply.error.code:
-                break
-            time.sleep(POLL_S / 5)
+        init_producer_id(coordinator_pb2_grpc.TransactionCoordinatorStub(channel),
+                         "scale-known-0")
     return {"reload_serving_s": serving_s, "reload_answering_s": time.monotonic() - started}
 
 
