@@ -137,12 +137,13 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
 # ------------------------------------------------------------- partitions
 
 
-def _produce_keyed(bootstrap: str, topic: str, seconds: float, seed: int) -> int:
+def _produce_keyed(bootstrap: str, topic: str, seconds: float, seed: int,
+                   linger_ms: int = LINGER_MS) -> int:
     """One producer process: keyed 100 B records for `seconds`; how many
     were acknowledged."""
     value = b"v" * VALUE_BYTES
     sent = 0
-    with Producer(bootstrap=bootstrap, linger_ms=LINGER_MS,
+    with Producer(bootstrap=bootstrap, linger_ms=linger_ms,
                   batch_size=BATCH_SIZE_BYTES) as producer:
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
@@ -153,13 +154,13 @@ def _produce_keyed(bootstrap: str, topic: str, seconds: float, seed: int) -> int
     return sent
 
 
-def aggregate_rate(bootstrap: str, topic: str, seconds: float) -> float:
+def aggregate_rate(bootstrap: str, topic: str, seconds: float, linger_ms: int) -> float:
     """PRODUCERS processes at once; acknowledged records/s over the longest."""
     context = multiprocessing.get_context("spawn")
     started = time.perf_counter()
     with context.Pool(PRODUCERS) as pool:
-        counts = pool.starmap(_produce_keyed,
-                              [(bootstrap, topic, seconds, i) for i in range(PRODUCERS)])
+        counts = pool.starmap(
+            _produce_keyed, [(bootstrap, topic, seconds, i, linger_ms) for i in range(PRODUCERS)])
     return sum(counts) / (time.perf_counter() - started)
 
 
@@ -223,7 +224,7 @@ def run_partitions(partitions: int, args: argparse.Namespace) -> dict[str, float
         time.sleep(2)
         rss_after = [rss_bytes(p) for p in pids]
         cpu = idle_cpu_pct(pids, args.idle_seconds)
-        rate = aggregate_rate(cluster.bootstrap_servers, topic, args.seconds)
+        rate = aggregate_rate(cluster.bootstrap_servers, topic, args.seconds, args.linger_ms)
         recovery = failover(cluster, topic, partitions)
     # Each store holds one replica of every partition (RF 3 on 3 stores).
     rss_per_replica = statistics.median(
@@ -574,6 +575,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, list[Point]]:
     parser.add_argument("--log-records", type=parse_sizes, default=[1_000_000, 10_000_000])
     parser.add_argument("--seconds", type=float, default=10.0, help="how long a rate runs")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--linger-ms", type=int, default=LINGER_MS,
+                        help="the producers' linger in the partitions case")
     parser.add_argument("--json", help="also write every run and the tables here")
     parser.add_argument("--svg-dir", help="write the plots (SVG) into this directory")
     args = parser.parse_args(argv)
