@@ -1,6 +1,7 @@
 """The `oncelog` command: a local cluster, topics, and producing/consuming lines.
 
     oncelog cluster up --data-dir ./data [--port 9092]  # prints the bootstrap address
+    oncelog cluster up --data-dir ./data --kafka        # and a Kafka bootstrap too
     export ONCELOG_BOOTSTRAP=127.0.0.1:PORT
     oncelog topics create payments --partitions 3 --config retention.ms=86400000
     oncelog topics list | describe payments | delete payments
@@ -58,6 +59,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
@@ -98,10 +100,13 @@ DEFAULT_KEY_SEPARATOR = "\t"
 DEFAULT_HEADERS_DELIMITER = "\t"
 DEFAULT_HEADERS_SEPARATOR = ","
 DEFAULT_HEADERS_KEY_SEPARATOR = ":"
-# In a cluster up data dir: the ports of its services (kept for the next
-# start) and the lock a running `cluster up` holds.
+# In a cluster up data dir: the ports of its services and whether it serves
+# Kafka's protocol (kept for the next start), and the lock a running
+# `cluster up` holds.
 PORTS_FILE = "cluster-ports.json"
 LOCK_FILE = "cluster.lock"
+# How often a running `cluster up` looks whether it was asked to stop.
+STOP_POLL_INTERVAL_S = 0.1
 # The progress line is redrawn at most this often.
 PROGRESS_INTERVAL_S = 0.2
 # A topics operation shows its elapsed time once it has taken this long.
@@ -280,9 +285,9 @@ def build_parser() -> CliParser:
     up = cluster_cmds.add_parser(
         "up", help="start a cluster on this machine in the foreground (Ctrl-C stops it)",
         description=(
-            "Starts a cluster in the foreground; Ctrl-C or SIGTERM stops it. The ports are "
-            f"kept in DATA_DIR/{PORTS_FILE} and used again by the next start of the same "
-            "data dir; one data dir serves one running cluster at a time."
+            "Starts a cluster in the foreground; Ctrl-C or SIGTERM stops it. The ports (and "
+            f"--kafka) are kept in DATA_DIR/{PORTS_FILE} and used again by the next start of "
+            "the same data dir; one data dir serves one running cluster at a time."
         ),
     )
     up.add_argument("--data-dir", required=True, help="where the services keep their data")
@@ -292,6 +297,11 @@ def build_parser() -> CliParser:
     up.add_argument("--partition-stores", type=int, default=1)
     up.add_argument("--coordinators", type=int, default=1)
     up.add_argument("--group-coordinators", type=int, default=1)
+    up.add_argument("--kafka", action=argparse.BooleanOptionalAction,
+                    help="also serve Kafka's wire protocol on every partition store, for "
+                         "Kafka's own clients (docs/kafka-protocol.md), and print their "
+                         "bootstrap.servers; default: as at the last start of this data dir, "
+                         "else off")
 
     topics = commands.add_parser("topics",
                                  help="create, list, describe, delete topics, add partitions")
@@ -800,7 +810,12 @@ def _working(label: str) -> Iterator[None]:
 def _stop_on_signals() -> Iterator[threading.Event]:
     """SIGINT/SIGTERM set an event instead of raising KeyboardInterrupt in the
     middle of SDK code (which could leave a client half-way through a call
-    and hang its close())."""
+    and hang its close()).
+
+    Look at it with is_set(), never wait() on it: the handler runs in the
+    main thread, and a signal that lands while the main thread is inside
+    wait() makes set() take the lock that wait() holds, which hangs the
+    process for good."""
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -844,33 +859,49 @@ def _data_dir_lock(data_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _load_ports(data_dir: Path, counts: Mapping[str, int]) -> ServicePorts:
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """What a data dir's last `cluster up` left for the next one."""
+
+    ports: ServicePorts
+    # Whether it served Kafka's protocol: a later start without --kafka or
+    # --no-kafka does the same, so Kafka clients keep finding a listener.
+    kafka: bool
+
+
+def _load_kept(data_dir: Path, counts: Mapping[str, int]) -> _Kept:
     """The ports the services of this data dir had at its last start (those
-    of services this start also runs); empty on a first start."""
+    of services this start also runs), and whether it served Kafka's
+    protocol; no ports and no Kafka on a first start."""
     path = data_dir / PORTS_FILE
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return {}
+        return _Kept(ports={}, kafka=False)
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror}") from exc
     ports: ServicePorts = {}
     try:
-        for entry in json.loads(text)["services"]:
+        doc = json.loads(text)
+        for entry in doc["services"]:
             kind, node_id = str(entry["kind"]), int(entry["node_id"])
             if node_id < counts.get(kind, 0):
                 ports[(kind, node_id)] = (int(entry["grpc_port"]), int(entry["metrics_port"]))
-    except (ValueError, KeyError, TypeError) as exc:
+        # Files written before --kafka existed have no "kafka": no listener.
+        kafka = doc.get("kafka", False)
+        if not isinstance(kafka, bool):
+            raise TypeError(f'"kafka" is {kafka!r}, not true or false')
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CliError(f"{path} is not a ports file ({type(exc).__name__}: {exc}); delete it "
                        "to start on new ports") from exc
-    return ports
+    return _Kept(ports=ports, kafka=kafka)
 
 
-def _save_ports(data_dir: Path, ports: ServicePorts) -> None:
+def _save_kept(data_dir: Path, kept: _Kept) -> None:
     path = data_dir / PORTS_FILE
-    doc = {"services": [
+    doc = {"kafka": kept.kafka, "services": [
         {"kind": kind, "node_id": node_id, "grpc_port": grpc_port, "metrics_port": metrics_port}
-        for (kind, node_id), (grpc_port, metrics_port) in sorted(ports.items())
+        for (kind, node_id), (grpc_port, metrics_port) in sorted(kept.ports.items())
     ]}
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(doc, indent=2) + "\n")
@@ -918,7 +949,9 @@ def _cluster_up(args: argparse.Namespace) -> int:
     counts = {"partition_store": args.partition_stores, "coordinator": args.coordinators,
               "group_coordinator": args.group_coordinators}
     with _data_dir_lock(data_dir), _stop_on_signals() as stop:
-        ports = _load_ports(data_dir, counts)
+        kept = _load_kept(data_dir, counts)
+        ports = kept.ports
+        kafka: bool = kept.kafka if args.kafka is None else args.kafka
         if args.port is not None:
             # --port wins; another service that had that port gets new ones.
             others = {service: pair for service, pair in ports.items()
@@ -940,7 +973,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             cluster = LocalCluster(
                 data_dir, partition_stores=args.partition_stores,
                 coordinators=args.coordinators, group_coordinators=args.group_coordinators,
-                ports=ports,
+                ports=ports, kafka_listener=kafka,
             )
         except PortTakenError as exc:
             raise _port_taken(exc.taken.port, exc.kind, exc.node_id, exc.taken.purpose,
@@ -948,17 +981,21 @@ def _cluster_up(args: argparse.Namespace) -> int:
         except (RuntimeError, TimeoutError) as exc:
             raise CliError(f"the cluster did not start: {exc}") from exc
         try:
-            _save_ports(data_dir, {
+            _save_kept(data_dir, _Kept(ports={
                 (proc.kind, proc.node_id): (int(proc.address.rsplit(":", 1)[1]),
                                             proc.metrics_port)
                 for procs in cluster.processes.values() for proc in procs
-            })
-            print(f"oncelog cluster up; bootstrap {cluster.bootstrap}", flush=True)
+            }, kafka=kafka))
+            # Kafka clients take every store's listener as bootstrap.servers.
+            beside = f"; kafka bootstrap {cluster.kafka_bootstrap}" if kafka else ""
+            print(f"oncelog cluster up; bootstrap {cluster.bootstrap}{beside}", flush=True)
             print(f"export {BOOTSTRAP_ENV}={cluster.bootstrap}", flush=True)
             for kind in sorted(cluster.missing_kinds):
                 print(f"note: this version has no {kind} service; left out", flush=True)
             print("Ctrl-C stops it.", flush=True)
-            stop.wait()
+            # A signal interrupts the sleep (_stop_on_signals says why not wait()).
+            while not stop.is_set():
+                time.sleep(STOP_POLL_INTERVAL_S)
         finally:
             print("stopping...", file=sys.stderr, flush=True)
             cluster.stop()

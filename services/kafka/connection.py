@@ -194,7 +194,15 @@ class Connection:
                 self._in_flight.release()
             if body is None:
                 continue
-            writer.write(encode_response(correlation_id, body))
+            try:
+                frame = encode_response(correlation_id, body)
+            except Exception:
+                metrics.REQUEST_ERRORS.labels(api.title, "internal").inc()
+                log.exception("the answer to the Kafka %s request of %s cannot be encoded; "
+                              "closing its connection", api.title, self.peer)
+                self._abort()
+                return
+            writer.write(frame)
             if self.session.failed_authentication is not None:
                 log.info("closing the Kafka connection of %s: %s", self.peer,
                          self.session.failed_authentication)

@@ -158,6 +158,7 @@ class _FieldInfo:
     name: str
     kafka_type: str | None
     required: bool
+    nullable: bool
 
 
 _field_infos: dict[type[Any], tuple[_FieldInfo, ...]] = {}
@@ -168,7 +169,8 @@ def _fields(cls: type[Any]) -> tuple[_FieldInfo, ...]:
     if infos is None:
         infos = _field_infos[cls] = tuple(
             _FieldInfo(f.name, f.metadata.get("kafka_type"),
-                       f.default is MISSING and f.default_factory is MISSING)
+                       f.default is MISSING and f.default_factory is MISSING,
+                       "None" in str(f.type))
             for f in fields(cls)
         )
     return infos
@@ -178,15 +180,18 @@ def kafka_error(code: int) -> KafkaErrorCode:
     return KAFKA_ERROR_CODES.get(code, KafkaErrorCode.unknown_server_error)
 
 
-def _coerce(kafka_type: str | None, value: Any) -> Any:
+def _coerce(info: _FieldInfo, value: Any) -> Any:
+    kafka_type = info.kafka_type
     if kafka_type == "error_code" and not isinstance(value, KafkaErrorCode):
         return kafka_error(int(value))
     if kafka_type in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
         return datetime.timedelta(milliseconds=value)
     if kafka_type == "datetime_i64" and isinstance(value, int):
-        # -1: none (the nullable fields' null, LogAppendTime not used).
-        return (None if value < 0
-                else datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC))
+        # -1 means "none": a nullable field's null; a field that cannot be
+        # null carries the instant that encodes as -1.
+        if value < 0 and info.nullable:
+            return None
+        return datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC)
     if kafka_type == "uuid" and isinstance(value, int):
         return uuid.UUID(int=value)
     return value
@@ -219,7 +224,7 @@ class Builder:
         kwargs = {}
         for info in _fields(cls):
             if info.name in values:
-                kwargs[info.name] = _coerce(info.kafka_type, values[info.name])
+                kwargs[info.name] = _coerce(info, values[info.name])
             elif info.required:
                 raise LookupError(f"{cls.__qualname__} (version {self.version}) needs "
                                   f"{info.name}")

@@ -23,6 +23,18 @@ Every change of leader, epoch or ISR is a metadata-store transaction guarded
 by the revision it was decided on (metadata_link.py), so a leader that was
 paused past its lease cannot shrink the ISR to itself and acknowledge alone:
 its write fails, it reads again and finds it leads no more.
+
+A store cut off from the metadata store alone (a network partition; the
+other stores and the clients still reach it) cannot read that it was
+deposed. Once the metadata store has been out of its reach for a lease TTL
+(its lease has ended, so the controller may have moved its partitions), it
+asks the other stores for their partition states and takes every state of
+a higher leader epoch than its own (`_learn_from_peers`): a state with a
+higher epoch is a later one in the metadata store, so this is what reading
+the metadata store later would give. It stops leading what it lost,
+answers Metadata with the new leaders (clients that ask it go to them) and
+follows. While the metadata store is out of every store's reach, no store
+knows a newer epoch and nothing changes: leaders keep serving.
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ from ..common.errors import ServiceError
 from ..common.metadata_store import LeaseNotFound
 from . import metrics
 from .core.leader_epochs import AskAgain, Truncate, divergence_step
-from .core.replicas import expand_isr, lagging_followers, shrink_isr
+from .core.replicas import PartitionState, expand_isr, lagging_followers, shrink_isr
 from .metadata_link import MetadataLink
 from .partition import PartitionRuntime
 from .replica_sessions import PartitionKey
@@ -50,6 +62,7 @@ from .runtime import (
     ReplicaFetchOutcome,
     StoreRuntime,
 )
+from .storage.port import CorruptionError
 
 log = logging.getLogger("oncelog.partition_store.replication")
 
@@ -62,6 +75,9 @@ FOLLOWER_BACKOFF_MS = 50
 START_METADATA_WAIT_MS = 60_000
 # "metadata store unreachable" is logged at most this often.
 UNREACHABLE_LOG_INTERVAL_S = 10.0
+# While the metadata store is out of reach past a lease TTL, the other
+# stores are asked for their partition states at most this often.
+PEER_STATES_INTERVAL_S = 1.0
 
 
 class LeaderLink(Protocol):
@@ -79,6 +95,10 @@ class LeaderLink(Protocol):
     async def offsets_for_leader_epoch(
         self, leader: int, queries: Sequence[tuple[str, int, int, int]],
     ) -> list[EpochEndOutcome]: ...
+
+    async def partition_states(self, node_id: int) -> Mapping[tuple[str, int], PartitionState]:
+        """Every partition state the store `node_id` holds (from its last
+        read of the metadata store)."""
 
     async def close(self) -> None: ...
 
@@ -111,6 +131,8 @@ class ReplicaManager:
         self._expand: dict[tuple[str, int, int], None] = {}
         self._task: asyncio.Task[None] | None = None
         self._keep_alive_task: asyncio.Task[None] | None = None
+        self._last_synced_s = 0.0
+        self._last_peer_states_s = 0.0
         self._last_unreachable_log_s = 0.0
         self._closing = False
         runtime.on_states_applied = self._reconcile
@@ -132,6 +154,7 @@ class ReplicaManager:
                              "rejoins each once it has caught up", self._node_id, fenced)
                 await self._link.ensure_internal_topics()
                 await self._runtime.refresh_catalog()
+                self._last_synced_s = self._now_s()
                 break
             except (ServiceError, LeaseNotFound) as exc:
                 if self._now_s() >= deadline_s:
@@ -162,6 +185,7 @@ class ReplicaManager:
         while not self._closing:
             try:
                 await self.sync_once()
+                self._last_synced_s = self._now_s()
             except ServiceError as exc:
                 now = self._now_s()
                 if now - self._last_unreachable_log_s >= UNREACHABLE_LOG_INTERVAL_S:
@@ -169,6 +193,10 @@ class ReplicaManager:
                     log.warning("store node %d cannot sync with the metadata store (leaders "
                                 "keep serving; no leader changes meanwhile): %s",
                                 self._node_id, exc.message)
+                if (now - self._last_synced_s >= self._link.lease_ttl_s
+                        and now - self._last_peer_states_s >= PEER_STATES_INTERVAL_S):
+                    self._last_peer_states_s = now
+                    await self._learn_from_peers()
             except Exception:
                 log.exception("replication sync failed")
             await asyncio.sleep(self._sync_interval_s)
@@ -228,6 +256,35 @@ class ReplicaManager:
     def _now_s(self) -> float:
         # The runtime's clock: the simulation drives it.
         return self._runtime.clock_ms() / 1000
+
+    async def _learn_from_peers(self) -> int:
+        """Takes the partition states of a higher leader epoch that other
+        stores hold (the module docstring says why); returns how many."""
+        view = self._link.view
+        peers = sorted(n for n in self._link.store_addresses() if n != self._node_id)
+        answers = await asyncio.gather(
+            *(self._leaders.partition_states(n) for n in peers), return_exceptions=True)
+        learned: list[str] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, ServiceError):
+                    log.warning("asking a store for its partition states failed: %r", answer)
+                continue
+            for key, theirs in sorted(answer.items()):
+                ours = view.states.get(key)
+                # Only partitions it knows and still holds: topics and moves
+                # wait for the metadata store.
+                if (ours is None or theirs.leader_epoch <= ours.leader_epoch
+                        or self._node_id not in theirs.replicas):
+                    continue
+                view.states[key] = theirs
+                learned.append(f"{key[0]}-{key[1]} (leader {theirs.leader} at epoch "
+                               f"{theirs.leader_epoch})")
+        if learned:
+            log.warning("store node %d cannot reach the metadata store; other stores know "
+                        "newer leaders for %s", self._node_id, ", ".join(learned))
+            self._runtime.apply_learned_states()
+        return len(learned)
 
     # ------------------------------------------------------------ followers
 
@@ -326,9 +383,14 @@ class ReplicaManager:
                 counter = metrics.ISR_SHRINKS
             else:
                 for topic, partition, replica in expand:
-                    # Still caught up now (the HW may have moved past it).
-                    if (topic, partition) == key and self._runtime.may_rejoin_isr(
-                            part, replica):
+                    # Still caught up now (the HW may have moved past it),
+                    # and alive: a store whose lease ended (cut off from
+                    # the metadata store, yet still fetching) stays out, as
+                    # the controller would drop it again at once (Kafka's
+                    # controller too keeps fenced brokers out of ISRs,
+                    # KIP-841).
+                    if ((topic, partition) == key and replica in view.live_stores
+                            and self._runtime.may_rejoin_isr(part, replica)):
                         after = expand_isr(part.state, replica)
                         counter = metrics.ISR_EXPANDS
                         if after is not None:
@@ -431,6 +493,16 @@ class LeaderFetcher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if not self._runtime.storage_writable:
+                # A fetch tells the leader this replica holds everything
+                # below its log end, which a failed write left ahead of the
+                # disk: no partition of this leader is truncated or fetched
+                # until storage is back (memory rebuilt from disk). The
+                # session goes too: the leader must learn every partition's
+                # log end afresh, from the rebuilt replicas.
+                self._forget_session()
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS * 10 / 1000)
+                continue
             try:
                 if self._to_truncate:
                     await self._truncate_all()
@@ -452,6 +524,11 @@ class LeaderFetcher:
                 log.debug("fetching from store %d: %s", self.leader, exc.message)
                 self._forget_session()
                 await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+            except CorruptionError as exc:
+                # Its own log, read to replay what the leader sent: damaged.
+                self._runtime.report_damage(exc)
+                self._forget_session()
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
             except Exception:
                 log.exception("fetching from store %d failed", self.leader)
                 self._forget_session()
@@ -471,6 +548,10 @@ class LeaderFetcher:
             except ServiceError as exc:
                 log.debug("%s: truncation step against store %d at epoch %d: %s",
                           part.topic_partition, self.leader, epoch, exc.message)
+                return False
+            except CorruptionError as exc:
+                # Its own log, read to truncate: damaged.
+                self._runtime.report_damage(exc)
                 return False
             return True
 

@@ -6,7 +6,8 @@ mode (no unknown field anywhere), for the default values and for variations
 that take every branch of the templates (1 and 3 stores, 3 coordinators,
 metrics on and off, persistence and group coordinators off, an external
 etcd, plain text, cert-manager with tokens and initial ACLs, a shared TLS
-Secret, every optional setting at once); and the objects have the
+Secret, the stores' Kafka listener, every optional setting at once); and
+the objects have the
 properties the chart promises: stateful stores with volume claims,
 replaceable coordinators, health probes on the gRPC port (Kubernetes' grpc
 probe in plain text, the TLS exec probe otherwise), non-root read-only
@@ -173,10 +174,13 @@ def test_every_container_is_probed_on_the_grpc_port(
     metrics_on = values.get("metrics", {}).get("enabled", True)
     tls = values.get("security", {}).get("tls", {}).get("enabled", True)
     tokens = values.get("security", {}).get("oauth", {}).get("enabled", False)
+    kafka = values.get("partitionStore", {}).get("kafka", {}).get("enabled", False)
     for sts, container in containers(rendered):
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        # The Kafka listener is the stores' alone.
+        store = sts["metadata"]["labels"][COMPONENT_LABEL] == "partition-store"
         assert set(ports) == {"grpc"} | ({"metrics"} if metrics_on else set()) | (
-            {"token"} if tokens else set())
+            {"token"} if tokens else set()) | ({"kafka"} if kafka and store else set())
         probes = [k for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in container]
         assert {"readinessProbe", "livenessProbe"} <= set(probes), sts["metadata"]["name"]
         for key in probes:

@@ -23,6 +23,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -57,6 +58,9 @@ CHART_MANAGED_FLAGS = {
     "group-coordinators", "transaction-state-partitions", "consumer-offsets-partitions",
     "metrics-port", "log-format", "log-level", "data-dir", "etcd-endpoints",
     "token-advertised",
+    # The stores' Kafka listener: partitionStore.kafka and ports.kafka
+    # (test_chart_kafka.py); each store advertises its entry of kafka-stores.
+    "kafka-listen", "kafka-stores", "kafka-advertised",
 } | SECURITY_FLAGS
 # Flags the chart deliberately does not offer: test-only switches.
 NOT_OFFERED = {"unsafe-skip-txn-verification"}
@@ -234,9 +238,11 @@ def test_group_coordinator_settings_reach_the_group_coordinator(
 
 
 def _service_flags(module: str) -> set[str]:
+    # Wide enough that argparse wraps no help line: it breaks lines after a
+    # hyphen, which would cut "--kafka-stores" into a made-up "--kafka-".
     result = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,
-        cwd=REPO,
+        cwd=REPO, env={**os.environ, "COLUMNS": "10000"},
     )
     assert result.returncode == 0, result.stderr
     flags = set(re.findall(r"--([a-z0-9][a-z0-9-]*)", result.stdout))

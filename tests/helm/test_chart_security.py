@@ -15,8 +15,9 @@ the initial ACLs become a post-install/post-upgrade Job whose commands are
 values (the chart accepts an operation for a resource type exactly when the
 authorizer does); inconsistent settings fail the install naming them; plain
 text is possible and the release notes warn about it; the NetworkPolicies
-admit the release's pods and labelled clients to the gRPC port, the
-monitoring namespace to the metrics port, and no one else; and the exec
+admit the release's pods and labelled clients to the gRPC port (and the
+same sources to the stores' Kafka port, when it is on), the monitoring
+namespace to the metrics port, and no one else; and the exec
 probe, which replaces Kubernetes' plain-text grpc probe under TLS, really
 checks health over mutual TLS.
 
@@ -708,6 +709,40 @@ def test_network_policies_admit_the_release_labelled_clients_and_monitoring_only
         assert scrape == {"prometheus"}, component
         # No other port is open to anyone.
         assert not any(_reaches(policies, target, s, 8080) for s in sources.values())
+
+
+def test_the_kafka_port_admits_whom_the_grpc_port_admits() -> None:
+    """partitionStore.kafka: the stores' Kafka port is open to exactly the
+    sources their gRPC port is open to; the coordinators serve no Kafka
+    port, and theirs stays closed."""
+    values = {**VARIANTS["secured-with-everything"],
+              "partitionStore": {"kafka": {"enabled": True}}}
+    rendered = render(values)
+    policies = rendered.of_kind("NetworkPolicy")
+    pods = _pod_labels(rendered)
+    client = {"team": "payments", "oncelog.io/client": "true"}
+    sources = {
+        **{name: Source(NAMESPACE, labels) for name, labels in pods.items()},
+        "labelled client": Source(NAMESPACE, client),
+        "labelled client in a listed namespace": Source("apps", client),
+        "labelled client elsewhere": Source("web", client),
+        "stranger": Source(NAMESPACE, {"team": "payments"}),
+    }
+
+    def admitted(component: str, port: int) -> set[str]:
+        return {name for name, source in sources.items()
+                if _reaches(policies, pods[component], source, port)}
+
+    grpc_port, kafka_port = 7000, 9092
+    assert admitted("partition-store", kafka_port) == admitted("partition-store", grpc_port)
+    assert admitted("partition-store", kafka_port) == {
+        *pods, "labelled client", "labelled client in a listed namespace"}
+    for component in ("coordinator", "group-coordinator"):
+        assert admitted(component, kafka_port) == set(), component
+    # Off, the stores' Kafka port is closed like any other.
+    off = render(VARIANTS["secured-with-everything"])
+    assert not any(_reaches(off.of_kind("NetworkPolicy"), pods["partition-store"], source,
+                            kafka_port) for source in sources.values())
 
 
 def test_network_policy_settings() -> None:

@@ -3,7 +3,8 @@
 Goal: a wrong value (a negative replica count, an unknown key, a flag the
 service does not have, a probe Kubernetes would refuse, an even number of
 etcd members, an etcd endpoint with a scheme, a TLS cluster without client
-certificates, an ACL operation Kafka does not have, ...) is refused by
+certificates, an ACL operation Kafka does not have, a Kafka listener
+anywhere but on the stores, ...) is refused by
 `helm lint` and `helm template` with a message that names the key, before
 anything reaches a cluster; the defaults pass; and every key of values.yaml
 carries a comment (the coordinators' blocks share the partition store's
@@ -125,6 +126,17 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
                                         "/networkPolicy/clientNamespaces"),
     "client labels with a number": ({"networkPolicy": {"clientLabels": {"tier": 1}}},
                                     "/networkPolicy/clientLabels/tier"),
+    "kafka port out of range": ({"ports": {"kafka": 0}}, "/ports/kafka"),
+    "kafka listener as text": ({"partitionStore": {"kafka": {"enabled": "yes"}}},
+                               "/partitionStore/kafka/enabled"),
+    # Clients are told each store's DNS name; an address of another kind is
+    # not a setting of the chart.
+    "unknown kafka key": ({"partitionStore": {"kafka": {"advertisedHost": "kafka.example.com"}}},
+                          "advertisedHost"),
+    # The chart sets the listener from partitionStore.kafka and ports.kafka.
+    "kafka listener as a flag": ({"partitionStore": {"config": {"kafka-listen": "0.0.0.0:9092"}}},
+                                 "kafka-listen"),
+    "kafka listener of a coordinator": ({"coordinator": {"kafka": {"enabled": True}}}, "kafka"),
 }
 
 

@@ -1,6 +1,7 @@
 """The values the chart is checked with: the defaults and variations that
 take every branch of the templates at least once (security included: plain
-text, cert-manager, bearer tokens, initial ACLs, a shared Secret)."""
+text, cert-manager, bearer tokens, initial ACLs, a shared Secret; the
+stores' Kafka listener)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
                      "authorizer": "none"},
     },
     "one-store": {"partitionStore": {"replicas": 1}},
+    # The stores' Kafka listener, secured as the gRPC port is (TLS).
+    "kafka-listener": {"partitionStore": {"kafka": {"enabled": True}}},
+    # ... and in plain text, on a port of its own choosing.
+    "kafka-plain-text": {"security": {"tls": {"enabled": False}, "authorizer": "none"},
+                         "ports": {"kafka": 19092},
+                         "partitionStore": {"kafka": {"enabled": True}}},
     "three-of-each": {
         "partitionStore": {"replicas": 3},
         "coordinator": {"replicas": 3},
@@ -145,6 +152,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "podAnnotations": {"example.com/owner": "data"},
             "podLabels": {"tier": "storage"},
             "pdb": {"maxUnavailable": "34%"},
+            "kafka": {"enabled": True},
             "persistence": {
                 "storageClass": "fast-ssd",
                 "annotations": {"example.com/backup": "daily"},

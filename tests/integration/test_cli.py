@@ -3,8 +3,11 @@
 Goal: `oncelog cluster up` starts a cluster in the foreground and prints its
 bootstrap address, keeps its ports across restarts of a data dir, takes
 --port, and refuses a data dir in use or a kept port that is taken, in one
-line; topics can be created, listed, described, grown and deleted; lines go in
-with `produce` (optionally HEADERS<TAB>KEY<TAB>VALUE) and come back out with
+line; with --kafka it also prints a Kafka bootstrap at which a Kafka client
+(librdkafka) produces a record into the topic `topics describe` shows, and
+the next start of the data dir keeps serving Kafka until --no-kafka; topics can be
+created, listed, described, grown and deleted; lines go in with `produce`
+(optionally HEADERS<TAB>KEY<TAB>VALUE) and come back out with
 `consume` (the fields --print names; as a group member with --group; until
 --max-records or --idle-timeout-ms); transactions and consumer groups can be
 listed, described and acted on, `groups reset-offsets` changing nothing
@@ -15,14 +18,17 @@ the cluster. (`--output json` is covered by test_cli_output.py.)
 
 Method: the CLI runs as subprocesses (`python -m oncelog.cli`), against a
 cluster started by `oncelog cluster up` in another subprocess; the progress
-test gives the CLI a pseudo-terminal (pty) as its stderr.
+test gives the CLI a pseudo-terminal (pty) as its stderr; the Kafka client
+is confluent-kafka, given the address `cluster up` printed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +37,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import confluent_kafka as ck
 import pytest
 
 CLI = [sys.executable, "-m", "oncelog.cli"]
@@ -43,9 +50,11 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def cluster_up(data_dir: Path, *options: str) -> Iterator[str]:
+def cluster_up(data_dir: Path, *options: str,
+               printed: list[str] | None = None) -> Iterator[str]:
     """`oncelog cluster up` in a subprocess: its bootstrap address while it
-    runs; SIGTERM at the end must stop it with exit status 0."""
+    runs (and what it printed up to it, into `printed`); SIGTERM at the end
+    must stop it with exit status 0."""
     proc = subprocess.Popen(
         [*CLI, "cluster", "up", "--data-dir", str(data_dir), *options],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -63,6 +72,8 @@ def cluster_up(data_dir: Path, *options: str) -> Iterator[str]:
             if line.startswith("export ONCELOG_BOOTSTRAP="):
                 address = line.strip().split("=", 1)[1]
         assert address, f"cluster up printed no bootstrap address: {''.join(lines)}"
+        if printed is not None:
+            printed.extend(lines)
         yield address
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -481,3 +492,64 @@ def test_cluster_up_keeps_its_ports_and_its_data_dir(tmp_path: Path) -> None:
 
 def _lock_holder(data_dir: Path) -> str:
     return (data_dir / "cluster.lock").read_text().strip()
+
+
+def _kafka_bootstrap(printed: list[str]) -> str | None:
+    """The Kafka bootstrap that `cluster up` printed beside the gRPC one."""
+    match = re.fullmatch(r"oncelog cluster up; bootstrap (\S+)(?:; kafka bootstrap (\S+))?",
+                         printed[0].strip())
+    assert match, printed
+    return match.group(2)
+
+
+def _produce_with_librdkafka(kafka_bootstrap: str, topic: str, value: bytes) -> int:
+    """Produces one record with librdkafka; the offset the cluster gave it."""
+    producer = ck.Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True,
+                            "message.timeout.ms": 30_000})
+    reports: list[tuple[ck.KafkaError | None, int | None]] = []
+
+    def on_delivery(error: ck.KafkaError | None, message: ck.Message) -> None:
+        reports.append((error, message.offset()))
+
+    producer.produce(topic, value=value, on_delivery=on_delivery)
+    assert producer.flush(60) == 0
+    ((error, offset),) = reports
+    assert error is None and offset is not None, error
+    return offset
+
+
+def _high_watermark(bootstrap: str, topic: str) -> int:
+    """The topic's (one partition's) high watermark, as the CLI reads it over gRPC."""
+    described = json.loads(run(bootstrap, "topics", "describe", topic, "--output", "json").stdout)
+    ((partition),) = described["partitions"]
+    return int(partition["high_watermark"])
+
+
+def test_cluster_up_kafka_prints_a_kafka_bootstrap_and_keeps_serving_it(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "kafka"
+    printed: list[str] = []
+    with cluster_up(data_dir, "--kafka", printed=printed) as first:
+        kafka_bootstrap = _kafka_bootstrap(printed)
+        assert kafka_bootstrap and kafka_bootstrap != first
+        run(first, "topics", "create", "from-kafka")
+        # A Kafka client at the printed address writes into the cluster the
+        # gRPC address names.
+        assert _produce_with_librdkafka(kafka_bootstrap, "from-kafka", b"one") == 0
+        assert _high_watermark(first, "from-kafka") == 1
+
+    # The next start of the data dir, without the flag, serves Kafka again.
+    printed.clear()
+    with cluster_up(data_dir, printed=printed) as second:
+        assert second == first
+        kafka_bootstrap = _kafka_bootstrap(printed)
+        assert kafka_bootstrap
+        assert _produce_with_librdkafka(kafka_bootstrap, "from-kafka", b"two") == 1
+        assert _high_watermark(second, "from-kafka") == 2
+
+    # --no-kafka turns it off, for the starts after it too.
+    printed.clear()
+    with cluster_up(data_dir, "--no-kafka", printed=printed):
+        assert _kafka_bootstrap(printed) is None
+    assert json.loads((data_dir / "cluster-ports.json").read_text())["kafka"] is False

@@ -45,7 +45,11 @@ Record = tuple[int, int, bytes | None, bytes | None]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("kafka") / "cluster", kafka_listener=True) as c:
+    # A short initial rebalance delay: each group here is joined by its
+    # members at once, and the default (3 s, Kafka's) only slows the tests.
+    with LocalCluster(tmp_path_factory.mktemp("kafka") / "cluster", kafka_listener=True,
+                      extra_args={"group_coordinator": ["--initial-rebalance-delay-ms",
+                                                        "200"]}) as c:
         yield c
 
 
@@ -439,3 +443,50 @@ def test_an_aiokafka_transaction_commits_and_aborts(cluster: LocalCluster) -> No
     values = committed_values(cluster, topic, 2, 10)
     assert sorted(values) == sorted(b"%s-%d" % (o, i) for o in (b"commit", b"commit2")
                                     for i in range(5))
+
+
+def test_a_stale_generation_cannot_commit_transactional_offsets(cluster: LocalCluster) -> None:
+    """KIP-447: offsets sent in a transaction with the group metadata of a
+    generation that a rebalance has ended are refused, so a zombie that lost
+    its partitions cannot commit their offsets."""
+    topic, group = "kip447", "kip447-g"
+    create_topic(cluster, topic, 2)
+
+    def member() -> ck.Consumer:
+        consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group,
+                                "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer.subscribe([topic])
+        return consumer
+
+    def wait_assigned(consumer: ck.Consumer) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.2)
+
+    first = member()
+    second: ck.Consumer | None = None
+    producer = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap,
+                            "transactional.id": "kip447-tx"})
+    try:
+        wait_assigned(first)
+        stale = first.consumer_group_metadata()
+        # A second member joins: the group rebalances into a new generation.
+        second = member()
+        wait_assigned(second)
+        deadline = time.monotonic() + DEADLINE_S
+        while len(first.assignment()) != 1 and time.monotonic() < deadline:
+            first.poll(0.2)
+            second.poll(0.2)
+        producer.init_transactions(DEADLINE_S)
+        producer.begin_transaction()
+        with pytest.raises(ck.KafkaException) as refused:
+            producer.send_offsets_to_transaction([ck.TopicPartition(topic, 0, 1)], stale,
+                                                 DEADLINE_S)
+        assert refused.value.args[0].code() in (ck.KafkaError.ILLEGAL_GENERATION,
+                                                ck.KafkaError.UNKNOWN_MEMBER_ID,
+                                                ck.KafkaError.FENCED_INSTANCE_ID)
+        producer.abort_transaction(DEADLINE_S)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()

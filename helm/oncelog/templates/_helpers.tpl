@@ -36,7 +36,9 @@ the app.kubernetes.io/component label; module: what `python -m` runs; job:
 the Prometheus job label ("oncelog-" and the service: the alert rules select
 jobs containing "oncelog"; docs/metrics.md);
 stateful: whether the pods keep a data volume; etcdClient: whether the
-process is given the etcd endpoints (the stores are etcd's only clients).
+process is given the etcd endpoints (the stores are etcd's only clients);
+kafka: whether it can serve a Kafka listener (the stores only, when
+partitionStore.kafka.enabled).
 */}}
 {{- define "oncelog.components" -}}
 partitionStore:
@@ -46,6 +48,7 @@ partitionStore:
   job: oncelog-partition-store
   stateful: true
   etcdClient: true
+  kafka: true
 coordinator:
   key: coordinator
   name: coordinator
@@ -204,6 +207,50 @@ restarts nothing; the others name the new stores from their next restart on.
 {{- toYaml $env | sha256sum }}
 {{- end }}
 
+{{/*
+The checksum of one component's ConfigMap that rolls its pods when it
+changes: of everything but the stores' Kafka addresses, for the reason the
+cluster checksum leaves out ONCELOG_STORES (a new store registers its Kafka
+address in etcd too). Call with (dict "root" $ "key" ...).
+*/}}
+{{- define "oncelog.componentEnvChecksum" -}}
+{{- /* By line, so that without a Kafka listener the text hashed is unchanged. */}}
+{{- regexReplaceAll "(?m)^ONCELOG_KAFKA_STORES: .*$" (include "oncelog.componentEnv" .) "" | sha256sum }}
+{{- end }}
+
+{{/*
+Whether a component's pods serve a Kafka listener: (dict "root" $ "key" ...).
+"true" or empty.
+*/}}
+{{- define "oncelog.kafkaListener" -}}
+{{- $c := include "oncelog.component" . | fromYaml }}
+{{- if $c.kafka }}{{ ternary "true" "" (get .root.Values .key).kafka.enabled }}{{ end }}
+{{- end }}
+
+{{/* Kafka clients' bootstrap.servers: the bootstrap Service's kafka port. */}}
+{{- define "oncelog.kafkaBootstrapAddress" -}}
+{{- printf "%s.%s.svc.%s:%d" (include "oncelog.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.ports.kafka) }}
+{{- end }}
+
+{{/*
+A Kafka listener on a port another listener of the store uses would keep
+the store from starting (it exits when a port is taken): refused here,
+naming both. Rendered by configmap.yaml.
+*/}}
+{{- define "oncelog.kafkaChecks" -}}
+{{- if include "oncelog.kafkaListener" (dict "root" . "key" "partitionStore") }}
+{{- $kafka := int .Values.ports.kafka }}
+{{- $others := dict "ports.grpc" .Values.ports.grpc }}
+{{- if .Values.metrics.enabled }}{{ $_ := set $others "ports.metrics" .Values.ports.metrics }}{{ end }}
+{{- if .Values.security.oauth.enabled }}{{ $_ := set $others "ports.token" .Values.ports.token }}{{ end }}
+{{- range $name, $port := $others }}
+{{- if eq (int $port) $kafka }}
+{{- fail (printf "ports.kafka (%d) must differ from %s: the stores serve both (partitionStore.kafka.enabled)" $kafka $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* One component's ConfigMap data: (dict "root" $ "key" ...). */}}
 {{- define "oncelog.componentEnv" -}}
 {{- $values := get .root.Values .key }}
@@ -213,6 +260,16 @@ ONCELOG_DATA_DIR: {{ $values.persistence.mountPath | quote }}
 {{- end }}
 {{- if $c.etcdClient }}{{/* --etcd-endpoints: replicated partitions */}}
 ONCELOG_ETCD_ENDPOINTS: {{ include "oncelog.etcdEndpoints" .root | quote }}
+{{- end }}
+{{- if include "oncelog.kafkaListener" . }}
+{{- /*
+The Kafka listener: bound like the gRPC port, and every store's address by
+node id, which Metadata names as brokers (each store advertises its own
+entry, its DNS name).
+*/}}
+{{- $port := int .root.Values.ports.kafka }}
+ONCELOG_KAFKA_LISTEN: {{ printf "%s:%d" (include "oncelog.hostForPort" .root.Values.listenHost) $port | quote }}
+ONCELOG_KAFKA_STORES: {{ include "oncelog.addresses" (dict "root" .root "key" .key "port" $port) | quote }}
 {{- end }}
 {{- range $flag, $value := $values.config }}
 {{ include "oncelog.envName" $flag }}: {{ include "oncelog.envValue" $value | quote }}

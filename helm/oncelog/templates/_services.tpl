@@ -36,6 +36,13 @@ spec:
       protocol: TCP
       appProtocol: grpc
     {{- end }}
+    {{- if include "oncelog.kafkaListener" . }}
+    {{- /* No appProtocol: Kafka's protocol has no standard name for it. */}}
+    - name: kafka
+      port: {{ $root.Values.ports.kafka }}
+      targetPort: kafka
+      protocol: TCP
+    {{- end }}
     {{- if $root.Values.metrics.enabled }}
     - name: metrics
       port: {{ $root.Values.ports.metrics }}

@@ -48,7 +48,7 @@ spec:
       annotations:
         {{- /* A changed layout or setting rolls the pods that read it. */}}
         checksum/cluster-config: {{ include "oncelog.clusterEnvChecksum" $root }}
-        checksum/component-config: {{ include "oncelog.componentEnv" . | sha256sum }}
+        checksum/component-config: {{ include "oncelog.componentEnvChecksum" . }}
         {{- if $security.oauth.enabled }}
         {{- /* The issuers are read at start-up. */}}
         checksum/oauth-issuers: {{ include "oncelog.oauthIssuersJson" $root | sha256sum }}
@@ -142,6 +142,11 @@ spec:
             {{- if $security.oauth.enabled }}
             - name: token
               containerPort: {{ $root.Values.ports.token }}
+              protocol: TCP
+            {{- end }}
+            {{- if include "oncelog.kafkaListener" . }}
+            - name: kafka
+              containerPort: {{ $root.Values.ports.kafka }}
               protocol: TCP
             {{- end }}
             {{- if $root.Values.metrics.enabled }}

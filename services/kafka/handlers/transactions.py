@@ -38,6 +38,8 @@ def _code(error: Any) -> ErrorCode | None:
 # Kafka's clients speak transaction version 1 (docs/coordinator.md,
 # "Transaction versions"): their EndTxn keeps the producer epoch.
 TRANSACTION_VERSION_1 = 1
+# InitProducerId v3 carries the caller's producer id and epoch (KIP-360).
+KIP_360_SINCE = 3
 
 
 async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
@@ -46,9 +48,12 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
     timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
     proto = cpb.InitProducerIdRequest(
         transactional_id=transactional_id, transaction_timeout_ms=timeout_ms,
-        producer_id=int(getattr(request, "producer_id", -1)),
-        producer_epoch=int(getattr(request, "producer_epoch", -1)),
         transaction_version=TRANSACTION_VERSION_1)
+    if ctx.version >= KIP_360_SINCE:
+        # The producer's current ids: it recovers from an abortable error by
+        # bumping its own epoch (KIP-360); -1/-1 is a fresh start.
+        proto.producer_id = int(request.producer_id)
+        proto.producer_epoch = int(request.producer_epoch)
     try:
         ctx.authorize(_TC + "InitProducerId", proto)
         # An idempotent producer's id may come from any coordinator: each

@@ -87,7 +87,8 @@ def test_replicated_replay_does_not_depend_on_the_string_hash_seed() -> None:
 # CI seeds where the checker catches it, and what the failure must say. The
 # seeds move whenever a run draws differently from its generator; find them
 # again with `.venv/bin/python -m tests.sim.real --seeds 1..12 --replicated
-# --bug NAME`.
+# --bug NAME` (they moved when the stores began asking the coordinators
+# about transactions open past their timeout).
 TEETH: dict[str, tuple[list[int], tuple[str, ...]]] = {
     # The leader acknowledges what only it has: a new leader lacks what a
     # follower already counts as committed.
