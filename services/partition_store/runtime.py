@@ -713,6 +713,20 @@ class StoreRuntime:
             if replica not in part.state.isr:
                 self._sessions.check_rejoin(replica, key)
 
+    def recheck_rejoin_of(self, replica_id: int) -> None:
+        """As leader: store `replica_id` has just been seen alive (its
+        lease is back in the metadata store). Each partition it is out of
+        the ISR of is checked for rejoining at its next request: a request
+        that came while its lease had ended was refused for that (a fenced
+        store stays out of ISRs, KIP-841), and an idle follower, caught up,
+        lists the partition no more."""
+        if self.on_isr_expand is None:
+            return
+        for part in self._partitions.values():
+            if (not part.closed and part.is_leader and replica_id in part.state.replicas
+                    and replica_id not in part.state.isr):
+                self._sessions.check_rejoin(replica_id, (part.topic.name, part.partition))
+
     def _drop_replica(self, part: PartitionRuntime) -> None:
         """This store no longer holds the partition (its replicas moved):
         forgets it and deletes its data."""
