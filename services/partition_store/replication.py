@@ -133,8 +133,6 @@ class ReplicaManager:
         self._keep_alive_task: asyncio.Task[None] | None = None
         self._last_synced_s = 0.0
         self._last_peer_states_s = 0.0
-        # The stores with a lease in the view at the last round's end.
-        self._live_seen: set[int] = set()
         self._last_unreachable_log_s = 0.0
         self._closing = False
         runtime.on_states_applied = self._reconcile
@@ -220,19 +218,6 @@ class ReplicaManager:
             changed = await self._refresh_if_changed() or changed
         if changed:
             self._update_gauges()
-        self._note_returned_stores()
-
-    def _note_returned_stores(self) -> None:
-        """Stores whose lease is back since the last round (in whichever
-        read of the metadata store it showed): their requests to rejoin ISRs
-        were refused while it had ended (_maintain_isr), and an idle
-        follower does not ask again by itself, so each is checked at its
-        next request (runtime.recheck_rejoin_of)."""
-        live = set(self._link.view.live_stores)
-        for node_id in sorted(live - self._live_seen):
-            if node_id != self._node_id:
-                self._runtime.recheck_rejoin_of(node_id)
-        self._live_seen = live
 
     async def _refresh_if_changed(self) -> bool:
         """Reads and applies the metadata when its revision moved since the

@@ -699,9 +699,10 @@ class StoreRuntime:
             self._recheck_rejoin(part)
 
     def _recheck_rejoin(self, part: PartitionRuntime) -> None:
-        """As leader, on a new state: a follower outside the ISR whose
-        fetch session holds the partition is checked for rejoining at its
-        next request. It may have caught up while this replica still counted
+        """As leader, on a new state (or a metadata change that may have
+        left this state and come back, _apply_states): a follower outside
+        the ISR whose fetch session holds the partition is checked for
+        rejoining at its next request. It may have caught up while this replica still counted
         it in sync (a restarted store leaves the ISRs in the metadata store
         before its leaders learn it), and, idle, it lists the partition no
         more. Only a request proves the follower is still there: a dead
@@ -712,20 +713,6 @@ class StoreRuntime:
         for replica in part.state.replicas:
             if replica not in part.state.isr:
                 self._sessions.check_rejoin(replica, key)
-
-    def recheck_rejoin_of(self, replica_id: int) -> None:
-        """As leader: store `replica_id` has just been seen alive (its
-        lease is back in the metadata store). Each partition it is out of
-        the ISR of is checked for rejoining at its next request: a request
-        that came while its lease had ended was refused for that (a fenced
-        store stays out of ISRs, KIP-841), and an idle follower, caught up,
-        lists the partition no more."""
-        if self.on_isr_expand is None:
-            return
-        for part in self._partitions.values():
-            if (not part.closed and part.is_leader and replica_id in part.state.replicas
-                    and replica_id not in part.state.isr):
-                self._sessions.check_rejoin(replica_id, (part.topic.name, part.partition))
 
     def _drop_replica(self, part: PartitionRuntime) -> None:
         """This store no longer holds the partition (its replicas moved):
@@ -802,6 +789,15 @@ class StoreRuntime:
                 continue
             if part.state != state:
                 self._set_state(part, state, record, now_ms)
+            elif self.config.replicated:
+                # The metadata moved, not this partition's state as last
+                # applied, yet it may have left it and come back between
+                # two reads: an ISR grown by this leader and shrunk again by
+                # another writer (a restarted follower fencing itself), or a
+                # rejoin refused while the follower's lease had ended. The
+                # follower, caught up and idle, lists the partition no more
+                # and would never ask again: check it at its next request.
+                self._recheck_rejoin(part)
 
     def _drop_topic(self, record: TopicRecord, group: WriteGroup) -> None:
         """Forgets a topic here and queues the deletion of its data."""
