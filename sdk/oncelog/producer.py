@@ -63,6 +63,7 @@ from oncelog._batching import (
 )
 from oncelog._client import (
     ClusterClient,
+    ClusterMetadata,
     TopicInfo,
     backoff_ms,
     error_from_proto,
@@ -1395,6 +1396,9 @@ class _Sender:
         self._retry_backoff_max_ms = retry_backoff_max_ms
         self._transaction_timeout_ms = transaction_timeout_ms
         self._sequencers: dict[tuple[str, int], PartitionSequencer] = {}
+        # Where each partition's last attempt went: (store address, leader
+        # epoch) by the metadata of the time.
+        self._sent_to: dict[tuple[str, int], tuple[str, int | None]] = {}
         # Partitions with unacknowledged batches or a pending retry/reset.
         self._active: set[tuple[str, int]] = set()
         # (store address, batches, answer) of each request answered.
@@ -1776,6 +1780,7 @@ class _Sender:
         # so batches of one partition go out in order, one per request.
         by_address: dict[str, list[list[ProducerBatch]]] = {}
         finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
+        watch_leaders = False
         for key in list(self._active):
             seq = self._sequencers[key]
             held_until_ms = self._held_until_ms(key, now)
@@ -1783,6 +1788,18 @@ class _Sender:
                 # Its store throttles this producer: nothing goes there yet.
                 wake_at = held_until_ms if wake_at is None else min(wake_at, held_until_ms)
                 continue
+
+            if seq.waits_for_a_leader(now):
+                # Its backoff was for the leader its last attempt went to.
+                # Metadata is asked again while it waits (not only once
+                # after the failure, which may be a whole backoff before
+                # the election), and once it shows another leader the
+                # partition is retried there at once: a failover costs the
+                # election plus a metadata round, not one or two backoffs
+                # grown to their cap.
+                watch_leaders = True
+                if md is not None and self._leader_moved(key, md):
+                    seq.retry_now()
             batches = seq.batches_to_send(now)
             if not batches:
                 if seq.idle:
@@ -1802,6 +1819,7 @@ class _Sender:
                     self._on_batch_error(seq, batch, exc, now, finished, dispatched=False)
                 self._client.request_metadata_refresh()
                 continue
+            self._sent_to[key] = (address, md.leader_epoch(*key) if md is not None else None)
             slots = by_address.setdefault(address, [])
             for i, batch in enumerate(batches):
                 if len(slots) <= i:
@@ -1811,12 +1829,22 @@ class _Sender:
         for address, slots in by_address.items():
             for batches in slots:
                 self._dispatch(address, batches, now)
+        if watch_leaders:
+            # At most one a retry_backoff_ms (the client's limit); the
+            # sender looks again within MAX_SENDER_SLEEP_MS.
+            self._client.request_metadata_refresh()
         return wake_at
 
     def _held_until_ms(self, key: tuple[str, int], now: int) -> int | None:
         md = self._client.cached_metadata
         address = md.leader_address(*key) if md is not None else None
         return None if address is None else self.throttles.held_until_ms(address, now)
+
+    def _leader_moved(self, key: tuple[str, int], md: ClusterMetadata) -> bool:
+        """Whether the metadata names another leader (store or leader
+        epoch) for the partition than the one its last attempt went to."""
+        address = md.leader_address(*key)
+        return address is not None and (address, md.leader_epoch(*key)) != self._sent_to.get(key)
 
     def _dispatch(self, address: str, batches: list[ProducerBatch], now: int) -> None:
         """Sends batches (distinct partitions) to one store, in requests of at

@@ -413,22 +413,25 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         self, request: pb.ReplicaFetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReplicaFetchResponse:
         try:
-            if not request.partitions:
+            # A session's later requests may list nothing (nothing moved).
+            if not request.partitions and request.session_epoch <= 1:
                 raise _bad_request("ReplicaFetchRequest names no partition")
             if request.max_wait_ms < 0:
                 raise _bad_request(f"max_wait_ms is {request.max_wait_ms}; it must be >= 0")
             _check_unique(((p.topic, p.partition) for p in request.partitions),
                           "ReplicaFetchRequest")
-            outcomes = await self._runtime.replica_fetch(
+            session_id, outcomes = await self._runtime.replica_fetch_session(
                 request.replica_id,
                 [ReplicaFetchItem(p.topic, p.partition, p.fetch_offset, p.current_leader_epoch,
                                   max(p.max_bytes, 0))
                  for p in request.partitions],
+                session_id=request.session_id, session_epoch=request.session_epoch,
+                forgotten=[(f.topic, f.partition) for f in request.forgotten],
                 max_wait_ms=request.max_wait_ms,
             )
         except ServiceError as exc:
             await abort_with(context, exc)
-        return pb.ReplicaFetchResponse(results=[
+        return pb.ReplicaFetchResponse(session_id=session_id, results=[
             pb.ReplicaFetchResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
                 high_watermark=o.high_watermark, log_start_offset=o.log_start_offset,

@@ -1258,25 +1258,74 @@ class ReplicaFetchRequest(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_EPOCH_FIELD_NUMBER: _builtins.int
+    FORGOTTEN_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.int
     """The follower's store node id."""
     max_wait_ms: _builtins.int
+    session_id: _builtins.int
+    """Kafka's fetch sessions (KIP-227), one per follower store: 0 opens one
+    when session_epoch is 1 (replacing the follower's previous session) and
+    means "no session" when session_epoch is 0 (every partition answered,
+    nothing kept). Otherwise the id the opening answer gave, and
+    session_epoch one more than in the previous request of that session.
+    """
+    session_epoch: _builtins.int
     @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchPartition]: ...
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchPartition]:
+        """Without a session: every partition fetched. In a session opening
+        (session_epoch 1): every partition the follower follows on this leader.
+        Later in the session: only those whose fetch offset, leader epoch or
+        max_bytes changed, or that are new to the session; the others keep what
+        the leader last heard (docs/replication.md, "Fetch sessions").
+        """
+
+    @_builtins.property
+    def forgotten(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchForgotten]:
+        """Partitions the session stops fetching (the follower stopped following
+        them here).
+        """
+
     def __init__(
         self,
         *,
         replica_id: _builtins.int = ...,
         partitions: _abc.Iterable[Global___ReplicaFetchPartition] | None = ...,
         max_wait_ms: _builtins.int = ...,
+        session_id: _builtins.int = ...,
+        session_epoch: _builtins.int = ...,
+        forgotten: _abc.Iterable[Global___ReplicaFetchForgotten] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_wait_ms", b"max_wait_ms", "partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forgotten", b"forgotten", "max_wait_ms", b"max_wait_ms", "partitions", b"partitions", "replica_id", b"replica_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaFetchRequest: _TypeAlias = ReplicaFetchRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchForgotten(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchForgotten: _TypeAlias = ReplicaFetchForgotten  # noqa: Y015
 
 @_typing.final
 class ReplicaFetchResult(_message.Message):
@@ -1326,16 +1375,28 @@ class ReplicaFetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.int
+    """The session the answer belongs to; 0 in a session's request means the
+    leader does not know that session (it restarted, or a request was lost
+    or repeated): the follower opens a new one.
+    """
     @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchResult]: ...
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchResult]:
+        """Without a session, one result per partition asked for. In a session,
+        only partitions with news: batches, an error (the partition leaves the
+        session), or a high watermark the follower has not been sent.
+        """
+
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___ReplicaFetchResult] | None = ...,
+        session_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
