@@ -408,31 +408,37 @@ class ServiceServer:
         return port
 
     async def set_serving(self) -> None:
+        # The extra statuses first: whoever sees the process serving finds
+        # them already telling the truth.
+        shown: dict[str, int] = {}
+        await self._apply_health_checks(shown)
         for name in self._names:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         metrics.SERVING.set(1)
         if self._health_checks and self._health_watch is None:
             self._health_watch = asyncio.get_running_loop().create_task(
-                self._watch_health_checks(), name="health-checks")
+                self._watch_health_checks(shown), name="health-checks")
 
-    async def _watch_health_checks(self) -> None:
-        """Keeps each `health_checks` status equal to its condition (a
-        condition that raises counts as not holding, and is logged)."""
-        serving = health_pb2.HealthCheckResponse.SERVING
-        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-        shown: dict[str, int] = {}
+    async def _apply_health_checks(self, shown: dict[str, int]) -> None:
+        """Sets each `health_checks` status to its condition where it
+        changed (a condition that raises counts as not holding, and is
+        logged)."""
+        for name, check in self._health_checks.items():
+            try:
+                holds = check()
+            except Exception:
+                log.exception("%s: health check %r failed", self.service_name, name)
+                holds = False
+            status = (health_pb2.HealthCheckResponse.SERVING if holds
+                      else health_pb2.HealthCheckResponse.NOT_SERVING)
+            if shown.get(name) != status:
+                shown[name] = status
+                await self.health.set(name, status)
+
+    async def _watch_health_checks(self, shown: dict[str, int]) -> None:
         while not self._shutdown_started:
-            for name, check in self._health_checks.items():
-                try:
-                    holds = check()
-                except Exception:
-                    log.exception("%s: health check %r failed", self.service_name, name)
-                    holds = False
-                status = serving if holds else not_serving
-                if shown.get(name) != status:
-                    shown[name] = status
-                    await self.health.set(name, status)
             await asyncio.sleep(HEALTH_CHECK_INTERVAL_MS / 1000)
+            await self._apply_health_checks(shown)
 
     async def shutdown(self) -> None:
         """The graceful shutdown described in the class docstring (once)."""

@@ -1298,12 +1298,16 @@ class StoreRuntime:
             return {}
         timeout_s = (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
         shields = [asyncio.shield(f) for f in waits.values()]
-        for shield in shields:
-            # Read below from the futures themselves; a shield that fails
-            # (leadership moved while the append waited for its acks) must
-            # not be logged as an exception nobody retrieved.
-            shield.add_done_callback(_retrieve_exception)
         await asyncio.wait(shields, timeout=timeout_s)
+        for shield in shields:
+            # The outcomes are read below from the futures themselves; a
+            # shield that failed (leadership moved while the append waited
+            # for its acks) is read here so that asyncio does not log it as
+            # an exception nobody retrieved. Read in place rather than by a
+            # done callback, which would add a step to the event loop's
+            # schedule (and move every simulation seed).
+            if shield.done() and not shield.cancelled():
+                shield.exception()
         errors: dict[int, ServiceError] = {}
         for index, future in waits.items():
             if not future.done():
@@ -1927,11 +1931,6 @@ def _count_fetched(outcomes: Sequence[FetchOutcome]) -> None:
         if o.batches:
             metrics.FETCH_RECORDS.labels(o.topic).inc(o.record_count)
             metrics.FETCH_BYTES.labels(o.topic).inc(o.size_bytes)
-
-
-def _retrieve_exception(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _durable_callback(
