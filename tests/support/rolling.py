@@ -447,9 +447,11 @@ def check_kafka_writes(bootstrap: str, writer: KafkaWriter) -> int:
 
 @dataclass(frozen=True, slots=True)
 class StoreStop:
-    """One store's SIGTERM, measured from the moment it was sent."""
+    """One store's stop (SIGTERM, or kill -9 to compare), measured from the
+    moment the signal was sent."""
 
     node: int
+    how: str
     # Partitions it led that had another in-sync replica (what moves).
     movable: tuple[tuple[str, int], ...]
     # Until another store's gRPC Metadata, then its Kafka Metadata, named
@@ -561,7 +563,9 @@ class RollingRestart:
         self.stops: list[StoreStop] = []
         self.coordinator_restarts_s: dict[str, list[float]] = {}
 
-    def store(self, node: int) -> StoreStop:
+    def store(self, node: int, *, kill: bool = False) -> StoreStop:
+        """SIGTERM (kill: SIGKILL) of one store, its restart, and the wait
+        until it is in sync again."""
         cluster = self.cluster
         states = cluster.partition_states()
         movable = tuple(sorted(key for key, s in states.items()
@@ -590,10 +594,13 @@ class RollingRestart:
         started = time.monotonic()
         watcher = threading.Thread(target=watch_metadata, args=(started,), daemon=True)
         watcher.start()
-        code = cluster.terminate("partition_store", node)
+        if kill:
+            cluster.kill("partition_store", node)
+        else:
+            code = cluster.terminate("partition_store", node)
+            assert code == 0, f"store {node} exited with {code}\n" \
+                              f"{cluster.log_tail('partition_store', node)}"
         exited_s = time.monotonic() - started
-        assert code == 0, f"store {node} exited with {code}\n" \
-                          f"{cluster.log_tail('partition_store', node)}"
         watcher.join(DEADLINE_S)
         assert set(moved) == {"grpc", "kafka"}, f"leaders never moved off store {node}: {moved}"
         restarted = time.monotonic()
@@ -601,8 +608,8 @@ class RollingRestart:
         _wait(f"store {node} reports itself in sync", lambda: _in_sync_health(cluster, node))
         in_sync_s = time.monotonic() - restarted
         cluster.wait_in_sync(timeout_s=DEADLINE_S)
-        stop = StoreStop(node, movable, moved["grpc"], moved["kafka"], exited_s, in_sync_s,
-                         revision)
+        stop = StoreStop(node, "kill -9" if kill else "SIGTERM", movable, moved["grpc"],
+                         moved["kafka"], exited_s, in_sync_s, revision)
         self.stops.append(stop)
         return stop
 
@@ -620,7 +627,7 @@ class RollingRestart:
         self.coordinator("group_coordinator")
 
     def summary(self) -> str:
-        lines = [f"  store {s.node}: {len(s.movable)} leaderships moved in "
+        lines = [f"  store {s.node}, {s.how}: {len(s.movable)} leaderships moved in "
                  f"{s.moved_grpc_s:.2f} s (gRPC metadata) / {s.moved_kafka_s:.2f} s (Kafka "
                  f"metadata), exited after {s.exited_s:.2f} s, back in sync "
                  f"{s.in_sync_s:.2f} s after its restart" for s in self.stops]
