@@ -25,6 +25,8 @@ _topic_counter = itertools.count()
 
 SERIAL_FILES = frozenset({
     "tests/integration/test_copier.py",
+    "tests/integration/test_disk_faults.py",
+    "tests/integration/test_network_partitions.py",
     "tests/integration/test_replication.py",
     "tests/integration/test_replication_etcd_faults.py",
     "tests/integration/test_etcd_cluster.py",

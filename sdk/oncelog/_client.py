@@ -173,6 +173,10 @@ REFUSED = "connection refused"
 SILENT = "no answer"
 UNRESOLVED = "host name not found"
 CONNECTION_FAILED = "connection failed"
+# A client that never reached its cluster gives up this many rounds of
+# refused connections on every address (quick retries with backoff, for a
+# service still starting: about half a second), not its whole budget.
+REFUSED_ROUNDS_BEFORE_FAILING = 4
 # An address whose probe found nothing wrong is probed again no sooner than
 # this (a service restarting closes connections too).
 PROBE_INTERVAL_S = 5.0
@@ -650,13 +654,29 @@ class ClusterClient:
         self, deadline_s: float | None, budget_ms: int, started_s: float
     ) -> ClusterMetadata:
         attempt = 0
+        refused_rounds = 0
         while True:
             attempt += 1
+            attempt_started_s = time.monotonic()
             try:
                 md = self._fetch_metadata_once(deadline_s)
             except OncelogError as exc:
                 if deadline_s is None or self._closed or is_security_error(exc):
                     raise
+                if self._metadata is None and self._all_refused(attempt_started_s):
+                    # Never reached the cluster, and every address refuses
+                    # the connection outright: nothing listens there (a
+                    # wrong address, or the cluster is not running). Said
+                    # at once, after a few quick tries for a service that is
+                    # still starting, instead of after the whole budget.
+                    refused_rounds += 1
+                    if refused_rounds >= REFUSED_ROUNDS_BEFORE_FAILING:
+                        tried_ms = round((time.monotonic() - started_s) * 1000)
+                        # Not `from exc`: gave_up makes exc the cause.
+                        raise self.gave_up(  # noqa: B904
+                            self._metadata_what(), tried_ms, started_s, exc, name_what=False)
+                else:
+                    refused_rounds = 0
                 pause_s = backoff_ms(
                     attempt, base_ms=self.retry_backoff_ms, max_ms=self.retry_backoff_max_ms
                 ) / 1000
@@ -673,6 +693,15 @@ class ClusterClient:
             self._metadata_version += 1
             self._stale = False
             return md
+
+    def _all_refused(self, since_s: float) -> bool:
+        """Whether every address asked since `since_s` refused the
+        connection or does not resolve (nothing listens there)."""
+        unanswered = self.unanswered_since(since_s)
+        addresses = self._metadata_addresses()
+        return bool(addresses) and all(
+            address in unanswered and unanswered[address].reason in (REFUSED, UNRESOLVED)
+            for address in addresses)
 
     def _metadata_addresses(self) -> list[str]:
         md = self._metadata

@@ -23,6 +23,13 @@ strict reconfiguration check (wipe below).
 Members die with the process that started them (oncelog._child arms
 PR_SET_PDEATHSIG), and every signal goes to a member's own pid.
 
+`hosts` puts each member on an address of its own instead of 127.0.0.1
+(LocalCluster(network="namespaces"): each member in a network namespace,
+`child_args(i)` being oncelog._child's arguments that enter it), all on the
+same fixed ports (NAMESPACED_CLIENT_PORT, NAMESPACED_PEER_PORT); `reach`
+maps a member's "host:port" to one this process can connect to (the
+harness's relay) for the health probes and the member API.
+
 `wipe(i)` deletes a stopped member's data. In a one-member cluster the next
 start bootstraps an empty etcd. In a cluster of three the member is first
 removed from the cluster and added again through etcd's member API (that
@@ -42,7 +49,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -73,6 +80,9 @@ START_PORT_RETRIES = 5
 # How long one health probe or one member-API call may take.
 PROBE_TIMEOUT_S = 1.0
 LAYOUT_FILE = "etcd-cluster.json"
+# A member alone on its address (`hosts`) takes etcd's usual ports.
+NAMESPACED_CLIENT_PORT = 2379
+NAMESPACED_PEER_PORT = 2380
 MISSING_BINARY = ("the etcd binary was not found on PATH: install Debian's etcd-server "
                   "(apt-get install etcd-server), or run scripts/setup.sh")
 # etcd's message when it cannot listen.
@@ -94,6 +104,7 @@ class EtcdMember(ChildProcess):
     peer_port: int
     data_dir: Path
     log_path: Path
+    host: str = "127.0.0.1"
 
     @property
     def name(self) -> str:
@@ -101,15 +112,15 @@ class EtcdMember(ChildProcess):
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"http://{self.host}:{self.peer_port}"
 
 
 class EtcdCluster:
@@ -127,6 +138,9 @@ class EtcdCluster:
         election_timeout_ms: int = ELECTION_TIMEOUT_MS,
         quota_backend_bytes: int = QUOTA_BACKEND_BYTES,
         etcd_binary: str = "etcd",
+        hosts: Sequence[str] | None = None,
+        child_args: Callable[[int], list[str]] | None = None,
+        reach: Callable[[str], str] | None = None,
     ) -> None:
         if members not in MEMBER_COUNTS:
             raise ValueError(f"members={members}; an etcd cluster here has "
@@ -146,18 +160,26 @@ class EtcdCluster:
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._election_timeout_ms = election_timeout_ms
         self._quota_backend_bytes = quota_backend_bytes
+        if hosts is not None and len(hosts) != members:
+            raise ValueError(f"{len(hosts)} hosts for {members} members")
+        self._child_args = child_args or (lambda index: [])
+        self._reach = reach or (lambda address: address)
         self._layout_path = self.data_dir / LAYOUT_FILE
         layout = self._load_layout(members)
         if layout is not None:
             self._token = str(layout["token"])
             ports = [(int(m["client_port"]), int(m["peer_port"])) for m in layout["members"]]
+        elif hosts is not None:
+            self._token = f"oncelog-{uuid.uuid4().hex[:12]}"
+            ports = [(NAMESPACED_CLIENT_PORT, NAMESPACED_PEER_PORT)] * members
         else:
             self._token = f"oncelog-{uuid.uuid4().hex[:12]}"
             ports = [(self._pick_port(), self._pick_port()) for _ in range(members)]
         self.members = [
             EtcdMember(index=i, client_port=client, peer_port=peer,
                        data_dir=self.data_dir / f"etcd-{i}",
-                       log_path=self.log_dir / f"etcd-{i}.log")
+                       log_path=self.log_dir / f"etcd-{i}.log",
+                       host="127.0.0.1" if hosts is None else hosts[i])
             for i, (client, peer) in enumerate(ports)
         ]
         # Members that should be running: wait_ready checks these.
@@ -243,7 +265,8 @@ class EtcdCluster:
             raise RuntimeError(f"etcd member {member.index} is already running "
                                f"(pid {member.pid})")
         member.log_offset = member.log_path.stat().st_size if member.log_path.exists() else 0
-        argv = [sys.executable, "-m", "oncelog._child", str(os.getpid()), *self._argv(member)]
+        argv = [sys.executable, "-m", "oncelog._child", str(os.getpid()),
+                *self._child_args(member.index), *self._argv(member)]
         # etcd reads ETCD_* variables as flags, and complains when both are given.
         env = {key: value for key, value in os.environ.items() if not key.startswith("ETCD_")}
 
@@ -305,7 +328,7 @@ class EtcdCluster:
         while True:
             for index in list(pending):
                 self._raise_if_exited(self.members[index])
-                if self._healthy(self.members[index]):
+                if self._healthy(self._reach(self.members[index].endpoint)):
                     pending.remove(index)
             if not pending:
                 return
@@ -318,11 +341,12 @@ class EtcdCluster:
             time.sleep(0.05)
 
     @staticmethod
-    def _healthy(member: EtcdMember) -> bool:
+    def _healthy(endpoint: str) -> bool:
+        """Whether the member at `endpoint` (host:port) says it is healthy."""
         # No proxy: the environment's HTTP proxy must not see loopback probes.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with opener.open(f"{member.client_url}/health", timeout=PROBE_TIMEOUT_S) as reply:
+            with opener.open(f"http://{endpoint}/health", timeout=PROBE_TIMEOUT_S) as reply:
                 return bool(json.loads(reply.read()).get("health") == "true")
         except (OSError, ValueError, urllib.error.URLError):
             return False
@@ -396,7 +420,7 @@ class EtcdCluster:
         others = [m for m in self.members if m is not member and m.alive()]
         failures: list[str] = []
         for other in others:
-            with grpc.insecure_channel(other.endpoint) as channel:
+            with grpc.insecure_channel(self._reach(other.endpoint)) as channel:
                 cluster = etcd_rpc.ClusterStub(channel)
                 try:
                     listed = cluster.MemberList(etcd_rpc.MemberListRequest(),

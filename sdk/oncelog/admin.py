@@ -52,6 +52,7 @@ from oncelog._group import (
     check_offsets,
     partition_names,
 )
+from oncelog._keywords import kafka_names
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog.types import (
     AclBinding,
@@ -117,6 +118,7 @@ def _ms(timeout_s: float) -> int:
     return max(int(timeout_s * 1000), 1)
 
 
+@kafka_names
 class Admin:
     """Creates, grows, deletes, lists and describes topics; lists, describes and
     aborts transactions; finds and aborts hanging transactions; lists,

@@ -68,6 +68,7 @@ from oncelog._group import (
     partition_names,
     unstable_offset_backoff_ms,
 )
+from oncelog._keywords import kafka_names
 from oncelog._membership import GroupMembership, MemberState, Plan
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog.errors import DeserializationError
@@ -141,6 +142,7 @@ class _InFlightFetch:
     offsets: dict[TopicPartition, int]
 
 
+@kafka_names
 class Consumer:
     """Reads records from assigned partitions, or from the partitions a
     consumer group assigns (subscribe)."""

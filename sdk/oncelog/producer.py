@@ -81,6 +81,7 @@ from oncelog._coordinators import (
     CoordinatorLocator,
     call_coordinator,
 )
+from oncelog._keywords import kafka_names
 from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._request_streams import Outcome, RequestStreams, StreamCaller
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
@@ -181,6 +182,7 @@ def _answered(resp: _AnswerT) -> _AnswerT:
     return resp
 
 
+@kafka_names
 class Producer:
     """Sends records to topics; idempotent by default, transactional with a
     `transactional_id`.

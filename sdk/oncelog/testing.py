@@ -47,6 +47,13 @@ only a bearer token: `token_bootstrap` is the first store's.
 `ca_file` the CA. The cluster's own health checks and
 Metadata polls connect as `User:admin`. `extra_args` come after these flags
 (and win); etcd's traffic stays plain text.
+
+With `network="namespaces"` every process runs in a network namespace of its
+own, on an address of a private subnet that exists only inside the
+cluster's namespaces (oncelog._netns, docs/testing.md "Network
+partitions"), and `isolate`, `cut` and `heal` drop packets between them.
+Clients run in `client_namespace`: `client_call(fn, ...)` runs a Python
+callable there, `client_popen(argv)` a command. Needs root and `ip`.
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ from oncelog.wire.process import (
 
 if TYPE_CHECKING:
     from oncelog._etcd import EtcdCluster
+    from oncelog._netns import NamespaceNetwork
 
 KINDS = ("partition_store", "coordinator", "group_coordinator")
 # The installed name of the services (services/ in the source tree): each
@@ -112,6 +120,12 @@ STOP_TIMEOUT_S = 15.0
 # How many times one start() picks a fresh port after a process found the
 # port it was given taken by another process; then start() fails.
 START_PORT_RETRIES = 5
+# network="namespaces": every process has an address of its own, so all
+# take the same ports (nothing else listens in their namespaces).
+NETWORKS = ("namespaces",)
+NAMESPACED_PORTS = {GRPC: 7000, METRICS: 7001, TOKEN_GRPC: 7002, KAFKA: 9092}
+# The kind name of the clients' namespace in cut() (not a service).
+CLIENT = "client"
 
 # A secured cluster (security=True): what its services are started with.
 SECURITY_DIR = "security"
@@ -525,14 +539,16 @@ class ServiceProcess(ChildProcess):
     token_port: int = 0
     # A store's Kafka listener's port (LocalCluster(kafka_listener=True); 0: none).
     kafka_port: int = 0
+    # Where its listeners listen (its own address with network="namespaces").
+    host: str = "127.0.0.1"
 
     @property
     def token_address(self) -> str:
-        return f"127.0.0.1:{self.token_port}"
+        return f"{self.host}:{self.token_port}"
 
     @property
     def kafka_address(self) -> str:
-        return f"127.0.0.1:{self.kafka_port}"
+        return f"{self.host}:{self.kafka_port}"
 
 
 class LocalCluster:
@@ -560,11 +576,19 @@ class LocalCluster:
         ports: Mapping[tuple[str, int], tuple[int, int]] | None = None,
         security: bool = False,
         kafka_listener: bool = False,
+        network: str | None = None,
     ) -> None:
         if partition_stores < 1:
             raise ValueError("a cluster needs at least one partition store")
         if etcd_members not in (0, 1, 3):
             raise ValueError(f"etcd_members={etcd_members}; expected 0 (no etcd), 1 or 3")
+        if network is not None and network not in NETWORKS:
+            raise ValueError(f"network={network!r}; expected None (loopback) or "
+                             f"{' or '.join(map(repr, NETWORKS))}")
+        if network is not None and (security or ports):
+            # The certificates name 127.0.0.1; each namespace has its ports.
+            raise ValueError("network='namespaces' does not combine with security=True "
+                             "or fixed ports")
         # Deleted by stop(): the cluster's data outlives nothing.
         self._temporary_dir: Path | None = None
         if data_dir is None:
@@ -588,12 +612,22 @@ class LocalCluster:
         })
         # No picked port may equal a fixed one.
         self._ports_given.update(p for pair in self._fixed_ports.values() for p in pair)
+        self.network: NamespaceNetwork | None = None
+        if network is not None:
+            from oncelog._netns import NamespaceNetwork
+
+            self.network = NamespaceNetwork()
         self.etcd: EtcdCluster | None = None
         if etcd_members:
             from oncelog._etcd import EtcdCluster
 
-            self.etcd = EtcdCluster(self.data_dir, etcd_members, log_dir=self.data_dir / "logs",
-                                    pick_port=self._pick_port)
+            net = self.network
+            self.etcd = EtcdCluster(
+                self.data_dir, etcd_members, log_dir=self.data_dir / "logs",
+                pick_port=self._pick_port,
+                hosts=None if net is None else [net.add(ETCD, i) for i in range(etcd_members)],
+                child_args=None if net is None else lambda i: net.child_args(ETCD, i),
+                reach=None if net is None else net.reach)
             # Ports kept from an earlier run of this data dir are not picked
             # by _pick_port: no service may get them.
             self._ports_given.update(self.etcd.ports)
@@ -615,25 +649,41 @@ class LocalCluster:
         self.processes: dict[str, list[ServiceProcess]] = {}
         for kind in KINDS:
             count = 0 if kind in self.missing_kinds else counts[kind]
-            self.processes[kind] = []
-            for i in range(count):
-                grpc_port, metrics_port = self._fixed_ports.get((kind, i)) or (
-                    self._pick_port(), self._pick_port())
-                self.processes[kind].append(ServiceProcess(
-                    kind=kind,
-                    node_id=i,
-                    address=f"127.0.0.1:{grpc_port}",
-                    metrics_port=metrics_port,
-                    data_dir=self.data_dir / f"{kind}-{i}",
-                    log_path=self.data_dir / "logs" / f"{kind}-{i}.log",
-                    argv=[],
-                    token_port=self._pick_port() if security else 0,
-                    kafka_port=(self._pick_port() if kafka_listener and kind == "partition_store"
-                                else 0),
-                ))
+            self.processes[kind] = [self._new_process(kind, i) for i in range(count)]
         self._build_argv()
         if start:
-            self.start()
+            try:
+                self.start()
+            except BaseException:
+                # No stop() follows a constructor that raised.
+                if self.network is not None:
+                    self.network.close()
+                raise
+
+    def _new_process(self, kind: str, node_id: int) -> ServiceProcess:
+        """A service's address and ports: fixed ones (`ports`), free
+        loopback ports, or its own address in a network namespace."""
+        if self.network is not None:
+            host = self.network.add(kind, node_id)
+            grpc_port, metrics_port = NAMESPACED_PORTS[GRPC], NAMESPACED_PORTS[METRICS]
+            token_port, kafka_port = NAMESPACED_PORTS[TOKEN_GRPC], NAMESPACED_PORTS[KAFKA]
+        else:
+            host = "127.0.0.1"
+            grpc_port, metrics_port = self._fixed_ports.get((kind, node_id)) or (
+                self._pick_port(), self._pick_port())
+            token_port = kafka_port = 0
+            if self.security:
+                token_port = self._pick_port()
+            if self.kafka_listener and kind == "partition_store":
+                kafka_port = self._pick_port()
+        return ServiceProcess(
+            kind=kind, node_id=node_id, address=f"{host}:{grpc_port}",
+            metrics_port=metrics_port, data_dir=self.data_dir / f"{kind}-{node_id}",
+            log_path=self.data_dir / "logs" / f"{kind}-{node_id}.log", argv=[],
+            token_port=token_port if self.security else 0,
+            kafka_port=kafka_port if self.kafka_listener and kind == "partition_store" else 0,
+            host=host,
+        )
 
     def _pick_port(self) -> int:
         """A free loopback port not handed to a process of this cluster before:
@@ -739,7 +789,10 @@ class LocalCluster:
 
     def _channel(self, address: str) -> grpc.Channel:
         """A channel to one of the cluster's services, as `User:admin` over
-        TLS when the cluster is secured."""
+        TLS when the cluster is secured; with network="namespaces" through the
+        harness namespace, which no cut touches."""
+        if self.network is not None:
+            return grpc.insecure_channel(self.network.reach(address))
         if self._pki is None:
             return grpc.insecure_channel(address)
         if self._admin_credentials is None:
@@ -782,7 +835,7 @@ class LocalCluster:
 
     @property
     def etcd_endpoints(self) -> tuple[str, ...]:
-        """etcd's client addresses ("127.0.0.1:port"); empty without etcd."""
+        """etcd's client addresses ("host:port"); empty without etcd."""
         return () if self.etcd is None else self.etcd.endpoints
 
     def address(self, kind: str, index: int = 0) -> str:
@@ -791,7 +844,11 @@ class LocalCluster:
         return self._proc(kind, index).address
 
     def metrics_url(self, kind: str, index: int = 0) -> str:
-        return f"http://127.0.0.1:{self._proc(kind, index).metrics_port}/metrics"
+        proc = self._proc(kind, index)
+        address = f"{proc.host}:{proc.metrics_port}"
+        if self.network is not None:
+            address = self.network.reach(address)
+        return f"http://{address}/metrics"
 
     def _etcd_cluster(self, index: int) -> EtcdCluster:
         """The cluster's etcd, with member `index` checked to exist."""
@@ -885,15 +942,8 @@ class LocalCluster:
             raise ValueError("adding a store needs a replicated cluster (etcd_members > 0): "
                              "without etcd the layout is fixed for the cluster's life")
         procs = self.processes["partition_store"]
-        node_id = len(procs)
-        proc = ServiceProcess(
-            kind="partition_store", node_id=node_id,
-            address=f"127.0.0.1:{self._pick_port()}", metrics_port=self._pick_port(),
-            data_dir=self.data_dir / f"partition_store-{node_id}",
-            log_path=self.data_dir / "logs" / f"partition_store-{node_id}.log", argv=[],
-            token_port=self._pick_port() if self._pki is not None else 0,
-            kafka_port=self._pick_port() if self.kafka_listener else 0,
-        )
+        proc = self._new_process("partition_store", len(procs))
+        node_id = proc.node_id
         procs.append(proc)
         self._build_argv()
         self._spawn(proc)
@@ -927,7 +977,8 @@ class LocalCluster:
             raise RuntimeError(f"{proc.kind} {proc.node_id} is already running")
         proc.data_dir.mkdir(parents=True, exist_ok=True)
         proc.log_offset = proc.log_path.stat().st_size if proc.log_path.exists() else 0
-        argv = [sys.executable, "-m", "oncelog._child", str(os.getpid()), *proc.argv]
+        netns = [] if self.network is None else self.network.child_args(proc.kind, proc.node_id)
+        argv = [sys.executable, "-m", "oncelog._child", str(os.getpid()), *netns, *proc.argv]
 
         etcd_env = {} if self.etcd is None else {ETCD_ENDPOINTS_ENV: ",".join(self.etcd.endpoints)}
 
@@ -999,7 +1050,7 @@ class LocalCluster:
         with open(proc.log_path, "rb") as log_file:
             log_file.seek(proc.log_offset)
             output = log_file.read().decode(errors="replace")
-        own = {(GRPC, proc.address), (METRICS, f"127.0.0.1:{proc.metrics_port}")}
+        own = {(GRPC, proc.address), (METRICS, f"{proc.host}:{proc.metrics_port}")}
         if proc.token_port:
             own.add((TOKEN_GRPC, proc.token_address))
         if proc.kafka_port:
@@ -1150,6 +1201,77 @@ class LocalCluster:
                                f"terminate it before wiping {proc.data_dir}")
         shutil.rmtree(proc.data_dir, ignore_errors=True)
 
+    # ------------------------------------------------------- network faults
+
+    def _network(self) -> NamespaceNetwork:
+        if self.network is None:
+            raise ValueError("this cluster runs on loopback; network faults need "
+                             "LocalCluster(..., network='namespaces')")
+        return self.network
+
+    def _member(self, member: tuple[str, int]) -> tuple[str, int]:
+        """A (kind, index) of cut()'s lists, checked: a service, an etcd
+        member or the clients ("client", 0)."""
+        kind, index = member
+        if kind == CLIENT:
+            if index != 0:
+                raise ValueError(f"the clients share one namespace: (\"{CLIENT}\", 0), "
+                                 f"not index {index}")
+        elif kind == ETCD:
+            self._etcd_cluster(index)
+        else:
+            self._proc(kind, index)
+        return kind, index
+
+    def isolate(self, kind: str, index: int = 0) -> None:
+        """Cuts one process off from every other process and from the
+        clients, both ways (LocalCluster's own checks still reach it)."""
+        self._network().isolate(*self._member((kind, index)))
+
+    def cut(self, side_a: Sequence[tuple[str, int]], side_b: Sequence[tuple[str, int]],
+            one_way: bool = False) -> None:
+        """Drops the packets between two groups of processes, given as
+        (kind, index): ("partition_store", 0), ("etcd", 2), ("client", 0).
+        Two-way unless one_way, which drops A's packets to B and lets B's
+        to A pass. Cuts add up until heal()."""
+        self._network().cut([self._member(m) for m in side_a],
+                            [self._member(m) for m in side_b], one_way=one_way)
+
+    def heal(self) -> None:
+        """Undoes every cut and isolation."""
+        self._network().heal()
+
+    @property
+    def client_namespace(self) -> str:
+        """The network namespace the clients run in (`ip netns exec` takes
+        this name): it reaches every process until a cut says otherwise."""
+        return self._network().namespace(CLIENT, 0)
+
+    def client_popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                     **popen_kwargs: Any) -> subprocess.Popen[bytes]:
+        """Starts a command in the client namespace (it dies with this
+        process); `env` adds to the cluster's environment."""
+        prefix = [sys.executable, "-m", "oncelog._child", str(os.getpid()),
+                  *self._network().child_args(CLIENT, 0)]
+        full_env = {**self._env, **(env or {})}
+        return _Spawner.get().spawn(lambda: subprocess.Popen(
+            [*prefix, *argv], env=full_env, **popen_kwargs))
+
+    def client_call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = 600.0,
+                    **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) in a fresh Python in the client namespace, and
+        its result: fn, its arguments and result are pickled (a module's
+        top-level function). An exception in fn is raised here, with the
+        child's traceback as a note. TimeoutError after timeout_s."""
+        from oncelog._netns import run_callable
+
+        def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+            return self.client_popen(argv, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+
+        return run_callable(spawn, self.client_namespace, fn, args, kwargs,
+                            timeout_s=timeout_s)
+
     def stop(self) -> None:
         """Graceful stop of every process (coordinators first, stores last, so
         coordinators can still write their final state; etcd after them all,
@@ -1159,6 +1281,8 @@ class LocalCluster:
                 self.terminate(kind, proc.node_id)
         if self.etcd is not None:
             self.etcd.stop()
+        if self.network is not None:
+            self.network.close()
         if self._temporary_dir is not None:
             shutil.rmtree(self._temporary_dir, ignore_errors=True)
 

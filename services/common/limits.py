@@ -38,6 +38,11 @@ KAFKA_MAX_REQUEST_BYTES = MAX_GRPC_MESSAGE_BYTES
 KAFKA_MAX_IN_FLIGHT_PER_CONNECTION = 32
 # Connections one Kafka listener keeps open at once; the next ones are closed.
 KAFKA_MAX_CONNECTIONS = 10_000
+# Questions a store has out at once to the transaction coordinators about
+# transactions it has held open past their timeout (ResolveTransaction; one
+# per transaction): a store with many hanging transactions (a coordinator's
+# state lost) works through them this many at a time.
+MAX_HANGING_TXN_QUESTIONS = 16
 
 invariant(DEFAULT_MAX_BATCH_BYTES <= MAX_BATCH_BYTES_CEILING, "default batch limit over ceiling")
 invariant(

@@ -31,6 +31,11 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import disable_created_metrics, start_http_server
 
 from oncelog.wire import VERSION
+from oncelog.wire.limits import (
+    KEEPALIVE_TIME_MS,
+    KEEPALIVE_TIMEOUT_MS,
+    SERVER_MIN_PING_INTERVAL_MS,
+)
 from oncelog.wire.process import (
     GRPC,
     METRICS,
@@ -300,6 +305,13 @@ GRPC_OPTIONS: Sequence[tuple[str, int]] = (
     ("grpc.max_send_message_length", limits.MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", limits.MAX_GRPC_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    # The clients' keepalive pings (oncelog.wire.limits): accepted this often,
+    # with or without calls, and the server pings idle clients the same way.
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
+    ("grpc.http2.max_ping_strikes", 0),
 )
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from ..common.txn_fate import TxnFate
+
 TRANSACTIONS = Gauge(
     "oncelog_coordinator_transactions",
     "Transactional ids by state, in the __transaction_state partitions this coordinator "
@@ -65,6 +67,15 @@ TXN_LOG_PARTITIONS = Gauge(
     "fenced (a newer coordinator took it over)",
     ["status"],
 )
+STORE_QUESTIONS = Counter(
+    "oncelog_coordinator_hanging_txn_questions_total",
+    "Answers to partition stores asking about a transaction they held open past its "
+    "timeout (ResolveTransaction), one per owned __transaction_state partition, by fate: "
+    "UNKNOWN (nobody here knows it), ONGOING, HELD_OPEN (two-phase commit), ABORTING "
+    "(aborted now by the timeout path), DECIDED_ABORT / DECIDED_COMMIT (its marker sent "
+    "to the store's partition)",
+    ["fate"],
+)
 
 OUTCOMES = ("commit", "abort")
 FENCING_REASONS = ("init", "timeout", "admin")
@@ -76,3 +87,5 @@ for _reason in FENCING_REASONS:
     PRODUCER_FENCINGS.labels(_reason)
 for _outcome in OUTCOMES:
     TXN_COMPLETION_SECONDS.labels(_outcome)
+for _fate in TxnFate:
+    STORE_QUESTIONS.labels(_fate.name)

@@ -10,6 +10,7 @@ from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.records import MAX_PRODUCER_EPOCH
 
 from ..common import limits
 from ..common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
@@ -18,6 +19,7 @@ from ..common.guard import without_client_certificate
 from ..common.request_streams import Refused, answer_each
 from ..common.service_error import check_id_length
 from ..common.topic_counts import PartitionCounts
+from .core.hanging import NO_TIMESTAMP_MS, StoreQuestion
 from .core.transactions import (
     TxnMetadata,
     TxnState,
@@ -37,6 +39,26 @@ def _require_transactional_id(rpc: str, transactional_id: str) -> None:
     # unknown one.
     if not transactional_id:
         raise ServiceError(ErrorCode.INVALID_REQUEST, f"{rpc} needs a transactional_id")
+
+
+def _store_question(request: pb.ResolveTransactionRequest) -> StoreQuestion:
+    topic, partition = _tp(request.partition)
+    if request.producer_id < 0 or not 0 <= request.producer_epoch <= MAX_PRODUCER_EPOCH:
+        raise ServiceError(
+            ErrorCode.INVALID_REQUEST,
+            f"ResolveTransaction needs a producer id >= 0 and an epoch in "
+            f"0..{MAX_PRODUCER_EPOCH}, received {request.producer_id} and "
+            f"{request.producer_epoch}")
+    if not topic or len(topic) > limits.MAX_TOPIC_NAME_LENGTH or partition < 0:
+        raise ServiceError(
+            ErrorCode.INVALID_REQUEST,
+            f"ResolveTransaction needs the partition that holds the transaction open, "
+            f"received topic {topic[:32]!r} partition {partition}")
+    return StoreQuestion(
+        producer_id=request.producer_id, producer_epoch=request.producer_epoch,
+        topic_partition=(topic, partition),
+        last_marker_timestamp_ms=max(request.last_marker_timestamp_ms, NO_TIMESTAMP_MS),
+    )
 
 
 def _prepared(state: tuple[int, int] | None) -> pb.PreparedTxnState | None:
@@ -223,7 +245,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                     error=err.to_proto() if err else None,
                 )
                 for (t, p), err in verdicts.items()
-            ])
+            ], transaction_timeout_ms=self._txns.transaction_timeout_ms(request.transactional_id))
         await self._check_partitions_exist(partitions)
         await self._txns.add_partitions(
             request.transactional_id, request.producer_id, request.producer_epoch,
@@ -231,7 +253,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         )
         return pb.AddPartitionsToTxnResponse(request_id=request.request_id, results=[
             pb.AddPartitionsToTxnResult(partition=p) for p in request.partitions
-        ])
+        ], transaction_timeout_ms=self._txns.transaction_timeout_ms(request.transactional_id))
 
     async def AddOffsetsToTxn(  # noqa: N802 - gRPC method name
         self, request: pb.AddOffsetsToTxnRequest, context: grpc.aio.ServicerContext
@@ -340,6 +362,27 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                 out.append(pb.TransactionDescription(transactional_id=transactional_id,
                                                      error=exc.to_proto()))
         return pb.DescribeTransactionsResponse(transactions=out)
+
+    async def ResolveTransaction(  # noqa: N802 - gRPC method name
+        self, request: pb.ResolveTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResolveTransactionResponse:
+        try:
+            question = _store_question(request)
+            answers = await self._txns.resolve_transaction(question)
+        except ServiceError as exc:
+            await abort_with(context, exc)
+        results = []
+        for partition, found in sorted(answers.items()):
+            if isinstance(found, ServiceError):
+                results.append(pb.ResolvedTransaction(transaction_state_partition=partition,
+                                                      error=found.to_proto()))
+                continue
+            results.append(pb.ResolvedTransaction(
+                transaction_state_partition=partition, fate=int(found.fate),  # type: ignore[arg-type]
+                transactional_id=found.transactional_id,
+                transaction_timeout_ms=found.transaction_timeout_ms,
+            ))
+        return pb.ResolveTransactionResponse(results=results)
 
     async def AbortTransaction(  # noqa: N802 - gRPC method name
         self, request: pb.AbortTransactionRequest, context: grpc.aio.ServicerContext

@@ -19,12 +19,13 @@ Taking over a partition appends a coordinator-epoch record; markers carry that
 epoch and the partition stores refuse lower ones, so a zombie coordinator can
 neither write the transaction log nor markers.
 
-The one answer given from memory without a write is the partition stores'
+The answers given from memory without a write are the partition stores'
 verification of a producer's first transactional write to a partition
-(`verify_partitions`). A zombie (paused, replaced, not yet fenced because it
-has not tried to write) would answer it from a stale view, so it first
-confirms that the log still ends where its memory does
-(`_confirm_ownership`); docs/coordinator.md says why that is enough.
+(`verify_partitions`) and their question about a transaction they hold open
+past its timeout (`resolve_transaction`). A zombie (paused, replaced, not
+yet fenced because it has not tried to write) would answer them from a
+stale view, so it first confirms that the log still ends where its memory
+does (`_confirm_ownership`); docs/coordinator.md says why that is enough.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ from ..common.coordinator_runtime import (
 from ..common.crashpoints import crash_point
 from ..common.invariants import invariant
 from ..common.service_error import ServiceError, check_id_length
+from ..common.txn_fate import TxnFate
 from . import metrics
+from .core import hanging
 from .core import transactions as txn
 from .core.txn_log import (
     TXN_KEY_PREFIX,
@@ -426,6 +429,101 @@ class TxnCoordinatorRuntime:
             owned.state.transactions.get(transactional_id), transactional_id=transactional_id,
             producer_id=producer_id, producer_epoch=producer_epoch, partitions=partitions,
         )
+
+    def transaction_timeout_ms(self, transactional_id: str) -> int:
+        """The timeout of the transactional id's transactions, from memory (0:
+        unknown): told to a store with its verification's answer, so that it
+        knows how long the transaction may hold its partition open."""
+        owned = self.partitions.get(self._layout.transaction_state_partition(transactional_id))
+        md = None if owned is None else owned.state.transactions.get(transactional_id)
+        return 0 if md is None else md.transaction_timeout_ms
+
+    async def resolve_transaction(
+        self, question: hanging.StoreQuestion,
+    ) -> dict[int, hanging.StoreAnswer | ServiceError]:
+        """A partition store's question about a transaction it has held open
+        past its timeout (core/hanging.py): per `__transaction_state`
+        partition this node owns, the answer or why there is none now.
+
+        Each answer comes from memory confirmed to be the log's: a zombie's
+        "nothing here" would let the store abort a transaction that the real
+        coordinator knows, and may be about to commit. And it acts: an open
+        transaction past its timeout is aborted now by the timeout path (the
+        store's partition among its markers'), a decided one's marker is sent
+        to the store's partition."""
+        owned_partitions = sorted(self.partitions)
+        answers = await asyncio.gather(*(
+            self._resolve_in(partition, question) for partition in owned_partitions))
+        return dict(zip(owned_partitions, answers, strict=True))
+
+    async def _resolve_in(self, partition: int, question: hanging.StoreQuestion,
+                          ) -> hanging.StoreAnswer | ServiceError:
+        what = f"{TRANSACTION_STATE_TOPIC}-{partition}"
+        try:
+            owned = self._runtime.owned(partition, what)
+            await self._confirm_ownership(owned)
+            # Memory may have been unloaded or fenced while the check ran.
+            owned = self._runtime.owned(partition, what)
+            found = hanging.answer(owned.state.transactions.values(), question, self._now_ms())
+            if found.fate is TxnFate.ABORTING:
+                found = await self._abort_hanging(owned, question, found)
+            elif found.fate in (TxnFate.DECIDED_ABORT, TxnFate.DECIDED_COMMIT):
+                await self._resend_marker(owned, question, found)
+        except ServiceError as exc:
+            return exc
+        metrics.STORE_QUESTIONS.labels(found.fate.name).inc()
+        return found
+
+    async def _abort_hanging(self, owned: TxnPartition, question: hanging.StoreQuestion,
+                             found: hanging.StoreAnswer) -> hanging.StoreAnswer:
+        """The timeout path, now: the store saw the transaction past its
+        timeout before this coordinator's timer did (or the timer's abort
+        could not reach the store's partition, which it did not know)."""
+        async with owned.lock:
+            self._runtime.check_loaded(owned)
+            md = owned.state.transactions.get(found.transactional_id)
+            planned = None if md is None else hanging.plan_hanging_abort(
+                md, question, now_ms=self._now_ms(),
+                fresh_producer_id=await self._fresh_id_if_needed(md))
+            if planned is None:
+                # Changed meanwhile (only by this process: memory is still the
+                # log's); say what it says now.
+                return hanging.answer(owned.state.transactions.values(), question,
+                                      self._now_ms())
+            log.info("transaction of %r (producer %d, epoch %d) is held open on %s-%d past its "
+                     "timeout of %d ms: aborting", found.transactional_id,
+                     question.producer_id, question.producer_epoch, *question.topic_partition,
+                     found.transaction_timeout_ms)
+            await self._persist(owned, [encode_txn(planned)])
+            metrics.TXN_TIMEOUTS.inc()
+            metrics.PRODUCER_FENCINGS.labels("timeout").inc()
+            self._start_markers(owned, found.transactional_id)
+            return found
+
+    async def _resend_marker(self, owned: TxnPartition, question: hanging.StoreQuestion,
+                             found: hanging.StoreAnswer) -> None:
+        """Sends a decided transaction's marker to the store's partition: a
+        Complete* one's (its marker there was lost, or never sent: the
+        coordinator did not know the partition was written), or a Prepare*
+        one's when its marker task does not cover that partition. Once; the
+        store asks again if the transaction stays open."""
+        md = owned.state.transactions.get(found.transactional_id)
+        if md is None or (md.state.is_prepare and question.topic_partition in md.partitions):
+            return
+        marker = hanging.decided_marker(md)
+        spec = MarkerSpec(
+            transactional_id=found.transactional_id, producer_id=marker.producer_id,
+            producer_epoch=marker.producer_epoch, commit=marker.commit,
+            coordinator_epoch=owned.state.coordinator_epoch,
+            transaction_version=marker.transaction_version, timestamp_ms=marker.timestamp_ms,
+        )
+        results = await self._markers.write(spec, [question.topic_partition])
+        for tp, code in results.items():
+            metrics.MARKER_WRITES.labels(code.name).inc()
+            log.info("%s marker of %r (producer %d, epoch %d) sent again to %s-%d, which held "
+                     "the transaction open: %s", "COMMIT" if marker.commit else "ABORT",
+                     found.transactional_id, marker.producer_id, marker.producer_epoch,
+                     tp[0], tp[1], code.name)
 
     async def _confirm_ownership(self, owned: TxnPartition) -> None:
         """The shared runtime's confirmation that the log ends where memory

@@ -1,4 +1,7 @@
-"""The gRPC TxnVerifier: asks the transaction coordinator that owns a
+"""The gRPC links to the transaction coordinators: the TxnVerifier and the
+TxnResolver.
+
+GrpcTxnVerifier asks the transaction coordinator that owns a
 transactional id (AddPartitionsToTxn with verify_only) whether partitions are
 in a producer's ongoing transaction, or adds them on the producer's behalf.
 The questions go over one AddPartitionsToTxnStream per coordinator
@@ -11,21 +14,39 @@ cannot be reached, or answers with a request-level error, makes every
 partition of the question fail with a retriable code (COORDINATOR_NOT_AVAILABLE
 for transport failures; the coordinator's own code, such as NOT_COORDINATOR or
 COORDINATOR_LOAD_IN_PROGRESS, otherwise), so the producer retries its batch.
+
+GrpcTxnResolver asks every coordinator of the layout about a transaction
+the store has held open past its timeout (ResolveTransaction, unary: rare),
+and keeps the answers of the `__transaction_state` partitions each one owns
+by the layout; whatever does not answer is left out (txn_resolver.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 
-from oncelog.v1 import coordinator_pb2, records_pb2
+import grpc
+
+from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc, records_pb2
 from oncelog.wire.errors import ErrorCode
 
 from ..common.channels import ChannelPool
 from ..common.cluster import ClusterLayout
 from ..common.errors import ServiceError
 from ..common.stream_client import StreamMethod
+from ..common.txn_fate import TxnFate
 from .core.outcomes import Rejection
-from .txn_verifier import TopicPartitionKey, Verdicts
+from .txn_resolver import Answers, CoordinatorAnswer, HangingQuestion
+from .txn_verifier import TopicPartitionKey, VerifyAnswer
+
+log = logging.getLogger("oncelog.partition_store")
+
+# A coordinator's answer may wait for a confirmation of its ownership (a
+# store round trip), an append (its timeout path) and a marker sent to the
+# asking store: more than a verification.
+RESOLVE_TIMEOUT_S = 20.0
 
 # Transport failures: the coordinator may be restarting or moving; retry.
 _TRANSPORT_CODES = {ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT}
@@ -45,7 +66,7 @@ class GrpcTxnVerifier:
     async def verify(
         self, *, transactional_id: str, producer_id: int, producer_epoch: int,
         partitions: Sequence[TopicPartitionKey], add: bool = False,
-    ) -> Verdicts:
+    ) -> VerifyAnswer:
         layout = self._layout
         if not layout.coordinators:
             raise ServiceError(
@@ -88,8 +109,60 @@ class GrpcTxnVerifier:
                 f"transaction coordinator {node} at {address} gave no answer for "
                 f"{tp[0]}-{tp[1]}",
             ))
-        return verdicts
+        return VerifyAnswer(verdicts, response.transaction_timeout_ms)
 
     async def close(self) -> None:
         self._questions.close()
+        await self._channels.close()
+
+
+class GrpcTxnResolver:
+    def __init__(self, layout: ClusterLayout, *, timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
+        self._layout = layout
+        self._timeout_s = timeout_s
+        self._channels = ChannelPool()
+
+    async def resolve(self, question: HangingQuestion) -> Answers:
+        request = coordinator_pb2.ResolveTransactionRequest(
+            producer_id=question.producer_id, producer_epoch=question.producer_epoch,
+            partition=records_pb2.TopicPartition(topic=question.topic,
+                                                 partition=question.partition),
+            last_marker_timestamp_ms=question.last_marker_timestamp_ms,
+        )
+        nodes = range(len(self._layout.coordinators))
+        asked = await asyncio.gather(*(self._ask(node, request) for node in nodes))
+        answers: dict[int, CoordinatorAnswer] = {}
+        for node, response in zip(nodes, asked, strict=True):
+            for result in response.results if response is not None else ():
+                partition = result.transaction_state_partition
+                # Only what the layout gives that coordinator counts: an
+                # answer for another's partition is not an answer for it.
+                owner = (self._layout.coordinator_for_partition(partition)
+                         if 0 <= partition < self._layout.transaction_state_partitions else -1)
+                if owner != node or result.error.code != 0:
+                    continue
+                try:
+                    fate = TxnFate(result.fate)
+                except ValueError:
+                    continue  # a fate this store does not know: no answer
+                answers[partition] = CoordinatorAnswer(
+                    fate, result.transactional_id, result.transaction_timeout_ms)
+        return answers
+
+    async def _ask(self, node: int, request: coordinator_pb2.ResolveTransactionRequest,
+                   ) -> coordinator_pb2.ResolveTransactionResponse | None:
+        address = self._layout.coordinators[node]
+        stub = coordinator_pb2_grpc.TransactionCoordinatorStub(self._channels.get(address))
+        try:
+            response: coordinator_pb2.ResolveTransactionResponse = (
+                await stub.ResolveTransaction(request, timeout=self._timeout_s))
+        except grpc.aio.AioRpcError as exc:
+            log.info("transaction coordinator %d at %s did not answer about producer %d "
+                     "(epoch %d) on %s-%d: %s %s", node, address, request.producer_id,
+                     request.producer_epoch, request.partition.topic,
+                     request.partition.partition, exc.code().name, exc.details())
+            return None
+        return response
+
+    async def close(self) -> None:
         await self._channels.close()

@@ -672,6 +672,25 @@ class MetadataLink:
         return changed
 
 
+async def sole_in_sync_replica_of(store: MetadataStore, *, root: str,
+                                  node_id: int) -> list[str]:
+    """The partitions ("topic-p") whose only in-sync replica is `node_id`:
+    a store that finds its data damaged may start empty only when this is
+    empty (damage.py). Raises MetadataUnavailable."""
+    entries, _revision = await store.get_prefix(f"{root.rstrip('/')}/partitions/")
+    prefix_length = len(root.rstrip("/")) + len("/partitions/")
+    sole = []
+    for key, item in entries.items():
+        try:
+            state = PartitionState.from_json(item.value)
+        except ReplicaStateError:
+            continue
+        if state.isr == (node_id,):
+            topic, _, partition = key[prefix_length:].rpartition("/")
+            sole.append(f"{topic}-{partition}")
+    return sole
+
+
 def states_of(view: ClusterView, topic: str) -> Mapping[int, PartitionState]:
     return {p: s for (t, p), s in view.states.items() if t == topic}
 

@@ -97,6 +97,15 @@ TXN_VERIFICATIONS = Counter(
     "write to a partition (verify, or add for requests with add_partitions_to_txn), "
     "by outcome (the error code name, or NONE)", ["outcome"],
 )
+AUTO_ABORTED_TRANSACTIONS = Counter(
+    "oncelog_store_auto_aborted_transactions_total",
+    "Transactions that held a partition open past their timeout plus the margin and were "
+    "aborted without an operator, by who aborted them: coordinator (the store's question "
+    "made it abort by its timeout path, or send its abort again) or store (no coordinator "
+    "knew the transaction: the store wrote the ABORT marker itself)",
+    ["topic", "resolution"],
+)
+HANGING_RESOLUTIONS = ("coordinator", "store")
 COMPACTIONS = Counter(
     "oncelog_store_compactions_total", "Compaction passes completed", ["topic"]
 )
@@ -154,3 +163,30 @@ TRUNCATIONS = Counter(
     "Times a follower truncated a divergent tail (records a deposed leader never had "
     "acknowledged)", ["topic"],
 )
+
+# ------------------------------------------------------------------ storage
+# (docs/partition-store.md, "Damaged and full disks").
+DISK_FULL = Gauge(
+    "oncelog_store_disk_full",
+    "1 while a write found the data directory's device full: appends are refused "
+    "(STORAGE_ERROR, retriable) until space is freed, then resume by themselves",
+)
+STORAGE_FAILED = Gauge(
+    "oncelog_store_storage_failed",
+    "1 after a storage write failed for another reason than a full disk: appends are "
+    "refused until the store is restarted",
+)
+STORAGE_REFUSED_APPENDS = Counter(
+    "oncelog_store_storage_refused_appends_total",
+    "Appends (produce batches, markers, replicated batches) refused because storage "
+    "cannot take writes, by reason (disk_full, storage_failed)", ["reason"],
+)
+CORRUPT_READS = Counter(
+    "oncelog_store_corrupt_reads_total",
+    "Reads that found stored bytes failing a checksum (RocksDB's, or a batch's CRC); "
+    "the bytes are never served",
+)
+# Exported at 0 from the start: an alert or a dashboard sees the series
+# before the first refusal.
+for _reason in ("disk_full", "storage_failed"):
+    STORAGE_REFUSED_APPENDS.labels(_reason)

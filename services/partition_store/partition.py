@@ -40,7 +40,7 @@ from oncelog.wire.records import (
 
 from ..common.errors import ServiceError, invariant
 from . import metrics
-from .core.batches import check_produce_batch
+from .core.batches import check_produce_batch, stored_batch_damage
 from .core.codec import (
     CorruptValueError,
     decode_offset,
@@ -56,6 +56,7 @@ from .core.compaction import (
     initial_state,
 )
 from .core.fetch_filter import select_batches
+from .core.hanging_txns import OpenTxn, open_transactions
 from .core.leader_epochs import (
     LeaderEpochCache,
     decode_epoch_entry,
@@ -94,7 +95,7 @@ from .core.txn_index import (
     encode_aborted_txn,
 )
 from .storage import keys
-from .storage.port import KeyValueStore, WriteGroup
+from .storage.port import CorruptionError, KeyValueStore, WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.partition")
 
@@ -197,6 +198,10 @@ class PartitionRuntime:
         # producer id -> the verification its first transactional batch here
         # is waiting for; that producer's later appends wait for it.
         self._gates: dict[int, asyncio.Future[None]] = {}
+        # producer id -> the timeout of its open transaction here, as its
+        # coordinator told the verification (memory only: a restart or a
+        # new leader falls back to the bound; core/hanging_txns.py).
+        self.txn_timeouts_ms: dict[int, int] = {}
         self.closed = False
         # Replication (docs/replication.md). `state` is this replica's view of
         # who leads at which epoch and who is in sync; set by the runtime.
@@ -234,6 +239,8 @@ class PartitionRuntime:
         metrics.RETENTION_DELETED_BATCHES.labels(topic.name)
         for marker_name in MARKER_NAMES.values():
             metrics.TXN_MARKERS_WRITTEN.labels(topic.name, marker_name.lower())
+        for resolution in metrics.HANGING_RESOLUTIONS:
+            metrics.AUTO_ABORTED_TRANSACTIONS.labels(topic.name, resolution)
         metrics.ISR_SHRINKS.labels(topic.name)
         metrics.ISR_EXPANDS.labels(topic.name)
         metrics.TRUNCATIONS.labels(topic.name)
@@ -532,12 +539,16 @@ class PartitionRuntime:
             record_count=header.record_count, size_bytes=len(stored), group=group,
         )
 
-    def append_marker(self, marker: TxnMarker, *, now_ms: int) -> Appended | DuplicateMarker:
+    def append_marker(self, marker: TxnMarker, *, now_ms: int,
+                      timestamp_ms: int | None = None) -> Appended | DuplicateMarker:
         """Checks a COMMIT/ABORT marker (core/producer_state.py) and, when
         accepted, appends its control batch: replayed into memory now (the
         producer's epoch and open transaction, the aborted index, the LSO's
         inputs), persisted with its aborted-index entry in one write group.
-        Raises ServiceError when refused; a refused marker changes nothing."""
+        Raises ServiceError when refused; a refused marker changes nothing.
+        `timestamp_ms`: the control batch's timestamp (None: version 1's
+        decision's, else the store's clock; the store's own abort of a
+        hanging transaction gives its own, core/hanging_txns.py)."""
         if self.closed:
             raise ServiceError(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -554,7 +565,8 @@ class PartitionRuntime:
             producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
             # A version-1 marker's timestamp is its decision's, which the marker
             # rules compare (core/producer_state.py); it travels in the batch.
-            timestamp_ms=marker.timestamp_ms if marker.is_version_1 else now_ms,
+            timestamp_ms=(timestamp_ms if timestamp_ms is not None
+                          else marker.timestamp_ms if marker.is_version_1 else now_ms),
             base_offset=base_offset, leader_epoch=self.state.leader_epoch,
         )
         header = read_header(stored)
@@ -590,6 +602,8 @@ class PartitionRuntime:
                 encode_offset(header.base_offset),
             )
         completed = self.producers.replay(header, header.base_offset, now_ms, control=control)
+        if completed is not None:
+            self.txn_timeouts_ms.pop(completed.producer_id, None)
         if completed is not None and completed.aborted:
             entry = AbortedTxn(
                 completed.producer_id, completed.first_offset, completed.last_offset,
@@ -640,6 +654,11 @@ class PartitionRuntime:
         self._txn_age_gauge.set(0 if oldest is None else max(0, now_ms - oldest) / 1000)
 
     # ------------------------------------------------- verification gates
+
+    def open_transactions(self) -> list[OpenTxn]:
+        """The transactions open here, oldest first, with the timeouts their
+        coordinators told this store (O(open transactions))."""
+        return open_transactions(self.producers.open_entries(), self.txn_timeouts_ms)
 
     def open_verification_gate(self, producer_id: int) -> asyncio.Future[None]:
         """Makes the producer's later appends here wait (see `append`)."""
@@ -896,14 +915,27 @@ class PartitionRuntime:
             )
 
     def _batches_from(self, offset: int, upper: int) -> Iterator[tuple[BatchHeader, bytes]]:
-        """Stored batches from the one holding `offset` up to `upper` (exclusive)."""
+        """Stored batches from the one holding `offset` up to `upper`
+        (exclusive), each checked against its CRC32C: a damaged one raises
+        CorruptionError (RocksDB's own checksums raise it too) and is never
+        returned."""
         tid, p = self.topic.topic_id, self.partition
         start_key = keys.log_key(tid, p, offset)
         prev = self._store.seek_for_prev(start_key, self._log_prefix)
-        if prev is not None and read_header(prev[1]).next_offset > offset:
-            start_key = prev[0]
-        for _key, value in self._store.scan(start_key, keys.log_key(tid, p, upper)):
+        if prev is not None:
+            self._check_stored(*prev)
+            if read_header(prev[1]).next_offset > offset:
+                start_key = prev[0]
+        for key, value in self._store.scan(start_key, keys.log_key(tid, p, upper)):
+            self._check_stored(key, value)
             yield read_header(value), value
+
+    def _check_stored(self, key: bytes, value: bytes) -> None:
+        damage = stored_batch_damage(value)
+        if damage is not None:
+            raise CorruptionError(
+                f"{self.topic_partition}: the batch at offset {keys.log_key_offset(key)}: "
+                f"{damage}", path=self._store.locate(key))
 
     def read(self, offset: int, *, max_bytes: int, isolation: Isolation,
              include_control: bool = False, take_first_whole: bool = True,

@@ -15,6 +15,7 @@ from oncelog.wire.status import error_from_rpc
 from ..common.channels import ChannelPool
 from ..common.errors import ServiceError
 from .convert import error_from_proto
+from .core.replicas import PartitionState, ReplicaStateError
 from .runtime import (
     EpochEndOutcome,
     ReplicaFetchItem,
@@ -23,6 +24,8 @@ from .runtime import (
 
 # Beyond the long-poll wait, how long a replica RPC may take.
 REPLICA_RPC_TIMEOUT_S = 10.0
+# How long another store may take to tell its partition states.
+PARTITION_STATES_TIMEOUT_S = 2.0
 
 
 class GrpcLeaderLink:
@@ -93,6 +96,25 @@ class GrpcLeaderLink:
                             r.end_offset)
             for r in response.results
         ]
+
+    async def partition_states(self, node_id: int) -> dict[tuple[str, int], PartitionState]:
+        """The partition states store `node_id` holds, from its Metadata."""
+        request = pb.MetadataRequest(include_internal=True)
+        try:
+            response = await self._stub(node_id).Metadata(
+                request, timeout=PARTITION_STATES_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            raise self._failed(node_id, exc) from exc
+        states: dict[tuple[str, int], PartitionState] = {}
+        for topic in response.topics:
+            for p in topic.partitions:
+                try:
+                    states[(topic.name, p.partition)] = PartitionState(
+                        tuple(p.replica_node_ids), p.leader_node_id, p.leader_epoch,
+                        tuple(p.isr_node_ids), tuple(p.target_replica_node_ids) or None)
+                except ReplicaStateError:
+                    continue  # not a state a store holds (no replicas known)
+        return states
 
     async def close(self) -> None:
         await self._channels.close()

@@ -22,6 +22,18 @@ Every change of leader, epoch or ISR is a metadata-store transaction guarded
 by the revision it was decided on (metadata_link.py), so a leader that was
 paused past its lease cannot shrink the ISR to itself and acknowledge alone:
 its write fails, it reads again and finds it leads no more.
+
+A store cut off from the metadata store alone (a network partition; the
+other stores and the clients still reach it) cannot read that it was
+deposed. Once the metadata store has been out of its reach for a lease TTL
+(its lease has ended, so the controller may have moved its partitions), it
+asks the other stores for their partition states and takes every state of
+a higher leader epoch than its own (`_learn_from_peers`): a state with a
+higher epoch is a later one in the metadata store, so this is what reading
+the metadata store later would give. It stops leading what it lost,
+answers Metadata with the new leaders (clients that ask it go to them) and
+follows. While the metadata store is out of every store's reach, no store
+knows a newer epoch and nothing changes: leaders keep serving.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from ..common.errors import ServiceError
 from ..common.metadata_store import LeaseNotFound
 from . import metrics
 from .core.leader_epochs import AskAgain, Truncate, divergence_step
-from .core.replicas import expand_isr, lagging_followers, shrink_isr
+from .core.replicas import PartitionState, expand_isr, lagging_followers, shrink_isr
 from .metadata_link import MetadataLink
 from .partition import PartitionRuntime
 from .runtime import (
@@ -47,6 +59,7 @@ from .runtime import (
     ReplicaFetchOutcome,
     StoreRuntime,
 )
+from .storage.port import CorruptionError
 
 log = logging.getLogger("oncelog.partition_store.replication")
 
@@ -59,6 +72,9 @@ FOLLOWER_BACKOFF_MS = 50
 START_METADATA_WAIT_MS = 60_000
 # "metadata store unreachable" is logged at most this often.
 UNREACHABLE_LOG_INTERVAL_S = 10.0
+# While the metadata store is out of reach past a lease TTL, the other
+# stores are asked for their partition states at most this often.
+PEER_STATES_INTERVAL_S = 1.0
 
 
 class LeaderLink(Protocol):
@@ -72,6 +88,10 @@ class LeaderLink(Protocol):
     async def offsets_for_leader_epoch(
         self, leader: int, queries: Sequence[tuple[str, int, int, int]],
     ) -> list[EpochEndOutcome]: ...
+
+    async def partition_states(self, node_id: int) -> Mapping[tuple[str, int], PartitionState]:
+        """Every partition state the store `node_id` holds (from its last
+        read of the metadata store)."""
 
     async def close(self) -> None: ...
 
@@ -101,6 +121,8 @@ class ReplicaManager:
         self._expand: dict[tuple[str, int, int], None] = {}
         self._task: asyncio.Task[None] | None = None
         self._last_keep_alive_s = 0.0
+        self._last_synced_s = 0.0
+        self._last_peer_states_s = 0.0
         self._last_unreachable_log_s = 0.0
         self._closing = False
         runtime.on_states_applied = self._reconcile
@@ -123,6 +145,7 @@ class ReplicaManager:
                              "rejoins each once it has caught up", self._node_id, fenced)
                 await self._link.ensure_internal_topics()
                 await self._runtime.refresh_catalog()
+                self._last_synced_s = self._now_s()
                 break
             except (ServiceError, LeaseNotFound) as exc:
                 if self._now_s() >= deadline_s:
@@ -151,6 +174,7 @@ class ReplicaManager:
         while not self._closing:
             try:
                 await self.sync_once()
+                self._last_synced_s = self._now_s()
             except ServiceError as exc:
                 now = self._now_s()
                 if now - self._last_unreachable_log_s >= UNREACHABLE_LOG_INTERVAL_S:
@@ -158,6 +182,10 @@ class ReplicaManager:
                     log.warning("store node %d cannot sync with the metadata store (leaders "
                                 "keep serving; no leader changes meanwhile): %s",
                                 self._node_id, exc.message)
+                if (now - self._last_synced_s >= self._link.lease_ttl_s
+                        and now - self._last_peer_states_s >= PEER_STATES_INTERVAL_S):
+                    self._last_peer_states_s = now
+                    await self._learn_from_peers()
             except Exception:
                 log.exception("replication sync failed")
             await asyncio.sleep(self._sync_interval_s)
@@ -188,6 +216,35 @@ class ReplicaManager:
         # The runtime's clock: the simulation drives it.
         return self._runtime.clock_ms() / 1000
 
+    async def _learn_from_peers(self) -> int:
+        """Takes the partition states of a higher leader epoch that other
+        stores hold (the module docstring says why); returns how many."""
+        view = self._link.view
+        peers = sorted(n for n in self._link.store_addresses() if n != self._node_id)
+        answers = await asyncio.gather(
+            *(self._leaders.partition_states(n) for n in peers), return_exceptions=True)
+        learned: list[str] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, ServiceError):
+                    log.warning("asking a store for its partition states failed: %r", answer)
+                continue
+            for key, theirs in sorted(answer.items()):
+                ours = view.states.get(key)
+                # Only partitions it knows and still holds: topics and moves
+                # wait for the metadata store.
+                if (ours is None or theirs.leader_epoch <= ours.leader_epoch
+                        or self._node_id not in theirs.replicas):
+                    continue
+                view.states[key] = theirs
+                learned.append(f"{key[0]}-{key[1]} (leader {theirs.leader} at epoch "
+                               f"{theirs.leader_epoch})")
+        if learned:
+            log.warning("store node %d cannot reach the metadata store; other stores know "
+                        "newer leaders for %s", self._node_id, ", ".join(learned))
+            self._runtime.apply_learned_states()
+        return len(learned)
+
     # ------------------------------------------------------------ followers
 
     def _reconcile(self) -> None:
@@ -217,6 +274,12 @@ class ReplicaManager:
             if part is None or part.state.leader_epoch != epoch:
                 return
             leader = part.state.leader
+            if not self._runtime.storage_writable:
+                # A fetch tells the leader this replica holds everything
+                # below its log end, which a failed write left ahead of the
+                # disk: no fetch until storage is back (memory rebuilt).
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS * 10 / 1000)
+                continue
             try:
                 if not truncated:
                     await self._truncate_to_leader(part, leader, epoch)
@@ -248,6 +311,10 @@ class ReplicaManager:
             except ServiceError as exc:
                 log.debug("%s-%d: following store %d at epoch %d: %s", topic, partition,
                           leader, epoch, exc.message)
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+            except CorruptionError as exc:
+                # Its own log, read to truncate or to replay: damaged.
+                self._runtime.report_damage(exc)
                 await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
             except Exception:
                 log.exception("%s-%d: follower failed", topic, partition)
@@ -330,7 +397,11 @@ class ReplicaManager:
                 counter = metrics.ISR_SHRINKS
             else:
                 for topic, partition, replica in expand:
-                    if (topic, partition) == key:
+                    # A store whose lease ended (cut off from the metadata
+                    # store, yet still fetching) stays out: the controller
+                    # would drop it again at once (Kafka's controller too
+                    # keeps fenced brokers out of ISRs, KIP-841).
+                    if (topic, partition) == key and replica in view.live_stores:
                         after = expand_isr(part.state, replica)
                         counter = metrics.ISR_EXPANDS
                         if after is not None:

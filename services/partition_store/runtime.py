@@ -22,7 +22,10 @@
   disappeared. Placement is `layout.store_for(topic, partition)`.
 * Housekeeping: snapshots every N batches / T ms, retention, compaction of
   compacted topics (cleaner.py), producer-id expiry, catalog refresh, the
-  open-transaction age gauges.
+  open-transaction age gauges, and hanging transactions: one held open past
+  its timeout plus a margin is asked about (TxnResolver) and ended by its
+  coordinator, or by this store when no coordinator knows it
+  (core/hanging_txns.py).
 * Shutdown: refuse new writes, snapshot every partition, drain the writer.
 
 Nothing here speaks gRPC: the servicer maps protos to these calls, and the
@@ -48,6 +51,7 @@ from ..common.crashpoints import crash_point
 from ..common.errors import InvariantViolation, ServiceError, invariant
 from . import metrics
 from .cleaner import CompactionReport, compact_partition
+from .core import hanging_txns
 from .core.codec import (
     CorruptValueError,
     decode_offset,
@@ -87,8 +91,9 @@ from .partition import (
     WaitForGate,
 )
 from .storage import keys
-from .storage.port import KeyValueStore, WriteGroup
-from .txn_verifier import TopicPartitionKey, TxnVerifier, Verdicts
+from .storage.port import CorruptionError, KeyValueStore, StorageError, WriteGroup
+from .txn_resolver import HangingQuestion, TxnResolver
+from .txn_verifier import TopicPartitionKey, TxnVerifier, VerifyAnswer
 from .writer import GroupCommitWriter
 
 log = logging.getLogger("oncelog.partition_store")
@@ -105,6 +110,15 @@ DEFAULT_COMPACTION_MAX_KEYS_PER_PASS = 200_000
 DEFAULT_COMPACTION_CHUNK_BYTES = 4 * 1024 * 1024
 # How long DeleteTopics waits for other store nodes to drop the topic.
 PEER_NOTIFY_WAIT_MS = 2_000
+# Kafka's transaction.max.timeout.ms default, and the coordinators'
+# --max-transaction-timeout-ms: the bound on a transaction whose timeout this
+# store did not learn (core/hanging_txns.py).
+DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000
+# How long past its timeout a transaction may hold a partition open before
+# the store asks its coordinators: covers the coordinator's timer period, its
+# markers' way and the clocks' disagreement (a question is harmless, so the
+# margin only saves questions).
+DEFAULT_HANGING_TXN_MARGIN_MS = 60_000
 
 
 def wall_clock_ms() -> int:
@@ -140,6 +154,13 @@ class StoreConfig:
     # A follower that has not reached the leader's log end for this long
     # leaves the ISR (Kafka's replica.lag.time.max.ms).
     replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS
+    # Hanging transactions (core/hanging_txns.py): whether this store ends
+    # them; the bound on a transaction whose timeout it did not learn (at
+    # least the coordinators' --max-transaction-timeout-ms); how long past
+    # its timeout a transaction may hold a partition open before it asks.
+    resolve_hanging_txns: bool = True
+    max_transaction_timeout_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS
+    hanging_txn_margin_ms: int = DEFAULT_HANGING_TXN_MARGIN_MS
 
     def __post_init__(self) -> None:
         if not 0 <= self.node_id < len(self.layout.stores):
@@ -151,9 +172,13 @@ class StoreConfig:
             "producer_id_expiration_ms", "catalog_refresh_interval_ms",
             "retention_max_batches_per_run", "compaction_interval_ms",
             "compaction_max_keys_per_pass", "compaction_chunk_bytes", "replica_lag_time_max_ms",
+            "max_transaction_timeout_ms",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.hanging_txn_margin_ms < 0:
+            raise ValueError(
+                f"hanging_txn_margin_ms must be >= 0, got {self.hanging_txn_margin_ms}")
 
     @property
     def is_controller(self) -> bool:
@@ -360,6 +385,7 @@ class StoreRuntime:
         *,
         controller: ControllerLink | None = None,
         txn_verifier: TxnVerifier | None = None,
+        txn_resolver: TxnResolver | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         if not config.is_controller and controller is None:
@@ -367,6 +393,16 @@ class StoreRuntime:
         # None: transactional writes that need verification fail with
         # COORDINATOR_NOT_AVAILABLE (unless the test-only skip flag is set).
         self._txn_verifier = txn_verifier
+        # None: hanging transactions stay until an operator aborts them.
+        self._txn_resolver = txn_resolver
+        self._hanging_policy = hanging_txns.HangingPolicy(
+            max_transaction_timeout_ms=config.max_transaction_timeout_ms,
+            margin_ms=config.hanging_txn_margin_ms)
+        # Per overdue transaction (topic, partition, producer id, first
+        # offset): when to ask about it next, and whether it was counted.
+        self._hanging_next_ms: dict[tuple[str, int, int, int], int] = {}
+        self._hanging_in_flight: set[tuple[str, int, int, int]] = set()
+        self._hanging_counted: set[tuple[str, int, int, int]] = set()
         self.config = config
         self.layout = config.layout
         self._store = store
@@ -385,6 +421,9 @@ class StoreRuntime:
         # Partitions taken out of service while their stored log is rewritten
         # (truncate_replica, reset_replica): not reopened from disk meanwhile.
         self._rewriting: set[tuple[str, int]] = set()
+        # Called with damage found in stored data (the server records it and
+        # stops the process: damage.py); None: only answered as an error.
+        self.on_damage: Callable[[CorruptionError], None] | None = None
         # Called when a follower outside the ISR has caught up (the replica
         # manager adds it back through the metadata store).
         self.on_isr_expand: Callable[[PartitionRuntime, int], None] | None = None
@@ -502,6 +541,8 @@ class StoreRuntime:
             await self._controller.close()
         if self._txn_verifier is not None:
             await self._txn_verifier.close()
+        if self._txn_resolver is not None:
+            await self._txn_resolver.close()
         self._store.close()
 
     def partition(self, topic: str, partition: int) -> PartitionRuntime:
@@ -523,12 +564,70 @@ class StoreRuntime:
                 ErrorCode.SHUTTING_DOWN,
                 f"store node {self.config.node_id} is shutting down; retry later",
             )
+        if self._writer.failure is not None:
+            metrics.STORAGE_REFUSED_APPENDS.labels(
+                "disk_full" if self._writer.disk_full else "storage_failed").inc()
         self._writer.check_healthy()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def report_damage(self, error: CorruptionError) -> ServiceError:
+        """Stored bytes failed a checksum: counted, logged, handed to
+        `on_damage` (the server stops the process: damage.py), and answered
+        as STORAGE_ERROR; the bytes themselves are never served."""
+        metrics.CORRUPT_READS.inc()
+        log.critical("store node %d: stored data is damaged: %s (file %s)", self.config.node_id,
+                     error, error.path or "unknown")
+        if self.on_damage is not None:
+            self.on_damage(error)
+        return ServiceError(
+            ErrorCode.STORAGE_ERROR,
+            f"store node {self.config.node_id}: stored data is damaged ({error}); it is not "
+            f"served: retry (another replica, or this one rebuilt)")
+
+    @property
+    def storage_writable(self) -> bool:
+        """False while writes are refused (a full disk, a failed write): a
+        follower must not fetch then, since its next fetch would tell the
+        leader it holds what it could not write."""
+        return self._writer.failure is None
+
+    async def _resume_after_disk_full(self) -> bool:
+        """Once space is freed after a write found the disk full: reopens
+        the database, rebuilds every partition's memory from what is on disk
+        (the appends that failed were replayed into memory first: producer
+        state, log end) and takes writes again. Returns whether it did."""
+        if not self._writer.disk_full or not self._store.room_to_reopen():
+            return False
+        # No scan may be open while the database is replaced: retention and
+        # compaction, which read across awaits, hold this lock.
+        async with self._log_rewrite_lock:
+            try:
+                self._store.reopen()
+            except StorageError as exc:
+                log.warning("store node %d: reopening storage after a full disk failed, "
+                            "trying again: %s", self.config.node_id, exc)
+                return False
+            self._writer.resume()
+            now_ms = self._clock_ms()
+            refused = ServiceError(ErrorCode.STORAGE_ERROR,
+                                   "the write failed for lack of space; retry")
+            for (name, p), part in list(self._partitions.items()):
+                del self._partitions[(name, p)]
+                part.close()
+                part.fail_acks(refused)
+                record = self._catalog.get(name)
+                if record is not None:
+                    self._open_partition(record, p, now_ms)
+        log.warning("store node %d: space was freed; storage reopened, %d partitions rebuilt "
+                    "from disk, writes resume", self.config.node_id, len(self._partitions))
+        if self.on_states_applied is not None:
+            self.on_states_applied()
+        return True
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     def _link(self) -> ControllerLink:
         controller = self._controller
@@ -590,6 +689,22 @@ class StoreRuntime:
         outcomes = await self.reassigner(moves)
         await self.refresh_catalog()
         return outcomes
+
+    def apply_learned_states(self) -> None:
+        """Applies the partition states the link holds now, without reading
+        the catalog (states learned from other stores while the metadata
+        store is out of reach: replication.py)."""
+        states = self._link().partition_states()
+        if states is not None:
+            self._states = states
+        self._apply_states(self._clock_ms())
+        if self.on_states_applied is not None:
+            self.on_states_applied()
+
+    def partition_states(self) -> dict[tuple[str, int], PartitionState]:
+        """Every partition state this store holds (a copy; empty without a
+        metadata store)."""
+        return dict(self._states or {})
 
     def partition_state(self, topic: str, partition: int) -> PartitionState:
         """Replicas, leader, leader epoch and ISR of a partition: from the
@@ -1171,7 +1286,7 @@ class StoreRuntime:
         )
 
     async def _append_deferred(
-        self, deferred: _Deferred, asked: Mapping[tuple[int, int], asyncio.Future[Verdicts]],
+        self, deferred: _Deferred, asked: Mapping[tuple[int, int], asyncio.Future[VerifyAnswer]],
         transactional_id: str, waits: dict[int, asyncio.Future[None]], *, add: bool,
     ) -> ProduceOutcome:
         """Finishes an append that had to wait: for its verification (then
@@ -1183,7 +1298,7 @@ class StoreRuntime:
         gate = deferred.gate
         # The producer whose gate this item holds (when gate is not None).
         gate_producer_id = pending.producer_id if isinstance(pending, VerifyFirst) else -1
-        question: asyncio.Future[Verdicts] | None = (
+        question: asyncio.Future[VerifyAnswer] | None = (
             asked[(pending.producer_id, pending.producer_epoch)]
             if isinstance(pending, VerifyFirst) else None
         )
@@ -1215,7 +1330,8 @@ class StoreRuntime:
                     )
                 if question is None:
                     raise InvariantViolation("a verification without its question")
-                verdict = (await question)[tp]
+                answer = await question
+                verdict = answer.verdicts[tp]
                 if verdict is not None:
                     raise ServiceError(
                         verdict.code,
@@ -1236,6 +1352,10 @@ class StoreRuntime:
                     raise InvariantViolation(
                         f"{item.topic}-{item.partition}: a verified append answered {result!r}"
                     )
+                if answer.transaction_timeout_ms > 0:
+                    # How long the transaction may hold the LSO here (the
+                    # hanging check, below).
+                    part.txn_timeouts_ms[pending.producer_id] = answer.transaction_timeout_ms
                 return self._accepted(deferred.index, item, part, result, self._clock_ms(), waits)
         except ServiceError as exc:
             return ProduceOutcome(item.topic, item.partition, exc)
@@ -1263,7 +1383,7 @@ class StoreRuntime:
     async def _verify(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
         partitions: Sequence[TopicPartitionKey], *, add: bool = False,
-    ) -> Verdicts:
+    ) -> VerifyAnswer:
         """The coordinator's verdict per partition (`add`: after adding the
         partitions to the transaction); a failure to ask becomes the same
         (retriable) verdict for every partition. Never raises."""
@@ -1274,20 +1394,20 @@ class StoreRuntime:
                     f"store node {self.config.node_id} has no transaction coordinator to "
                     "verify transactional writes with",
                 )
-            verdicts = await self._txn_verifier.verify(
+            answer = await self._txn_verifier.verify(
                 transactional_id=transactional_id, producer_id=producer_id,
                 producer_epoch=producer_epoch, partitions=partitions, add=add,
             )
         except ServiceError as exc:
             log.info("verification of producer %d (epoch %d, transactional id %r) failed: %s",
                      producer_id, producer_epoch, transactional_id, exc)
-            verdicts = {tp: Rejection(exc.code, exc.message) for tp in partitions}
+            answer = VerifyAnswer({tp: Rejection(exc.code, exc.message) for tp in partitions})
         for tp in partitions:
-            verdict = verdicts.get(tp)
+            verdict = answer.verdicts.get(tp)
             metrics.TXN_VERIFICATIONS.labels(
                 "NONE" if verdict is None else verdict.code.name
             ).inc()
-        return verdicts
+        return answer
 
     async def _await_durable(
         self, waits: dict[int, asyncio.Future[None]], timeout_ms: int
@@ -1461,9 +1581,12 @@ class StoreRuntime:
                 # Only the first partition with data may go over the budget
                 # (by one batch, so a fetch always makes progress); the
                 # response holds at most max(budget, one batch).
-                read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation,
-                                 include_control=include_control, take_first_whole=total == 0,
-                                 client_filters=client_filters)
+                try:
+                    read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation,
+                                     include_control=include_control,
+                                     take_first_whole=total == 0, client_filters=client_filters)
+                except CorruptionError as damage:
+                    raise self.report_damage(damage) from damage
             except ServiceError as exc:
                 failed = True
                 outcomes.append(FetchOutcome(
@@ -1495,6 +1618,9 @@ class StoreRuntime:
                 offset, ts = self._resolve_leader(q.topic, q.partition).list_offset(
                     q.timestamp_ms, isolation
                 )
+            except CorruptionError as damage:
+                outcomes.append(OffsetOutcome(q.topic, q.partition, self.report_damage(damage)))
+                continue
             except ServiceError as exc:
                 outcomes.append(OffsetOutcome(q.topic, q.partition, exc))
                 continue
@@ -1557,10 +1683,13 @@ class StoreRuntime:
                     if first:
                         part.record_follower_fetch(replica_id, item.fetch_offset, now_ms)
                         self._maybe_expand_isr(part, replica_id, item.fetch_offset)
-                    batches, _next = part.read_replica(
-                        item.fetch_offset,
-                        max_bytes=item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
-                    )
+                    try:
+                        batches, _next = part.read_replica(
+                            item.fetch_offset,
+                            max_bytes=item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
+                        )
+                    except CorruptionError as damage:
+                        raise self.report_damage(damage) from damage
                 except ServiceError as exc:
                     # The leader's bounds tell a follower out of range whether
                     # to truncate (it is ahead) or start over (it is behind
@@ -1897,10 +2026,15 @@ class StoreRuntime:
             except TimeoutError:
                 pass
             try:
+                # While writes are refused there is nothing to snapshot,
+                # retain or compact: only a full disk is waited out.
+                if self._writer.failure is not None and not await self._resume_after_disk_full():
+                    continue
                 now_ms = self._clock_ms()
                 for part in list(self._partitions.values()):
                     self._maybe_snapshot(part, now_ms)
                     part.update_txn_age(now_ms)
+                self.check_hanging_txns(now_ms)
                 if now_ms - self._last_retention_ms >= config.retention_check_interval_ms:
                     await self.run_retention_once()
                 if now_ms - self._last_compaction_ms >= config.compaction_interval_ms:
@@ -1912,6 +2046,140 @@ class StoreRuntime:
                     await self._refresh_quietly()
             except ServiceError as exc:
                 log.warning("housekeeping: %s", exc)
+            except CorruptionError as exc:
+                self.report_damage(exc)
+
+    # --------------------------------------------------- hanging transactions
+
+    def check_hanging_txns(self, now_ms: int) -> list[asyncio.Task[None]]:
+        """Asks the coordinators about every transaction that has held a
+        partition led here open past its timeout plus the margin
+        (core/hanging_txns.py), each in a task of its own: one question in
+        flight per transaction, at most limits.MAX_HANGING_TXN_QUESTIONS at
+        once, the next one `retry_ms` after an answer that leaves it open.
+        Returns the tasks it started (tests await them). Synchronous and
+        O(open transactions): housekeeping runs it every tick."""
+        if not self.config.resolve_hanging_txns or self._txn_resolver is None:
+            return []
+        policy = self._hanging_policy
+        still_open: set[tuple[str, int, int, int]] = set()
+        started: list[asyncio.Task[None]] = []
+        for part in list(self._partitions.values()):
+            if part.closed or not part.is_leader or part.producers.open_txn_count == 0:
+                continue
+            for txn in part.open_transactions():
+                key = (part.topic.name, part.partition, txn.producer_id, txn.first_offset)
+                still_open.add(key)
+                if key in self._hanging_in_flight or now_ms < self._hanging_next_ms.get(
+                        key, policy.overdue_at_ms(txn)):
+                    continue
+                if len(self._hanging_in_flight) >= limits.MAX_HANGING_TXN_QUESTIONS:
+                    continue  # the next tick asks
+                self._hanging_in_flight.add(key)
+                started.append(self._spawn(self._resolve_hanging(part, txn, key)))
+        # Transactions that ended (or whose partition is no longer led here)
+        # are forgotten; one in flight is forgotten when its question ends.
+        gone = (self._hanging_next_ms.keys() | self._hanging_counted) - still_open \
+            - self._hanging_in_flight
+        for key in gone:
+            self._hanging_next_ms.pop(key, None)
+            self._hanging_counted.discard(key)
+        return started
+
+    async def _resolve_hanging(self, part: PartitionRuntime, txn: hanging_txns.OpenTxn,
+                               key: tuple[str, int, int, int]) -> None:
+        policy = self._hanging_policy
+        resolver = self._txn_resolver
+        try:
+            if resolver is None:
+                return
+            question = HangingQuestion(
+                producer_id=txn.producer_id, producer_epoch=txn.producer_epoch,
+                topic=part.topic.name, partition=part.partition,
+                last_marker_timestamp_ms=txn.last_marker_timestamp_ms)
+            answers = await resolver.resolve(question)
+            resolution = hanging_txns.decide(
+                {p: a.fate for p, a in answers.items()},
+                partitions=self.layout.transaction_state_partitions)
+            knows = next((a for a in answers.values() if a.transactional_id), None)
+            now_ms = self._clock_ms()
+            age_ms = now_ms - txn.start_time_ms
+            entry = part.producers.get(txn.producer_id)
+            if knows is not None and knows.transaction_timeout_ms > 0 and entry is not None \
+                    and entry.current_txn_first_offset == txn.first_offset:
+                part.txn_timeouts_ms[txn.producer_id] = knows.transaction_timeout_ms
+            who = (f"{part.topic_partition}: the transaction of producer {txn.producer_id} "
+                   f"(epoch {txn.producer_epoch}) open since offset {txn.first_offset} for "
+                   f"{age_ms} ms")
+            coordinator = (f"its coordinator (transactional id {knows.transactional_id!r})"
+                           if knows is not None else "its coordinator")
+            if resolution is hanging_txns.Resolution.STORE_ABORTS:
+                await self._abort_hanging(part, txn, age_ms=age_ms, who=who)
+            elif resolution is hanging_txns.Resolution.COORDINATOR_ABORTS:
+                if key not in self._hanging_counted:
+                    self._hanging_counted.add(key)
+                    metrics.AUTO_ABORTED_TRANSACTIONS.labels(part.topic.name, "coordinator").inc()
+                    log.warning("%s, past its timeout of %d ms: %s is aborting it", who,
+                                policy.timeout_of(txn), coordinator)
+            elif resolution is hanging_txns.Resolution.COORDINATOR_COMMITS:
+                log.warning("%s, past its timeout of %d ms: %s decided to commit it; its "
+                            "COMMIT marker is on its way", who, policy.timeout_of(txn),
+                            coordinator)
+            elif resolution is hanging_txns.Resolution.WAIT_OPEN:
+                log.info("%s: %s holds it open (%s); asking again in %d ms", who, coordinator,
+                         ", ".join(sorted({a.fate.name for a in answers.values()
+                                           if a.transactional_id})), policy.retry_ms)
+            else:
+                missing = sorted(set(range(self.layout.transaction_state_partitions))
+                                 - set(answers))
+                log.info("%s: no coordinator knows it, but __transaction_state partitions %s "
+                         "did not answer; asking again in %d ms", who, missing, policy.retry_ms)
+        except ServiceError as exc:
+            log.warning("%s: ending the hanging transaction of producer %d failed: %s",
+                        part.topic_partition, txn.producer_id, exc)
+        finally:
+            self._hanging_in_flight.discard(key)
+            self._hanging_next_ms[key] = self._clock_ms() + policy.retry_ms
+
+    async def _abort_hanging(self, part: PartitionRuntime, txn: hanging_txns.OpenTxn, *,
+                             age_ms: int, who: str) -> None:
+        """No coordinator knows the transaction: writes its ABORT marker
+        (core/hanging_txns.py, store_abort_marker) through the marker path,
+        if it is still open as it was and the partition still led here by
+        the same runtime; waits until the marker is durable."""
+        self._check_accepting()
+        if self._resolve_leader(part.topic.name, part.partition) is not part:
+            return
+        entry = part.producers.get(txn.producer_id)
+        if entry is None or not entry.has_open_txn:
+            return  # ended meanwhile
+        marker = hanging_txns.store_abort_marker(entry, txn)
+        if isinstance(marker, Rejection):
+            if marker.code is not ErrorCode.INVALID_TXN_STATE:
+                log.error("%s: no coordinator knows it, and %s", who, marker.message)
+            return
+        self._check_enough_replicas(part)
+        now_ms = self._clock_ms()
+        result = part.append_marker(marker, now_ms=now_ms,
+                                    timestamp_ms=hanging_txns.STORE_ABORT_TIMESTAMP_MS)
+        if not isinstance(result, Appended):
+            raise InvariantViolation(f"{part.topic_partition}: a store's abort answered {result!r}")
+        future = self._writer.submit(
+            result.group,
+            on_durable=_durable_callback(part, result.base_offset, result.next_offset))
+        wait = part.track_pending(result.base_offset, result.next_offset, future)
+        self._maybe_snapshot(part, now_ms)
+        failed = (await self._await_durable({0: wait}, 0)).get(0)
+        if failed is not None:
+            raise failed
+        metrics.AUTO_ABORTED_TRANSACTIONS.labels(part.topic.name, "store").inc()
+        log.warning(
+            "%s, past its timeout of %d ms plus the margin of %d ms: no transaction "
+            "coordinator knows it (its record lost, or the producer moved on without its "
+            "marker); aborted it here with an ABORT marker at offset %d (epoch %d, "
+            "coordinator epoch %d)", who, self._hanging_policy.timeout_of(txn),
+            self._hanging_policy.margin_ms, result.base_offset, marker.producer_epoch,
+            marker.coordinator_epoch)
 
 
 @dataclass(slots=True)

@@ -19,6 +19,12 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --unsafe-skip-txn-verification  TEST ONLY: do not ask the transaction coordinator
                                   before a producer's first transactional write to a
                                   partition (makes hanging transactions possible)
+  --resolve-hanging-transactions  end transactions that hold a partition open past their
+                                  timeout plus --hanging-txn-margin-ms (default on)
+  --hanging-txn-margin-ms         how long past its timeout a transaction may stay open
+                                  before the store asks the coordinators about it
+  --max-transaction-timeout-ms    the timeout assumed for a transaction whose timeout the
+                                  store did not learn (>= the coordinators')
   --etcd-endpoints                replicate partitions, with the cluster's metadata in
                                   this etcd (host:port,...; docs/replication.md). Without
                                   it every partition is one copy on one store
@@ -31,6 +37,8 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --controlled-shutdown-timeout-ms on SIGTERM, how long the store waits for its
                                   leaderships to move to other in-sync replicas before
                                   it drains (0: no hand-over; they move at its lease end)
+  --verify-checksums-on-start     read every stored key and check every batch's CRC32C
+                                  before serving (damaged data: damage.py)
 
 Health: besides "" and the service's name, a replicated store serves the
 health status IN_SYNC_HEALTH_SERVICE, SERVING while it is in the ISR of
@@ -39,15 +47,20 @@ probe asks for it, so a rolling restart waits for a restarted store to
 catch up before it stops the next one).
 
 The transaction coordinators (--coordinators) are asked to verify a
-producer's first transactional write to each partition (verify_only).
+producer's first transactional write to each partition (verify_only), and
+about transactions that hold a partition open past their timeout
+(ResolveTransaction; docs/partition-store.md, "Hanging transactions").
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -57,7 +70,7 @@ from oncelog.wire.process import KAFKA
 
 from ..common.cluster import split_addresses
 from ..common.etcd import EtcdMetadataStore
-from ..common.metadata_store import MetadataStore
+from ..common.metadata_store import MetadataStore, MetadataUnavailable
 from ..common.server_base import (
     add_common_arguments,
     configure_logging,
@@ -78,7 +91,7 @@ from ..kafka.listener import KafkaListener, ListenerSecurity
 from .acls import AclService
 from .controlled_shutdown import DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS, ControlledShutdown
 from .controller_link import GrpcControllerLink
-from .coordinator_link import GrpcTxnVerifier
+from .coordinator_link import GrpcTxnResolver, GrpcTxnVerifier
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .core.replicas import (
     DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
@@ -86,27 +99,31 @@ from .core.replicas import (
     DEFAULT_REPLICA_LAG_TIME_MAX_MS,
     in_sync_everywhere,
 )
+from .damage import open_store, record_and_stop
 from .metadata_link import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_ROOT,
     KAFKA_LISTENER,
     TOKEN_LISTENER,
     MetadataLink,
+    sole_in_sync_replica_of,
 )
 from .replica_link import GrpcLeaderLink
-from .replication import LeaderLink, ReplicaManager
+from .replication import START_METADATA_WAIT_MS, LeaderLink, ReplicaManager
 from .runtime import (
     DEFAULT_COMPACTION_CHUNK_BYTES,
     DEFAULT_COMPACTION_INTERVAL_MS,
     DEFAULT_COMPACTION_MAX_KEYS_PER_PASS,
+    DEFAULT_HANGING_TXN_MARGIN_MS,
+    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
     ControllerLink,
     StoreConfig,
     StoreRuntime,
     wall_clock_ms,
 )
 from .servicer import SERVICE_NAME, PartitionStoreServicer
-from .storage.port import KeyValueStore
-from .storage.rocksdb import RocksStore
+from .storage.port import CorruptionError, KeyValueStore
+from .txn_resolver import TxnResolver
 from .txn_verifier import TxnVerifier
 
 log = logging.getLogger("oncelog.partition_store")
@@ -162,6 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
              "write to a partition without verifying with the transaction coordinator that "
              "the partition is in its transaction. Lets tests create hanging transactions "
              "on purpose (and lets a buggy client create them by accident). Off by default")
+    add("--resolve-hanging-transactions", action=argparse.BooleanOptionalAction,
+        default=(env_default("resolve-hanging-transactions", "true") or "").strip().lower()
+        in ("1", "true", "yes", "on"),
+        help="end a transaction that holds a partition's last stable offset past its "
+             "timeout plus --hanging-txn-margin-ms: its coordinator aborts it, or (when no "
+             "coordinator knows it) this store writes its ABORT marker (off: left to an "
+             "operator, as Kafka does)")
+    add("--hanging-txn-margin-ms", type=int,
+        default=env_default("hanging-txn-margin-ms", str(DEFAULT_HANGING_TXN_MARGIN_MS)),
+        help="how long past its timeout a transaction may hold a partition open before the "
+             "store asks the transaction coordinators about it")
+    add("--max-transaction-timeout-ms", type=int,
+        default=env_default("max-transaction-timeout-ms",
+                            str(DEFAULT_MAX_TRANSACTION_TIMEOUT_MS)),
+        help="the timeout assumed for a transaction whose timeout this store did not learn "
+             "from its coordinator (written before a restart or a leader change); at least "
+             "the coordinators' --max-transaction-timeout-ms")
     add("--etcd-endpoints", default=env_default("etcd-endpoints", ""),
         help="replicated mode: host:port,... of the etcd that holds the cluster's metadata "
              "(env ONCELOG_ETCD_ENDPOINTS); empty: single copies, no etcd")
@@ -198,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
              "store waits, still serving, for the controller to move the partitions it "
              "leads to other in-sync replicas before it drains and stops; what has not "
              "moved by then moves when its lease ends. 0: no hand-over")
+    add("--verify-checksums-on-start", action="store_true",
+        default=env_flag("verify-checksums-on-start"),
+        help="before serving, read every stored key and check every stored batch's CRC32C "
+             "(time grows with the data held): damage in data that recovery does not "
+             "read is found at start rather than by the first read of it")
     add("--kafka-listen", default=env_default("kafka-listen", ""),
         help="also serve Kafka's wire protocol on host:port (docs/kafka-protocol.md); every "
              "store of the cluster needs one for Kafka clients. Empty: no Kafka listener")
@@ -237,6 +276,9 @@ def config_from_args(args: argparse.Namespace) -> StoreConfig:
         compaction_max_keys_per_pass=args.compaction_max_keys_per_pass,
         compaction_chunk_bytes=args.compaction_chunk_bytes,
         unsafe_skip_txn_verification=args.unsafe_skip_txn_verification,
+        resolve_hanging_txns=args.resolve_hanging_transactions,
+        hanging_txn_margin_ms=args.hanging_txn_margin_ms,
+        max_transaction_timeout_ms=args.max_transaction_timeout_ms,
         replicated=bool(split_addresses(args.etcd_endpoints)),
         replica_lag_time_max_ms=args.replica_lag_time_max_ms,
     )
@@ -283,7 +325,7 @@ def wire(
     unclean_leader_election: bool = False,
     leader_imbalance_check_interval_ms: int = DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
     leader_imbalance_per_store_pct: int = DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
-    txn_verifier: TxnVerifier | None = None,
+    txn_verifier: TxnVerifier | None = None, txn_resolver: TxnResolver | None = None,
     controller: ControllerLink | None = None, leaders: LeaderLink | None = None,
     clock_ms: Callable[[], int] = wall_clock_ms,
 ) -> Wired:
@@ -293,15 +335,16 @@ def wire(
     (replicated). `main_async` serves one over RocksDB; tests run one
     in-process over a MemoryStore (tests/support/inprocess_cluster.py), and
     the simulation (tests/sim/real) passes its own ports for the links
-    that go over the network (`txn_verifier`, `controller`, `leaders`;
-    gRPC when left out) and its clock."""
+    that go over the network (`txn_verifier`, `txn_resolver`, `controller`,
+    `leaders`; gRPC when left out) and its clock."""
     verifier = txn_verifier if txn_verifier is not None else GrpcTxnVerifier(config.layout)
+    resolver = txn_resolver if txn_resolver is not None else GrpcTxnResolver(config.layout)
     if not config.replicated:
         return Wired(StoreRuntime(
             store, config,
             controller=controller if controller is not None else GrpcControllerLink(
                 config.layout),
-            txn_verifier=verifier, clock_ms=clock_ms,
+            txn_verifier=verifier, txn_resolver=resolver, clock_ms=clock_ms,
         ))
     if metadata is None:
         raise ValueError("a replicated store needs its metadata store")
@@ -313,7 +356,7 @@ def wire(
         clock_ms=clock_ms,
     )
     runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier,
-                           clock_ms=clock_ms)
+                           txn_resolver=resolver, clock_ms=clock_ms)
     runtime.store_addresses = link.store_addresses
     runtime.token_store_addresses = link.token_store_addresses
     runtime.kafka_store_addresses = link.kafka_store_addresses
@@ -343,7 +386,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     security = ServiceSecurity.from_args(args, "partition_store")
     layout = config.layout
     listen = args.listen or args.advertised or layout.stores[config.node_id]
-    store = RocksStore(Path(args.data_dir) / "rocksdb")
+    data_dir = Path(args.data_dir)
     if config.unsafe_skip_txn_verification:
         log.warning(
             "--unsafe-skip-txn-verification is set: transactional writes are NOT verified "
@@ -361,6 +404,10 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     else:
         log.info("single-copy mode (no --etcd-endpoints): each partition is one copy on "
                  "one store")
+    store = await open_store(
+        data_dir, node_id=config.node_id, verify=args.verify_checksums_on_start,
+        sole_copies=None if metadata is None else partial(
+            _sole_copies, metadata, root=args.metadata_root, node_id=config.node_id))
     kafka_address = kafka_advertised(args, layout.kafka_stores, config.node_id)
     listeners = {TOKEN_LISTENER: token_advertised(args, layout.token_stores, config.node_id),
                  KAFKA_LISTENER: kafka_address}
@@ -373,6 +420,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         leader_imbalance_per_store_pct=args.leader_imbalance_per_store_pct,
     )
     runtime = wired.runtime
+    runtime.on_damage = partial(record_and_stop, data_dir, config.node_id)
     # With --authorizer acl: this store's own client of the stores, through
     # which it reads and appends __acls at whichever store leads it.
     acl_client = StoreClient(layout) if security.settings.authorizer is not None else None
@@ -395,7 +443,11 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             await acl_client.close()
 
     try:
-        await wired.start()
+        try:
+            await wired.start()
+        except CorruptionError as exc:
+            # Recovery read damaged data: the next start decides (damage.py).
+            record_and_stop(data_dir, config.node_id, exc)
         if kafka_address is not None:
             kafka = kafka_listener(args, runtime, security, kafka_address)
             try:
@@ -432,6 +484,19 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     finally:
         # After serve() this is a no-op; it matters when start or serve failed.
         await close()
+
+
+async def _sole_copies(metadata: MetadataStore, *, root: str, node_id: int) -> list[str]:
+    """sole_in_sync_replica_of, retried while the metadata store is out of
+    reach (a whole cluster starting), up to START_METADATA_WAIT_MS."""
+    deadline_s = time.monotonic() + START_METADATA_WAIT_MS / 1000
+    while True:
+        try:
+            return await sole_in_sync_replica_of(metadata, root=root, node_id=node_id)
+        except MetadataUnavailable:
+            if time.monotonic() > deadline_s:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: ServiceSecurity,

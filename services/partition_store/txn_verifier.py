@@ -17,6 +17,10 @@ producer's current id and epoch, so the guarantee is the same (the
 coordinator knows every partition a transaction wrote to) and the client
 saves a round trip per transaction.
 
+The answer also carries the transaction's timeout: how long the
+transaction may hold the partition's last stable offset before the store
+asks its coordinators about it (core/hanging_txns.py).
+
 The gRPC adapter is coordinator_link.GrpcTxnVerifier.
 """
 
@@ -37,11 +41,20 @@ TopicPartitionKey = tuple[str, int]
 Verdicts = Mapping[TopicPartitionKey, Rejection | None]
 
 
+@dataclass(frozen=True, slots=True)
+class VerifyAnswer:
+    """The coordinator's verdict per partition, and the timeout of the
+    producer's transaction (0: not told)."""
+
+    verdicts: Verdicts
+    transaction_timeout_ms: int = 0
+
+
 class TxnVerifier(Protocol):
     async def verify(
         self, *, transactional_id: str, producer_id: int, producer_epoch: int,
         partitions: Sequence[TopicPartitionKey], add: bool = False,
-    ) -> Verdicts:
+    ) -> VerifyAnswer:
         """Asks the coordinator that owns transactional_id whether each
         partition is in the producer's ongoing transaction (`add`: adds it
         first, starting the transaction if none is open). Raises
@@ -66,6 +79,7 @@ class _Txn:
     producer_epoch: int
     partitions: set[TopicPartitionKey] = field(default_factory=set)
     ongoing: bool = True
+    timeout_ms: int = 0
 
 
 class InMemoryTxnVerifier:
@@ -86,9 +100,10 @@ class InMemoryTxnVerifier:
 
     def begin(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
-        partitions: Sequence[TopicPartitionKey] = (),
+        partitions: Sequence[TopicPartitionKey] = (), *, timeout_ms: int = 0,
     ) -> None:
-        self._txns[transactional_id] = _Txn(producer_id, producer_epoch, set(partitions))
+        self._txns[transactional_id] = _Txn(producer_id, producer_epoch, set(partitions),
+                                            timeout_ms=timeout_ms)
 
     def add_partitions(
         self, transactional_id: str, partitions: Sequence[TopicPartitionKey]
@@ -110,7 +125,7 @@ class InMemoryTxnVerifier:
     async def verify(
         self, *, transactional_id: str, producer_id: int, producer_epoch: int,
         partitions: Sequence[TopicPartitionKey], add: bool = False,
-    ) -> Verdicts:
+    ) -> VerifyAnswer:
         self.calls.append(
             VerifyCall(transactional_id, producer_id, producer_epoch, tuple(partitions), add)
         )
@@ -130,8 +145,10 @@ class InMemoryTxnVerifier:
                 txn.partitions.clear()
                 txn.ongoing = True
             txn.partitions.update(partitions)
-        return {tp: self._answer(transactional_id, producer_id, producer_epoch, tp)
-                for tp in partitions}
+        return VerifyAnswer(
+            {tp: self._answer(transactional_id, producer_id, producer_epoch, tp)
+             for tp in partitions},
+            txn.timeout_ms if txn is not None else 0)
 
     async def close(self) -> None:
         """Nothing to release (the runtime closes its verifier on shutdown)."""

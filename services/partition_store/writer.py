@@ -10,9 +10,12 @@ futures resolve (the replies go out). While one group syncs, the next one
 accumulates: concurrent producers share one write and one sync.
 
 A failed write leaves memory ahead of disk; the writer then fails every
-pending and later write with STORAGE_ERROR and the process must be restarted
-(recovery rebuilds memory from what is on disk), as Kafka takes a log
-directory offline.
+pending and later write with STORAGE_ERROR (retriable) until memory is
+rebuilt from what is on disk. When the device was full (DiskFullError) the
+runtime does that by itself once space is freed (it reopens the database,
+reopens every partition from disk and calls `resume`); after any other
+failure the process must be restarted, as Kafka takes a log directory
+offline.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import ServiceError
+from ..common.errors import ServiceError, invariant
 from . import metrics
-from .storage.port import KeyValueStore, WriteGroup
+from .storage.port import DiskFullError, KeyValueStore, WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.writer")
 
@@ -69,12 +72,36 @@ class GroupCommitWriter:
         self._wakeup.set()
         return future
 
+    @property
+    def disk_full(self) -> bool:
+        """Writes stopped because the device was full (they resume after
+        `resume`)."""
+        return isinstance(self.failure, DiskFullError)
+
     def check_healthy(self) -> None:
         if self.failure is not None:
-            raise ServiceError(
+            raise self._refusal(self.failure)
+
+    @staticmethod
+    def _refusal(failure: BaseException) -> ServiceError:
+        if isinstance(failure, DiskFullError):
+            return ServiceError(
                 ErrorCode.STORAGE_ERROR,
-                f"storage failed ({self.failure!r}); this store node must be restarted",
+                f"the store's disk is full ({failure}); writes are refused until space is "
+                f"freed, then resume by themselves: retry",
             )
+        return ServiceError(
+            ErrorCode.STORAGE_ERROR,
+            f"storage write failed ({failure!r}); this store node must be restarted",
+        )
+
+    def resume(self) -> None:
+        """Takes writes again after a disk-full failure, once the runtime
+        has reopened storage and rebuilt memory from it."""
+        invariant(self.disk_full, f"resume after {self.failure!r}: only a full disk resumes")
+        self.failure = None
+        metrics.DISK_FULL.set(0)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
 
     async def drain(self) -> None:
         """Waits until everything submitted so far is durable."""
@@ -126,12 +153,15 @@ class GroupCommitWriter:
                     item.future.set_result(None)
 
     def _fail(self, exc: BaseException, items: list[_Queued]) -> None:
-        log.critical("group commit failed; refusing further writes", exc_info=exc)
         self.failure = exc
-        error = ServiceError(
-            ErrorCode.STORAGE_ERROR,
-            f"storage write failed ({exc!r}); this store node must be restarted",
-        )
+        if isinstance(exc, DiskFullError):
+            log.error("group commit failed, the disk is full: refusing writes until space "
+                      "is freed (%s)", exc)
+            metrics.DISK_FULL.set(1)
+        else:
+            log.critical("group commit failed; refusing further writes", exc_info=exc)
+            metrics.STORAGE_FAILED.set(1)
+        error = self._refusal(exc)
         for item in [*items, *self._queue]:
             if not item.future.done():
                 item.future.set_exception(error)

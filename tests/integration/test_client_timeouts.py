@@ -76,6 +76,11 @@ GRPC_TEXT = re.compile(r"StatusCode|_InactiveRpcError|failed to connect to all a
                        r"DEADLINE_EXCEEDED|UNAVAILABLE")
 
 
+# A producer's default max_block_ms is 60 s; refused connections are said
+# long before (about a second): this guard is far above that, far below 60 s.
+FAIL_FAST_GUARD_S = 15.0
+
+
 def bound_s(timeout_ms: int) -> float:
     """The promise: the timeout plus the larger of 10 % and 200 ms."""
     return (timeout_ms + max(timeout_ms / 10, 200)) / 1000
@@ -107,10 +112,29 @@ def assert_unreachable(outcome: object, elapsed_s: float, *, address: str, pause
     if paused:
         assert f"did not answer {within}" in message, message
     else:
-        assert f"answered at {address} {within}" in message, message
+        # Refused outright: said as soon as every address refused a few
+        # times, naming the time that took, not the whole budget.
+        assert f"answered at {address} within " in message, message
         assert "(connection refused)" in message, message
         assert "is the cluster running?" in message, message
     assert not GRPC_TEXT.search(message), message
+
+
+def test_refused_connections_fail_fast_with_the_addresses_named() -> None:
+    """A client whose every bootstrap address refuses the connection (nothing
+    listens there) says so in about a second, naming each address, instead
+    of waiting out its whole budget (60 s by default for a producer)."""
+    addresses = [dead_address(), dead_address()]
+    started_s = time.monotonic()
+    with (Producer(bootstrap=",".join(addresses)) as producer,
+          pytest.raises(errors.KafkaTimeoutError) as refused):
+        producer.send(TOPIC, value=b"x").result()
+    elapsed_s = time.monotonic() - started_s
+    # A failure guard far below the 60 s budget, not a latency expectation.
+    assert elapsed_s < FAIL_FAST_GUARD_S, f"took {elapsed_s:.1f} s"
+    message = str(refused.value)
+    assert all(address in message for address in addresses), message
+    assert "(connection refused)" in message and "is the cluster running?" in message
 
 
 def dead_address() -> str:
@@ -380,7 +404,7 @@ def test_cli_at_a_dead_address(command: list[str]) -> None:
                                 *command)
     assert result.returncode == 1, result
     assert elapsed_s <= bound_s(TIMEOUT_MS), f"the CLI took {elapsed_s:.2f} s"
-    assert f"no oncelog service answered at {address} within {TIMEOUT_MS} ms" in result.stderr
+    assert f"no oncelog service answered at {address} within " in result.stderr
     assert "oncelog cluster up" in result.stderr and "ONCELOG_BOOTSTRAP" in result.stderr
     assert "--bootstrap" in result.stderr
     assert not GRPC_TEXT.search(result.stderr), result.stderr

@@ -34,7 +34,7 @@ from oncelog.v1 import coordinator_pb2_grpc as co_grpc
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 from tests.support.grpc_proxy import END_TXN, DropPolicy, ProxyMesh
-from tests.support.polling import wait_until
+from tests.support.polling import retrying, wait_until
 from tests.support.reading import read_all
 
 # How much longer than its timeout commit_transaction(timeout) may take to
@@ -69,8 +69,10 @@ def test_each_request_is_answered_by_id_and_a_bad_one_fails_alone(
     transactional_id = f"raw-{topic}"
     with grpc.insecure_channel(cluster.address("coordinator")) as channel:
         stub = co_grpc.TransactionCoordinatorStub(channel)
-        init = stub.InitProducerId(co.InitProducerIdRequest(
-            transactional_id=transactional_id, transaction_timeout_ms=60_000), timeout=30)
+        # A coordinator still loading its __transaction_state partition right
+        # after start answers COORDINATOR_LOAD_IN_PROGRESS: retriable, retried.
+        init = retrying(lambda: stub.InitProducerId(co.InitProducerIdRequest(
+            transactional_id=transactional_id, transaction_timeout_ms=60_000), timeout=30))
         stub.AddPartitionsToTxn(co.AddPartitionsToTxnRequest(
             transactional_id=transactional_id, producer_id=init.producer_id,
             producer_epoch=init.producer_epoch,

@@ -650,6 +650,22 @@ def case_abort_transaction(env: Env, who: str, name: str) -> Case:
         transactional_id=name)), [acl(who, C_, CLUSTER, "alter")], CLUSTER_DENIED, works)
 
 
+def case_resolve_transaction(env: Env, who: str, name: str) -> Case:
+    create_topic(env, name)
+    producer_id, epoch = open_txn(env, name, name)
+
+    def works(reply: Message) -> None:
+        assert isinstance(reply, tc.ResolveTransactionResponse)
+        found = [r for r in reply.results if r.transactional_id == name]
+        assert [r.fate for r in found] == [tc.FATE_ONGOING], reply
+
+    return Case(lambda p: p.txn.ResolveTransaction(tc.ResolveTransactionRequest(
+        producer_id=producer_id, producer_epoch=epoch,
+        partition=records_pb2.TopicPartition(topic=name, partition=0),
+        last_marker_timestamp_ms=-1)),
+        [acl(who, C_, CLUSTER, "cluster_action")], CLUSTER_DENIED, works)
+
+
 def case_prepare_transaction(env: Env, who: str, name: str) -> Case:
     create_topic(env, name)
     producer_id, epoch = open_txn(env, name, name, two_phase=True)
@@ -925,6 +941,7 @@ CASES: dict[str, Callable[[Env, str, str], Case]] = {
     _tc("ListTransactions"): case_list_transactions,
     _tc("DescribeTransactions"): case_describe_transactions,
     _tc("AbortTransaction"): case_abort_transaction,
+    _tc("ResolveTransaction"): case_resolve_transaction,
     _tc("PrepareTransaction"): case_prepare_transaction,
     _tc("CompleteTransaction"): case_complete_transaction,
     _gc("ConsumerGroupHeartbeat"): case_consumer_group_heartbeat,

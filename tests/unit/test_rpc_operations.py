@@ -292,6 +292,9 @@ SAMPLES: list[tuple[str, Message, list[Check]]] = [
      [chk(O.DESCRIBE, X, "t-1"), chk(O.DESCRIBE, X, "t-2")]),
     ("/oncelog.v1.TransactionCoordinator/AbortTransaction",
      tc.AbortTransactionRequest(transactional_id="t-1"), [chk(O.ALTER, C)]),
+    ("/oncelog.v1.TransactionCoordinator/ResolveTransaction",
+     tc.ResolveTransactionRequest(producer_id=7, partition=_tps("payments")[0]),
+     [chk(O.CLUSTER_ACTION, C)]),
     ("/oncelog.v1.TransactionCoordinator/PrepareTransaction",
      tc.PrepareTransactionRequest(transactional_id="t-1"),
      [chk(O.WRITE, X, "t-1"), chk(O.TWO_PHASE_COMMIT, X, "t-1")]),
@@ -404,6 +407,8 @@ SERVICE_CALLS: list[tuple[str, Message]] = [
      tc.AddPartitionsToTxnRequest(transactional_id="t-1", partitions=_tps("payments"),
                                   verify_only=True)),
     ("/oncelog.v1.PartitionStore/DeleteTopics", ps.DeleteTopicsRequest()),
+    ("/oncelog.v1.TransactionCoordinator/ResolveTransaction",
+     tc.ResolveTransactionRequest(producer_id=7, partition=_tps("payments")[0])),
 ]
 
 

@@ -39,6 +39,48 @@ TRANSACTION: CoordinatorType.ValueType  # 0
 GROUP: CoordinatorType.ValueType  # 1
 Global___CoordinatorType: _TypeAlias = CoordinatorType  # noqa: Y015
 
+class _TransactionFate:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TransactionFateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TransactionFate.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRANSACTION_FATE_UNSPECIFIED: _TransactionFate.ValueType  # 0
+    FATE_UNKNOWN: _TransactionFate.ValueType  # 1
+    """No transactional id here has it open or decided (never known here, its
+    record lost, or the id has moved on to a later epoch or producer id).
+    """
+    FATE_ONGOING: _TransactionFate.ValueType  # 2
+    """Open and not past its timeout."""
+    FATE_HELD_OPEN: _TransactionFate.ValueType  # 3
+    """Open and never timed out (two-phase commit): an outside coordinator ends it."""
+    FATE_ABORTING: _TransactionFate.ValueType  # 4
+    """Open past its timeout: aborted now by the coordinator (timeout path)."""
+    FATE_DECIDED_ABORT: _TransactionFate.ValueType  # 5
+    """Decided (Prepare*, Complete*): its marker is sent to the asking partition."""
+    FATE_DECIDED_COMMIT: _TransactionFate.ValueType  # 6
+
+class TransactionFate(_TransactionFate, metaclass=_TransactionFateEnumTypeWrapper):
+    """What a __transaction_state partition knows of a transaction a store holds
+    open (services/common/txn_fate.py, TxnFate, names without the prefix).
+    """
+
+TRANSACTION_FATE_UNSPECIFIED: TransactionFate.ValueType  # 0
+FATE_UNKNOWN: TransactionFate.ValueType  # 1
+"""No transactional id here has it open or decided (never known here, its
+record lost, or the id has moved on to a later epoch or producer id).
+"""
+FATE_ONGOING: TransactionFate.ValueType  # 2
+"""Open and not past its timeout."""
+FATE_HELD_OPEN: TransactionFate.ValueType  # 3
+"""Open and never timed out (two-phase commit): an outside coordinator ends it."""
+FATE_ABORTING: TransactionFate.ValueType  # 4
+"""Open past its timeout: aborted now by the coordinator (timeout path)."""
+FATE_DECIDED_ABORT: TransactionFate.ValueType  # 5
+"""Decided (Prepare*, Complete*): its marker is sent to the asking partition."""
+FATE_DECIDED_COMMIT: TransactionFate.ValueType  # 6
+Global___TransactionFate: _TypeAlias = TransactionFate  # noqa: Y015
+
 @_typing.final
 class PreparedTxnState(_message.Message):
     """A prepared two-phase-commit transaction, named by the producer id and epoch
@@ -298,8 +340,14 @@ class AddPartitionsToTxnResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     RESULTS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """AddPartitionsToTxnStream only: the request_id of the request answered."""
+    transaction_timeout_ms: _builtins.int
+    """The timeout of the producer's transaction (0: unknown), so that a store
+    knows how long the transaction may hold its partition's last stable
+    offset before it asks ResolveTransaction.
+    """
     @_builtins.property
     def error(self) -> _errors_pb2.Error:
         """AddPartitionsToTxnStream only: the request failed as a whole (a unary
@@ -314,10 +362,11 @@ class AddPartitionsToTxnResponse(_message.Message):
         error: _errors_pb2.Error | None = ...,
         results: _abc.Iterable[Global___AddPartitionsToTxnResult] | None = ...,
         request_id: _builtins.int = ...,
+        transaction_timeout_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "results", b"results", "transaction_timeout_ms", b"transaction_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -785,3 +834,98 @@ class AbortTransactionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AbortTransactionResponse: _TypeAlias = AbortTransactionResponse  # noqa: Y015
+
+@_typing.final
+class ResolveTransactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LAST_MARKER_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    """The epoch of the transaction's data on the partition."""
+    last_marker_timestamp_ms: _builtins.int
+    """The timestamp of the last marker the store wrote for this producer at
+    producer_epoch (-1: none): version-1 transactions share an epoch, and a
+    decision whose marker already landed there is not the open transaction's.
+    """
+    @_builtins.property
+    def partition(self) -> _records_pb2.TopicPartition:
+        """The partition that holds the transaction open."""
+
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+        partition: _records_pb2.TopicPartition | None = ...,
+        last_marker_timestamp_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_marker_timestamp_ms", b"last_marker_timestamp_ms", "partition", b"partition", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveTransactionRequest: _TypeAlias = ResolveTransactionRequest  # noqa: Y015
+
+@_typing.final
+class ResolvedTransaction(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTION_STATE_PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    FATE_FIELD_NUMBER: _builtins.int
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    transaction_state_partition: _builtins.int
+    fate: Global___TransactionFate.ValueType
+    transactional_id: _builtins.str
+    """The transactional id that knows the transaction (empty when none does)."""
+    transaction_timeout_ms: _builtins.int
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error:
+        """Set when this partition cannot answer now (loading, no longer owned,
+        ownership not confirmed): the store asks again later.
+        """
+
+    def __init__(
+        self,
+        *,
+        transaction_state_partition: _builtins.int = ...,
+        error: _errors_pb2.Error | None = ...,
+        fate: Global___TransactionFate.ValueType = ...,
+        transactional_id: _builtins.str = ...,
+        transaction_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "fate", b"fate", "transaction_state_partition", b"transaction_state_partition", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolvedTransaction: _TypeAlias = ResolvedTransaction  # noqa: Y015
+
+@_typing.final
+class ResolveTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResolvedTransaction]:
+        """One per __transaction_state partition this coordinator owns."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ResolvedTransaction] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveTransactionResponse: _TypeAlias = ResolveTransactionResponse  # noqa: Y015

@@ -94,6 +94,11 @@ class TransactionCoordinatorStub:
                 request_serializer=oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.FromString,
                 _registered_method=True)
+        self.ResolveTransaction = channel.unary_unary(
+                '/oncelog.v1.TransactionCoordinator/ResolveTransaction',
+                request_serializer=oncelog_dot_v1_dot_coordinator__pb2.ResolveTransactionRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_coordinator__pb2.ResolveTransactionResponse.FromString,
+                _registered_method=True)
 
 
 class TransactionCoordinatorServicer:
@@ -190,6 +195,20 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolveTransaction(self, request, context):
+        """A partition store asks about a transaction it has held open past its
+        timeout (the hanging-transaction check; docs/partition-store.md,
+        "Hanging transactions"). Every coordinator answers for each
+        __transaction_state partition it owns, after confirming that its memory
+        is the log's, and acts: an open transaction past its timeout is aborted
+        now (the timeout path), a decided one's marker is sent to the asking
+        partition. When every partition answers FATE_UNKNOWN, no coordinator
+        will ever end the transaction, and the store aborts it itself.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransactionCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -252,6 +271,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.CompleteTransaction,
                     request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.SerializeToString,
+            ),
+            'ResolveTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveTransaction,
+                    request_deserializer=oncelog_dot_v1_dot_coordinator__pb2.ResolveTransactionRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_coordinator__pb2.ResolveTransactionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -578,6 +602,33 @@ class TransactionCoordinator:
             '/oncelog.v1.TransactionCoordinator/CompleteTransaction',
             oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.SerializeToString,
             oncelog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncelog.v1.TransactionCoordinator/ResolveTransaction',
+            oncelog_dot_v1_dot_coordinator__pb2.ResolveTransactionRequest.SerializeToString,
+            oncelog_dot_v1_dot_coordinator__pb2.ResolveTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,

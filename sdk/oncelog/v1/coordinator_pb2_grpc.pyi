@@ -70,6 +70,16 @@ class TransactionCoordinatorStub:
     """Two-phase commit: commits the prepared transaction if it is the one the
     given prepared state names, else aborts it.
     """
+    ResolveTransaction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ResolveTransactionRequest, _coordinator_pb2.ResolveTransactionResponse]
+    """A partition store asks about a transaction it has held open past its
+    timeout (the hanging-transaction check; docs/partition-store.md,
+    "Hanging transactions"). Every coordinator answers for each
+    __transaction_state partition it owns, after confirming that its memory
+    is the log's, and acts: an open transaction past its timeout is aborted
+    now (the timeout path), a decided one's marker is sent to the asking
+    partition. When every partition answers FATE_UNKNOWN, no coordinator
+    will ever end the transaction, and the store aborts it itself.
+    """
 
 @_typing.type_check_only
 class TransactionCoordinatorAsyncStub(TransactionCoordinatorStub):
@@ -109,6 +119,16 @@ class TransactionCoordinatorAsyncStub(TransactionCoordinatorStub):
     CompleteTransaction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CompleteTransactionRequest, _coordinator_pb2.CompleteTransactionResponse]  # type: ignore[assignment]
     """Two-phase commit: commits the prepared transaction if it is the one the
     given prepared state names, else aborts it.
+    """
+    ResolveTransaction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ResolveTransactionRequest, _coordinator_pb2.ResolveTransactionResponse]  # type: ignore[assignment]
+    """A partition store asks about a transaction it has held open past its
+    timeout (the hanging-transaction check; docs/partition-store.md,
+    "Hanging transactions"). Every coordinator answers for each
+    __transaction_state partition it owns, after confirming that its memory
+    is the log's, and acts: an open transaction past its timeout is aborted
+    now (the timeout path), a decided one's marker is sent to the asking
+    partition. When every partition answers FATE_UNKNOWN, no coordinator
+    will ever end the transaction, and the store aborts it itself.
     """
 
 class TransactionCoordinatorServicer(metaclass=_abc_1.ABCMeta):
@@ -218,6 +238,22 @@ class TransactionCoordinatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_coordinator_pb2.CompleteTransactionResponse, _abc.Awaitable[_coordinator_pb2.CompleteTransactionResponse]]:
         """Two-phase commit: commits the prepared transaction if it is the one the
         given prepared state names, else aborts it.
+        """
+
+    @_abc_1.abstractmethod
+    def ResolveTransaction(
+        self,
+        request: _coordinator_pb2.ResolveTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ResolveTransactionResponse, _abc.Awaitable[_coordinator_pb2.ResolveTransactionResponse]]:
+        """A partition store asks about a transaction it has held open past its
+        timeout (the hanging-transaction check; docs/partition-store.md,
+        "Hanging transactions"). Every coordinator answers for each
+        __transaction_state partition it owns, after confirming that its memory
+        is the log's, and acts: an open transaction past its timeout is aborted
+        now (the timeout path), a decided one's marker is sent to the asking
+        partition. When every partition answers FATE_UNKNOWN, no coordinator
+        will ever end the transaction, and the store aborts it itself.
         """
 
 def add_TransactionCoordinatorServicer_to_server(servicer: TransactionCoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

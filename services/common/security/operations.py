@@ -37,7 +37,9 @@ the service authorized the client when the client called it. ClusterAction
 already lets its holder read every log (ReplicaFetch), so accepting it for
 reads and listings grants nothing more. So no client can forge markers or
 touch internal topics, whatever flags it sets: `coordinator_write`,
-`verify_only`, WriteTxnMarkers and ReplicaFetch need ClusterAction.
+`verify_only`, WriteTxnMarkers, ReplicaFetch and ResolveTransaction (a store asking
+about a transaction it holds open, which may make the coordinator abort it)
+need ClusterAction.
 
 A method planned for the protos but not in them yet may be given its entry
 ahead, keyed by the name it will have, and listed in `PLANNED_METHODS`
@@ -418,6 +420,9 @@ TABLE: Mapping[str, RpcRule] = {
     # The hanging-transaction tool: Kafka's abort (KIP-664) needs Alter on
     # the cluster.
     _tc("AbortTransaction"): RpcRule(needs=(Need(_O.ALTER, _T.CLUSTER),)),
+    # A store's question about a transaction it holds open past its
+    # timeout: the answer may abort the transaction, so only services ask.
+    _tc("ResolveTransaction"): RpcRule(needs=(Need(_O.CLUSTER_ACTION, _T.CLUSTER),)),
     _tc("PrepareTransaction"): RpcRule(needs=(
         Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id"),
         Need(_O.TWO_PHASE_COMMIT, _T.TRANSACTIONAL_ID, "transactional_id"),

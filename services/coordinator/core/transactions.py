@@ -230,6 +230,11 @@ class TxnMetadata:
     # named when the outcome was decided (see `_decide`).
     marker_producer_id: int = NO_PRODUCER_ID
     marker_producer_epoch: int = -1
+    # In a Prepare* record (kept after): the epoch the decided transaction's
+    # data was written with, under marker_producer_id. A store holding that
+    # transaction open asks about it by this (core/hanging.py). -1: a record
+    # from before the field existed.
+    decided_producer_epoch: int = -1
     # The transaction protocol of the producer, from its InitProducerId.
     transaction_version: TransactionVersion = TransactionVersion.V2
     # The timestamp of the last decision (set in its Prepare* record, kept
@@ -268,6 +273,7 @@ class TxnMetadata:
             "prepared_outcome": self.prepared_outcome,
             "marker_producer_id": self.marker_producer_id,
             "marker_producer_epoch": self.marker_producer_epoch,
+            "decided_producer_epoch": self.decided_producer_epoch,
             "transaction_version": int(self.transaction_version),
             "decision_timestamp_ms": self.decision_timestamp_ms,
         }
@@ -295,6 +301,7 @@ class TxnMetadata:
             prepared_outcome=str(payload.get("prepared_outcome", "")),
             marker_producer_id=int(payload.get("marker_producer_id", NO_PRODUCER_ID)),
             marker_producer_epoch=int(payload.get("marker_producer_epoch", -1)),
+            decided_producer_epoch=int(payload.get("decided_producer_epoch", -1)),
             # Records from before transaction versions were version 2.
             transaction_version=TransactionVersion(int(payload.get("transaction_version", 2))),
             decision_timestamp_ms=int(payload.get("decision_timestamp_ms", -1)),
@@ -556,7 +563,7 @@ def _decide(md: TxnMetadata, target: TxnState, now_ms: int, fresh_producer_id: i
     if md.state is TxnState.PREPARED:
         outcome = "commit" if target is TxnState.PREPARE_COMMIT else "abort"
     return replace(decided, marker_producer_id=data_pid, marker_producer_epoch=marker_epoch,
-                   prepared_outcome=outcome,
+                   decided_producer_epoch=data_epoch, prepared_outcome=outcome,
                    decision_timestamp_ms=max(now_ms, md.decision_timestamp_ms + 1))
 
 

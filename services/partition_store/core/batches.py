@@ -94,3 +94,17 @@ def _is_intact_but_empty(batch: bytes) -> bool:
         and header.batch_length == len(batch) - 12
         and crc32c(memoryview(batch)[CRC_START:]) == header.crc
     )
+
+
+def stored_batch_damage(value: bytes | memoryview) -> str | None:
+    """Why a batch read back from storage is not the one that was written
+    (too short for its header, or its CRC32C does not match), None when it
+    is intact. Checked on every batch a fetch or a replica fetch reads, so
+    damaged bytes are never served nor copied."""
+    if len(value) < HEADER_SIZE_BYTES:
+        return f"the stored batch is {len(value)} bytes, shorter than its header"
+    header = read_header(value)
+    actual = crc32c(memoryview(value)[CRC_START:])
+    if actual != header.crc:
+        return f"the stored batch's CRC32C is {actual:#010x}, its header says {header.crc:#010x}"
+    return None

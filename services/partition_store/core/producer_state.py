@@ -666,6 +666,10 @@ class ProducerStateManager:
     def open_txn_count(self) -> int:
         return len(self._open)
 
+    def open_entries(self) -> list[ProducerEntry]:
+        """The entries of the producers with an open transaction here."""
+        return [self._producers[pid] for pid in self._open]
+
     def oldest_open_txn_start_ms(self) -> int | None:
         """The store's clock when the oldest open transaction started."""
         starts = [self._producers[pid].current_txn_start_time_ms for pid in self._open]

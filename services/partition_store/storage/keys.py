@@ -199,3 +199,7 @@ def catalog_key_name(key: bytes) -> str:
 
 CATALOG_START = CATALOG
 CATALOG_END = next_prefix(CATALOG)
+# Below and above every key of this layout (each starts with an ASCII
+# letter): a scan of everything (damage.verify_checksums).
+KEYSPACE_START = b""
+KEYSPACE_END = b"\x7f"

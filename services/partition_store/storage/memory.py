@@ -59,6 +59,15 @@ class MemoryStore:
             return None
         return found, self._values[found]
 
+    def locate(self, key: bytes) -> str | None:
+        return None
+
+    def room_to_reopen(self) -> bool:
+        return True
+
+    def reopen(self) -> None:
+        """Nothing to do: every write is applied whole or not at all."""
+
     def put_raw(self, key: bytes, value: bytes) -> None:
         """Overwrites one value (tests use it to corrupt snapshots)."""
         group = WriteGroup()

@@ -65,16 +65,19 @@ from services.common.cluster import PRODUCER_IDS_TOPIC, TRANSACTION_STATE_TOPIC,
 from services.common.errors import ServiceError
 from services.common.leaders import METADATA_RPC_TIMEOUT_S, MOVED_CODES
 from services.common.store_client import STORE_RPC_TIMEOUT_S, RawRead, TxnWriter
+from services.coordinator.core.hanging import StoreAnswer, StoreQuestion
 from services.coordinator.core.producer_ids import ProducerIdBlock, decode_block, encode_block
 from services.coordinator.markers import MARKER_RPC_TIMEOUT_S, MarkerSpec
 from services.coordinator.storage.producer_id_log import BLOCK_KEY
 from services.coordinator.storage.txn_log import Entry
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.group_coordinator.runtime import GroupCoordinatorRuntime
+from services.partition_store.coordinator_link import RESOLVE_TIMEOUT_S as RESOLVE_RPC_TIMEOUT_S
 from services.partition_store.core.outcomes import Rejection
+from services.partition_store.core.replicas import PartitionState
 from services.partition_store.core.topics import TopicRecord
 from services.partition_store.partition import Isolation
-from services.partition_store.replica_link import REPLICA_RPC_TIMEOUT_S
+from services.partition_store.replica_link import PARTITION_STATES_TIMEOUT_S, REPLICA_RPC_TIMEOUT_S
 from services.partition_store.runtime import (
     EpochEndOutcome,
     FetchItem,
@@ -90,7 +93,8 @@ from services.partition_store.runtime import (
 )
 from services.partition_store.storage.memory import MemoryStore
 from services.partition_store.storage.port import WriteGroup
-from services.partition_store.txn_verifier import TopicPartitionKey, Verdicts
+from services.partition_store.txn_resolver import Answers, CoordinatorAnswer, HangingQuestion
+from services.partition_store.txn_verifier import TopicPartitionKey, VerifyAnswer
 from tests.sim.real.loop import NODE, DeterministicLoop
 
 T = TypeVar("T")
@@ -99,6 +103,7 @@ T = TypeVar("T")
 # controller_link.GrpcControllerLink default to 5 s; the store client and the
 # marker sender use their module constants.
 VERIFY_TIMEOUT_S = 5.0
+RESOLVE_TIMEOUT_S = RESOLVE_RPC_TIMEOUT_S
 CONTROLLER_TIMEOUT_S = 5.0
 STORE_TIMEOUT_S = STORE_RPC_TIMEOUT_S
 MARKER_TIMEOUT_S = MARKER_RPC_TIMEOUT_S
@@ -757,31 +762,77 @@ class SimTxnVerifier:
         self._layout = layout
 
     async def verify(self, *, transactional_id: str, producer_id: int, producer_epoch: int,
-                     partitions: Sequence[TopicPartitionKey], add: bool = False) -> Verdicts:
+                     partitions: Sequence[TopicPartitionKey], add: bool = False,
+                     ) -> VerifyAnswer:
         layout = self._layout
         node = layout.coordinator_for_partition(
             layout.transaction_state_partition(transactional_id))
 
-        async def op(target: Incarnation) -> dict[TopicPartitionKey, Rejection | None]:
+        async def op(target: Incarnation) -> tuple[dict[TopicPartitionKey, Rejection | None],
+                                                   int]:
             coordinator = _coordinator(target)
             if add:
                 await coordinator.add_partitions(transactional_id, producer_id,
                                                  producer_epoch, frozenset(partitions))
-                return dict.fromkeys(partitions)
+                return (dict.fromkeys(partitions),
+                        coordinator.transaction_timeout_ms(transactional_id))
             verdicts = await coordinator.verify_partitions(
                 transactional_id, producer_id, producer_epoch, partitions)
-            return {tp: None if e is None else Rejection(e.code, e.message)
-                    for tp, e in verdicts.items()}
+            return ({tp: None if e is None else Rejection(e.code, e.message)
+                     for tp, e in verdicts.items()},
+                    coordinator.transaction_timeout_ms(transactional_id))
 
         what = (f"{'add' if add else 'verify'} {transactional_id} pid={producer_id} "
                 f"epoch={producer_epoch} {list(partitions)}")
         try:
-            answered = await self._net.call(self._me, coordinator_name(node), what, op,
-                                            timeout_s=VERIFY_TIMEOUT_S)
+            answered, timeout_ms = await self._net.call(
+                self._me, coordinator_name(node), what, op, timeout_s=VERIFY_TIMEOUT_S)
         except (RpcTimeout, RpcUnavailable) as exc:
             raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc)) from None
-        return {tp: answered.get(tp, Rejection(ErrorCode.UNKNOWN_SERVER_ERROR, "no answer"))
-                for tp in partitions}
+        return VerifyAnswer(
+            {tp: answered.get(tp, Rejection(ErrorCode.UNKNOWN_SERVER_ERROR, "no answer"))
+             for tp in partitions}, timeout_ms)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+class SimTxnResolver:
+    """The TxnResolver port (coordinator_link.GrpcTxnResolver): the store
+    asks every coordinator about a transaction it holds open past its
+    timeout; each answers for the `__transaction_state` partitions the
+    layout gives it, as its servicer's ResolveTransaction does."""
+
+    def __init__(self, net: Network, me: Incarnation, layout: ClusterLayout) -> None:
+        self._net = net
+        self._me = me
+        self._layout = layout
+
+    async def resolve(self, question: HangingQuestion) -> Answers:
+        layout = self._layout
+        store_question = StoreQuestion(
+            producer_id=question.producer_id, producer_epoch=question.producer_epoch,
+            topic_partition=(question.topic, question.partition),
+            last_marker_timestamp_ms=question.last_marker_timestamp_ms)
+
+        async def op(target: Incarnation) -> dict[int, StoreAnswer | ServiceError]:
+            return await _coordinator(target).resolve_transaction(store_question)
+
+        answers: dict[int, CoordinatorAnswer] = {}
+        for node in range(len(layout.coordinators)):
+            what = (f"resolve pid={question.producer_id} epoch={question.producer_epoch} "
+                    f"{question.topic}-{question.partition}")
+            try:
+                answered = await self._net.call(self._me, coordinator_name(node), what, op,
+                                                timeout_s=RESOLVE_TIMEOUT_S)
+            except (RpcTimeout, RpcUnavailable, ServiceError):
+                continue
+            for partition, found in answered.items():
+                if (not isinstance(found, ServiceError)
+                        and layout.coordinator_for_partition(partition) == node):
+                    answers[partition] = CoordinatorAnswer(
+                        found.fate, found.transactional_id, found.transaction_timeout_ms)
+        return answers
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -872,6 +923,12 @@ class SimLeaderLink:
             f"{t}-{p}/e{e}" for t, p, e, _c in queries)
         return await self._call(leader, what, op, REPLICA_RPC_TIMEOUT_S)
 
+    async def partition_states(self, node_id: int) -> dict[tuple[str, int], PartitionState]:
+        async def op(store: StoreRuntime) -> dict[tuple[str, int], PartitionState]:
+            return store.partition_states()
+
+        return await self._call(node_id, "partition-states", op, PARTITION_STATES_TIMEOUT_S)
+
     async def close(self) -> None:
         """Nothing to release."""
 
@@ -944,6 +1001,15 @@ class SimDisk:
     def seek_for_prev(self, key: bytes, lower_bound: bytes) -> tuple[bytes, bytes] | None:
         return self._live.seek_for_prev(key, lower_bound)
 
+    def locate(self, key: bytes) -> str | None:
+        return None
+
+    def room_to_reopen(self) -> bool:
+        return True
+
+    def reopen(self) -> None:
+        """Writes here never fail: nothing to reopen."""
+
     def close(self) -> None:
         """The disk outlives the process."""
 
@@ -956,6 +1022,6 @@ _KEY_END = b"\xff" * 8
 __all__ = [
     "FaultProfile", "Hold", "Incarnation", "Network", "RpcTimeout", "RpcUnavailable",
     "SimControllerLink", "SimDisk", "SimLeaderDirectory", "SimLeaderLink", "SimMarkerSender",
-    "SimProducerIdLog", "SimStoreClient", "SimTxnLog", "SimTxnVerifier", "coordinator_name",
-    "group_coordinator_name", "serving_store", "store_name", "transport_error",
+    "SimProducerIdLog", "SimStoreClient", "SimTxnLog", "SimTxnResolver", "SimTxnVerifier",
+    "coordinator_name", "group_coordinator_name", "serving_store", "store_name", "transport_error",
 ]

@@ -133,6 +133,7 @@ from tests.sim.real.network import (
     SimProducerIdLog,
     SimStoreClient,
     SimTxnLog,
+    SimTxnResolver,
     SimTxnVerifier,
     coordinator_name,
     group_coordinator_name,
@@ -166,6 +167,13 @@ RECIPE_SHARE = 0.25
 # Idle transactional ids are forgotten after this (a week by default),
 # scaled down so that clock jumps of minutes make them expire.
 TRANSACTIONAL_ID_EXPIRATION_MS = 180_000
+# The coordinators' --max-transaction-timeout-ms, also the stores' bound on a
+# transaction whose timeout they did not learn; and the stores'
+# --hanging-txn-margin-ms, short so that the stores' questions about
+# transactions open past their timeout race the coordinators' own timers
+# (and clock jumps make many transactions overdue at once).
+MAX_TRANSACTION_TIMEOUT_MS = 60_000
+HANGING_TXN_MARGIN_MS = 2_000
 # The share of transactional ids that run transaction version 1.
 VERSION_1_SHARE = 0.4
 # A producer id no block of the coordinators' hands out: the transactional id
@@ -685,8 +693,11 @@ class Simulation:
             snapshot_interval_ms=5_000, retention_check_interval_ms=3_000,
             producer_id_expiration_ms=15_000, catalog_refresh_interval_ms=2_000,
             replicated=self.replicated, replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS,
+            max_transaction_timeout_ms=MAX_TRANSACTION_TIMEOUT_MS,
+            hanging_txn_margin_ms=HANGING_TXN_MARGIN_MS,
         )
         verifier = SimTxnVerifier(self.net, inc, self.layout)
+        resolver = SimTxnResolver(self.net, inc, self.layout)
         if self.replicated:
             client = self.metadata.another_client()
             client.set_available(self._metadata_up and node_id not in self._metadata_cut)
@@ -694,10 +705,12 @@ class Simulation:
             wired = wire(self.disks[node_id], config, metadata=client, lease_ttl_s=LEASE_TTL_S,
                          leader_imbalance_check_interval_ms=(
                              self.leader_imbalance_check_interval_ms),
-                         txn_verifier=verifier, leaders=SimLeaderLink(self.net, inc),
+                         txn_verifier=verifier, txn_resolver=resolver,
+                         leaders=SimLeaderLink(self.net, inc),
                          clock_ms=self.clock_ms)
         else:
             wired = wire(self.disks[node_id], config, txn_verifier=verifier,
+                         txn_resolver=resolver,
                          controller=SimControllerLink(self.net, inc, self.layout),
                          clock_ms=self.clock_ms)
         inc.runtime = wired.runtime
@@ -733,7 +746,8 @@ class Simulation:
             producer_ids=ProducerIdManager(SimProducerIdLog(client, self.clock_ms),
                                            node_id=node_id, block_size=DEFAULT_BLOCK_SIZE),
             now_ms=self.clock_ms,
-            config=TxnConfig(max_transaction_timeout_ms=60_000, check_interval_ms=1_000,
+            config=TxnConfig(max_transaction_timeout_ms=MAX_TRANSACTION_TIMEOUT_MS,
+                             check_interval_ms=1_000,
                              transactional_id_expiration_ms=TRANSACTIONAL_ID_EXPIRATION_MS,
                              allow_two_phase_commit=True),
         )

@@ -36,7 +36,9 @@ from tests.sim.real.simulation import (
 )
 
 # Fixed seeds for the default run (~0.25 s each); 64 and 84 are seeds where
-# the slow-client-zombie recipe lines issue 3's faults up (see TEETH).
+# the slow-client-zombie recipe lines issue 3's faults up (see TEETH: the
+# stores' hanging-transaction check now ends the stale transaction there by
+# the coordinator's repeated ABORT, which is the right outcome).
 CI_SEEDS = [*range(1, 61), 64, 84, 112]
 REPO = Path(__file__).resolve().parents[3]
 
@@ -89,27 +91,39 @@ def test_replay_does_not_depend_on_the_string_hash_seed() -> None:
 # `.venv/bin/python -m tests.sim.real --seeds 1..60 --bug NAME` (the
 # replication of partitions changed the stores' scheduling, and every list
 # was found again then; so did making a share of the transactional ids run
-# transaction version 1, and Kafka's varint records, whose sizes changed
-# the stores' scheduling).
+# transaction version 1; and so did the stores' hanging-transaction check,
+# which asks the coordinators about transactions open past their timeout).
+# A bug whose trace was a transaction left open for ever now shows as what
+# ended it: the store's own ABORT marker, which matches no decision in the
+# transaction log, or a coordinator's repeated marker ending a batch written
+# after the decision.
 # (no-marker-epoch-check and kafka-v1-marker-rule are caught by their
 # scripted schedules, test_scripted.py: a seed lines their faults up rarely.)
 TEETH: dict[str, tuple[list[int], tuple[str, ...]]] = {
-    # Issue 3, through the slow-client-zombie recipe (`Simulation._after_add`):
-    # a stale batch opens a transaction nobody ends. The scripted schedule in
-    # test_scripted.py pins the interleaving whatever the seeds do.
-    "no-confirm-ownership": ([64, 84], ("still open after quiescing",)),
+    # Issue 3: a zombie's stale verification lets a stale batch open a
+    # transaction, which the hanging-transaction check ends by the decision's
+    # repeated marker. The scripted schedule in test_scripted.py pins the
+    # interleaving whatever the seeds do.
+    "no-confirm-ownership": ([32, 54], ("still open after quiescing",
+                                        "a repeated marker of decision")),
     # A store that dies right after answering (`crash_after_reply`) loses an
-    # acknowledged transaction-log write: an abort decision whose marker
-    # landed, the log holding no decision for it (27, 59). (112 was added to
-    # CI_SEEDS for this once; the seeds have moved since.)
-    "ack-before-durable": ([27, 59], ("transaction log holds", "its decision #")),
+    # acknowledged write: an abort decision whose marker landed, or a
+    # version-1 producer's decision whose marker landed, the log holding
+    # another decision in its place; the record of an open transaction, which
+    # the store then aborts itself (27: its ABORT marker matches no
+    # decision); an input copied twice (42). (112 was added to CI_SEEDS for
+    # this once; the seeds have moved since.)
+    "ack-before-durable": ([27, 42], ("transaction log holds", "its decision #",
+                                      "copied twice")),
     # The group coordinator materializes an aborted transaction's offsets.
     "offsets-on-abort": ([2, 3], ("committed past unprocessed input",)),
     "leaky-read-committed": ([2, 3], ("never asked to commit", "read_committed returned")),
-    # A write to a partition the transaction never added hangs.
-    "skip-verification": ([1, 3], ("still open after quiescing",)),
-    "two-phase-timeout": ([2, 3], ("aborted on its timeout",)),
-    "complete-any-state": ([13, 16], ("CompleteTransaction",)),
+    # A write to a partition the transaction never added hangs, until the
+    # store aborts it with a marker of no decision.
+    "skip-verification": ([7, 8], ("still open after quiescing",
+                                   "the transaction log holds no decision")),
+    "two-phase-timeout": ([2, 6], ("aborted on its timeout",)),
+    "complete-any-state": ([16, 17], ("CompleteTransaction",)),
 }
 
 
