@@ -35,6 +35,7 @@ from tests.support.rolling import (
     StoreStop,
     check_input,
     check_kafka_writes,
+    check_output,
     start_load,
     stop_load,
     uncontrolled_moves,
@@ -82,7 +83,8 @@ def test_rolling_restarts_round_after_round_then_kill_9_to_compare(
           f"kill -9: {_spread(killed, 'moved_kafka_s')}\n"
           f"SIGTERM to exit: {_spread(controlled, 'exited_s')}\n"
           f"errors the clients met (client, kind, name, count):\n{tally.table()}\n"
-          f"copier transactions: {load.copier.transactions}")
+          f"copier transactions: {load.copier.transactions} committed, "
+          f"{load.copier.aborted} aborted")
     not_retriable = {key: n for key, n in tally.snapshot().items()
                      if key[1] != "retriable" and key[:2] != ("sdk", "retried")}
     assert not not_retriable, f"errors that are not retriable: {not_retriable}"
@@ -91,5 +93,6 @@ def test_rolling_restarts_round_after_round_then_kill_9_to_compare(
     assert not any(uncontrolled.values()), \
         f"leaderships that did not move by a controlled shutdown: {uncontrolled}"
     check_input(cluster.bootstrap_servers, load.input)
+    check_output(cluster.bootstrap_servers, load.copier, load.reader)
     verify_exactly_once(cluster.bootstrap_servers, "in", "out", 3)
     check_kafka_writes(cluster.bootstrap_servers, load.kafka)

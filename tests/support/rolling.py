@@ -10,9 +10,18 @@ The load, in threads of the test process:
 * `TxnCopier`: our SDK's exactly-once copier — a read_committed consumer in
   a group reads `in`, and each polled batch goes to `out` in one
   transaction with the group's offsets (each output record names its input
-  in a `src` header, as examples/copier.py's do);
+  in a `src` header, as examples/copier.py's do, and its transaction in a
+  `txn` header); one transaction in ABORT_EVERY is aborted on purpose;
+* `OutputReader`: a read_committed consumer of `out`, reading along while
+  the restarts run, as a downstream application would;
 * `KafkaWriter`: librdkafka's idempotent producer (confluent-kafka) writing
   numbered values to `kin` through the stores' Kafka listeners.
+
+The checks hold each client's view — what each producer was acknowledged,
+each copier transaction's outcome — against what a reader finds, with the
+network-partition soak's checker (tests/support/partitioned_clients.py,
+`check_exactly_once`), and the copier's output against its input
+(tests/support/copier.py, `verify_exactly_once`, the copier chaos test's).
 
 Errors are counted where each client shows them: what our SDK met
 (`sdk_errors_counted`: every typed error it made from a server's answer or
@@ -28,7 +37,7 @@ replicas in sync; then the transaction coordinator and the group
 coordinator. For each store it measures how long its partitions took to get
 new leaders in the gRPC and in the Kafka metadata of another store, and it
 keeps the etcd revision before the SIGTERM, so that the partitions' history
-can show how leadership moved (`controlled_moves`).
+can show how leadership moved (`uncontrolled_moves`).
 """
 
 from __future__ import annotations
@@ -63,12 +72,21 @@ from services.common.metadata_store import Put
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.metadata_link import DEFAULT_ROOT
 from services.partition_store.server import IN_SYNC_HEALTH_SERVICE
-from tests.support.reading import read_all
+from tests.support.partitioned_clients import (
+    ABORTED,
+    COMMITTED,
+    UNKNOWN,
+    ClientLog,
+    check_exactly_once,
+)
+from tests.support.reading import read_all, wait_for_markers
 
 TOPIC_IN, TOPIC_OUT, TOPIC_KAFKA = "in", "out", "kin"
 PARTITIONS = 3
 GROUP = "copier"
 KEYS = 40
+# Every ABORT_EVERY-th copier transaction is aborted on purpose.
+ABORT_EVERY = 10
 # Failure guards (a hang becomes a failure), never expectations.
 DEADLINE_S = 120.0
 POLL_S = 0.02
@@ -191,6 +209,7 @@ class InputWriter(_Worker):
         self.tally = tally
         self.rate = rate
         self.futures: list[Future[RecordMetadata]] = []
+        self.values: list[bytes] = []
 
     def run(self) -> None:
         per_key: Counter[str] = Counter()
@@ -200,8 +219,9 @@ class InputWriter(_Worker):
             i = 0
             while not self.stopping.is_set():
                 key = f"k{i % KEYS}"
-                self.futures.append(producer.send(
-                    TOPIC_IN, key=key.encode(), value=f"{key}:{per_key[key]}".encode()))
+                value = f"{key}:{per_key[key]}".encode()
+                self.futures.append(producer.send(TOPIC_IN, key=key.encode(), value=value))
+                self.values.append(value)
                 per_key[key] += 1
                 i += 1
                 ahead_s = started + i / self.rate - time.monotonic()
@@ -223,23 +243,67 @@ class TxnCopier(_Worker):
     one transaction with the group's offsets. A commit whose outcome is
     unknown is retried; any other failure aborts and rewinds to the
     committed offsets; a fatal one starts a new producer (it fences the
-    old). Every exception that reaches this loop is counted as client
-    "copier"."""
+    old). Every ABORT_EVERY-th transaction is aborted on purpose after its
+    records were sent, and its input copied again, so that `out` holds
+    aborted records for the readers to skip. Every exception that reaches
+    this loop is counted as client "copier".
+
+    Each output record names its transaction in a `txn` header beside its
+    input's `src`; `txns` keeps what the copier was told of each
+    transaction in the form of tests/support/partitioned_clients.py's
+    ClientLog (outcome, and each record's place once committed), for its
+    check_exactly_once."""
 
     def __init__(self, bootstrap: str, tally: ErrorTally) -> None:
         super().__init__("copier")
         self.bootstrap = bootstrap
         self.tally = tally
         self.transactions = 0
+        self.aborted = 0
+        # txn -> (outcome, {output identity: (partition, offset) or None})
+        self.txns: dict[str, tuple[str, dict[bytes, tuple[int, int] | None]]] = {}
+        self._begun = 0
+        # The open transaction: its name and its records' identities and
+        # futures, so that a failure can be logged against it.
+        self._open: tuple[str, list[tuple[bytes, Future[RecordMetadata]]]] | None = None
         # Set by the test once the input is complete: the copier stops when
         # the group's committed offsets reach these ends.
         self.final_ends: dict[TopicPartition, int] | None = None
+
+    def client_log(self) -> ClientLog:
+        return ClientLog(txns=dict(self.txns))
 
     def _producer(self) -> Producer:
         producer = Producer(bootstrap=self.bootstrap, transactional_id=f"{GROUP}-tx",
                             linger_ms=5)
         producer.init_transactions()
         return producer
+
+    def _ended(self, outcome: str) -> None:
+        """Logs the open transaction's outcome (COMMITTED only once every
+        record's place is known)."""
+        if self._open is None:
+            return
+        txn, sent = self._open
+        self._open = None
+        self.txns[txn] = (outcome, {
+            identity: ((future.result().partition, future.result().offset)
+                       if outcome == COMMITTED else None)
+            for identity, future in sent})
+
+    def _rewind(self, consumer: Consumer) -> None:
+        """Back to the group's committed offsets (retried: the group
+        coordinator may be restarting)."""
+        give_up_at = time.monotonic() + DEADLINE_S
+        while True:
+            try:
+                consumer.seek_to_committed()
+                return
+            except errors.RetriableError as exc:
+                application_error(self.tally, "copier", exc)
+                if time.monotonic() > give_up_at:
+                    raise
+                time.sleep(0.1)
 
     def run(self) -> None:
         consumer = Consumer(bootstrap=self.bootstrap, group_id=GROUP,
@@ -258,16 +322,22 @@ class TxnCopier(_Worker):
                 if not records:
                     continue
                 try:
-                    self._copy(producer, consumer, records)
+                    if not self._copy(producer, consumer, records):
+                        self._rewind(consumer)
                 except errors.FatalError as exc:
                     application_error(self.tally, "copier", exc)
+                    # Whether a commit sent before the error took effect is
+                    # not known; the new producer's init settles it.
+                    self._ended(UNKNOWN)
                     producer.close(timeout=0)
                     producer = self._producer()
-                    consumer.seek_to_committed()
+                    self._rewind(consumer)
                 except errors.OncelogError as exc:
                     application_error(self.tally, "copier", exc)
                     producer.abort_transaction()
-                    consumer.seek_to_committed()
+                    self._ended(ABORTED)
+                    self.aborted += 1
+                    self._rewind(consumer)
         finally:
             producer.close()
             consumer.close()
@@ -283,12 +353,24 @@ class TxnCopier(_Worker):
         return all(committed.get(tp) == end for tp, end in self.final_ends.items())
 
     def _copy(self, producer: Producer, consumer: Consumer,
-              records: list[ConsumerRecord]) -> None:
+              records: list[ConsumerRecord]) -> bool:
+        """One transaction; False when it was aborted on purpose (the input
+        is to be copied again)."""
+        txn = f"t{self._begun}"
+        self._begun += 1
         producer.begin_transaction()
+        sent: list[tuple[bytes, Future[RecordMetadata]]] = []
+        self._open = (txn, sent)
         for r in records:
-            producer.send(TOPIC_OUT, key=r.key, value=(r.value or b"").upper(),
-                          headers=[*(r.headers or ()),
-                                   ("src", f"{r.topic}:{r.partition}:{r.offset}".encode())])
+            src = f"{r.topic}:{r.partition}:{r.offset}".encode()
+            sent.append((output_identity(txn.encode(), src), producer.send(
+                TOPIC_OUT, key=r.key, value=(r.value or b"").upper(),
+                headers=[*(r.headers or ()), ("src", src), ("txn", txn.encode())])))
+        if self._begun % ABORT_EVERY == 0:
+            producer.abort_transaction()
+            self._ended(ABORTED)
+            self.aborted += 1
+            return False
         offsets = {tp: consumer.position(tp)
                    for tp in {TopicPartition(r.topic, r.partition) for r in records}}
         producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
@@ -300,7 +382,55 @@ class TxnCopier(_Worker):
                 # The outcome is unknown: committing again is the only safe
                 # move (an abort could undo a commit that happened).
                 application_error(self.tally, "copier", exc)
+        self._ended(COMMITTED)
         self.transactions += 1
+        return True
+
+
+def output_identity(txn: bytes, src: bytes) -> bytes:
+    """What names one output record for the checker: its transaction and
+    the input record it copies (an input copied again after an abort is
+    another record)."""
+    return txn + b"|" + src
+
+
+def _identity_of(record: ConsumerRecord) -> bytes:
+    headers = dict(record.headers or ())
+    return output_identity(headers.get("txn") or b"?", headers.get("src") or b"?")
+
+
+class OutputReader(_Worker):
+    """A read_committed consumer of `out` (no group) that reads from the
+    start while the restarts run, as a downstream application would, and
+    keeps (partition, offset, output identity) of every record it is
+    given. Once `final_ends` is set it stops there. Its errors are counted
+    as client "reader"; an offset out of range is not reset but raised
+    (auto_offset_reset none), so a reader moved back or past records shows."""
+
+    def __init__(self, bootstrap: str, tally: ErrorTally) -> None:
+        super().__init__("output-reader")
+        self.bootstrap = bootstrap
+        self.tally = tally
+        self.seen: list[tuple[int, int, bytes]] = []
+        self.final_ends: dict[TopicPartition, int] | None = None
+
+    def run(self) -> None:
+        tps = [TopicPartition(TOPIC_OUT, p) for p in range(PARTITIONS)]
+        with Consumer(bootstrap=self.bootstrap, isolation_level="read_committed",
+                      auto_offset_reset="none") as consumer:
+            consumer.assign(tps)
+            consumer.seek_to_beginning(tps)
+            while True:
+                try:
+                    ends = self.final_ends
+                    if ends is not None and all(consumer.position(tp) >= ends[tp]
+                                                for tp in tps):
+                        return
+                    records = consumer.poll(timeout=0.2)
+                except errors.RetriableError as exc:
+                    application_error(self.tally, "reader", exc)
+                    continue
+                self.seen.extend((r.partition, r.offset, _identity_of(r)) for r in records)
 
 
 # librdkafka's own codes for a connection that broke (a broker that went
@@ -368,6 +498,7 @@ class Load:
     input: InputWriter
     copier: TxnCopier
     kafka: KafkaWriter
+    reader: OutputReader
     # Ends the counting of our SDK's errors.
     counting: contextlib.ExitStack
 
@@ -383,45 +514,86 @@ def start_load(cluster: LocalCluster, tally: ErrorTally, *, rate: int = 200) -> 
     counting.enter_context(sdk_errors_counted(tally))
     load = Load(InputWriter(cluster.bootstrap_servers, tally, rate=rate),
                 TxnCopier(cluster.bootstrap_servers, tally),
-                KafkaWriter(cluster.kafka_bootstrap, tally, rate=rate), counting)
-    for worker in (load.input, load.copier, load.kafka):
+                KafkaWriter(cluster.kafka_bootstrap, tally, rate=rate),
+                OutputReader(cluster.bootstrap_servers, tally), counting)
+    for worker in (load.input, load.copier, load.kafka, load.reader):
         worker.start()
     _wait("every client made progress", lambda: load.input.acknowledged() > 0
-          and load.copier.transactions > 0 and len(load.kafka.delivered) > 0)
+          and load.copier.transactions > 0 and len(load.kafka.delivered) > 0
+          and len(load.reader.seen) > 0)
     return load
 
 
 def stop_load(load: Load) -> None:
     """Stops the producers (each waits for its last acknowledgements), then
-    the copier once the group has committed the whole input."""
+    the copier once the group has committed the whole input, then the
+    output's reader once it has read up to the output's end (every
+    transaction decided, its markers written)."""
     try:
         load.input.stop()
         load.kafka.stop()
-        tps = [TopicPartition(TOPIC_IN, p) for p in range(PARTITIONS)]
-        with Consumer(bootstrap=load.input.bootstrap,
-                      isolation_level="read_committed") as consumer:
-            load.copier.final_ends = consumer.end_offsets(tps, timeout=DEADLINE_S)
+        load.copier.final_ends = _committed_ends(load.input.bootstrap, TOPIC_IN)
         load.copier.stop()
+        wait_for_markers(load.input.bootstrap, DEADLINE_S)
+        load.reader.final_ends = _committed_ends(load.input.bootstrap, TOPIC_OUT)
+        load.reader.stop()
     finally:
         load.counting.close()
 
 
+def _committed_ends(bootstrap: str, topic: str) -> dict[TopicPartition, int]:
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    with Consumer(bootstrap=bootstrap, isolation_level="read_committed") as consumer:
+        return consumer.end_offsets(tps, timeout=DEADLINE_S)
+
+
 # ------------------------------------------------------------------ checks
+#
+# Each producer's and the copier's view is held against what a reader finds
+# by check_exactly_once (tests/support/partitioned_clients.py, the network
+# partition soak's checker): nothing acknowledged lost or moved, nothing
+# written twice, no record no client wrote, no aborted transaction
+# visible, none torn.
 
 
 def check_input(bootstrap: str, writer: InputWriter) -> int:
     """Every record our idempotent producer got acknowledged is in `in`, at
-    its offset, once."""
-    records = read_all(bootstrap, TOPIC_IN, PARTITIONS)
-    stored = Counter((r.partition, r.offset) for r in records)
-    values = Counter(r.value for r in records)
-    duplicated = [v for v, n in values.items() if n > 1]
-    assert not duplicated, f"{len(duplicated)} input records written twice: {duplicated[:5]}"
-    missing = [(f.result().partition, f.result().offset) for f in writer.futures
-               if f.exception() is None
-               and stored[(f.result().partition, f.result().offset)] == 0]
-    assert not missing, f"{len(missing)} acknowledged input records lost: {missing[:5]}"
+    its offset, once; nothing else is."""
+    acked: dict[bytes, tuple[int, int]] = {}
+    failed: set[bytes] = set()
+    for value, future in zip(writer.values, writer.futures, strict=True):
+        if future.exception() is None:
+            acked[value] = (future.result().partition, future.result().offset)
+        else:
+            failed.add(value)
+    records = read_all(bootstrap, TOPIC_IN, PARTITIONS, deadline_s=DEADLINE_S)
+    check_exactly_once(ClientLog(acked=acked, failed=failed),
+                       [(r.partition, r.offset, r.value or b"") for r in records])
     return len(records)
+
+
+def check_output(bootstrap: str, copier: TxnCopier, reader: OutputReader) -> int:
+    """The copier's transactions against `out` read with read_committed at
+    the end, and against what the reader was given while the restarts ran:
+    every committed transaction whole at the offsets its producer was told,
+    no aborted one's record (no aborted read), none of a transaction whose
+    outcome its client did not learn unless all of it; and the reader was
+    given exactly what is there at the end — a record it read that is not
+    there now was read before its transaction was decided (an uncommitted
+    read), one it missed or got twice means its position went wrong."""
+    log = copier.client_log()
+    final = [(r.partition, r.offset, _identity_of(r))
+             for r in read_all(bootstrap, TOPIC_OUT, PARTITIONS,
+                               isolation_level="read_committed", deadline_s=DEADLINE_S)]
+    check_exactly_once(log, final)
+    check_exactly_once(log, reader.seen)
+    read_then = Counter(reader.seen)
+    there_now = Counter(final)
+    assert read_then == there_now, (
+        f"the reader was given records not there at the end: "
+        f"{list((read_then - there_now).elements())[:5]}; and not given: "
+        f"{list((there_now - read_then).elements())[:5]}")
+    return len(final)
 
 
 def check_kafka_writes(bootstrap: str, writer: KafkaWriter) -> int:
@@ -429,16 +601,11 @@ def check_kafka_writes(bootstrap: str, writer: KafkaWriter) -> int:
     was told; nothing failed."""
     assert not writer.failed, f"librdkafka failed to deliver {len(writer.failed)} records: " \
                               f"{Counter(writer.failed.values())}"
-    records = read_all(bootstrap, TOPIC_KAFKA, PARTITIONS)
-    values = Counter(r.value for r in records)
-    duplicated = [v for v, n in values.items() if n > 1]
-    assert not duplicated, f"{len(duplicated)} librdkafka records written twice: " \
-                           f"{duplicated[:5]}"
-    at = {r.value: (r.partition, r.offset) for r in records}
-    lost = {v: where for v, where in writer.delivered.items() if at.get(v) != where}
-    assert not lost, f"{len(lost)} delivered librdkafka records lost or moved: " \
-                     f"{list(lost.items())[:5]}"
-    assert len(writer.delivered) == writer.sent
+    assert len(writer.delivered) == writer.sent, \
+        f"librdkafka reported {len(writer.delivered)} of {writer.sent} records delivered"
+    records = read_all(bootstrap, TOPIC_KAFKA, PARTITIONS, deadline_s=DEADLINE_S)
+    check_exactly_once(ClientLog(acked=dict(writer.delivered)),
+                       [(r.partition, r.offset, r.value or b"") for r in records])
     return len(records)
 
 
