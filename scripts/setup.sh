@@ -59,7 +59,7 @@ fi
 
 # etcd (Debian's etcd-server) holds a replicated cluster's metadata; the tests
 # and LocalCluster(etcd_members=...) start their own members on free ports
-# (sdk/oncelog/_etcd.py). The package would also start (and enable at boot) a
+# (sdk/oncelog_local/etcd.py). The package would also start (and enable at boot) a
 # system etcd on :2379: as for prometheus, a policy-rc.d denying every start
 # keeps it from starting now (one that is already there is left alone; ours
 # is removed after the install), and the service is disabled at boot.

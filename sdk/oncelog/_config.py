@@ -38,7 +38,7 @@ def bool_option(name: str, value: object) -> bool:
 
 
 def choice_option(name: str, value: object, choices: Iterable[str]) -> str:
-    allowed = tuple(choices)
+    allowed = tuple(str(c) for c in choices)   # a StrEnum's members as their text
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(
             f"{name} must be one of {', '.join(repr(c) for c in allowed)}, got {_shown(value)}"

@@ -47,10 +47,12 @@ from typing import Protocol, runtime_checkable
 
 import grpc
 
-PLAINTEXT = "PLAINTEXT"
-SSL = "SSL"
-SASL_SSL = "SASL_SSL"
-SECURITY_PROTOCOLS = (PLAINTEXT, SSL, SASL_SSL)
+from oncelog.wire.vocabulary import SecurityProtocol
+
+PLAINTEXT = SecurityProtocol.PLAINTEXT.value
+SSL = SecurityProtocol.SSL.value
+SASL_SSL = SecurityProtocol.SASL_SSL.value
+SECURITY_PROTOCOLS = tuple(p.value for p in SecurityProtocol)
 OAUTHBEARER = "OAUTHBEARER"
 SASL_MECHANISMS = (OAUTHBEARER,)
 
@@ -262,7 +264,7 @@ def security_options(
     docstring); a ValueError names the option that is wrong."""
     if not isinstance(security_protocol, str):
         raise ValueError(f"security_protocol must be one of "
-                         f"{', '.join(repr(p) for p in SECURITY_PROTOCOLS)}, "
+                         f"{', '.join(repr(str(p)) for p in SECURITY_PROTOCOLS)}, "
                          f"got {security_protocol!r}")
     protocol = security_protocol.strip().upper()
     if protocol == "SASL_PLAINTEXT":
@@ -271,7 +273,7 @@ def security_options(
             "over TLS; use security_protocol='SASL_SSL'")
     if protocol not in SECURITY_PROTOCOLS:
         raise ValueError(f"security_protocol must be one of "
-                         f"{', '.join(repr(p) for p in SECURITY_PROTOCOLS)}, "
+                         f"{', '.join(repr(str(p)) for p in SECURITY_PROTOCOLS)}, "
                          f"got {security_protocol!r}")
     files = {"ssl_cafile": ssl_cafile, "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile}
     given_files = [name for name, value in files.items() if value is not None]

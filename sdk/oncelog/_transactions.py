@@ -66,7 +66,7 @@ class Op(enum.Enum):
     COMPLETE_TRANSACTION = "complete_transaction"
 
 
-class ProducerTxnState(enum.Enum):
+class ProducerTxnState(enum.StrEnum):
     """The transactional producer's state. Each state's doc says how it answers
     the calls (action) and where it can go (transition); `TABLE` holds the same
     as data."""

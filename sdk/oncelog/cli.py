@@ -52,14 +52,12 @@ import fcntl
 import json
 import os
 import re
-import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
@@ -69,6 +67,7 @@ from oncelog._security import OAUTHBEARER, SECURITY_PROTOCOLS, TokenFileProvider
 from oncelog.admin import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, Admin
 from oncelog.consumer import Consumer
 from oncelog.producer import Producer
+from oncelog.signals import stop_on_signals
 from oncelog.types import (
     ACL_CLUSTER_NAME,
     AclBinding,
@@ -79,6 +78,7 @@ from oncelog.types import (
     TopicPartition,
 )
 from oncelog.wire.errors import ErrorCode
+from oncelog_local.layout import PORTS_FILE, load_kept_ports
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
@@ -100,10 +100,8 @@ DEFAULT_KEY_SEPARATOR = "\t"
 DEFAULT_HEADERS_DELIMITER = "\t"
 DEFAULT_HEADERS_SEPARATOR = ","
 DEFAULT_HEADERS_KEY_SEPARATOR = ":"
-# In a cluster up data dir: the ports of its services and whether it serves
-# Kafka's protocol (kept for the next start), and the lock a running
-# `cluster up` holds.
-PORTS_FILE = "cluster-ports.json"
+# In a cluster up data dir: the lock a running `cluster up` holds (the ports
+# kept for the next start are oncelog_local.layout.PORTS_FILE).
 LOCK_FILE = "cluster.lock"
 # How often a running `cluster up` looks whether it was asked to stop.
 STOP_POLL_INTERVAL_S = 0.1
@@ -294,9 +292,20 @@ def build_parser() -> CliParser:
     up.add_argument("--port", type=int,
                     help="the bootstrap port (the first partition store's); default: the "
                          "port of the last start of this data dir, else a free one")
-    up.add_argument("--partition-stores", type=int, default=1)
+    up.add_argument("--stores", "--partition-stores", dest="partition_stores", type=int,
+                    metavar="N", help="partition stores (default: 3 with --replicated, else 1)")
     up.add_argument("--coordinators", type=int, default=1)
     up.add_argument("--group-coordinators", type=int, default=1)
+    up.add_argument("--replicated", action=argparse.BooleanOptionalAction,
+                    help="run etcd and keep min(3, stores) copies of every partition "
+                         "(docs/replication.md); default: as at the last start of this data "
+                         "dir, else off. A data dir keeps what its first start chose")
+    up.add_argument("--etcd-members", type=int, choices=(1, 3),
+                    help="etcd members of a replicated cluster (default 1)")
+    up.add_argument("--secure", action=argparse.BooleanOptionalAction,
+                    help="TLS with client certificates and ACLs (docs/security.md); writes "
+                         "DATA_DIR/admin.properties for --command-config; default: as at the "
+                         "last start of this data dir, else off")
     up.add_argument("--kafka", action=argparse.BooleanOptionalAction,
                     help="also serve Kafka's wire protocol on every partition store, for "
                          "Kafka's own clients (docs/kafka-protocol.md), and print their "
@@ -806,29 +815,6 @@ def _working(label: str) -> Iterator[None]:
 
 # --------------------------------------------------------------------- cluster
 
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """SIGINT/SIGTERM set an event instead of raising KeyboardInterrupt in the
-    middle of SDK code (which could leave a client half-way through a call
-    and hang its close()).
-
-    Look at it with is_set(), never wait() on it: the handler runs in the
-    main thread, and a signal that lands while the main thread is inside
-    wait() makes set() take the lock that wait() holds, which hangs the
-    process for good."""
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 ServicePorts = dict[tuple[str, int], tuple[int, int]]
 _BOOTSTRAP_SERVICE = ("partition_store", 0)
 
@@ -859,55 +845,6 @@ def _data_dir_lock(data_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-@dataclass(frozen=True, slots=True)
-class _Kept:
-    """What a data dir's last `cluster up` left for the next one."""
-
-    ports: ServicePorts
-    # Whether it served Kafka's protocol: a later start without --kafka or
-    # --no-kafka does the same, so Kafka clients keep finding a listener.
-    kafka: bool
-
-
-def _load_kept(data_dir: Path, counts: Mapping[str, int]) -> _Kept:
-    """The ports the services of this data dir had at its last start (those
-    of services this start also runs), and whether it served Kafka's
-    protocol; no ports and no Kafka on a first start."""
-    path = data_dir / PORTS_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return _Kept(ports={}, kafka=False)
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from exc
-    ports: ServicePorts = {}
-    try:
-        doc = json.loads(text)
-        for entry in doc["services"]:
-            kind, node_id = str(entry["kind"]), int(entry["node_id"])
-            if node_id < counts.get(kind, 0):
-                ports[(kind, node_id)] = (int(entry["grpc_port"]), int(entry["metrics_port"]))
-        # Files written before --kafka existed have no "kafka": no listener.
-        kafka = doc.get("kafka", False)
-        if not isinstance(kafka, bool):
-            raise TypeError(f'"kafka" is {kafka!r}, not true or false')
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CliError(f"{path} is not a ports file ({type(exc).__name__}: {exc}); delete it "
-                       "to start on new ports") from exc
-    return _Kept(ports=ports, kafka=kafka)
-
-
-def _save_kept(data_dir: Path, kept: _Kept) -> None:
-    path = data_dir / PORTS_FILE
-    doc = {"kafka": kept.kafka, "services": [
-        {"kind": kind, "node_id": node_id, "grpc_port": grpc_port, "metrics_port": metrics_port}
-        for (kind, node_id), (grpc_port, metrics_port) in sorted(kept.ports.items())
-    ]}
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(temporary, path)  # whole or not at all, should we die meanwhile
-
-
 def _port_free(port: int) -> bool:
     """Whether a service could listen on 127.0.0.1:port now. SO_REUSEADDR
     as gRPC's servers set it: a port whose old connections linger in
@@ -931,6 +868,34 @@ def _port_taken(port: int, kind: str, node_id: int, purpose: str, *, data_dir: P
     )
 
 
+def _etcd_members(args: argparse.Namespace, kept: int, *, started: bool) -> int:
+    """How many etcd members this start runs: what the flags ask, else what
+    the data dir's last start ran. A data dir stays replicated or not for
+    its life: its stores' data is laid out for one or the other."""
+    wanted = kept if args.replicated is None else (
+        (args.etcd_members or kept or 1) if args.replicated else 0)
+    if args.etcd_members is not None:
+        if args.replicated is False:
+            raise UsageError("--etcd-members needs a replicated cluster, not --no-replicated")
+        wanted = args.etcd_members
+    if started and bool(wanted) != bool(kept):
+        was = "replicated (with etcd)" if kept else "not replicated (no etcd)"
+        raise CliError(f"this data dir was started {was}, and stays so: its stores' data is "
+                       f"laid out for it; use another --data-dir")
+    return wanted
+
+
+def _write_admin_properties(data_dir: Path, config: Mapping[str, object]) -> Path:
+    """DATA_DIR/admin.properties: the super user's TLS files as a client
+    properties file, for --command-config (Kafka's property names)."""
+    by_dest = {dest: prop for dest, _env, prop in SECURITY_SETTINGS}
+    path = data_dir / "admin.properties"
+    lines = ["# oncelog cluster up --secure: connect as User:admin (a super user)"]
+    lines += [f"{by_dest[key]}={value}" for key, value in config.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def _cluster_up(args: argparse.Namespace) -> int:
     # Lazily: it pulls in process management, and needs the services.
     try:
@@ -946,11 +911,24 @@ def _cluster_up(args: argparse.Namespace) -> int:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CliError(f"cannot create {data_dir}: {exc.strerror}") from exc
-    counts = {"partition_store": args.partition_stores, "coordinator": args.coordinators,
-              "group_coordinator": args.group_coordinators}
-    with _data_dir_lock(data_dir), _stop_on_signals() as stop:
-        kept = _load_kept(data_dir, counts)
-        ports = kept.ports
+    with _data_dir_lock(data_dir), stop_on_signals() as stop:
+        # LocalCluster keeps a data dir's ports itself; `cluster up` makes the
+        # gRPC and metrics ones fixed, so that a port another process took
+        # since is an error naming it rather than a silent move.
+        try:
+            kept = load_kept_ports(data_dir)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+        etcd_members = _etcd_members(args, kept.etcd_members, started=bool(kept.ports))
+        stores = args.partition_stores or (3 if etcd_members else 1)
+        if stores < 1:
+            raise UsageError(f"--stores must be at least 1, got {stores}")
+        counts = {"partition_store": stores, "coordinator": args.coordinators,
+                  "group_coordinator": args.group_coordinators}
+        security: bool = kept.security if args.secure is None else args.secure
+        ports: ServicePorts = {
+            (kind, node_id): (k.grpc_port, k.metrics_port)
+            for (kind, node_id), k in kept.ports.items() if node_id < counts.get(kind, 0)}
         kafka: bool = kept.kafka if args.kafka is None else args.kafka
         if args.port is not None:
             # --port wins; another service that had that port gets new ones.
@@ -971,9 +949,10 @@ def _cluster_up(args: argparse.Namespace) -> int:
                                       and (kind, node_id) == _BOOTSTRAP_SERVICE)
         try:
             cluster = LocalCluster(
-                data_dir, partition_stores=args.partition_stores,
+                data_dir, partition_stores=stores,
                 coordinators=args.coordinators, group_coordinators=args.group_coordinators,
-                ports=ports, kafka_listener=kafka,
+                ports=ports, kafka_listener=kafka, etcd_members=etcd_members,
+                security=security,
             )
         except PortTakenError as exc:
             raise _port_taken(exc.taken.port, exc.kind, exc.node_id, exc.taken.purpose,
@@ -981,19 +960,19 @@ def _cluster_up(args: argparse.Namespace) -> int:
         except (RuntimeError, TimeoutError) as exc:
             raise CliError(f"the cluster did not start: {exc}") from exc
         try:
-            _save_kept(data_dir, _Kept(ports={
-                (proc.kind, proc.node_id): (int(proc.address.rsplit(":", 1)[1]),
-                                            proc.metrics_port)
-                for procs in cluster.processes.values() for proc in procs
-            }, kafka=kafka))
             # Kafka clients take every store's listener as bootstrap.servers.
             beside = f"; kafka bootstrap {cluster.kafka_bootstrap}" if kafka else ""
             print(f"oncelog cluster up; bootstrap {cluster.bootstrap}{beside}", flush=True)
             print(f"export {BOOTSTRAP_ENV}={cluster.bootstrap}", flush=True)
+            if security:
+                # The CLI and the SDK read the same files (a Kafka client's
+                # properties: docs/cli.md, "Secured clusters").
+                properties = _write_admin_properties(data_dir, cluster.client_config("admin"))
+                print(f"export {COMMAND_CONFIG_ENV}={properties}", flush=True)
             for kind in sorted(cluster.missing_kinds):
                 print(f"note: this version has no {kind} service; left out", flush=True)
             print("Ctrl-C stops it.", flush=True)
-            # A signal interrupts the sleep (_stop_on_signals says why not wait()).
+            # A signal interrupts the sleep (oncelog.signals.stop_on_signals says why not wait()).
             while not stop.is_set():
                 time.sleep(STOP_POLL_INTERVAL_S)
         finally:
@@ -1760,7 +1739,7 @@ def _consume(args: argparse.Namespace) -> int:
         last_record_s = time.monotonic()
         joined = args.group is None
         try:
-            with _stop_on_signals() as stop:
+            with stop_on_signals() as stop:
                 while (args.max_records is None or printed < args.max_records) \
                         and not stop.is_set():
                     if not joined and consumer.assignment():

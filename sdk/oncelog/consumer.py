@@ -78,19 +78,20 @@ from oncelog.v1 import partition_store_pb2, records_pb2
 from oncelog.wire import errors
 from oncelog.wire import records as codec
 from oncelog.wire.errors import ErrorCode, OncelogError
+from oncelog.wire.vocabulary import IsolationLevel, OffsetReset
 
 log = logging.getLogger("oncelog.consumer")
 
-EARLIEST = "earliest"
-LATEST = "latest"
-NONE = "none"
+EARLIEST = OffsetReset.EARLIEST.value
+LATEST = OffsetReset.LATEST.value
+NONE = OffsetReset.NONE.value
 # A partition a group assigned: it starts at the group's committed offset
 # (auto_offset_reset when there is none).
 COMMITTED = "committed"
-_RESET_TIMESTAMPS = {EARLIEST: -2, LATEST: -1}
+_RESET_TIMESTAMPS: dict[str, int] = {EARLIEST: -2, LATEST: -1}
 _ISOLATION = {
-    "read_committed": records_pb2.IsolationLevel.READ_COMMITTED,
-    "read_uncommitted": records_pb2.IsolationLevel.READ_UNCOMMITTED,
+    IsolationLevel.READ_COMMITTED: records_pb2.IsolationLevel.READ_COMMITTED,
+    IsolationLevel.READ_UNCOMMITTED: records_pb2.IsolationLevel.READ_UNCOMMITTED,
 }
 # Longest a store may make a Fetch wait (services/common/limits.py MAX_FETCH_WAIT_MS).
 MAX_FETCH_WAIT_MS = 30_000
@@ -193,7 +194,7 @@ class Consumer:
                 raise ValueError(f"{name} must be a callable (bytes -> value) or None, "
                                  f"got {hook!r}")
         choice_option("isolation_level", isolation_level, sorted(_ISOLATION))
-        choice_option("auto_offset_reset", auto_offset_reset, (EARLIEST, LATEST, NONE))
+        choice_option("auto_offset_reset", auto_offset_reset, tuple(OffsetReset))
         if group_id is not None:
             check_group_id(group_id)
         if group_instance_id is not None:
@@ -231,9 +232,9 @@ class Consumer:
         self.group_instance_id = group_instance_id
         self.enable_auto_commit = enable_auto_commit
         self.auto_commit_interval_ms = auto_commit_interval_ms
-        self.isolation_level = isolation_level
-        self._isolation = _ISOLATION[isolation_level]
-        self.auto_offset_reset = auto_offset_reset
+        self.isolation_level = IsolationLevel(isolation_level)
+        self._isolation = _ISOLATION[self.isolation_level]
+        self.auto_offset_reset = OffsetReset(auto_offset_reset)
         self.session_timeout_ms = session_timeout_ms
         self._max_poll_records = max_poll_records
         self._fetch_max_wait_ms = fetch_max_wait_ms

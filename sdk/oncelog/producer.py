@@ -182,6 +182,31 @@ def _answered(resp: _AnswerT) -> _AnswerT:
     return resp
 
 
+# The refusals of a producer id that end a producer (Kafka's
+# ClusterAuthorizationException and TransactionalIdAuthorizationException are
+# fatal too): its message says what to do, since the usual cause is a
+# producer made a moment before its ACL was created.
+_AUTHORIZATION_ENDS_PRODUCER = frozenset({ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                                          ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
+
+
+def with_authorization_advice(exc: OncelogError) -> OncelogError:
+    """`exc`, with what to do added when it is a refusal for authorization
+    that ends the producer."""
+    if exc.code not in _AUTHORIZATION_ENDS_PRODUCER:
+        return exc
+    advised = errors.error_for(
+        exc.code,
+        f"{exc.message or exc.code.name}. This producer cannot go on (the refusal of its "
+        "producer id is fatal, as in Kafka): once the principal has the ACL it needs "
+        "(new ACLs apply on every service within about a second of being created; "
+        "docs/security.md, \"A producer made before its ACL\"), close this "
+        "producer and create a new one",
+    )
+    advised.__cause__ = exc
+    return advised
+
+
 @kafka_names
 class Producer:
     """Sends records to topics; idempotent by default, transactional with a
@@ -1183,6 +1208,7 @@ class Producer:
                 f"{exc.message or exc.code.name}",
             )
             if ends_producer(exc) or fatal_on_error:
+                detailed = with_authorization_advice(detailed)
                 self._sender.fail_fatal(detailed)
                 raise detailed from exc
             with self._accumulator.lock:
@@ -1220,10 +1246,11 @@ class Producer:
         return self._max_block_ms / 1000 if timeout is None else max(0.0, timeout)
 
     @property
-    def transaction_state(self) -> str | None:
-        """The transactional state's name (ProducerTxnState values: "ready",
-        "in_transaction", ...), or None for a producer without transactions."""
-        return None if self._txn is None else self._txn.state.value
+    def transaction_state(self) -> ProducerTxnState | None:
+        """The transactional state (a ProducerTxnState, a StrEnum: it equals
+        its name, "ready", "in_transaction", ...), or None for a producer
+        without transactions."""
+        return None if self._txn is None else self._txn.state
 
     # ------------------------------------------------------------------ close
 
@@ -1588,7 +1615,7 @@ class _Sender:
         except OncelogError as exc:
             self._pid_last_error = exc
             if not exc.retriable:
-                self._set_fatal(exc)
+                self._set_fatal(with_authorization_advice(exc))
                 return False
             self._coordinator_index += 1
             self._pid_retry_at_ms = now + backoff_ms(

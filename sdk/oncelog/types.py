@@ -10,7 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
+
+from oncelog.wire.vocabulary import (
+    ACL_CLUSTER_NAME,
+    ACL_OPERATIONS_OF,
+    ACL_WILDCARD,
+    AclOperation,
+    AclPatternFilterType,
+    AclPatternType,
+    AclPermission,
+    AclResourceType,
+    Vocabulary,
+)
 
 Header = tuple[str, bytes | None]
 
@@ -273,34 +285,30 @@ class GroupOffset:
 # turned into them. The tables below only catch mistakes early, with a
 # message; the cluster decides what a binding means.
 
-ACL_WILDCARD = "*"
-# The one cluster resource's name (Kafka's is "kafka-cluster").
-ACL_CLUSTER_NAME = "oncelog-cluster"
-ACL_RESOURCE_TYPES = ("topic", "group", "transactional_id", "cluster")
+# The vocabulary itself is oncelog.wire.vocabulary's (shared with the
+# services): these tuples of its members are kept for callers that read them.
+ACL_RESOURCE_TYPES = tuple(t.value for t in AclResourceType)
 ACL_OPERATIONS: Mapping[str, tuple[str, ...]] = {
-    "topic": ("all", "read", "write", "create", "delete", "alter", "describe",
-              "describe_configs", "alter_configs"),
-    "group": ("all", "read", "describe", "delete"),
-    "transactional_id": ("all", "write", "describe", "two_phase_commit"),
-    "cluster": ("all", "create", "cluster_action", "describe_configs", "alter_configs",
-                "idempotent_write", "alter", "describe"),
+    resource_type.value: tuple(op.value for op in AclOperation
+                               if op in ACL_OPERATIONS_OF[resource_type])
+    for resource_type in AclResourceType
 }
-_ACL_ALL_OPERATIONS = tuple(dict.fromkeys(op for ops in ACL_OPERATIONS.values() for op in ops))
-ACL_PATTERN_TYPES = ("literal", "prefixed")
+ACL_PATTERN_TYPES = tuple(t.value for t in AclPatternType)
 # A filter's pattern type may also be "any" (literal or prefixed, that exact
 # name) or "match" (every binding that applies to a resource of that name).
-ACL_FILTER_PATTERN_TYPES = ("literal", "prefixed", "any", "match")
-ACL_PERMISSIONS = ("allow", "deny")
+ACL_FILTER_PATTERN_TYPES = tuple(t.value for t in AclPatternFilterType)
+ACL_PERMISSIONS = tuple(p.value for p in AclPermission)
+
+V = TypeVar("V", bound=Vocabulary)
 
 
-def _acl_name(what: str, value: object, choices: tuple[str, ...]) -> str:
-    """`value` as one of `choices`, from any of Kafka's spellings."""
-    if isinstance(value, str):
-        squashed = value.strip().replace("_", "").replace("-", "").lower()
-        for choice in choices:
-            if choice.replace("_", "") == squashed:
-                return choice
-    raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+def _acl_name(what: str, value: object, vocabulary: type[V]) -> V:
+    """`value` as a member of `vocabulary`, from any of Kafka's spellings."""
+    try:
+        return vocabulary.parse(value)
+    except ValueError:
+        raise ValueError(f"{what} must be one of {', '.join(vocabulary)}, got {value!r}"
+                         ) from None
 
 
 def _acl_principal(what: str, value: object) -> str:
@@ -318,11 +326,6 @@ def _acl_text(what: str, value: object, hint: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty str ({hint}), got {value!r}")
     return value
-
-
-def _operation_title(operation: str) -> str:
-    """Kafka's name of an operation, as messages print it: "ClusterAction"."""
-    return "".join(word.capitalize() for word in operation.split("_"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -347,22 +350,22 @@ class AclBinding:
     def __post_init__(self) -> None:
         _acl_principal("principal", self.principal)
         _acl_text("host", self.host, "an IP address, or '*' for every host")
-        resource_type = _acl_name("resource_type", self.resource_type, ACL_RESOURCE_TYPES)
+        resource_type = _acl_name("resource_type", self.resource_type, AclResourceType)
         object.__setattr__(self, "resource_type", resource_type)
         _acl_text("resource_name", self.resource_name, "a name, or the literal '*' for every "
                                                        "name")
-        pattern_type = _acl_name("pattern_type", self.pattern_type, ACL_PATTERN_TYPES)
+        pattern_type = _acl_name("pattern_type", self.pattern_type, AclPatternType)
         object.__setattr__(self, "pattern_type", pattern_type)
         valid = ACL_OPERATIONS[resource_type]
-        operation = _acl_name("operation", self.operation, _ACL_ALL_OPERATIONS)
+        operation = _acl_name("operation", self.operation, AclOperation)
         if operation not in valid:
             raise ValueError(
-                f"operation {_operation_title(operation)} does not apply to a "
+                f"operation {operation.kafka_name} does not apply to a "
                 f"{resource_type}; a {resource_type} has "
-                f"{', '.join(_operation_title(op) for op in valid)}")
+                f"{', '.join(AclOperation(op).kafka_name for op in valid)}")
         object.__setattr__(self, "operation", operation)
         object.__setattr__(self, "permission",
-                           _acl_name("permission", self.permission, ACL_PERMISSIONS))
+                           _acl_name("permission", self.permission, AclPermission))
         if resource_type == "cluster" and (self.resource_name != ACL_CLUSTER_NAME
                                            or pattern_type != "literal"):
             raise ValueError(f"the cluster resource is the literal name {ACL_CLUSTER_NAME!r}, "
@@ -370,7 +373,7 @@ class AclBinding:
 
     def __str__(self) -> str:
         return (f"{self.permission.upper()} {self.principal} "
-                f"{_operation_title(self.operation)} on {self.resource_type} "
+                f"{AclOperation.parse(self.operation).kafka_name} on {self.resource_type} "
                 f"{self.pattern_type} {self.resource_name!r} from host {self.host}")
 
 
@@ -399,22 +402,22 @@ class AclFilter:
             _acl_text("host", self.host, "an IP address or '*'; None: any host")
         if self.resource_type is not None:
             object.__setattr__(self, "resource_type", _acl_name(
-                "resource_type", self.resource_type, ACL_RESOURCE_TYPES))
+                "resource_type", self.resource_type, AclResourceType))
         if self.resource_name is not None:
             _acl_text("resource_name", self.resource_name, "None: any name")
         object.__setattr__(self, "pattern_type", _acl_name(
-            "pattern_type", self.pattern_type, ACL_FILTER_PATTERN_TYPES))
+            "pattern_type", self.pattern_type, AclPatternFilterType))
         if self.operation is not None:
-            operation = _acl_name("operation", self.operation, _ACL_ALL_OPERATIONS)
+            operation = _acl_name("operation", self.operation, AclOperation)
             if self.resource_type is not None and (
                     operation not in ACL_OPERATIONS[self.resource_type]):
                 raise ValueError(
-                    f"operation {_operation_title(operation)} does not apply to a "
+                    f"operation {operation.kafka_name} does not apply to a "
                     f"{self.resource_type}, so the filter would match nothing")
             object.__setattr__(self, "operation", operation)
         if self.permission is not None:
             object.__setattr__(self, "permission", _acl_name(
-                "permission", self.permission, ACL_PERMISSIONS))
+                "permission", self.permission, AclPermission))
 
     @classmethod
     def of(cls, binding: AclBinding) -> AclFilter:

@@ -83,7 +83,7 @@ from .invariants import invariant
 METADATA_TXN_OPS_MAX = 128
 # The memory adapter keeps this many of the latest revisions' events for
 # watches that start in the past (etcd keeps history until it is compacted:
-# `oncelog._etcd` compacts to the latest 100 000 revisions); an older start
+# `oncelog_local.etcd` compacts to the latest 100 000 revisions); an older start
 # raises WatchCompacted, as etcd does.
 MEMORY_WATCH_HISTORY_REVISIONS_MAX = 10_000
 # The most events the memory adapter puts in one watch list (a revision is

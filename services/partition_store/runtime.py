@@ -812,8 +812,9 @@ class StoreRuntime:
                 outcomes.append(TopicOutcome(spec.name, ServiceError(
                     ErrorCode.INVALID_REPLICATION_FACTOR,
                     f"topic {spec.name!r}: replication factor {spec.replication_factor} needs "
-                    "a replicated cluster (stores started with --etcd-endpoints); this one "
-                    "keeps one copy of each partition",
+                    "a replicated cluster (partition stores started with --etcd-endpoints; "
+                    "on one machine `oncelog cluster up --replicated` or "
+                    "LocalCluster(etcd_members=1)); this one keeps one copy of each partition",
                 )))
                 continue
             existing = self._catalog.get(spec.name)

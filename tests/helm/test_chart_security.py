@@ -514,9 +514,9 @@ def test_the_chart_accepts_an_acl_exactly_when_the_authorizer_does() -> None:
     for resource_type in ResourceType:
         for operation in set(Operation) - VALID_OPERATIONS[resource_type]:
             entry = {"principal": "User:alice", "resourceType": resource_type.value,
-                     "resourceName": "oncelog-cluster", "operation": operation.title}
+                     "resourceName": "oncelog-cluster", "operation": operation.kafka_name}
             with pytest.raises(helm.HelmRenderError,
-                               match=re.escape("security.acls[0]: " + operation.title)):
+                               match=re.escape("security.acls[0]: " + operation.kafka_name)):
                 render({"security": {"acls": [entry]}})
             with pytest.raises(ValueError, match="does not apply"):
                 _binding_from_values(entry)

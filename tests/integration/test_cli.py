@@ -64,13 +64,16 @@ def cluster_up(data_dir: Path, *options: str,
         assert proc.stdout is not None
         deadline = time.monotonic() + 120
         lines = []
-        while address is None and time.monotonic() < deadline:
+        # Up to its last line before it waits: the exports come before it.
+        while time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line:
                 break
             lines.append(line)
             if line.startswith("export ONCELOG_BOOTSTRAP="):
                 address = line.strip().split("=", 1)[1]
+            if line.startswith("Ctrl-C stops it."):
+                break
         assert address, f"cluster up printed no bootstrap address: {''.join(lines)}"
         if printed is not None:
             printed.extend(lines)
@@ -543,8 +546,8 @@ def test_cluster_up_kafka_prints_a_kafka_bootstrap_and_keeps_serving_it(
     printed.clear()
     with cluster_up(data_dir, printed=printed) as second:
         assert second == first
-        kafka_bootstrap = _kafka_bootstrap(printed)
-        assert kafka_bootstrap
+        # At the same Kafka address too: a Kafka client's config stays right.
+        assert _kafka_bootstrap(printed) == kafka_bootstrap
         assert _produce_with_librdkafka(kafka_bootstrap, "from-kafka", b"two") == 1
         assert _high_watermark(second, "from-kafka") == 2
 
@@ -553,3 +556,39 @@ def test_cluster_up_kafka_prints_a_kafka_bootstrap_and_keeps_serving_it(
     with cluster_up(data_dir, "--no-kafka", printed=printed):
         assert _kafka_bootstrap(printed) is None
     assert json.loads((data_dir / "cluster-ports.json").read_text())["kafka"] is False
+
+
+def test_cluster_up_runs_the_replicated_secured_cluster_and_keeps_it(tmp_path: Path) -> None:
+    """The README's headline cluster from the CLI: 3 stores, etcd, RF 3,
+    TLS and ACLs, Kafka's protocol; the next start of the data dir without
+    flags is the same cluster, and it cannot be turned into an unreplicated one."""
+    data_dir = tmp_path / "headline"
+    printed: list[str] = []
+    with cluster_up(data_dir, "--stores", "3", "--replicated", "--secure", "--kafka",
+                    printed=printed) as bootstrap:
+        exports = dict(line.strip().removeprefix("export ").split("=", 1)
+                       for line in printed if line.startswith("export "))
+        config = exports["ONCELOG_COMMAND_CONFIG"]
+        assert Path(config) == data_dir / "admin.properties"
+        assert _kafka_bootstrap(printed) is not None
+        # Plain text is refused, naming the way in.
+        refused = run(bootstrap, "topics", "list", check=False)
+        assert refused.returncode != 0 and b"serves TLS" in refused.stderr
+        secured = ("--command-config", config)
+        run(bootstrap, *secured, "topics", "create", "headline", "--partitions", "3")
+        described = json.loads(run(bootstrap, *secured, "topics", "describe", "headline",
+                                   "--output", "json").stdout)
+        assert [sorted(p["replicas"]) for p in described["partitions"]] == [[0, 1, 2]] * 3
+    printed.clear()
+    with cluster_up(data_dir, printed=printed) as again:
+        assert again == bootstrap
+        assert any(line.startswith("export ONCELOG_COMMAND_CONFIG=") for line in printed)
+        assert _kafka_bootstrap(printed) is not None
+        described = json.loads(run(again, *secured, "topics", "describe", "headline",
+                                   "--output", "json").stdout)
+        assert len(described["partitions"]) == 3
+    refused_start = subprocess.run(
+        [*CLI, "cluster", "up", "--data-dir", str(data_dir), "--no-replicated"],
+        capture_output=True, text=True, timeout=120)
+    assert refused_start.returncode != 0
+    assert "was started replicated (with etcd), and stays so" in refused_start.stderr

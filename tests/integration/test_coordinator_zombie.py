@@ -101,7 +101,7 @@ def _replacement(cluster: LocalCluster) -> Iterator[str]:
         with open(log_path, "ab") as log_file:
             log_start = log_file.tell()
             process = subprocess.Popen(
-                [sys.executable, "-m", "oncelog._child", str(os.getpid()), *argv],
+                [sys.executable, "-m", "oncelog_local.child", str(os.getpid()), *argv],
                 stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         if _serves(process, address, log_path, log_start):

@@ -10,7 +10,7 @@ starts again on the same ports with its data. LocalCluster(etcd_members=1)
 runs etcd next to the services, gives them its endpoints, and kills,
 restarts and wipes it as kind "etcd".
 
-Method: real etcd processes from oncelog._etcd on 127.0.0.1 (each test
+Method: real etcd processes from oncelog_local.etcd on 127.0.0.1 (each test
 starts and stops its own). Writes are guarded increments of one counter,
 each carrying a unique token, and follow the port's rule for an ambiguous
 failure (re-read, then decide): so at the end the counter must equal the
@@ -31,8 +31,8 @@ import grpc
 import pytest
 from aetcd import rpc as etcd_rpc  # type: ignore[import-untyped]
 
-from oncelog._etcd import EtcdCluster
 from oncelog.testing import LocalCluster
+from oncelog_local.etcd import EtcdCluster
 from services.common.etcd import EtcdMetadataStore
 from services.common.metadata_store import (
     Compare,

@@ -117,7 +117,7 @@ class Members:
     def start(self, name: str) -> None:
         err = open(self.log.with_name(f"{name}.stderr"), "wb")  # noqa: SIM115 - child's
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "oncelog._child", str(os.getpid()), sys.executable, "-m",
+            [sys.executable, "-m", "oncelog_local.child", str(os.getpid()), sys.executable, "-m",
              "tests.support.group_member", "--bootstrap", self.cluster.bootstrap,
              "--group", GROUP, "--topic", TOPIC, "--name", name, "--log", str(self.log),
              "--session-timeout-ms", str(SESSION_MS)],

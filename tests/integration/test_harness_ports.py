@@ -21,7 +21,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from oncelog import testing
 from oncelog.testing import LocalCluster, free_port
 from tests.integration import test_coordinator_zombie
 from tests.integration.test_local_cluster_ports import held_port
@@ -81,7 +80,7 @@ def test_prometheus_whose_port_is_taken_starts_on_a_fresh_one(tmp_path: Path) ->
 def test_the_replacement_coordinator_whose_port_is_taken_starts_on_a_fresh_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with LocalCluster(tmp_path, group_coordinators=0) as cluster, held_port() as taken:
-        real_free_port = testing.free_port
+        real_free_port = free_port
         picks = itertools.count()
         monkeypatch.setattr(test_coordinator_zombie, "free_port",
                             lambda: taken if next(picks) == 0 else real_free_port())

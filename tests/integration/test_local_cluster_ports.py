@@ -12,7 +12,10 @@ nothing is left running. A restarted process keeps its address: while
 another process holds that port, restart fails naming it; once the port is
 free, the process comes back on the same address. A gRPC server of someone
 else's that holds the port and answers health checks as SERVING is not taken
-for our process being ready.
+for our process being ready. A cluster given a data dir serves at the same
+addresses (gRPC, metrics, token and Kafka listeners) at its next run of that
+data dir, as the README promises; a kept port that another process holds by
+then gets a fresh pick.
 
 Method: the test holds a listening socket on a port and monkeypatches
 free_port so that LocalCluster's n-th pick returns that port. Real service
@@ -34,8 +37,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from oncelog import Admin, Producer, testing
+from oncelog import Admin, Producer
 from oncelog.testing import LocalCluster, PortTakenError
+from oncelog_local import cluster as local_cluster
 from tests.support.reading import read_all
 
 # LocalCluster picks ports in layout order, gRPC address then metrics port:
@@ -74,13 +78,14 @@ def impostor_port() -> Iterator[int]:
 
 def hand_out(monkeypatch: pytest.MonkeyPatch, taken: dict[int, int]) -> None:
     """free_port returns taken[n] on its n-th call, a really free port otherwise."""
-    real_free_port = testing.free_port
+    real_free_port = local_cluster.free_port
     picks = itertools.count()
 
     def free_port() -> int:
         return taken.get(next(picks)) or real_free_port()
 
-    monkeypatch.setattr(testing, "free_port", free_port)
+    # LocalCluster's own module picks its ports (oncelog_local.cluster).
+    monkeypatch.setattr(local_cluster, "free_port", free_port)
 
 
 @contextmanager
@@ -175,7 +180,7 @@ def test_a_taken_metrics_port_restarts_only_its_process(
 
 
 def test_the_retries_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(testing, "START_PORT_RETRIES", 1)
+    monkeypatch.setattr(local_cluster, "START_PORT_RETRIES", 1)
     with held_port() as first, held_port() as second:
         # The store's address, then its fresh address after the first failure
         # (pick 1 is its metrics port).
@@ -188,3 +193,37 @@ def test_the_retries_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert f"holds port {second}" in str(err.value)
         assert cluster.address("partition_store") == f"127.0.0.1:{second}"
         assert not cluster.processes["partition_store"][0].alive()
+
+
+def _addresses(cluster: LocalCluster) -> dict[tuple[str, int], tuple[str, int, int, int]]:
+    return {(p.kind, p.node_id): (p.address, p.metrics_port, p.token_port, p.kafka_port)
+            for procs in cluster.processes.values() for p in procs}
+
+
+def test_a_data_dir_keeps_its_addresses_across_runs(tmp_path: Path) -> None:
+    data_dir = tmp_path / "kept"
+    with LocalCluster(data_dir, kafka_listener=True) as first:
+        layout = _addresses(first)
+        with Admin(bootstrap=first.bootstrap) as admin:
+            admin.create_topic("kept", partitions=1)
+        with Producer(bootstrap=first.bootstrap) as producer:
+            producer.send("kept", value=b"first run").result()
+    with LocalCluster(data_dir, kafka_listener=True) as second:
+        assert _addresses(second) == layout
+        assert second.bootstrap == first.bootstrap
+        assert second.kafka_bootstrap == first.kafka_bootstrap
+        assert [r.value for r in read_all(second.bootstrap, "kept", 1)] == [b"first run"]
+
+
+def test_a_kept_port_held_by_another_process_is_picked_again(tmp_path: Path) -> None:
+    data_dir = tmp_path / "moved"
+    with LocalCluster(data_dir, group_coordinators=0) as first:
+        layout = _addresses(first)
+    store_port = int(layout[("partition_store", 0)][0].rsplit(":", 1)[1])
+    with held_port(store_port), LocalCluster(data_dir, group_coordinators=0) as second:
+        moved = _addresses(second)
+        assert moved[("partition_store", 0)][0] != f"127.0.0.1:{store_port}"
+        # The others keep theirs.
+        assert moved[("coordinator", 0)] == layout[("coordinator", 0)]
+        with Admin(bootstrap=second.bootstrap) as admin:
+            admin.create_topic("moved", partitions=1)

@@ -10,7 +10,7 @@ deletes in revision order, whole revisions per list, and ends on close.
 
 Method: every contract test is one async function run against both adapters
 (a parametrised fixture): the memory store on an injected clock, and a real
-one-member etcd started by oncelog._etcd on 127.0.0.1 for the module (each
+one-member etcd started by oncelog_local.etcd on 127.0.0.1 for the module (each
 test works under its own key prefix). Time passes by moving the fake clock,
 or by sleeping against etcd, whose lease expiry is checked every ~500 ms (so
 waits there allow for that slack). A few tests at the end pin what only one
@@ -30,7 +30,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from oncelog._etcd import EtcdCluster
+from oncelog_local.etcd import EtcdCluster
 from services.common.etcd import (
     EtcdFailure,
     EtcdMetadataStore,

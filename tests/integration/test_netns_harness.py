@@ -1,4 +1,4 @@
-"""The network-namespace harness (oncelog._netns) drops exactly the packets
+"""The network-namespace harness (oncelog_local.netns) drops exactly the packets
 each fault names, undoes them, cleans up, and refuses to start where it
 cannot work.
 
@@ -32,9 +32,9 @@ from typing import TypeVar
 
 import pytest
 
-from oncelog import _netns
-from oncelog._child import enter_network_namespace
-from oncelog._netns import CLIENT, HARNESS, NamespaceNetwork, NamespacesUnavailable
+from oncelog_local import netns as _netns
+from oncelog_local.child import enter_network_namespace
+from oncelog_local.netns import CLIENT, HARNESS, NamespaceNetwork, NamespacesUnavailable
 
 T = TypeVar("T")
 Member = tuple[str, int]
@@ -295,7 +295,7 @@ def _fail(message: str) -> None:
 def test_a_callable_runs_in_the_client_namespace(network: NamespaceNetwork) -> None:
     def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "oncelog._child", str(os.getpid()),
+            [sys.executable, "-m", "oncelog_local.child", str(os.getpid()),
              *network.child_args(*CLIENT), *argv],
             env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 

@@ -13,7 +13,7 @@ partition is kept.
 
 Method: LocalCluster(network="namespaces") runs every process in a network
 namespace of its own; the cuts are packet drops between namespaces
-(oncelog._netns). An idempotent and a transactional producer of our SDK run
+(oncelog_local.netns). An idempotent and a transactional producer of our SDK run
 in the client namespace throughout (tests/support/partitioned_clients.py),
 logging every acknowledgement and every transaction's outcome; the test
 waits for progress before each cut, during it where writes must go on, and

@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Installed package name -> its folder in the source tree.
 SOURCES = {
     "oncelog": REPO / "sdk" / "oncelog",
+    "oncelog_local": REPO / "sdk" / "oncelog_local",
     "oncelog_spark": REPO / "spark" / "oncelog_spark",
     "oncelog_server": REPO / "services",
 }
@@ -237,7 +238,7 @@ def test_the_wheel_holds_the_source_tree_under_installed_names(wheel: Path) -> N
     assert "oncelog/py.typed" in names
     assert f"oncelog-{VERSION}.dist-info/licenses/LICENSE" in names
     top_level = {name.split("/")[0] for name in names}
-    assert top_level == {"oncelog", "oncelog_spark", "oncelog_server",
+    assert top_level == {"oncelog", "oncelog_local", "oncelog_spark", "oncelog_server",
                          f"oncelog-{VERSION}.dist-info"}
     unconditional = sorted(re.split(r"[<>=!~;\[ ]", line.removeprefix("Requires-Dist: "))[0]
                            for line in metadata.splitlines()
@@ -277,7 +278,8 @@ def test_the_sdk_alone_installs_lean_and_says_its_version(sdk_venv: Venv,
     ours = {line.split(",")[0].split("/")[0] for line in record.splitlines()}
     # What else the RECORD lists is outside site-packages: the console script.
     assert {name for name in ours if not name.startswith("..")} == {
-        "oncelog", "oncelog_server", "oncelog_spark", f"oncelog-{VERSION}.dist-info"}
+        "oncelog", "oncelog_local", "oncelog_server", "oncelog_spark",
+        f"oncelog-{VERSION}.dist-info"}
 
 
 def test_the_sdk_alone_produces_to_and_consumes_from_a_full_install(

@@ -643,3 +643,26 @@ def test_a_copier_without_its_transactional_id_acl_stops_with_the_named_error(
         assert admin.list_group_offsets(names[2]) == {}
     revoke(cluster, needed[:-1])
 
+
+
+def test_a_producer_made_before_its_acl_says_to_make_a_new_one(cluster: LocalCluster) -> None:
+    """A producer whose producer id is refused is fatal, as in Kafka, and its
+    message says what to do; after the ACL lands a new producer works."""
+    name = unique("late")
+    topic = unique("late-topic")
+    create_topics(cluster, topic, partitions=1)
+    config = cluster.client_config(name)
+    # It may see the topic, not yet write it (nor IdempotentWrite the cluster).
+    grant(cluster, allow(f"User:{name}", "topic", topic, "describe"))
+    with Producer(bootstrap=cluster.bootstrap, max_block_ms=PATIENT_MS, **config) as early:
+        with pytest.raises(errors.ClusterAuthorizationFailedError) as refused:
+            early.send(topic, value=b"too early").result()
+        message = str(refused.value)
+        assert "create a new one" in message and "within about a second" in message, message
+        grant(cluster, allow(f"User:{name}", "topic", topic, "write"))
+        # Still refused: the refusal ended this producer.
+        with pytest.raises(errors.ClusterAuthorizationFailedError):
+            early.send(topic, value=b"after the acl").result()
+    with Producer(bootstrap=cluster.bootstrap, **config) as late:
+        late.send(topic, value=b"made after the acl").result()
+    assert [r.value for r in read_committed(cluster, topic, 1)] == [b"made after the acl"]

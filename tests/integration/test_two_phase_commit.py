@@ -67,7 +67,7 @@ def prepare_in_a_process_then_kill_it(cluster: LocalCluster, transactional_id: s
     """A task: writes RECORDS records, prepares, hands over its prepared
     state, and dies (SIGKILL) with the transaction prepared."""
     task = subprocess.Popen(
-        [sys.executable, "-m", "oncelog._child", str(os.getpid()), sys.executable, "-m",
+        [sys.executable, "-m", "oncelog_local.child", str(os.getpid()), sys.executable, "-m",
          "tests.support.two_phase_task", cluster.bootstrap, transactional_id, TOPIC,
          str(PARTITIONS), str(RECORDS)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

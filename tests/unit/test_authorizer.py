@@ -318,7 +318,7 @@ def test_names_are_read_in_kafkas_spellings_too() -> None:
     b = AclBinding.of(principal=ALICE, resource_type=X, resource_name="t",
                       operation=Operation.TWO_PHASE_COMMIT)
     assert a == b and hash(a) == hash(b)
-    assert Operation.CLUSTER_ACTION.title == "ClusterAction"
+    assert Operation.CLUSTER_ACTION.kafka_name == "ClusterAction"
 
 
 LIT = acl(ALICE, "topic", "payments", "read")
@@ -381,6 +381,6 @@ def test_the_documented_operations_are_the_valid_ones() -> None:
         documented[ResourceType.parse(match.group(1))] = {
             op.strip() for op in match.group(2).split(",")}
     assert documented == {
-        t: {op.title for op in ops if op is not Operation.ALL}
+        t: {op.kafka_name for op in ops if op is not Operation.ALL}
         for t, ops in VALID_OPERATIONS.items()
     }

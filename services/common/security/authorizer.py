@@ -55,123 +55,37 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-# The one Cluster resource's name (Kafka's is "kafka-cluster").
-CLUSTER_NAME = "oncelog-cluster"
-# A binding's host or literal resource name that matches every host or name,
-# and the principal that matches every caller.
-WILDCARD = "*"
+from oncelog.wire.vocabulary import (
+    ACL_CLUSTER_NAME,
+    ACL_OPERATIONS_OF,
+    ACL_WILDCARD,
+    AclOperation,
+    AclPatternFilterType,
+    AclPatternType,
+    AclPermission,
+    AclResourceType,
+)
+
+# The one Cluster resource's name, and a binding's host or literal resource
+# name that matches every host or name; the principal that matches every caller.
+CLUSTER_NAME = ACL_CLUSTER_NAME
+WILDCARD = ACL_WILDCARD
 WILDCARD_PRINCIPAL = "User:*"
 # The name Kafka's authorizeByResourceType first authorizes, so that super
 # users and the no-ACL default answer it as they would any resource.
 _PROBE_NAME = "hardcode"
 
-E = TypeVar("E", bound=enum.Enum)
-
-
-def _parse_enum(cls: type[E], value: E | str, what: str) -> E:
-    """An enum member from itself or its name, accepting Kafka's spellings
-    too: "write", "WRITE", "cluster_action", "ClusterAction", "TransactionalId"."""
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, str):
-        wanted = value.replace("_", "").replace("-", "").lower()
-        for member in cls:
-            if str(member.value).replace("_", "").lower() == wanted:
-                return member
-    known = ", ".join(repr(m.value) for m in cls)
-    raise ValueError(f"unknown {what} {value!r}; expected one of {known}")
-
-
-class ResourceType(enum.Enum):
-    TOPIC = "topic"
-    GROUP = "group"
-    TRANSACTIONAL_ID = "transactional_id"
-    CLUSTER = "cluster"
-
-    @classmethod
-    def parse(cls, value: ResourceType | str) -> ResourceType:
-        return _parse_enum(cls, value, "resource type")
-
-
-class Operation(enum.Enum):
-    ALL = "all"
-    READ = "read"
-    WRITE = "write"
-    CREATE = "create"
-    DELETE = "delete"
-    ALTER = "alter"
-    DESCRIBE = "describe"
-    CLUSTER_ACTION = "cluster_action"
-    DESCRIBE_CONFIGS = "describe_configs"
-    ALTER_CONFIGS = "alter_configs"
-    IDEMPOTENT_WRITE = "idempotent_write"
-    TWO_PHASE_COMMIT = "two_phase_commit"
-
-    @classmethod
-    def parse(cls, value: Operation | str) -> Operation:
-        return _parse_enum(cls, value, "operation")
-
-    @property
-    def title(self) -> str:
-        """Kafka's name for it, as logs and messages print it: "ClusterAction"."""
-        return "".join(word.capitalize() for word in self.value.split("_"))
-
-
-class PatternType(enum.Enum):
-    LITERAL = "literal"
-    PREFIXED = "prefixed"
-
-    @classmethod
-    def parse(cls, value: PatternType | str) -> PatternType:
-        return _parse_enum(cls, value, "pattern type")
-
-
-class Permission(enum.Enum):
-    ALLOW = "allow"
-    DENY = "deny"
-
-    @classmethod
-    def parse(cls, value: Permission | str) -> Permission:
-        return _parse_enum(cls, value, "permission")
-
-
-class PatternFilterType(enum.Enum):
-    """How an AclFilter's resource name selects bindings (Kafka's PatternType
-    in a filter): LITERAL/PREFIXED — bindings of that pattern type with that
-    exact name; ANY — bindings of either type with that exact name; MATCH —
-    the bindings that would apply to a resource of that name (the literal
-    name, the literal `*`, every prefix of it)."""
-
-    LITERAL = "literal"
-    PREFIXED = "prefixed"
-    ANY = "any"
-    MATCH = "match"
-
-    @classmethod
-    def parse(cls, value: PatternFilterType | str) -> PatternFilterType:
-        return _parse_enum(cls, value, "pattern filter type")
-
-
-_ALL_TYPES_OPERATION = frozenset({Operation.ALL})
-VALID_OPERATIONS: Mapping[ResourceType, frozenset[Operation]] = {
-    ResourceType.TOPIC: _ALL_TYPES_OPERATION | {
-        Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE, Operation.ALTER,
-        Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS,
-    },
-    ResourceType.GROUP: _ALL_TYPES_OPERATION | {
-        Operation.READ, Operation.DESCRIBE, Operation.DELETE,
-    },
-    ResourceType.TRANSACTIONAL_ID: _ALL_TYPES_OPERATION | {
-        Operation.WRITE, Operation.DESCRIBE, Operation.TWO_PHASE_COMMIT,
-    },
-    ResourceType.CLUSTER: _ALL_TYPES_OPERATION | {
-        Operation.CREATE, Operation.CLUSTER_ACTION, Operation.DESCRIBE_CONFIGS,
-        Operation.ALTER_CONFIGS, Operation.IDEMPOTENT_WRITE, Operation.ALTER,
-        Operation.DESCRIBE,
-    },
-}
+# Kafka's ACL vocabulary is the wire's, shared with the SDK and the CLI
+# (oncelog.wire.vocabulary: StrEnums whose values are the wire's strings,
+# with a `parse` that takes Kafka's spellings too); here under the names the
+# authorizer has always used.
+ResourceType = AclResourceType
+Operation = AclOperation
+PatternType = AclPatternType
+Permission = AclPermission
+PatternFilterType = AclPatternFilterType
+VALID_OPERATIONS = ACL_OPERATIONS_OF
 
 # ALLOW bindings of these operations also allow the key (StandardAuthorizerData's
 # IMPLIES_DESCRIBE and IMPLIES_DESCRIBE_CONFIGS); All is handled on its own.
@@ -252,9 +166,9 @@ class AclBinding:
         object.__setattr__(self, "permission", Permission.parse(self.permission))
         valid = VALID_OPERATIONS[self.pattern.resource_type]
         if self.operation not in valid:
-            names = ", ".join(sorted(op.title for op in valid))
+            names = ", ".join(sorted(op.kafka_name for op in valid))
             raise ValueError(
-                f"operation {self.operation.title} does not apply to a "
+                f"operation {self.operation.kafka_name} does not apply to a "
                 f"{self.pattern.resource_type.value}; a {self.pattern.resource_type.value} "
                 f"has {names}")
 
@@ -286,7 +200,7 @@ class AclBinding:
                 self.principal, self.host, self.operation.value, self.permission.value)
 
     def __str__(self) -> str:
-        return (f"{self.permission.value.upper()} {self.principal} {self.operation.title} on "
+        return (f"{self.permission.value.upper()} {self.principal} {self.operation.kafka_name} on "
                 f"{self.resource_type.value} {self.pattern_type.value} {self.resource_name!r} "
                 f"from host {self.host}")
 

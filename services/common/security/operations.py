@@ -97,8 +97,8 @@ class Alternative:
 
     def describe(self) -> str:
         if self.resource_type is ResourceType.CLUSTER:
-            return f"{self.operation.title} on the cluster"
-        return f"{self.operation.title} on any {_TYPE_WORDS[self.resource_type]}"
+            return f"{self.operation.kafka_name} on the cluster"
+        return f"{self.operation.kafka_name} on any {_TYPE_WORDS[self.resource_type]}"
 
 
 CLUSTER_ACTION = Alternative(Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
@@ -122,7 +122,7 @@ class Check:
             what = "the cluster"
         else:
             what = f"{_TYPE_WORDS[self.resource_type]} {_shown(self.resource_name)}"
-        return f"{self.operation.title} on {what}"
+        return f"{self.operation.kafka_name} on {what}"
 
 
 def _condition_holds(request: Message, condition: str) -> bool:
@@ -174,7 +174,7 @@ class Need:
     def __post_init__(self) -> None:
         if (self.resource_type is ResourceType.CLUSTER) != (self.names == ""):
             raise ValueError(f"a need on the cluster names no field, any other names one: "
-                             f"{self.operation.title} on {self.resource_type.value} "
+                             f"{self.operation.kafka_name} on {self.resource_type.value} "
                              f"{self.names!r}")
 
     def applies(self, request: Message) -> bool:
@@ -189,12 +189,13 @@ class Need:
 
     def describe(self) -> str:
         if self.resource_type is ResourceType.CLUSTER:
-            text = f"{self.operation.title} on the cluster"
+            text = f"{self.operation.kafka_name} on the cluster"
         elif self.names.endswith("[]") or "[]." in self.names:
-            text = (f"{self.operation.title} on each {_TYPE_WORDS[self.resource_type]} "
+            text = (f"{self.operation.kafka_name} on each {_TYPE_WORDS[self.resource_type]} "
                     f"`{self.names}`")
         else:
-            text = f"{self.operation.title} on the {_TYPE_WORDS[self.resource_type]} `{self.names}`"
+            text = (f"{self.operation.kafka_name} on the {_TYPE_WORDS[self.resource_type]} "
+                    f"`{self.names}`")
         if self.alternatives:
             text += " (or " + " or ".join(a.describe() for a in self.alternatives) + ")"
         if self.when:
@@ -242,8 +243,8 @@ class AnswerFilter:
             alternatives = " (or " + " or ".join(a.describe() for a in self.alternatives) + ")"
         if self.clear:
             return (f"answer: `{self.clear}` of `{self.entries}` emptied without "
-                    f"{self.operation.title} on the {word}{alternatives}")
-        text = (f"answer: `{self.entries}` filtered to {self.operation.title} on each "
+                    f"{self.operation.kafka_name} on the {word}{alternatives}")
+        text = (f"answer: `{self.entries}` filtered to {self.operation.kafka_name} on each "
                 f"{word}{alternatives}")
         if self.named_by:
             text += f", one named in `{self.named_by}` answered with the error instead"

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.vocabulary import TransactionState
 
 from ...common.invariants import invariant
 from ...common.service_error import ServiceError
@@ -80,11 +81,13 @@ def parse_transaction_version(value: int) -> TransactionVersion:
         ) from None
 
 
-class TxnState(enum.Enum):
+# The values are the wire's shared vocabulary (oncelog.wire.vocabulary), the
+# names DescribeTransactions/DescribeGroups report.
+class TxnState(enum.StrEnum):
     """States of a transactional id. Each state's doc says how it answers each
     request (action) and where it can go (transition)."""
 
-    EMPTY = "Empty"
+    EMPTY = TransactionState.EMPTY.value
     """No transaction open.
     action: InitProducerId bumps the epoch; AddPartitions opens a transaction;
     EndTxn(commit) is INVALID_TXN_STATE; EndTxn(abort) bumps the epoch (v2),
@@ -92,7 +95,7 @@ class TxnState(enum.Enum):
     CompleteTransaction answers from the last prepared transaction's outcome.
     transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead (expiry)."""
 
-    ONGOING = "Ongoing"
+    ONGOING = TransactionState.ONGOING.value
     """A transaction is open with partitions (and maybe a group's offsets).
     action: AddPartitions adds; EndTxn decides (v2: with an epoch bump; v1:
     keeping the epoch); PrepareTransaction (two-phase
@@ -101,7 +104,7 @@ class TxnState(enum.Enum):
     it with an epoch bump, unless the producer uses two-phase commit.
     transition: Prepared, PrepareCommit, PrepareAbort, PrepareEpochFence."""
 
-    PREPARED = "Prepared"
+    PREPARED = TransactionState.PREPARED.value
     """Two-phase commit (KIP-939): the producer flushed every write and
     prepared the transaction; an external coordinator decides its outcome.
     action: CompleteTransaction commits it if the given prepared state
@@ -112,37 +115,37 @@ class TxnState(enum.Enum):
     be written); the timeout never applies; the admin abort aborts it.
     transition: Prepared (kept by a new instance), PrepareCommit, PrepareAbort."""
 
-    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_COMMIT = TransactionState.PREPARE_COMMIT.value
     """The commit is decided and durable; markers are in flight.
     action: everything but a retried EndTxn(commit) answers CONCURRENT_TRANSACTIONS
     (v1: EndTxn(abort) is INVALID_TXN_STATE, EndTxn(commit) CONCURRENT_TRANSACTIONS).
     transition: CompleteCommit once every marker has landed."""
 
-    PREPARE_ABORT = "PrepareAbort"
+    PREPARE_ABORT = TransactionState.PREPARE_ABORT.value
     """The abort is decided and durable; markers are in flight.
     action: as PrepareCommit, for abort.
     transition: CompleteAbort once every marker has landed."""
 
-    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_COMMIT = TransactionState.COMPLETE_COMMIT.value
     """The last transaction committed and every marker landed.
     action: as Empty; a retried EndTxn(commit) of the last epoch succeeds (v1:
     EndTxn(commit) of the current epoch succeeds, EndTxn(abort) is
     INVALID_TXN_STATE).
     transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead."""
 
-    COMPLETE_ABORT = "CompleteAbort"
+    COMPLETE_ABORT = TransactionState.COMPLETE_ABORT.value
     """The last transaction aborted and every marker landed.
     action: as Empty; a retried EndTxn(abort) of the last epoch succeeds (v1:
     EndTxn(abort) of the current epoch succeeds, EndTxn(commit) is
     INVALID_TXN_STATE).
     transition: Ongoing, Prepared, PrepareAbort (v2 empty abort), Dead."""
 
-    PREPARE_EPOCH_FENCE = "PrepareEpochFence"
+    PREPARE_EPOCH_FENCE = TransactionState.PREPARE_EPOCH_FENCE.value
     """An Ongoing transaction is being aborted because a new producer instance
     called InitProducerId; the epoch is bumped before the abort.
     transition: PrepareAbort."""
 
-    DEAD = "Dead"
+    DEAD = TransactionState.DEAD.value
     """The transactional id expired; its record is a tombstone.
     action: every request sees an unknown transactional id.
     transition: none (a new InitProducerId starts over from nothing)."""

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeAlias, TypeVar
 
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.vocabulary import GroupState as WireGroupState
 
 from ...common import limits
 from ...common.invariants import invariant
@@ -65,19 +66,21 @@ NO_GENERATION = -1
 RECORD_TYPE = "classic"
 
 
-class ClassicGroupState(enum.Enum):
+# The values are the wire's shared vocabulary (oncelog.wire.vocabulary), the
+# names DescribeTransactions/DescribeGroups report.
+class ClassicGroupState(enum.StrEnum):
     """The states of a classic group (Kafka's ClassicGroupState). Each
     state's doc says how it answers each request (action) and where it can
     go (transition)."""
 
-    EMPTY = "Empty"
+    EMPTY = WireGroupState.EMPTY.value
     """No members (perhaps only committed offsets).
     action: JoinGroup from a new member starts the initial rebalance; SyncGroup,
     Heartbeat, LeaveGroup and a member's offset commit answer
     UNKNOWN_MEMBER_ID; a commit outside the group protocol is accepted.
     transition: PreparingRebalance (a member joins), Dead."""
 
-    PREPARING_REBALANCE = "PreparingRebalance"
+    PREPARING_REBALANCE = WireGroupState.PREPARING_REBALANCE.value
     """Waiting for every known member to rejoin (at most the rebalance timeout;
     a new group also waits its initial rebalance delay).
     action: JoinGroup is parked until the join phase completes; Heartbeat and
@@ -86,7 +89,7 @@ class ClassicGroupState(enum.Enum):
     transition: CompletingRebalance (the join phase completes with members),
     Empty (it completes without), Dead."""
 
-    COMPLETING_REBALANCE = "CompletingRebalance"
+    COMPLETING_REBALANCE = WireGroupState.COMPLETING_REBALANCE.value
     """The join phase is over; waiting for the leader's assignment.
     action: the leader's SyncGroup stores the assignment and answers every
     parked SyncGroup; a follower's is parked; Heartbeat answers normally;
@@ -96,7 +99,7 @@ class ClassicGroupState(enum.Enum):
     transition: Stable (the leader's assignment is stored), PreparingRebalance,
     Dead."""
 
-    STABLE = "Stable"
+    STABLE = WireGroupState.STABLE.value
     """Every member has its assignment.
     action: Heartbeat and SyncGroup answer normally (SyncGroup with the
     member's assignment); JoinGroup from the leader or with other protocols
@@ -105,7 +108,7 @@ class ClassicGroupState(enum.Enum):
     place without a rebalance when the group's protocol stays selectable.
     transition: PreparingRebalance (join, leave, expiry), Dead."""
 
-    DEAD = "Dead"
+    DEAD = WireGroupState.DEAD.value
     """The group is being removed. Kafka's coordinator passes through it when it
     drops a group; this one drops a group's value at once (a deleted or expired
     group is simply unknown: requests then see no group), so no value stays

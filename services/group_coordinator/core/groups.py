@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.vocabulary import GroupState as WireGroupState
 
 from ...common.service_error import ServiceError
 from .assignor import TP, assign
@@ -38,10 +39,12 @@ LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
 
 
-class GroupState(enum.Enum):
-    EMPTY = "Empty"
-    RECONCILING = "Reconciling"
-    STABLE = "Stable"
+# The values are the wire's shared vocabulary (oncelog.wire.vocabulary), the
+# names DescribeTransactions/DescribeGroups report.
+class GroupState(enum.StrEnum):
+    EMPTY = WireGroupState.EMPTY.value
+    RECONCILING = WireGroupState.RECONCILING.value
+    STABLE = WireGroupState.STABLE.value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

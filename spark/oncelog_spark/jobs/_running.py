@@ -8,7 +8,7 @@ import sys
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
-from oncelog.cli import _stop_on_signals
+from oncelog.signals import stop_on_signals
 
 # How often the job looks up from waiting on its query to check for a signal.
 _WAIT_SLICE_S = 1
@@ -19,7 +19,7 @@ def await_query(query: StreamingQuery, job: str) -> int:
     asks to stop; returns 0 when it ended cleanly, 1 when it failed (the
     error is printed)."""
     try:
-        with _stop_on_signals() as stop:
+        with stop_on_signals() as stop:
             while not stop.is_set() and not query.awaitTermination(_WAIT_SLICE_S):
                 pass
     except StreamingQueryException as exc:

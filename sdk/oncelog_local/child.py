@@ -1,6 +1,6 @@
 """Runs a command so that it dies with the process that started it.
 
-    python -m oncelog._child PARENT_PID [--netns NAME] CMD [ARGS...]
+    python -m oncelog_local.child PARENT_PID [--netns NAME] CMD [ARGS...]
 
 Sets PR_SET_PDEATHSIG (SIGKILL) and then execs CMD; the setting survives
 exec. Doing this in a tiny wrapper instead of a subprocess `preexec_fn` keeps
@@ -8,7 +8,7 @@ the parent from having to fork() with live gRPC threads (which is unsafe);
 LocalCluster spawns its children from one long-lived thread, because the
 death signal follows the thread that spawned the child, not its process.
 `--netns NAME` first enters the network namespace /run/netns/NAME
-(LocalCluster(network="namespaces"), oncelog._netns): done here, while the
+(LocalCluster(network="namespaces"), oncelog_local.netns): done here, while the
 wrapper has one thread, since a namespace change applies to a thread.
 """
 
@@ -53,7 +53,7 @@ def main() -> None:
         try:
             enter_network_namespace(argv[1])
         except OSError as exc:
-            sys.exit(f"oncelog._child: {exc}")
+            sys.exit(f"oncelog_local.child: {exc}")
         argv = argv[2:]
     os.execv(argv[0], argv)
 

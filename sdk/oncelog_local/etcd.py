@@ -20,12 +20,12 @@ minimum lease TTL becomes 1 s), a 128 MiB backend quota, history compacted
 to the latest 100 000 revisions, a snapshot every 10 000 writes, and no
 strict reconfiguration check (wipe below).
 
-Members die with the process that started them (oncelog._child arms
+Members die with the process that started them (oncelog_local.child arms
 PR_SET_PDEATHSIG), and every signal goes to a member's own pid.
 
 `hosts` puts each member on an address of its own instead of 127.0.0.1
 (LocalCluster(network="namespaces"): each member in a network namespace,
-`child_args(i)` being oncelog._child's arguments that enter it), all on the
+`child_args(i)` being oncelog_local.child's arguments that enter it), all on the
 same fixed ports (NAMESPACED_CLIENT_PORT, NAMESPACED_PEER_PORT); `reach`
 maps a member's "host:port" to one this process can connect to (the
 harness's relay) for the health probes and the member API.
@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,11 +56,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-# oncelog.testing imports this module only inside LocalCluster, so this
-# import makes no cycle.
-from oncelog.testing import (
+from oncelog.wire.process import PortInUse
+from oncelog_local.processes import (
     ChildProcess,
-    _Spawner,
+    PortTakenError,
+    Spawner,
     free_port,
     kill_process,
     signal_process,
@@ -85,6 +86,9 @@ NAMESPACED_CLIENT_PORT = 2379
 NAMESPACED_PEER_PORT = 2380
 MISSING_BINARY = ("the etcd binary was not found on PATH: install Debian's etcd-server "
                   "(apt-get install etcd-server), or run scripts/setup.sh")
+# What each of a member's ports is for (PortTakenError.taken.purpose).
+ETCD_CLIENT = "etcd client"
+ETCD_PEER = "etcd peer"
 # etcd's message when it cannot listen.
 _PORT_TAKEN = "address already in use"
 
@@ -93,8 +97,17 @@ class EtcdNotInstalled(RuntimeError):
     pass
 
 
-class PortTakenError(RuntimeError):
-    pass
+def _held_port(member: EtcdMember) -> PortInUse:
+    """Which of a member's ports another process holds (etcd's message does
+    not say): the first that cannot be bound now, else the client port."""
+    for port, purpose in ((member.client_port, ETCD_CLIENT), (member.peer_port, ETCD_PEER)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((member.host, port))
+            except OSError:
+                return PortInUse(purpose, f"{member.host}:{port}")
+    return PortInUse(ETCD_CLIENT, f"{member.host}:{member.client_port}")
 
 
 @dataclass
@@ -265,7 +278,7 @@ class EtcdCluster:
             raise RuntimeError(f"etcd member {member.index} is already running "
                                f"(pid {member.pid})")
         member.log_offset = member.log_path.stat().st_size if member.log_path.exists() else 0
-        argv = [sys.executable, "-m", "oncelog._child", str(os.getpid()),
+        argv = [sys.executable, "-m", "oncelog_local.child", str(os.getpid()),
                 *self._child_args(member.index), *self._argv(member)]
         # etcd reads ETCD_* variables as flags, and complains when both are given.
         env = {key: value for key, value in os.environ.items() if not key.startswith("ETCD_")}
@@ -275,7 +288,7 @@ class EtcdCluster:
                 return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=env)
 
-        member.process = _Spawner.get().spawn(start)
+        member.process = Spawner.get().spawn(start)
         self._expected.add(member.index)
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -359,9 +372,11 @@ class EtcdCluster:
             log_file.seek(member.log_offset)
             output = log_file.read().decode(errors="replace")
         if _PORT_TAKEN in output:
+            taken = _held_port(member)
             raise PortTakenError(
-                f"etcd member {member.index} cannot listen on port {member.client_port} or "
-                f"{member.peer_port}: another process holds it; {see}")
+                f"etcd member {member.index} cannot listen on port {taken.port} "
+                f"({taken.purpose}): another process holds it; {see}",
+                kind="etcd", node_id=member.index, taken=taken)
         code = member.process.returncode if member.process is not None else None
         raise RuntimeError(f"etcd member {member.index} exited with {code}; {see}")
 

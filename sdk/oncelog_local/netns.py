@@ -43,7 +43,7 @@ numbering the owner's networks); a new
 NamespaceNetwork first deletes the namespaces of owners that no longer run
 (a crashed earlier run), and close() deletes its own.
 
-    python -m oncelog._netns call    # internal: run_callable's child side
+    python -m oncelog_local.netns call    # internal: run_callable's child side
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from oncelog._child import enter_network_namespace
+from oncelog_local.child import enter_network_namespace
 
 PREFIX = "oncelog"
 SUBNET = ipaddress.IPv4Network("10.77.0.0/24")
@@ -309,7 +309,7 @@ class NamespaceNetwork:
             return sorted(self._members)
 
     def child_args(self, kind: str, index: int = 0) -> list[str]:
-        """oncelog._child's arguments that start a command in the member's namespace."""
+        """oncelog_local.child's arguments that start a command in the member's namespace."""
         return ["--netns", self.namespace(kind, index)]
 
     # ------------------------------------------------------------ faults
@@ -420,7 +420,7 @@ def run_callable(
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     script = main_file if getattr(fn, "__module__", None) == "__main__" else None
     payload = pickle.dumps(script) + pickle.dumps((fn, tuple(args), kwargs))
-    argv = [sys.executable, "-m", "oncelog._netns", "call"]
+    argv = [sys.executable, "-m", "oncelog_local.netns", "call"]
     # The child imports fn by name: give it the modules this process sees.
     env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     process = spawn(argv, env)
@@ -480,4 +480,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["call"]:
         _call_main()
     else:
-        sys.exit("usage: python -m oncelog._netns call")
+        sys.exit("usage: python -m oncelog_local.netns call")
