@@ -408,7 +408,8 @@ class ClusterClient:
         self._metadata_version = 0
         self._stale = False
         self._background_refresh = False
-        self._last_background_refresh_s = 0.0
+        # Never yet: the first request is never held back by the limit.
+        self._last_background_refresh_s = float("-inf")
         # address -> (time.monotonic() of the failure, reason): calls that
         # reached no service, for the error that says so when a budget runs
         # out (see gave_up). An answer from the address removes it.

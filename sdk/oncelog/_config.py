@@ -78,3 +78,17 @@ def client_timing_options(*, request_timeout_ms: object, retry_backoff_ms: objec
     int_option("request_timeout_ms", request_timeout_ms, minimum=1)
     backoff_ms = int_option("retry_backoff_ms", retry_backoff_ms, minimum=1)
     int_option("retry_backoff_max_ms", retry_backoff_max_ms, minimum=backoff_ms)
+
+
+# The client id a Producer or Consumer sends when given none (Kafka's
+# clients have their own, e.g. "rdkafka"): stores' quotas and logs see it.
+DEFAULT_CLIENT_ID = "oncelog-python"
+
+
+def client_id_option(value: object) -> str:
+    """A client id: a non-empty str of at most 249 characters (the longest
+    id the stores keep)."""
+    if not isinstance(value, str) or not value or len(value) > 249:
+        raise ValueError(f"client_id must be a non-empty str of at most 249 characters, "
+                         f"got {_shown(value)}")
+    return value

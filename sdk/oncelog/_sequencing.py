@@ -42,7 +42,7 @@ import random
 from collections import deque
 
 from oncelog._batching import ProducerBatch
-from oncelog._client import backoff_ms
+from oncelog._client import backoff_ms, needs_metadata_refresh
 from oncelog._coordinators import concurrent_transactions_backoff_ms
 from oncelog.wire import errors
 from oncelog.wire.errors import ErrorCode, OncelogError
@@ -194,6 +194,27 @@ class PartitionSequencer:
             batch.sent_as_oldest = batch is oldest
         self.in_flight_count += len(out)
         return out
+
+    def waits_for_a_leader(self, now_ms: int) -> bool:
+        """Whether the partition waits out a retry backoff after an
+        answer that says its leader may have moved (or none came from it):
+        nothing in flight, and the last error is one after which the
+        metadata is asked again."""
+        if (self.mode not in (PartitionMode.RETRYING, PartitionMode.UNRESOLVED)
+                or self.in_flight_count or now_ms >= self.retry_at_ms):
+            return False
+        for batch in self.window:
+            if not batch.acked:
+                last = batch.last_error
+                return isinstance(last, OncelogError) and needs_metadata_refresh(last)
+        return False
+
+    def retry_now(self) -> None:
+        """Ends the backoff: the metadata shows another leader than the
+        one the last attempt went to, and the backoff was for that one
+        (Kafka's KIP-951: the producer skips the backoff when the leader
+        changed)."""
+        self.retry_at_ms = 0
 
     def expire(self, now_ms: int) -> list[tuple[ProducerBatch, OncelogError]]:
         """Fails unacknowledged batches that are not in flight and are past their

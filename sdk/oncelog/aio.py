@@ -107,6 +107,7 @@ from oncelog.types import (
     OffsetAndTimestamp,
     ProducerState,
     RecordMetadata,
+    ThrottleTime,
     TopicDescription,
     TopicPartition,
     TransactionDescription,
@@ -171,6 +172,11 @@ class AIOProducer:
         if self._stopped:
             raise errors.IllegalStateError("start() on a stopped AIOProducer")
         self._started = True
+
+    @property
+    def produce_throttle_time(self) -> ThrottleTime:
+        """The threaded producer's (the stores' throttle times, summed)."""
+        return self._producer.produce_throttle_time
 
     async def stop(self) -> None:
         """Delivers what is queued and closes (an open transaction is
@@ -378,6 +384,11 @@ class AIOConsumer:
             with self._lock:
                 self._subscription = frozenset(topics)
             await self._run("start", lambda: self._consumer.subscribe(topics))
+
+    @property
+    def fetch_throttle_time(self) -> ThrottleTime:
+        """The threaded consumer's (the stores' throttle times, summed)."""
+        return self._consumer.fetch_throttle_time
 
     async def stop(self) -> None:
         """Leaves the group (auto-commit, if on, first) and closes, after the

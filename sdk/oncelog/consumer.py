@@ -57,7 +57,14 @@ from oncelog._client import (
     remaining_ms,
     unreachable_addresses,
 )
-from oncelog._config import bool_option, choice_option, client_timing_options, int_option
+from oncelog._config import (
+    DEFAULT_CLIENT_ID,
+    bool_option,
+    choice_option,
+    client_id_option,
+    client_timing_options,
+    int_option,
+)
 from oncelog._group import (
     GroupClient,
     HeartbeatThread,
@@ -71,9 +78,16 @@ from oncelog._group import (
 from oncelog._keywords import kafka_names
 from oncelog._membership import GroupMembership, MemberState, Plan
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
+from oncelog._throttle import Throttles
 from oncelog.errors import DeserializationError
 from oncelog.serializers import Deserializer
-from oncelog.types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
+from oncelog.types import (
+    ConsumerRecord,
+    GroupMetadata,
+    OffsetAndTimestamp,
+    ThrottleTime,
+    TopicPartition,
+)
 from oncelog.v1 import partition_store_pb2, records_pb2
 from oncelog.wire import errors
 from oncelog.wire import records as codec
@@ -177,9 +191,16 @@ class Consumer:
         ssl_keyfile: str | os.PathLike[str] | None = None,
         sasl_mechanism: str | None = None,
         sasl_oauth_token_provider: TokenProvider | None = None,
+        client_id: str = DEFAULT_CLIENT_ID,
     ) -> None:
         """Options as Kafka's consumer has them (in Python spelling); a wrong
         one is a ValueError naming it.
+
+        `client_id` (Kafka's client.id): this consumer's name in the
+        stores' quotas, with its principal. A store that answers a Fetch
+        with a throttle time (its quota is exceeded) is not fetched from
+        again until it has passed; `fetch_throttle_time` sums what they
+        answered.
 
         `security_protocol`, `ssl_*` and `sasl_*` (kafka-python's names):
         how to connect to a secured cluster (oncelog._security).
@@ -223,6 +244,9 @@ class Consumer:
                               retry_backoff_ms=retry_backoff_ms,
                               retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
+        self._client_id = client_id_option(client_id)
+        # When each store asked to be fetched from no sooner (throttle times).
+        self._throttles = Throttles("fetch")
         security = security_options(
             security_protocol=security_protocol, ssl_cafile=ssl_cafile,
             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sasl_mechanism=sasl_mechanism,
@@ -989,6 +1013,9 @@ class Consumer:
         retry_times = [st.retry_at_s for st in self._assignment.values()]
         retry_times.extend(self._node_retry_at_s.values())
         retry_times.append(self._metadata_retry_at_s)
+        released_ms = self._throttles.next_release_ms(_monotonic_ms())
+        if released_ms is not None:
+            retry_times.append(released_ms / 1000)
         for retry_at in retry_times:
             if retry_at > now_s:
                 wake_s = min(wake_s, retry_at)
@@ -1041,6 +1068,7 @@ class Consumer:
                 min_bytes=self._fetch_min_bytes,
                 max_bytes=self._fetch_max_bytes,
                 isolation_level=self._isolation,
+                client_id=self._client_id,
             )
             # In flight across polls: poll() never waits on it longer than
             # its own timeout, so its deadline can be a generous one.
@@ -1060,6 +1088,7 @@ class Consumer:
         """The partitions to fetch now, by owner's address, and whether some
         partition ready to be fetched has no known owner."""
         now_s = time.monotonic()
+        now_ms = _monotonic_ms()
         md = self._client.cached_metadata
         by_address: dict[str, dict[TopicPartition, int]] = {}
         missing_leader = False
@@ -1072,6 +1101,8 @@ class Consumer:
                 continue
             if address in self._in_flight or now_s < self._node_retry_at_s.get(address, 0.0):
                 continue
+            if self._throttles.held_until_ms(address, now_ms) is not None:
+                continue  # the store throttles this consumer (its quota)
             by_address.setdefault(address, {})[tp] = st.position
         return by_address, missing_leader
 
@@ -1160,6 +1191,7 @@ class Consumer:
             self._node_attempts.pop(address, None)
             self._node_retry_at_s.pop(address, None)
             self._client.note_answered(address)
+            self._throttles.answered(address, resp.throttle_time_ms, _monotonic_ms())
             for result in resp.results:
                 tp = TopicPartition(result.topic, result.partition)
                 st = self._assignment.get(tp)
@@ -1358,6 +1390,12 @@ class Consumer:
         if self._heartbeat is not None:
             self._heartbeat.join(self._request_timeout_ms / 1000)
 
+    @property
+    def fetch_throttle_time(self) -> ThrottleTime:
+        """The throttle times the stores answered this consumer's fetches
+        with (Kafka's fetch-throttle-time-avg/max)."""
+        return self._throttles.totals()
+
     def __enter__(self) -> Consumer:
         return self
 
@@ -1368,6 +1406,10 @@ class Consumer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 def _check_partitions(partitions: Iterable[TopicPartition]) -> list[TopicPartition]:

@@ -63,15 +63,18 @@ from oncelog._batching import (
 )
 from oncelog._client import (
     ClusterClient,
+    ClusterMetadata,
     TopicInfo,
     backoff_ms,
     error_from_proto,
     needs_metadata_refresh,
 )
 from oncelog._config import (
+    DEFAULT_CLIENT_ID,
     acks_option,
     bool_option,
     choice_option,
+    client_id_option,
     client_timing_options,
     int_option,
 )
@@ -86,6 +89,7 @@ from oncelog._partitioner import StickyPartitioner, partition_for_key
 from oncelog._request_streams import Outcome, RequestStreams, StreamCaller
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
 from oncelog._sequencing import PartitionMode, PartitionSequencer
+from oncelog._throttle import Throttles
 from oncelog._transactions import (
     Op,
     ProducerTxnState,
@@ -95,7 +99,7 @@ from oncelog._transactions import (
 )
 from oncelog.errors import SerializationError
 from oncelog.serializers import Serializer
-from oncelog.types import GroupMetadata, PreparedTxnState, TopicPartition
+from oncelog.types import GroupMetadata, PreparedTxnState, ThrottleTime, TopicPartition
 from oncelog.v1 import (
     coordinator_pb2,
     errors_pb2,
@@ -245,9 +249,15 @@ class Producer:
         ssl_keyfile: str | os.PathLike[str] | None = None,
         sasl_mechanism: str | None = None,
         sasl_oauth_token_provider: TokenProvider | None = None,
+        client_id: str = DEFAULT_CLIENT_ID,
     ) -> None:
         """Options as Kafka's producer has them (in Python spelling); each is
         checked here, and a wrong one is a ValueError naming it.
+
+        `client_id` (Kafka's client.id): this producer's name in the
+        stores' quotas, with its principal. A store that answers with a
+        throttle time (its quota is exceeded) is sent nothing more until it
+        has passed; `produce_throttle_time` sums what they answered.
 
         `security_protocol`, `ssl_*` and `sasl_*` (kafka-python's names):
         how to connect to a secured cluster (oncelog._security).
@@ -302,6 +312,7 @@ class Producer:
                               retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("buffer_memory_bytes", buffer_memory_bytes, minimum=1)
         int_option("max_block_ms", max_block_ms, minimum=0)
+        client_id = client_id_option(client_id)
         if enable_idempotence and max_in_flight > MAX_IN_FLIGHT_IDEMPOTENT:
             raise ValueError(
                 f"an idempotent producer allows at most {MAX_IN_FLIGHT_IDEMPOTENT} batches in "
@@ -366,7 +377,7 @@ class Producer:
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             transaction_timeout_ms=transaction_timeout_ms,
-            txn=self._txn,
+            txn=self._txn, client_id=client_id,
         )
         self._sender.start()
 
@@ -1293,6 +1304,12 @@ class Producer:
     def producer_epoch(self) -> int:
         return self._sender.producer_epoch
 
+    @property
+    def produce_throttle_time(self) -> ThrottleTime:
+        """The throttle times the stores answered this producer's Produce
+        requests with (Kafka's produce-throttle-time-avg/max)."""
+        return self._sender.throttles.totals()
+
     def __enter__(self) -> Producer:
         return self
 
@@ -1334,8 +1351,12 @@ class _Sender:
         retry_backoff_max_ms: int,
         transaction_timeout_ms: int,
         txn: TxnStateMachine | None = None,
+        client_id: str = DEFAULT_CLIENT_ID,
     ) -> None:
         self._client = client
+        self._client_id = client_id
+        # When each store asked to be sent nothing before (throttle times).
+        self.throttles = Throttles("produce")
         self._acc = accumulator
         self._idempotent = idempotent
         self._max_in_flight = max_in_flight
@@ -1344,9 +1365,13 @@ class _Sender:
         self._retry_backoff_max_ms = retry_backoff_max_ms
         self._transaction_timeout_ms = transaction_timeout_ms
         self._sequencers: dict[tuple[str, int], PartitionSequencer] = {}
+        # Where each partition's last attempt went: (store address, leader
+        # epoch) by the metadata of the time.
+        self._sent_to: dict[tuple[str, int], tuple[str, int | None]] = {}
         # Partitions with unacknowledged batches or a pending retry/reset.
         self._active: set[tuple[str, int]] = set()
-        self._completions: list[tuple[list[ProducerBatch], grpc.Future | Outcome]] = []
+        # (store address, batches, answer) of each request answered.
+        self._completions: list[tuple[str, list[ProducerBatch], grpc.Future | Outcome]] = []
         self.producer_id = -1
         self.producer_epoch = -1
         self.fatal_error: OncelogError | None = None
@@ -1714,8 +1739,26 @@ class _Sender:
         # so batches of one partition go out in order, one per request.
         by_address: dict[str, list[list[ProducerBatch]]] = {}
         finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
+        watch_leaders = False
         for key in list(self._active):
             seq = self._sequencers[key]
+            held_until_ms = self._held_until_ms(key, now)
+            if held_until_ms is not None:
+                # Its store throttles this producer: nothing goes there yet.
+                wake_at = held_until_ms if wake_at is None else min(wake_at, held_until_ms)
+                continue
+
+            if seq.waits_for_a_leader(now):
+                # Its backoff was for the leader its last attempt went to.
+                # Metadata is asked again while it waits (not only once
+                # after the failure, which may be a whole backoff before
+                # the election), and once it shows another leader the
+                # partition is retried there at once: a failover costs the
+                # election plus a metadata round, not one or two backoffs
+                # grown to their cap.
+                watch_leaders = True
+                if md is not None and self._leader_moved(key, md):
+                    seq.retry_now()
             batches = seq.batches_to_send(now)
             if not batches:
                 if seq.idle:
@@ -1735,6 +1778,7 @@ class _Sender:
                     self._on_batch_error(seq, batch, exc, now, finished, dispatched=False)
                 self._client.request_metadata_refresh()
                 continue
+            self._sent_to[key] = (address, md.leader_epoch(*key) if md is not None else None)
             slots = by_address.setdefault(address, [])
             for i, batch in enumerate(batches):
                 if len(slots) <= i:
@@ -1744,7 +1788,22 @@ class _Sender:
         for address, slots in by_address.items():
             for batches in slots:
                 self._dispatch(address, batches, now)
+        if watch_leaders:
+            # At most one a retry_backoff_ms (the client's limit); the
+            # sender looks again within MAX_SENDER_SLEEP_MS.
+            self._client.request_metadata_refresh()
         return wake_at
+
+    def _held_until_ms(self, key: tuple[str, int], now: int) -> int | None:
+        md = self._client.cached_metadata
+        address = md.leader_address(*key) if md is not None else None
+        return None if address is None else self.throttles.held_until_ms(address, now)
+
+    def _leader_moved(self, key: tuple[str, int], md: ClusterMetadata) -> bool:
+        """Whether the metadata names another leader (store or leader
+        epoch) for the partition than the one its last attempt went to."""
+        address = md.leader_address(*key)
+        return address is not None and (address, md.leader_epoch(*key)) != self._sent_to.get(key)
 
     def _dispatch(self, address: str, batches: list[ProducerBatch], now: int) -> None:
         """Sends batches (distinct partitions) to one store, in requests of at
@@ -1774,6 +1833,7 @@ class _Sender:
             timeout_ms=self._request_timeout_ms,
             transactional_id=self._transactional_id,
             add_partitions_to_txn=self._txn is not None,
+            client_id=self._client_id,
         )
         # The attempt may not outlive the latest delivery deadline among its
         # batches (a cut-short attempt counts as "outcome unknown").
@@ -1786,7 +1846,7 @@ class _Sender:
             self._acc.requests_unanswered += 1
         try:
             if self._streams.serves(address):
-                self._streams.send(address, request, batches, timeout_ms / 1000)
+                self._streams.send(address, request, (address, batches), timeout_ms / 1000)
                 return
             call = self._client.store(address).Produce.future(request, timeout=timeout_ms / 1000)
         except (OncelogError, ValueError, RuntimeError) as exc:
@@ -1802,15 +1862,16 @@ class _Sender:
                                      dispatched=False)
             self._complete(finished)
             return
-        call.add_done_callback(functools.partial(self._on_rpc_done, batches))
+        call.add_done_callback(functools.partial(self._on_rpc_done, (address, batches)))
 
-    def _on_rpc_done(self, batches: list[ProducerBatch], call: grpc.Future | Outcome) -> None:
+    def _on_rpc_done(self, sent: tuple[str, list[ProducerBatch]],
+                     call: grpc.Future | Outcome) -> None:
         # A gRPC (or stream reader) thread: only hand the answer over to the
         # sender thread.
         acc = self._acc
         with acc.lock:
             acc.requests_unanswered -= 1
-            self._completions.append((batches, call))
+            self._completions.append((sent[0], sent[1], call))
             acc.woken = True
             acc.wakeup.notify()
 
@@ -1824,7 +1885,7 @@ class _Sender:
             self._completions = []
         finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
         refresh = False
-        for batches, call in items:
+        for address, batches, call in items:
             try:
                 resp = call.result()
             except grpc.RpcError as rpc_exc:
@@ -1849,6 +1910,7 @@ class _Sender:
                 for batch in batches:
                     self._on_batch_error(None, batch, failed, now, finished, dispatched=True)
                 continue
+            self.throttles.answered(address, resp.throttle_time_ms, now)
             results = {(r.topic, r.partition): r for r in resp.results}
             for batch in batches:
                 if batch.state == FINISHED:  # failed meanwhile (close)

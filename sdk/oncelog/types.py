@@ -426,3 +426,21 @@ class AclFilter:
                    resource_name=binding.resource_name, pattern_type=binding.pattern_type,
                    operation=binding.operation, permission=binding.permission,
                    host=binding.host)
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleTime:
+    """The throttle times the stores answered a client with, since it was
+    made (Kafka's client metrics produce-throttle-time-avg/max and
+    fetch-throttle-time-avg/max): a store asks a client over its byte-rate
+    quota to wait (docs/partition-store.md, "Client quotas"), and the client
+    sends that store nothing of the kind until then. `count` counts the
+    answers with a throttle time > 0; `avg_ms` is over those."""
+
+    count: int = 0
+    total_ms: int = 0
+    max_ms: int = 0
+
+    @property
+    def avg_ms(self) -> float:
+        return self.total_ms / self.count if self.count else 0.0

@@ -18,7 +18,22 @@ What the runtime does for every coordinator:
   partition and this one is fenced for good.
 * **One writer per partition.** Each partition has a lock; a coordinator
   holds it from planning a change until the change is replayed, so its plans
-  see every change before them.
+  see every change before them (`append`: one append per change).
+* **Or group commit** (Kafka's coordinator runtime; a runtime given
+  `copy_shard`). The lock is held only while a change is planned and
+  `submit`ted: its records are replayed at once into the partition's
+  *pending* shard (the durable shard plus every change not yet durable), so
+  the next plan sees them, and queued. One append per partition is in
+  flight at a time; the changes submitted while it flies go out together as
+  the next one (a batch, bounded by `max_batch_bytes`), and each caller is
+  answered once the batch holding its change is durable and replayed into
+  the shard itself. The shard (`owned.state`) stays the log's state, what
+  answers from memory read. A batch the store refuses whole fails exactly
+  its changes and rolls the pending shard back to the durable one; changes
+  queued behind it were planned on what was rolled back, so they fail with
+  `StalePlan` and their coordinator plans them again. An answer planned
+  from pending state without a write of its own waits (`settle`) until what
+  it saw is durable.
 * **Write = conditional append, then replay.** Records are appended on the
   log end offset this process has replayed up to, so a process that lost the
   partition, or whose earlier write's outcome is unknown, cannot write past
@@ -47,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -54,12 +70,20 @@ from typing import Any, Generic, Protocol, TypeVar
 from oncelog.wire.errors import ErrorCode
 
 from .coordinator_epoch import encode_epoch
+from .invariants import InvariantViolation, invariant
 from .service_error import ServiceError
 from .tasks import TaskGroup
 
 log = logging.getLogger(__name__)
 
 LogEntry = tuple[bytes | None, bytes | None]
+
+# The most record bytes one batched append carries (keys, values and a
+# per-record allowance for the batch format), well under the store's
+# max.message.bytes (1 MiB by default): a batch of many small changes must not
+# be refused as too large when each change alone would pass.
+DEFAULT_MAX_BATCH_BYTES = 256 * 1024
+RECORD_OVERHEAD_BYTES = 64
 
 # A conditional append that keeps failing because others keep writing (markers
 # on __consumer_offsets) is given up after this many catch-ups.
@@ -105,6 +129,41 @@ class WriteRefused(Exception):
         self.error = error
 
 
+class StalePlan(ServiceError):
+    """A change (or an answer) was planned on pending state that did not
+    become durable: its batch, or one before it, failed. Nothing of it was
+    written; the coordinator plans it again on the state as it is now. A
+    caller that does not replan passes it on as a retriable error."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(ErrorCode.COORDINATOR_NOT_AVAILABLE, what)
+
+
+@dataclass(eq=False, slots=True)
+class _Change:
+    """One submitted change: its records, and its caller's answer."""
+
+    entries: Sequence[LogEntry]
+    done: asyncio.Future[None]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(len(k or b"") + len(v or b"") + RECORD_OVERHEAD_BYTES
+                   for k, v in self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanView(Generic[S]):
+    """What a change is planned on: the pending shard (durable state plus
+    every change submitted and not yet durable), how many rollbacks the
+    partition had seen then, and the answer of the last change submitted
+    before (None: nothing was pending). Taken and used under owned.lock."""
+
+    state: S
+    rollbacks: int
+    tail: asyncio.Future[None] | None
+
+
 class CoordinatorLog(Protocol[R, W_contra]):
     """The port to one internal topic's partitions."""
 
@@ -147,6 +206,25 @@ class OwnedPartition(Generic[S]):
     # nobody waits), and whether the task that runs those reads is alive.
     next_ownership_check: asyncio.Future[None] | None = None
     checking_ownership: bool = False
+    # Group commit (see the module docstring). `pending_state`: the shard
+    # with every submitted change replayed, None when nothing is pending;
+    # `queue`: changes submitted and not yet appended; `in_flight`: the batch
+    # being appended; `flushing`: whether the task that appends is running;
+    # `idle`: set when nothing is queued or in flight. `rollbacks` counts
+    # pending state thrown away (a failed batch, an unload): a plan made
+    # before one is stale. `generation` counts unloads, so an append that
+    # returns after one does not touch the reloaded shard.
+    pending_state: S | None = None
+    queue: list[_Change] = field(default_factory=list)
+    in_flight: list[_Change] = field(default_factory=list)
+    flushing: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    rollbacks: int = 0
+    generation: int = 0
+    last_submitted: asyncio.Future[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.idle.set()
 
 
 P = TypeVar("P", bound=OwnedPartition[Any])
@@ -174,13 +252,27 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         tail_wait_ms: int = 1000,
         on_loaded: Callable[[P], None] = _ignore,
         on_unloaded: Callable[[P], None] = _ignore,
+        copy_shard: Callable[[S], S] | None = None,
+        replay_entry: Callable[[S, LogEntry], None] | None = None,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        on_batch: Callable[[int, int, float], None] | None = None,
     ) -> None:
         """`kind` names this coordinator in errors ("coordinator", "group
         coordinator"); `replay` applies one record to a shard; `on_loaded`
         runs under the partition's lock once it is loaded, `on_unloaded` when
         its memory is dropped for a reload. With `others_write`, a moved log end
         is caught up and the write retried, and a tail task follows each loaded
-        partition (long polls of `tail_wait_ms`)."""
+        partition (long polls of `tail_wait_ms`).
+
+        With `copy_shard` (and `replay_entry`, which replays one submitted
+        record into a pending shard), changes may be `submit`ted for group
+        commit; only for a log nobody else writes (a moved log end there is
+        another coordinator, never something to catch up with and retry).
+        `on_batch(changes, records, seconds)` observes each batch appended."""
+        invariant((copy_shard is None) == (replay_entry is None),
+                  "group commit needs both copy_shard and replay_entry")
+        invariant(copy_shard is None or not others_write,
+                  lambda: f"{topic}: group commit on a log others write")
         self.topic = topic
         self.node_id = node_id
         self.kind = kind
@@ -191,6 +283,10 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         self._tail_wait_ms = tail_wait_ms
         self._on_loaded = on_loaded
         self._on_unloaded = on_unloaded
+        self._copy_shard = copy_shard
+        self._replay_entry = replay_entry
+        self._max_batch_bytes = max_batch_bytes
+        self._on_batch = on_batch
         self.partitions: dict[int, P] = {p: new_partition(p) for p in partitions}
         self.tasks = TaskGroup()
         self.stopping = False
@@ -264,8 +360,11 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         owned.fenced = True
 
     def unload(self, owned: P) -> None:
-        """Forgets memory that may be behind the log; a reload follows."""
+        """Forgets memory that may be behind the log; a reload follows.
+        Changes still pending fail (they are planned again, and find the
+        partition loading)."""
         owned.loaded = False
+        self._drop_pending(owned, f"{self.topic}-{owned.partition} is reloading")
         self._on_unloaded(owned)
         self.spawn(self._load_until_done(owned))
 
@@ -337,7 +436,9 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         """Appends records, then replays them; the caller holds owned.lock.
         `writer` stamps the write (a transactional producer), built from the
         shard: again after a catch-up, since a marker read then may change
-        what it must be (the next sequence)."""
+        what it must be (the next sequence). Submitted changes go first."""
+        await self.drain(owned)
+        self.check_loaded(owned)
         for _attempt in range(MAX_APPEND_ATTEMPTS):
             try:
                 written = await self._log.append(
@@ -363,6 +464,150 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
             return
         raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                            f"{self.topic}-{owned.partition}: the log kept moving")
+
+    # ---------------------------------------------------------- group commit
+
+    def view(self, owned: P) -> PlanView[S]:
+        """What a change is planned on; the caller holds owned.lock."""
+        state = owned.pending_state if owned.pending_state is not None else owned.state
+        return PlanView(state, owned.rollbacks, owned.last_submitted)
+
+    def submit(self, owned: P, entries: Sequence[LogEntry],
+               view: PlanView[S]) -> asyncio.Future[None]:
+        """Queues a change planned on `view` for the next batch and replays it
+        into the pending shard (the next plan sees it); the caller holds
+        owned.lock and awaits the answer (`settle`) after releasing it. The
+        answer: None once the change is durable and replayed; its batch's
+        error if that failed; StalePlan if something it was planned on did
+        not become durable."""
+        copy_shard, replay_entry = self._copy_shard, self._replay_entry
+        if copy_shard is None or replay_entry is None:
+            raise InvariantViolation(f"{self.topic}: submit without group commit")
+        self.check_loaded(owned)
+        if view.rollbacks != owned.rollbacks:
+            raise StalePlan(f"{self.topic}-{owned.partition}: planned on pending changes "
+                            "that failed")
+        if owned.pending_state is None:
+            owned.pending_state = copy_shard(owned.state)
+        for entry in entries:
+            replay_entry(owned.pending_state, entry)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # An answer whose caller went away leaves its exception unread.
+        done.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+        owned.queue.append(_Change(entries, done))
+        owned.last_submitted = done
+        if not owned.flushing:
+            owned.flushing = True
+            owned.idle.clear()
+            self.spawn(self._flush(owned, owned.generation))
+        return done
+
+    async def settle(self, owned: P, view: PlanView[S],
+                     done: asyncio.Future[None] | None = None) -> None:
+        """Waits for a change's answer (`done`, from submit) or, for an
+        answer planned without a write, until every change it saw is durable:
+        StalePlan if one of them failed. Called without owned.lock."""
+        if done is not None:
+            await asyncio.shield(done)
+            return
+        if view.tail is not None:
+            try:
+                await asyncio.shield(view.tail)
+            except ServiceError as exc:
+                raise StalePlan(f"{self.topic}-{owned.partition}: planned on a change that "
+                                f"failed ({exc.message})") from exc
+
+    async def drain(self, owned: P) -> None:
+        """Returns once no submitted change is queued or in flight; the
+        caller holds owned.lock, so none can be submitted meanwhile."""
+        while not owned.idle.is_set():
+            await owned.idle.wait()
+
+    def _take_batch(self, owned: P) -> list[_Change]:
+        """The queued changes the next append carries: in order, as many as
+        fit in max_batch_bytes (at least one)."""
+        taken, size = 0, 0
+        for change in owned.queue:
+            size += change.size_bytes
+            if taken and size > self._max_batch_bytes:
+                break
+            taken += 1
+        batch, owned.queue = owned.queue[:taken], owned.queue[taken:]
+        return batch
+
+    async def _flush(self, owned: P, generation: int) -> None:
+        """Appends the queued changes, a batch at a time, until none is
+        queued: the partition's only writer while changes are pending."""
+        try:
+            while owned.queue and owned.generation == generation:
+                batch = owned.in_flight = self._take_batch(owned)
+                entries = [entry for change in batch for entry in change.entries]
+                started_s = time.perf_counter()
+                try:
+                    written = await self._log.append(
+                        owned.partition, entries,
+                        expected_log_end_offset=owned.log_end_offset, writer=None)
+                except WriteRefused as refused:
+                    if owned.generation != generation:
+                        return  # unloaded meanwhile: its changes were answered
+                    # Nothing was written: memory is still the log's state.
+                    owned.in_flight = []
+                    _fail(batch, refused.error)
+                    self._roll_back(owned, f"{self.topic}-{owned.partition}: a batch before "
+                                           f"this change was refused ({refused.error.message})")
+                    continue
+                except ServiceError as exc:
+                    if owned.generation != generation:
+                        return
+                    owned.in_flight = []
+                    _fail(batch, self._write_failed(owned, exc))
+                    self.unload(owned)
+                    return
+                if owned.generation != generation:
+                    return
+                self._apply(owned, written)
+                owned.in_flight = []
+                if not owned.queue:
+                    owned.pending_state = None  # the shard has caught up with it
+                for change in batch:
+                    if not change.done.done():
+                        change.done.set_result(None)
+                if self._on_batch is not None:
+                    self._on_batch(len(batch), len(entries), time.perf_counter() - started_s)
+        except BaseException:
+            # Stopped (or a bug): nobody will append what is pending.
+            if owned.generation == generation:
+                self._drop_pending(owned, f"{self.topic}-{owned.partition}: {self.kind} "
+                                          f"{self.node_id} is stopping")
+            raise
+        finally:
+            if owned.generation == generation:
+                owned.flushing = False
+                owned.idle.set()
+
+    def _write_failed(self, owned: P, exc: ServiceError) -> ServiceError:
+        """The error a write whose outcome is unknown, or that found the log
+        moved (a newer coordinator), answers; the partition reloads."""
+        code = (ErrorCode.NOT_COORDINATOR if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH
+                else ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return ServiceError(code, f"{self.topic}-{owned.partition} write failed: {exc.message}")
+
+    def _roll_back(self, owned: P, why: str) -> None:
+        """Throws the pending state away: what is queued was planned on it."""
+        queued, owned.queue = owned.queue, []
+        owned.pending_state = None
+        owned.rollbacks += 1
+        _fail(queued, StalePlan(why))
+
+    def _drop_pending(self, owned: P, why: str) -> None:
+        """Memory is being dropped: every pending change fails (the batch in
+        flight retriably: its outcome is for the reload to find)."""
+        in_flight, owned.in_flight = owned.in_flight, []
+        _fail(in_flight, ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE, why))
+        self._roll_back(owned, why)
+        owned.generation += 1
+        owned.flushing = False
+        owned.idle.set()
 
     # ------------------------------------------------------------- ownership
 
@@ -447,9 +692,11 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
             await self.check_log_end_locked(owned)
 
     async def check_log_end_locked(self, owned: P) -> None:
-        """With owned.lock held (no write of ours in flight): the log must end
-        where memory does, else another coordinator has written it: reload
-        and answer NOT_COORDINATOR."""
+        """With owned.lock held (once the submitted changes are durable, no
+        write of ours is in flight): the log must end where memory does, else
+        another coordinator has written it: reload and answer NOT_COORDINATOR."""
+        await self.drain(owned)
+        self.check_loaded(owned)
         log_end = await self._read_log_end(owned)
         if log_end == owned.log_end_offset:
             return
@@ -473,3 +720,9 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
                 f"cannot confirm that {self.kind} {self.node_id} still owns "
                 f"{self.topic}-{owned.partition}: {exc.message}",
             ) from exc
+
+
+def _fail(changes: Iterable[_Change], error: ServiceError) -> None:
+    for change in changes:
+        if not change.done.done():
+            change.done.set_exception(error)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -211,6 +212,19 @@ class Caller:
     host: str
 
 
+# The authenticated caller of the call being served, set by the guard before
+# the servicer runs (a request stream's tasks inherit it): the servicer's
+# client quotas are per principal. Unset without a guard: everyone is
+# ANONYMOUS then.
+CURRENT_CALLER: ContextVar[Caller | None] = ContextVar("oncelog_current_caller", default=None)
+
+
+def current_principal() -> str:
+    """The principal of the call being served (ANONYMOUS without a guard)."""
+    caller = CURRENT_CALLER.get()
+    return ANONYMOUS if caller is None else caller.principal
+
+
 class SecurityGuard(grpc.aio.ServerInterceptor):
     """The interceptor of the module docstring."""
 
@@ -301,7 +315,9 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
         except AuthenticationError as exc:
             self._denials.unauthenticated(exc.message, host=host, method=method)
             await abort_with(context, exc)
-        return Caller(principal, host)
+        caller = Caller(principal, host)
+        CURRENT_CALLER.set(caller)
+        return caller
 
     def authorize(self, caller: Caller, method: str, request: Message) -> Authorizer | None:
         """Decides whether `caller` may make the call of `method` (a full

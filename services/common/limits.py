@@ -43,6 +43,11 @@ KAFKA_MAX_CONNECTIONS = 10_000
 # per transaction): a store with many hanging transactions (a coordinator's
 # state lost) works through them this many at a time.
 MAX_HANGING_TXN_QUESTIONS = 16
+# Client quotas (partition_store/quotas.py): the quota entities (a limited
+# principal and/or client id, per produce and fetch) whose byte rate a store
+# keeps at once; beyond it the least recently used one starts over. Each is
+# a few hundred bytes.
+MAX_QUOTA_ENTITIES = 100_000
 
 invariant(DEFAULT_MAX_BATCH_BYTES <= MAX_BATCH_BYTES_CEILING, "default batch limit over ceiling")
 invariant(

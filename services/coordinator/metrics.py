@@ -76,6 +76,25 @@ STORE_QUESTIONS = Counter(
     "to the store's partition)",
     ["fate"],
 )
+TXN_LOG_BATCH_CHANGES = Histogram(
+    "oncelog_coordinator_txn_log_batch_changes",
+    "Changes per append to __transaction_state: every change planned while the previous "
+    "append of its partition was in flight goes out in one batch (group commit)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)
+TXN_LOG_APPEND_SECONDS = Histogram(
+    "oncelog_coordinator_txn_log_append_latency_seconds",
+    "Time one append (a batch of changes) to __transaction_state takes until it is durable "
+    "(replicated)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+
+
+def observe_batch(changes: int, _records: int, seconds: float) -> None:
+    """The shared runtime's report of one batched append."""
+    TXN_LOG_BATCH_CHANGES.observe(changes)
+    TXN_LOG_APPEND_SECONDS.observe(seconds)
+
 
 OUTCOMES = ("commit", "abort")
 FENCING_REASONS = ("init", "timeout", "admin")

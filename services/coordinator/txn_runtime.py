@@ -7,11 +7,15 @@ append then replay, reload after an uncertain write, ownership confirmation —
 is services/common/coordinator_runtime.py; this module is what only
 transactions have.
 
-For each request: the pure core plans a new TxnMetadata; the runtime appends
-it to the partition's log (a conditional append on the log end offset this
-coordinator knows, so a coordinator that lost ownership, or whose earlier
-write's outcome is unknown, cannot write past what it has seen); only then is
-the record replayed into memory and the reply sent. Any write whose outcome is
+For each request: the pure core plans a new TxnMetadata on the partition's
+pending state (what is durable plus the changes submitted before it); the
+runtime appends it to the partition's log with the other changes planned
+while the previous append was in flight (group commit: one conditional append
+per batch, on the log end offset this coordinator knows, so a coordinator
+that lost ownership, or whose earlier write's outcome is unknown, cannot
+write past what it has seen); only once its batch is durable is the record
+replayed into memory and the reply sent. A change planned on a batch that
+failed is planned again (`_replanned`). Any write whose outcome is
 uncertain makes the runtime reload the partition from the log, which is the
 only source of truth.
 
@@ -34,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -46,6 +50,8 @@ from ..common.coordinator_runtime import (
     LogBatch,
     LogRead,
     OwnedPartition,
+    PlanView,
+    StalePlan,
 )
 from ..common.crashpoints import crash_point
 from ..common.invariants import invariant
@@ -68,6 +74,12 @@ log = logging.getLogger(__name__)
 
 # What EndTxn and CompleteTransaction plan: a decision to persist, or None.
 _DecisionPlan = TypeVar("_DecisionPlan", txn.EndPlan, txn.CompletePlan)
+T = TypeVar("T")
+
+# How often a request is planned again because what it was planned on did not
+# become durable (a batch before it failed) before StalePlan, a retriable
+# error, goes to the client.
+MAX_REPLANS = 3
 
 # Marker results after which a partition needs no more markers: it landed, or
 # the partition is gone (a deleted topic gets no marker, as in Kafka).
@@ -122,6 +134,20 @@ class _Landing:
             self.handed.set()
 
 
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A submitted change: its answer (None once durable and replayed)."""
+
+    done: asyncio.Future[None]
+
+
+def _count_transitions(done: asyncio.Future[None],
+                       transitions: Sequence[tuple[str, str]]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        for previous, after in transitions:
+            metrics.TXN_STATE_TRANSITIONS.labels(previous, after).inc()
+
+
 class _TxnStateLog:
     """The shared runtime's log port over the TxnLog port: the transaction
     coordinator is the only writer of `__transaction_state`, and replays it
@@ -150,6 +176,14 @@ class _TxnStateLog:
 
 def _replay(state: TxnPartitionState, record: Entry) -> None:
     state.replay(*record)
+
+
+def _copy_state(state: TxnPartitionState) -> TxnPartitionState:
+    """A pending shard to replay submitted records into: the values
+    (TxnMetadata) are immutable, so copying the map is enough."""
+    return TxnPartitionState(coordinator_epoch=state.coordinator_epoch,
+                             epoch_owner_node_id=state.epoch_owner_node_id,
+                             transactions=dict(state.transactions))
 
 
 class TxnCoordinatorRuntime:
@@ -185,6 +219,7 @@ class TxnCoordinatorRuntime:
                 new_shard=TxnPartitionState, replay=_replay,
                 others_write=False, on_loaded=self._resume_markers,
                 on_unloaded=self._stop_markers,
+                copy_shard=_copy_state, replay_entry=_replay, on_batch=metrics.observe_batch,
             )
         self.partitions = self._runtime.partitions
 
@@ -226,26 +261,49 @@ class TxnCoordinatorRuntime:
         return self._runtime.owned(self._layout.transaction_state_partition(transactional_id),
                                    f"transactional id {transactional_id!r}")
 
-    async def _persist(self, owned: TxnPartition, records: Sequence[Entry], *,
-                       completed: txn.TxnMetadata | None = None) -> None:
-        """Appends records and then replays them (the shared runtime),
-        counting the state transitions; the caller holds owned.lock. Each
-        write is one record per transactional id, except that `completed`
-        (a Complete* record) may come first, before the id's next state."""
+    def _submit(self, owned: TxnPartition, view: PlanView[TxnPartitionState],
+                records: Sequence[Entry], *,
+                completed: txn.TxnMetadata | None = None) -> _Write:
+        """Submits records planned on `view` for the partition's next batch
+        (the shared runtime's group commit); the caller holds owned.lock and
+        then awaits `_written` without it. Each change is one record per
+        transactional id, except that `completed` (a Complete* record) may
+        come first, before the id's next state."""
         ids = [key[len(TXN_KEY_PREFIX):].decode() for key, _ in records
                if key is not None and key.startswith(TXN_KEY_PREFIX)]
-        before = {tid: owned.state.transactions.get(tid) for tid in ids}
-        await self._runtime.append(owned, records)
+        before = {tid: view.state.transactions.get(tid) for tid in ids}
+        done = self._runtime.submit(owned, records, view)
+        pending = self._runtime.view(owned).state
+        transitions: list[tuple[str, str]] = []
         for tid in dict.fromkeys(ids):
-            previous, after = before[tid], owned.state.transactions.get(tid)
+            previous, after = before[tid], pending.transactions.get(tid)
             if completed is not None and completed.transactional_id == tid:
-                metrics.TXN_STATE_TRANSITIONS.labels(
-                    previous.state.value if previous else "none", completed.state.value).inc()
+                transitions.append((previous.state.value if previous else "none",
+                                    completed.state.value))
                 previous = completed
-            metrics.TXN_STATE_TRANSITIONS.labels(
-                previous.state.value if previous else "none",
-                after.state.value if after else txn.TxnState.DEAD.value,
-            ).inc()
+            transitions.append((previous.state.value if previous else "none",
+                                after.state.value if after else txn.TxnState.DEAD.value))
+        # Counted when durable, whether or not the caller still waits.
+        done.add_done_callback(lambda f: _count_transitions(f, transitions))
+        return _Write(done)
+
+    async def _written(self, owned: TxnPartition, view: PlanView[TxnPartitionState],
+                       write: _Write) -> None:
+        """Returns once the submitted change is durable and replayed; raises
+        its batch's error (or StalePlan)."""
+        await self._runtime.settle(owned, view, write.done)
+
+    async def _replanned(self, request: Callable[[], Awaitable[T]]) -> T:
+        """Runs a request again when what it was planned on did not become
+        durable (StalePlan: a batch before its change failed and was rolled
+        back); nothing of it was written, so planning it again on the state
+        as it is now gives the answer a request arriving now would get."""
+        for _attempt in range(MAX_REPLANS):
+            try:
+                return await request()
+            except StalePlan as exc:
+                log.debug("planning again: %s", exc.message)
+        return await request()
 
     async def _wait_for_markers(self, owned: TxnPartition, transactional_id: str) -> None:
         """Holds a request that arrives while the previous transaction's markers
@@ -309,9 +367,20 @@ class TxnCoordinatorRuntime:
             )
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
+        return await self._replanned(lambda: self._init_producer_id(
+            owned, transactional_id, transaction_timeout_ms, two_phase_commit=two_phase_commit,
+            keep_prepared_txn=keep_prepared_txn, transaction_version=transaction_version,
+            expected=expected))
+
+    async def _init_producer_id(
+        self, owned: TxnPartition, transactional_id: str, transaction_timeout_ms: int, *,
+        two_phase_commit: bool, keep_prepared_txn: bool,
+        transaction_version: txn.TransactionVersion, expected: tuple[int, int] | None,
+    ) -> tuple[int, int, tuple[int, int] | None]:
         async with owned.lock:
             self._runtime.check_loaded(owned)
-            md = owned.state.transactions.get(transactional_id)
+            view = self._runtime.view(owned)
+            md = view.state.transactions.get(transactional_id)
             fresh_producer_id = await self._fresh_id_if_needed(md)
             try:
                 plan = txn.plan_init_producer_id(
@@ -324,28 +393,29 @@ class TxnCoordinatorRuntime:
                     expected=expected,
                 )
             except ServiceError as exc:
-                await self._confirm_refusal(owned, exc)
+                await self._confirm_refusal(owned, view, exc)
                 raise
             if not plan.persist:
                 # A KIP-360 retry answered from memory: not final by itself
                 # (a zombie's memory may lag), so confirm it is the log's.
-                await self._runtime.check_log_end_locked(owned)
+                await self._confirm_plan(owned, view)
                 return plan.to_persist.producer_id, plan.to_persist.producer_epoch, None
-            await self._persist(owned, [encode_txn(plan.to_persist)])
-            if md is not None and md.state is not txn.TxnState.DEAD and \
-                    plan.to_persist.bump_reason == "init":
-                # A known id: a new instance moved its epoch, fencing the
-                # previous one (a KIP-360 recovery fences nobody else).
-                metrics.PRODUCER_FENCINGS.labels("init").inc()
-            if plan.abort_started:
-                self._start_markers(owned, transactional_id)
-                raise ServiceError(
-                    ErrorCode.CONCURRENT_TRANSACTIONS,
-                    f"transactional id {transactional_id!r}: aborting the previous "
-                    "instance's open transaction; retry",
-                )
-            return (plan.to_persist.producer_id, plan.to_persist.producer_epoch,
-                    plan.kept_prepared)
+            write = self._submit(owned, view, [encode_txn(plan.to_persist)])
+        await self._written(owned, view, write)
+        if md is not None and md.state is not txn.TxnState.DEAD and \
+                plan.to_persist.bump_reason == "init":
+            # A known id: a new instance moved its epoch, fencing the
+            # previous one (a KIP-360 recovery fences nobody else).
+            metrics.PRODUCER_FENCINGS.labels("init").inc()
+        if plan.abort_started:
+            self._start_markers(owned, transactional_id)
+            raise ServiceError(
+                ErrorCode.CONCURRENT_TRANSACTIONS,
+                f"transactional id {transactional_id!r}: aborting the previous "
+                "instance's open transaction; retry",
+            )
+        return (plan.to_persist.producer_id, plan.to_persist.producer_epoch,
+                plan.kept_prepared)
 
     async def add_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -380,39 +450,41 @@ class TxnCoordinatorRuntime:
         try:
             if landing is not None and task is not None:
                 await self._wait_for_landing(landing, task)
-            await self._change_locked(owned, transactional_id, plan)
+            await self._replanned(lambda: self._change_planned(owned, transactional_id, plan))
         finally:
             if landing is not None:
                 landing.leave()
 
-    async def _change_locked(
+    async def _change_planned(
         self, owned: TxnPartition, transactional_id: str,
         plan: Callable[[txn.TxnMetadata | None], txn.TxnMetadata | None],
     ) -> None:
         async with owned.lock:
             self._runtime.check_loaded(owned)
-            current = owned.state.transactions.get(transactional_id)
+            view = self._runtime.view(owned)
+            current = view.state.transactions.get(transactional_id)
             completed = self._landed_completion(owned, current)
             try:
                 planned = plan(completed or current)
             except ServiceError as exc:
-                await self._confirm_refusal(owned, exc)
+                await self._confirm_refusal(owned, view, exc)
                 raise
             records = [encode_txn(md) for md in (completed, planned) if md is not None]
-            if records:
-                await self._persist(owned, records, completed=completed)
-                landing = owned.markers_landed.get(transactional_id)
-                if completed is not None and landing is not None:
-                    metrics.TXN_COMPLETION_SECONDS.labels(
-                        "commit" if completed.state is txn.TxnState.COMPLETE_COMMIT else "abort",
-                    ).observe(time.perf_counter() - landing.started_s)
-            else:
+            if not records:
                 # Nothing written, so nothing proved that memory is still the
                 # log's state. A store adding partitions on a producer's
                 # behalf appends as soon as this answers, as after a
                 # verification, so a zombie's stale "already in the
                 # transaction" must not pass (see verify_partitions).
-                await self._runtime.check_log_end_locked(owned)
+                await self._confirm_plan(owned, view)
+                return
+            write = self._submit(owned, view, records, completed=completed)
+        await self._written(owned, view, write)
+        landing = owned.markers_landed.get(transactional_id)
+        if completed is not None and landing is not None:
+            metrics.TXN_COMPLETION_SECONDS.labels(
+                "commit" if completed.state is txn.TxnState.COMPLETE_COMMIT else "abort",
+            ).observe(time.perf_counter() - landing.started_s)
 
     async def verify_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -479,26 +551,38 @@ class TxnCoordinatorRuntime:
         """The timeout path, now: the store saw the transaction past its
         timeout before this coordinator's timer did (or the timer's abort
         could not reach the store's partition, which it did not know)."""
+        return await self._replanned(lambda: self._abort_hanging_planned(owned, question, found))
+
+    async def _abort_hanging_planned(self, owned: TxnPartition,
+                                     question: hanging.StoreQuestion,
+                                     found: hanging.StoreAnswer) -> hanging.StoreAnswer:
         async with owned.lock:
             self._runtime.check_loaded(owned)
-            md = owned.state.transactions.get(found.transactional_id)
+            view = self._runtime.view(owned)
+            md = view.state.transactions.get(found.transactional_id)
             planned = None if md is None else hanging.plan_hanging_abort(
                 md, question, now_ms=self._now_ms(),
                 fresh_producer_id=await self._fresh_id_if_needed(md))
             if planned is None:
                 # Changed meanwhile (only by this process: memory is still the
-                # log's); say what it says now.
-                return hanging.answer(owned.state.transactions.values(), question,
-                                      self._now_ms())
-            log.info("transaction of %r (producer %d, epoch %d) is held open on %s-%d past its "
-                     "timeout of %d ms: aborting", found.transactional_id,
-                     question.producer_id, question.producer_epoch, *question.topic_partition,
-                     found.transaction_timeout_ms)
-            await self._persist(owned, [encode_txn(planned)])
-            metrics.TXN_TIMEOUTS.inc()
-            metrics.PRODUCER_FENCINGS.labels("timeout").inc()
-            self._start_markers(owned, found.transactional_id)
-            return found
+                # log's, once what it saw is durable); say what it says now.
+                now = hanging.answer(view.state.transactions.values(), question,
+                                     self._now_ms())
+                write = None
+            else:
+                log.info("transaction of %r (producer %d, epoch %d) is held open on %s-%d "
+                         "past its timeout of %d ms: aborting", found.transactional_id,
+                         question.producer_id, question.producer_epoch,
+                         *question.topic_partition, found.transaction_timeout_ms)
+                write = self._submit(owned, view, [encode_txn(planned)])
+        if write is None:
+            await self._runtime.settle(owned, view)
+            return now
+        await self._written(owned, view, write)
+        metrics.TXN_TIMEOUTS.inc()
+        metrics.PRODUCER_FENCINGS.labels("timeout").inc()
+        self._start_markers(owned, found.transactional_id)
+        return found
 
     async def _resend_marker(self, owned: TxnPartition, question: hanging.StoreQuestion,
                              found: hanging.StoreAnswer) -> None:
@@ -530,7 +614,19 @@ class TxnCoordinatorRuntime:
         does (a method of its own: the simulation's "teeth" test replaces it)."""
         await self._runtime.confirm_ownership(owned)
 
-    async def _confirm_refusal(self, owned: TxnPartition, refusal: ServiceError) -> None:
+    async def _confirm_plan(self, owned: TxnPartition,
+                            view: PlanView[TxnPartitionState]) -> None:
+        """An answer planned from memory with nothing written is the log's
+        state: what it saw is durable (StalePlan if not), and the log ends
+        where memory does (NOT_COORDINATOR if not). The caller holds
+        owned.lock."""
+        await self._runtime.check_log_end_locked(owned)
+        if owned.rollbacks != view.rollbacks:
+            raise StalePlan(f"{TRANSACTION_STATE_TOPIC}-{owned.partition}: planned on "
+                            "changes that did not become durable")
+
+    async def _confirm_refusal(self, owned: TxnPartition, view: PlanView[TxnPartitionState],
+                               refusal: ServiceError) -> None:
         """A refusal planned from memory, with nothing written (PRODUCER_FENCED,
         INVALID_TXN_STATE, ...), is final for the client: it must not come
         from a zombie's stale memory. The caller holds owned.lock; if the log
@@ -540,7 +636,7 @@ class TxnCoordinatorRuntime:
         transaction's outcome) was durable and is final. An add that writes
         nothing is checked (`_change`): a store acts on it at once."""
         if not refusal.code.retriable:
-            await self._runtime.check_log_end_locked(owned)
+            await self._confirm_plan(owned, view)
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                       commit: bool) -> tuple[int, int]:
@@ -560,25 +656,38 @@ class TxnCoordinatorRuntime:
         its markers."""
         owned = self.owned_for(transactional_id)
         await self._wait_for_markers(owned, transactional_id)
+        return await self._replanned(lambda: self._decide_planned(owned, transactional_id, plan))
+
+    async def _decide_planned(
+        self, owned: TxnPartition, transactional_id: str,
+        plan: Callable[[txn.TxnMetadata | None, int | None], _DecisionPlan],
+    ) -> _DecisionPlan:
         async with owned.lock:
             self._runtime.check_loaded(owned)
-            md = owned.state.transactions.get(transactional_id)
+            view = self._runtime.view(owned)
+            md = view.state.transactions.get(transactional_id)
             fresh_producer_id = await self._fresh_id_if_needed(md, end_txn=True) if md else None
             try:
                 planned = plan(md, fresh_producer_id)
             except ServiceError as exc:
-                await self._confirm_refusal(owned, exc)
+                await self._confirm_refusal(owned, view, exc)
                 raise
             if isinstance(planned, txn.EndPlan) and planned.confirm_owner:
                 # Version 1's success after completion, from memory: see
                 # plan_end_txn for why a zombie must not give it.
-                await self._runtime.check_log_end_locked(owned)
-            if planned.to_persist is not None:
-                await self._persist(owned, [encode_txn(planned.to_persist)])
-                # The outcome is decided and durable from here on.
-                crash_point("coordinator.after_prepare")
-                self._start_markers(owned, transactional_id)
+                await self._confirm_plan(owned, view)
+            write = (None if planned.to_persist is None
+                     else self._submit(owned, view, [encode_txn(planned.to_persist)]))
+        if write is None:
+            # A retried decision answered from memory: final once what it
+            # saw is durable.
+            await self._runtime.settle(owned, view)
             return planned
+        await self._written(owned, view, write)
+        # The outcome is decided and durable from here on.
+        crash_point("coordinator.after_prepare")
+        self._start_markers(owned, transactional_id)
+        return planned
 
     async def prepare(self, transactional_id: str, producer_id: int,
                       producer_epoch: int) -> tuple[int, int]:
@@ -616,9 +725,14 @@ class TxnCoordinatorRuntime:
         prepared two-phase-commit one) now, fencing its producer (as a new
         instance's InitProducerId would)."""
         owned = self.owned_for(transactional_id)
+        return await self._replanned(lambda: self._force_abort_planned(owned, transactional_id))
+
+    async def _force_abort_planned(self, owned: TxnPartition,
+                                   transactional_id: str) -> txn.TxnMetadata:
         async with owned.lock:
             self._runtime.check_loaded(owned)
-            md = owned.state.transactions.get(transactional_id)
+            view = self._runtime.view(owned)
+            md = view.state.transactions.get(transactional_id)
             fresh_producer_id = await self._fresh_id_if_needed(md)
             try:
                 planned = txn.plan_admin_abort(
@@ -626,17 +740,20 @@ class TxnCoordinatorRuntime:
                     fresh_producer_id=fresh_producer_id,
                 )
             except ServiceError as exc:
-                await self._confirm_refusal(owned, exc)
+                await self._confirm_refusal(owned, view, exc)
                 raise
-            await self._persist(owned, [encode_txn(planned)])
-            metrics.PRODUCER_FENCINGS.labels("admin").inc()
-            self._start_markers(owned, transactional_id)
-            return planned
+            write = self._submit(owned, view, [encode_txn(planned)])
+        await self._written(owned, view, write)
+        metrics.PRODUCER_FENCINGS.labels("admin").inc()
+        self._start_markers(owned, transactional_id)
+        return planned
 
     # --------------------------------------------------------------- markers
 
     def _start_markers(self, owned: TxnPartition, transactional_id: str) -> None:
-        if transactional_id in owned.marker_tasks:
+        # Not loaded: the partition is reloading (after the decision became
+        # durable), and the load resumes the markers of every Prepare* state.
+        if transactional_id in owned.marker_tasks or not owned.loaded:
             return
         md = owned.state.transactions.get(transactional_id)
         landing = None if md is None else _Landing(md, time.perf_counter())
@@ -698,22 +815,32 @@ class TxnCoordinatorRuntime:
             # A request for the id is waiting: its append carries Complete*.
             await landing.handed.wait()
         crash_point("coordinator.before_complete")
-        async with owned.lock:
-            current = owned.state.transactions.get(transactional_id)
-            # Re-check: the partition may have been reloaded or the state moved.
-            if (not owned.loaded or current is None or current.state != md.state
-                    or current.producer_epoch != md.producer_epoch):
-                return
-            try:
-                await self._persist(
-                    owned, [encode_txn(txn.plan_complete(current, now_ms=self._now_ms()))]
-                )
+        try:
+            if await self._replanned(lambda: self._complete(owned, md)):
                 metrics.TXN_COMPLETION_SECONDS.labels("commit" if spec.commit else "abort") \
                     .observe(time.perf_counter() - started_s)
-            except ServiceError as exc:
-                # The reload resumes the markers (they are idempotent) and completes.
-                log.info("completing %r failed: %s; will resume after reload",
-                         transactional_id, exc)
+        except ServiceError as exc:
+            # The reload resumes the markers (they are idempotent) and completes.
+            log.info("completing %r failed: %s; will resume after reload",
+                     transactional_id, exc)
+
+    async def _complete(self, owned: TxnPartition, decided: txn.TxnMetadata) -> bool:
+        """Persists Complete* of a decided transaction whose markers landed,
+        unless its state has moved (a request's append carried it, or the
+        partition reloaded); whether it did."""
+        async with owned.lock:
+            if not owned.loaded:
+                return False
+            view = self._runtime.view(owned)
+            current = view.state.transactions.get(decided.transactional_id)
+            # Re-check: the partition may have been reloaded or the state moved.
+            if (current is None or current.state != decided.state
+                    or current.producer_epoch != decided.producer_epoch):
+                return False
+            write = self._submit(
+                owned, view, [encode_txn(txn.plan_complete(current, now_ms=self._now_ms()))])
+        await self._written(owned, view, write)
+        return True
 
     # ----------------------------------------------------------------- timer
 
@@ -760,12 +887,20 @@ class TxnCoordinatorRuntime:
         )
 
     async def _check_timeouts(self, owned: TxnPartition) -> None:
+        """Aborts the transactions past their timeout and forgets the ids past
+        their expiration. The changes are submitted together (one batch, not
+        one append each), then awaited; one that fails is found again by the
+        next check."""
         now_ms = self._now_ms()
+        writes: list[tuple[str, bool, PlanView[TxnPartitionState], _Write]] = []
         for transactional_id, md in list(owned.state.transactions.items()):
             if txn.is_timed_out(md, now_ms):
                 async with owned.lock:
-                    current = owned.state.transactions.get(transactional_id)
-                    if current is None or not owned.loaded:
+                    if not owned.loaded:
+                        break
+                    view = self._runtime.view(owned)
+                    current = view.state.transactions.get(transactional_id)
+                    if current is None:
                         continue
                     planned = txn.plan_timeout_abort(
                         current, now_ms=self._now_ms(),
@@ -775,17 +910,32 @@ class TxnCoordinatorRuntime:
                         continue
                     log.info("transaction of %r timed out after %d ms: aborting",
                              transactional_id, current.transaction_timeout_ms)
-                    await self._persist(owned, [encode_txn(planned)])
-                    metrics.TXN_TIMEOUTS.inc()
-                    metrics.PRODUCER_FENCINGS.labels("timeout").inc()
-                    self._start_markers(owned, transactional_id)
+                    writes.append((transactional_id, True, view,
+                                   self._submit(owned, view, [encode_txn(planned)])))
             elif txn.plan_expire(md, now_ms=now_ms,
                                  expiration_ms=self.config.transactional_id_expiration_ms):
                 async with owned.lock:
-                    current = owned.state.transactions.get(transactional_id)
-                    if current is None or not owned.loaded or not txn.plan_expire(
+                    if not owned.loaded:
+                        break
+                    view = self._runtime.view(owned)
+                    current = view.state.transactions.get(transactional_id)
+                    if current is None or not txn.plan_expire(
                         current, now_ms=self._now_ms(),
                         expiration_ms=self.config.transactional_id_expiration_ms,
                     ):
                         continue
-                    await self._persist(owned, [encode_tombstone(transactional_id)])
+                    writes.append((transactional_id, False, view, self._submit(
+                        owned, view, [encode_tombstone(transactional_id)])))
+        failed: ServiceError | None = None
+        for transactional_id, aborted, view, write in writes:
+            try:
+                await self._written(owned, view, write)
+            except ServiceError as exc:
+                failed = failed or exc
+                continue
+            if aborted:
+                metrics.TXN_TIMEOUTS.inc()
+                metrics.PRODUCER_FENCINGS.labels("timeout").inc()
+                self._start_markers(owned, transactional_id)
+        if failed is not None:
+            raise failed

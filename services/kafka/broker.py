@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..common.cluster import ClusterLayout
 from ..common.guard import SecurityGuard
+from ..partition_store.quotas import StoreQuotas
 from ..partition_store.runtime import StoreRuntime
 from .apis import ApiKey
 from .context import Handler
@@ -52,6 +53,8 @@ class KafkaBroker:
     handlers: Mapping[ApiKey, Handler]
     # None: no authentication or authorization (a plain-text cluster).
     guard: SecurityGuard | None = None
+    # The store's client quotas, the same as its gRPC port's; None: unlimited.
+    quotas: StoreQuotas | None = None
 
     def brokers(self) -> list[tuple[int, str, int]]:
         """(node id, host, port) of every store with a Kafka listener."""

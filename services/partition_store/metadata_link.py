@@ -153,6 +153,9 @@ class MetadataLink:
         # Set once this store has begun its controlled shutdown: it gives
         # the controller role up and never takes it again.
         self._stopping = False
+        # Controller: the (revision, stores gone) of its last pass that found
+        # nothing to do; the same again needs no look at every partition.
+        self._quiet_pass: tuple[int, frozenset[int]] | None = None
 
     # ------------------------------------------------------------------ keys
 
@@ -219,6 +222,14 @@ class MetadataLink:
                 log.error("metadata entry %s unreadable: %s", key, exc)
         self.view = view
         return view
+
+    async def current_revision(self) -> int:
+        """The metadata store's revision now, from a read of one small key:
+        while it equals a view's, the tree is that view (every change, a
+        lease's end included, moves it), so the whole tree need not be read
+        again."""
+        _entries, revision = await self._call(self.store.get_prefix(self._controller_key))
+        return revision
 
     async def _call(self, awaitable: Awaitable[_T]) -> _T:
         try:
@@ -518,19 +529,33 @@ class MetadataLink:
             if not pending:
                 return changed
             retry = False
-            for (topic, partition), state in pending:
-                after = fence_replica(state, self._node_id)
-                if after is None:
-                    continue
-                if await self.update_state(topic, partition,
-                                           view.state_revisions[(topic, partition)], after):
+            fences = [(key, state, after) for key, state in pending
+                      if (after := fence_replica(state, self._node_id)) is not None]
+            # In transactions of up to METADATA_TXN_OPS_MAX partitions (a
+            # store holding 1,000 replicas starts in a few writes); a batch
+            # whose guard fails goes one partition at a time.
+            for first in range(0, len(fences), METADATA_TXN_OPS_MAX):
+                batch = fences[first:first + METADATA_TXN_OPS_MAX]
+                if len(batch) > 1 and await self._call(self.store.commit(
+                        [Compare(self._state_key(*key), view.state_revisions[key])
+                         for key, _state, _after in batch],
+                        [Put(self._state_key(*key), after.to_json())
+                         for key, _state, after in batch], ())):
+                    applied = batch
+                else:
+                    applied = []
+                    for key, state, after in batch:
+                        if await self.update_state(key[0], key[1], view.state_revisions[key],
+                                                   after):
+                            applied.append((key, state, after))
+                        else:
+                            retry = True
+                for (topic, partition), state, after in applied:
                     changed += 1
                     if state.isr == (self._node_id,):
                         log.warning("%s-%d: store %d restarted as the only in-sync replica; "
                                     "it leads again at epoch %d with what it has on disk",
                                     topic, partition, self._node_id, after.leader_epoch)
-                else:
-                    retry = True
             if not retry:
                 return changed
 
@@ -626,50 +651,80 @@ class MetadataLink:
             self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
             rebalance = plan_preferred_elections(
                 view.states, live - leaving, imbalance_pct=self.leader_imbalance_per_store_pct)
-        changed = 0
-        for (topic, partition), state in sorted(view.states.items()):
+        quiet_pass = (view.revision, frozenset(gone))
+        if not rebalance and quiet_pass == self._quiet_pass:
+            return 0
+        decisions: list[tuple[TopicPartitionKey, PartitionState, PartitionState]] = []
+        for key, state in sorted(view.states.items()):
             if state.online and state.leader not in gone:
                 # A follower whose store is gone leaves the ISR now, as
                 # Kafka's controller does on a broker failure: otherwise
                 # every acks=all append waits replica.lag.time.max.ms for it.
                 shrunk = shrink_isr(state, gone)
                 after = (move_leader_off(shrunk or state, leaving, live) or shrunk
-                         or finish_reassignment(state) or rebalance.get((topic, partition)))
+                         or finish_reassignment(state) or rebalance.get(key))
             else:
                 after = elect_leader(state, live, unclean=self.unclean_leader_election)
-            if after is None:
-                continue
-            if await self.update_state(topic, partition, view.state_revisions[(topic, partition)],
-                                       after):
+            if after is not None:
+                decisions.append((key, state, after))
+        attempted = len(decisions)
+        changed = 0
+        # Many partitions change at once when a store goes (a third of them
+        # with three stores): in transactions of up to METADATA_TXN_OPS_MAX
+        # partitions, so that the failover of 1,000 partitions is a few
+        # writes, not 1,000 in a row. A batch whose guard fails (someone
+        # changed one of them first) is written one partition at a time.
+        for first in range(0, len(decisions), METADATA_TXN_OPS_MAX):
+            batch = decisions[first:first + METADATA_TXN_OPS_MAX]
+            if len(batch) > 1 and await self._call(self.store.commit(
+                    [Compare(self._state_key(*key), view.state_revisions[key])
+                     for key, _state, _after in batch],
+                    [Put(self._state_key(*key), after.to_json()) for key, _state, after in batch],
+                    ())):
+                applied = batch
+            else:
+                applied = [
+                    (key, state, after) for key, state, after in batch
+                    if await self.update_state(key[0], key[1], view.state_revisions[key], after)]
+            for (topic, partition), state, after in applied:
                 changed += 1
-                if after.replicas != state.replicas and after.target is None:
-                    log.info("%s-%d: replicas moved %s -> %s (leader %d, epoch %d)", topic,
-                             partition, list(state.replicas), list(after.replicas),
-                             after.leader, after.leader_epoch)
-                elif after.leader == state.leader and after.leader_epoch == state.leader_epoch:
-                    metrics.ISR_SHRINKS.labels(topic).inc()
-                    log.info("%s-%d: ISR %s -> %s (stores gone: %s)", topic, partition,
-                             list(state.isr), list(after.isr), sorted(gone & set(state.isr)))
-                elif not after.online:
-                    log.error("%s-%d is offline: no in-sync replica is alive (ISR %s)",
-                              topic, partition, list(after.isr))
-                elif state.leader in leaving and after.leader != state.leader:
-                    metrics.LEADER_ELECTIONS.inc()
-                    log.info("%s-%d: leader %d -> %d at epoch %d: store %d is stopping "
-                             "(controlled shutdown; ISR %s)", topic, partition, state.leader,
-                             after.leader, after.leader_epoch, state.leader, list(after.isr))
-                elif is_unclean(state, after):
-                    metrics.UNCLEAN_LEADER_ELECTIONS.inc()
-                    log.warning("%s-%d: UNCLEAN leader election of store %d (ISR was %s): "
-                                "records only the old ISR had are lost", topic, partition,
-                                after.leader, list(state.isr))
-                else:
-                    metrics.LEADER_ELECTIONS.inc()
-                    log.info("%s-%d: leader %d -> %d at epoch %d (ISR %s)", topic, partition,
-                             state.leader, after.leader, after.leader_epoch, list(after.isr))
+                _log_decision(topic, partition, state, after, gone, leaving)
+        # Nothing to decide at this revision with these stores gone: the
+        # next passes skip the partitions until one of the two moves.
+        self._quiet_pass = quiet_pass if not attempted else None
         if changed:
             await self.refresh()
         return changed
+
+
+def _log_decision(topic: str, partition: int, state: PartitionState, after: PartitionState,
+                  gone: set[int], leaving: set[int]) -> None:
+    """Logs (and counts) one change the controller made."""
+    if after.replicas != state.replicas and after.target is None:
+        log.info("%s-%d: replicas moved %s -> %s (leader %d, epoch %d)", topic,
+                 partition, list(state.replicas), list(after.replicas),
+                 after.leader, after.leader_epoch)
+    elif after.leader == state.leader and after.leader_epoch == state.leader_epoch:
+        metrics.ISR_SHRINKS.labels(topic).inc()
+        log.info("%s-%d: ISR %s -> %s (stores gone: %s)", topic, partition,
+                 list(state.isr), list(after.isr), sorted(gone & set(state.isr)))
+    elif not after.online:
+        log.error("%s-%d is offline: no in-sync replica is alive (ISR %s)",
+                  topic, partition, list(after.isr))
+    elif state.leader in leaving and after.leader != state.leader:
+        metrics.LEADER_ELECTIONS.inc()
+        log.info("%s-%d: leader %d -> %d at epoch %d: store %d is stopping "
+                 "(controlled shutdown; ISR %s)", topic, partition, state.leader,
+                 after.leader, after.leader_epoch, state.leader, list(after.isr))
+    elif is_unclean(state, after):
+        metrics.UNCLEAN_LEADER_ELECTIONS.inc()
+        log.warning("%s-%d: UNCLEAN leader election of store %d (ISR was %s): "
+                    "records only the old ISR had are lost", topic, partition,
+                    after.leader, list(state.isr))
+    else:
+        metrics.LEADER_ELECTIONS.inc()
+        log.info("%s-%d: leader %d -> %d at epoch %d (ISR %s)", topic, partition,
+                 state.leader, after.leader, after.leader_epoch, list(after.isr))
 
 
 async def sole_in_sync_replica_of(store: MetadataStore, *, root: str,

@@ -190,3 +190,27 @@ CORRUPT_READS = Counter(
 # before the first refusal.
 for _reason in ("disk_full", "storage_failed"):
     STORAGE_REFUSED_APPENDS.labels(_reason)
+
+# Client quotas (quotas.py). Labels: the kind (produce/fetch) and the rule
+# that gave the quota (core/quotas.py's QuotaLevel: four values), never the
+# principal or the client id (unbounded).
+QUOTA_THROTTLE_SECONDS = Histogram(
+    "oncelog_store_quota_throttle_seconds",
+    "Throttle time answered to a client over its byte-rate quota (Kafka's throttle_time_ms)",
+    ["kind"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+QUOTA_THROTTLED_REQUESTS = Counter(
+    "oncelog_store_quota_throttled_requests_total",
+    "Requests answered with a throttle time > 0", ["kind", "level"],
+)
+QUOTA_BYTES = Counter(
+    "oncelog_store_quota_bytes_total",
+    "Bytes counted against byte-rate quotas (limited clients only)", ["kind", "level"],
+)
+QUOTA_DELAYED_REQUESTS = Counter(
+    "oncelog_store_quota_delayed_requests_total",
+    "Requests held until their client's throttle time had passed (sent too early)", ["kind"],
+)
+QUOTA_ENTITIES = Gauge(
+    "oncelog_store_quota_entities", "Quota entities whose rate the store keeps now"
+)

@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import enum
 import logging
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
@@ -153,6 +153,20 @@ class FetchRead:
     aborted: tuple[AbortedTxn, ...] = ()
 
 
+class ReplicaNews(enum.Enum):
+    """What a led partition tells the followers' fetch sessions (the
+    runtime's `on_replica_news`): events, so that an idle partition costs its
+    followers nothing (no polling)."""
+
+    # New batches are durable here: a follower has something to copy.
+    APPENDED = enum.auto()
+    # The high watermark moved: followers learn it with their next answer.
+    HIGH_WATERMARK = enum.auto()
+    # Leadership or the leader epoch changed, or the partition closed: the
+    # followers' fetches of it are answered (with the error) at once.
+    STATE = enum.auto()
+
+
 class PartitionRuntime:
     def __init__(
         self, topic: TopicRecord, partition: int, store: KeyValueStore, *,
@@ -222,6 +236,10 @@ class PartitionRuntime:
         )
         # Replica fetches waiting for more durable data.
         self._durable_waiters: dict[asyncio.Future[None], None] = {}
+        # Replicated stores: told of appends, HW moves and state changes
+        # (with the durable end offset before an append), for the followers'
+        # fetch sessions and the ISR check (runtime.py).
+        self.on_replica_news: Callable[[PartitionRuntime, ReplicaNews, int], None] | None = None
         self._log_prefix = keys.partition_prefix(keys.LOG, topic.topic_id, partition)
         self._log_end_key = keys.log_key_end(topic.topic_id, partition)
         labels = (topic.name, str(partition))
@@ -717,6 +735,9 @@ class PartitionRuntime:
                 "replicated; retry (the retry is deduplicated)",
             ))
             self.wake_waiters()
+        if self.on_replica_news is not None and (
+                epoch_changed or was_leader != self.is_leader):
+            self.on_replica_news(self, ReplicaNews.STATE, -1)
         return group
 
     def add_epoch_writes(self, group: WriteGroup) -> None:
@@ -754,9 +775,12 @@ class PartitionRuntime:
         """Called by the writer, in offset order, once a batch is durable."""
         if self.closed:
             return
+        durable_before = self.log.durable_end_offset
         self.log.mark_locally_durable(next_offset)
         self._wake(self._durable_waiters)
         self.update_high_watermark()
+        if self.on_replica_news is not None:
+            self.on_replica_news(self, ReplicaNews.APPENDED, durable_before)
 
     def update_high_watermark(self) -> bool:
         """Moves the HW to what replication allows (core/replicas.py): as
@@ -784,6 +808,8 @@ class PartitionRuntime:
         if self.log.last_stable_offset != lso_before:
             self._wake(self._lso_waiters)
         self._complete_acks()
+        if self.on_replica_news is not None:
+            self.on_replica_news(self, ReplicaNews.HIGH_WATERMARK, -1)
         return True
 
     def _complete_acks(self) -> None:
@@ -823,6 +849,23 @@ class PartitionRuntime:
         if fetch_offset >= self.log.durable_end_offset:
             self.last_caught_up_ms[replica] = now_ms
         self.update_high_watermark()
+
+    def note_appended(self, durable_before: int, now_ms: int) -> None:
+        """As leader, when the log end moved from `durable_before`: the
+        followers that had reached it were caught up until now. Their lag
+        clock starts here, not at their last fetch, which on a partition
+        idle for long may lie far back (an idle follower does not fetch)."""
+        for replica, end_offset in self.follower_end_offsets.items():
+            if end_offset >= durable_before:
+                self.last_caught_up_ms[replica] = now_ms
+
+    def followers_behind(self) -> bool:
+        """As leader: whether an in-sync follower lacks part of the durable
+        log (only such partitions need the ISR's lag check)."""
+        end_offset = self.log.durable_end_offset
+        return any(
+            self.follower_end_offsets.get(replica, -1) < end_offset
+            for replica in self.state.isr if replica != self.node_id)
 
     def add_durable_waiter(self, waiter: asyncio.Future[None]) -> None:
         self._durable_waiters[waiter] = None
@@ -1214,6 +1257,8 @@ class PartitionRuntime:
         """The partition is gone from this node (topic deleted or moved)."""
         self.closed = True
         self.wake_waiters()
+        if self.on_replica_news is not None:
+            self.on_replica_news(self, ReplicaNews.STATE, -1)
         labels = (self.topic.name, str(self.partition))
         for gauge in (
             metrics.HIGH_WATERMARK, metrics.LOG_START_OFFSET, metrics.LOG_SIZE_BYTES,

@@ -1,5 +1,6 @@
-"""The gRPC LeaderLink: how a follower reaches the leader of a partition
-(ReplicaFetch, OffsetsForLeaderEpoch on the leader's store port)."""
+"""The gRPC LeaderLink: how a follower store reaches a leader store
+(ReplicaFetch, in a fetch session covering every partition it follows
+there, and OffsetsForLeaderEpoch, on the leader's store port)."""
 
 from __future__ import annotations
 
@@ -54,10 +55,12 @@ class GrpcLeaderLink:
 
     async def replica_fetch(
         self, leader: int, replica_id: int, items: Sequence[ReplicaFetchItem], *,
-        max_wait_ms: int,
-    ) -> list[ReplicaFetchOutcome]:
+        max_wait_ms: int, session_id: int = 0, session_epoch: int = 0,
+        forgotten: Sequence[tuple[str, int]] = (),
+    ) -> tuple[int, list[ReplicaFetchOutcome]]:
         request = pb.ReplicaFetchRequest(
             replica_id=replica_id, max_wait_ms=max_wait_ms,
+            session_id=session_id, session_epoch=session_epoch,
             partitions=[
                 pb.ReplicaFetchPartition(
                     topic=i.topic, partition=i.partition, fetch_offset=i.fetch_offset,
@@ -65,13 +68,14 @@ class GrpcLeaderLink:
                 )
                 for i in items
             ],
+            forgotten=[pb.ReplicaFetchForgotten(topic=t, partition=p) for t, p in forgotten],
         )
         try:
             response = await self._stub(leader).ReplicaFetch(
                 request, timeout=REPLICA_RPC_TIMEOUT_S + max_wait_ms / 1000)
         except grpc.RpcError as exc:
             raise self._failed(leader, exc) from exc
-        return [
+        return response.session_id, [
             ReplicaFetchOutcome(
                 r.topic, r.partition, error_from_proto(r.error), r.high_watermark,
                 r.log_start_offset, r.log_end_offset, tuple(r.batches),

@@ -1,9 +1,10 @@
 """The replica manager of one store node (docs/replication.md): keeps the
 node registered in the metadata store, applies what the metadata store says
-(catalog, leaders, ISRs), runs one follower per partition this node follows,
-and, as leader, moves followers out of and back into the ISR.
+(catalog, leaders, ISRs) when it changes, runs one fetcher per leader store
+this node follows partitions of (`LeaderFetcher`), and, as leader, moves
+followers out of and back into the ISR.
 
-A follower (`_follow`) works for one leader epoch:
+Each partition a fetcher copies works for one leader epoch:
 1. Truncation (KIP-101/KIP-279): it asks the leader where its own latest
    leader epoch ended there (OffsetsForLeaderEpoch) and cuts what it holds
    beyond that point: a tail a deposed leader appended and never got
@@ -13,10 +14,10 @@ A follower (`_follow`) works for one leader epoch:
    batches at the same offsets through the same replay as every append, waits
    until they are on its disk and fetches again; that next fetch tells the
    leader how far it has copied, which moves the high watermark.
-A leader change (a new epoch) stops the follower; the next one starts over at
-step 1. A leader answering "out of range" below its log start (this replica
-came back empty, or retention went past it) makes the follower start over at
-the leader's log start.
+A leader change (a new epoch) takes the partition off its fetcher; the
+fetcher of its new leader starts over at step 1. A leader answering "out of
+range" below its log start (this replica came back empty, or retention went
+past it) makes the follower start over at the leader's log start.
 
 Every change of leader, epoch or ISR is a metadata-store transaction guarded
 by the revision it was decided on (metadata_link.py), so a leader that was
@@ -42,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
@@ -53,6 +55,7 @@ from .core.leader_epochs import AskAgain, Truncate, divergence_step
 from .core.replicas import PartitionState, expand_isr, lagging_followers, shrink_isr
 from .metadata_link import MetadataLink
 from .partition import PartitionRuntime
+from .replica_sessions import PartitionKey
 from .runtime import (
     EpochEndOutcome,
     ReplicaFetchItem,
@@ -82,8 +85,12 @@ class LeaderLink(Protocol):
 
     async def replica_fetch(
         self, leader: int, replica_id: int, items: Sequence[ReplicaFetchItem], *,
-        max_wait_ms: int,
-    ) -> list[ReplicaFetchOutcome]: ...
+        max_wait_ms: int, session_id: int = 0, session_epoch: int = 0,
+        forgotten: Sequence[tuple[str, int]] = (),
+    ) -> tuple[int, list[ReplicaFetchOutcome]]:
+        """One ReplicaFetch (runtime.replica_fetch_session); returns the
+        session id of the answer and its outcomes."""
+        ...
 
     async def offsets_for_leader_epoch(
         self, leader: int, queries: Sequence[tuple[str, int, int, int]],
@@ -113,14 +120,17 @@ class ReplicaManager:
         self._node_id = runtime.config.node_id
         self._sync_interval_s = sync_interval_ms / 1000
         self._fetch_wait_ms = fetch_wait_ms
-        # (topic, partition) -> (leader epoch, its follower task)
-        self._followers: dict[tuple[str, int], tuple[int, asyncio.Task[None]]] = {}
+        # leader store -> the fetcher copying every partition followed there
+        self._fetchers: dict[int, LeaderFetcher] = {}
+        # The metadata revision last applied (0: none yet): while the
+        # metadata store's revision stays there, nothing needs reading again.
+        self._applied_revision = 0
         # (topic, partition, replica) asking to rejoin the ISR, in the order
         # asked (a dict: which replica rejoins first must not depend on
         # string hashing, so a simulation seed replays the same anywhere).
         self._expand: dict[tuple[str, int, int], None] = {}
         self._task: asyncio.Task[None] | None = None
-        self._last_keep_alive_s = 0.0
+        self._keep_alive_task: asyncio.Task[None] | None = None
         self._last_synced_s = 0.0
         self._last_peer_states_s = 0.0
         self._last_unreachable_log_s = 0.0
@@ -138,7 +148,6 @@ class ReplicaManager:
         while True:
             try:
                 await self._link.keep_registered(self._address, self._listeners)
-                self._last_keep_alive_s = self._now_s()
                 fenced = await self._link.fence_restarted_self()
                 if fenced:
                     log.info("store node %d left the ISR of %d partitions on start; it "
@@ -153,19 +162,21 @@ class ReplicaManager:
                 log.warning("store node %d: cannot start replication yet (%s); trying again",
                             self._node_id, getattr(exc, "message", exc))
                 await asyncio.sleep(FOLLOWER_BACKOFF_MS * 10 / 1000)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="replication")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="replication")
+        self._keep_alive_task = loop.create_task(self._keep_alive(), name="store-lease")
 
     async def close(self) -> None:
         self._closing = True
-        tasks = [t for _e, t in self._followers.values()]
-        if self._task is not None:
-            tasks.append(self._task)
-        for task in tasks:
-            task.cancel()
+        tasks = [f.stop() for f in self._fetchers.values()]
+        for task in (self._task, self._keep_alive_task):
+            if task is not None:
+                task.cancel()
+                tasks.append(task)
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._followers.clear()
+        self._fetchers.clear()
         await self._leaders.close()
 
     # ------------------------------------------------------------ the loop
@@ -191,26 +202,56 @@ class ReplicaManager:
             await asyncio.sleep(self._sync_interval_s)
 
     async def sync_once(self) -> None:
-        """One round: keep the lease, read the metadata (which applies it and
-        reconciles followers), act as controller if this node is, and move
-        followers out of / into the ISRs this node leads."""
-        now = self._now_s()
-        if now - self._last_keep_alive_s >= self._link.lease_ttl_s / 3:
-            try:
-                await self._link.keep_registered(self._address, self._listeners)
-            except LeaseNotFound:
-                await self._link.keep_registered(self._address, self._listeners)
-            self._last_keep_alive_s = now
-        await self._runtime.refresh_catalog()
+        """One round: read the metadata when it changed
+        (which applies it and reconciles followers), act as controller if
+        this node is, and move followers out of / into the ISR. A round in
+        which nothing changed costs one small read of the metadata store's
+        revision, whatever the number of partitions."""
+        changed = await self._refresh_if_changed()
         try:
-            changed = await self._link.run_controller_once()
+            decided = await self._link.run_controller_once()
         except LeaseNotFound:
-            changed = 0
-        if changed:
-            await self._runtime.refresh_catalog()
+            decided = 0
+        if decided:
+            changed = await self._refresh_if_changed() or changed
         if await self._maintain_isr():
-            await self._runtime.refresh_catalog()
-        self._update_gauges()
+            changed = await self._refresh_if_changed() or changed
+        if changed:
+            self._update_gauges()
+
+    async def _refresh_if_changed(self) -> bool:
+        """Reads and applies the metadata when its revision moved since the
+        last time (the same revision is the same tree: a lease ending, a
+        leader elected, an ISR changed all move it). Returns whether it did."""
+        revision = await self._link.current_revision()
+        if revision == self._applied_revision:
+            return False
+        await self._runtime.refresh_catalog()
+        # What was applied is at least as new as `revision`: a change since
+        # shows as another revision next time.
+        self._applied_revision = revision
+        return True
+
+    async def _keep_alive(self) -> None:
+        """Keeps the store's lease alive every TTL/3, in a task of its own:
+        a long round of the sync loop (a controller deciding for a thousand
+        partitions on a loaded machine) must not let the lease run out, or
+        the store would be taken for dead."""
+        while not self._closing:
+            # The loop's own clock: a jump of the wall clock must not
+            # stretch the wait past the lease.
+            await asyncio.sleep(self._link.lease_ttl_s / 3)
+            try:
+                try:
+                    await self._link.keep_registered(self._address, self._listeners)
+                except LeaseNotFound:
+                    await self._link.keep_registered(self._address, self._listeners)
+            except ServiceError as exc:
+                log.debug("store node %d: lease keep-alive: %s", self._node_id, exc.message)
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+            except Exception:
+                log.exception("lease keep-alive failed")
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
 
     def _now_s(self) -> float:
         # The runtime's clock: the simulation drives it.
@@ -248,92 +289,25 @@ class ReplicaManager:
     # ------------------------------------------------------------ followers
 
     def _reconcile(self) -> None:
-        """Starts a follower for each partition this node follows at an epoch
-        it has no follower for, and stops the others."""
+        """Hands each leader's fetcher the partitions this node follows
+        there (at their current leader epoch), starts fetchers for new
+        sources and stops those left with nothing to copy. Runs when the
+        metadata changed, never on a timer."""
         if self._closing:
             return
-        wanted: dict[tuple[str, int], int] = {}
+        wanted: dict[int, dict[PartitionKey, int]] = {}
         for part in self._runtime.partitions:
             if not part.closed and not part.is_leader and part.state.online:
-                wanted[(part.topic.name, part.partition)] = part.state.leader_epoch
-        for key, (epoch, task) in list(self._followers.items()):
-            if wanted.get(key) != epoch or task.done():
-                task.cancel()
-                del self._followers[key]
-        loop = asyncio.get_running_loop()
-        for key, epoch in wanted.items():
-            if key not in self._followers:
-                task = loop.create_task(self._follow(key[0], key[1], epoch),
-                                        name=f"follow-{key[0]}-{key[1]}")
-                self._followers[key] = (epoch, task)
-
-    async def _follow(self, topic: str, partition: int, epoch: int) -> None:
-        truncated = False
-        while not self._closing:
-            part = self._runtime.follower_partition(topic, partition)
-            if part is None or part.state.leader_epoch != epoch:
-                return
-            leader = part.state.leader
-            if not self._runtime.storage_writable:
-                # A fetch tells the leader this replica holds everything
-                # below its log end, which a failed write left ahead of the
-                # disk: no fetch until storage is back (memory rebuilt).
-                await asyncio.sleep(FOLLOWER_BACKOFF_MS * 10 / 1000)
-                continue
-            try:
-                if not truncated:
-                    await self._truncate_to_leader(part, leader, epoch)
-                    truncated = True
-                    continue
-                outcome = (await self._leaders.replica_fetch(
-                    leader, self._node_id,
-                    [ReplicaFetchItem(topic, partition, part.log.log_end_offset, epoch,
-                                      DEFAULT_REPLICA_FETCH_MAX_BYTES)],
-                    max_wait_ms=self._fetch_wait_ms,
-                ))[0]
-                # While the answer was on its way this replica may have been
-                # made leader, or truncated and reopened: then it is not this
-                # follower's to append to.
-                if self._runtime.follower_partition(topic, partition) is not part or (
-                        part.state.leader_epoch != epoch):
-                    continue
-                if outcome.error is not None:
-                    truncated = await self._on_fetch_error(part, outcome)
-                    continue
-                written = self._runtime.append_replicated(
-                    part, outcome.batches, leader_high_watermark=outcome.high_watermark)
-                if written is not None:
-                    await written
-                metrics.REPLICA_LAG_OFFSETS.labels(topic, str(partition)).set(
-                    max(0, outcome.log_end_offset - part.log.log_end_offset))
-            except asyncio.CancelledError:
-                raise
-            except ServiceError as exc:
-                log.debug("%s-%d: following store %d at epoch %d: %s", topic, partition,
-                          leader, epoch, exc.message)
-                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
-            except CorruptionError as exc:
-                # Its own log, read to truncate or to replay: damaged.
-                self._runtime.report_damage(exc)
-                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
-            except Exception:
-                log.exception("%s-%d: follower failed", topic, partition)
-                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
-
-    async def _on_fetch_error(self, part: PartitionRuntime,
-                              outcome: ReplicaFetchOutcome) -> bool:
-        """Handles a refused fetch; returns whether truncation still holds
-        (False: check against the leader again before fetching)."""
-        error = outcome.error
-        assert error is not None
-        if error.code is ErrorCode.OFFSET_OUT_OF_RANGE:
-            if outcome.log_start_offset >= 0 and part.log.log_end_offset < outcome.log_start_offset:
-                await self._runtime.reset_replica(part, outcome.log_start_offset)
-                return True
-            return False
-        log.debug("%s: replica fetch refused: %s", part.topic_partition, error.message)
-        await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
-        return True
+                wanted.setdefault(part.state.leader, {})[
+                    (part.topic.name, part.partition)] = part.state.leader_epoch
+        for leader, fetcher in list(self._fetchers.items()):
+            if leader not in wanted or fetcher.done():
+                fetcher.stop()
+                del self._fetchers[leader]
+        for leader, partitions in wanted.items():
+            if leader not in self._fetchers:
+                self._fetchers[leader] = LeaderFetcher(self, leader)
+            self._fetchers[leader].follow(partitions)
 
     async def _truncate_to_leader(self, part: PartitionRuntime, leader: int,
                                   epoch: int) -> None:
@@ -379,29 +353,44 @@ class ReplicaManager:
         now_ms = self._runtime.clock_ms()
         changed = False
         expand, self._expand = self._expand, {}
-        for part in self._runtime.partitions:
+        # Only partitions that may have a lagging follower, or a follower
+        # asking to rejoin: an idle partition in sync is never looked at.
+        check = {(p.topic.name, p.partition): p for p in self._runtime.take_followers_behind()}
+        for topic, partition, _replica in expand:
+            part = self._runtime.led_partition(topic, partition)
+            if part is not None:
+                check.setdefault((topic, partition), part)
+        for key, part in check.items():
             if part.closed or not part.is_leader:
                 continue
-            key = (part.topic.name, part.partition)
             stored = view.states.get(key)
             if stored is None or stored != part.state:
+                # The view is behind this replica's state. A follower that
+                # asked is checked again at its next request once the state
+                # is applied (runtime._recheck_rejoin): never from an old
+                # request, which may come from a store that has died since.
                 continue
             after = None
             lagging = lagging_followers(
                 isr=part.state.isr, leader=self._node_id,
                 last_caught_up_ms=part.last_caught_up_ms, now_ms=now_ms,
                 lag_time_max_ms=self._runtime.config.replica_lag_time_max_ms,
+                follower_end_offsets=part.follower_end_offsets,
+                leader_end_offset=part.log.durable_end_offset,
             )
             if lagging:
                 after = shrink_isr(part.state, lagging)
                 counter = metrics.ISR_SHRINKS
             else:
                 for topic, partition, replica in expand:
-                    # A store whose lease ended (cut off from the metadata
-                    # store, yet still fetching) stays out: the controller
-                    # would drop it again at once (Kafka's controller too
-                    # keeps fenced brokers out of ISRs, KIP-841).
-                    if (topic, partition) == key and replica in view.live_stores:
+                    # Still caught up now (the HW may have moved past it),
+                    # and alive: a store whose lease ended (cut off from
+                    # the metadata store, yet still fetching) stays out, as
+                    # the controller would drop it again at once (Kafka's
+                    # controller too keeps fenced brokers out of ISRs,
+                    # KIP-841).
+                    if ((topic, partition) == key and replica in view.live_stores
+                            and self._runtime.may_rejoin_isr(part, replica)):
                         after = expand_isr(part.state, replica)
                         counter = metrics.ISR_EXPANDS
                         if after is not None:
@@ -428,3 +417,281 @@ class ReplicaManager:
             metrics.OFFLINE_PARTITIONS.set(sum(1 for s in view.states.values() if not s.online))
         else:
             metrics.OFFLINE_PARTITIONS.set(0)
+
+
+@dataclass(slots=True)
+class _Listed:
+    """A partition as the leader's fetch session holds it: the replica
+    object and the offset and epoch the leader was last told."""
+
+    part: PartitionRuntime
+    fetch_offset: int
+    leader_epoch: int
+
+
+class LeaderFetcher:
+    """Copies every partition this store follows on one leader store, with
+    one long-poll at a time in one fetch session (Kafka's fetcher per source
+    broker, with KIP-227's sessions): a request lists only the partitions
+    whose log end or leader epoch moved since the last one, and the leader
+    answers only partitions with news. The work of a round trip is the
+    partitions that moved, and partitions nobody writes cost nothing.
+
+    Each partition first goes through the truncation step at its leader
+    epoch (the module docstring), then is fetched. A partition added while a
+    long-poll is parked ends that poll at once (a new leader's followers
+    must not wait out another partition's poll), at the price of opening a
+    new session."""
+
+    def __init__(self, manager: ReplicaManager, leader: int) -> None:
+        self._manager = manager
+        self._runtime = manager._runtime
+        self.leader = leader
+        # Partitions to copy from this leader -> the leader epoch they are
+        # followed at: those awaiting the truncation step, those fetched.
+        self._to_truncate: dict[PartitionKey, int] = {}
+        self._fetching: dict[PartitionKey, int] = {}
+        # What the leader's session holds, and the fetched partitions whose
+        # log end may have moved since it was told (listed next time).
+        self._listed: dict[PartitionKey, _Listed] = {}
+        self._moved: dict[PartitionKey, None] = {}
+        # Refused partitions wait until then (loop time) before being listed.
+        self._resting: dict[PartitionKey, float] = {}
+        self._session_id = 0
+        self._session_epoch = 0
+        self._added = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"replica-fetcher-{leader}")
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def stop(self) -> asyncio.Task[None]:
+        self._task.cancel()
+        return self._task
+
+    def follow(self, partitions: Mapping[PartitionKey, int]) -> None:
+        """The partitions to copy from this leader now, with their leader
+        epochs; a new one (or one at a new epoch) starts at the truncation
+        step."""
+        for group in (self._to_truncate, self._fetching):
+            for key, epoch in list(group.items()):
+                if partitions.get(key) != epoch:
+                    del group[key]
+                    self._moved.pop(key, None)
+                    self._resting.pop(key, None)
+        added = False
+        for key, epoch in partitions.items():
+            if self._fetching.get(key) != epoch and self._to_truncate.get(key) != epoch:
+                self._to_truncate[key] = epoch
+                added = True
+        if added:
+            self._added.set()
+
+    # ------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._runtime.storage_writable:
+                # A fetch tells the leader this replica holds everything
+                # below its log end, which a failed write left ahead of the
+                # disk: no partition of this leader is truncated or fetched
+                # until storage is back (memory rebuilt from disk). The
+                # session goes too: the leader must learn every partition's
+                # log end afresh, from the rebuilt replicas.
+                self._forget_session()
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS * 10 / 1000)
+                continue
+            try:
+                if self._to_truncate:
+                    await self._truncate_all()
+                wait_s = self._manager._fetch_wait_ms / 1000
+                if self._to_truncate or self._resting:
+                    # Something waits to be tried again soon: poll no longer.
+                    wait_s = min(wait_s, FOLLOWER_BACKOFF_MS / 1000)
+                if not self._fetching:
+                    self._added.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            self._added.wait(), None if not self._to_truncate else wait_s)
+                    continue
+                self._added.clear()
+                await self._fetch_once(loop.time(), wait_s)
+            except asyncio.CancelledError:
+                raise
+            except ServiceError as exc:
+                log.debug("fetching from store %d: %s", self.leader, exc.message)
+                self._forget_session()
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+            except CorruptionError as exc:
+                # Its own log, read to replay what the leader sent: damaged.
+                self._runtime.report_damage(exc)
+                self._forget_session()
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+            except Exception:
+                log.exception("fetching from store %d failed", self.leader)
+                self._forget_session()
+                await asyncio.sleep(FOLLOWER_BACKOFF_MS / 1000)
+
+    async def _truncate_all(self) -> None:
+        """The truncation step of every partition awaiting it, side by
+        side; a partition that fails it is tried again after a backoff."""
+        pending = list(self._to_truncate.items())
+
+        async def truncate(key: PartitionKey, epoch: int) -> bool:
+            part = self._runtime.follower_partition(*key)
+            if part is None or part.state.leader_epoch != epoch:
+                return False
+            try:
+                await self._manager._truncate_to_leader(part, self.leader, epoch)
+            except ServiceError as exc:
+                log.debug("%s: truncation step against store %d at epoch %d: %s",
+                          part.topic_partition, self.leader, epoch, exc.message)
+                return False
+            except CorruptionError as exc:
+                # Its own log, read to truncate: damaged.
+                self._runtime.report_damage(exc)
+                return False
+            return True
+
+        results = await asyncio.gather(*(truncate(k, e) for k, e in pending))
+        for (key, epoch), ok in zip(pending, results, strict=True):
+            if ok and self._to_truncate.get(key) == epoch:
+                del self._to_truncate[key]
+                self._fetching[key] = epoch
+                self._moved[key] = None
+
+    def _forget_session(self) -> None:
+        """The leader's session can no longer be trusted (an answer lost,
+        a poll cut short): the next request opens a new one."""
+        self._session_id = 0
+        self._session_epoch = 0
+        self._listed.clear()
+
+    def _request(self, now_s: float) -> tuple[list[ReplicaFetchItem], list[PartitionKey]]:
+        """The partitions to list (all in an opening, else those that moved)
+        and those the session should forget."""
+        if self._session_id == 0:
+            self._listed.clear()
+            candidates: list[PartitionKey] = list(self._fetching)
+        else:
+            candidates = [k for k in self._moved if k in self._fetching]
+        forgotten = [k for k in self._listed if k not in self._fetching]
+        for key in forgotten:
+            del self._listed[key]
+        items = []
+        for key in candidates:
+            until_s = self._resting.get(key)
+            if until_s is not None:
+                if until_s > now_s:
+                    continue
+                del self._resting[key]
+            self._moved.pop(key, None)
+            epoch = self._fetching[key]
+            part = self._runtime.follower_partition(*key)
+            if part is None or part.state.leader_epoch != epoch:
+                continue  # the next reconcile moves it
+            offset = part.log.log_end_offset
+            listed = self._listed.get(key)
+            if listed is not None and listed.part is part and (
+                    listed.fetch_offset, listed.leader_epoch) == (offset, epoch):
+                continue
+            self._listed[key] = _Listed(part, offset, epoch)
+            items.append(ReplicaFetchItem(key[0], key[1], offset, epoch,
+                                          DEFAULT_REPLICA_FETCH_MAX_BYTES))
+        return items, forgotten
+
+    async def _fetch_once(self, now_s: float, wait_s: float) -> None:
+        items, forgotten = self._request(now_s)
+        if self._session_id == 0 and not items:
+            # Nothing to open a session with yet (all resting).
+            await asyncio.sleep(wait_s)
+            return
+        epoch = self._session_epoch + 1
+        fetch = asyncio.ensure_future(self._manager._leaders.replica_fetch(
+            self.leader, self._manager._node_id, items, max_wait_ms=int(wait_s * 1000),
+            session_id=self._session_id, session_epoch=epoch, forgotten=forgotten))
+        added = asyncio.ensure_future(self._added.wait())
+        try:
+            await asyncio.wait((fetch, added), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            added.cancel()
+            if not fetch.done():
+                fetch.cancel()
+        if fetch.cancelled() or not fetch.done():
+            # A partition was added: start it now, in a new session.
+            self._forget_session()
+            return
+        session_id, outcomes = fetch.result()
+        if session_id == 0:
+            self._forget_session()
+            return
+        self._session_id, self._session_epoch = session_id, epoch
+        await self._apply(outcomes)
+
+    async def _apply(self, outcomes: Sequence[ReplicaFetchOutcome]) -> None:
+        """Appends what the leader sent (each partition through the same
+        replay as every append), handles refusals, and waits until the new
+        batches are on disk: the next request reports them as copied."""
+        written: list[tuple[PartitionKey, asyncio.Future[None]]] = []
+        for outcome in outcomes:
+            key = (outcome.topic, outcome.partition)
+            listed = self._listed.get(key)
+            epoch = self._fetching.get(key)
+            part = self._runtime.follower_partition(*key)
+            if epoch is None:
+                continue
+            if (listed is None or part is not listed.part or epoch != listed.leader_epoch
+                    or part.state.leader_epoch != epoch):
+                # The replica changed (it leads now, or was truncated and
+                # reopened) while the answer came: not this answer's to
+                # append to; list it afresh.
+                self._moved[key] = None
+                continue
+            if outcome.error is not None:
+                # The leader dropped it from the session.
+                del self._listed[key]
+                await self._refused(key, part, outcome, outcome.error)
+                continue
+            if outcome.batches and part.log.log_end_offset != listed.fetch_offset:
+                self._moved[key] = None
+                continue
+            try:
+                done = self._runtime.append_replicated(
+                    part, outcome.batches, leader_high_watermark=outcome.high_watermark)
+            except ServiceError as exc:
+                log.debug("%s: replicated append: %s", part.topic_partition, exc.message)
+                self._moved[key] = None
+                continue
+            if outcome.batches:
+                self._moved[key] = None
+                metrics.REPLICA_LAG_OFFSETS.labels(key[0], str(key[1])).set(
+                    max(0, outcome.log_end_offset - part.log.log_end_offset))
+            if done is not None:
+                written.append((key, done))
+        for key, done in written:
+            try:
+                await done
+            except ServiceError as exc:
+                log.debug("%s-%d: replicated write: %s", key[0], key[1], exc.message)
+
+    async def _refused(self, key: PartitionKey, part: PartitionRuntime,
+                       outcome: ReplicaFetchOutcome, error: ServiceError) -> None:
+        """A partition the leader refused. Out of range below the leader's
+        log start (this replica came back empty, or retention went past
+        it): start over there. Out of range otherwise: check against the
+        leader again (the truncation step). Anything else (an epoch the
+        leader has not learned yet, say): list it again after a backoff."""
+        if error.code is ErrorCode.OFFSET_OUT_OF_RANGE:
+            if outcome.log_start_offset >= 0 and part.log.log_end_offset < (
+                    outcome.log_start_offset):
+                await self._runtime.reset_replica(part, outcome.log_start_offset)
+                self._moved[key] = None
+            else:
+                epoch = self._fetching.pop(key)
+                self._to_truncate[key] = epoch
+            return
+        log.debug("%s: replica fetch refused: %s", part.topic_partition, error.message)
+        self._resting[key] = asyncio.get_running_loop().time() + FOLLOWER_BACKOFF_MS / 1000
+        self._moved[key] = None

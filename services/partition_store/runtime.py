@@ -87,9 +87,11 @@ from .partition import (
     Appended,
     Isolation,
     PartitionRuntime,
+    ReplicaNews,
     VerifyFirst,
     WaitForGate,
 )
+from .replica_sessions import FetchSession, FetchSessions, PartitionKey, SessionEntry
 from .storage import keys
 from .storage.port import CorruptionError, KeyValueStore, StorageError, WriteGroup
 from .txn_resolver import HangingQuestion, TxnResolver
@@ -427,6 +429,12 @@ class StoreRuntime:
         # Called when a follower outside the ISR has caught up (the replica
         # manager adds it back through the metadata store).
         self.on_isr_expand: Callable[[PartitionRuntime, int], None] | None = None
+        # As leader: each follower store's fetch session (replica_sessions.py).
+        self._sessions = FetchSessions()
+        # Led partitions where an in-sync follower may lack part of the log:
+        # the only ones the ISR's lag check looks at (an idle partition whose
+        # followers have everything is never looked at).
+        self._followers_behind: dict[PartitionKey, None] = {}
         # Every store's address by node id: the layout's, or (replicated)
         # also those that joined later (the metadata link's).
         self.store_addresses: Callable[[], Mapping[int, str]] = (
@@ -515,6 +523,7 @@ class StoreRuntime:
         self._closed_event.set()
         for part in self._partitions.values():
             part.wake_waiters()
+        self._sessions.close_all()
 
     async def close(self, *, take_snapshots: bool = True) -> None:
         """Graceful shutdown: begin_shutdown, then snapshot every partition,
@@ -648,8 +657,36 @@ class StoreRuntime:
             replicated=self.config.replicated,
         )
         self._partitions[(record.name, p)] = part
+        if self.config.replicated:
+            part.on_replica_news = self._on_replica_news
         self._set_state(part, self.partition_state(record.name, p), record, now_ms)
         return part
+
+    def _on_replica_news(self, part: PartitionRuntime, news: ReplicaNews,
+                         durable_before: int) -> None:
+        """A local partition appended, moved its HW or changed state: wake
+        the fetch sessions that copy it, and keep the set of led partitions
+        the ISR check has to look at."""
+        key = (part.topic.name, part.partition)
+        leads = not part.closed and part.is_leader
+        if news is ReplicaNews.APPENDED and leads:
+            part.note_appended(durable_before, self._clock_ms())
+        if leads and news is not ReplicaNews.HIGH_WATERMARK and len(part.state.isr) > 1:
+            self._followers_behind[key] = None
+        self._sessions.notify(key, urgent=news is not ReplicaNews.HIGH_WATERMARK)
+
+    def take_followers_behind(self) -> list[PartitionRuntime]:
+        """The led partitions where an in-sync follower may be behind
+        (the ISR check's work); a partition whose followers have caught up
+        leaves the set until its next append or change of leadership."""
+        found = []
+        for key in list(self._followers_behind):
+            part = self._partitions.get(key)
+            if part is None or part.closed or not part.is_leader or not part.followers_behind():
+                del self._followers_behind[key]
+                continue
+            found.append(part)
+        return found
 
     def _set_state(self, part: PartitionRuntime, state: PartitionState, record: TopicRecord,
                    now_ms: int) -> None:
@@ -658,6 +695,24 @@ class StoreRuntime:
                                now_ms=now_ms)
         if group is not None and group.ops:
             self._writer.submit(group)
+        if self.config.replicated:
+            self._recheck_rejoin(part)
+
+    def _recheck_rejoin(self, part: PartitionRuntime) -> None:
+        """As leader, on a new state (or a metadata change that may have
+        left this state and come back, _apply_states): a follower outside
+        the ISR whose fetch session holds the partition is checked for
+        rejoining at its next request. It may have caught up while this replica still counted
+        it in sync (a restarted store leaves the ISRs in the metadata store
+        before its leaders learn it), and, idle, it lists the partition no
+        more. Only a request proves the follower is still there: a dead
+        store's session must never bring it back."""
+        if self.on_isr_expand is None or part.closed or not part.is_leader:
+            return
+        key = (part.topic.name, part.partition)
+        for replica in part.state.replicas:
+            if replica not in part.state.isr:
+                self._sessions.check_rejoin(replica, key)
 
     def _drop_replica(self, part: PartitionRuntime) -> None:
         """This store no longer holds the partition (its replicas moved):
@@ -734,6 +789,15 @@ class StoreRuntime:
                 continue
             if part.state != state:
                 self._set_state(part, state, record, now_ms)
+            elif self.config.replicated:
+                # The metadata moved, not this partition's state as last
+                # applied, yet it may have left it and come back between
+                # two reads: an ISR grown by this leader and shrunk again by
+                # another writer (a restarted follower fencing itself), or a
+                # rejoin refused while the follower's lease had ended. The
+                # follower, caught up and idle, lists the partition no more
+                # and would never ask again: check it at its next request.
+                self._recheck_rejoin(part)
 
     def _drop_topic(self, record: TopicRecord, group: WriteGroup) -> None:
         """Forgets a topic here and queues the deletion of its data."""
@@ -1726,6 +1790,166 @@ class StoreRuntime:
                 for part in parts:
                     part.remove_durable_waiter(waiter)
 
+    async def replica_fetch_session(
+        self, replica_id: int, items: Sequence[ReplicaFetchItem], *, session_id: int,
+        session_epoch: int, forgotten: Sequence[PartitionKey] = (), max_wait_ms: int,
+    ) -> tuple[int, list[ReplicaFetchOutcome]]:
+        """As leader, a follower store's fetch of every partition it
+        follows here, in its fetch session (replica_sessions.py): epoch 1
+        opens the session and lists them all; later epochs list only the
+        partitions whose fetch offset or leader epoch changed (`forgotten`:
+        those it stopped following). The answer holds only partitions with
+        news: batches, an error (the partition leaves the session), or a HW
+        the follower has not been sent (HW moves alone do not end the
+        long-poll: they ride with the next answer). Long-polls up to
+        max_wait_ms, woken by the partitions' appends, not by polling them.
+        Returns (session id, outcomes); session id 0: no session (epoch 0,
+        answered as `replica_fetch`), or the session is unknown and the
+        follower must open a new one."""
+        if session_epoch <= 0:
+            return 0, await self.replica_fetch(replica_id, items, max_wait_ms=max_wait_ms)
+        await self._ensure_known({item.topic for item in items})
+        if session_epoch == 1:
+            session = self._sessions.open(replica_id)
+        else:
+            found = self._sessions.take(replica_id, session_id, session_epoch)
+            if found is None:
+                return 0, []
+            session = found
+        for key in forgotten:
+            self._sessions.forget(session, key)
+        now_ms = self._clock_ms()
+        outcomes: dict[PartitionKey, ReplicaFetchOutcome] = {}
+        # What the follower did not confirm copying is sent again; what
+        # appended since the last answer is new.
+        check = dict.fromkeys(session.answered)
+        session.answered.clear()
+        for key in session.take_ready():
+            check[key] = None
+        for item in items:
+            key = (item.topic, item.partition)
+            entry = SessionEntry(item.fetch_offset, item.current_leader_epoch,
+                                 item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES)
+            self._sessions.put(session, key, entry)
+            try:
+                part = self._session_partition(replica_id, key, entry)
+            except ServiceError as exc:
+                outcomes[key] = self._session_error(session, key, exc)
+                continue
+            part.record_follower_fetch(replica_id, item.fetch_offset, now_ms)
+            self._maybe_expand_isr(part, replica_id, item.fetch_offset)
+            # Its HW is news to the follower until sent once.
+            session.hw_moved[key] = None
+            check[key] = None
+        for key in session.take_rejoin_checks():
+            stored = session.entries.get(key)
+            led = self.led_partition(*key)
+            # Unlisted: the follower's log end is still what the session holds.
+            if stored is not None and led is not None and (
+                    stored.leader_epoch == led.state.leader_epoch) and (
+                    led.follower_end_offsets.get(replica_id) == stored.fetch_offset):
+                self._maybe_expand_isr(led, replica_id, stored.fetch_offset)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(max_wait_ms, 0), limits.MAX_FETCH_WAIT_MS) / 1000
+        while True:
+            for key in check:
+                stored = session.entries.get(key)
+                if key in outcomes or stored is None:
+                    continue
+                outcome = self._session_read(session, key, stored)
+                if outcome is not None:
+                    outcomes[key] = outcome
+            remaining_s = deadline - loop.time()
+            if outcomes or remaining_s <= 0 or self._closing or not self._sessions.is_open(
+                    session):
+                break
+            waiter: asyncio.Future[None] = loop.create_future()
+            session.waiter = waiter
+            try:
+                await asyncio.wait_for(waiter, remaining_s)
+            except TimeoutError:
+                pass
+            finally:
+                session.waiter = None
+            check = dict.fromkeys(session.take_ready())
+        for key in list(session.hw_moved):
+            stored = session.entries.get(key)
+            led = self._partitions.get(key)
+            if key in outcomes or stored is None or led is None:
+                continue
+            if not led.closed and led.is_leader and (
+                    led.log.high_watermark > stored.sent_high_watermark):
+                outcomes[key] = ReplicaFetchOutcome(
+                    key[0], key[1], None, high_watermark=led.log.high_watermark,
+                    log_start_offset=led.log.log_start_offset,
+                    log_end_offset=led.log.log_end_offset)
+        session.hw_moved.clear()
+        for key, outcome in outcomes.items():
+            stored = session.entries.get(key)
+            if stored is not None and outcome.error is None:
+                stored.sent_high_watermark = outcome.high_watermark
+                if outcome.batches:
+                    session.answered[key] = None
+        return session.session_id, list(outcomes.values())
+
+    def _session_partition(self, replica_id: int, key: PartitionKey,
+                           entry: SessionEntry) -> PartitionRuntime:
+        """The led partition a session entry fetches, checked as a fetch
+        is (leader epoch, replica, offset within the log)."""
+        part = self._resolve_leader(key[0], key[1], entry.leader_epoch)
+        if replica_id not in part.state.replicas:
+            raise ServiceError(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"{part.topic_partition}: store node {replica_id} is not one of "
+                f"its replicas {list(part.state.replicas)}",
+            )
+        log_state = part.log
+        if not log_state.log_start_offset <= entry.fetch_offset <= log_state.log_end_offset:
+            raise ServiceError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"{part.topic_partition}: replica fetch offset {entry.fetch_offset} "
+                f"is outside the leader's log [{log_state.log_start_offset}, "
+                f"{log_state.log_end_offset})",
+            )
+        return part
+
+    def _session_read(self, session: FetchSession, key: PartitionKey,
+                      entry: SessionEntry) -> ReplicaFetchOutcome | None:
+        """A session entry's batches from its fetch offset (None: nothing
+        new), or its error."""
+        try:
+            part = self._session_partition(session.replica_id, key, entry)
+        except ServiceError as exc:
+            return self._session_error(session, key, exc)
+        if entry.fetch_offset >= part.log.durable_end_offset:
+            return None
+        try:
+            batches, _next = part.read_replica(entry.fetch_offset, max_bytes=entry.max_bytes)
+        except CorruptionError as damage:
+            # Never sent: the follower is told STORAGE_ERROR, as an
+            # unsessioned fetch is (replica_fetch).
+            return self._session_error(session, key, self.report_damage(damage))
+        if not batches:
+            return None
+        return ReplicaFetchOutcome(
+            key[0], key[1], None, high_watermark=part.log.high_watermark,
+            log_start_offset=part.log.log_start_offset,
+            log_end_offset=part.log.log_end_offset, batches=tuple(batches))
+
+    def _session_error(self, session: FetchSession, key: PartitionKey,
+                       error: ServiceError) -> ReplicaFetchOutcome:
+        """A refused partition leaves the session (the follower lists it
+        again once it has dealt with the error), with the leader's bounds: a
+        follower out of range learns from them whether to truncate or to
+        start over."""
+        self._sessions.forget(session, key)
+        part = self._partitions.get(key)
+        return ReplicaFetchOutcome(
+            key[0], key[1], error,
+            log_start_offset=part.log.log_start_offset if part is not None else -1,
+            log_end_offset=part.log.log_end_offset if part is not None else -1,
+        )
+
     def _maybe_expand_isr(self, part: PartitionRuntime, replica_id: int,
                           fetch_offset: int) -> None:
         """A follower outside the ISR rejoins once it has everything the
@@ -1733,10 +1957,19 @@ class StoreRuntime:
         rule); the change goes through the metadata store."""
         if replica_id in part.state.isr or self.on_isr_expand is None:
             return
-        epoch_start = part.epochs.start_offset_of(part.state.leader_epoch)
-        if fetch_offset >= part.log.high_watermark and (
-                epoch_start is None or fetch_offset >= epoch_start):
+        if self.may_rejoin_isr(part, replica_id):
             self.on_isr_expand(part, replica_id)
+
+    @staticmethod
+    def may_rejoin_isr(part: PartitionRuntime, replica_id: int) -> bool:
+        """As leader: whether a follower holds all the ISR holds (the HW)
+        and all of the current leader epoch, as it last said. Checked when
+        it asks and again when the change is made: the HW may have passed
+        it meanwhile, and an ISR member must never lack a committed record."""
+        fetch_offset = part.follower_end_offsets.get(replica_id, -1)
+        epoch_start = part.epochs.start_offset_of(part.state.leader_epoch)
+        return fetch_offset >= part.log.high_watermark and (
+            epoch_start is None or fetch_offset >= epoch_start)
 
     def offsets_for_leader_epoch(
         self, queries: Sequence[tuple[str, int, int, int]],
@@ -1753,6 +1986,13 @@ class StoreRuntime:
             found_epoch, end_offset = part.epochs.end_offset_for(epoch, part.log.log_end_offset)
             outcomes.append(EpochEndOutcome(topic, partition, None, found_epoch, end_offset))
         return outcomes
+
+    def led_partition(self, topic: str, partition: int) -> PartitionRuntime | None:
+        """The local replica when this node leads it (None otherwise)."""
+        part = self._partitions.get((topic, partition))
+        if part is None or part.closed or not part.is_leader:
+            return None
+        return part
 
     def follower_partition(self, topic: str, partition: int) -> PartitionRuntime | None:
         """The local replica when this node follows it (None otherwise)."""

@@ -39,6 +39,8 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
                                   it drains (0: no hand-over; they move at its lease end)
   --verify-checksums-on-start     read every stored key and check every batch's CRC32C
                                   before serving (damaged data: damage.py)
+  --producer-byte-rate, --consumer-byte-rate, --client-quotas, --quota-window-num,
+  --quota-window-size-ms          client quotas (quotas.py; Kafka's KIP-13)
 
 Health: besides "" and the service's name, a replicated store serves the
 health status IN_SYNC_HEALTH_SERVICE, SERVING while it is in the ISR of
@@ -108,6 +110,7 @@ from .metadata_link import (
     MetadataLink,
     sole_in_sync_replica_of,
 )
+from .quotas import StoreQuotas, add_quota_arguments, quota_config_from_args
 from .replica_link import GrpcLeaderLink
 from .replication import START_METADATA_WAIT_MS, LeaderLink, ReplicaManager
 from .runtime import (
@@ -246,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kafka-stores", default=env_default("kafka-stores", ""),
         help="comma-separated Kafka-listener addresses of every store, by node id (a "
              "replicated cluster also learns them from the stores' registrations)")
+    add_quota_arguments(parser)
     return parser
 
 
@@ -380,6 +384,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     configure_logging(args.log_format, args.log_level, f"partition_store[{args.node_id}]")
     try:
         config = config_from_args(args)
+        quotas = StoreQuotas(quota_config_from_args(args))
     except ValueError as exc:
         parser.error(str(exc))
     # First: it makes every channel of this process use TLS when it serves TLS.
@@ -449,7 +454,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             # Recovery read damaged data: the next start decides (damage.py).
             record_and_stop(data_dir, config.node_id, exc)
         if kafka_address is not None:
-            kafka = kafka_listener(args, runtime, security, kafka_address)
+            kafka = kafka_listener(args, runtime, security, kafka_address, quotas=quotas)
             try:
                 await kafka.start()
             except OSError as exc:
@@ -458,7 +463,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
 
         def register(server: grpc.aio.Server) -> None:
             partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(
-                PartitionStoreServicer(runtime, acls=acls), server
+                PartitionStoreServicer(runtime, acls=acls, quotas=quotas), server
             )
 
         async def hand_over() -> None:
@@ -500,7 +505,7 @@ async def _sole_copies(metadata: MetadataStore, *, root: str, node_id: int) -> l
 
 
 def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: ServiceSecurity,
-                   advertised: str) -> KafkaListener:
+                   advertised: str, *, quotas: StoreQuotas | None = None) -> KafkaListener:
     """The store's Kafka listener (services/kafka), secured as its gRPC
     port is: TLS when the store serves TLS, client certificates and
     SASL/OAUTHBEARER with the same principals, the same ACLs."""
@@ -514,7 +519,7 @@ def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: Se
         runtime=runtime, node_id=node_id,
         cluster_id=cluster_id_for(runtime.layout, args.metadata_root),
         addresses=addresses, coordinators=CoordinatorClient(runtime.layout),
-        handlers=HANDLERS, guard=security.guard())
+        handlers=HANDLERS, guard=security.guard(), quotas=quotas)
     return KafkaListener(broker, args.kafka_listen, ListenerSecurity(
         tls=security.tls_files, sasl_oauthbearer=bool(settings.authentication.issuers),
         anonymous=not settings.authentication.required))

@@ -18,12 +18,14 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
 
 from ..common.errors import ServiceError, abort_with
-from ..common.guard import without_client_certificate
+from ..common.guard import current_principal, without_client_certificate
 from ..common.request_streams import Refused, answer_each
 from .acls import AclService
 from .controller_link import CATALOG_CHANGED_METADATA
 from .convert import error_to_proto, topic_metadata
+from .core.quotas import QuotaKind
 from .partition import Isolation
+from .quotas import NOT_THROTTLED, StoreQuotas, exempt
 from .runtime import (
     FetchItem,
     MarkerItem,
@@ -67,8 +69,11 @@ def _security_disabled() -> ServiceError:
 
 
 class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
-    def __init__(self, runtime: StoreRuntime, *, acls: AclService | None = None) -> None:
+    def __init__(self, runtime: StoreRuntime, *, acls: AclService | None = None,
+                 quotas: StoreQuotas | None = None) -> None:
         self._runtime = runtime
+        # None or disabled: every client is unlimited (quotas.py).
+        self._quotas = quotas if quotas is not None and quotas.enabled else None
         # None: no authorizer; the ACL RPCs answer SECURITY_DISABLED.
         self._acls = acls
         layout = runtime.layout
@@ -203,6 +208,11 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         if request.timeout_ms < 0:
             raise _bad_request(f"timeout_ms is {request.timeout_ms}; it must be >= 0")
         _check_unique(((b.topic, b.partition) for b in request.batches), "ProduceRequest")
+        quotas = None if request.coordinator_write or exempt(
+            b.topic for b in request.batches) else self._quotas
+        principal = current_principal()
+        if quotas is not None:
+            await quotas.hold(QuotaKind.PRODUCE, principal, request.client_id)
         items = [
             ProduceItem(
                 b.topic, b.partition, b.batch,
@@ -219,7 +229,10 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             add_partitions_to_txn=request.add_partitions_to_txn,
             coordinator_write=request.coordinator_write,
         )
-        return pb.ProduceResponse(request_id=request.request_id, results=[
+        throttle_ms = 0 if quotas is None else quotas.produced(
+            principal, request.client_id, sum(len(b.batch) for b in request.batches))
+        return pb.ProduceResponse(request_id=request.request_id, throttle_time_ms=throttle_ms,
+                                  results=[
             pb.PartitionProduceResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
                 base_offset=o.base_offset, duplicate=o.duplicate,
@@ -256,18 +269,41 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
                     "include_control_batches needs isolation_level READ_UNCOMMITTED "
                     "(read_committed readers never see markers)"
                 )
+            quotas = None if request.include_control_batches or exempt(
+                p.topic for p in request.partitions) else self._quotas
+            principal = current_principal()
+            max_bytes = request.max_bytes
+            if quotas is not None:
+                await quotas.hold(QuotaKind.FETCH, principal, request.client_id)
+                max_bytes = quotas.fetch_max_bytes(principal, request.client_id, max_bytes)
             outcomes = await self._runtime.fetch(
                 [FetchItem(p.topic, p.partition, p.fetch_offset, p.max_bytes,
                            p.current_leader_epoch if p.HasField("current_leader_epoch")
                            else None)
                  for p in request.partitions],
                 max_wait_ms=request.max_wait_ms, min_bytes=request.min_bytes,
-                max_bytes=request.max_bytes, isolation=_isolation(request.isolation_level),
+                max_bytes=max_bytes, isolation=_isolation(request.isolation_level),
                 include_control=request.include_control_batches,
             )
         except ServiceError as exc:
             await abort_with(context, exc)
-        return pb.FetchResponse(results=[
+        throttle = NOT_THROTTLED if quotas is None else quotas.fetched(
+            principal, request.client_id, sum(len(b) for o in outcomes for b in o.batches))
+        if throttle.withhold_batches:
+            # As Kafka's: a throttled fetch returns no batches (they do not
+            # count against the quota either); the client fetches the same
+            # offsets once its throttle time has passed.
+            offsets = {(p.topic, p.partition): p.fetch_offset for p in request.partitions}
+            return pb.FetchResponse(throttle_time_ms=throttle.throttle_time_ms, results=[
+                pb.PartitionFetchResult(
+                    topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
+                    high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,
+                    log_start_offset=o.log_start_offset,
+                    next_fetch_offset=offsets.get((o.topic, o.partition), o.next_fetch_offset),
+                )
+                for o in outcomes
+            ])
+        return pb.FetchResponse(throttle_time_ms=throttle.throttle_time_ms, results=[
             pb.PartitionFetchResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
                 high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,
@@ -377,22 +413,25 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         self, request: pb.ReplicaFetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReplicaFetchResponse:
         try:
-            if not request.partitions:
+            # A session's later requests may list nothing (nothing moved).
+            if not request.partitions and request.session_epoch <= 1:
                 raise _bad_request("ReplicaFetchRequest names no partition")
             if request.max_wait_ms < 0:
                 raise _bad_request(f"max_wait_ms is {request.max_wait_ms}; it must be >= 0")
             _check_unique(((p.topic, p.partition) for p in request.partitions),
                           "ReplicaFetchRequest")
-            outcomes = await self._runtime.replica_fetch(
+            session_id, outcomes = await self._runtime.replica_fetch_session(
                 request.replica_id,
                 [ReplicaFetchItem(p.topic, p.partition, p.fetch_offset, p.current_leader_epoch,
                                   max(p.max_bytes, 0))
                  for p in request.partitions],
+                session_id=request.session_id, session_epoch=request.session_epoch,
+                forgotten=[(f.topic, f.partition) for f in request.forgotten],
                 max_wait_ms=request.max_wait_ms,
             )
         except ServiceError as exc:
             await abort_with(context, exc)
-        return pb.ReplicaFetchResponse(results=[
+        return pb.ReplicaFetchResponse(session_id=session_id, results=[
             pb.ReplicaFetchResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
                 high_watermark=o.high_watermark, log_start_offset=o.log_start_offset,

@@ -28,7 +28,8 @@ fails it. Faults do what a network or an operator can do to a real cluster:
   DROP_REPLY, UNREACHABLE, or an ErrorCode answered as the services answer
   errors (a gRPC status with our Error in its details);
 * `fetch_fault(n)` fails the n-th client Fetch with a gRPC status, and
-  `fetch_reply` rewrites a Fetch reply (bytes corrupted on the way).
+  `fetch_reply` rewrites a Fetch reply (bytes corrupted on the way);
+  `produce_reply` rewrites a Produce reply (a throttle time added).
 
 Every request stream (`<Method>Stream`: ProduceStream,
 AddPartitionsToTxnStream, WriteTxnMarkersStream) is taken message by
@@ -278,6 +279,8 @@ class InProcessCluster:
         self.fetch_fault: Callable[[int], grpc.StatusCode | None] | None = None
         self.fetch_reply: (Callable[[partition_store_pb2.FetchResponse],
                                     partition_store_pb2.FetchResponse] | None) = None
+        self.produce_reply: (Callable[[partition_store_pb2.ProduceResponse],
+                                      partition_store_pb2.ProduceResponse] | None) = None
         self.lock = threading.Lock()
         self._calls: list[tuple[str, Any]] = []
         self.produce_calls = 0
@@ -424,7 +427,9 @@ class InProcessCluster:
             self.produce_calls += 1
             call_number = self.produce_calls
         if plan is None:
-            return cast(partition_store_pb2.ProduceResponse, await upstream(request, context))
+            reply = cast(partition_store_pb2.ProduceResponse, await upstream(request, context))
+            rewrite = self.produce_reply
+            return reply if rewrite is None else rewrite(reply)
         actions: list[str | ErrorCode | None] = []
         for pb in request.batches:
             header = codec.read_header(pb.batch)

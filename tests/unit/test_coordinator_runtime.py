@@ -7,18 +7,29 @@ outcome is uncertain triggers a reload from the log; a lost ownership (the log
 end moved) is found before an answer from memory, and ends with the partition
 fenced; a refused write changes nothing; replay is the only way a shard
 changes (a live shard equals one rebuilt from the log); a log others write is
-caught up instead of reloaded.
+caught up instead of reloaded. Group commit: changes submitted while an
+append is in flight go out together as the next append, in the order they
+were submitted, each answered once its batch is durable and replayed; a plan
+sees the changes submitted before it (pending state), an answer planned from
+pending state waits until what it saw is durable; a batch the store refuses
+fails exactly its changes and rolls the pending state back (the changes
+queued behind it, planned on that state, are told to plan again); a batch
+whose outcome is unknown reloads the partition; a check of the log end waits
+for the changes in flight instead of taking them for another coordinator.
 
 Method: a toy shard (a dict of key -> value, plus the coordinator epoch) on
 an in-memory log with the stores' conditional-append semantics and hooks
 that make an append fail before or after its records land, or be refused
-whole. Two runtimes on one log stand for a zombie and its replacement.
+whole. Two runtimes on one log stand for a zombie and its replacement. For
+group commit, a gated log whose appends wait for the test to let each one
+through (and say how: land, be refused, land with the reply lost, or land
+and hold the reply), so that what is in flight and what is queued is known.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -31,6 +42,7 @@ from services.common.coordinator_runtime import (
     LogEntry,
     LogRead,
     OwnedPartition,
+    StalePlan,
     WriteRefused,
 )
 from services.common.service_error import ServiceError
@@ -96,11 +108,19 @@ class ToyLog:
 ToyRuntime = CoordinatorRuntime[OwnedPartition[ToyShard], ToyShard, LogEntry, None]
 
 
-def toy_runtime(log: ToyLog, *, node_id: int = 0, others_write: bool = False) -> ToyRuntime:
+def copy_shard(shard: ToyShard) -> ToyShard:
+    return ToyShard(shard.coordinator_epoch, dict(shard.values), shard.replayed)
+
+
+def toy_runtime(log: ToyLog, *, node_id: int = 0, others_write: bool = False,
+                group_commit: bool = False, max_batch_bytes: int = 1 << 20) -> ToyRuntime:
     return CoordinatorRuntime(
         topic="__toy", node_id=node_id, kind="toy coordinator", partitions=[PARTITION],
         log=log, new_partition=lambda p: OwnedPartition(p, ToyShard()), new_shard=ToyShard,
         replay=ToyShard.replay, others_write=others_write, tail_wait_ms=10,
+        copy_shard=copy_shard if group_commit else None,
+        replay_entry=ToyShard.replay if group_commit else None,
+        max_batch_bytes=max_batch_bytes,
     )
 
 
@@ -294,5 +314,287 @@ def test_a_log_others_write_is_caught_up_not_reloaded() -> None:
                 assert err.value.code is ErrorCode.NOT_COORDINATOR
                 assert not owned.loaded
             await rt.stop()
+
+    run(main)
+
+
+# ------------------------------------------------------------ group commit
+
+
+class GatedLog(ToyLog):
+    """A ToyLog whose appends, once `gated`, each wait for the test to say
+    how it goes: "land" (as usual), "refuse" (refused whole, nothing
+    written), "lost" (the records land, the reply is lost), or "hold" (the
+    records land, the reply waits for `replies`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gated = False
+        self.gates: asyncio.Queue[str] = asyncio.Queue()
+        self.replies: asyncio.Queue[None] = asyncio.Queue()
+        self.appends: list[list[LogEntry]] = []
+
+    async def append(self, partition: int, entries: Sequence[LogEntry], *,
+                     expected_log_end_offset: int, writer: None) -> LogBatch[LogEntry]:
+        if not self.gated:
+            return await super().append(partition, entries,
+                                        expected_log_end_offset=expected_log_end_offset,
+                                        writer=writer)
+        self.appends.append(list(entries))
+        how = await self.gates.get()
+        if how == "refuse":
+            self.refuse_next.append(ServiceError(ErrorCode.MESSAGE_TOO_LARGE, "too large"))
+        elif how == "lost":
+            self.fail_next.append((ServiceError(ErrorCode.REQUEST_TIMED_OUT, "lost"), True))
+        written = await super().append(partition, entries,
+                                       expected_log_end_offset=expected_log_end_offset,
+                                       writer=writer)
+        if how == "hold":
+            await self.replies.get()
+        return written
+
+
+async def gated_runtime() -> tuple[GatedLog, ToyRuntime, OwnedPartition[ToyShard]]:
+    log = GatedLog()
+    rt = toy_runtime(log, group_commit=True)
+    rt.start()
+    owned = await loaded(rt)
+    log.gated = True
+    return log, rt, owned
+
+
+async def submit_increment(rt: ToyRuntime, key: bytes) -> asyncio.Future[None]:
+    """A change planned on the pending state: key's counter plus one."""
+    owned = rt.owned(PARTITION, f"key {key!r}")
+    async with owned.lock:
+        view = rt.view(owned)
+        now = int(view.state.values.get(key) or b"0")
+        return rt.submit(owned, [(key, str(now + 1).encode())], view)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the condition did not come true")
+
+
+def outcome(done: asyncio.Future[None]) -> ErrorCode | None:
+    """None for a change that succeeded, else the error code it got."""
+    error = done.exception()
+    if error is None:
+        return None
+    if not isinstance(error, ServiceError):
+        raise error
+    return error.code
+
+
+def test_changes_submitted_while_an_append_flies_go_out_as_one_batch() -> None:
+    """The first change goes out at once; the three submitted while it flies
+    wait for it and go out together, in order, each planned on the ones
+    before (pending state) and answered only once replayed into the shard."""
+    async def main() -> None:
+        log, rt, owned = await gated_runtime()
+        first = await submit_increment(rt, b"n")
+        await until(lambda: len(log.appends) == 1)
+        rest = [await submit_increment(rt, b"n") for _ in range(3)]
+        # Planned on pending state: the counter counts every submitted change,
+        # while the shard (what answers from memory read) has none of them.
+        assert rt.view(owned).state.values[b"n"] == b"4"
+        assert b"n" not in owned.state.values
+        answered_with: list[bytes | None] = []
+        for done in (first, *rest):
+            done.add_done_callback(lambda _f: answered_with.append(owned.state.values.get(b"n")))
+        log.gates.put_nowait("land")
+        await first
+        assert owned.state.values[b"n"] == b"1" and not any(d.done() for d in rest)
+        log.gates.put_nowait("land")
+        await asyncio.gather(*rest)
+        assert log.appends == [[(b"n", b"1")], [(b"n", b"2"), (b"n", b"3"), (b"n", b"4")]]
+        assert log.records[1:] == [(b"n", str(i).encode()) for i in range(1, 5)]
+        # Each caller answered after its batch was replayed, never before.
+        assert answered_with == [b"1", b"4", b"4", b"4"]
+        assert owned.pending_state is None and owned.log_end_offset == len(log.records)
+        await rt.stop()
+
+    run(main)
+
+
+def test_order_is_kept_across_concurrent_submitters_and_batches() -> None:
+    async def main() -> None:
+        log, rt, owned = await gated_runtime()
+        log.gated = False  # appends land at once; batches form while they fly
+
+        async def one(i: int) -> None:
+            for _ in range(i % 3):
+                await asyncio.sleep(0)
+            await (await submit_increment(rt, b"n"))
+
+        await asyncio.gather(*(one(i) for i in range(30)))
+        assert [v for k, v in log.records if k == b"n"] == [
+            str(i).encode() for i in range(1, 31)]
+        assert owned.state.values[b"n"] == b"30"
+        await rt.stop()
+
+    run(main)
+
+
+def test_a_batch_is_bounded_in_bytes() -> None:
+    async def main() -> None:
+        log = GatedLog()
+        rt = toy_runtime(log, group_commit=True, max_batch_bytes=210)
+        rt.start()
+        await loaded(rt)
+        log.gated = True
+        dones = [await submit_increment(rt, f"k{i}".encode()) for i in range(6)]
+        for _ in range(6):
+            log.gates.put_nowait("land")
+        await asyncio.gather(*dones)
+        # 64 bytes of allowance plus key and value (3 bytes) per record: three
+        # fit in 210 bytes, a fourth would not.
+        assert [len(a) for a in log.appends] == [3, 3]
+        assert [k for a in log.appends for k, _ in a] == [f"k{i}".encode() for i in range(6)]
+        await rt.stop()
+
+    run(main)
+
+
+def test_a_refused_batch_fails_only_its_changes_and_rolls_back_pending_state() -> None:
+    """Batch 1 lands; batch 2 is refused whole: its two changes get the
+    store's error, the change queued behind it (planned on them) is told to
+    plan again, the pending state is the durable one again, and the
+    partition stays loaded; a change planned now lands on batch 1's state."""
+    async def main() -> None:
+        log, rt, owned = await gated_runtime()
+        c1 = await submit_increment(rt, b"n")
+        await until(lambda: len(log.appends) == 1)
+        c2, c3 = await submit_increment(rt, b"n"), await submit_increment(rt, b"m")
+        log.gates.put_nowait("land")
+        await c1
+        await until(lambda: len(log.appends) == 2)
+        c4 = await submit_increment(rt, b"n")
+        assert rt.view(owned).state.values == {b"n": b"3", b"m": b"1"}
+        log.gates.put_nowait("refuse")
+        await asyncio.wait([c2, c3, c4])
+        assert [outcome(c) for c in (c2, c3)] == [ErrorCode.MESSAGE_TOO_LARGE] * 2
+        assert isinstance(c4.exception(), StalePlan)
+        assert owned.loaded and owned.state.values == {b"n": b"1"}
+        assert rt.view(owned).state.values == {b"n": b"1"}
+        c5 = await submit_increment(rt, b"n")
+        log.gates.put_nowait("land")
+        await c5
+        assert log.records[1:] == [(b"n", b"1"), (b"n", b"2")]
+        assert owned.state.values == {b"n": b"2"}
+        await rt.stop()
+
+    run(main)
+
+
+def test_a_plan_made_before_a_rollback_cannot_be_submitted() -> None:
+    async def main() -> None:
+        log, rt, owned = await gated_runtime()
+        c1 = await submit_increment(rt, b"n")
+        await until(lambda: len(log.appends) == 1)
+        async with owned.lock:
+            stale = rt.view(owned)  # sees c1
+        log.gates.put_nowait("refuse")
+        with pytest.raises(ServiceError):
+            await c1
+        async with owned.lock:
+            with pytest.raises(StalePlan):
+                rt.submit(owned, [(b"n", b"2")], stale)
+        await rt.stop()
+
+    run(main)
+
+
+def test_an_answer_planned_on_pending_state_waits_until_it_is_durable() -> None:
+    """No write of its own, but it saw a change in flight: it is given once
+    that change is durable, and never if that change failed."""
+    async def main() -> None:
+        log, rt, owned = await gated_runtime()
+        c1 = await submit_increment(rt, b"n")
+        await until(lambda: len(log.appends) == 1)
+        async with owned.lock:
+            view = rt.view(owned)
+        assert view.state.values[b"n"] == b"1"
+        answer = asyncio.ensure_future(rt.settle(owned, view))
+        await asyncio.sleep(0.01)
+        assert not answer.done()
+        log.gates.put_nowait("land")
+        await answer
+        assert c1.done() and owned.state.values[b"n"] == b"1"
+
+        c2 = await submit_increment(rt, b"n")
+        await until(lambda: len(log.appends) == 2)
+        async with owned.lock:
+            view = rt.view(owned)
+        log.gates.put_nowait("refuse")
+        with pytest.raises(StalePlan):
+            await rt.settle(owned, view)
+        assert outcome(c2) is ErrorCode.MESSAGE_TOO_LARGE
+        await rt.stop()
+
+    run(main)
+
+
+def test_a_batch_whose_outcome_is_unknown_reloads_and_fails_what_is_pending() -> None:
+    async def main() -> None:
+        log, rt, owned = await gated_runtime()
+        c1 = await submit_increment(rt, b"n")
+        await until(lambda: len(log.appends) == 1)
+        c2 = await submit_increment(rt, b"n")
+        log.gates.put_nowait("lost")
+        await asyncio.wait([c1, c2])
+        assert outcome(c1) is ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert isinstance(c2.exception(), StalePlan)
+        log.gated = False
+        owned = await loaded(rt)
+        # The reload, not the failed batch, brings the landed record in.
+        assert owned.state.values == {b"n": b"1"} and owned.pending_state is None
+        await (await submit_increment(rt, b"n"))
+        assert owned.state.values == {b"n": b"2"}
+        await rt.stop()
+
+    run(main)
+
+
+def test_a_log_end_check_waits_for_our_batch_in_flight() -> None:
+    """The batch has landed but its reply has not come back: the log ends
+    past memory. A check of the log end (lock held) waits for the batch
+    instead of taking it for another coordinator's write."""
+    async def main() -> None:
+        log, rt, owned = await gated_runtime()
+        c1 = await submit_increment(rt, b"n")
+        log.gates.put_nowait("hold")
+        await until(lambda: len(log.records) == 2)
+
+        async def check() -> None:
+            async with owned.lock:
+                await rt.check_log_end_locked(owned)
+
+        checking = asyncio.ensure_future(check())
+        await asyncio.sleep(0.01)
+        assert not checking.done()
+        log.replies.put_nowait(None)
+        await checking
+        await c1
+        assert owned.loaded and not owned.fenced
+        await rt.stop()
+
+    run(main)
+
+
+def test_stopping_fails_the_changes_still_pending() -> None:
+    async def main() -> None:
+        log, rt, owned = await gated_runtime()
+        c1 = await submit_increment(rt, b"n")
+        await until(lambda: len(log.appends) == 1)
+        c2 = await submit_increment(rt, b"n")
+        await rt.stop()
+        assert outcome(c1) is ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert outcome(c2) is ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert owned.pending_state is None
 
     run(main)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MAY_IMPORT_LOCAL = {
     "testing.py": {"oncelog_local"},
     "pytest_plugin.py": {"oncelog.testing"},
-    "cli.py": {"oncelog_local.layout", "oncelog.testing"},
+    "cli/cluster.py": {"oncelog_local.layout", "oncelog.testing"},
 }
 
 
@@ -58,18 +58,19 @@ def test_importing_the_client_loads_no_local_cluster() -> None:
 
 def test_only_the_named_client_modules_import_the_local_cluster() -> None:
     offenders = {}
-    for path in sorted((ROOT / "sdk" / "oncelog").glob("*.py")):
-        allowed = MAY_IMPORT_LOCAL.get(path.name, set())
+    client = ROOT / "sdk" / "oncelog"
+    for path in sorted(client.rglob("*.py")):
+        allowed = MAY_IMPORT_LOCAL.get(path.relative_to(client).as_posix(), set())
         bad = [m for m, _top in _imports(path)
                if m.split(".")[0] == "oncelog_local" or m == "oncelog.testing"
                if not any(m == a or m.startswith(a + ".") for a in allowed)]
         if bad:
-            offenders[path.name] = bad
+            offenders[path.relative_to(client).as_posix()] = bad
     assert offenders == {}
 
 
 def test_the_cli_starts_a_cluster_only_inside_the_command() -> None:
-    top_level = [m for m, top in _imports(ROOT / "sdk" / "oncelog" / "cli.py")
+    top_level = [m for m, top in _imports(ROOT / "sdk" / "oncelog" / "cli" / "cluster.py")
                  if top and (m == "oncelog.testing" or m == "oncelog_local.cluster")]
     assert top_level == []
 
@@ -101,5 +102,6 @@ def test_the_local_cluster_has_no_cycle_with_the_client() -> None:
     # oncelog_local may use the client's public API and its wire kernel, not
     # the CLI (which imports it) nor the testing facade (which re-exports it).
     for path in sorted((ROOT / "sdk" / "oncelog_local").glob("*.py")):
-        bad = [m for m, _top in _imports(path) if m in ("oncelog.cli", "oncelog.testing")]
+        bad = [m for m, _top in _imports(path)
+               if m == "oncelog.testing" or m.startswith("oncelog.cli")]
         assert bad == [], f"{path.name} imports {bad}"

@@ -15,8 +15,10 @@ is read back through the store's own fetch and compared with what was sent.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -176,6 +178,44 @@ def test_delivery_timeout_fails_records_when_the_store_is_unreachable(store: InP
         assert producer.send("t", value=b"after", partition=0).result(timeout=30).offset == 0
     assert values(store, 0) == [b"after"]
     assert store.headers("t", 0)[0].producer_epoch >= 1
+
+
+def _unused_address() -> str:
+    """A loopback address where nothing listens (a connection is refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_partition_backing_off_is_retried_at_once_at_its_new_leader(
+        store: InProcessCluster) -> None:
+    """A failover as the producer sees it (Kafka's KIP-951): the metadata
+    it holds names a leader that is gone (nothing listens at its address
+    any more), so the attempt fails and the partition backs off for a
+    minute; the metadata asked for meanwhile names the store that leads
+    now. The record must be acknowledged there without waiting out the
+    minute, long before the earliest the backoff alone (48 s, with its
+    jitter) would let it be retried."""
+    backoff_ms = 60_000
+    with Producer(bootstrap=store.address, linger_ms=1, retry_backoff_ms=backoff_ms,
+                  retry_backoff_max_ms=backoff_ms, delivery_timeout_ms=5 * backoff_ms
+                  ) as producer:
+        # Metadata and a producer id, from the store as it is.
+        assert producer.send("t", value=b"before", partition=0).result(timeout=30).offset == 0
+        # The producer's metadata as it was before the failover: t-0 led by
+        # a store that has died since.
+        client = producer._client
+        held = client.cached_metadata
+        assert held is not None
+        gone = max(held.stores) + 1
+        info = held.topics["t"]
+        client._metadata = dataclasses.replace(
+            held, stores={**held.stores, gone: _unused_address()},
+            topics={**held.topics, "t": dataclasses.replace(
+                info, leaders=(gone, *info.leaders[1:]))})
+        after = producer.send("t", value=b"after", partition=0)
+        assert after.result(timeout=backoff_ms / 1000 / 2).offset == 1
+    assert values(store, 0) == [b"before", b"after"]
 
 
 def test_producer_id_is_retried_while_the_coordinator_is_unavailable(

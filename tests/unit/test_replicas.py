@@ -203,6 +203,13 @@ def test_lagging_followers() -> None:
     # A follower never heard from since the leader took over counts from then.
     assert lagging_followers(isr=(0, 1), leader=0, last_caught_up_ms={}, now_ms=1_000,
                              lag_time_max_ms=500) == set()
+    # One that holds the leader's whole log stays, however long ago it last
+    # fetched (an idle partition's follower sends nothing for it); one short
+    # of it by one offset leaves.
+    assert lagging_followers(isr=(0, 1, 2), leader=0, last_caught_up_ms={1: 0, 2: 0},
+                             now_ms=60_000, lag_time_max_ms=500,
+                             follower_end_offsets={1: 40, 2: 39},
+                             leader_end_offset=40) == {2}
 
 
 def test_leader_epoch_checks() -> None:

@@ -12,7 +12,9 @@ confirms that the runtime's memory is the log's state (a zombie's is not).
 Transaction version 1: two transactions on one epoch, their markers naming
 the version and rising decision timestamps; a zombie does not answer a
 version-1 EndTxn from its stale memory of the last completion; KIP-360
-recovery and its retry through the runtime.
+recovery and its retry through the runtime. Group commit: concurrent
+transactions share appends and replay to the same state; a lost batch fails
+its requests retriably and the ones queued behind it are planned again.
 """
 
 from __future__ import annotations
@@ -656,6 +658,97 @@ def test_kip_360_recovery_and_its_retry_through_the_runtime() -> None:
             await rt.init_producer_id(TID, 30_000, transaction_version=V1,
                                       expected=(pid, epoch + 5))
         assert err.value.code is ErrorCode.PRODUCER_FENCED
+        await rt.stop()
+
+    run(scenario)
+
+
+class BatchCountingTxnLog(MemoryTxnLog):
+    """MemoryTxnLog that records the size of each append and yields once
+    inside it, as a store round trip would, so that changes queue meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.append_sizes: list[int] = []
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        self.append_sizes.append(len(entries))
+        await asyncio.sleep(0.001)
+        return await super().append(partition, entries,
+                                    expected_log_end_offset=expected_log_end_offset)
+
+
+def same_partition_ids(count: int) -> list[str]:
+    partition = LAYOUT.transaction_state_partition(TID)
+    return [t for t in (f"batched-{i}" for i in range(10 * count))
+            if LAYOUT.transaction_state_partition(t) == partition][:count]
+
+
+def test_concurrent_transactions_share_appends_and_replay_to_the_same_state() -> None:
+    """Twenty ids on one partition run a transaction each at once: their
+    changes go out in fewer appends than changes (group commit), every one
+    succeeds, and a coordinator that replays the log ends in the same state."""
+    async def scenario() -> None:
+        log, markers, clock, ids = BatchCountingTxnLog(), FakeMarkerSender(), Clock(), \
+            MemoryProducerIdLog()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        tids = same_partition_ids(20)
+
+        async def one(i: int, tid: str) -> tuple[int, int]:
+            pid, epoch, _ = await rt.init_producer_id(tid, 30_000)
+            await rt.add_partitions(tid, pid, epoch, frozenset({("a", i)}))
+            return await rt.end_txn(tid, pid, epoch, commit=True)
+
+        log.append_sizes.clear()
+        bumped = await asyncio.gather(*(one(i, t) for i, t in enumerate(tids)))
+        await settle(rt)
+        changes = sum(log.append_sizes)  # one record per change here
+        assert changes >= 3 * len(tids) and len(log.append_sizes) < changes
+        assert max(log.append_sizes) > 1
+        assert sorted(tp for _, tp in markers.written) == [("a", i) for i in range(len(tids))]
+        replayed = make(log, FakeMarkerSender(), clock, ids)
+        await replayed.start()
+        await settle(replayed)
+        for tid, (pid, epoch) in zip(tids, bumped, strict=True):
+            md, _ = rt.describe(tid)
+            assert md is not None and md.state is TxnState.COMPLETE_COMMIT
+            assert (md.producer_id, md.producer_epoch) == (pid, epoch)
+            assert replayed.describe(tid)[0] == md
+        await rt.stop()
+        await replayed.stop()
+
+    run(scenario)
+
+
+def test_a_failed_batch_fails_its_requests_and_the_ones_behind_are_planned_again() -> None:
+    """The batch in flight is lost (its records do not land): its request
+    fails retriably and the partition reloads; the requests queued behind it,
+    planned on its pending state, are planned again and answered from what
+    the log holds (retriably while the partition loads), never from the lost
+    change. Retried, every one succeeds."""
+    async def scenario() -> None:
+        log, markers, clock, ids = BatchCountingTxnLog(), FakeMarkerSender(), Clock(), \
+            MemoryProducerIdLog()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        tids = same_partition_ids(5)
+        opened = [await rt.init_producer_id(tid, 30_000) for tid in tids]
+        log.fail_next.append((ServiceError(ErrorCode.NETWORK_EXCEPTION, "lost"), False))
+        results = await asyncio.gather(*(
+            rt.add_partitions(tid, pid, epoch, frozenset({("a", 0)}))
+            for tid, (pid, epoch, _) in zip(tids, opened, strict=True)), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert failed and all(isinstance(r, ServiceError) and r.code.retriable for r in failed)
+        await settle(rt)
+        for tid, (pid, epoch, _) in zip(tids, opened, strict=True):
+            await rt.add_partitions(tid, pid, epoch, frozenset({("a", 0)}))
+            md, _ = rt.describe(tid)
+            assert md is not None and md.state is TxnState.ONGOING
+            assert md.partitions == frozenset({("a", 0)})
         await rt.stop()
 
     run(scenario)

@@ -558,6 +558,7 @@ class ProduceRequest(_message.Message):
     ADD_PARTITIONS_TO_TXN_FIELD_NUMBER: _builtins.int
     COORDINATOR_WRITE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     timeout_ms: _builtins.int
     """How long the store may take to make the append durable before answering
     REQUEST_TIMED_OUT.
@@ -582,6 +583,11 @@ class ProduceRequest(_message.Message):
     """
     request_id: _builtins.int
     """ProduceStream only: the client's id for this request, echoed in its answer."""
+    client_id: _builtins.str
+    """The client's name (Kafka's client.id): with the caller's principal it
+    picks the producer byte-rate quota this request counts against
+    (docs/partition-store.md, "Client quotas").
+    """
     @_builtins.property
     def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionBatch]: ...
     def __init__(
@@ -593,10 +599,11 @@ class ProduceRequest(_message.Message):
         add_partitions_to_txn: _builtins.bool = ...,
         coordinator_write: _builtins.bool = ...,
         request_id: _builtins.int = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_partitions_to_txn", b"add_partitions_to_txn", "batches", b"batches", "coordinator_write", b"coordinator_write", "request_id", b"request_id", "timeout_ms", b"timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_partitions_to_txn", b"add_partitions_to_txn", "batches", b"batches", "client_id", b"client_id", "coordinator_write", b"coordinator_write", "request_id", b"request_id", "timeout_ms", b"timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -652,8 +659,15 @@ class ProduceResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """ProduceStream only: the request_id of the request answered."""
+    throttle_time_ms: _builtins.int
+    """How long the client must wait before its next Produce to this store:
+    its (principal, client_id) went over its producer byte-rate quota
+    (Kafka's throttle_time_ms). The batches of this answer are written;
+    a request sent sooner is held by the store until then. 0: no throttle.
+    """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionProduceResult]: ...
     @_builtins.property
@@ -668,10 +682,11 @@ class ProduceResponse(_message.Message):
         results: _abc.Iterable[Global___PartitionProduceResult] | None = ...,
         request_id: _builtins.int = ...,
         error: _errors_pb2.Error | None = ...,
+        throttle_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "results", b"results", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -724,6 +739,7 @@ class FetchRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     ISOLATION_LEVEL_FIELD_NUMBER: _builtins.int
     INCLUDE_CONTROL_BATCHES_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     max_wait_ms: _builtins.int
     """Wait up to this long for min_bytes to become available."""
     min_bytes: _builtins.int
@@ -736,6 +752,8 @@ class FetchRequest(_message.Message):
     its __consumer_offsets partitions this way); only allowed with
     READ_UNCOMMITTED.
     """
+    client_id: _builtins.str
+    """The client's name (Kafka's client.id), for the consumer byte-rate quota."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartition]: ...
     def __init__(
@@ -747,10 +765,11 @@ class FetchRequest(_message.Message):
         max_bytes: _builtins.int = ...,
         isolation_level: _records_pb2.IsolationLevel.ValueType = ...,
         include_control_batches: _builtins.bool = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_control_batches", b"include_control_batches", "isolation_level", b"isolation_level", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "include_control_batches", b"include_control_batches", "isolation_level", b"isolation_level", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -812,16 +831,24 @@ class FetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
+    throttle_time_ms: _builtins.int
+    """How long the client must wait before its next Fetch from this store:
+    its (principal, client_id) went over its consumer byte-rate quota. As in
+    Kafka, a throttled fetch returns no batches (the partitions' offsets and
+    watermarks only), so the client fetches the same offsets again after it.
+    """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionFetchResult]: ...
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___PartitionFetchResult] | None = ...,
+        throttle_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1231,25 +1258,74 @@ class ReplicaFetchRequest(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_EPOCH_FIELD_NUMBER: _builtins.int
+    FORGOTTEN_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.int
     """The follower's store node id."""
     max_wait_ms: _builtins.int
+    session_id: _builtins.int
+    """Kafka's fetch sessions (KIP-227), one per follower store: 0 opens one
+    when session_epoch is 1 (replacing the follower's previous session) and
+    means "no session" when session_epoch is 0 (every partition answered,
+    nothing kept). Otherwise the id the opening answer gave, and
+    session_epoch one more than in the previous request of that session.
+    """
+    session_epoch: _builtins.int
     @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchPartition]: ...
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchPartition]:
+        """Without a session: every partition fetched. In a session opening
+        (session_epoch 1): every partition the follower follows on this leader.
+        Later in the session: only those whose fetch offset, leader epoch or
+        max_bytes changed, or that are new to the session; the others keep what
+        the leader last heard (docs/replication.md, "Fetch sessions").
+        """
+
+    @_builtins.property
+    def forgotten(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchForgotten]:
+        """Partitions the session stops fetching (the follower stopped following
+        them here).
+        """
+
     def __init__(
         self,
         *,
         replica_id: _builtins.int = ...,
         partitions: _abc.Iterable[Global___ReplicaFetchPartition] | None = ...,
         max_wait_ms: _builtins.int = ...,
+        session_id: _builtins.int = ...,
+        session_epoch: _builtins.int = ...,
+        forgotten: _abc.Iterable[Global___ReplicaFetchForgotten] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_wait_ms", b"max_wait_ms", "partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forgotten", b"forgotten", "max_wait_ms", b"max_wait_ms", "partitions", b"partitions", "replica_id", b"replica_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaFetchRequest: _TypeAlias = ReplicaFetchRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchForgotten(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchForgotten: _TypeAlias = ReplicaFetchForgotten  # noqa: Y015
 
 @_typing.final
 class ReplicaFetchResult(_message.Message):
@@ -1299,16 +1375,28 @@ class ReplicaFetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.int
+    """The session the answer belongs to; 0 in a session's request means the
+    leader does not know that session (it restarted, or a request was lost
+    or repeated): the follower opens a new one.
+    """
     @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchResult]: ...
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchResult]:
+        """Without a session, one result per partition asked for. In a session,
+        only partitions with news: batches, an error (the partition leaves the
+        session), or a high watermark the follower has not been sent.
+        """
+
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___ReplicaFetchResult] | None = ...,
+        session_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,6 +13,15 @@ of its gRPC Fetch.
 Fetch sessions (KIP-227) are not kept: every answer says session id 0,
 which tells the client to send full fetches (as a broker whose session
 cache is full does).
+
+Client quotas (partition_store/quotas.py): as Kafka's broker, a fetch is cut
+to what the consumer quota of the connection's principal and the header's
+client_id allows in one window, and a fetch that puts the client over its
+quota is answered with its throttle time and no partitions at all (Kafka's
+throttled response), so the client fetches the same offsets again later —
+unless the answer alone is larger than a window allows (a first batch
+larger than that), which is answered whole with its throttle time
+(StoreQuotas.fetched says why).
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
 
 from ...common.errors import ServiceError
+from ...partition_store.core.quotas import QuotaKind
 from ...partition_store.partition import Isolation
+from ...partition_store.quotas import NOT_THROTTLED, exempt
 from ...partition_store.runtime import FetchItem
 from ..context import RequestContext
 
@@ -34,6 +45,13 @@ READ_COMMITTED = 1
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
+    quotas = ctx.broker.quotas
+    if quotas is not None and (not quotas.enabled or exempt(t.topic for t in request.topics)):
+        quotas = None
+    principal = ctx.session.caller.principal
+    client_id = ctx.header.client_id or ""
+    if quotas is not None:
+        await quotas.hold(QuotaKind.FETCH, principal, client_id)
     builder = ctx.builder()
     committed = ctx.version >= 4 and int(request.isolation_level) == READ_COMMITTED
     items: list[FetchItem] = []
@@ -65,14 +83,23 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             refused.update({(i.topic, i.partition): exc for i in items})
             items = []
     by_topic: dict[str, list[Any]] = {}
+    throttle_ms = 0
     if error is None and items:
         wait_ms = max(int(request.max_wait.total_seconds() * 1000), 0)
-        max_bytes = int(getattr(request, "max_bytes", 0)) or 0
+        max_bytes = max(int(getattr(request, "max_bytes", 0)) or 0, 0)
+        if quotas is not None:
+            max_bytes = quotas.fetch_max_bytes(principal, client_id, max_bytes)
         outcomes = await ctx.broker.runtime.fetch(
             items, max_wait_ms=wait_ms, min_bytes=max(int(request.min_bytes), 0),
-            max_bytes=max(max_bytes, 0),
+            max_bytes=max_bytes,
             isolation=Isolation.READ_COMMITTED if committed else Isolation.READ_UNCOMMITTED,
             client_filters=True)
+        throttle = NOT_THROTTLED if quotas is None else quotas.fetched(
+            principal, client_id, sum(len(b) for o in outcomes for b in o.batches))
+        throttle_ms = throttle.throttle_time_ms
+        if throttle.withhold_batches:
+            return builder.response(throttle_time=throttle_ms, error_code=0, session_id=0,
+                                    responses=())
         for o in outcomes:
             aborted = None
             if committed:
@@ -90,7 +117,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
             aborted_transactions=None, preferred_read_replica=-1, records=b""))
     return builder.response(
-        throttle_time=0, error_code=ctx.code(error), session_id=0,
+        throttle_time=throttle_ms, error_code=ctx.code(error), session_id=0,
         responses=tuple(builder.make("FetchableTopicResponse", topic=topic,
                                      partitions=tuple(parts))
                         for topic, parts in by_topic.items()))

@@ -13,6 +13,11 @@ Kafka's broker does, so the client notices); acks=1 and acks=-1 both answer
 once the append is durable on every in-sync replica (the store has no
 leader-only acknowledgement: acks=1 gets the stronger guarantee). The
 producer's timeout bounds the wait for durability.
+
+Client quotas (partition_store/quotas.py): the request counts against the
+producer quota of the connection's principal and the header's client_id,
+as a gRPC Produce does; the answer carries the throttle time, and the
+client's Produce requests that come before it has passed wait for it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
 
 from ...common.errors import ServiceError
+from ...partition_store.core.quotas import QuotaKind
+from ...partition_store.quotas import exempt
 from ...partition_store.runtime import ProduceItem, ProduceOutcome
 from ..context import CloseConnection, RequestContext
 
@@ -54,6 +61,13 @@ def split_batches(records: bytes) -> list[bytes]:
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
+    quotas = ctx.broker.quotas
+    if quotas is not None and (not quotas.enabled or exempt(t.name for t in request.topic_data)):
+        quotas = None
+    principal = ctx.session.caller.principal
+    client_id = ctx.header.client_id or ""
+    if quotas is not None:
+        await quotas.hold(QuotaKind.PRODUCE, principal, client_id)
     builder = ctx.builder()
     acks = int(request.acks)
     transactional_id = request.transactional_id or ""
@@ -106,6 +120,9 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
                             outcome.log_start_offset, message)
     for key, error in refused.items():
         results[key] = (ctx.code(error), -1, -1, error.message)
+    throttle_ms = 0 if quotas is None else quotas.produced(
+        principal, client_id,
+        sum(len(part.records or b"") for t in request.topic_data for part in t.partition_data))
     if acks == 0:
         failed = [key for key, result in results.items() if result[0]]
         if failed:
@@ -122,4 +139,4 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         responses=tuple(builder.make("TopicProduceResponse", name=topic,
                                      partition_responses=tuple(parts))
                         for topic, parts in by_topic.items()),
-        throttle_time=0)
+        throttle_time=throttle_ms)

@@ -354,15 +354,21 @@ def high_watermark(
 
 def lagging_followers(
     *, isr: Collection[int], leader: int, last_caught_up_ms: Mapping[int, int], now_ms: int,
-    lag_time_max_ms: int,
+    lag_time_max_ms: int, follower_end_offsets: Mapping[int, int] | None = None,
+    leader_end_offset: int | None = None,
 ) -> set[int]:
     """ISR followers whose last time at the leader's log end is more than
     lag_time_max_ms ago (Kafka's replica.lag.time.max.ms). `last_caught_up_ms`
     starts at the time the leader took over, so a follower that never fetches
-    leaves after the same delay."""
+    leaves after the same delay. A follower known to hold the whole log
+    (its end offset at `leader_end_offset`) is caught up whenever it last
+    fetched, as in Kafka's isCaughtUp: a follower of an idle partition sends
+    nothing for it, and leaves only when its store does."""
+    ends = follower_end_offsets or {}
     return {
         r for r in isr
         if r != leader and now_ms - last_caught_up_ms.get(r, now_ms) > lag_time_max_ms
+        and (leader_end_offset is None or ends.get(r, -1) < leader_end_offset)
     }
 
 

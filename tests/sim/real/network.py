@@ -905,12 +905,18 @@ class SimLeaderLink:
 
     async def replica_fetch(self, leader: int, replica_id: int,
                             items: Sequence[ReplicaFetchItem], *,
-                            max_wait_ms: int) -> list[ReplicaFetchOutcome]:
-        async def op(store: StoreRuntime) -> list[ReplicaFetchOutcome]:
-            return await store.replica_fetch(replica_id, items, max_wait_ms=max_wait_ms)
+                            max_wait_ms: int, session_id: int = 0, session_epoch: int = 0,
+                            forgotten: Sequence[tuple[str, int]] = (),
+                            ) -> tuple[int, list[ReplicaFetchOutcome]]:
+        async def op(store: StoreRuntime) -> tuple[int, list[ReplicaFetchOutcome]]:
+            return await store.replica_fetch_session(
+                replica_id, items, session_id=session_id, session_epoch=session_epoch,
+                forgotten=forgotten, max_wait_ms=max_wait_ms)
 
-        what = "replica-fetch " + " ".join(
+        what = f"replica-fetch s{session_id}/{session_epoch} " + " ".join(
             f"{i.topic}-{i.partition}@{i.fetch_offset}/e{i.current_leader_epoch}" for i in items)
+        if forgotten:
+            what += " forget " + " ".join(f"{t}-{p}" for t, p in forgotten)
         return await self._call(leader, what, op, REPLICA_RPC_TIMEOUT_S + max_wait_ms / 1000)
 
     async def offsets_for_leader_epoch(

@@ -1109,10 +1109,16 @@ class Simulation:
             if self._metadata_up:
                 return  # quiescing ended the outage already
             # No store may change whom it follows or whether it leads on
-            # its own while no decision can be made.
+            # its own while no decision can be made. Catching up with a
+            # decision made before the outage (learned from a peer that saw
+            # it, when this store was cut off then) is not on its own: the
+            # metadata store holds that decision, and none newer.
             after = self._leadership()
             for (inc, tp), was in sorted(before.items()):
                 now = after.get((inc, tp))
+                decided = self._partition_state(*tp)
+                if decided is not None and now == (decided.leader, decided.leader_epoch):
+                    continue
                 if now is not None and now != was and self._failure is None:
                     self._failure = Violation(
                         f"{tp[0]}-{tp[1]}: store {inc} went from (leader, epoch) {was} to "

@@ -283,7 +283,9 @@ async def verification_outlives_leadership(sc: Scenario) -> None:
     old = sc.store(old_leader)
     sc.pause(old)
     await sc.until(lambda: sc.store_node(0) not in (old_leader, -1), what="a new leader")
-    fetches = sc.hold(f"{old}->", "replica-fetch data-0@", count=None)
+    # Every fetch of its session that lists data-0 (a request names the
+    # session first: "replica-fetch s3/5 data-0@7/e1 ...").
+    fetches = sc.hold(f"{old}->", "replica-fetch s", " data-0@", count=None)
     sc.resume(old)
     await sc.until(lambda: not sc.store_runtime(old_leader).partition(DATA_TOPIC, 0).is_leader,
                    what="the old leader follows")
