@@ -54,6 +54,8 @@ from .core.outcomes import Rejection
 from .core.replicas import (
     DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
     DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
+    PREFERRED_LEADER_REJOIN_DELAY_MS,
+    PREFERRED_LEADER_REJOIN_WINDOW_MS,
     PartitionState,
     ReplicaStateError,
     assign_replicas,
@@ -153,6 +155,10 @@ class MetadataLink:
         # Set once this store has begun its controlled shutdown: it gives
         # the controller role up and never takes it again.
         self._stopping = False
+        # Stores whose lease had ended and came back, and when (see
+        # PREFERRED_LEADER_REJOIN_DELAY_MS); the next rejoin check.
+        self._rejoined_at_ms: dict[int, int] = {}
+        self._next_rejoin_check_ms = 0
         # Controller: the (revision, stores gone) of its last pass that found
         # nothing to do; the same again needs no look at every partition.
         self._quiet_pass: tuple[int, frozenset[int]] | None = None
@@ -607,6 +613,20 @@ class MetadataLink:
 
     # ----------------------------------------------------------- controller
 
+    def _rejoin_check_due(self, now_ms: int) -> bool:
+        """Whether a store that came back is due an imbalance check: it has
+        stayed up PREFERRED_LEADER_REJOIN_DELAY_MS, its window has not
+        passed, and the last such check is that long ago."""
+        for node, at in list(self._rejoined_at_ms.items()):
+            if now_ms - at > PREFERRED_LEADER_REJOIN_WINDOW_MS:
+                del self._rejoined_at_ms[node]
+        due = any(now_ms - at >= PREFERRED_LEADER_REJOIN_DELAY_MS
+                  for at in self._rejoined_at_ms.values())
+        if not due or now_ms < self._next_rejoin_check_ms:
+            return False
+        self._next_rejoin_check_ms = now_ms + PREFERRED_LEADER_REJOIN_DELAY_MS
+        return True
+
     async def run_controller_once(self) -> int:
         """One controller step: take the controller key if it is free (held
         by this store's lease), and if this store holds it, elect new leaders
@@ -632,9 +652,11 @@ class MetadataLink:
         live = set(view.live_stores)
         for node in self.store_addresses():
             if node in live:
-                self._missing_since_ms.pop(node, None)
+                if self._missing_since_ms.pop(node, None) is not None and node in view.seen_stores:
+                    self._rejoined_at_ms[node] = now_ms
             else:
                 self._missing_since_ms.setdefault(node, now_ms)
+                self._rejoined_at_ms.pop(node, None)
         # A store whose lease ended is gone now; one that has never
         # registered (a cluster starting) gets one lease TTL first, so the
         # partitions it was given at creation do not move before it is up.
@@ -647,8 +669,9 @@ class MetadataLink:
         rebalance: Mapping[TopicPartitionKey, PartitionState] = {}
         if self._next_rebalance_ms is None:
             self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
-        elif now_ms >= self._next_rebalance_ms:
-            self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
+        elif now_ms >= self._next_rebalance_ms or self._rejoin_check_due(now_ms):
+            if now_ms >= self._next_rebalance_ms:
+                self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
             rebalance = plan_preferred_elections(
                 view.states, live - leaving, imbalance_pct=self.leader_imbalance_per_store_pct)
         quiet_pass = (view.revision, frozenset(gone))

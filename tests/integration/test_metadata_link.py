@@ -29,6 +29,7 @@ from services.common.cluster import ClusterLayout, stable_hash
 from services.common.metadata_store import METADATA_TXN_OPS_MAX, MemoryMetadataStore
 from services.partition_store.core.replicas import (
     NO_LEADER,
+    PREFERRED_LEADER_REJOIN_DELAY_MS,
     PartitionState,
     assign_replicas,
     initial_state,
@@ -243,6 +244,54 @@ def test_leadership_goes_back_to_the_preferred_replica_at_the_next_imbalance_che
         assert sorted(changed) == [0, 0, 0, 1]
         back = await _state(links[0])
         assert back.leader == preferred and back.leader_epoch == moved.leader_epoch + 1
+
+    asyncio.run(run())
+
+
+def test_a_store_that_comes_back_gets_its_preferred_leaderships_back_soon() -> None:
+    """A store whose lease ended and came back leads its preferred
+    partitions again within seconds once it is in sync (not at the periodic
+    check minutes later), and a store that is back only a moment moves
+    nothing."""
+    async def run() -> None:
+        clock = Clock()
+        _store, links = _links(clock, rebalance_interval_ms=300_000)
+        await _register_all(links)
+        await links[0].create_topics([TopicSpec("t", 1, {}, 3)], validate_only=False)
+        for link in links:
+            await link.refresh()
+            await link.run_controller_once()
+        first = await _state(links[0])
+        preferred = first.leader
+        others = [i for i in range(3) if i != preferred]
+
+        async def step(alive: list[int]) -> int:
+            clock.now_ms += 500
+            for i in alive:
+                await links[i].keep_registered(f"s{i}:1")
+            for i in alive:
+                await links[i].refresh()
+                await links[i].run_controller_once()
+            return 0
+
+        # The preferred leader's lease runs out: another replica leads.
+        for _ in range(2 * TTL_S * 2 + 2):
+            await step(others)
+        failed_over = await _state(links[0])
+        assert failed_over.leader in others and preferred not in failed_over.isr
+        # It comes back, and its leader takes it into the ISR again (the
+        # replica manager's job, done here by hand).
+        view = await links[0].refresh()
+        rejoined = PartitionState(failed_over.replicas, failed_over.leader,
+                                  failed_over.leader_epoch, (*failed_over.isr, preferred))
+        assert await links[0].update_state("t", 0, view.state_revisions[("t", 0)], rejoined)
+        await step([0, 1, 2])
+        assert (await _state(links[0])).leader == failed_over.leader, "moved at once"
+        started_ms = clock.now_ms
+        while (await _state(links[0])).leader != preferred:
+            assert clock.now_ms - started_ms < 3 * PREFERRED_LEADER_REJOIN_DELAY_MS, \
+                "the preferred leader did not get its leadership back soon"
+            await step([0, 1, 2])
 
     asyncio.run(run())
 

@@ -52,6 +52,15 @@ DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
 # leader.imbalance.per.broker.percentage (10) defaults.
 DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS = 300_000
 DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT = 10
+# A store that comes back (its lease had ended) gets its preferred
+# leaderships back soon rather than at the next periodic check (Kafka's
+# five minutes, which left one store leading everything after a restart):
+# the controller checks the imbalance once the store has stayed up this long
+# (a store that flaps moves nothing), and again at that pace while the store
+# catches up into the ISRs, for a bounded window; after it, the periodic
+# check as before.
+PREFERRED_LEADER_REJOIN_DELAY_MS = 5_000
+PREFERRED_LEADER_REJOIN_WINDOW_MS = 120_000
 
 
 class ReplicaStateError(ValueError):
@@ -303,7 +312,9 @@ def plan_preferred_elections(
     store above `imbalance_pct` percent, leadership of those partitions moves
     back to it where it is live and in sync (elect_preferred). Not at once
     on rejoining: each move is a leader change producers and followers must
-    follow, so a store that flaps does not drag leadership back and forth."""
+    follow, so a store that flaps does not drag leadership back and forth;
+    the controller runs it soon after a store comes back
+    (PREFERRED_LEADER_REJOIN_DELAY_MS) as well as periodically."""
     preferred_of: dict[int, list[K]] = {}
     for key, state in states.items():
         if state.online:
