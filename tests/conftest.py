@@ -29,6 +29,7 @@ SERIAL_FILES = frozenset({
     "tests/integration/test_network_partitions.py",
     "tests/integration/test_replication.py",
     "tests/integration/test_replication_etcd_faults.py",
+    "tests/integration/test_rolling_restart.py",
     "tests/integration/test_etcd_cluster.py",
     "tests/integration/test_monitoring_prometheus.py",
     "tests/spark/test_payments_pipeline.py",

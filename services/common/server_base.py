@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TextIO
 
 import grpc
@@ -315,18 +315,30 @@ GRPC_OPTIONS: Sequence[tuple[str, int]] = (
 )
 
 
+# How often the conditions behind `health_checks` statuses are evaluated.
+HEALTH_CHECK_INTERVAL_MS = 200
+
+
 class ServiceServer:
     """A gRPC server with health checking, reflection and the RPC interceptor
     (metrics, shutdown gate), and its graceful shutdown:
 
-    1. new oncelog RPCs are refused with SHUTTING_DOWN (retriable) and every
-       health status turns NOT_SERVING — health and reflection still answer,
-       so probes see the process draining rather than gone;
-    2. `on_draining` runs (the store wakes its long-polls);
+    1. every health status turns NOT_SERVING — health and reflection still
+       answer, so probes see the process draining rather than gone — and
+       `before_draining` runs while the process still serves every request
+       (a store hands its leaderships over: it answers as a follower
+       meanwhile, NOT_LEADER_OR_FOLLOWER to producers, fetches to followers);
+    2. new oncelog RPCs are refused with SHUTTING_DOWN (retriable) and
+       `on_draining` runs (the store wakes its long-polls);
     3. the RPCs already running get up to `shutdown_grace_ms` to finish
        (an acknowledged write is acknowledged before the process goes);
     4. the server stops (health watches end) and `on_shutdown` runs (stop
        timers, snapshot, close storage).
+
+    `health_checks`: more health service names, each SERVING while its
+    condition holds (looked at every HEALTH_CHECK_INTERVAL_MS from
+    set_serving on) and NOT_SERVING otherwise — a store's "in sync" status,
+    which its readiness probe asks for.
     """
 
     def __init__(
@@ -340,6 +352,8 @@ class ServiceServer:
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
         credentials: grpc.ServerCredentials | None = None,
         guard: grpc.aio.ServerInterceptor | None = None,
+        before_draining: Callable[[], Awaitable[None]] | None = None,
+        health_checks: Mapping[str, Callable[[], bool]] | None = None,
     ) -> None:
         if shutdown_grace_ms < 0:
             raise ValueError(f"shutdown grace is {shutdown_grace_ms} ms; it must be >= 0")
@@ -350,6 +364,9 @@ class ServiceServer:
         self._shutdown_grace_ms = shutdown_grace_ms
         self._on_draining = on_draining
         self._on_shutdown = on_shutdown
+        self._before_draining = before_draining
+        self._health_checks = dict(health_checks or {})
+        self._health_watch: asyncio.Task[None] | None = None
         self.interceptor = RpcInterceptor(service_name)
         # TLS when given credentials, else plain text.
         self._credentials = credentials
@@ -381,7 +398,7 @@ class ServiceServer:
                 raise ValueError("a token listener needs TLS credentials")
             self._bind(token_listen, token_credentials, TOKEN_GRPC)
         # The health servicer starts with "" SERVING; nothing is served yet.
-        for name in self._names:
+        for name in [*self._names, *self._health_checks]:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
         return port
@@ -403,18 +420,50 @@ class ServiceServer:
         return port
 
     async def set_serving(self) -> None:
+        # The extra statuses first: whoever sees the process serving finds
+        # them already telling the truth.
+        shown: dict[str, int] = {}
+        await self._apply_health_checks(shown)
         for name in self._names:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         metrics.SERVING.set(1)
+        if self._health_checks and self._health_watch is None:
+            self._health_watch = asyncio.get_running_loop().create_task(
+                self._watch_health_checks(shown), name="health-checks")
+
+    async def _apply_health_checks(self, shown: dict[str, int]) -> None:
+        """Sets each `health_checks` status to its condition where it
+        changed (a condition that raises counts as not holding, and is
+        logged)."""
+        for name, check in self._health_checks.items():
+            try:
+                holds = check()
+            except Exception:
+                log.exception("%s: health check %r failed", self.service_name, name)
+                holds = False
+            status = (health_pb2.HealthCheckResponse.SERVING if holds
+                      else health_pb2.HealthCheckResponse.NOT_SERVING)
+            if shown.get(name) != status:
+                shown[name] = status
+                await self.health.set(name, status)
+
+    async def _watch_health_checks(self, shown: dict[str, int]) -> None:
+        while not self._shutdown_started:
+            await asyncio.sleep(HEALTH_CHECK_INTERVAL_MS / 1000)
+            await self._apply_health_checks(shown)
 
     async def shutdown(self) -> None:
         """The graceful shutdown described in the class docstring (once)."""
         if self._shutdown_started:
             return
         self._shutdown_started = True
-        self.interceptor.draining = True
+        if self._health_watch is not None:
+            self._health_watch.cancel()
         metrics.SERVING.set(0)
         await self.health.enter_graceful_shutdown()
+        if self._before_draining is not None:
+            await self._before_draining()
+        self.interceptor.draining = True
         log.info("%s draining: new requests are refused, %d in flight",
                  self.service_name, self.interceptor.in_flight)
         if self._on_draining is not None:
@@ -486,6 +535,8 @@ async def serve(
     on_draining: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     security: ServiceSecurity | None = None,
+    before_draining: Callable[[], Awaitable[None]] | None = None,
+    health_checks: Mapping[str, Callable[[], bool]] | None = None,
 ) -> None:
     """Runs a service until SIGTERM/SIGINT, then shuts it down gracefully
     (ServiceServer.shutdown). A second SIGINT during shutdown exits at once,
@@ -505,6 +556,7 @@ async def serve(
         shutdown_grace_ms=shutdown_grace_ms, on_draining=on_draining, on_shutdown=shutdown,
         credentials=None if security is None else security.server_credentials(),
         guard=None if security is None else security.guard(),
+        before_draining=before_draining, health_checks=health_checks,
     )
     # The client's *_created series would double the series count for
     # nothing a dashboard uses.

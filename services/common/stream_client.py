@@ -97,6 +97,11 @@ class RequestStream(Generic[Request, Answer]):
                                f"no answer within {timeout_s} s") from None
         finally:
             self._pending.pop(request_id, None)
+            if answer.done() and not answer.cancelled():
+                # The reader failed it when the stream ended; what the caller
+                # gets is raised above. Unread, asyncio would log it as an
+                # error nobody retrieved each time a server restarts.
+                answer.exception()
 
     def close(self) -> None:
         self.ended = True

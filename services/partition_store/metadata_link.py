@@ -9,6 +9,9 @@ Keys (values are JSON):
     <root>/partitions/<name>/<p>    PartitionState (core/replicas.py)
     <root>/stores/<node id>         {"address": ...}, held by the store's lease
     <root>/controller               {"node_id": ...}, held by the controller's lease
+    <root>/shutting_down/<node id>  {"node_id": ...}, held by the store's lease: it
+                                    is stopping and asks the controller to move
+                                    its leaderships (controlled shutdown)
 
 Every change is one metadata-store transaction that compares the revisions it
 was decided on, so two writers (two controllers, a deposed leader shrinking
@@ -18,7 +21,10 @@ again and decides again. Nothing here is a consensus algorithm of our own.
 `MetadataLink` is the store's ControllerLink when the cluster has a metadata
 store: any store creates, grows and deletes topics itself (no forwarding),
 every store reads the whole tree at once (`refresh`, one range read) and the
-elected controller moves leadership away from stores whose lease ended.
+elected controller moves leadership away from stores whose lease ended, and
+from stores that are stopping and asked for it (Kafka's controlled shutdown:
+the request is a key held by the stopping store's lease, so it ends with
+that store's life).
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ from .core.replicas import (
     finish_reassignment,
     initial_state,
     is_unclean,
+    leaderships_to_hand_over,
+    move_leader_off,
     plan_preferred_elections,
     replication_factor_of,
     shrink_isr,
@@ -108,6 +116,12 @@ class ClusterView:
     live_listeners: dict[str, dict[int, str]] = field(default_factory=dict)
     seen_listeners: dict[str, dict[int, str]] = field(default_factory=dict)
     controller: int | None = None
+    # The controller key's mod revision (0: no controller), so the
+    # controller can give the role up without deleting a successor's key.
+    controller_revision: int = 0
+    # Stores that are stopping and asked for their leaderships to be moved
+    # (their keys live and die with their leases).
+    shutting_down: set[int] = field(default_factory=set)
     next_topic_id: Versioned | None = None
 
 
@@ -138,6 +152,9 @@ class MetadataLink:
         # Controller: when leadership is next moved back to preferred
         # replicas (one interval after this store became controller).
         self._next_rebalance_ms: int | None = None
+        # Set once this store has begun its controlled shutdown: it gives
+        # the controller role up and never takes it again.
+        self._stopping = False
         # Stores whose lease had ended and came back, and when (see
         # PREFERRED_LEADER_REJOIN_DELAY_MS); the next rejoin check.
         self._rejoined_at_ms: dict[int, int] = {}
@@ -160,6 +177,9 @@ class MetadataLink:
     def _seen_key(self, node_id: int) -> str:
         return f"{self._root}/seen/{node_id}"
 
+    def _shutting_down_key(self, node_id: int) -> str:
+        return f"{self._root}/shutting_down/{node_id}"
+
     @property
     def _controller_key(self) -> str:
         return f"{self._root}/controller"
@@ -178,6 +198,7 @@ class MetadataLink:
         parts_prefix = self._root + "/partitions/"
         stores_prefix = self._root + "/stores/"
         seen_prefix = self._root + "/seen/"
+        shutting_down_prefix = self._root + "/shutting_down/"
         for key, item in entries.items():
             try:
                 if key.startswith(topics_prefix):
@@ -194,8 +215,11 @@ class MetadataLink:
                 elif key.startswith(seen_prefix):
                     _registration(json.loads(item.value), int(key[len(seen_prefix):]),
                                   view.seen_stores, view.seen_listeners)
+                elif key.startswith(shutting_down_prefix):
+                    view.shutting_down.add(int(key[len(shutting_down_prefix):]))
                 elif key == self._controller_key:
                     view.controller = int(json.loads(item.value)["node_id"])
+                    view.controller_revision = item.mod_revision
                 elif key == self._counter_key:
                     view.next_topic_id = item
             except (CorruptValueError, ReplicaStateError, ValueError, KeyError,
@@ -550,6 +574,43 @@ class MetadataLink:
             [Compare(self._state_key(topic, partition), decided_on)],
             [Put(self._state_key(topic, partition), state.to_json())], ()))
 
+    # -------------------------------------------------- controlled shutdown
+
+    async def begin_controlled_shutdown(self) -> None:
+        """This store's side of Kafka's controlled shutdown: it gives the
+        controller role up if it holds it (a stopping controller would move
+        the role mid-drain anyway, at its lease end, and its own leaderships
+        are better moved by another store), and asks the controller to move
+        every partition it leads by writing its `shutting_down` key under its
+        lease — so the request ends with this incarnation, whether it stops
+        or dies half-way. Idempotent: called again on every round of the
+        wait, it writes only what is missing (a lease that was replaced took
+        the key with it). Raises ServiceError when the metadata store is
+        unreachable, LeaseNotFound when the lease has just ended."""
+        self._stopping = True
+        view = await self.refresh()
+        # Guarded by the key's revision: a successor's key is never deleted.
+        if view.controller == self._node_id and await self._call(self.store.commit(
+                [Compare(self._controller_key, view.controller_revision)], (),
+                [self._controller_key])):
+            log.info("store node %d gives the controller role up: it is stopping",
+                     self._node_id)
+        if self._node_id not in view.shutting_down and self._lease is not None:
+            await self._call(self.store.commit((), [Put(
+                self._shutting_down_key(self._node_id),
+                json.dumps({"node_id": self._node_id}), self._lease)], ()))
+            log.info("store node %d asked the controller to move its leaderships",
+                     self._node_id)
+
+    def leaderships_to_hand_over(
+            self, led: Mapping[TopicPartitionKey, PartitionState]) -> list[TopicPartitionKey]:
+        """Of the partitions this store leads (`led`: as its runtime applied
+        them), those that the controller can still move to another live
+        in-sync replica, by the last metadata read."""
+        view = self.view
+        return leaderships_to_hand_over(led, self._node_id, live=view.live_stores,
+                                        leaving=view.shutting_down)
+
     # ----------------------------------------------------------- controller
 
     def _rejoin_check_due(self, now_ms: int) -> bool:
@@ -572,7 +633,7 @@ class MetadataLink:
         for partitions whose leader's lease ended and move leadership back to
         in-sync preferred replicas. Returns the number of partitions changed."""
         view = self.view
-        if self._lease is None:
+        if self._lease is None or self._stopping:
             return 0
         if view.controller is None:
             won = await self._call(self.store.commit(
@@ -602,6 +663,9 @@ class MetadataLink:
         grace_ms = self.lease_ttl_s * 1000
         gone = {n for n, since in self._missing_since_ms.items()
                 if n in view.seen_stores or now_ms - since >= grace_ms}
+        # Stores that are stopping (controlled shutdown) lose their
+        # leaderships and are given none back until they return.
+        leaving = view.shutting_down & live
         rebalance: Mapping[TopicPartitionKey, PartitionState] = {}
         if self._next_rebalance_ms is None:
             self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
@@ -609,7 +673,7 @@ class MetadataLink:
             if now_ms >= self._next_rebalance_ms:
                 self._next_rebalance_ms = now_ms + self.leader_imbalance_check_interval_ms
             rebalance = plan_preferred_elections(
-                view.states, live, imbalance_pct=self.leader_imbalance_per_store_pct)
+                view.states, live - leaving, imbalance_pct=self.leader_imbalance_per_store_pct)
         quiet_pass = (view.revision, frozenset(gone))
         if not rebalance and quiet_pass == self._quiet_pass:
             return 0
@@ -619,8 +683,9 @@ class MetadataLink:
                 # A follower whose store is gone leaves the ISR now, as
                 # Kafka's controller does on a broker failure: otherwise
                 # every acks=all append waits replica.lag.time.max.ms for it.
-                after = (shrink_isr(state, gone) or finish_reassignment(state)
-                         or rebalance.get(key))
+                shrunk = shrink_isr(state, gone)
+                after = (move_leader_off(shrunk or state, leaving, live) or shrunk
+                         or finish_reassignment(state) or rebalance.get(key))
             else:
                 after = elect_leader(state, live, unclean=self.unclean_leader_election)
             if after is not None:
@@ -646,7 +711,7 @@ class MetadataLink:
                     if await self.update_state(key[0], key[1], view.state_revisions[key], after)]
             for (topic, partition), state, after in applied:
                 changed += 1
-                _log_decision(topic, partition, state, after, gone)
+                _log_decision(topic, partition, state, after, gone, leaving)
         # Nothing to decide at this revision with these stores gone: the
         # next passes skip the partitions until one of the two moves.
         self._quiet_pass = quiet_pass if not attempted else None
@@ -656,7 +721,7 @@ class MetadataLink:
 
 
 def _log_decision(topic: str, partition: int, state: PartitionState, after: PartitionState,
-                  gone: set[int]) -> None:
+                  gone: set[int], leaving: set[int]) -> None:
     """Logs (and counts) one change the controller made."""
     if after.replicas != state.replicas and after.target is None:
         log.info("%s-%d: replicas moved %s -> %s (leader %d, epoch %d)", topic,
@@ -669,6 +734,11 @@ def _log_decision(topic: str, partition: int, state: PartitionState, after: Part
     elif not after.online:
         log.error("%s-%d is offline: no in-sync replica is alive (ISR %s)",
                   topic, partition, list(after.isr))
+    elif state.leader in leaving and after.leader != state.leader:
+        metrics.LEADER_ELECTIONS.inc()
+        log.info("%s-%d: leader %d -> %d at epoch %d: store %d is stopping "
+                 "(controlled shutdown; ISR %s)", topic, partition, state.leader,
+                 after.leader, after.leader_epoch, state.leader, list(after.isr))
     elif is_unclean(state, after):
         metrics.UNCLEAN_LEADER_ELECTIONS.inc()
         log.warning("%s-%d: UNCLEAN leader election of store %d (ISR was %s): "

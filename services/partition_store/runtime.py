@@ -1482,7 +1482,17 @@ class StoreRuntime:
         if not waits:
             return {}
         timeout_s = (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
-        await asyncio.wait([asyncio.shield(f) for f in waits.values()], timeout=timeout_s)
+        shields = [asyncio.shield(f) for f in waits.values()]
+        await asyncio.wait(shields, timeout=timeout_s)
+        for shield in shields:
+            # The outcomes are read below from the futures themselves; a
+            # shield that failed (leadership moved while the append waited
+            # for its acks) is read here so that asyncio does not log it as
+            # an exception nobody retrieved. Read in place rather than by a
+            # done callback, which would add a step to the event loop's
+            # schedule (and move every simulation seed).
+            if shield.done() and not shield.cancelled():
+                shield.exception()
         errors: dict[int, ServiceError] = {}
         for index, future in waits.items():
             if not future.done():
@@ -1996,8 +2006,20 @@ class StoreRuntime:
     ) -> asyncio.Future[None] | None:
         """As follower: appends the leader's batches at their offsets and
         queues their writes; returns the future of the last one's durability
-        (None when there were none). Takes the leader's HW."""
-        self._check_accepting()
+        (None when there were none). Takes the leader's HW.
+
+        Goes on while the store drains (begin_shutdown): the store is still
+        in the ISR of the partitions it follows until its lease ends, so the
+        leaders count it for their high watermarks, and a follower that
+        stopped copying would hold their acknowledgements — and every
+        request here that waits on one of them, a transaction's
+        verification say — until the drain's grace ran out."""
+        if self._closed:
+            raise ServiceError(
+                ErrorCode.SHUTTING_DOWN,
+                f"store node {self.config.node_id} is shutting down; retry later",
+            )
+        self._writer.check_healthy()
         now_ms = self._clock_ms()
         last: asyncio.Future[None] | None = None
         for stored in batches:

@@ -34,10 +34,19 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --replica-lag-time-max-ms       a follower this far behind leaves the ISR
   --unclean-leader-election       UNSAFE: let a replica outside the ISR lead when no
                                   in-sync one is alive (acknowledged records may be lost)
+  --controlled-shutdown-timeout-ms on SIGTERM, how long the store waits for its
+                                  leaderships to move to other in-sync replicas before
+                                  it drains (0: no hand-over; they move at its lease end)
   --verify-checksums-on-start     read every stored key and check every batch's CRC32C
                                   before serving (damaged data: damage.py)
   --producer-byte-rate, --consumer-byte-rate, --client-quotas, --quota-window-num,
   --quota-window-size-ms          client quotas (quotas.py; Kafka's KIP-13)
+
+Health: besides "" and the service's name, a replicated store serves the
+health status IN_SYNC_HEALTH_SERVICE, SERVING while it is in the ISR of
+every partition it holds that has a leader (the Helm chart's readiness
+probe asks for it, so a rolling restart waits for a restarted store to
+catch up before it stops the next one).
 
 The transaction coordinators (--coordinators) are asked to verify a
 producer's first transactional write to each partition (verify_only), and
@@ -82,6 +91,7 @@ from ..kafka.forward import CoordinatorClient
 from ..kafka.handlers import HANDLERS
 from ..kafka.listener import KafkaListener, ListenerSecurity
 from .acls import AclService
+from .controlled_shutdown import DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS, ControlledShutdown
 from .controller_link import GrpcControllerLink
 from .coordinator_link import GrpcTxnResolver, GrpcTxnVerifier
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -89,6 +99,7 @@ from .core.replicas import (
     DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
     DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
     DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+    in_sync_everywhere,
 )
 from .damage import open_store, record_and_stop
 from .metadata_link import (
@@ -123,6 +134,9 @@ log = logging.getLogger("oncelog.partition_store")
 # One metadata-store call (etcd) may take this long before it counts as
 # unreachable.
 METADATA_TIMEOUT_MS = 2_000
+# The health service name that is SERVING while the store is in the ISR of
+# every partition it holds that has a leader (`Wired.in_sync`).
+IN_SYNC_HEALTH_SERVICE = "oncelog.replication.InSync"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="UNSAFE, off by default: when no in-sync replica of a partition is alive, let "
              "another replica lead (records only the lost ones had are gone; counted in "
              "oncelog_store_unclean_leader_elections_total and logged)")
+    add("--controlled-shutdown-timeout-ms", type=int,
+        default=env_default("controlled-shutdown-timeout-ms",
+                            str(DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS)),
+        help="replicated stores, on SIGTERM (Kafka's controlled shutdown): the longest the "
+             "store waits, still serving, for the controller to move the partitions it "
+             "leads to other in-sync replicas before it drains and stops; what has not "
+             "moved by then moves when its lease ends. 0: no hand-over")
     add("--verify-checksums-on-start", action="store_true",
         default=env_flag("verify-checksums-on-start"),
         help="before serving, read every stored key and check every stored batch's CRC32C "
@@ -272,6 +293,23 @@ class Wired:
     runtime: StoreRuntime
     # Replicated clusters only.
     replication: ReplicaManager | None = None
+    metadata: MetadataLink | None = None
+
+    async def hand_over_leadership(self, *, timeout_ms: int) -> None:
+        """The controlled shutdown (controlled_shutdown.py), when replicated
+        and asked for (timeout_ms > 0); nothing else."""
+        if self.metadata is None or self.replication is None or timeout_ms <= 0:
+            return
+        await ControlledShutdown(self.runtime, self.metadata, timeout_ms=timeout_ms).run()
+
+    def in_sync(self) -> bool:
+        """Whether this store is in the ISR of every partition it holds that
+        has a leader, by the metadata it read last (a single-copy store
+        always is)."""
+        if self.metadata is None:
+            return True
+        return in_sync_everywhere(self.metadata.view.states.values(),
+                                  self.runtime.config.node_id)
 
     async def start(self) -> None:
         await self.runtime.start()
@@ -332,7 +370,7 @@ def wire(
         leaders if leaders is not None else GrpcLeaderLink(link.store_addresses),
         address=address or config.layout.stores[config.node_id], listeners=listeners,
     )
-    return Wired(runtime, manager)
+    return Wired(runtime, manager, link)
 
 
 async def main_async(argv: Sequence[str] | None = None) -> None:
@@ -340,6 +378,9 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.data_dir:
         parser.error("--data-dir (or ONCELOG_DATA_DIR) is required")
+    if args.controlled_shutdown_timeout_ms < 0:
+        parser.error(f"--controlled-shutdown-timeout-ms is {args.controlled_shutdown_timeout_ms}; "
+                     "it must be >= 0 (0: no hand-over)")
     configure_logging(args.log_format, args.log_level, f"partition_store[{args.node_id}]")
     try:
         config = config_from_args(args)
@@ -425,6 +466,9 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
                 PartitionStoreServicer(runtime, acls=acls, quotas=quotas), server
             )
 
+        async def hand_over() -> None:
+            await wired.hand_over_leadership(timeout_ms=args.controlled_shutdown_timeout_ms)
+
         async def draining() -> None:
             runtime.begin_shutdown()
 
@@ -436,9 +480,11 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             node_id=config.node_id,
             metrics_port=args.metrics_port,
             shutdown_grace_ms=args.shutdown_grace_ms,
+            before_draining=hand_over,
             on_draining=draining,
             on_shutdown=close,
             security=security,
+            health_checks={IN_SYNC_HEALTH_SERVICE: wired.in_sync},
         )
     finally:
         # After serve() this is a no-op; it matters when start or serve failed.

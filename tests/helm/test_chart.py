@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
+from services.partition_store.server import IN_SYNC_HEALTH_SERVICE
 from tests.helm.chart import (
     COMPONENT_LABEL,
     COMPONENTS,
@@ -184,9 +185,12 @@ def test_every_container_is_probed_on_the_grpc_port(
         probes = [k for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in container]
         assert {"readinessProbe", "livenessProbe"} <= set(probes), sts["metadata"]["name"]
         for key in probes:
+            # A store is ready once it is in sync (test_chart_upgrades.py);
+            # every other probe asks for the process's overall status.
+            service = IN_SYNC_HEALTH_SERVICE if store and key == "readinessProbe" else ""
             if not tls:
                 # Kubernetes' grpc probe takes a number only: the grpc port's.
-                assert container[key]["grpc"] == {"port": ports["grpc"], "service": ""}
+                assert container[key]["grpc"] == {"port": ports["grpc"], "service": service}
                 continue
             # The kubelet's grpc probe has no TLS: the exec probe dials the
             # same port over TLS (test_chart_security.py runs it).
@@ -196,6 +200,8 @@ def test_every_container_is_probed_on_the_grpc_port(
             command = container[key]["exec"]["command"]
             assert command[1].endswith("/grpc_health_probe.py")
             assert command[command.index("--port") + 1] == str(ports["grpc"])
+            asked = command[command.index("--service") + 1] if "--service" in command else ""
+            assert asked == service, (sts["metadata"]["name"], key)
 
 
 def test_startup_probe_allows_a_long_recovery() -> None:

@@ -595,7 +595,7 @@ def test_plain_text_is_possible_and_the_notes_say_so_loudly() -> None:
                                                     "ONCELOG_SSL", "POD_NAME"))]
         container = _container(sts)
         assert not [m for m in container["volumeMounts"] if m["mountPath"].startswith("/etc")]
-        assert container["readinessProbe"]["grpc"] == {"port": 7000, "service": ""}
+        assert container["livenessProbe"]["grpc"] == {"port": 7000, "service": ""}
     assert not rendered.of_kind("Certificate") and not rendered.of_kind("Job")
     assert f"{RELEASE}-oncelog-probe" not in {c["metadata"]["name"]
                                                for c in rendered.of_kind("ConfigMap")}

@@ -3,16 +3,18 @@ services.
 
 Goal: each service answers gRPC health checks (SERVING, for "" and its own
 service name) and reflection; on SIGTERM the health status flips to
-NOT_SERVING at once and stays answerable while the process drains: new
-requests are refused with SHUTTING_DOWN (retriable), requests already
-running finish and get their answers, then the process snapshots and exits
-with code 0 within a bound; a request that outlives the grace period is
-cancelled rather than holding the process. SIGTERM of the partition store
-under a running idempotent producer loses no acknowledged record: every send
-whose future resolved is read back at its offset after the restart, once,
-and the restart replays nothing (the shutdown snapshot covered it all).
-With ONCELOG_LOG_FORMAT=json (configuration from the environment) every log
-line is one JSON object.
+NOT_SERVING at once and stays answerable while the process drains: the
+hand-over step before the drain (a store's controlled shutdown) runs while
+new requests are still served, then new requests are refused with
+SHUTTING_DOWN (retriable), requests already running finish and get their
+answers, then the process snapshots and exits with code 0 within a bound;
+an extra health status (a store's "in sync") follows its condition; a
+request that outlives the grace period is cancelled rather than holding the
+process. SIGTERM of the partition store under a running idempotent producer
+loses no acknowledged record: every send whose future resolved is read back
+at its offset after the restart, once, and the restart replays nothing (the
+shutdown snapshot covered it all). With ONCELOG_LOG_FORMAT=json
+(configuration from the environment) every log line is one JSON object.
 
 Method: ServiceServer (services/common/server_base.py) in-process, serving a
 real gRPC server on 127.0.0.1 whose one method blocks on an event the test
@@ -34,7 +36,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 
 import grpc
@@ -87,8 +89,9 @@ async def _wait_for(what: str, check: object) -> None:
         await asyncio.sleep(0.01)
 
 
-def _start(servicer: _BlockingCoordinator, events: list[str], *, grace_ms: int
-           ) -> ServiceServer:
+def _start(servicer: _BlockingCoordinator, events: list[str], *, grace_ms: int,
+           before_draining: Callable[[], Awaitable[None]] | None = None,
+           health_checks: Mapping[str, Callable[[], bool]] | None = None) -> ServiceServer:
     async def draining() -> None:
         events.append("draining")
 
@@ -100,6 +103,7 @@ def _start(servicer: _BlockingCoordinator, events: list[str], *, grace_ms: int
         register=lambda server: pb_grpc.add_TransactionCoordinatorServicer_to_server(
             servicer, server),
         shutdown_grace_ms=grace_ms, on_draining=draining, on_shutdown=shutdown,
+        before_draining=before_draining, health_checks=health_checks,
     )
 
 
@@ -149,6 +153,90 @@ def test_shutdown_answers_not_serving_refuses_new_requests_and_finishes_running_
             assert (reply.node_id, reply.address) == (7, "in-flight")
             await asyncio.wait_for(stopping, DEADLINE_S)
             assert events == ["draining", "on_shutdown"]
+
+    asyncio.run(scenario())
+
+
+def test_the_hand_over_runs_while_requests_are_still_served_and_before_the_drain() -> None:
+    """A store hands its leaderships over before it drains: meanwhile it must
+    answer (as a follower) rather than refuse with SHUTTING_DOWN, and
+    probes must already see it going (NOT_SERVING)."""
+    async def scenario() -> None:
+        servicer = _BlockingCoordinator()  # type: ignore[abstract]
+        servicer.release.set()  # answers at once
+        events: list[str] = []
+        handing_over = asyncio.Event()
+        handed_over = asyncio.Event()
+
+        async def hand_over() -> None:
+            events.append("hand-over")
+            handing_over.set()
+            await handed_over.wait()
+
+        server = _start(servicer, events, grace_ms=10_000, before_draining=hand_over)
+        port = await server.start("127.0.0.1:0")
+        await server.set_serving()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            stub = pb_grpc.TransactionCoordinatorStub(channel)
+            stopping = asyncio.ensure_future(server.shutdown())
+            await asyncio.wait_for(handing_over.wait(), DEADLINE_S)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert reply.status == NOT_SERVING
+            answered = await stub.FindCoordinator(pb.FindCoordinatorRequest(key="during"),
+                                                  timeout=10)
+            assert answered.address == "during"
+            assert events == ["hand-over"] and not stopping.done()
+            handed_over.set()
+            await asyncio.wait_for(stopping, DEADLINE_S)
+            assert events == ["hand-over", "draining", "on_shutdown"]
+
+    asyncio.run(scenario())
+
+
+def test_an_extra_health_status_follows_its_condition_until_shutdown() -> None:
+    async def scenario() -> None:
+        servicer = _BlockingCoordinator()  # type: ignore[abstract]
+        in_sync = [False]
+        # Holds the shutdown at its first step, so the status can be read.
+        checked = asyncio.Event()
+
+        async def held() -> None:
+            await checked.wait()
+
+        server = _start(servicer, [], grace_ms=1_000, before_draining=held,
+                        health_checks={"test.InSync": lambda: in_sync[0]})
+        port = await server.start("127.0.0.1:0")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            async def status(service: str) -> int:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=service),
+                                           timeout=10)
+                return int(reply.status)
+
+            def becomes(service: str, wanted: int) -> Callable[[], Awaitable[bool]]:
+                async def check() -> bool:
+                    return await status(service) == wanted
+                return check
+
+            assert await status("test.InSync") == NOT_SERVING  # not serving yet
+            await server.set_serving()
+            assert await status("") == SERVING
+            await _wait_for("serving, not in sync", becomes("test.InSync", NOT_SERVING))
+            in_sync[0] = True
+            await _wait_for("in sync", becomes("test.InSync", SERVING))
+            in_sync[0] = False
+            await _wait_for("out of sync again", becomes("test.InSync", NOT_SERVING))
+            in_sync[0] = True
+            await _wait_for("in sync again", becomes("test.InSync", SERVING))
+            stopping = asyncio.ensure_future(server.shutdown())
+            await _wait_for("NOT_SERVING once stopping", becomes("test.InSync", NOT_SERVING))
+            in_sync[0] = True  # the condition no longer counts
+            await asyncio.sleep(0.5)
+            assert await status("test.InSync") == NOT_SERVING
+            checked.set()
+            await asyncio.wait_for(stopping, DEADLINE_S)
 
     asyncio.run(scenario())
 

@@ -9,7 +9,9 @@ on; a dead leader is replaced from the ISR, a dead follower leaves it;
 unclean election happens only when asked for and is counted; a partition
 with no live in-sync replica goes offline and comes back with its last
 in-sync replica; a topic grows (CreatePartitions) in one guarded
-transaction, its new partitions placed as a new topic's.
+transaction, its new partitions placed as a new topic's; a stopping store
+(controlled shutdown) gives the controller role up and its leaderships move
+to other in-sync replicas at a new epoch with the ISR kept, while it lives.
 
 Method: MetadataLinks of three "stores" over one MemoryMetadataStore with a
 hand-driven clock; leases expire when the clock passes them.
@@ -399,5 +401,73 @@ def test_growing_by_more_partitions_than_one_transaction_holds_goes_in_whole_ste
                                  stores=[0, 1, 2], replication_factor=3)
         assert sorted(p for t, p in view.states if t == "wide") == list(range(300))
         assert all(view.states[("wide", p)] == initial_state(placed[p]) for p in range(300))
+
+    asyncio.run(run())
+
+
+def test_a_stopping_store_gives_up_the_controller_role_and_its_leaderships_move() -> None:
+    """Kafka's controlled shutdown, the metadata side: the stopping store
+    (here the controller) resigns and asks; the next controller moves every
+    partition it leads to another in-sync replica at the next epoch with the
+    ISR unchanged (it still copies as a follower), keeps the one it leads
+    alone, gives it nothing back while it stops (not even at an imbalance
+    check), and the request ends with its lease."""
+    async def run() -> None:
+        clock = Clock()
+        interval_ms = 1_000
+        _store, links = _links(clock, rebalance_interval_ms=interval_ms)
+        await _register_all(links)
+        await links[0].create_topics([TopicSpec("t", 3, {}, 3)], validate_only=False)
+        for link in links:
+            await link.refresh()
+            await link.run_controller_once()
+        stopping = (await links[0].refresh()).controller
+        assert stopping is not None
+        before = {key: s for key, s in (await links[0].refresh()).states.items()
+                  if key[0] == "t"}
+        led = sorted(key for key, s in before.items() if s.leader == stopping)
+        assert len(led) == 1  # three partitions spread over three stores
+        # A second partition it leads whose followers fell out of the ISR.
+        view = await links[0].refresh()
+        alone_key = next(key for key, s in before.items() if s.leader != stopping)
+        alone = PartitionState(before[alone_key].replicas, stopping,
+                               before[alone_key].leader_epoch + 1, (stopping,))
+        assert await links[0].update_state(*alone_key, view.state_revisions[alone_key], alone)
+
+        await links[stopping].begin_controlled_shutdown()
+        view = await links[0].refresh()
+        assert view.controller is None and view.shutting_down == {stopping}
+        others = [link for i, link in enumerate(links) if i != stopping]
+
+        async def step() -> None:
+            clock.now_ms += 500
+            for i, link in enumerate(links):
+                await link.keep_registered(f"s{i}:1")
+            for link in links:
+                await link.refresh()
+                await link.run_controller_once()
+
+        await step()
+        view = await links[0].refresh()
+        assert view.controller in {i for i in range(3) if i != stopping}
+        for key in led:
+            moved = view.states[key]
+            assert moved.leader != stopping and moved.leader in before[key].isr
+            assert moved.leader_epoch == before[key].leader_epoch + 1
+            assert moved.isr == before[key].isr  # shrinking nothing
+        assert view.states[alone_key] == alone  # no other in-sync replica: it stays
+        now_led = {key: s for key, s in view.states.items() if s.leader == stopping}
+        assert links[stopping].leaderships_to_hand_over(now_led) == []
+        # It never takes the role back, and the imbalance check (its
+        # preferred partitions are led elsewhere) gives it nothing back.
+        for _ in range(4):
+            await step()
+        view = await links[0].refresh()
+        assert view.controller != stopping
+        assert {key for key, s in view.states.items() if s.leader == stopping} == {alone_key}
+        # The request lives and dies with its lease: the stopping store ends.
+        await links[stopping].close()
+        await others[0].refresh()
+        assert others[0].view.shutting_down == set()
 
     asyncio.run(run())

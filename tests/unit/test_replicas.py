@@ -1,5 +1,6 @@
 """The replica decisions of core/replicas.py: placement, leader election, ISR
-changes, the high watermark and leader-epoch checks.
+changes, the high watermark and leader-epoch checks, and the moves of a
+controlled shutdown.
 
 Goal: each rule of Kafka's in-sync-replica protocol that the controller and
 the leaders apply holds case by case, including the ones that decide whether
@@ -26,9 +27,12 @@ from services.partition_store.core.replicas import (
     expand_isr,
     fence_replica,
     high_watermark,
+    in_sync_everywhere,
     initial_state,
     is_unclean,
     lagging_followers,
+    leaderships_to_hand_over,
+    move_leader_off,
     plan_preferred_elections,
     replication_factor_of,
     shrink_isr,
@@ -114,6 +118,56 @@ def test_leadership_moves_back_only_to_stores_above_the_imbalance_threshold() ->
     assert set(plan_preferred_elections(states, {0, 1, 2}, imbalance_pct=9)) == {"p9", "p10"}
     assert plan_preferred_elections(states, {0, 2}, imbalance_pct=0) == {
         "p9": _state((0, 1, 2), 0, 3, (0, 1, 2))}
+
+
+@pytest.mark.parametrize(
+    ("state", "leaving", "live", "expected"),
+    [
+        # The first other in-sync replica in replica order leads at the next
+        # epoch; the ISR stays whole, the stopping leader in it.
+        (_state((0, 1, 2), 0, 3, (0, 1, 2)), {0}, {0, 1, 2}, _state((0, 1, 2), 1, 4, (0, 1, 2))),
+        (_state((0, 1, 2), 0, 3, (0, 2)), {0}, {0, 1, 2}, _state((0, 1, 2), 2, 4, (0, 2))),
+        # Not a dead store, not another store that is stopping too.
+        (_state((0, 1, 2), 0, 3, (0, 1, 2)), {0}, {0, 2}, _state((0, 1, 2), 2, 4, (0, 1, 2))),
+        (_state((0, 1, 2), 0, 3, (0, 1, 2)), {0, 1}, {0, 1, 2},
+         _state((0, 1, 2), 2, 4, (0, 1, 2))),
+        # No other in-sync replica that could lead: the partition stays.
+        (_state((0, 1, 2), 0, 3, (0,)), {0}, {0, 1, 2}, None),
+        (_state((0, 1, 2), 0, 3, (0, 1, 2)), {0, 1, 2}, {0, 1, 2}, None),
+        (_state((0, 1, 2), 0, 3, (0, 1)), {0}, {0, 2}, None),
+        # The leader is not stopping; an offline partition has nobody to move.
+        (_state((0, 1, 2), 1, 3, (0, 1, 2)), {0}, {0, 1, 2}, None),
+        (_state((0, 1, 2), NO_LEADER, 3, (0,)), {0}, {0, 1, 2}, None),
+    ],
+)
+def test_controlled_shutdown_moves_leadership_to_another_in_sync_replica(
+        state: PartitionState, leaving: set[int], live: set[int],
+        expected: PartitionState | None) -> None:
+    assert move_leader_off(state, leaving, live) == expected
+
+
+def test_a_stopping_store_waits_only_for_what_can_move() -> None:
+    states = {
+        "moves": _state((0, 1, 2), 0, 1, (0, 1, 2)),
+        "alone": _state((0, 1, 2), 0, 1, (0,)),
+        "elsewhere": _state((1, 2, 0), 1, 1, (1, 2, 0)),
+        "follower-dead": _state((0, 1), 0, 1, (0, 1)),
+    }
+    assert leaderships_to_hand_over(states, 0, live={0, 1, 2}, leaving=()) == [
+        "moves", "follower-dead"]
+    # The one whose only other in-sync replica is gone (or stopping) stays.
+    assert leaderships_to_hand_over(states, 0, live={0, 2}, leaving=()) == ["moves"]
+    assert leaderships_to_hand_over(states, 0, live={0, 1, 2}, leaving={1, 2}) == []
+
+
+def test_in_sync_everywhere_counts_partitions_that_can_be_in_sync() -> None:
+    caught_up = [_state((0, 1, 2), 0, 1, (0, 1, 2)), _state((1, 2), 1, 1, (1,))]
+    assert in_sync_everywhere(caught_up, 0)
+    assert not in_sync_everywhere([*caught_up, _state((2, 0, 1), 2, 4, (2, 1))], 0)
+    # Offline (nobody to copy from) or being moved here: not waited for.
+    assert in_sync_everywhere([*caught_up, _state((2, 0, 1), NO_LEADER, 4, (2,))], 0)
+    moving = PartitionState((1, 0, 2), 1, 2, (1, 2), target=(1, 0))
+    assert in_sync_everywhere([*caught_up, moving], 0)
 
 
 def test_isr_changes_never_drop_the_leader_and_keep_replica_order() -> None:

@@ -38,7 +38,11 @@ jobs containing "oncelog"; docs/metrics.md);
 stateful: whether the pods keep a data volume; etcdClient: whether the
 process is given the etcd endpoints (the stores are etcd's only clients);
 kafka: whether it can serve a Kafka listener (the stores only, when
-partitionStore.kafka.enabled).
+partitionStore.kafka.enabled); readinessService: the health service name
+the readiness probe asks for (empty: the process's overall status) — a
+store is ready once it is back in every ISR (services/partition_store/
+server.py IN_SYNC_HEALTH_SERVICE), so a rolling update waits for that
+before it restarts the next one.
 */}}
 {{- define "oncelog.components" -}}
 partitionStore:
@@ -49,6 +53,7 @@ partitionStore:
   stateful: true
   etcdClient: true
   kafka: true
+  readinessService: oncelog.replication.InSync
 coordinator:
   key: coordinator
   name: coordinator
@@ -248,6 +253,24 @@ naming both. Rendered by configmap.yaml.
 {{- fail (printf "ports.kafka (%d) must differ from %s: the stores serve both (partitionStore.kafka.enabled)" $kafka $name) }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The stores' grace period must hold their shutdown: the hand-over of their
+leaderships (controlled-shutdown-timeout-ms), the drain of running requests
+(shutdown-grace-ms), then 10 s for the snapshots and the exit. Less, and the kubelet's SIGKILL cuts a rolling update's hand-over
+short (the partitions then move only when the lease ends). Rendered by
+configmap.yaml.
+*/}}
+{{- define "oncelog.shutdownChecks" -}}
+{{- $store := .Values.partitionStore }}
+{{- $handoverMs := int (dig "controlled-shutdown-timeout-ms" 10000 $store.config) }}
+{{- $drainMs := int (dig "shutdown-grace-ms" 5000 $store.config) }}
+{{- $marginS := 10 }}
+{{- $neededS := add (div (add $handoverMs $drainMs 999) 1000) $marginS }}
+{{- if lt (int $store.terminationGracePeriodSeconds) (int $neededS) }}
+{{- fail (printf "partitionStore.terminationGracePeriodSeconds (%d) must be at least %d: the hand-over of leaderships (partitionStore.config.controlled-shutdown-timeout-ms, %d ms) and the drain (shutdown-grace-ms, %d ms), then %d s for the snapshots" (int $store.terminationGracePeriodSeconds) (int $neededS) $handoverMs $drainMs $marginS) }}
 {{- end }}
 {{- end }}
 

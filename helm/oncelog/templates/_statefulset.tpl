@@ -162,13 +162,15 @@ spec:
           files/grpc_health_probe.py with the image's Python, which dials
           loopback with the pod's own certificate and verifies the server
           under the pod's DNS name. Either way the empty service name asks
-          for the server's overall health.
+          for the server's overall health; a store's readiness asks whether
+          it is in sync (the component's readinessService).
           */}}
           {{- $headless := include "oncelog.headlessName" . }}
           {{- $loopback := ternary "::1" "127.0.0.1" (contains ":" $root.Values.listenHost) }}
           {{- $tlsDir := include "oncelog.tlsDir" $root }}
           {{- range $probe := list "startup" "readiness" "liveness" }}
           {{- $p := get $values.probes $probe }}
+          {{- $service := ternary ($c.readinessService | default "") "" (eq $probe "readiness") }}
           {{- if $p.enabled }}
           {{ $probe }}Probe:
             {{- if $tls }}
@@ -190,10 +192,14 @@ spec:
                 - {{ printf "%s/tls.key" $tlsDir | quote }}
                 - --timeout-s
                 - {{ max 1 (sub (int $p.timeoutSeconds) 1) | quote }}
+                {{- with $service }}
+                - --service
+                - {{ . | quote }}
+                {{- end }}
             {{- else }}
             grpc:
               port: {{ $root.Values.ports.grpc }}
-              service: ""
+              service: {{ $service | quote }}
             {{- end }}
             initialDelaySeconds: {{ $p.initialDelaySeconds }}
             periodSeconds: {{ $p.periodSeconds }}

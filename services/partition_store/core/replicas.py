@@ -20,6 +20,12 @@ Rules (Kafka's):
   watermark.
 * The high watermark is the least log end offset over the ISR, and never
   moves back.
+* Controlled shutdown (Kafka's): a store that is asked to stop first asks
+  the controller to move each partition it leads to another live in-sync
+  replica, at a new epoch and with the ISR as it was (the stopping store
+  stays in sync, and serves as a follower, until its lease ends). A
+  partition with no such replica stays where it is. No store that is
+  stopping is given leadership by a move or a rebalance.
 * Moving replicas (Kafka's KIP-455 reassignment): the target replica list is
   recorded first and the new replicas are added to the replica list (they
   start copying, outside the ISR); once every target replica is in the ISR,
@@ -31,7 +37,7 @@ Rules (Kafka's):
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -214,6 +220,49 @@ def fence_replica(state: PartitionState, replica: int) -> PartitionState | None:
     if state.leader == replica:
         return replace(state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1, isr=isr)
     return replace(state, isr=isr)
+
+
+def move_leader_off(state: PartitionState, leaving: Collection[int],
+                    live: Collection[int]) -> PartitionState | None:
+    """Controlled shutdown: the state after the controller moved leadership
+    away from a store that asked to stop (`leaving`). The first in-sync
+    replica, in replica order, that is live and not leaving itself leads at
+    the next epoch; the ISR is kept as it is, the leaving store included: it
+    goes on copying as a follower until its lease ends, so acks=all appends
+    do not lose a copy early. None when the leader is not leaving, or when no
+    other in-sync replica can lead (the partition stays, as Kafka's does: a
+    move to nobody would take it offline before it has to be)."""
+    if not state.online or state.leader not in leaving:
+        return None
+    for replica in state.replicas:
+        if replica in state.isr and replica in live and replica not in leaving:
+            return replace(state, leader=replica, leader_epoch=state.leader_epoch + 1)
+    return None
+
+
+def leaderships_to_hand_over(
+    states: Mapping[K, PartitionState], node_id: int, *, live: Collection[int],
+    leaving: Collection[int],
+) -> list[K]:
+    """The partitions that `node_id`, stopping, still leads and could hand
+    over (move_leader_off would move them): what its controlled shutdown
+    waits for. Empty once every partition it led has moved or has no other
+    in-sync replica to move to."""
+    leaving_too = {*leaving, node_id}
+    return [key for key, state in states.items()
+            if state.leader == node_id
+            and move_leader_off(state, leaving_too, live) is not None]
+
+
+def in_sync_everywhere(states: Iterable[PartitionState], node_id: int) -> bool:
+    """Whether `node_id` is in the ISR of every partition it is a replica of
+    that can be in sync at all: one with a leader (an offline partition has
+    nobody to copy from) and not being moved (a replica a move adds copies
+    for as long as the move takes). A restarted store becomes so once it
+    has caught up everywhere; a rolling restart waits for that before it
+    stops the next store (readiness, docs/helm.md)."""
+    return all(node_id in state.isr for state in states
+               if node_id in state.replicas and state.online and state.target is None)
 
 
 def begin_reassignment(state: PartitionState, target: Sequence[int]) -> PartitionState:
