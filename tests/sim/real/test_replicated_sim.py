@@ -93,12 +93,12 @@ def test_replicated_replay_does_not_depend_on_the_string_hash_seed() -> None:
 TEETH: dict[str, tuple[list[int], tuple[str, ...]]] = {
     # The leader acknowledges what only it has: a new leader lacks what a
     # follower already counts as committed.
-    "hw-ignores-followers": ([5, 6], ("beyond the log end",)),
+    "hw-ignores-followers": ([5, 7], ("beyond the log end",)),
     # A deposed leader keeps its own tail as a follower: the replicas
     # diverge below the HW.
-    "no-follower-truncation": ([4, 5], ("the replicas diverged",)),
+    "no-follower-truncation": ([2, 10], ("the replicas diverged",)),
     # A replica outside the ISR leads and lacks acknowledged records.
-    "elect-outside-isr": ([3, 4], ("beyond the log end",)),
+    "elect-outside-isr": ([1, 11], ("beyond the log end",)),
 }
 
 
