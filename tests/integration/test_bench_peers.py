@@ -82,6 +82,9 @@ def test_unknown_cases_and_systems_are_refused() -> None:
         peers.parse_args(["--systems", "kafka-java"])
 
 
+# A whole benchmark run at tiny sizes (about a minute): with the slow tests
+# (`pytest -m slow tests/integration/test_bench_*.py`), not in the default run.
+@pytest.mark.slow
 def test_every_system_runs_every_case(capsys: pytest.CaptureFixture[str]) -> None:
     rows = peers.main(["--cases", "produce-1p,latency,copier", "--rounds", "1",
                        "--seconds", "0.5", "--latency-samples", "5",

@@ -25,6 +25,9 @@ import pytest
 from bench import scale
 
 
+# A whole benchmark run at tiny sizes (about a minute): with the slow tests
+# (`pytest -m slow tests/integration/test_bench_*.py`), not in the default run.
+@pytest.mark.slow
 def test_every_case_runs_and_every_figure_is_there(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

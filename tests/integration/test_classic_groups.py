@@ -64,10 +64,33 @@ def stub_for(cluster: LocalCluster) -> tuple[grpc.Channel, gpb_grpc.GroupCoordin
     return channel, gpb_grpc.GroupCoordinatorStub(channel)
 
 
+# Group ids that hash to every __consumer_offsets partition (many more than
+# the cluster's partitions): asking about them all shows whether each is loaded.
+PROBE_GROUPS = [f"probe-{i}" for i in range(32)]
+
+
+def wait_loaded(stub: gpb_grpc.GroupCoordinatorStub) -> None:
+    """Waits until the coordinator has loaded every __consumer_offsets
+    partition: raw calls get COORDINATOR_LOAD_IN_PROGRESS (retriable, and the
+    SDK retries it) for a moment after a start or a restart."""
+    def loaded() -> bool:
+        try:
+            groups = stub.DescribeGroups(gpb.DescribeGroupsRequest(group_ids=PROBE_GROUPS),
+                                         timeout=CALL_TIMEOUT_S).groups
+        except grpc.RpcError as exc:
+            if ErrorCode.from_wire(error_from_rpc(exc).code).retriable:
+                return False
+            raise
+        return not any(ErrorCode.from_wire(g.error.code).retriable for g in groups)
+
+    wait_until("the group coordinator to load its partitions", loaded)
+
+
 @pytest.fixture
 def stub(cluster: LocalCluster) -> Iterator[gpb_grpc.GroupCoordinatorStub]:
     channel, stub = stub_for(cluster)
     with channel:
+        wait_loaded(stub)
         yield stub
 
 
@@ -261,6 +284,7 @@ def test_the_group_survives_a_kill_of_the_group_coordinator(cluster: LocalCluste
     group_id = f"durable-{next(_ids)}"
     channel, stub = stub_for(cluster)
     with channel:
+        wait_loaded(stub)
         leader, follower = join_two(stub, group_id)
         ok(stub.SyncGroup(sync_request(group_id, leader, assignments={
             leader.member_id: assignment(TOPIC, 0), follower.member_id: assignment(TOPIC, 1)}

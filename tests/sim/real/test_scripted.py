@@ -322,7 +322,11 @@ def test_a_store_that_stopped_leading_appends_no_verified_batch(seed: int) -> No
     assert scenario.notes["outcomes"] == (True, True), scenario.notes
 
 
-@pytest.mark.parametrize("seed", SCHEDULE_SEEDS[:2], ids=lambda s: f"seed{s}")
+# With the bug the run goes on until quiescing gives up (about two minutes a
+# seed): one seed in the default run, the other with the slow tests.
+@pytest.mark.parametrize("seed", [SCHEDULE_SEEDS[0],
+                                  pytest.param(SCHEDULE_SEEDS[1], marks=pytest.mark.slow)],
+                         ids=lambda s: f"seed{s}")
 def test_teeth_the_leadership_schedule_catches_an_append_to_a_follower(seed: int) -> None:
     """Without the check, the batch lands in the old leader's log where the
     leader holds other#0's: that replica never catches up again, or holds
