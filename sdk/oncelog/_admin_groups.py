@@ -36,6 +36,7 @@ from oncelog.v1 import (
 )
 from oncelog.wire import errors
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.vocabulary import GroupState
 
 
 class GroupsAdmin(AdminBase):
@@ -46,7 +47,7 @@ class GroupsAdmin(AdminBase):
     @_within_budget
     def list_groups(self, states: Iterable[str] | None = None) -> list[GroupListing]:
         """Every group every group coordinator (as Metadata lists them) knows,
-        optionally only those in `states` (Empty, Assigning, Reconciling,
+        optionally only those in `states` (Empty, Reconciling,
         Stable, Dead; for classic groups, Kafka's protocol, also
         PreparingRebalance and CompletingRebalance); sorted by group id."""
         request = group_coordinator_pb2.ListGroupsRequest(states=list(states or ()))
@@ -59,7 +60,7 @@ class GroupsAdmin(AdminBase):
         out: dict[str, GroupListing] = {}
         for resp in self._ask_each(self._group_coordinator_addresses(), "ListGroups", list_at):
             for g in resp.groups:
-                out[g.group_id] = GroupListing(g.group_id, g.state)
+                out[g.group_id] = GroupListing(g.group_id, GroupState.reported(g.state))
         return [out[k] for k in sorted(out)]
 
     @_within_budget
@@ -254,7 +255,7 @@ class GroupsAdmin(AdminBase):
 def _group_description(d: group_coordinator_pb2.GroupDescription) -> GroupDescription:
     return GroupDescription(
         group_id=d.group_id,
-        state=d.state,
+        state=GroupState.reported(d.state),
         group_epoch=d.group_epoch,
         members=tuple(
             MemberDescription(

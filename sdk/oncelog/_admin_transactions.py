@@ -39,6 +39,7 @@ from oncelog.v1 import (
 from oncelog.wire import errors
 from oncelog.wire.errors import ErrorCode, OncelogError
 from oncelog.wire.records import MAX_PRODUCER_EPOCH
+from oncelog.wire.vocabulary import TransactionState
 
 
 class TransactionsAdmin(AdminBase):
@@ -70,7 +71,7 @@ class TransactionsAdmin(AdminBase):
         for resp in self._ask_each(self._coordinator_addresses(), "ListTransactions", list_at):
             for t in resp.transactions:
                 out[t.transactional_id] = TransactionListing(
-                    t.transactional_id, t.producer_id, t.state
+                    t.transactional_id, t.producer_id, TransactionState.reported(t.state)
                 )
         return [out[k] for k in sorted(out)]
 
@@ -400,7 +401,7 @@ class TransactionsAdmin(AdminBase):
 def _transaction_description(d: coordinator_pb2.TransactionDescription) -> TransactionDescription:
     return TransactionDescription(
         transactional_id=d.transactional_id,
-        state=d.state,
+        state=TransactionState.reported(d.state),
         producer_id=d.producer_id,
         producer_epoch=d.producer_epoch,
         transaction_timeout_ms=d.transaction_timeout_ms,

@@ -21,6 +21,8 @@ from oncelog.wire.vocabulary import (
     AclPatternType,
     AclPermission,
     AclResourceType,
+    GroupState,
+    TransactionState,
     Vocabulary,
 )
 
@@ -169,12 +171,13 @@ class TopicDescription:
 @dataclass(frozen=True, slots=True)
 class TransactionListing:
     """One transactional id as Admin.list_transactions lists it. `state` is
-    the coordinator's state name (Empty, Ongoing, PrepareCommit, PrepareAbort,
-    CompleteCommit, CompleteAbort, PrepareEpochFence, Dead)."""
+    the coordinator's state (a TransactionState, equal to its name: "Empty",
+    "Ongoing", "PrepareCommit", ...; UNKNOWN for a state this client does
+    not know)."""
 
     transactional_id: str
     producer_id: int
-    state: str
+    state: TransactionState
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +189,7 @@ class TransactionDescription:
     (the group's __consumer_offsets partition included)."""
 
     transactional_id: str
-    state: str
+    state: TransactionState
     producer_id: int
     producer_epoch: int
     transaction_timeout_ms: int
@@ -235,10 +238,12 @@ class HangingTransaction:
 @dataclass(frozen=True, slots=True)
 class GroupListing:
     """One consumer group as Admin.list_groups lists it. `state` is the
-    coordinator's name: Empty, Assigning, Reconciling, Stable, Dead."""
+    coordinator's (a GroupState, equal to its name: "Empty", "Reconciling",
+    "Stable", "PreparingRebalance", "CompletingRebalance", "Dead"; UNKNOWN
+    for a state this client does not know)."""
 
     group_id: str
-    state: str
+    state: GroupState
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +264,7 @@ class GroupDescription:
     of membership or subscriptions."""
 
     group_id: str
-    state: str
+    state: GroupState
     group_epoch: int
     members: tuple[MemberDescription, ...]
     coordinator_epoch: int

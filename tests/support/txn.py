@@ -13,7 +13,7 @@ def wait_txn_state(admin: Admin, transactional_id: str, state: str,
     """Waits until the coordinator reports `state` for a transactional id
     (bounded, so a bug fails the test instead of hanging it)."""
     give_up_at = time.monotonic() + deadline_s
-    last = None
+    last: str | None = None
     while time.monotonic() < give_up_at:
         try:
             last = admin.describe_transaction(transactional_id).state

@@ -55,11 +55,22 @@ def test_parse_names_what_is_allowed() -> None:
 
 
 def test_the_coordinators_states_are_the_wire_states() -> None:
-    assert {s.value for s in TxnState} == {s.value for s in v.TransactionState}
-    group_states = {s.value for s in v.GroupState}
+    # UNKNOWN is only a client's: what it reads a newer server's state as.
+    assert {s.value for s in TxnState} == {
+        s.value for s in v.TransactionState} - {v.TransactionState.UNKNOWN}
+    group_states = {s.value for s in v.GroupState} - {v.GroupState.UNKNOWN}
     assert {s.value for s in GroupState} <= group_states
     assert {s.value for s in ClassicGroupState} <= group_states
     assert {s.value for s in GroupState} | {s.value for s in ClassicGroupState} == group_states
+
+
+@pytest.mark.parametrize("enum", [v.TransactionState, v.GroupState])
+def test_a_state_this_client_does_not_know_reads_as_unknown(
+        enum: type[v.TransactionState] | type[v.GroupState]) -> None:
+    assert enum.reported("Empty") is enum.EMPTY
+    assert enum.reported("CompletelyNewState") is enum.UNKNOWN
+    with pytest.raises(ValueError, match="CompletelyNewState"):
+        enum.parse("CompletelyNewState")
 
 
 def test_the_acl_model_is_one_table() -> None:

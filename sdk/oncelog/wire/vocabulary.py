@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Self, TypeVar
 
 W = TypeVar("W", bound="Vocabulary")
 
@@ -90,10 +90,25 @@ class ServiceKind(Vocabulary):
 # ------------------------------------------------------- described states
 
 
-class TransactionState(Vocabulary):
+class DescribedState(Vocabulary):
+    """The base of the states a coordinator reports about a transaction or a
+    group. A state this client does not know (a newer server's) reads as
+    UNKNOWN, as Kafka's admin client reports it, instead of failing the
+    whole describe or list call."""
+
+    @classmethod
+    def reported(cls, value: str) -> Self:
+        try:
+            return cls.parse(value)
+        except ValueError:
+            return cls.parse("Unknown")
+
+
+class TransactionState(DescribedState):
     """A transactional id's state as DescribeTransactions and ListTransactions
     report it (Kafka's TransactionState names). The coordinator's state
-    machine (services/coordinator/core/transactions.py) runs on these."""
+    machine (services/coordinator/core/transactions.py) runs on these; it
+    never takes UNKNOWN, which only a client reports."""
 
     EMPTY = "Empty"
     ONGOING = "Ongoing"
@@ -104,13 +119,15 @@ class TransactionState(Vocabulary):
     PREPARE_EPOCH_FENCE = "PrepareEpochFence"
     PREPARED = "Prepared"
     DEAD = "Dead"
+    UNKNOWN = "Unknown"
 
 
-class GroupState(Vocabulary):
+class GroupState(DescribedState):
     """A group's state as DescribeGroups and ListGroups report it: the
     consumer protocol's (KIP-848) and the classic protocol's states, Kafka's
     names. Each protocol's own state machine uses its subset
-    (services/group_coordinator/core/groups.py and classic.py)."""
+    (services/group_coordinator/core/groups.py and classic.py); UNKNOWN is
+    only a client's."""
 
     EMPTY = "Empty"
     RECONCILING = "Reconciling"
@@ -118,6 +135,7 @@ class GroupState(Vocabulary):
     PREPARING_REBALANCE = "PreparingRebalance"
     COMPLETING_REBALANCE = "CompletingRebalance"
     DEAD = "Dead"
+    UNKNOWN = "Unknown"
 
 
 # --------------------------------------------------------------------- ACLs
