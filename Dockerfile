@@ -5,22 +5,34 @@
 #   docker build -t oncelog:0.1.0 .
 #   docker run oncelog:0.1.0 oncelog_server.partition_store --help
 #
-# Two stages: the builder installs the project and its dependencies into a
-# virtual environment; the runtime stage copies only that environment onto a
-# slim base and runs as an unprivileged user. Nothing is written outside the
+# Two stages: the builder installs the project and its locked dependencies
+# (uv.lock) into a virtual environment; the runtime stage copies only that
+# environment onto a slim base and runs as an unprivileged user. Nothing is written outside the
 # data volume (/var/lib/oncelog) and /tmp, so the container runs with a
 # read-only root filesystem.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
+# ONCELOG_COMPILE=0: the pure wheel, as the slim base has no C compiler
+# anyway; said here so that the image is the same wherever it is built.
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/oncelog
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    UV_NO_CACHE=1 \
+    ONCELOG_COMPILE=0
 WORKDIR /src
+# The image runs the versions the tests ran with: uv (pinned with hashes in
+# requirements/uv.txt) installs the server's dependencies from uv.lock in
+# hash-checking mode, so nothing is resolved at build time; the project itself
+# goes in as a wheel, without dependencies, built by the lock's setuptools
+# (pyproject.toml's build constraint).
+COPY requirements/uv.txt ./requirements/uv.txt
+RUN python3 -m venv /opt/uv \
+    && /opt/uv/bin/pip install --require-hashes -r requirements/uv.txt
 # Only what the package is built from (see .dockerignore): the generated gRPC
 # code is committed under sdk/oncelog/v1, so no protoc runs here.
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml uv.lock README.md LICENSE ./
+COPY build_support ./build_support
 COPY sdk ./sdk
 COPY services ./services
 # The Spark integration's package is part of the distribution (pyspark itself
@@ -29,7 +41,13 @@ COPY spark ./spark
 # Every dependency ships manylinux wheels (grpcio, rocksdict, crc32c), so the
 # builder needs no compiler. Bytecode is compiled now because the runtime's
 # root filesystem is read-only.
-RUN /opt/oncelog/bin/pip install '.[server]' \
+RUN python3 -m venv /opt/oncelog \
+    && /opt/uv/bin/uv export --frozen --no-dev --extra server --no-emit-project \
+       --format requirements-txt --quiet -o /tmp/requirements.txt \
+    && /opt/uv/bin/uv pip install --python /opt/oncelog/bin/python --require-hashes \
+       -r /tmp/requirements.txt \
+    && /opt/uv/bin/uv build --wheel --out-dir /tmp/dist \
+    && /opt/uv/bin/uv pip install --python /opt/oncelog/bin/python --no-deps /tmp/dist/*.whl \
     && /opt/oncelog/bin/python -m compileall -q /opt/oncelog/lib
 
 FROM ${PYTHON_IMAGE} AS runtime

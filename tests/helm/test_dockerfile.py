@@ -7,24 +7,34 @@ name; its entrypoint is the interpreter and `-m` the chart's containers
 start with, and every module the chart runs is part of what is installed;
 the data directory, listen port and metrics port it defaults to are the
 chart's; the build context (.dockerignore) holds what the builder copies and
-nothing else that matters.
+nothing else that matters; and the builder's own steps install exactly the
+locked versions of the server's dependencies and a project that starts.
 
 Method: a small parser of the Dockerfile's instructions and the chart's
 rendered StatefulSets. No image is built here (building needs a Docker
 daemon and the base image from a registry); docs/helm.md says how to build.
+The builder's COPY and RUN steps are carried out as written, with their
+absolute paths (/src, /opt, /tmp) moved under a temporary directory, on this
+machine's Python.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import os
+import re
 import shlex
+import shutil
+import subprocess
 import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 
+from oncelog.wire import VERSION
 from tests.helm.chart import CHART_DIR, REPO, containers, render
 
 
@@ -86,9 +96,9 @@ def test_two_stages_and_only_the_environment_is_copied_across() -> None:
     builder, runtime = _stages()
     assert builder.name == "builder" and runtime.name == "runtime"
     assert builder.base == runtime.base and "slim" in runtime.base
-    assert any("python -m venv /opt/oncelog" in run for run in builder.all("RUN"))
-    # The services' dependencies are the server extra.
-    assert any(run.startswith("/opt/oncelog/bin/pip install '.[server]'")
+    assert any("python3 -m venv /opt/oncelog" in run for run in builder.all("RUN"))
+    # The services' dependencies are the server extra, from the lock.
+    assert any("uv export --frozen --no-dev --extra server" in run
                for run in builder.all("RUN"))
     assert runtime.all("COPY") == ["--from=builder /opt/oncelog /opt/oncelog"]
 
@@ -167,8 +177,67 @@ def test_the_build_context_holds_what_the_builder_copies() -> None:
         assert included(source.rstrip("/")), source
         assert (REPO / source).exists(), source
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    needed = {pyproject["project"]["readme"], "pyproject.toml",
+    needed = {pyproject["project"]["readme"], "pyproject.toml", "uv.lock", "requirements/uv.txt",
+              *pyproject["build-system"]["backend-path"],
               *(d.split("/")[0] for d in pyproject["tool"]["setuptools"]["package-dir"].values())}
     assert needed <= {s.rstrip("/") for s in copied}
     for unwanted in (".venv", ".git", "tests", "bench", ".venv/bin/python"):
         assert not included(unwanted), unwanted
+
+
+def _locked_versions() -> dict[str, str]:
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    return {p["name"]: p["version"] for p in lock["package"] if "version" in p}
+
+
+def test_the_builders_steps_install_the_locked_server(tmp_path: Path) -> None:
+    builder, _ = _stages()
+    root = tmp_path / "image"
+    for directory in ("src", "opt", "tmp"):
+        (root / directory).mkdir(parents=True)
+    absolute_path = re.compile(r"(?<![\w./-])/(src|opt|tmp)(?=/|\s|$)")
+
+    def here(text: str) -> str:
+        return absolute_path.sub(lambda m: f"{root}/{m.group(1)}", text)
+
+    env = {name: value for args in builder.all("ENV")
+           for name, _, value in (word.partition("=") for word in shlex.split(args))}
+    # The image keeps no download cache; this test may use the machine's.
+    env.pop("UV_NO_CACHE")
+    workdir = Path(here(builder.last("WORKDIR")))
+    for name, args in builder.instructions:
+        if name == "COPY":
+            *sources, target = args.split()
+            for source in sources:
+                destination = workdir / target
+                if (REPO / source).is_dir():
+                    shutil.copytree(REPO / source, destination,
+                                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+                else:
+                    destination = destination / source if target.endswith("/") else destination
+                    destination.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(REPO / source, destination)
+        elif name == "RUN":
+            done = subprocess.run(["bash", "-ec", here(args)], cwd=workdir, text=True,
+                                  capture_output=True, timeout=600,
+                                  env={**os.environ, **env})
+            assert done.returncode == 0, f"RUN {args}\n{done.stdout}\n{done.stderr}"
+    python = root / "opt" / "oncelog" / "bin" / "python"
+    installed = json.loads(subprocess.run(
+        [str(python), "-m", "pip", "list", "--format", "json"] if (python.parent / "pip").exists()
+        else [str(root / "opt" / "uv" / "bin" / "uv"), "pip", "list", "--python", str(python),
+              "--format", "json"],
+        check=True, capture_output=True, text=True).stdout)
+    locked = _locked_versions()
+    versions = {p["name"].lower().replace("_", "-"): p["version"] for p in installed}
+    # The project itself, at the source tree's version.
+    assert versions.pop("oncelog") == VERSION
+    for name in ("grpcio", "protobuf", "rocksdict", "aetcd", "prometheus-client"):
+        assert name in versions, f"{name} is not installed by the builder"
+    for name, version in versions.items():
+        if name in ("pip", "setuptools"):  # the virtualenv's own, not the project's
+            continue
+        assert locked.get(name) == version, f"{name} {version} is not the lock's {locked.get(name)}"
+    started = subprocess.run([str(python), "-m", "oncelog_server.partition_store", "--help"],
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0 and "--listen" in started.stdout, started.stderr
