@@ -1,7 +1,10 @@
 """The server interceptor every service runs its oncelog RPCs through.
 
-It does three things that must see every call:
+It does four things that must see every call:
 
+* errors: a ServiceError a servicer raises ends the call with its code in
+  the status details (errors.abort_with), here and nowhere else, so a
+  servicer method is written as if errors were ordinary exceptions;
 * metrics: requests, errors by oncelog error code (read from the status
   details the servicer attached, the same way a client reads them), failed
   items inside successful responses, and latency, labelled by gRPC service
@@ -264,6 +267,11 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
                     # The caller went away or the server is stopping: not an
                     # error of the request.
                     raise
+                except ServiceError as exc:
+                    # Servicers raise ServiceError; here, once for every
+                    # method of every service, it becomes the call's status.
+                    m.error(exc.code)
+                    await abort_with(context, exc)
                 except BaseException:
                     err = error_from_status(context.code(), context.details(),
                                             context.trailing_metadata())
@@ -321,6 +329,11 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
                         m.latency.observe(time.perf_counter() - began)
                     m.answered(answer)
                     yield answer
+            except ServiceError as exc:
+                # What ends the whole stream (each request's own failure is
+                # answered inside it): the call's status, as for unary calls.
+                m.error(exc.code)
+                ended_by.insert(0, exc)
             finally:
                 for _ in range(unanswered):
                     self._leave(m)

@@ -14,7 +14,7 @@ from oncelog.wire.records import MAX_PRODUCER_EPOCH
 
 from ..common import limits
 from ..common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
-from ..common.errors import ServiceError, abort_with
+from ..common.errors import ServiceError
 from ..common.guard import without_client_certificate
 from ..common.request_streams import Refused, answer_each
 from ..common.service_error import check_id_length
@@ -126,32 +126,30 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, request: pb.FindCoordinatorRequest, context: grpc.aio.ServicerContext
     ) -> pb.FindCoordinatorResponse:
         if not request.key:
-            await abort_with(
-                context, ServiceError(ErrorCode.INVALID_REQUEST, "FindCoordinator needs a key")
-            )
+            raise ServiceError(ErrorCode.INVALID_REQUEST, "FindCoordinator needs a key")
         if request.type not in (pb.TRANSACTION, pb.GROUP):
             # proto3 keeps an enum number it does not know; without this check
             # it would be answered as a group coordinator lookup.
-            await abort_with(context, ServiceError(
+            raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
                 f"FindCoordinator type {request.type} is unknown; expected "
                 f"{pb.TRANSACTION} (TRANSACTION) or {pb.GROUP} (GROUP)",
-            ))
+            )
         if request.type == pb.TRANSACTION:
             if not self._layout.coordinators:
-                await abort_with(context, ServiceError(
+                raise ServiceError(
                     ErrorCode.COORDINATOR_NOT_AVAILABLE,
                     "the cluster has no transaction coordinator",
-                ))
+                )
             partition = self._layout.transaction_state_partition(request.key)
             node_id = self._layout.coordinator_for_partition(partition)
             address = self._layout.coordinator_addresses(
                 token=without_client_certificate(context))[node_id]
         else:
             if not self._layout.group_coordinators:
-                await abort_with(context, ServiceError(
+                raise ServiceError(
                     ErrorCode.COORDINATOR_NOT_AVAILABLE, "the cluster has no group coordinator"
-                ))
+                )
             partition = self._layout.consumer_offsets_partition(request.key)
             node_id = self._layout.group_coordinator_for_partition(partition)
             address = self._layout.group_coordinator_addresses(
@@ -162,45 +160,39 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> pb.InitProducerIdResponse:
         if request.transactional_id:
-            try:
-                producer_id, producer_epoch, kept = await self._txns.init_producer_id(
-                    request.transactional_id, request.transaction_timeout_ms,
-                    two_phase_commit=request.enable_two_phase_commit,
-                    keep_prepared_txn=request.keep_prepared_txn,
-                    transaction_version=parse_transaction_version(
-                        request.transaction_version),
-                    expected=parse_expected_producer(
-                        request.producer_id if request.HasField("producer_id") else None,
-                        request.producer_epoch if request.HasField("producer_epoch") else None,
-                        transactional_id=request.transactional_id),
-                )
-            except ServiceError as exc:
-                await abort_with(context, exc)
+            producer_id, producer_epoch, kept = await self._txns.init_producer_id(
+                request.transactional_id, request.transaction_timeout_ms,
+                two_phase_commit=request.enable_two_phase_commit,
+                keep_prepared_txn=request.keep_prepared_txn,
+                transaction_version=parse_transaction_version(
+                    request.transaction_version),
+                expected=parse_expected_producer(
+                    request.producer_id if request.HasField("producer_id") else None,
+                    request.producer_epoch if request.HasField("producer_epoch") else None,
+                    transactional_id=request.transactional_id),
+            )
             return pb.InitProducerIdResponse(producer_id=producer_id,
                                              producer_epoch=producer_epoch,
                                              prepared_transaction=_prepared(kept))
         if request.enable_two_phase_commit or request.keep_prepared_txn:
-            await abort_with(context, ServiceError(
+            raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
                 "two-phase commit needs a transactional id",
-            ))
+            )
         try:
             producer_id = await self._producer_ids.next_producer_id()
         except ServiceError as exc:
             if exc.code.retriable or exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 # The store is away or still creating internal topics: the client retries.
-                exc = ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE, exc.message)
-            await abort_with(context, exc)
+                raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE, exc.message) from exc
+            raise
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
 
 
     async def AddPartitionsToTxn(  # noqa: N802 - gRPC method name
         self, request: pb.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddPartitionsToTxnResponse:
-        try:
-            return await self._add_partitions_to_txn(request)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        return await self._add_partitions_to_txn(request)
 
     async def AddPartitionsToTxnStream(  # noqa: N802 - gRPC method name
         self, requests: AsyncIterator[pb.AddPartitionsToTxnRequest | Refused],
@@ -258,30 +250,24 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     async def AddOffsetsToTxn(  # noqa: N802 - gRPC method name
         self, request: pb.AddOffsetsToTxnRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddOffsetsToTxnResponse:
-        try:
-            _require_transactional_id("AddOffsetsToTxn", request.transactional_id)
-            if not request.group_id:
-                raise ServiceError(ErrorCode.INVALID_GROUP_ID, "AddOffsetsToTxn needs a group id")
-            # The group coordinator refuses such a group id for every request.
-            check_id_length("group_id", request.group_id, ErrorCode.INVALID_GROUP_ID)
-            # The group's __consumer_offsets partition joins the transaction, so
-            # it gets the marker that makes the group's pending offsets visible.
-            partition = self._layout.consumer_offsets_partition(request.group_id)
-            await self._txns.add_partitions(
-                request.transactional_id, request.producer_id, request.producer_epoch,
-                frozenset({(CONSUMER_OFFSETS_TOPIC, partition)}),
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        _require_transactional_id("AddOffsetsToTxn", request.transactional_id)
+        if not request.group_id:
+            raise ServiceError(ErrorCode.INVALID_GROUP_ID, "AddOffsetsToTxn needs a group id")
+        # The group coordinator refuses such a group id for every request.
+        check_id_length("group_id", request.group_id, ErrorCode.INVALID_GROUP_ID)
+        # The group's __consumer_offsets partition joins the transaction, so
+        # it gets the marker that makes the group's pending offsets visible.
+        partition = self._layout.consumer_offsets_partition(request.group_id)
+        await self._txns.add_partitions(
+            request.transactional_id, request.producer_id, request.producer_epoch,
+            frozenset({(CONSUMER_OFFSETS_TOPIC, partition)}),
+        )
         return pb.AddOffsetsToTxnResponse()
 
     async def EndTxn(  # noqa: N802 - gRPC method name
         self, request: pb.EndTxnRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndTxnResponse:
-        try:
-            return await self._end_txn(request)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        return await self._end_txn(request)
 
     async def EndTxnStream(  # noqa: N802 - gRPC method name
         self, requests: AsyncIterator[pb.EndTxnRequest | Refused],
@@ -304,33 +290,27 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     async def PrepareTransaction(  # noqa: N802 - gRPC method name
         self, request: pb.PrepareTransactionRequest, context: grpc.aio.ServicerContext
     ) -> pb.PrepareTransactionResponse:
-        try:
-            if not request.transactional_id:
-                raise ServiceError(ErrorCode.INVALID_REQUEST,
-                                   "PrepareTransaction needs a transactional id")
-            prepared = await self._txns.prepare(
-                request.transactional_id, request.producer_id, request.producer_epoch,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if not request.transactional_id:
+            raise ServiceError(ErrorCode.INVALID_REQUEST,
+                               "PrepareTransaction needs a transactional id")
+        prepared = await self._txns.prepare(
+            request.transactional_id, request.producer_id, request.producer_epoch,
+        )
         return pb.PrepareTransactionResponse(prepared_transaction=_prepared(prepared))
 
     async def CompleteTransaction(  # noqa: N802 - gRPC method name
         self, request: pb.CompleteTransactionRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteTransactionResponse:
-        try:
-            if not request.transactional_id or not request.HasField("prepared_transaction"):
-                raise ServiceError(
-                    ErrorCode.INVALID_REQUEST,
-                    "CompleteTransaction needs a transactional id and a prepared state",
-                )
-            given = request.prepared_transaction
-            committed, producer_id, producer_epoch = await self._txns.complete_prepared(
-                request.transactional_id, request.producer_id, request.producer_epoch,
-                (given.producer_id, given.producer_epoch),
+        if not request.transactional_id or not request.HasField("prepared_transaction"):
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                "CompleteTransaction needs a transactional id and a prepared state",
             )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        given = request.prepared_transaction
+        committed, producer_id, producer_epoch = await self._txns.complete_prepared(
+            request.transactional_id, request.producer_id, request.producer_epoch,
+            (given.producer_id, given.producer_epoch),
+        )
         return pb.CompleteTransactionResponse(committed=committed, producer_id=producer_id,
                                               producer_epoch=producer_epoch)
 
@@ -366,11 +346,8 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     async def ResolveTransaction(  # noqa: N802 - gRPC method name
         self, request: pb.ResolveTransactionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ResolveTransactionResponse:
-        try:
-            question = _store_question(request)
-            answers = await self._txns.resolve_transaction(question)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        question = _store_question(request)
+        answers = await self._txns.resolve_transaction(question)
         results = []
         for partition, found in sorted(answers.items()):
             if isinstance(found, ServiceError):
@@ -387,10 +364,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     async def AbortTransaction(  # noqa: N802 - gRPC method name
         self, request: pb.AbortTransactionRequest, context: grpc.aio.ServicerContext
     ) -> pb.AbortTransactionResponse:
-        try:
-            _require_transactional_id("AbortTransaction", request.transactional_id)
-            md = await self._txns.force_abort(request.transactional_id)
-            _, coordinator_epoch = self._txns.describe(request.transactional_id)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        _require_transactional_id("AbortTransaction", request.transactional_id)
+        md = await self._txns.force_abort(request.transactional_id)
+        _, coordinator_epoch = self._txns.describe(request.transactional_id)
         return pb.AbortTransactionResponse(transaction=_describe(md, coordinator_epoch))

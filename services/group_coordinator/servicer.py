@@ -16,7 +16,7 @@ from oncelog.v1 import errors_pb2, records_pb2
 from oncelog.v1 import group_coordinator_pb2 as pb
 from oncelog.v1 import group_coordinator_pb2_grpc as pb_grpc
 
-from ..common.errors import ServiceError, abort_with
+from ..common.errors import ServiceError
 from .core import classic as cl
 from .core import consumer_protocol
 from .core import groups as gr
@@ -98,16 +98,13 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
     async def ConsumerGroupHeartbeat(  # noqa: N802 - gRPC method name
         self, request: pb.ConsumerGroupHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.ConsumerGroupHeartbeatResponse:
-        try:
-            answer = await self._rt.heartbeat(
-                group_id=request.group_id, member_id=request.member_id,
-                member_epoch=request.member_epoch, instance_id=request.group_instance_id,
-                topics=list(request.subscribed_topics),
-                session_timeout_ms=request.session_timeout_ms,
-                owned_partitions=[_tp(p) for p in request.owned_partitions],
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        answer = await self._rt.heartbeat(
+            group_id=request.group_id, member_id=request.member_id,
+            member_epoch=request.member_epoch, instance_id=request.group_instance_id,
+            topics=list(request.subscribed_topics),
+            session_timeout_ms=request.session_timeout_ms,
+            owned_partitions=[_tp(p) for p in request.owned_partitions],
+        )
         return pb.ConsumerGroupHeartbeatResponse(
             member_id=answer.member_id, member_epoch=answer.member_epoch,
             heartbeat_interval_ms=answer.heartbeat_interval_ms, has_assignment=True,
@@ -117,42 +114,33 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
     async def OffsetCommit(  # noqa: N802 - gRPC method name
         self, request: pb.OffsetCommitRequest, context: grpc.aio.ServicerContext
     ) -> pb.OffsetCommitResponse:
-        try:
-            await self._rt.commit_offsets(
-                group_id=request.group_id, member_id=request.member_id,
-                generation_id=request.generation_id,
-                partitions=_commit_partitions(list(request.partitions)),
-                instance_id=request.group_instance_id,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        await self._rt.commit_offsets(
+            group_id=request.group_id, member_id=request.member_id,
+            generation_id=request.generation_id,
+            partitions=_commit_partitions(list(request.partitions)),
+            instance_id=request.group_instance_id,
+        )
         return pb.OffsetCommitResponse(results=_results(list(request.partitions)))
 
     async def TxnOffsetCommit(  # noqa: N802 - gRPC method name
         self, request: pb.TxnOffsetCommitRequest, context: grpc.aio.ServicerContext
     ) -> pb.TxnOffsetCommitResponse:
-        try:
-            await self._rt.txn_commit_offsets(
-                transactional_id=request.transactional_id, group_id=request.group_id,
-                producer_id=request.producer_id, producer_epoch=request.producer_epoch,
-                member_id=request.member_id, generation_id=request.generation_id,
-                partitions=_commit_partitions(list(request.partitions)),
-                instance_id=request.group_instance_id,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        await self._rt.txn_commit_offsets(
+            transactional_id=request.transactional_id, group_id=request.group_id,
+            producer_id=request.producer_id, producer_epoch=request.producer_epoch,
+            member_id=request.member_id, generation_id=request.generation_id,
+            partitions=_commit_partitions(list(request.partitions)),
+            instance_id=request.group_instance_id,
+        )
         return pb.TxnOffsetCommitResponse(results=_results(list(request.partitions)))
 
     async def OffsetFetch(  # noqa: N802 - gRPC method name
         self, request: pb.OffsetFetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.OffsetFetchResponse:
-        try:
-            fetched = self._rt.fetch_offsets(
-                group_id=request.group_id, partitions=[_tp(p) for p in request.partitions],
-                require_stable=request.require_stable,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        fetched = self._rt.fetch_offsets(
+            group_id=request.group_id, partitions=[_tp(p) for p in request.partitions],
+            require_stable=request.require_stable,
+        )
         return pb.OffsetFetchResponse(partitions=[
             pb.OffsetFetchPartition(
                 topic=f.tp[0], partition=f.tp[1], offset=f.offset, metadata=f.metadata,
@@ -203,18 +191,15 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
     async def JoinGroup(  # noqa: N802 - gRPC method name
         self, request: pb.JoinGroupRequest, context: grpc.aio.ServicerContext
     ) -> pb.JoinGroupResponse:
-        try:
-            reply = await self._rt.join_group(
-                group_id=request.group_id, member_id=request.member_id,
-                instance_id=request.group_instance_id, protocol_type=request.protocol_type,
-                protocols=[cl.Protocol(p.name, p.metadata) for p in request.protocols],
-                session_timeout_ms=request.session_timeout_ms,
-                rebalance_timeout_ms=request.rebalance_timeout_ms, reason=request.reason,
-                client_id=request.client_id, client_host=request.client_host,
-                require_known_member_id=request.require_known_member_id,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        reply = await self._rt.join_group(
+            group_id=request.group_id, member_id=request.member_id,
+            instance_id=request.group_instance_id, protocol_type=request.protocol_type,
+            protocols=[cl.Protocol(p.name, p.metadata) for p in request.protocols],
+            session_timeout_ms=request.session_timeout_ms,
+            rebalance_timeout_ms=request.rebalance_timeout_ms, reason=request.reason,
+            client_id=request.client_id, client_host=request.client_host,
+            require_known_member_id=request.require_known_member_id,
+        )
         return pb.JoinGroupResponse(
             error=_error(reply.error), generation_id=reply.generation_id,
             protocol_type=reply.protocol_type, protocol_name=reply.protocol_name,
@@ -226,15 +211,12 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
     async def SyncGroup(  # noqa: N802 - gRPC method name
         self, request: pb.SyncGroupRequest, context: grpc.aio.ServicerContext
     ) -> pb.SyncGroupResponse:
-        try:
-            reply = await self._rt.sync_group(
-                group_id=request.group_id, member_id=request.member_id,
-                instance_id=request.group_instance_id, generation_id=request.generation_id,
-                protocol_type=request.protocol_type, protocol_name=request.protocol_name,
-                assignments=[(a.member_id, a.assignment) for a in request.assignments],
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        reply = await self._rt.sync_group(
+            group_id=request.group_id, member_id=request.member_id,
+            instance_id=request.group_instance_id, generation_id=request.generation_id,
+            protocol_type=request.protocol_type, protocol_name=request.protocol_name,
+            assignments=[(a.member_id, a.assignment) for a in request.assignments],
+        )
         return pb.SyncGroupResponse(error=_error(reply.error), protocol_type=reply.protocol_type,
                                     protocol_name=reply.protocol_name,
                                     assignment=reply.assignment)
@@ -242,25 +224,19 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
     async def ClassicHeartbeat(  # noqa: N802 - gRPC method name
         self, request: pb.ClassicHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClassicHeartbeatResponse:
-        try:
-            reply = await self._rt.classic_heartbeat(
-                group_id=request.group_id, member_id=request.member_id,
-                instance_id=request.group_instance_id, generation_id=request.generation_id,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        reply = await self._rt.classic_heartbeat(
+            group_id=request.group_id, member_id=request.member_id,
+            instance_id=request.group_instance_id, generation_id=request.generation_id,
+        )
         return pb.ClassicHeartbeatResponse(error=_error(reply.error))
 
     async def LeaveGroup(  # noqa: N802 - gRPC method name
         self, request: pb.LeaveGroupRequest, context: grpc.aio.ServicerContext
     ) -> pb.LeaveGroupResponse:
-        try:
-            results = await self._rt.leave_group(group_id=request.group_id, members=[
-                cl.LeavingMember(m.member_id, m.group_instance_id, m.reason)
-                for m in request.members
-            ])
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        results = await self._rt.leave_group(group_id=request.group_id, members=[
+            cl.LeavingMember(m.member_id, m.group_instance_id, m.reason)
+            for m in request.members
+        ])
         return pb.LeaveGroupResponse(members=[
             pb.LeaveGroupMemberResult(member_id=r.member_id, group_instance_id=r.instance_id,
                                       error=_error(r.error))

@@ -17,7 +17,7 @@ from oncelog.v1 import partition_store_pb2_grpc, records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
 
-from ..common.errors import ServiceError, abort_with
+from ..common.errors import ServiceError
 from ..common.guard import current_principal, without_client_certificate
 from ..common.request_streams import Refused, answer_each
 from .acls import AclService
@@ -92,12 +92,9 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def Metadata(
         self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetadataResponse:
-        try:
-            lookups = await self._runtime.metadata(
-                list(request.topics), include_internal=request.include_internal
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        lookups = await self._runtime.metadata(
+            list(request.topics), include_internal=request.include_internal
+        )
         token = without_client_certificate(context)
         stores = self._runtime.store_addresses()
         if token:
@@ -121,16 +118,13 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def CreateTopics(
         self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateTopicsResponse:
-        try:
-            if not request.topics:
-                raise _bad_request("CreateTopics names no topic")
-            outcomes = await self._runtime.create_topics(
-                [TopicSpec(t.name, t.partitions, dict(t.config), t.replication_factor)
-                 for t in request.topics],
-                validate_only=request.validate_only,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if not request.topics:
+            raise _bad_request("CreateTopics names no topic")
+        outcomes = await self._runtime.create_topics(
+            [TopicSpec(t.name, t.partitions, dict(t.config), t.replication_factor)
+             for t in request.topics],
+            validate_only=request.validate_only,
+        )
         return pb.CreateTopicsResponse(results=[
             pb.TopicResult(name=o.name, error=error_to_proto(o.error), topic_id=o.topic_id)
             for o in outcomes
@@ -142,17 +136,11 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         metadata = dict(context.invocation_metadata() or ())
         if metadata.get(CATALOG_CHANGED_METADATA):
             # The controller telling this node that topics were deleted.
-            try:
-                await self._runtime.refresh_catalog()
-            except ServiceError as exc:
-                await abort_with(context, exc)
+            await self._runtime.refresh_catalog()
             return pb.DeleteTopicsResponse()
-        try:
-            if not request.names:
-                raise _bad_request("DeleteTopics names no topic")
-            outcomes = await self._runtime.delete_topics(list(request.names))
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if not request.names:
+            raise _bad_request("DeleteTopics names no topic")
+        outcomes = await self._runtime.delete_topics(list(request.names))
         return pb.DeleteTopicsResponse(results=[
             pb.TopicResult(name=o.name, error=error_to_proto(o.error), topic_id=o.topic_id)
             for o in outcomes
@@ -161,15 +149,12 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def CreatePartitions(
         self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreatePartitionsResponse:
-        try:
-            if not request.topics:
-                raise _bad_request("CreatePartitions names no topic")
-            outcomes = await self._runtime.create_partitions(
-                [NewPartitions(t.name, t.count) for t in request.topics],
-                validate_only=request.validate_only,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if not request.topics:
+            raise _bad_request("CreatePartitions names no topic")
+        outcomes = await self._runtime.create_partitions(
+            [NewPartitions(t.name, t.count) for t in request.topics],
+            validate_only=request.validate_only,
+        )
         return pb.CreatePartitionsResponse(results=[
             pb.TopicResult(name=o.name, error=error_to_proto(o.error), topic_id=o.topic_id)
             for o in outcomes
@@ -178,20 +163,14 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def ListTopics(
         self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListTopicsResponse:
-        try:
-            records = await self._runtime.list_topics(include_internal=request.include_internal)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        records = await self._runtime.list_topics(include_internal=request.include_internal)
         return pb.ListTopicsResponse(
             topics=[topic_metadata(r, self._runtime.partition_state) for r in records])
 
     async def Produce(
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProduceResponse:
-        try:
-            return await self._produce(request)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        return await self._produce(request)
 
     async def ProduceStream(
         self, requests: AsyncIterator[pb.ProduceRequest | Refused],
@@ -244,49 +223,46 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchResponse:
-        try:
-            if not request.partitions:
-                raise _bad_request("FetchRequest names no partition")
-            if request.max_bytes < 0 or request.min_bytes < 0:
+        if not request.partitions:
+            raise _bad_request("FetchRequest names no partition")
+        if request.max_bytes < 0 or request.min_bytes < 0:
+            raise ServiceError(
+                ErrorCode.INVALID_FETCH_SIZE,
+                f"max_bytes ({request.max_bytes}) and min_bytes ({request.min_bytes}) "
+                "must be >= 0",
+            )
+        if request.max_wait_ms < 0:
+            raise _bad_request(f"max_wait_ms is {request.max_wait_ms}; it must be >= 0")
+        for p in request.partitions:
+            if p.max_bytes < 0:
                 raise ServiceError(
                     ErrorCode.INVALID_FETCH_SIZE,
-                    f"max_bytes ({request.max_bytes}) and min_bytes ({request.min_bytes}) "
-                    "must be >= 0",
+                    f"max_bytes of {p.topic}-{p.partition} is {p.max_bytes}; "
+                    "it must be >= 0",
                 )
-            if request.max_wait_ms < 0:
-                raise _bad_request(f"max_wait_ms is {request.max_wait_ms}; it must be >= 0")
-            for p in request.partitions:
-                if p.max_bytes < 0:
-                    raise ServiceError(
-                        ErrorCode.INVALID_FETCH_SIZE,
-                        f"max_bytes of {p.topic}-{p.partition} is {p.max_bytes}; "
-                        "it must be >= 0",
-                    )
-            _check_unique(((p.topic, p.partition) for p in request.partitions), "FetchRequest")
-            if (request.include_control_batches
-                    and request.isolation_level == records_pb2.READ_COMMITTED):
-                raise _bad_request(
-                    "include_control_batches needs isolation_level READ_UNCOMMITTED "
-                    "(read_committed readers never see markers)"
-                )
-            quotas = None if request.include_control_batches or exempt(
-                p.topic for p in request.partitions) else self._quotas
-            principal = current_principal()
-            max_bytes = request.max_bytes
-            if quotas is not None:
-                await quotas.hold(QuotaKind.FETCH, principal, request.client_id)
-                max_bytes = quotas.fetch_max_bytes(principal, request.client_id, max_bytes)
-            outcomes = await self._runtime.fetch(
-                [FetchItem(p.topic, p.partition, p.fetch_offset, p.max_bytes,
-                           p.current_leader_epoch if p.HasField("current_leader_epoch")
-                           else None)
-                 for p in request.partitions],
-                max_wait_ms=request.max_wait_ms, min_bytes=request.min_bytes,
-                max_bytes=max_bytes, isolation=_isolation(request.isolation_level),
-                include_control=request.include_control_batches,
+        _check_unique(((p.topic, p.partition) for p in request.partitions), "FetchRequest")
+        if (request.include_control_batches
+                and request.isolation_level == records_pb2.READ_COMMITTED):
+            raise _bad_request(
+                "include_control_batches needs isolation_level READ_UNCOMMITTED "
+                "(read_committed readers never see markers)"
             )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        quotas = None if request.include_control_batches or exempt(
+            p.topic for p in request.partitions) else self._quotas
+        principal = current_principal()
+        max_bytes = request.max_bytes
+        if quotas is not None:
+            await quotas.hold(QuotaKind.FETCH, principal, request.client_id)
+            max_bytes = quotas.fetch_max_bytes(principal, request.client_id, max_bytes)
+        outcomes = await self._runtime.fetch(
+            [FetchItem(p.topic, p.partition, p.fetch_offset, p.max_bytes,
+                       p.current_leader_epoch if p.HasField("current_leader_epoch")
+                       else None)
+             for p in request.partitions],
+            max_wait_ms=request.max_wait_ms, min_bytes=request.min_bytes,
+            max_bytes=max_bytes, isolation=_isolation(request.isolation_level),
+            include_control=request.include_control_batches,
+        )
         throttle = NOT_THROTTLED if quotas is None else quotas.fetched(
             principal, request.client_id, sum(len(b) for o in outcomes for b in o.batches))
         if throttle.withhold_batches:
@@ -316,15 +292,12 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListOffsetsResponse:
-        try:
-            if not request.partitions:
-                raise _bad_request("ListOffsetsRequest names no partition")
-            outcomes = await self._runtime.list_offsets(
-                [OffsetQuery(p.topic, p.partition, p.timestamp_ms) for p in request.partitions],
-                isolation=_isolation(request.isolation_level),
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if not request.partitions:
+            raise _bad_request("ListOffsetsRequest names no partition")
+        outcomes = await self._runtime.list_offsets(
+            [OffsetQuery(p.topic, p.partition, p.timestamp_ms) for p in request.partitions],
+            isolation=_isolation(request.isolation_level),
+        )
         return pb.ListOffsetsResponse(results=[
             pb.ListOffsetsResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
@@ -336,10 +309,7 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def WriteTxnMarkers(
         self, request: pb.WriteTxnMarkersRequest, context: grpc.aio.ServicerContext
     ) -> pb.WriteTxnMarkersResponse:
-        try:
-            return await self._write_txn_markers(request)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        return await self._write_txn_markers(request)
 
     async def WriteTxnMarkersStream(
         self, requests: AsyncIterator[pb.WriteTxnMarkersRequest | Refused],
@@ -385,14 +355,11 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def DescribeProducers(
         self, request: pb.DescribeProducersRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeProducersResponse:
-        try:
-            if not request.partitions:
-                raise _bad_request("DescribeProducersRequest names no partition")
-            outcomes = await self._runtime.describe_producers(
-                [(p.topic, p.partition) for p in request.partitions]
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if not request.partitions:
+            raise _bad_request("DescribeProducersRequest names no partition")
+        outcomes = await self._runtime.describe_producers(
+            [(p.topic, p.partition) for p in request.partitions]
+        )
         return pb.DescribeProducersResponse(results=[
             pb.DescribeProducersResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
@@ -412,25 +379,22 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def ReplicaFetch(
         self, request: pb.ReplicaFetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReplicaFetchResponse:
-        try:
-            # A session's later requests may list nothing (nothing moved).
-            if not request.partitions and request.session_epoch <= 1:
-                raise _bad_request("ReplicaFetchRequest names no partition")
-            if request.max_wait_ms < 0:
-                raise _bad_request(f"max_wait_ms is {request.max_wait_ms}; it must be >= 0")
-            _check_unique(((p.topic, p.partition) for p in request.partitions),
-                          "ReplicaFetchRequest")
-            session_id, outcomes = await self._runtime.replica_fetch_session(
-                request.replica_id,
-                [ReplicaFetchItem(p.topic, p.partition, p.fetch_offset, p.current_leader_epoch,
-                                  max(p.max_bytes, 0))
-                 for p in request.partitions],
-                session_id=request.session_id, session_epoch=request.session_epoch,
-                forgotten=[(f.topic, f.partition) for f in request.forgotten],
-                max_wait_ms=request.max_wait_ms,
-            )
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        # A session's later requests may list nothing (nothing moved).
+        if not request.partitions and request.session_epoch <= 1:
+            raise _bad_request("ReplicaFetchRequest names no partition")
+        if request.max_wait_ms < 0:
+            raise _bad_request(f"max_wait_ms is {request.max_wait_ms}; it must be >= 0")
+        _check_unique(((p.topic, p.partition) for p in request.partitions),
+                      "ReplicaFetchRequest")
+        session_id, outcomes = await self._runtime.replica_fetch_session(
+            request.replica_id,
+            [ReplicaFetchItem(p.topic, p.partition, p.fetch_offset, p.current_leader_epoch,
+                              max(p.max_bytes, 0))
+             for p in request.partitions],
+            session_id=request.session_id, session_epoch=request.session_epoch,
+            forgotten=[(f.topic, f.partition) for f in request.forgotten],
+            max_wait_ms=request.max_wait_ms,
+        )
         return pb.ReplicaFetchResponse(session_id=session_id, results=[
             pb.ReplicaFetchResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
@@ -443,16 +407,13 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def OffsetsForLeaderEpoch(
         self, request: pb.OffsetsForLeaderEpochRequest, context: grpc.aio.ServicerContext
     ) -> pb.OffsetsForLeaderEpochResponse:
-        try:
-            if not request.partitions:
-                raise _bad_request("OffsetsForLeaderEpochRequest names no partition")
-            await self._runtime.ensure_known({q.topic for q in request.partitions})
-            outcomes = self._runtime.offsets_for_leader_epoch([
-                (q.topic, q.partition, q.leader_epoch, q.current_leader_epoch)
-                for q in request.partitions
-            ])
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if not request.partitions:
+            raise _bad_request("OffsetsForLeaderEpochRequest names no partition")
+        await self._runtime.ensure_known({q.topic for q in request.partitions})
+        outcomes = self._runtime.offsets_for_leader_epoch([
+            (q.topic, q.partition, q.leader_epoch, q.current_leader_epoch)
+            for q in request.partitions
+        ])
         return pb.OffsetsForLeaderEpochResponse(results=[
             pb.EpochEndOffset(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
@@ -465,15 +426,12 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         self, request: pb.AlterPartitionReassignmentsRequest,
         context: grpc.aio.ServicerContext,
     ) -> pb.AlterPartitionReassignmentsResponse:
-        try:
-            if not request.partitions:
-                raise _bad_request("AlterPartitionReassignmentsRequest names no partition")
-            _check_unique(((p.topic, p.partition) for p in request.partitions),
-                          "AlterPartitionReassignmentsRequest")
-            outcomes = await self._runtime.alter_reassignments(
-                {(p.topic, p.partition): tuple(p.replica_node_ids) for p in request.partitions})
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if not request.partitions:
+            raise _bad_request("AlterPartitionReassignmentsRequest names no partition")
+        _check_unique(((p.topic, p.partition) for p in request.partitions),
+                      "AlterPartitionReassignmentsRequest")
+        outcomes = await self._runtime.alter_reassignments(
+            {(p.topic, p.partition): tuple(p.replica_node_ids) for p in request.partitions})
         return pb.AlterPartitionReassignmentsResponse(results=[
             pb.ReassignResult(topic=topic, partition=partition, error=error_to_proto(error))
             for (topic, partition), error in outcomes.items()
@@ -484,29 +442,20 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def CreateAcls(
         self, request: pb.CreateAclsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateAclsResponse:
-        try:
-            if self._acls is None:
-                raise _security_disabled()
-            return await self._acls.create(request)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if self._acls is None:
+            raise _security_disabled()
+        return await self._acls.create(request)
 
     async def DescribeAcls(
         self, request: pb.DescribeAclsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeAclsResponse:
-        try:
-            if self._acls is None:
-                raise _security_disabled()
-            return await self._acls.describe(request)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if self._acls is None:
+            raise _security_disabled()
+        return await self._acls.describe(request)
 
     async def DeleteAcls(
         self, request: pb.DeleteAclsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteAclsResponse:
-        try:
-            if self._acls is None:
-                raise _security_disabled()
-            return await self._acls.delete(request)
-        except ServiceError as exc:
-            await abort_with(context, exc)
+        if self._acls is None:
+            raise _security_disabled()
+        return await self._acls.delete(request)
