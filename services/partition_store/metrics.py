@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from .core.quotas import QuotaKind, QuotaLevel
+
 PRODUCE_RECORDS = Counter(
     "oncelog_store_produce_records_total", "Records appended (duplicates excluded)", ["topic"]
 )
@@ -214,3 +216,10 @@ QUOTA_DELAYED_REQUESTS = Counter(
 QUOTA_ENTITIES = Gauge(
     "oncelog_store_quota_entities", "Quota entities whose rate the store keeps now"
 )
+# Every kind and level from the start, so that the dashboard's panels and the
+# throttling alert find their series (at zero) before the first throttle.
+for _kind in QuotaKind:
+    QUOTA_THROTTLE_SECONDS.labels(_kind)
+    QUOTA_DELAYED_REQUESTS.labels(_kind)
+    for _level in QuotaLevel:
+        QUOTA_THROTTLED_REQUESTS.labels(_kind, _level)
