@@ -8,7 +8,9 @@ fastest path (`send_many`) before any clock starts. Then, each round, every
 case reads the whole input from its beginning with
 `readStream.format("oncelog")` (key and value, at most
 `--max-records-per-trigger` offsets per micro-batch; 0: no limit, one
-micro-batch) and `trigger(availableNow=True)`:
+micro-batch) and `trigger(availableNow=True)`. The rate of the input's own
+writing is printed too: every sink adds such a write to the source's read,
+on the same cores.
 
 * `source alone`: into Spark's `noop` sink, which reads every row and
   writes nothing: what the source costs by itself.
@@ -18,7 +20,9 @@ micro-batch) and `trigger(availableNow=True)`:
 * `foreachBatch sink`: `foreachBatch(exactly_once_writer(...))` to an
   output topic with `--partitions` writers (oncelog_spark/sink.py).
 
-Each query runs on its own checkpoint and app_id; each sink writes to its
+An untimed source-alone query runs first (`--no-warm-up`: none): the
+session's first query pays for the JVM's warm-up and the Python workers'
+imports. Each query runs on its own checkpoint and app_id; each sink writes to its
 own output topic. The clock runs from `start()` until the query has ended
 (every micro-batch done). After each run the output is read back under
 read_committed and checked: every input record exactly once, or the run
@@ -73,6 +77,11 @@ CASES = (SOURCE, TWO_PC, FOREACH)
 # Spark's progress phases, in the order a micro-batch runs them.
 PHASES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch",
           "commitOffsets")
+# A foreachBatch write task's laps (oncelog_spark.writing.WriterOutcome):
+# producer start and init_transactions(), the look at the sink-side group,
+# waiting for input batches (Spark reading them), handing them to the
+# producer, the offset and commit_transaction().
+TASK_LAPS = ("init", "check", "input", "send", "commit")
 # Records per send_many() call when filling the input.
 FILL_CHUNK = 10_000
 # Failure guard for a query that never ends (not a timing assumption).
@@ -108,12 +117,16 @@ class CaseRun:
     sink_call_ms: float = 0.0
     sink_check_ms: float = 0.0
     sink_write_ms: float = 0.0
+    # ... and the write tasks' laps (TASK_LAPS), summed over writers.
+    sink_task_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class Summary:
     records_per_s: dict[str, float] = field(default_factory=dict)
     ratio_to_source: dict[str, float] = field(default_factory=dict)
+    # The input's writing with send_many, before the rounds.
+    fill_records_per_s: float = 0.0
 
 
 def fill_input(bootstrap: str, records: int, value_bytes: int, partitions: int) -> None:
@@ -161,6 +174,8 @@ class TimedWriter:
         self.writer = writer
         self.call_s: list[float] = []
         self.check_ms = self.write_ms = 0.0
+        # The write tasks' own laps, summed over writers and micro-batches.
+        self.task_ms = dict.fromkeys(TASK_LAPS, 0.0)
         self.records = 0
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -172,6 +187,9 @@ class TimedWriter:
             self.records += last.records
             self.check_ms += last.check_ms
             self.write_ms += last.write_ms
+            for w in last.writers:
+                for lap in TASK_LAPS:
+                    self.task_ms[lap] += getattr(w, f"{lap}_ms")
 
 
 def input_stream(spark: SparkSession, bootstrap: str, max_records_per_trigger: int
@@ -229,6 +247,7 @@ def run_case(spark: SparkSession, bootstrap: str, case: str, round_no: int,
         run.sink_call_ms = round(sum(timed.call_s) * 1000, 1)
         run.sink_check_ms = round(timed.check_ms, 1)
         run.sink_write_ms = round(timed.write_ms, 1)
+        run.sink_task_ms = {lap: round(ms, 1) for lap, ms in timed.task_ms.items()}
     return run
 
 
@@ -314,6 +333,10 @@ def summarize(runs: Sequence[CaseRun], args: argparse.Namespace) -> Summary:
         print(f"foreachBatch function per micro-batch: {call:,.0f} ms, of which the "
               f"driver's look at the sink-side group {check:,.0f} ms and the write job "
               f"{write:,.0f} ms")
+        laps = {lap: statistics.median(r.sink_task_ms.get(lap, 0.0) / max(r.batches, 1)
+                                       for r in foreach) for lap in TASK_LAPS}
+        print("its write tasks per micro-batch, ms summed over writers: "
+              + ", ".join(f"{lap} {ms:,.0f}" for lap, ms in laps.items()))
     return summary
 
 
@@ -350,14 +373,26 @@ def _rounds(spark: SparkSession, args: argparse.Namespace) -> tuple[list[CaseRun
             LocalCluster(Path(work) / "cluster") as cluster:
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic(INPUT, partitions=args.partitions)
+        fill_started_s = time.perf_counter()
         fill_input(cluster.bootstrap, args.records, args.value_bytes, args.partitions)
+        fill_s = time.perf_counter() - fill_started_s
+        fill_rate = round(args.records / fill_s)
+        # What writing the input costs on this machine, the write half every
+        # sink adds to the source's read (not in any case's clock).
+        print(f"input written with send_many: {fill_rate:,} records/s", flush=True)
         wait_for_markers(cluster.bootstrap)
+        if args.warm_up:
+            # The session's first query pays for the JVM's warm-up and the
+            # Python workers' imports; no case should.
+            run_case(spark, cluster.bootstrap, SOURCE, 0, args, Path(work))
         for round_no in range(1, args.rounds + 1):
             for case in rotated(args.cases, round_no):
                 result = run_case(spark, cluster.bootstrap, case, round_no, args, Path(work))
                 runs.append(result)
                 print(result, flush=True)
     summary = summarize(runs, args)
+    summary.fill_records_per_s = fill_rate
+    print(f"the input's writing alone (send_many, not in any clock): {fill_rate:,} records/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "json"},
@@ -377,6 +412,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                        help="skip the untimed source-alone query before the rounds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
     args = parser.parse_args(argv)

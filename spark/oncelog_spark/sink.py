@@ -46,10 +46,12 @@ from oncelog_spark.writing import (
 )
 
 # What each write task reports to the driver: one row per writer.
-OUTCOME_SCHEMA = "writer int, batch_id long, records long, skipped boolean"
+_TIMINGS = ("init_ms", "check_ms", "input_ms", "send_ms", "commit_ms")
+OUTCOME_SCHEMA = ("writer int, batch_id long, records long, skipped boolean, "
+                  + ", ".join(f"{name} double" for name in _TIMINGS))
 _OUTCOME_ARROW_SCHEMA = pa.schema([
     ("writer", pa.int32()), ("batch_id", pa.int64()), ("records", pa.int64()),
-    ("skipped", pa.bool_()),
+    ("skipped", pa.bool_()), *((name, pa.float64()) for name in _TIMINGS),
 ])
 # Columns that decide a row's writer: everything that makes the record what
 # it is, so equal input gives equal placement.
@@ -114,7 +116,8 @@ class ExactlyOnceWriter:
                 .collect())
         write_ms = (time.perf_counter() - checked_s) * 1000
         outcomes = tuple(sorted(
-            (WriterOutcome(r.writer, r.batch_id, r.records, r.skipped) for r in rows),
+            (WriterOutcome(r.writer, r.batch_id, r.records, r.skipped,
+                           **{name: r[name] for name in _TIMINGS}) for r in rows),
             key=lambda o: o.writer,
         ))
         if [o.writer for o in outcomes] != list(range(self.num_writers)):
@@ -169,6 +172,6 @@ def _write_task(
     outcome = write_batch(options, columns, writer=writer, batch_id=batch_id, batches=batches)
     yield pa.RecordBatch.from_pylist(
         [{"writer": outcome.writer, "batch_id": outcome.batch_id, "records": outcome.records,
-          "skipped": outcome.skipped}],
+          "skipped": outcome.skipped, **{name: getattr(outcome, name) for name in _TIMINGS}}],
         schema=_OUTCOME_ARROW_SCHEMA,
     )
