@@ -28,6 +28,7 @@ wrote the micro-batch; when all have, the whole micro-batch is skipped.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -45,10 +46,12 @@ from oncelog_spark.writing import (
 )
 
 # What each write task reports to the driver: one row per writer.
-OUTCOME_SCHEMA = "writer int, batch_id long, records long, skipped boolean"
+_TIMINGS = ("init_ms", "check_ms", "input_ms", "send_ms", "commit_ms")
+OUTCOME_SCHEMA = ("writer int, batch_id long, records long, skipped boolean, "
+                  + ", ".join(f"{name} double" for name in _TIMINGS))
 _OUTCOME_ARROW_SCHEMA = pa.schema([
     ("writer", pa.int32()), ("batch_id", pa.int64()), ("records", pa.int64()),
-    ("skipped", pa.bool_()),
+    ("skipped", pa.bool_()), *((name, pa.float64()) for name in _TIMINGS),
 ])
 # Columns that decide a row's writer: everything that makes the record what
 # it is, so equal input gives equal placement.
@@ -62,6 +65,11 @@ class BatchOutcome:
     batch_id: int
     # One per writer that ran (none when the driver skipped the micro-batch).
     writers: tuple[WriterOutcome, ...]
+    # Where the call's time went: the driver's look at the sink-side group
+    # (which writers already wrote the micro-batch), then the write job
+    # (0 when the micro-batch was skipped). For benchmarks and logs.
+    check_ms: float = 0.0
+    write_ms: float = 0.0
 
     @property
     def records(self) -> int:
@@ -89,13 +97,16 @@ class ExactlyOnceWriter:
             raise ValueError(f"batch_id must be an int >= 0, got {batch_id!r}")
         columns = SinkColumns.of(df.schema)
         opts = self.options
+        started_s = time.perf_counter()
         written = next_batches(opts, range(self.num_writers))
+        checked_s = time.perf_counter()
+        check_ms = (checked_s - started_s) * 1000
         for writer, next_batch in written.items():
             check_not_ahead(opts, writer, batch_id, next_batch)
         if all(next_batch > batch_id for next_batch in written.values()):
             self.last = BatchOutcome(batch_id, tuple(
                 WriterOutcome(w, batch_id, 0, skipped=True) for w in sorted(written)
-            ))
+            ), check_ms=check_ms)
             return
         task = functools.partial(_write_task, opts, columns, batch_id, self.num_writers)
         placement = [name for name in _PLACEMENT_COLUMNS if name in columns.names]
@@ -103,8 +114,10 @@ class ExactlyOnceWriter:
                 .repartition(self.num_writers, *placement)
                 .mapInArrow(task, OUTCOME_SCHEMA)
                 .collect())
+        write_ms = (time.perf_counter() - checked_s) * 1000
         outcomes = tuple(sorted(
-            (WriterOutcome(r.writer, r.batch_id, r.records, r.skipped) for r in rows),
+            (WriterOutcome(r.writer, r.batch_id, r.records, r.skipped,
+                           **{name: r[name] for name in _TIMINGS}) for r in rows),
             key=lambda o: o.writer,
         ))
         if [o.writer for o in outcomes] != list(range(self.num_writers)):
@@ -114,7 +127,7 @@ class ExactlyOnceWriter:
                 f"oncelog sink: micro-batch {batch_id} reported writers "
                 f"{[o.writer for o in outcomes]}, expected 0..{self.num_writers - 1}"
             )
-        self.last = BatchOutcome(batch_id, outcomes)
+        self.last = BatchOutcome(batch_id, outcomes, check_ms=check_ms, write_ms=write_ms)
 
 
 def exactly_once_writer(
@@ -159,6 +172,6 @@ def _write_task(
     outcome = write_batch(options, columns, writer=writer, batch_id=batch_id, batches=batches)
     yield pa.RecordBatch.from_pylist(
         [{"writer": outcome.writer, "batch_id": outcome.batch_id, "records": outcome.records,
-          "skipped": outcome.skipped}],
+          "skipped": outcome.skipped, **{name: getattr(outcome, name) for name in _TIMINGS}}],
         schema=_OUTCOME_ARROW_SCHEMA,
     )

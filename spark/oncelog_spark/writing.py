@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,16 @@ class WriterOutcome:
     records: int
     # The micro-batch had been written by this writer before: nothing sent.
     skipped: bool
+    # Where the task's time went, ms (for benchmarks and logs): the
+    # producer's start and init_transactions(); the look at the sink-side
+    # group; waiting for the input's batches (Spark reading them upstream);
+    # handing them to the producer; the batch id's offset and the commit
+    # (or prepare), which waits for every record's acknowledgement.
+    init_ms: float = 0.0
+    check_ms: float = 0.0
+    input_ms: float = 0.0
+    send_ms: float = 0.0
+    commit_ms: float = 0.0
 
 
 def transactional_id(app_id: str, writer: int) -> str:
@@ -184,12 +195,17 @@ def new_producer(options: SinkOptions, writer: int, **extra: Any) -> Producer:
 
 
 def begin_unless_written(
-    producer: Producer, options: SinkOptions, writer: int, batch_id: int
+    producer: Producer, options: SinkOptions, writer: int, batch_id: int,
+    clock: _Clock | None = None,
 ) -> bool:
     """Steps 1 and 2: fences earlier attempts, then True when `batch_id`
     still has to be written by this writer (its transaction is begun)."""
     producer.init_transactions()
+    if clock is not None:
+        clock.lap("init")
     next_batch = next_batches(options, [writer])[writer]
+    if clock is not None:
+        clock.lap("check")
     check_not_ahead(options, writer, batch_id, next_batch)
     if next_batch > batch_id:
         log.info("app %s writer %d: micro-batch %d was written before; skipping it",
@@ -204,8 +220,13 @@ def send_rows(
     options: SinkOptions,
     columns: SinkColumns,
     batches: Iterable[pa.RecordBatch],
+    clock: _Clock | None = None,
 ) -> int:
-    """Sends every row of `batches` in the open transaction; returns how many."""
+    """Sends every row of `batches` in the open transaction; returns how many.
+    With a clock, the time spent waiting for each input batch goes to
+    "input" and the rest to "send"."""
+    if clock is not None:
+        batches = clock.timed_input(batches)
     sent = 0
     crash_after = options.test_crash_after_records
     # Only key and value columns: each Arrow batch goes in one send_many()
@@ -224,6 +245,8 @@ def send_rows(
             sent += 1
             if crash_after is not None and sent == crash_after:
                 _crash_once(producer, options)
+    if clock is not None:
+        clock.lap("send")
     return sent
 
 
@@ -243,13 +266,47 @@ def write_batch(
 ) -> WriterOutcome:
     """Writer `writer`'s part of micro-batch `batch_id`, committed in one
     transaction with the batch id (the foreachBatch sink's task)."""
+    clock = _Clock()
     with new_producer(options, writer) as producer:
-        if not begin_unless_written(producer, options, writer, batch_id):
-            return WriterOutcome(writer, batch_id, 0, skipped=True)
-        sent = send_rows(producer, options, columns, batches)
+        if not begin_unless_written(producer, options, writer, batch_id, clock):
+            return WriterOutcome(writer, batch_id, 0, skipped=True, **clock.ms())
+        sent = send_rows(producer, options, columns, batches, clock)
         commit_offsets(producer, options, writer, batch_id)
         producer.commit_transaction()
-    return WriterOutcome(writer, batch_id, sent, skipped=False)
+        clock.lap("commit")
+    return WriterOutcome(writer, batch_id, sent, skipped=False, **clock.ms())
+
+
+class _Clock:
+    """Laps of a write task, in seconds by name; the time spent waiting for
+    input batches is taken out of the lap it falls in."""
+
+    def __init__(self) -> None:
+        self._last_s = time.perf_counter()
+        self._input_s = 0.0
+        self._laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now_s = time.perf_counter()
+        self._laps[name] = self._laps.get(name, 0.0) + now_s - self._last_s - self._input_s
+        self._laps["input"] = self._laps.get("input", 0.0) + self._input_s
+        self._input_s = 0.0
+        self._last_s = now_s
+
+    def timed_input(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        iterator = iter(batches)
+        while True:
+            waited_s = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                self._input_s += time.perf_counter() - waited_s
+                return
+            self._input_s += time.perf_counter() - waited_s
+            yield batch
+
+    def ms(self) -> dict[str, float]:
+        return {f"{name}_ms": round(s * 1000, 1) for name, s in self._laps.items()}
 
 
 @dataclass(frozen=True)
