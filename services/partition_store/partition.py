@@ -227,6 +227,13 @@ class PartitionRuntime:
         # when it last reached the leader's log end.
         self.follower_end_offsets: dict[int, int] = {}
         self.last_caught_up_ms: dict[int, int] = {}
+        # As leader: followers it has asked the metadata store to add to the
+        # ISR while that change is not yet its state (replica -> when it
+        # asked). The HW counts them from the moment it asks (Kafka's maximal
+        # ISR, KIP-497): once the change commits, the controller may elect
+        # one of them before this leader hears of it, and an elected replica
+        # must hold every record acknowledged. Cleared by the next state.
+        self.isr_additions_in_flight: dict[int, int] = {}
         # As follower: the leader's high watermark from its last answer.
         self.leader_high_watermark = 0
         # (next_offset, base_offset, future) of appends waiting for the HW,
@@ -709,6 +716,11 @@ class PartitionRuntime:
         put them there, deduplicated)."""
         was_leader = self.node_id >= 0 and self.is_leader
         epoch_changed = state.leader_epoch != self.state.leader_epoch
+        if state != self.state:
+            # The change this leader asked for has committed (the followers
+            # are in `state.isr` now), or another one came first: either way
+            # the new state is the truth.
+            self.isr_additions_in_flight = {}
         self.node_id = node_id
         self.state = state
         self.min_insync_replicas = effective_min_insync(min_insync_replicas, len(state.replicas))
@@ -792,7 +804,7 @@ class PartitionRuntime:
             target = high_watermark(
                 current=self.log.high_watermark, leader=self.node_id,
                 leader_end_offset=durable,
-                isr=self.state.isr if self.node_id >= 0 else (),
+                isr=self.maximal_isr if self.node_id >= 0 else (),
                 follower_end_offsets=self.follower_end_offsets,
             )
         else:
@@ -859,13 +871,45 @@ class PartitionRuntime:
             if end_offset >= durable_before:
                 self.last_caught_up_ms[replica] = now_ms
 
+    @property
+    def maximal_isr(self) -> tuple[int, ...]:
+        """As leader: the ISR and the followers on their way into it, the
+        replicas the HW waits for."""
+        if not self.isr_additions_in_flight:
+            return self.state.isr
+        return (*self.state.isr,
+                *(r for r in self.isr_additions_in_flight if r not in self.state.isr))
+
+    def begin_isr_additions(self, replicas: Collection[int], now_ms: int) -> None:
+        """As leader, before asking the metadata store to add `replicas`."""
+        for replica in replicas:
+            self.isr_additions_in_flight.setdefault(replica, now_ms)
+
+    def end_isr_additions(self, replicas: Collection[int]) -> None:
+        """The addition was refused (nothing was written): the HW no longer
+        waits for them."""
+        for replica in replicas:
+            self.isr_additions_in_flight.pop(replica, None)
+        self.update_high_watermark()
+
+    def expire_isr_additions(self, now_ms: int, after_ms: int) -> None:
+        """Additions whose outcome never arrived (the write's answer was
+        lost and no new state came): after `after_ms` a committed change
+        would have reached this leader's view long since, so they did not
+        commit, and a follower that has died since must not hold the HW."""
+        stale = [r for r, asked_ms in self.isr_additions_in_flight.items()
+                 if now_ms - asked_ms > after_ms]
+        if stale:
+            self.end_isr_additions(stale)
+
     def followers_behind(self) -> bool:
-        """As leader: whether an in-sync follower lacks part of the durable
-        log (only such partitions need the ISR's lag check)."""
+        """As leader: whether an in-sync follower (or one on its way in)
+        lacks part of the durable log (only such partitions need the ISR's
+        lag check)."""
         end_offset = self.log.durable_end_offset
         return any(
             self.follower_end_offsets.get(replica, -1) < end_offset
-            for replica in self.state.isr if replica != self.node_id)
+            for replica in self.maximal_isr if replica != self.node_id)
 
     def add_durable_waiter(self, waiter: asyncio.Future[None]) -> None:
         self._durable_waiters[waiter] = None

@@ -363,6 +363,7 @@ class ReplicaManager:
         for key, part in check.items():
             if part.closed or not part.is_leader:
                 continue
+            part.expire_isr_additions(now_ms, self._runtime.config.replica_lag_time_max_ms)
             stored = view.states.get(key)
             if stored is None or stored != part.state:
                 # The view is behind this replica's state. A follower that
@@ -397,7 +398,16 @@ class ReplicaManager:
                             break
             if after is None:
                 continue
-            if await self._link.update_state(key[0], key[1], view.state_revisions[key], after):
+            added = set(after.isr) - set(part.state.isr)
+            # Counted by the HW before the write is even sent: the write may
+            # commit and the controller elect a new member before this
+            # leader learns the outcome (a lost answer keeps them counted
+            # until the next state, or expire_isr_additions).
+            part.begin_isr_additions(added, now_ms)
+            if not await self._link.update_state(key[0], key[1], view.state_revisions[key],
+                                                 after):
+                part.end_isr_additions(added)
+            else:
                 counter.labels(key[0]).inc()
                 changed = True
                 log.info("%s: ISR %s -> %s (leader %d, epoch %d)", part.topic_partition,
