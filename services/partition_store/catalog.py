@@ -24,29 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from oncelog.wire.errors import ErrorCode
 
 from ..common.errors import ServiceError, invariant
-from .api import (
-    ControllerLink,
-    NewPartitions,
-    TopicLookup,
-    TopicOutcome,
-    TopicSpec,
-)
-from .core.codec import (
-    CorruptValueError,
-    decode_offset,
-    encode_offset,
-)
+from .api import ControllerLink, NewPartitions, TopicLookup, TopicOutcome, TopicSpec
+from .core.codec import CorruptValueError, decode_offset, encode_offset
 from .core.outcomes import Rejection
-from .core.replicas import (
-    PartitionState,
-    check_leader_epoch,
-    initial_state,
-)
+from .core.replicas import PartitionState, check_leader_epoch, initial_state
 from .core.topics import (
     INTERNAL_TOPIC_CONFIG,
     TopicRecord,
@@ -56,17 +41,11 @@ from .core.topics import (
     validate_new_topic,
     validate_topic_name,
 )
-from .partition import (
-    PartitionRuntime,
-    ReplicaNews,
-)
+from .partition import PartitionRuntime, ReplicaNews
 from .replica_sessions import FetchSessions, PartitionKey
 from .shared import StoreShared
 from .storage import keys
 from .storage.port import WriteGroup
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("oncelog.partition_store")
 

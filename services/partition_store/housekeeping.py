@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import BatchFormatError
@@ -23,15 +22,10 @@ from ..common.crashpoints import crash_point
 from ..common.errors import InvariantViolation, ServiceError
 from .catalog import Catalog
 from .cleaner import CompactionReport, compact_partition
-from .partition import (
-    PartitionRuntime,
-)
+from .partition import PartitionRuntime
 from .shared import StoreShared
 from .storage.port import CorruptionError, StorageError
 from .transactions import TxnMarkers
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -43,7 +37,6 @@ class Housekeeping:
         self._shared = shared
         self._hooks = shared.hooks
         self.config = shared.config
-        self.layout = shared.layout
         self._store = shared.store
         self._writer = shared.writer
         self._clock_ms = shared.clock_ms

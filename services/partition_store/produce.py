@@ -17,32 +17,18 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from oncelog.wire.errors import ErrorCode
 
 from ..common.errors import InvariantViolation, ServiceError, invariant
 from . import metrics
-from .api import (
-    ProduceItem,
-    ProduceOutcome,
-)
+from .api import ProduceItem, ProduceOutcome
 from .catalog import Catalog
 from .core.outcomes import Rejection
-from .core.producer_state import (
-    Duplicate,
-)
-from .partition import (
-    Appended,
-    PartitionRuntime,
-    VerifyFirst,
-    WaitForGate,
-)
+from .core.producer_state import Duplicate
+from .partition import Appended, PartitionRuntime, VerifyFirst, WaitForGate
 from .shared import StoreShared, durable_callback
 from .txn_verifier import TopicPartitionKey, TxnVerifier, VerifyAnswer
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -53,10 +39,7 @@ class Producing:
     def __init__(self, shared: StoreShared, catalog: Catalog, *,
                  txn_verifier: TxnVerifier | None) -> None:
         self._shared = shared
-        self._hooks = shared.hooks
         self.config = shared.config
-        self.layout = shared.layout
-        self._store = shared.store
         self._writer = shared.writer
         self._clock_ms = shared.clock_ms
         self._catalog = catalog

@@ -9,28 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..common import limits
 from ..common.errors import ServiceError
 from . import metrics
-from .api import (
-    FetchItem,
-    FetchOutcome,
-    OffsetOutcome,
-    OffsetQuery,
-    ProducersOutcome,
-)
+from .api import FetchItem, FetchOutcome, OffsetOutcome, OffsetQuery, ProducersOutcome
 from .catalog import Catalog
-from .partition import (
-    Isolation,
-    PartitionRuntime,
-)
+from .partition import Isolation, PartitionRuntime
 from .shared import StoreShared
 from .storage.port import CorruptionError
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -44,12 +31,6 @@ class Reads:
 
     def __init__(self, shared: StoreShared, catalog: Catalog) -> None:
         self._shared = shared
-        self._hooks = shared.hooks
-        self.config = shared.config
-        self.layout = shared.layout
-        self._store = shared.store
-        self._writer = shared.writer
-        self._clock_ms = shared.clock_ms
         self._catalog = catalog
 
     async def fetch(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import read_header
@@ -24,27 +23,15 @@ from oncelog.wire.records import read_header
 from ..common import limits
 from ..common.errors import ServiceError
 from . import metrics
-from .api import (
-    EpochEndOutcome,
-    ReplicaFetchItem,
-    ReplicaFetchOutcome,
-)
+from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
 from .catalog import Catalog
-from .core.codec import (
-    decode_offset,
-    encode_partition_meta,
-)
-from .partition import (
-    PartitionRuntime,
-)
+from .core.codec import decode_offset, encode_partition_meta
+from .partition import PartitionRuntime
 from .reads import DEFAULT_PARTITION_FETCH_MAX_BYTES
 from .replica_sessions import FetchSession, FetchSessions, PartitionKey, SessionEntry
 from .shared import StoreShared, durable_callback
 from .storage import keys
 from .storage.port import CorruptionError, WriteGroup
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -57,7 +44,6 @@ class ReplicaServing:
         self._shared = shared
         self._hooks = shared.hooks
         self.config = shared.config
-        self.layout = shared.layout
         self._store = shared.store
         self._writer = shared.writer
         self._clock_ms = shared.clock_ms

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from oncelog.wire.errors import ErrorCode
 
@@ -24,26 +23,14 @@ from ..common import limits
 from ..common.crashpoints import crash_point
 from ..common.errors import InvariantViolation, ServiceError
 from . import metrics
-from .api import (
-    MarkerItem,
-    MarkerOutcome,
-)
+from .api import MarkerItem, MarkerOutcome
 from .catalog import Catalog
 from .core import hanging_txns
 from .core.outcomes import Rejection
-from .core.producer_state import (
-    DuplicateMarker,
-    TxnMarker,
-)
-from .partition import (
-    Appended,
-    PartitionRuntime,
-)
+from .core.producer_state import DuplicateMarker, TxnMarker
+from .partition import Appended, PartitionRuntime
 from .shared import StoreShared, durable_callback
 from .txn_resolver import HangingQuestion, TxnResolver
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -54,10 +41,8 @@ class TxnMarkers:
     def __init__(self, shared: StoreShared, catalog: Catalog, *,
                  txn_resolver: TxnResolver | None) -> None:
         self._shared = shared
-        self._hooks = shared.hooks
         self.config = shared.config
         self.layout = shared.layout
-        self._store = shared.store
         self._writer = shared.writer
         self._clock_ms = shared.clock_ms
         self._catalog = catalog
