@@ -106,6 +106,7 @@ from services.partition_store.core.replicas import NO_LEADER, PartitionState
 from services.partition_store.core.topics import topic_record_from_json
 from services.partition_store.metadata_link import DEFAULT_ROOT
 from services.partition_store.partition import PartitionRuntime
+from services.partition_store.produce import Producing
 from services.partition_store.replication import ReplicaManager
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.server import Wired, wire
@@ -402,10 +403,10 @@ def _append_after_leadership_moved() -> contextlib.AbstractContextManager[None]:
     verification without checking that it still leads the partition: the
     batch lands in a follower's log, where the leader never has it."""
     def unchecked(_original: Callable[..., Any]) -> Callable[..., Any]:
-        def still_leading(self: StoreRuntime, part: Any, item: Any) -> None:
+        def still_leading(self: Producing, part: Any, item: Any) -> None:
             del self, part, item
         return still_leading
-    return _patched(StoreRuntime, "_check_still_leading", unchecked)
+    return _patched(Producing, "_check_still_leading", unchecked)
 
 
 # Deliberately broken runtimes for the "checker has teeth" tests.
