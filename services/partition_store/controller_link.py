@@ -14,9 +14,9 @@ from oncelog.wire.errors import ErrorCode
 from ..common.channels import ChannelPool
 from ..common.cluster import ClusterLayout
 from ..common.errors import ServiceError
+from .api import NewPartitions, TopicOutcome, TopicSpec
 from .convert import error_from_proto, topic_record_from_metadata
 from .core.topics import TopicRecord
-from .runtime import NewPartitions, TopicOutcome, TopicSpec
 
 log = logging.getLogger("oncelog.partition_store.controller_link")
 

@@ -49,6 +49,7 @@ from ..common.metadata_store import (
     Versioned,
 )
 from . import metrics
+from .api import NewPartitions, TopicOutcome, TopicSpec
 from .core.codec import CorruptValueError
 from .core.outcomes import Rejection
 from .core.replicas import (
@@ -80,7 +81,6 @@ from .core.topics import (
     topic_record_json,
     validate_new_topic,
 )
-from .runtime import NewPartitions, TopicOutcome, TopicSpec
 
 log = logging.getLogger("oncelog.partition_store.metadata")
 

@@ -15,13 +15,9 @@ from oncelog.wire.status import error_from_rpc
 
 from ..common.channels import ChannelPool
 from ..common.errors import ServiceError
+from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
 from .convert import error_from_proto
 from .core.replicas import PartitionState, ReplicaStateError
-from .runtime import (
-    EpochEndOutcome,
-    ReplicaFetchItem,
-    ReplicaFetchOutcome,
-)
 
 # Beyond the long-poll wait, how long a replica RPC may take.
 REPLICA_RPC_TIMEOUT_S = 10.0

@@ -10,7 +10,7 @@ woken by the partitions themselves (`notify`, on an append or a change of
 leadership), not by polling them: an idle partition costs nothing.
 
 Only the bookkeeping lives here; the runtime reads the log and checks epochs
-(StoreRuntime.replica_fetch_session).
+(ReplicaServing.replica_fetch_session, replica_serving.py).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class FetchSession:
     # The parked request's wake-up, while one waits.
     waiter: asyncio.Future[None] | None = None
     # Partitions where the follower is outside the ISR, to check for
-    # rejoining at its next request (runtime._recheck_rejoin).
+    # rejoining at its next request (Catalog._recheck_rejoin, catalog.py).
     rejoin_checks: dict[PartitionKey, None] = field(default_factory=dict)
 
     def take_rejoin_checks(self) -> list[PartitionKey]:

@@ -48,20 +48,16 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import ServiceError
+from ..common.errors import ServiceError, invariant
 from ..common.metadata_store import LeaseNotFound
 from . import metrics
+from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
 from .core.leader_epochs import AskAgain, Truncate, divergence_step
 from .core.replicas import PartitionState, expand_isr, lagging_followers, shrink_isr
 from .metadata_link import MetadataLink
 from .partition import PartitionRuntime
 from .replica_sessions import PartitionKey
-from .runtime import (
-    EpochEndOutcome,
-    ReplicaFetchItem,
-    ReplicaFetchOutcome,
-    StoreRuntime,
-)
+from .runtime import StoreRuntime
 from .storage.port import CorruptionError
 
 log = logging.getLogger("oncelog.partition_store.replication")
@@ -135,8 +131,8 @@ class ReplicaManager:
         self._last_peer_states_s = 0.0
         self._last_unreachable_log_s = 0.0
         self._closing = False
-        runtime.on_states_applied = self._reconcile
-        runtime.on_isr_expand = self._request_expand
+        runtime.hooks.on_states_applied = self._reconcile
+        runtime.hooks.on_isr_expand = self._request_expand
 
     async def start(self, *, metadata_wait_ms: int = START_METADATA_WAIT_MS) -> None:
         """Registers, fences this store's previous incarnation, creates the
@@ -333,7 +329,9 @@ class ReplicaManager:
             if isinstance(step, AskAgain):
                 ask = step.epoch
                 continue
-            assert isinstance(step, Truncate)
+            # divergence_step answers AskAgain or Truncate: anything else is a bug.
+            invariant(isinstance(step, Truncate),
+                      f"{part.topic_partition}: divergence_step answered {step!r}")
             # truncate_replica refuses when this replica leads by now or was
             # reopened while the answer came (NOT_LEADER_OR_FOLLOWER).
             if part.state.leader_epoch == epoch:
@@ -368,7 +366,7 @@ class ReplicaManager:
             if stored is None or stored != part.state:
                 # The view is behind this replica's state. A follower that
                 # asked is checked again at its next request once the state
-                # is applied (runtime._recheck_rejoin): never from an old
+                # is applied (Catalog._recheck_rejoin): never from an old
                 # request, which may come from a store that has died since.
                 continue
             after = None

@@ -91,6 +91,7 @@ from ..kafka.forward import CoordinatorClient
 from ..kafka.handlers import HANDLERS
 from ..kafka.listener import KafkaListener, ListenerSecurity
 from .acls import AclService
+from .api import ControllerLink
 from .controlled_shutdown import DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS, ControlledShutdown
 from .controller_link import GrpcControllerLink
 from .coordinator_link import GrpcTxnResolver, GrpcTxnVerifier
@@ -119,7 +120,6 @@ from .runtime import (
     DEFAULT_COMPACTION_MAX_KEYS_PER_PASS,
     DEFAULT_HANGING_TXN_MARGIN_MS,
     DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
-    ControllerLink,
     StoreConfig,
     StoreRuntime,
     wall_clock_ms,
@@ -361,10 +361,10 @@ def wire(
     )
     runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier,
                            txn_resolver=resolver, clock_ms=clock_ms)
-    runtime.store_addresses = link.store_addresses
-    runtime.token_store_addresses = link.token_store_addresses
-    runtime.kafka_store_addresses = link.kafka_store_addresses
-    runtime.reassigner = link.alter_reassignments
+    runtime.hooks.store_addresses = link.store_addresses
+    runtime.hooks.token_store_addresses = link.token_store_addresses
+    runtime.hooks.kafka_store_addresses = link.kafka_store_addresses
+    runtime.hooks.reassigner = link.alter_reassignments
     manager = ReplicaManager(
         runtime, link,
         leaders if leaders is not None else GrpcLeaderLink(link.store_addresses),
@@ -425,7 +425,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         leader_imbalance_per_store_pct=args.leader_imbalance_per_store_pct,
     )
     runtime = wired.runtime
-    runtime.on_damage = partial(record_and_stop, data_dir, config.node_id)
+    runtime.hooks.on_damage = partial(record_and_stop, data_dir, config.node_id)
     # With --authorizer acl: this store's own client of the stores, through
     # which it reads and appends __acls at whichever store leads it.
     acl_client = StoreClient(layout) if security.settings.authorizer is not None else None
@@ -513,7 +513,7 @@ def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: Se
     settings = security.settings
 
     def addresses() -> dict[int, str]:
-        return {**runtime.kafka_store_addresses(), node_id: advertised}
+        return {**runtime.hooks.kafka_store_addresses(), node_id: advertised}
 
     broker = KafkaBroker(
         runtime=runtime, node_id=node_id,

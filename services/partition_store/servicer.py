@@ -21,21 +21,21 @@ from ..common.errors import ServiceError
 from ..common.guard import current_principal, without_client_certificate
 from ..common.request_streams import Refused, answer_each
 from .acls import AclService
-from .controller_link import CATALOG_CHANGED_METADATA
-from .convert import error_to_proto, topic_metadata
-from .core.quotas import QuotaKind
-from .partition import Isolation
-from .quotas import NOT_THROTTLED, StoreQuotas, exempt
-from .runtime import (
+from .api import (
     FetchItem,
     MarkerItem,
     NewPartitions,
     OffsetQuery,
     ProduceItem,
     ReplicaFetchItem,
-    StoreRuntime,
     TopicSpec,
 )
+from .controller_link import CATALOG_CHANGED_METADATA
+from .convert import error_to_proto, topic_metadata
+from .core.quotas import QuotaKind
+from .partition import Isolation
+from .quotas import NOT_THROTTLED, StoreQuotas, exempt
+from .runtime import StoreRuntime
 
 SERVICE_NAME = "oncelog.v1.PartitionStore"
 _MARKER_TYPES = {pb.ABORT: MARKER_ABORT, pb.COMMIT: MARKER_COMMIT}
@@ -96,9 +96,9 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             list(request.topics), include_internal=request.include_internal
         )
         token = without_client_certificate(context)
-        stores = self._runtime.store_addresses()
+        stores = self._runtime.hooks.store_addresses()
         if token:
-            stores = {**stores, **self._runtime.token_store_addresses()}
+            stores = {**stores, **self._runtime.hooks.token_store_addresses()}
         response = pb.MetadataResponse(
             stores=[records_pb2.Node(node_id=i, address=a) for i, a in sorted(stores.items())],
             coordinators=self._coordinators[token],

@@ -33,15 +33,9 @@ from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.wire.compression import Codec
 from services.common.cluster import ClusterLayout
-from services.partition_store.runtime import (
-    FetchItem,
-    Isolation,
-    OffsetQuery,
-    ProduceItem,
-    StoreConfig,
-    StoreRuntime,
-    TopicSpec,
-)
+from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem, TopicSpec
+from services.partition_store.partition import Isolation
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage.rocksdb import RocksStore
 from tests.support.reading import read_all
 

@@ -33,6 +33,7 @@ from oncelog import records as codec
 from oncelog.testing import LocalCluster
 from services.common.cluster import ClusterLayout
 from services.common.crashpoints import ENV_VAR as CRASH_POINTS_ENV
+from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem
 from services.partition_store.core.codec import decode_partition_meta
 from services.partition_store.core.fixed_width import (
     FixedWidthFormatError,
@@ -46,14 +47,8 @@ from services.partition_store.format_upgrade import (
     log_format,
     upgrade_log_format,
 )
-from services.partition_store.runtime import (
-    FetchItem,
-    Isolation,
-    OffsetQuery,
-    ProduceItem,
-    StoreConfig,
-    StoreRuntime,
-)
+from services.partition_store.partition import Isolation
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.rocksdb import RocksStore
 from tests.support.fixed_width_store import (

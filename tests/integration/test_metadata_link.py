@@ -27,6 +27,7 @@ from prometheus_client import REGISTRY
 from oncelog.wire.errors import ErrorCode
 from services.common.cluster import ClusterLayout, stable_hash
 from services.common.metadata_store import METADATA_TXN_OPS_MAX, MemoryMetadataStore
+from services.partition_store.api import NewPartitions, TopicSpec
 from services.partition_store.core.replicas import (
     NO_LEADER,
     PREFERRED_LEADER_REJOIN_DELAY_MS,
@@ -35,7 +36,6 @@ from services.partition_store.core.replicas import (
     initial_state,
 )
 from services.partition_store.metadata_link import ClusterView, MetadataLink
-from services.partition_store.runtime import NewPartitions, TopicSpec
 
 LAYOUT = ClusterLayout(stores=("s0:1", "s1:1", "s2:1"), transaction_state_partitions=1,
                        consumer_offsets_partitions=1)

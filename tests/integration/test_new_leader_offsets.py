@@ -29,17 +29,11 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import encode_batch, iter_records, stamp_batch
 from services.common.cluster import ClusterLayout
 from services.common.metadata_store import MemoryMetadataStore
+from services.partition_store.api import FetchItem, OffsetQuery, ReplicaFetchItem, TopicSpec
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.metadata_link import MetadataLink
 from services.partition_store.partition import Isolation
-from services.partition_store.runtime import (
-    FetchItem,
-    OffsetQuery,
-    ReplicaFetchItem,
-    StoreConfig,
-    StoreRuntime,
-    TopicSpec,
-)
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage.memory import MemoryStore
 
 LAYOUT = ClusterLayout(stores=("s0:1", "s1:1", "s2:1"), transaction_state_partitions=1,

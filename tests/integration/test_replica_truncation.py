@@ -27,9 +27,10 @@ from oncelog.wire.records import encode_batch, stamp_batch
 from services.common.cluster import ClusterLayout
 from services.common.errors import ServiceError
 from services.common.metadata_store import MemoryMetadataStore
+from services.partition_store.api import ProduceItem, TopicSpec
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.metadata_link import MetadataLink
-from services.partition_store.runtime import ProduceItem, StoreConfig, StoreRuntime, TopicSpec
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage.memory import MemoryStore
 
 LAYOUT = ClusterLayout(stores=("s0:1", "s1:1", "s2:1"), transaction_state_partitions=1,

@@ -46,20 +46,18 @@ from oncelog.records import (
     read_header,
 )
 from services.common.cluster import ClusterLayout
-from services.partition_store.cleaner import compact_partition
-from services.partition_store.core.topics import decode_topic_record
-from services.partition_store.partition import EARLIEST_TIMESTAMP, PartitionRuntime
-from services.partition_store.runtime import (
+from services.partition_store.api import (
     FetchItem,
-    Isolation,
     MarkerItem,
     OffsetQuery,
     ProduceItem,
     ProduceOutcome,
-    StoreConfig,
-    StoreRuntime,
     TopicSpec,
 )
+from services.partition_store.cleaner import compact_partition
+from services.partition_store.core.topics import decode_topic_record
+from services.partition_store.partition import EARLIEST_TIMESTAMP, Isolation, PartitionRuntime
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import WriteGroup
 from services.partition_store.storage.rocksdb import RocksStore

@@ -32,14 +32,9 @@ from oncelog.records import MARKER_ABORT, control_marker, encode_batch, iter_rec
 from services.common.cluster import ClusterLayout
 from services.common.txn_fate import TxnFate
 from services.partition_store import metrics
-from services.partition_store.runtime import (
-    FetchItem,
-    Isolation,
-    ProduceItem,
-    StoreConfig,
-    StoreRuntime,
-    TopicSpec,
-)
+from services.partition_store.api import FetchItem, ProduceItem, TopicSpec
+from services.partition_store.partition import Isolation
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage.rocksdb import RocksStore
 from services.partition_store.txn_resolver import CoordinatorAnswer, InMemoryTxnResolver
 from services.partition_store.txn_verifier import InMemoryTxnVerifier

@@ -27,19 +27,18 @@ from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch, iter_records
 from services.common.cluster import ClusterLayout
 from services.partition_store import metrics
-from services.partition_store.core.topics import TopicRecord
-from services.partition_store.runtime import (
+from services.partition_store.api import (
     FetchItem,
-    Isolation,
     NewPartitions,
     OffsetQuery,
     ProduceItem,
     ProduceOutcome,
-    StoreConfig,
-    StoreRuntime,
     TopicOutcome,
     TopicSpec,
 )
+from services.partition_store.core.topics import TopicRecord
+from services.partition_store.partition import Isolation
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.memory import MemoryStore
 from services.partition_store.storage.port import WriteGroup
@@ -474,7 +473,7 @@ def test_catalog_across_two_nodes(tmp_path: Path) -> None:
         [out2] = await node1.fetch([FetchItem("shared", on1[0], 0)])
         assert out2.error is None and out2.high_watermark == 0 and out2.batches == ()
         old_prefix = keys.topic_prefix(keys.LOG, made.topic_id)
-        assert list(node1._store.scan(old_prefix, keys.next_prefix(old_prefix))) == []
+        assert list(node1._shared.store.scan(old_prefix, keys.next_prefix(old_prefix))) == []
         # Internal topics exist everywhere; users cannot delete them.
         [internal] = await node1.delete_topics(["__consumer_offsets"])
         assert internal.error is not None

@@ -60,23 +60,21 @@ from oncelog.records import (
 )
 from services.common.cluster import ClusterLayout
 from services.partition_store import metrics
-from services.partition_store.core.producer_state import ProducerEntry
-from services.partition_store.core.topics import decode_topic_record
-from services.partition_store.core.txn_index import AbortedTxn
-from services.partition_store.partition import LATEST_TIMESTAMP
-from services.partition_store.runtime import (
+from services.partition_store.api import (
     FetchItem,
     FetchOutcome,
-    Isolation,
     MarkerItem,
     MarkerOutcome,
     OffsetQuery,
     ProduceItem,
     ProduceOutcome,
-    StoreConfig,
-    StoreRuntime,
     TopicSpec,
 )
+from services.partition_store.core.producer_state import ProducerEntry
+from services.partition_store.core.topics import decode_topic_record
+from services.partition_store.core.txn_index import AbortedTxn
+from services.partition_store.partition import LATEST_TIMESTAMP, Isolation
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import WriteGroup
 from services.partition_store.storage.rocksdb import RocksStore

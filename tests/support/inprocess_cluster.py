@@ -80,14 +80,9 @@ from services.group_coordinator import server as group_server
 from services.group_coordinator.core.groups import Group, Member
 from services.group_coordinator.runtime import GroupConfig
 from services.partition_store import server as store_server
+from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem, TopicSpec
 from services.partition_store.partition import Isolation
-from services.partition_store.runtime import (
-    FetchItem,
-    OffsetQuery,
-    ProduceItem,
-    StoreConfig,
-    TopicSpec,
-)
+from services.partition_store.runtime import StoreConfig
 from services.partition_store.servicer import SERVICE_NAME as STORE_SERVICE_NAME
 from services.partition_store.servicer import PartitionStoreServicer
 from services.partition_store.storage.memory import MemoryStore

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from services.partition_store.api import ReplicaFetchItem, ReplicaFetchOutcome
 from services.partition_store.replication import LeaderFetcher, ReplicaManager
-from services.partition_store.runtime import ReplicaFetchItem, ReplicaFetchOutcome
 
 LEADER = 1
 EPOCH = 3

@@ -25,7 +25,7 @@ from oncelog.wire.errors import ErrorCode
 from ...common.errors import ServiceError
 from ...common.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...common.security.operations import CLUSTER_ACTION, Check
-from ...partition_store.runtime import NewPartitions, TopicSpec
+from ...partition_store.api import NewPartitions, TopicSpec
 from ..context import RequestContext
 from ..forward import GROUP_COORDINATOR
 from .metadata import topic_uuid

@@ -32,10 +32,10 @@ from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
 
 from ...common.errors import ServiceError
+from ...partition_store.api import FetchItem
 from ...partition_store.core.quotas import QuotaKind
 from ...partition_store.partition import Isolation
 from ...partition_store.quotas import NOT_THROTTLED, exempt
-from ...partition_store.runtime import FetchItem
 from ..context import RequestContext
 
 FETCH_METHOD = "/oncelog.v1.PartitionStore/Fetch"

@@ -10,8 +10,8 @@ from typing import Any
 from oncelog.v1 import partition_store_pb2 as pb
 
 from ...common.errors import ServiceError
+from ...partition_store.api import OffsetQuery
 from ...partition_store.partition import Isolation
-from ...partition_store.runtime import OffsetQuery
 from ..context import RequestContext
 
 LIST_OFFSETS_METHOD = "/oncelog.v1.PartitionStore/ListOffsets"

@@ -29,9 +29,9 @@ from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
 
 from ...common.errors import ServiceError
+from ...partition_store.api import ProduceItem, ProduceOutcome
 from ...partition_store.core.quotas import QuotaKind
 from ...partition_store.quotas import exempt
-from ...partition_store.runtime import ProduceItem, ProduceOutcome
 from ..context import CloseConnection, RequestContext
 
 PRODUCE_METHOD = "/oncelog.v1.PartitionStore/Produce"

@@ -72,13 +72,7 @@ from services.coordinator.storage.producer_id_log import BLOCK_KEY
 from services.coordinator.storage.txn_log import Entry
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.group_coordinator.runtime import GroupCoordinatorRuntime
-from services.partition_store.coordinator_link import RESOLVE_TIMEOUT_S as RESOLVE_RPC_TIMEOUT_S
-from services.partition_store.core.outcomes import Rejection
-from services.partition_store.core.replicas import PartitionState
-from services.partition_store.core.topics import TopicRecord
-from services.partition_store.partition import Isolation
-from services.partition_store.replica_link import PARTITION_STATES_TIMEOUT_S, REPLICA_RPC_TIMEOUT_S
-from services.partition_store.runtime import (
+from services.partition_store.api import (
     EpochEndOutcome,
     FetchItem,
     MarkerItem,
@@ -87,10 +81,16 @@ from services.partition_store.runtime import (
     ProduceItem,
     ReplicaFetchItem,
     ReplicaFetchOutcome,
-    StoreRuntime,
     TopicOutcome,
     TopicSpec,
 )
+from services.partition_store.coordinator_link import RESOLVE_TIMEOUT_S as RESOLVE_RPC_TIMEOUT_S
+from services.partition_store.core.outcomes import Rejection
+from services.partition_store.core.replicas import PartitionState
+from services.partition_store.core.topics import TopicRecord
+from services.partition_store.partition import Isolation
+from services.partition_store.replica_link import PARTITION_STATES_TIMEOUT_S, REPLICA_RPC_TIMEOUT_S
+from services.partition_store.runtime import StoreRuntime
 from services.partition_store.storage.memory import MemoryStore
 from services.partition_store.storage.port import WriteGroup
 from services.partition_store.txn_resolver import Answers, CoordinatorAnswer, HangingQuestion

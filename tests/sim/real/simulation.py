@@ -99,15 +99,18 @@ from services.group_coordinator.core import offsets_log
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime
 from services.partition_store import metadata_link as metadata_link_module
 from services.partition_store import partition as partition_module
+from services.partition_store.api import ProduceItem, TopicSpec
 from services.partition_store.core import producer_state
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.replicas import NO_LEADER, PartitionState
 from services.partition_store.core.topics import topic_record_from_json
 from services.partition_store.metadata_link import DEFAULT_ROOT
 from services.partition_store.partition import PartitionRuntime
+from services.partition_store.produce import Producing
 from services.partition_store.replication import ReplicaManager
-from services.partition_store.runtime import ProduceItem, StoreConfig, StoreRuntime, TopicSpec
+from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.server import Wired, wire
+from services.partition_store.shared import StoreShared
 from services.partition_store.storage.memory import MemoryStore
 from tests.sim.real.checker import (
     Checker,
@@ -224,17 +227,17 @@ def _no_confirm_ownership() -> Iterator[None]:
 def _ack_before_durable() -> Iterator[None]:
     """A store that answers a produce or a marker before its group commit
     has written it: a crash in between loses an acknowledged write."""
-    original = StoreRuntime._await_durable
+    original = StoreShared.await_durable
 
-    async def skip(self: StoreRuntime, waits: Any, timeout_ms: int) -> dict[int, Any]:
+    async def skip(self: StoreShared, waits: Any, timeout_ms: int) -> dict[int, Any]:
         del self, waits, timeout_ms
         return {}
 
-    StoreRuntime._await_durable = skip  # type: ignore[method-assign]
+    StoreShared.await_durable = skip  # type: ignore[method-assign]
     try:
         yield
     finally:
-        StoreRuntime._await_durable = original  # type: ignore[method-assign]
+        StoreShared.await_durable = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -400,10 +403,10 @@ def _append_after_leadership_moved() -> contextlib.AbstractContextManager[None]:
     verification without checking that it still leads the partition: the
     batch lands in a follower's log, where the leader never has it."""
     def unchecked(_original: Callable[..., Any]) -> Callable[..., Any]:
-        def still_leading(self: StoreRuntime, part: Any, item: Any) -> None:
+        def still_leading(self: Producing, part: Any, item: Any) -> None:
             del self, part, item
         return still_leading
-    return _patched(StoreRuntime, "_check_still_leading", unchecked)
+    return _patched(Producing, "_check_still_leading", unchecked)
 
 
 # Deliberately broken runtimes for the "checker has teeth" tests.
