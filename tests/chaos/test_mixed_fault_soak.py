@@ -161,6 +161,9 @@ def test_every_kind_of_fault_mixed_for_minutes(tmp_path: Path) -> None:
         finally:
             log = streams.stop()
         copier_log = streams.final_copier_log()
+        # Said before the reads, which a stuck transaction would make fail.
+        print(f"clients: {_outcomes(log)} transactions, {len(log.acked)} idempotent records "
+              f"acknowledged; copier: {_outcomes(copier_log)} transactions", flush=True)
         records = cluster.client_call(read_committed, bootstrap, TOPIC, PARTITIONS)
         copies = cluster.client_call(read_committed, bootstrap, COPY_TOPIC, PARTITIONS)
         committed = cluster.client_call(committed_offsets, bootstrap, COPIER_GROUP, TOPIC,

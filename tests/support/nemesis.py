@@ -69,11 +69,11 @@ WEIGHTS: dict[str, float] = {
 # How long a fault is held, seconds (uniform): long enough for leases
 # (ONCELOG_LEASE_TTL_S=2) to end and leaderships to move in some of them,
 # short enough for 1,000 faults in about half an hour.
-HOLD_S = (0.3, 4.0)
+HOLD_S = (0.3, 3.0)
 # How long a killed process stays down before its restart.
 DOWN_S = (0.1, 2.0)
 # The quiet time after a heal, before the next fault.
-GAP_S = (0.1, 1.0)
+GAP_S = (0.1, 0.6)
 # Rolling restarts and etcd member loss wait for the cluster to be whole.
 IN_SYNC_TIMEOUT_S = 180.0
 # A full disk: a tmpfs per store's data directory. tmpfs takes memory only
