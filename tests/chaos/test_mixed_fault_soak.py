@@ -132,7 +132,9 @@ def test_every_kind_of_fault_mixed_for_minutes(tmp_path: Path) -> None:
                                 copy_to=COPY_TOPIC)
         kinds_text = os.environ.get("ONCELOG_SOAK_KINDS")
         kinds = [k.strip() for k in kinds_text.split(",")] if kinds_text else list(WEIGHTS)
-        nemesis = Nemesis(cluster, TOPIC, PARTITIONS, seed, disks, kinds)
+        nemesis = Nemesis(cluster, TOPIC, PARTITIONS, seed, disks, kinds,
+                          log_path=tmp_path / "nemesis.log")
+        print(f"fault log: {nemesis.log_path}", flush=True)
         try:
             streams.wait_progress("before the first fault", copies=1, deadline_s=120)
             soak_started = time.monotonic()
@@ -175,8 +177,6 @@ def test_every_kind_of_fault_mixed_for_minutes(tmp_path: Path) -> None:
         anomalies[kind] += [f"copier: {line}" for line in lines]
     print(_figures(nemesis, time.monotonic() - started, log, copier_log, len(records),
                    len(copies), anomalies, stalls))
-    (tmp_path / "nemesis.log").write_text("\n".join(nemesis.log) + "\n")
-    print(f"fault log: {tmp_path / 'nemesis.log'}")
     found = {kind: lines[:5] for kind, lines in anomalies.items() if lines}
     assert not found, f"seed {seed}: anomalies {found}"
     assert log.committed() > 0 and log.acked and copier_log.committed() > 0, \

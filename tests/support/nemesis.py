@@ -140,6 +140,9 @@ class Nemesis:
     disks: Sequence[Path] = ()
     # The kinds to pick from (default: every kind of WEIGHTS).
     kinds: Sequence[str] = tuple(WEIGHTS)
+    # Each fault's line is appended here as it ends, so that a run that
+    # fails or hangs still says what it did.
+    log_path: Path | None = None
     rng: random.Random = field(init=False)
     done: Counter[str] = field(default_factory=Counter)
     log: list[str] = field(default_factory=list)
@@ -192,7 +195,12 @@ class Nemesis:
             self.errors.append(f"{kind}: {what}")
             self._recover()
         self.done[kind] += 1
-        self.log.append(f"{len(self.log)} {kind}: {what} ({time.monotonic() - started:.1f} s)")
+        line = (f"{len(self.log)} {time.strftime('%H:%M:%S')} {kind}: {what} "
+                f"({time.monotonic() - started:.1f} s)")
+        self.log.append(line)
+        if self.log_path is not None:
+            with open(self.log_path, "a") as out:
+                out.write(line + "\n")
         time.sleep(self.rng.uniform(*GAP_S))
         return kind
 
