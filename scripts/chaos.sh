@@ -10,7 +10,24 @@
 #   store to compare how long leadership takes to move
 #   (tests/chaos/test_rolling_restart_soak.py; ONCELOG_ROLLING_ROUNDS=N).
 #   bash scripts/chaos.sh -k replicated      # one of them
+# * --soak MINUTES: only the soak that mixes every kind of fault (kill -9,
+#   pauses, every kind of network partition, a full disk, etcd member loss,
+#   rolling restarts) for MINUTES minutes under an idempotent producer, a
+#   transactional producer and a read-process-write copier, then prints the
+#   figures (tests/chaos/test_mixed_fault_soak.py; needs root for network
+#   namespaces and tmpfs mounts).
+#   ONCELOG_CHAOS_SEED=N bash scripts/chaos.sh --soak 30
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "--soak" ]]; then
+    if [[ $# -lt 2 || ! "$2" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
+        echo "usage: bash scripts/chaos.sh --soak MINUTES [pytest arguments]" >&2
+        exit 2
+    fi
+    export ONCELOG_SOAK_MINUTES="$2"
+    shift 2
+    bash scripts/setup.sh
+    exec .venv/bin/pytest -m slow -s tests/chaos/test_mixed_fault_soak.py "$@"
+fi
 bash scripts/setup.sh
 exec .venv/bin/pytest -m slow -s tests/chaos "$@"

@@ -326,9 +326,21 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         owned.log_end_offset = 0
         await self._catch_up(owned)
         if owned.my_epoch >= 0:
-            if owned.state.coordinator_epoch != owned.my_epoch:
+            if owned.state.coordinator_epoch > owned.my_epoch:
                 self._fence(owned)
                 return
+            if owned.state.coordinator_epoch < owned.my_epoch:
+                # Our own epoch record was acknowledged, so a read that does
+                # not show it is behind (a leader rebuilt after a full disk,
+                # or newly elected, whose high watermark has not caught up
+                # yet), not a newer owner: fencing here would leave the
+                # partition unserved for good. Read again.
+                raise ServiceError(
+                    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                    f"{self.topic}-{owned.partition}: the log read up to offset "
+                    f"{owned.log_end_offset} shows coordinator epoch "
+                    f"{owned.state.coordinator_epoch}, expected this coordinator's "
+                    f"{owned.my_epoch}: the read is behind; reloading again")
         else:
             record = encode_epoch(owned.state.coordinator_epoch + 1, self.node_id)
             try:

@@ -189,6 +189,55 @@ def test_an_uncertain_write_reloads_from_the_log() -> None:
     run(main)
 
 
+class BehindLog(ToyLog):
+    """A ToyLog whose next `behind_reads` reads answer as a leader whose
+    high watermark is behind (rebuilt after a full disk): nothing, at a high
+    watermark of 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.behind_reads = 0
+
+    async def read(self, partition: int, from_offset: int, *,
+                   max_wait_ms: int = 0) -> LogRead[LogEntry]:
+        if self.behind_reads:
+            self.behind_reads -= 1
+            await asyncio.sleep(0)
+            return LogRead([], 0, 0)
+        return await super().read(partition, from_offset, max_wait_ms=max_wait_ms)
+
+
+def test_a_reload_that_reads_a_log_behind_its_own_epoch_retries_instead_of_fencing() -> None:
+    """Found by the mixed-fault soak: after a write's outcome was uncertain
+    the partition reloads, and the store that leads its log had just been
+    rebuilt after a full disk, so its first reads showed none of the log;
+    the coordinator took the missing epoch record (-1) for a newer owner and
+    fenced itself for good, leaving transactions in PrepareCommit. Only a
+    higher epoch fences; a lower one is a read behind, retried."""
+    async def main() -> None:
+        log = BehindLog()
+        rt = toy_runtime(log)
+        rt.start()
+        owned = await loaded(rt)
+        await write(rt, b"k", b"1")
+        log.fail_next.append((ServiceError(ErrorCode.REQUEST_TIMED_OUT, "lost"), True))
+        log.behind_reads = 2
+        with pytest.raises(ServiceError):
+            await write(rt, b"k", b"2")
+        for _ in range(400):
+            if owned.loaded or owned.fenced:
+                break
+            await asyncio.sleep(0.005)
+        assert not owned.fenced, "a read behind the log fenced the coordinator"
+        assert owned.loaded and log.behind_reads == 0
+        assert owned.my_epoch == 0 and owned.state.values == {b"k": b"2"}
+        await write(rt, b"k", b"3")
+        assert owned.state.values == {b"k": b"3"}
+        await rt.stop()
+
+    run(main)
+
+
 def test_a_lost_ownership_is_found_before_an_answer_from_memory() -> None:
     """A zombie: replaced while paused, it has written nothing since, so only
     the log end tells it. confirm_ownership refuses, and the reload that
