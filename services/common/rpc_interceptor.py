@@ -4,7 +4,10 @@ It does four things that must see every call:
 
 * errors: a ServiceError a servicer raises ends the call with its code in
   the status details (errors.abort_with), here and nowhere else, so a
-  servicer method is written as if errors were ordinary exceptions;
+  servicer method is written as if errors were ordinary exceptions; a
+  service's own exceptions that mean a code (the partition store's storage
+  failures: STORAGE_ERROR) are translated by the `translate_error` it
+  gives, so that they never reach a client as UNKNOWN;
 * metrics: requests, errors by oncelog error code (read from the status
   details the servicer attached, the same way a client reads them), failed
   items inside successful responses, and latency, labelled by gRPC service
@@ -184,10 +187,17 @@ def _decoding(deserializer: Deserializer, full_method: str) -> Deserializer:
     return deserialize
 
 
+# A service's own exceptions that mean an error code (the partition store's
+# storage failures): the ServiceError to answer, or None.
+ErrorTranslator = Callable[[Exception], ServiceError | None]
+
+
 class RpcInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, service_name: str) -> None:
+    def __init__(self, service_name: str, *,
+                 translate_error: ErrorTranslator | None = None) -> None:
         # For the SHUTTING_DOWN message: which process refused.
         self._service_name = service_name
+        self._translate_error = translate_error
         self.draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -272,6 +282,15 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
                     # method of every service, it becomes the call's status.
                     m.error(exc.code)
                     await abort_with(context, exc)
+                except Exception as exc:
+                    translated = self._translated(exc)
+                    if translated is not None:
+                        m.error(translated.code)
+                        await abort_with(context, translated)
+                    err = error_from_status(context.code(), context.details(),
+                                            context.trailing_metadata())
+                    m.error(err.code)
+                    raise
                 except BaseException:
                     err = error_from_status(context.code(), context.details(),
                                             context.trailing_metadata())
@@ -334,6 +353,12 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
                 # answered inside it): the call's status, as for unary calls.
                 m.error(exc.code)
                 ended_by.insert(0, exc)
+            except Exception as exc:
+                translated = self._translated(exc)
+                if translated is None:
+                    raise
+                m.error(translated.code)
+                ended_by.insert(0, translated)
             finally:
                 for _ in range(unanswered):
                     self._leave(m)
@@ -341,6 +366,9 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
                 await abort_with(context, ended_by[0])
 
         return handle
+
+    def _translated(self, exc: Exception) -> ServiceError | None:
+        return None if self._translate_error is None else self._translate_error(exc)
 
     def _shutting_down(self) -> ServiceError:
         return ServiceError(ErrorCode.SHUTTING_DOWN,

@@ -47,7 +47,7 @@ from oncelog.wire.process import (
 from . import limits, metrics
 from .acl_watcher import DEFAULT_ACL_REFRESH_INTERVAL_MS
 from .cluster import ClusterLayout, split_addresses
-from .rpc_interceptor import RpcInterceptor
+from .rpc_interceptor import ErrorTranslator, RpcInterceptor
 from .service_security import AUTHORIZER_CHOICES, ServiceSecurity
 from .tls import CLIENT_AUTH_CHOICES, DEFAULT_CLIENT_AUTH, DEFAULT_RELOAD_INTERVAL_MS
 
@@ -354,6 +354,7 @@ class ServiceServer:
         guard: grpc.aio.ServerInterceptor | None = None,
         before_draining: Callable[[], Awaitable[None]] | None = None,
         health_checks: Mapping[str, Callable[[], bool]] | None = None,
+        translate_error: ErrorTranslator | None = None,
     ) -> None:
         if shutdown_grace_ms < 0:
             raise ValueError(f"shutdown grace is {shutdown_grace_ms} ms; it must be >= 0")
@@ -367,7 +368,7 @@ class ServiceServer:
         self._before_draining = before_draining
         self._health_checks = dict(health_checks or {})
         self._health_watch: asyncio.Task[None] | None = None
-        self.interceptor = RpcInterceptor(service_name)
+        self.interceptor = RpcInterceptor(service_name, translate_error=translate_error)
         # TLS when given credentials, else plain text.
         self._credentials = credentials
         # The RPC interceptor first: its shutdown gate and undecodable-request
@@ -537,6 +538,7 @@ async def serve(
     security: ServiceSecurity | None = None,
     before_draining: Callable[[], Awaitable[None]] | None = None,
     health_checks: Mapping[str, Callable[[], bool]] | None = None,
+    translate_error: ErrorTranslator | None = None,
 ) -> None:
     """Runs a service until SIGTERM/SIGINT, then shuts it down gracefully
     (ServiceServer.shutdown). A second SIGINT during shutdown exits at once,
@@ -557,6 +559,7 @@ async def serve(
         credentials=None if security is None else security.server_credentials(),
         guard=None if security is None else security.guard(),
         before_draining=before_draining, health_checks=health_checks,
+        translate_error=translate_error,
     )
     # The client's *_created series would double the series count for
     # nothing a dashboard uses.

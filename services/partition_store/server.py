@@ -128,6 +128,7 @@ from .servicer import SERVICE_NAME, PartitionStoreServicer
 from .storage.port import CorruptionError, KeyValueStore
 from .txn_resolver import TxnResolver
 from .txn_verifier import TxnVerifier
+from .writer import storage_refusal
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -485,6 +486,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             on_shutdown=close,
             security=security,
             health_checks={IN_SYNC_HEALTH_SERVICE: wired.in_sync},
+            translate_error=storage_refusal,
         )
     finally:
         # After serve() this is a no-op; it matters when start or serve failed.

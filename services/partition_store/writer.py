@@ -31,7 +31,7 @@ from oncelog.wire.errors import ErrorCode
 
 from ..common.errors import ServiceError, invariant
 from . import metrics
-from .storage.port import DiskFullError, KeyValueStore, WriteGroup
+from .storage.port import DiskFullError, KeyValueStore, StorageError, WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.writer")
 
@@ -85,11 +85,7 @@ class GroupCommitWriter:
     @staticmethod
     def _refusal(failure: BaseException) -> ServiceError:
         if isinstance(failure, DiskFullError):
-            return ServiceError(
-                ErrorCode.STORAGE_ERROR,
-                f"the store's disk is full ({failure}); writes are refused until space is "
-                f"freed, then resume by themselves: retry",
-            )
+            return disk_full_refusal(failure)
         return ServiceError(
             ErrorCode.STORAGE_ERROR,
             f"storage write failed ({failure!r}); this store node must be restarted",
@@ -168,3 +164,28 @@ class GroupCommitWriter:
                 # Mark retrieved: nobody may be waiting (e.g. a snapshot write).
                 item.future.exception()
         self._queue.clear()
+
+
+def disk_full_refusal(failure: DiskFullError) -> ServiceError:
+    return ServiceError(
+        ErrorCode.STORAGE_ERROR,
+        f"the store's disk is full ({failure}); writes are refused until space is "
+        f"freed, then resume by themselves: retry",
+    )
+
+
+def storage_refusal(failure: Exception) -> ServiceError | None:
+    """What a request that met a storage failure is answered (the RPC
+    interceptor's translate_error): STORAGE_ERROR, retriable, as Kafka's
+    KAFKA_STORAGE_ERROR — e.g. a read while the database is closed to be
+    reopened after a full disk. None for anything that is not storage's."""
+    if isinstance(failure, DiskFullError):
+        return disk_full_refusal(failure)
+    if isinstance(failure, StorageError):
+        return ServiceError(
+            ErrorCode.STORAGE_ERROR,
+            f"this store's storage failed under the request ({failure}); retry: the store "
+            "reopens its storage by itself after a full disk, or another replica leads",
+        )
+    return None
+
