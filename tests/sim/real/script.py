@@ -43,7 +43,13 @@ from services.common.cluster import ClusterLayout
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.partition_store.runtime import StoreRuntime
 from tests.sim.real.network import Hold, Incarnation, coordinator_name, store_name
-from tests.sim.real.simulation import DATA_TOPIC, REPLICATED_STORES, SimResult, Simulation
+from tests.sim.real.simulation import (
+    CONVERGE_LIMIT_S,
+    DATA_TOPIC,
+    REPLICATED_STORES,
+    SimResult,
+    Simulation,
+)
 from tests.sim.real.workload import Copier, TxnProducer
 
 T = TypeVar("T")
@@ -56,7 +62,7 @@ class ScheduleStuck(AssertionError):
 class Scenario:
     def __init__(self, *, seed: int = 0, stores: int = 2, coordinators: int = 1,
                  data_partitions: int = 2, copiers: int = 0, verbose: bool = False,
-                 replicated: bool = False) -> None:
+                 replicated: bool = False, converge_limit_s: float = CONVERGE_LIMIT_S) -> None:
         if replicated:
             stores = REPLICATED_STORES
         layout = ClusterLayout(
@@ -67,7 +73,8 @@ class Scenario:
         )
         self.sim = Simulation(seed, faults=False, verbose=verbose, layout=layout,
                               data_partitions=data_partitions, check_every_steps=1,
-                              copiers=copiers, replicated=replicated)
+                              copiers=copiers, replicated=replicated,
+                              converge_limit_s=converge_limit_s)
         self.net = self.sim.net
         self.loop = self.sim.loop
         self.layout = layout

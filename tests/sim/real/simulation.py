@@ -474,8 +474,10 @@ class Simulation:
                  check_every_steps: int | None = None,
                  faults: bool = True, verbose: bool = False, fifo: bool = False,
                  layout: ClusterLayout | None = None, data_partitions: int | None = None,
-                 copiers: int | None = None, replicated: bool = False) -> None:
+                 copiers: int | None = None, replicated: bool = False,
+                 converge_limit_s: float = CONVERGE_LIMIT_S) -> None:
         self.seed = seed
+        self.converge_limit_s = converge_limit_s
         # Replicated stores (Kafka's ISR protocol, metadata in one shared
         # in-memory etcd); else single copies placed by the layout.
         self.replicated = replicated
@@ -1508,7 +1510,7 @@ class Simulation:
         if self.replicated:
             # Every replica back in sync, at its leader's end (the checker
             # says what is missing when it is not).
-            deadline_s = self.loop.time() + CONVERGE_LIMIT_S
+            deadline_s = self.loop.time() + self.converge_limit_s
             while not self._converged() and self.loop.time() < deadline_s:
                 await asyncio.sleep(0.5)
 
