@@ -25,10 +25,11 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from oncelog import Admin, Consumer, Producer, TopicPartition
 from oncelog import errors as oerrors
@@ -158,15 +159,10 @@ def stream_transactions(bootstrap: str, topic: str, partitions: int, log_path: s
                 pass
         except oerrors.OncelogError:
             pass
-        if outcome == COMMITTED:
-            placed = [f"{v.decode()}@{f.result().partition}:{f.result().offset}"
-                      for v, f in zip(values, futures, strict=True)]
-            out.write(f"txn {outcome} {txn} {','.join(placed)}")
-        else:
-            out.write(f"txn {outcome} {txn} {','.join(v.decode() for v in values)}")
-            if outcome == UNKNOWN:
-                producer.close(timeout=5)
-                producer = None
+        _log_transaction(out, outcome, txn, values, futures)
+        if outcome == UNKNOWN:
+            producer.close(timeout=5)
+            producer = None
     if producer is not None:
         producer.close(timeout=30)
     out.close()
@@ -259,12 +255,8 @@ def stream_copier(bootstrap: str, in_topic: str, out_topic: str, log_path: str,
                 pass
         except oerrors.OncelogError:
             pass
-        if outcome == COMMITTED:
-            placed = [f"{v.decode()}@{f.result().partition}:{f.result().offset}"
-                      for v, f in zip(values, futures, strict=True)]
-            out.write(f"txn {outcome} {txn} {','.join(placed)}")
-        else:
-            out.write(f"txn {outcome} {txn} {','.join(v.decode() for v in values)}")
+        _log_transaction(out, outcome, txn, values, futures)
+        if outcome != COMMITTED:
             if outcome == UNKNOWN:
                 producer.close(timeout=5)
                 producer = None
@@ -538,3 +530,16 @@ def check_exactly_once(log: ClientLog, records: list[tuple[int, int, bytes]]) ->
     found = {kind: lines for kind, lines in find_anomalies(log, records).items() if lines}
     assert not found, "anomalies: " + "; ".join(
         f"{len(lines)} {kind}, e.g. {lines[:5]}" for kind, lines in found.items())
+
+
+def _log_transaction(out: Any, outcome: str, txn: Any, values: Sequence[bytes],
+                     futures: Sequence[Any]) -> None:
+    """One transaction's line: a committed one with where each record landed,
+    any other with its values only."""
+    if outcome == COMMITTED:
+        placed = [f"{v.decode()}@{f.result().partition}:{f.result().offset}"
+                  for v, f in zip(values, futures, strict=True)]
+        out.write(f"txn {outcome} {txn} {','.join(placed)}")
+    else:
+        out.write(f"txn {outcome} {txn} {','.join(v.decode() for v in values)}")
+
