@@ -131,6 +131,25 @@ class Catalog:
         self._set_state(part, self.partition_state(record.name, p), record, now_ms)
         return part
 
+    def reopen_all(self, refused: ServiceError, now_ms: int) -> None:
+        """Rebuilds every partition's memory from what is on disk (storage
+        was reopened after a full disk); appends still waiting for their
+        acknowledgement fail with `refused`. The fetch sessions go too: as
+        leader, what a rebuilt replica knew of its followers (their log
+        ends) is gone, and an idle follower lists a partition in its session
+        only when its log end moves. Kept, a follower outside the ISR would
+        never prove again that it has caught up, and a partition below
+        min.insync.replicas, taking no appends, would stay there. A new
+        session lists every partition with the follower's log end."""
+        self._sessions.close_all()
+        for (name, p), part in list(self.partitions.items()):
+            del self.partitions[(name, p)]
+            part.close()
+            part.fail_acks(refused)
+            record = self.records.get(name)
+            if record is not None:
+                self.open_partition(record, p, now_ms)
+
     def _on_replica_news(self, part: PartitionRuntime, news: ReplicaNews,
                          durable_before: int) -> None:
         """A local partition appended, moved its HW or changed state: wake

@@ -81,13 +81,7 @@ class Housekeeping:
             now_ms = self._clock_ms()
             refused = ServiceError(ErrorCode.STORAGE_ERROR,
                                    "the write failed for lack of space; retry")
-            for (name, p), part in list(self._catalog.partitions.items()):
-                del self._catalog.partitions[(name, p)]
-                part.close()
-                part.fail_acks(refused)
-                record = self._catalog.records.get(name)
-                if record is not None:
-                    self._catalog.open_partition(record, p, now_ms)
+            self._catalog.reopen_all(refused, now_ms)
         log.warning("store node %d: space was freed; storage reopened, %d partitions rebuilt "
                     "from disk, writes resume", self.config.node_id, len(self._catalog.partitions))
         if self._hooks.on_states_applied is not None:

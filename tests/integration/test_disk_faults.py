@@ -5,6 +5,8 @@ Goal (full disk): appends are refused with the retriable STORAGE_ERROR
 saying the disk is full; reads go on; nothing is acknowledged that was not
 written and nothing stored is damaged; `oncelog_store_disk_full` says so;
 and once space is freed appends resume by themselves, without a restart.
+On a replicated cluster the leader whose disk filled takes its followers
+back into the ISR afterwards, an idle follower outside it included.
 
 Goal (damaged files): a store finds what was damaged — a byte flipped in a
 write-ahead log or a table file, a truncated table file — and never serves
@@ -39,6 +41,8 @@ from oncelog import Admin, Consumer, ConsumerRecord, Producer, RecordMetadata, T
 from oncelog.errors import OncelogError
 from oncelog.testing import LocalCluster
 from services.partition_store.damage import EXIT_DAMAGED
+from tests.support.nemesis import store_disks
+from tests.support.partitioned_clients import create_topic, read_committed
 from tests.support.polling import wait_until
 from tests.support.reading import read_all
 
@@ -154,6 +158,67 @@ def test_a_full_disk_refuses_appends_keeps_reads_and_resumes_once_space_is_freed
         cluster.terminate("partition_store", 0)
         cluster.restart("partition_store", 0)
         assert _values(cluster) == list(range(len(futures)))
+
+
+def write_until_refused(bootstrap: str, topic: str) -> int:
+    """Big records to partition 0, one at a time, until one is refused (a
+    client-namespace call); returns how many were acknowledged."""
+    acked = 0
+    with Producer(bootstrap=bootstrap, linger_ms=0, delivery_timeout_ms=5_000) as producer:
+        while acked < MAX_FULL_DISK_RECORDS:
+            try:
+                producer.send(topic, value=_payload(acked), partition=0).result(timeout=60)
+            except OncelogError:
+                return acked
+            acked += 1
+    raise AssertionError(f"{acked} records acknowledged and none refused: the disk never filled")
+
+
+def test_a_leader_whose_disk_filled_takes_a_caught_up_follower_back_into_the_isr(
+        tmp_path: Path) -> None:
+    """Found by the mixed-fault soak: a follower outside the ISR, caught up
+    and idle, when its leader's disk fills and frees. The leader rebuilds
+    its partitions from disk and, with them, forgets the followers' log
+    ends; the follower lists an idle partition in its fetch session only
+    when its own log end moves, so it would never prove it had caught up,
+    and a partition below min.insync.replicas, taking no appends, would
+    never move again. Here the follower is kept out of the ISR by cutting
+    it from etcd (its lease ends; a leader takes only live stores back)."""
+    data_dir = tmp_path / "cluster"
+    with store_disks(data_dir, size=TMPFS_SIZE) as disks, LocalCluster(
+        data_dir, partition_stores=3, group_coordinators=0, etcd_members=1,
+        network="namespaces", env={"ONCELOG_LEASE_TTL_S": "2"},
+    ) as cluster:
+        bootstrap = cluster.bootstrap_servers
+        cluster.client_call(create_topic, bootstrap, TOPIC, 1)
+        cluster.wait_in_sync([TOPIC])
+        leader = cluster.partition_states([TOPIC])[(TOPIC, 0)].leader
+        follower = next(i for i in range(3) if i != leader)
+        cluster.cut([("partition_store", follower)], [("etcd", 0)])
+        wait_until("the follower cut from etcd leaving the ISR",
+                   lambda: follower not in cluster.partition_states(
+                       [TOPIC], stores=[leader])[(TOPIC, 0)].isr, deadline_s=60)
+        # Appends the follower copies (it still reaches the leader), but
+        # cannot rejoin with: it is not live.
+        filler = _fill(disks[leader])
+        acked = cluster.client_call(write_until_refused, bootstrap, TOPIC)
+        wait_until("the leader saying its disk is full",
+                   lambda: _metric(cluster, "oncelog_store_disk_full", leader) == 1)
+        filler.unlink()
+        wait_until("the leader reopening its storage",
+                   lambda: _metric(cluster, "oncelog_store_disk_full", leader) == 0,
+                   deadline_s=60)
+        cluster.heal()
+        # Asked of the leader: the follower's own view, stale while it was
+        # cut from etcd, may still count itself in.
+        wait_until("the follower back in the ISR",
+                   lambda: follower in cluster.partition_states(
+                       [TOPIC], stores=[leader])[(TOPIC, 0)].isr, deadline_s=60)
+        # The refused record may have been written too (an error after a
+        # timeout is no proof it was not); the acknowledged ones all were.
+        values = [value for _p, _o, value in
+                  cluster.client_call(read_committed, bootstrap, TOPIC, 1)]
+        assert values[:acked] == [_payload(i) for i in range(acked)]
 
 
 # ------------------------------------------------------------ damaged files
