@@ -80,6 +80,8 @@ STOP_TIMEOUT_S = 10.0
 START_PORT_RETRIES = 5
 # How long one health probe or one member-API call may take.
 PROBE_TIMEOUT_S = 1.0
+# How long wipe() keeps asking the running members to replace a wiped one.
+REPLACE_TIMEOUT_S = 15.0
 LAYOUT_FILE = "etcd-cluster.json"
 # A member alone on its address (`hosts`) takes etcd's usual ports.
 NAMESPACED_CLIENT_PORT = 2379
@@ -433,22 +435,31 @@ class EtcdCluster:
         from aetcd import rpc as etcd_rpc  # type: ignore[import-untyped]
 
         others = [m for m in self.members if m is not member and m.alive()]
-        failures: list[str] = []
-        for other in others:
-            with grpc.insecure_channel(self._reach(other.endpoint)) as channel:
-                cluster = etcd_rpc.ClusterStub(channel)
-                try:
-                    listed = cluster.MemberList(etcd_rpc.MemberListRequest(),
-                                                timeout=PROBE_TIMEOUT_S)
-                    for known in listed.members:
-                        if member.peer_url in known.peerURLs:
-                            cluster.MemberRemove(etcd_rpc.MemberRemoveRequest(ID=known.ID),
-                                                 timeout=PROBE_TIMEOUT_S)
-                    cluster.MemberAdd(etcd_rpc.MemberAddRequest(peerURLs=[member.peer_url]),
-                                      timeout=PROBE_TIMEOUT_S)
-                    return
-                except grpc.RpcError as exc:
-                    failures.append(f"through member {other.index}: {exc}")
+        # The member just killed may have been etcd's leader: the others
+        # answer a change of membership only once they have elected a new
+        # one (etcd's election timeout is a second), so each is tried again
+        # until REPLACE_TIMEOUT_S has passed.
+        deadline = time.monotonic() + REPLACE_TIMEOUT_S
+        while True:
+            failures: list[str] = []  # the last round's
+            for other in others:
+                with grpc.insecure_channel(self._reach(other.endpoint)) as channel:
+                    cluster = etcd_rpc.ClusterStub(channel)
+                    try:
+                        listed = cluster.MemberList(etcd_rpc.MemberListRequest(),
+                                                    timeout=PROBE_TIMEOUT_S)
+                        for known in listed.members:
+                            if member.peer_url in known.peerURLs:
+                                cluster.MemberRemove(etcd_rpc.MemberRemoveRequest(ID=known.ID),
+                                                     timeout=PROBE_TIMEOUT_S)
+                        cluster.MemberAdd(etcd_rpc.MemberAddRequest(peerURLs=[member.peer_url]),
+                                          timeout=PROBE_TIMEOUT_S)
+                        return
+                    except grpc.RpcError as exc:
+                        failures.append(f"through member {other.index}: {exc.code().name}")
+            if not others or time.monotonic() > deadline:
+                break
+            time.sleep(PROBE_TIMEOUT_S / 2)
         raise RuntimeError(
             f"cannot wipe etcd member {member.index}: it must be removed from the cluster "
             f"and added again through a running member, and a majority must run "

@@ -206,13 +206,17 @@ def test_a_wiped_member_rejoins_empty_and_catches_up(tmp_path: Path) -> None:
             store = EtcdMetadataStore(etcd.endpoints, timeout_ms=TIMEOUT_MS)
             try:
                 assert await store.commit([], [Put(f"topic/{i}", "{}") for i in range(50)], [])
-                etcd.terminate(2)
+                # The leader, killed and wiped at once: the others must
+                # elect a new leader before they can replace it (wipe waits).
+                lost = _leader(etcd)
+                etcd.kill(lost)
+                running = next(i for i in range(3) if i != lost)
                 with pytest.raises(RuntimeError, match="running"):
-                    etcd.wipe(1)
-                etcd.wipe(2)
-                assert not (etcd.members[2].data_dir / "member").exists()
-                etcd.restart(2)
-                alone = EtcdMetadataStore([etcd.endpoints[2]], timeout_ms=TIMEOUT_MS)
+                    etcd.wipe(running)
+                etcd.wipe(lost)
+                assert not (etcd.members[lost].data_dir / "member").exists()
+                etcd.restart(lost)
+                alone = EtcdMetadataStore([etcd.endpoints[lost]], timeout_ms=TIMEOUT_MS)
                 try:
                     entries, _ = await alone.get_prefix("topic/")
                     assert len(entries) == 50
