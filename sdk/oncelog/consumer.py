@@ -32,31 +32,23 @@ not answer makes them raise KafkaTimeoutError naming the addresses, or makes
 poll() return nothing and log that once.
 
 Not thread-safe, like Kafka's consumer: use one consumer from one thread.
+
+This class is the facade: it checks arguments, runs poll()'s loop and the
+group's side (with `_group` and `_membership`), and leaves the assignment
+and positions to `_subscription.SubscriptionState` and the fetching,
+decoding and ListOffsets to `_fetcher.Fetcher`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
-import grpc
-
-from oncelog._client import (
-    ClusterClient,
-    backoff_ms,
-    error_from_proto,
-    is_security_error,
-    needs_metadata_refresh,
-    remaining_ms,
-    unreachable_addresses,
-)
+from oncelog._client import ClusterClient, remaining_ms
 from oncelog._config import (
     DEFAULT_CLIENT_ID,
     bool_option,
@@ -65,6 +57,7 @@ from oncelog._config import (
     client_timing_options,
     int_option,
 )
+from oncelog._fetcher import Fetcher
 from oncelog._group import (
     GroupClient,
     HeartbeatThread,
@@ -78,8 +71,12 @@ from oncelog._group import (
 from oncelog._keywords import kafka_names
 from oncelog._membership import GroupMembership, MemberState, Plan
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
-from oncelog._throttle import Throttles
-from oncelog.errors import DeserializationError
+
+# The reset policies' names stay importable from here, where they were defined.
+from oncelog._subscription import COMMITTED, SubscriptionState
+from oncelog._subscription import EARLIEST as EARLIEST
+from oncelog._subscription import LATEST as LATEST
+from oncelog._subscription import NONE as NONE
 from oncelog.serializers import Deserializer
 from oncelog.types import (
     ConsumerRecord,
@@ -88,21 +85,13 @@ from oncelog.types import (
     ThrottleTime,
     TopicPartition,
 )
-from oncelog.v1 import partition_store_pb2, records_pb2
+from oncelog.v1 import records_pb2
 from oncelog.wire import errors
-from oncelog.wire import records as codec
 from oncelog.wire.errors import ErrorCode, OncelogError
 from oncelog.wire.vocabulary import IsolationLevel, OffsetReset
 
 log = logging.getLogger("oncelog.consumer")
 
-EARLIEST = OffsetReset.EARLIEST.value
-LATEST = OffsetReset.LATEST.value
-NONE = OffsetReset.NONE.value
-# A partition a group assigned: it starts at the group's committed offset
-# (auto_offset_reset when there is none).
-COMMITTED = "committed"
-_RESET_TIMESTAMPS: dict[str, int] = {EARLIEST: -2, LATEST: -1}
 _ISOLATION = {
     IsolationLevel.READ_COMMITTED: records_pb2.IsolationLevel.READ_COMMITTED,
     IsolationLevel.READ_UNCOMMITTED: records_pb2.IsolationLevel.READ_UNCOMMITTED,
@@ -121,40 +110,6 @@ POLL_CALL_MIN_MS = 150
 
 # on_assign / on_revoke / on_lost: called with the partitions, sorted.
 RebalanceCallback = Callable[[list[TopicPartition]], None]
-
-
-@dataclass(eq=False)
-class _PartitionState:
-    # Offset of the next record poll() returns; None until resolved by `reset`.
-    position: int | None = None
-    reset: str | None = None
-    high_watermark: int = -1
-    last_stable_offset: int = -1
-    log_start_offset: int = -1
-    # Fetched and not yet handed out: batches, and the iterator over them.
-    batches: deque[bytes] = field(default_factory=deque)
-    records: Iterator[codec.RecordFields] | None = None
-    next_fetch_offset: int = -1
-    retry_at_s: float = 0.0
-    attempts: int = 0
-
-    @property
-    def has_buffered(self) -> bool:
-        return self.records is not None
-
-    def clear_buffer(self) -> None:
-        self.batches.clear()
-        self.records = None
-        self.next_fetch_offset = -1
-
-
-@dataclass(eq=False)
-class _InFlightFetch:
-    address: str
-    call: grpc.Future
-    # The offset each partition was fetched from: an answer for a partition
-    # whose position moved meanwhile (seek) is dropped.
-    offsets: dict[TopicPartition, int]
 
 
 @kafka_names
@@ -244,9 +199,7 @@ class Consumer:
                               retry_backoff_ms=retry_backoff_ms,
                               retry_backoff_max_ms=retry_backoff_max_ms)
         int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
-        self._client_id = client_id_option(client_id)
-        # When each store asked to be fetched from no sooner (throttle times).
-        self._throttles = Throttles("fetch")
+        client_id = client_id_option(client_id)
         security = security_options(
             security_protocol=security_protocol, ssl_cafile=ssl_cafile,
             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sasl_mechanism=sasl_mechanism,
@@ -257,44 +210,36 @@ class Consumer:
         self.enable_auto_commit = enable_auto_commit
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self.isolation_level = IsolationLevel(isolation_level)
-        self._isolation = _ISOLATION[self.isolation_level]
         self.auto_offset_reset = OffsetReset(auto_offset_reset)
         self.session_timeout_ms = session_timeout_ms
         self._max_poll_records = max_poll_records
-        self._fetch_max_wait_ms = fetch_max_wait_ms
-        self._fetch_min_bytes = fetch_min_bytes
-        self._fetch_max_bytes = fetch_max_bytes
-        self._max_partition_fetch_bytes = max_partition_fetch_bytes
         self._request_timeout_ms = request_timeout_ms
         self._retry_backoff_ms = retry_backoff_ms
-        self._retry_backoff_max_ms = retry_backoff_max_ms
         self._default_api_timeout_ms = default_api_timeout_ms
-        self._check_crcs = check_crcs
-        self._key_deserializer = key_deserializer
-        self._value_deserializer = value_deserializer
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
             security=security,
         )
-        self._assignment: dict[TopicPartition, _PartitionState] = {}
-        # Where the next fetch starts in the assignment (see _send_fetches).
-        self._fetch_rotation = 0
-        self._in_flight: dict[str, _InFlightFetch] = {}
-        self._node_retry_at_s: dict[str, float] = {}
-        self._node_attempts: dict[str, int] = {}
         # Fetch answers arrive on gRPC threads and membership news on the
         # heartbeat thread; poll() waits on this. The lock also guards the
         # membership, which both threads use.
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._next_drain_index = 0
-        self._last_refresh_s = 0.0
-        # When poll() may ask for metadata again for partitions it has no
-        # owner for (0.0: it need not).
-        self._metadata_retry_at_s = 0.0
-        # poll() logs a cluster that does not answer once, until it answers.
-        self._unreachable_logged = False
+        # The assigned partitions and their positions; the fetcher reads them.
+        self._subscription = SubscriptionState(
+            auto_offset_reset=self.auto_offset_reset, retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=retry_backoff_max_ms,
+        )
+        self._fetcher = Fetcher(
+            self._client, self._subscription, wake=self._wake, client_id=client_id,
+            isolation=_ISOLATION[self.isolation_level], fetch_max_wait_ms=fetch_max_wait_ms,
+            fetch_min_bytes=fetch_min_bytes, fetch_max_bytes=fetch_max_bytes,
+            max_partition_fetch_bytes=max_partition_fetch_bytes,
+            request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=retry_backoff_max_ms, check_crcs=check_crcs,
+            key_deserializer=key_deserializer, value_deserializer=value_deserializer,
+        )
         # The OffsetFetch poll() sent for partitions a group assigned, until
         # a later poll() takes its answer.
         self._offset_fetch: PendingOffsetFetch | None = None
@@ -304,7 +249,6 @@ class Consumer:
         self._group = None if group_id is None else GroupClient(self._client, group_id)
         self._membership: GroupMembership | None = None
         self._heartbeat: HeartbeatThread | None = None
-        self._subscription: tuple[str, ...] | None = None
         self._on_assign: RebalanceCallback | None = None
         self._on_revoke: RebalanceCallback | None = None
         self._on_lost: RebalanceCallback | None = None
@@ -317,7 +261,7 @@ class Consumer:
         assignment). A newly assigned partition starts per auto_offset_reset
         unless seek() says otherwise; kept ones keep their positions."""
         self._check_open()
-        if self._subscription is not None:
+        if self._subscription.subscribed:
             raise errors.IllegalStateError(
                 "assign() on a consumer subscribed to group "
                 f"{self.group_id!r}; call unsubscribe() first"
@@ -330,14 +274,11 @@ class Consumer:
                 raise ValueError(f"partition must be >= 0, got {tp}")
             if tp not in wanted:
                 wanted.append(tp)
-        old = self._assignment
-        self._assignment = {
-            tp: old.get(tp) or _PartitionState(reset=self._default_reset()) for tp in wanted
-        }
+        self._subscription.assign(wanted)
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions this consumer reads now (in a group: those it owns)."""
-        return set(self._assignment)
+        return set(self._subscription.partitions())
 
     # ------------------------------------------------------------ groups
 
@@ -375,7 +316,7 @@ class Consumer:
         if not names:
             self.unsubscribe()
             return
-        if self._subscription is None and self._assignment:
+        if not self._subscription.subscribed and self._subscription.has_partitions:
             raise errors.IllegalStateError(
                 "subscribe() on a consumer with assigned partitions; call assign([]) or "
                 "unsubscribe() first"
@@ -385,7 +326,7 @@ class Consumer:
             if callback is not None and not callable(callback):
                 raise TypeError(f"{name} must be callable, got {callback!r}")
         self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
-        self._subscription = tuple(sorted(names))
+        topics = self._subscription.topics = tuple(sorted(names))
         with self._lock:
             if self._membership is None or self._heartbeat is None:
                 self._membership = GroupMembership(
@@ -396,22 +337,22 @@ class Consumer:
                     group, self._membership, self._lock, self._changed.notify_all,
                     request_timeout_ms=self._request_timeout_ms,
                 )
-            self._membership.subscribe(self._subscription, now_ms())
+            self._membership.subscribe(topics, now_ms())
             self._heartbeat.wake()
 
     def subscription(self) -> set[str]:
         """The topics subscribed to (empty without subscribe())."""
-        return set(self._subscription or ())
+        return set(self._subscription.topics or ())
 
     def unsubscribe(self) -> None:
         """Leaves the group (after on_revoke and auto-commit for the partitions
         it owns), or, with assign(), drops the assignment."""
         self._check_open()
-        if self._subscription is None:
-            self._assignment = {}
+        if not self._subscription.subscribed:
+            self._subscription.clear()
             return
         self._leave_group(self._request_timeout_ms / 1000)
-        self._subscription = None
+        self._subscription.topics = None
 
     def commit(
         self, offsets: Mapping[TopicPartition, int] | None = None, *,
@@ -427,11 +368,7 @@ class Consumer:
         the commit is accepted only while the group has no members."""
         self._check_open()
         group = self._require_group("commit")
-        if offsets is None:
-            wanted = {tp: st.position for tp, st in self._assignment.items()
-                      if st.position is not None}
-        else:
-            wanted = check_offsets(offsets)
+        wanted = self._subscription.positions() if offsets is None else check_offsets(offsets)
         if not wanted:
             return
         generation_id, member_id = self._commit_identity()
@@ -473,17 +410,18 @@ class Consumer:
         are read again. A partition without a committed offset starts over
         per auto_offset_reset. Returns the committed offsets (None: none)."""
         self._check_open()
-        tps = list(self._assignment) if partitions is None else _check_partitions(partitions)
+        subscription = self._subscription
+        tps = subscription.partitions() if partitions is None else _check_partitions(partitions)
         for tp in tps:
-            self._state(tp)
+            subscription.state(tp)
         found = self.committed(tps, timeout=timeout)
         for tp, offset in found.items():
-            st = self._assignment.get(tp)
+            st = subscription.get(tp)
             if st is None:
                 continue  # revoked by a callback meanwhile
             st.clear_buffer()
             st.position = offset
-            st.reset = None if offset is not None else self._default_reset()
+            st.reset = None if offset is not None else subscription.default_reset()
         return found
 
     def group_metadata(self) -> GroupMetadata:
@@ -495,7 +433,7 @@ class Consumer:
         self._check_open()
         group = self._require_group("group_metadata")
         m = self._membership
-        if self._subscription is None or m is None:
+        if not self._subscription.subscribed or m is None:
             return GroupMetadata(group.group_id, -1, "", self.group_instance_id)
         with self._lock:
             return GroupMetadata(group.group_id, m.member_epoch, m.member_id,
@@ -512,7 +450,7 @@ class Consumer:
     def _commit_identity(self) -> tuple[int, str]:
         """generation_id and member_id for OffsetCommit."""
         m = self._membership
-        if self._subscription is None or m is None:
+        if not self._subscription.subscribed or m is None:
             return -1, ""
         with self._lock:
             if m.state in (MemberState.RECONCILING, MemberState.STABLE):
@@ -545,7 +483,7 @@ class Consumer:
                 fatal.code, f"consumer group {self.group_id!r}: {fatal.message or fatal.code.name}"
             ) from fatal
         if self.enable_auto_commit and time.monotonic() >= self._next_auto_commit_s:
-            self._auto_commit(list(self._assignment), deadline_s)
+            self._auto_commit(self._subscription.partitions(), deadline_s)
 
     def _apply_plan(self, plan: Plan, deadline_s: float) -> None:
         """Runs one plan in the application's thread, then tells the heartbeat
@@ -564,15 +502,15 @@ class Consumer:
             log.warning("group %r: partitions lost (%s): %s", self.group_id, reason,
                         partition_names(plan.lost))
             failure = self._run_callback(self._on_lost or self._on_revoke, plan.lost)
-            self._forget(plan.lost)
+            self._subscription.forget(plan.lost)
         if plan.revoke:
             if self.enable_auto_commit:
                 self._auto_commit(sorted(plan.revoke), deadline_s)
             failure = self._run_callback(self._on_revoke, plan.revoke) or failure
-            self._forget(plan.revoke)
+            self._subscription.forget(plan.revoke)
         if plan.assign:
             for tp in plan.assign:
-                self._assignment[tp] = _PartitionState(reset=COMMITTED)
+                self._subscription.assign_from_group(tp)
             failure = self._run_callback(self._on_assign, plan.assign) or failure
         with self._lock:
             if self._membership is not None:
@@ -594,19 +532,12 @@ class Consumer:
             return exc
         return None
 
-    def _forget(self, partitions: Iterable[TopicPartition]) -> None:
-        """Drops the partitions' positions and fetched data: nothing of them
-        is returned from now on (answers of fetches in flight are ignored)."""
-        for tp in partitions:
-            self._assignment.pop(tp, None)
-
     def _auto_commit(self, partitions: list[TopicPartition], deadline_s: float) -> None:
         """Commits the positions of `partitions` (what earlier polls returned
         has been processed once the application polls again), by deadline_s.
         A failure is logged, not raised, as Kafka's auto-commit does."""
         self._next_auto_commit_s = time.monotonic() + self.auto_commit_interval_ms / 1000
-        positions = {tp: st.position for tp in partitions
-                     if (st := self._assignment.get(tp)) is not None and st.position is not None}
+        positions = self._subscription.positions(partitions)
         if not positions:
             return
         try:
@@ -631,7 +562,7 @@ class Consumer:
                                  deadline_s)
             except Exception as exc:  # still leave; raised below
                 failure = exc
-        self._assignment = {}
+        self._subscription.clear()
         with self._lock:
             m.leave(now_ms())
             if self._heartbeat is not None:
@@ -657,15 +588,6 @@ class Consumer:
         )
         return set(range(info.num_partitions))
 
-    def _default_reset(self) -> str | None:
-        return None if self.auto_offset_reset == NONE else self.auto_offset_reset
-
-    def _state(self, tp: TopicPartition) -> _PartitionState:
-        st = self._assignment.get(tp)
-        if st is None:
-            raise errors.IllegalStateError(f"partition {tp.topic}-{tp.partition} is not assigned")
-        return st
-
     # ------------------------------------------------------------ positions
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
@@ -673,35 +595,25 @@ class Consumer:
         self._check_open()
         if type(offset) is not int or offset < 0:
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-        st = self._state(partition)
-        st.position = offset
-        st.reset = None
-        st.clear_buffer()
+        self._subscription.seek(partition, offset)
 
     def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Moves to the earliest offset (resolved lazily, at the next poll() or position())."""
-        self._seek_to(partitions, EARLIEST)
+        self._check_open()
+        self._subscription.seek_to(partitions, EARLIEST)
 
     def seek_to_end(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Moves to the end: the last stable offset under read_committed, the
         high watermark under read_uncommitted (resolved lazily)."""
-        self._seek_to(partitions, LATEST)
-
-    def _seek_to(self, partitions: Iterable[TopicPartition] | None, where: str) -> None:
         self._check_open()
-        tps = list(self._assignment) if partitions is None else list(partitions)
-        for tp in tps:
-            st = self._state(tp)
-            st.position = None
-            st.reset = where
-            st.clear_buffer()
+        self._subscription.seek_to(partitions, LATEST)
 
     def position(self, partition: TopicPartition, *, timeout: float | None = None) -> int:
         """The offset of the next record poll() will return for the partition;
         raises KafkaTimeoutError when it cannot be found within `timeout`
         seconds (default default_api_timeout_ms)."""
         self._check_open()
-        st = self._state(partition)
+        st = self._subscription.state(partition)
         if st.position is None:
             deadline_s = time.monotonic() + self._budget_ms(timeout) / 1000
             self._resolve_positions([partition], deadline_s=deadline_s, raise_errors=True)
@@ -751,71 +663,9 @@ class Consumer:
         *,
         budget_ms: int,
     ) -> dict[TopicPartition, tuple[int, int]]:
-        """ListOffsets for each partition at its owner, with retries, within
-        budget_ms (metadata lookups included)."""
+        """The fetcher's list_offsets, on an open consumer."""
         self._check_open()
-        pending = dict(timestamps)
-        for tp in pending:
-            if not isinstance(tp, TopicPartition):
-                raise TypeError(f"expected TopicPartition values, got {tp!r}")
-        answers: dict[TopicPartition, tuple[int, int]] = {}
-        client = self._client
-
-        def attempt(timeout_s: float) -> dict[TopicPartition, tuple[int, int]]:
-            # The lookups and the requests below share this attempt's time.
-            deadline_s = time.monotonic() + timeout_s
-            by_address: dict[str, list[TopicPartition]] = {}
-            for tp in pending:
-                address = client.leader(tp.topic, tp.partition, timeout_ms=remaining_ms(deadline_s))
-                by_address.setdefault(address, []).append(tp)
-            retry: OncelogError | None = None
-            for address, tps in by_address.items():
-                request = partition_store_pb2.ListOffsetsRequest(
-                    partitions=[
-                        partition_store_pb2.ListOffsetsPartition(
-                            topic=tp.topic, partition=tp.partition, timestamp_ms=pending[tp],
-                        )
-                        for tp in tps
-                    ],
-                    isolation_level=self._isolation,
-                )
-                try:
-                    resp = client.store(address).ListOffsets(
-                        request, timeout=max(deadline_s - time.monotonic(), 0.001)
-                    )
-                except grpc.RpcError as rpc_exc:
-                    raise client.rpc_error(rpc_exc, address) from rpc_exc
-                client.note_answered(address)
-                for result in resp.results:
-                    tp = TopicPartition(result.topic, result.partition)
-                    if tp not in pending:
-                        continue
-                    exc = error_from_proto(result.error)
-                    if exc is None:
-                        answers[tp] = (result.offset, result.timestamp_ms)
-                        del pending[tp]
-                    elif exc.retriable:
-                        retry = exc
-                    elif exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                        # Metadata names this store as the owner, but the topic
-                        # has not reached its catalog yet (just created): retry
-                        # with backoff. A topic really gone fails the next
-                        # attempt's metadata lookup instead.
-                        retry = errors.error_for(
-                            ErrorCode.LEADER_NOT_AVAILABLE,
-                            f"store {address} does not know {tp.topic}-{tp.partition} yet: "
-                            f"{exc.message or exc.code.name}",
-                        )
-                    else:
-                        raise exc
-            if pending:
-                raise retry or errors.error_for(
-                    ErrorCode.UNKNOWN_SERVER_ERROR,
-                    f"ListOffsets answered nothing for {sorted(pending)}",
-                )
-            return answers
-
-        return client.call("ListOffsets", attempt, timeout_ms=budget_ms)
+        return self._fetcher.list_offsets(timestamps, budget_ms=budget_ms)
 
     def _resolve_positions(
         self, tps: list[TopicPartition], *, deadline_s: float, raise_errors: bool
@@ -826,9 +676,10 @@ class Consumer:
         tried again on a later poll (after a backoff), and the committed
         offsets are asked without waiting for the answer."""
         now_s = time.monotonic()
+        subscription = self._subscription
         committed = [
             tp for tp in tps
-            if (st := self._assignment[tp]).position is None and st.reset == COMMITTED
+            if (st := subscription.state(tp)).position is None and st.reset == COMMITTED
             and (raise_errors or now_s >= st.retry_at_s)
         ]
         if committed:
@@ -836,37 +687,8 @@ class Consumer:
                 self._resolve_committed(committed, budget_ms=remaining_ms(deadline_s))
             else:
                 self._poll_committed(committed, deadline_s)
-        wanted: dict[TopicPartition, int] = {}
-        for tp in tps:
-            st = self._assignment[tp]
-            if st.position is not None or st.reset == COMMITTED:
-                continue
-            if st.reset is None:
-                raise errors.error_for(
-                    ErrorCode.OFFSET_OUT_OF_RANGE,
-                    f"partition {tp.topic}-{tp.partition} has no position and "
-                    f"auto_offset_reset='none'; seek() first",
-                )
-            if raise_errors or now_s >= st.retry_at_s:
-                wanted[tp] = _RESET_TIMESTAMPS[st.reset]
-        if not wanted:
-            return
-        try:
-            answers = self._list_offsets(wanted, budget_ms=remaining_ms(deadline_s))
-        except OncelogError as exc:
-            if raise_errors or not (exc.retriable or self._group_is_ahead(exc)):
-                raise
-            for tp in wanted:
-                self._back_off(self._assignment[tp])
-            if exc.retriable:
-                self._log_unreachable(exc, "a position reset")
-            return
-        for tp, (offset, _ts) in answers.items():
-            resolved = self._assignment.get(tp)
-            if resolved is not None and resolved.position is None:
-                resolved.position = max(offset, 0)
-                resolved.reset = None
-                resolved.attempts = 0
+        self._fetcher.reset_positions(tps, now_s=now_s, deadline_s=deadline_s,
+                                      raise_errors=raise_errors)
 
     def _resolve_committed(self, tps: list[TopicPartition], *, budget_ms: int) -> None:
         """Starts partitions a group assigned at the group's committed offsets
@@ -905,7 +727,7 @@ class Consumer:
             result = pending.result()
         except OncelogError as exc:
             self._committed_not_fetched(
-                [tp for tp in pending.partitions if tp in self._assignment], exc
+                [tp for tp in pending.partitions if tp in self._subscription], exc
             )
             return
         self._apply_committed(result.offsets, result.unstable)
@@ -915,20 +737,20 @@ class Consumer:
             raise exc
         log.debug("group %r: committed offsets not fetched, will retry: %s", self.group_id, exc)
         for tp in tps:
-            self._back_off(self._assignment[tp])
+            self._subscription.back_off(self._subscription.state(tp))
 
     def _apply_committed(
         self, found: Mapping[TopicPartition, int], unstable: frozenset[TopicPartition]
     ) -> None:
         for tp in unstable:
-            st = self._assignment.get(tp)
+            st = self._subscription.get(tp)
             if st is None:
                 continue  # revoked meanwhile
             st.attempts += 1
             st.retry_at_s = time.monotonic() + unstable_offset_backoff_ms(
                 st.attempts, self._retry_backoff_ms) / 1000
         for tp, offset in found.items():
-            st_or_none = self._assignment.get(tp)
+            st_or_none = self._subscription.get(tp)
             if st_or_none is None or st_or_none.reset != COMMITTED:
                 continue  # revoked or moved by seek() meanwhile
             st_or_none.attempts = 0
@@ -936,22 +758,7 @@ class Consumer:
                 st_or_none.position = offset
                 st_or_none.reset = None
             else:
-                st_or_none.reset = self._default_reset()
-
-    def _group_is_ahead(self, exc: OncelogError) -> bool:
-        """Whether `exc` says a partition the group assigned is not in this
-        consumer's metadata yet: the group coordinator learned of a topic's
-        new partitions (CreatePartitions) before the store this consumer
-        asked did. Retried after a backoff, not raised: the partition
-        exists, and a topic really gone is revoked by the coordinator."""
-        return (self._subscription is not None
-                and exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-
-    def _back_off(self, st: _PartitionState) -> None:
-        st.attempts += 1
-        st.retry_at_s = time.monotonic() + backoff_ms(
-            st.attempts, base_ms=self._retry_backoff_ms, max_ms=self._retry_backoff_max_ms
-        ) / 1000
+                st_or_none.reset = self._subscription.default_reset()
 
     # ------------------------------------------------------------ polling
 
@@ -980,25 +787,26 @@ class Consumer:
         not hand out."""
         self._check_open()
         limit = self._max_poll_records if max_records is None else max_records
-        if not self._assignment and self._subscription is None:
+        if not self._subscription.has_partitions and not self._subscription.subscribed:
             raise errors.IllegalStateError(
                 "poll() without assigned partitions; assign() or subscribe() first"
             )
         started_s = time.monotonic()
         deadline_s = started_s + max(timeout, 0.0)
         calls_deadline_s = max(deadline_s, started_s + POLL_CALL_MIN_MS / 1000)
+        fetcher = self._fetcher
         while True:
             self._group_step(calls_deadline_s)
-            self._collect_fetches(calls_deadline_s)
-            out = self._drain(limit, partitions)
+            fetcher.collect_fetches(calls_deadline_s)
+            out = fetcher.drain(limit, partitions)
             if out:
-                self._send_fetches(calls_deadline_s)  # prefetch while the caller works on these
+                fetcher.send_fetches(calls_deadline_s)  # prefetch while the caller works on these
                 return out
-            unresolved = [tp for tp, st in self._assignment.items() if st.position is None]
+            unresolved = self._subscription.unresolved()
             if unresolved:
                 self._resolve_positions(unresolved, deadline_s=calls_deadline_s,
                                         raise_errors=False)
-            self._send_fetches(calls_deadline_s)
+            fetcher.send_fetches(calls_deadline_s)
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
                 return []
@@ -1010,17 +818,13 @@ class Consumer:
         asked again, or max_wait_s passes."""
         now_s = time.monotonic()
         wake_s = now_s + max_wait_s
-        retry_times = [st.retry_at_s for st in self._assignment.values()]
-        retry_times.extend(self._node_retry_at_s.values())
-        retry_times.append(self._metadata_retry_at_s)
-        released_ms = self._throttles.next_release_ms(_monotonic_ms())
-        if released_ms is not None:
-            retry_times.append(released_ms / 1000)
+        retry_times = [st.retry_at_s for st in self._subscription.states()]
+        retry_times.extend(self._fetcher.wake_times_s())
         for retry_at in retry_times:
             if retry_at > now_s:
                 wake_s = min(wake_s, retry_at)
         with self._changed:
-            if any(f.call.done() for f in self._in_flight.values()):
+            if self._fetcher.has_answers():
                 return
             if self._offset_fetch is not None and self._offset_fetch.done():
                 return
@@ -1031,325 +835,9 @@ class Consumer:
             if wait_s > 0:
                 self._changed.wait(wait_s)
 
-    def _send_fetches(self, deadline_s: float) -> None:
-        """Sends a Fetch to each store that owns partitions ready to be
-        fetched and has none in flight; asks for metadata first (by
-        deadline_s) when a partition's owner is not known, and then fetches
-        in the same call, so that the first poll() does not wait for a
-        fetch that was never sent."""
-        # Each fetch starts one partition further on, as Kafka's consumer
-        # rotates them: only the first partition with data may exceed what
-        # is left of the request's max_bytes, so a fixed order could leave a
-        # later partition's large batch out of every answer.
-        states = list(self._assignment.items())
-        if states:
-            self._fetch_rotation = (self._fetch_rotation + 1) % len(states)
-            states = states[self._fetch_rotation:] + states[:self._fetch_rotation]
-        by_address, missing_leader = self._fetches_to_send(states)
-        self._metadata_retry_at_s = 0.0
-        if missing_leader:
-            if self._refresh_metadata_for_fetch(deadline_s):
-                by_address, missing_leader = self._fetches_to_send(states)
-            if missing_leader:
-                self._metadata_retry_at_s = self._last_refresh_s + self._retry_backoff_ms / 1000
-        md = self._client.cached_metadata
-        for address, offsets in by_address.items():
-            request = partition_store_pb2.FetchRequest(
-                partitions=[
-                    partition_store_pb2.FetchPartition(
-                        topic=tp.topic, partition=tp.partition, fetch_offset=offset,
-                        max_bytes=self._max_partition_fetch_bytes,
-                        current_leader_epoch=(
-                            md.leader_epoch(tp.topic, tp.partition) if md else None),
-                    )
-                    for tp, offset in offsets.items()
-                ],
-                max_wait_ms=self._fetch_max_wait_ms,
-                min_bytes=self._fetch_min_bytes,
-                max_bytes=self._fetch_max_bytes,
-                isolation_level=self._isolation,
-                client_id=self._client_id,
-            )
-            # In flight across polls: poll() never waits on it longer than
-            # its own timeout, so its deadline can be a generous one.
-            timeout_s = (self._fetch_max_wait_ms + self._request_timeout_ms) / 1000
-            try:
-                call = self._client.store(address).Fetch.future(request, timeout=timeout_s)
-            except (OncelogError, ValueError, RuntimeError) as exc:
-                log.debug("cannot fetch from %s: %s", address, exc)
-                self._back_off_node(address)
-                continue
-            self._in_flight[address] = _InFlightFetch(address, call, offsets)
-            call.add_done_callback(self._on_fetch_done)
-
-    def _fetches_to_send(
-        self, states: list[tuple[TopicPartition, _PartitionState]]
-    ) -> tuple[dict[str, dict[TopicPartition, int]], bool]:
-        """The partitions to fetch now, by owner's address, and whether some
-        partition ready to be fetched has no known owner."""
-        now_s = time.monotonic()
-        now_ms = _monotonic_ms()
-        md = self._client.cached_metadata
-        by_address: dict[str, dict[TopicPartition, int]] = {}
-        missing_leader = False
-        for tp, st in states:
-            if st.position is None or st.has_buffered or now_s < st.retry_at_s:
-                continue
-            address = md.leader_address(tp.topic, tp.partition) if md is not None else None
-            if address is None:
-                missing_leader = True
-                continue
-            if address in self._in_flight or now_s < self._node_retry_at_s.get(address, 0.0):
-                continue
-            if self._throttles.held_until_ms(address, now_ms) is not None:
-                continue  # the store throttles this consumer (its quota)
-            by_address.setdefault(address, {})[tp] = st.position
-        return by_address, missing_leader
-
-    def _on_fetch_done(self, _call: grpc.Future) -> None:
-        self._wake()
-
     def _wake(self) -> None:
         with self._changed:
             self._changed.notify_all()
-
-    def _refresh_metadata_for_fetch(self, deadline_s: float) -> bool:
-        """Asks for metadata again, at most once per retry_backoff_ms, by
-        deadline_s; True when it got an answer. Raises
-        UnknownTopicOrPartitionError for an assigned partition that does not
-        exist, unless the group assigned it (_group_is_ahead: waited for)."""
-        now_s = time.monotonic()
-        if (now_s - self._last_refresh_s) * 1000 < self._retry_backoff_ms:
-            return False
-        self._last_refresh_s = now_s
-        budget_ms = remaining_ms(deadline_s)
-        if budget_ms <= 0:
-            return False
-        try:
-            md = self._client.refresh_metadata(timeout_ms=budget_ms)
-        except OncelogError as exc:
-            if is_security_error(exc):
-                raise  # the cluster refuses us: retrying changes nothing
-            self._log_unreachable(exc, "metadata")
-            return False
-        self._unreachable_logged = False
-        for tp in self._assignment:
-            info = md.topics.get(tp.topic)
-            if info is None:
-                refusal = self._client.topic_refusal(tp.topic,
-                                                     timeout_ms=remaining_ms(deadline_s))
-                if refusal is not None:
-                    raise refusal
-            if info is None or tp.partition >= info.num_partitions:
-                missing = errors.error_for(
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                    f"assigned partition {tp.topic}-{tp.partition} does not exist"
-                    + ("" if info is None else f" (the topic has {info.num_partitions})"),
-                )
-                if not self._group_is_ahead(missing):
-                    raise missing
-        return True
-
-    def _log_unreachable(self, exc: OncelogError, what: str) -> None:
-        """poll() returns nothing rather than raise when the cluster does not
-        answer (as Kafka's does); it says so in the log, once until it
-        answers again, naming the addresses."""
-        if unreachable_addresses(exc) and not self._unreachable_logged:
-            self._unreachable_logged = True
-            log.warning("poll() could not get %s: %s", what, exc)
-        else:
-            log.debug("poll() could not get %s: %s", what, exc)
-
-    def _back_off_node(self, address: str) -> None:
-        attempts = self._node_attempts.get(address, 0) + 1
-        self._node_attempts[address] = attempts
-        self._node_retry_at_s[address] = time.monotonic() + backoff_ms(
-            attempts, base_ms=self._retry_backoff_ms, max_ms=self._retry_backoff_max_ms
-        ) / 1000
-
-    def _collect_fetches(self, deadline_s: float) -> None:
-        """Takes the answers of finished fetches into the partition buffers;
-        asks for metadata again (by deadline_s) when one says an owner moved."""
-        refresh = False
-        for address, fetch in list(self._in_flight.items()):
-            if not fetch.call.done():
-                continue
-            del self._in_flight[address]
-            try:
-                resp = fetch.call.result()
-            except grpc.RpcError as rpc_exc:
-                exc = self._client.rpc_error(rpc_exc, address)
-                log.debug("Fetch from %s failed: %s", address, exc)
-                if not exc.retriable:
-                    raise exc from None
-                self._back_off_node(address)
-                refresh = refresh or needs_metadata_refresh(exc)
-                continue
-            except Exception as other:  # FutureCancelledError when closing
-                log.debug("Fetch from %s ended: %r", address, other)
-                continue
-            self._node_attempts.pop(address, None)
-            self._node_retry_at_s.pop(address, None)
-            self._client.note_answered(address)
-            self._throttles.answered(address, resp.throttle_time_ms, _monotonic_ms())
-            for result in resp.results:
-                tp = TopicPartition(result.topic, result.partition)
-                st = self._assignment.get(tp)
-                fetched_from = fetch.offsets.get(tp)
-                if st is None or fetched_from is None or st.position != fetched_from:
-                    continue  # unassigned or moved by seek() meanwhile
-                refresh = self._take_result(tp, st, result) or refresh
-        if refresh:
-            self._refresh_metadata_for_fetch(deadline_s)
-
-    def _take_result(
-        self,
-        tp: TopicPartition,
-        st: _PartitionState,
-        result: partition_store_pb2.PartitionFetchResult,
-    ) -> bool:
-        """Buffers one partition's answer; True when metadata should be refreshed."""
-        exc = error_from_proto(result.error)
-        if exc is not None:
-            if exc.code is ErrorCode.OFFSET_OUT_OF_RANGE:
-                strategy = self._default_reset()
-                if strategy is None:
-                    raise errors.error_for(
-                        ErrorCode.OFFSET_OUT_OF_RANGE,
-                        f"offset {st.position} of {tp.topic}-{tp.partition} is out of range "
-                        f"({exc.message}) and auto_offset_reset='none'",
-                    )
-                log.info("offset %s of %s out of range: resetting to %s",
-                         st.position, tp, strategy)
-                st.position = None
-                st.reset = strategy
-                return False
-            if exc.retriable or exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                self._back_off(st)
-                return needs_metadata_refresh(exc)
-            raise exc
-        st.attempts = 0
-        st.high_watermark = result.high_watermark
-        st.last_stable_offset = result.last_stable_offset
-        st.log_start_offset = result.log_start_offset
-        position = st.position if st.position is not None else 0
-        if result.batches:
-            for batch in result.batches:
-                if self._check_crcs:
-                    try:
-                        # Stored batches of compacted topics may have gaps.
-                        codec.validate_batch(batch, max_size_bytes=len(batch), compacted=True)
-                    except codec.BatchFormatError as bad:
-                        raise errors.error_for(
-                            ErrorCode.CORRUPT_MESSAGE,
-                            f"fetched batch of {tp.topic}-{tp.partition} is corrupt: {bad}",
-                        ) from None
-            st.batches.extend(result.batches)
-            st.next_fetch_offset = result.next_fetch_offset
-            st.records = self._iter_buffered(st, position)
-        elif result.next_fetch_offset > position:
-            # Nothing to hand out, but the store skipped filtered batches.
-            st.position = result.next_fetch_offset
-        return False
-
-    @staticmethod
-    def _iter_buffered(st: _PartitionState, min_offset: int) -> Iterator[codec.RecordFields]:
-        # Plain tuples, not codec.Records: _drain unpacks each one into a
-        # ConsumerRecord, and a named tuple per record costs as much to make
-        # as decoding the record does.
-        while st.batches:
-            batch = st.batches.popleft()
-            if codec.read_header(batch).is_control:
-                continue
-            yield from codec.iter_record_fields(batch, min_offset=min_offset)
-
-    def _drain(self, max_records: int,
-               only: frozenset[TopicPartition] | None = None) -> list[ConsumerRecord]:
-        out: list[ConsumerRecord] = []
-        tps = list(self._assignment.items())
-        if not tps:
-            return out
-        # Start at a rotating partition, so one busy partition cannot starve the others.
-        start = self._next_drain_index % len(tps)
-        self._next_drain_index += 1
-        if self._key_deserializer is not None or self._value_deserializer is not None:
-            return self._drain_deserialized(tps[start:] + tps[:start], max_records, only)
-        new_tuple = tuple.__new__
-        for tp, st in tps[start:] + tps[:start]:
-            if st.records is None or (only is not None and tp not in only):
-                continue
-            topic, partition = tp.topic, tp.partition
-            append = out.append
-            for offset, timestamp_ms, key, value, headers in st.records:
-                # ConsumerRecord(...), made as codec.iter_records makes Records.
-                append(new_tuple(ConsumerRecord, (
-                    topic, partition, offset, key, value, headers, timestamp_ms,
-                )))
-                st.position = offset + 1
-                if len(out) >= max_records:
-                    break
-            else:
-                # Buffer used up: move past everything the fetch covered.
-                if st.position is not None and st.next_fetch_offset > st.position:
-                    st.position = st.next_fetch_offset
-                st.clear_buffer()
-            if len(out) >= max_records:
-                break
-        return out
-
-    def _drain_deserialized(self, tps: list[tuple[TopicPartition, _PartitionState]],
-                            max_records: int, only: frozenset[TopicPartition] | None,
-                            ) -> list[ConsumerRecord]:
-        """_drain with deserializers (kept apart so the plain path stays
-        lean). A record a deserializer fails on is put back in front of its
-        partition's buffer and the position stays at it: the records before
-        it are returned, and the next drain that meets it first raises
-        DeserializationError (Kafka's consumer does the same)."""
-        out: list[ConsumerRecord] = []
-        key_deserializer, value_deserializer = self._key_deserializer, self._value_deserializer
-        new_tuple = tuple.__new__
-        for tp, st in tps:
-            records = st.records
-            if records is None or (only is not None and tp not in only):
-                continue
-            topic, partition = tp.topic, tp.partition
-            for record in records:
-                offset, timestamp_ms, key, value, headers = record
-                which = "key"
-                try:
-                    if key is not None and key_deserializer is not None:
-                        key = key_deserializer(key)
-                    which = "value"
-                    if value is not None and value_deserializer is not None:
-                        value = value_deserializer(value)
-                except Exception as exc:
-                    st.records = itertools.chain((record,), records)
-                    if out:
-                        return out
-                    raw = new_tuple(ConsumerRecord, (
-                        topic, partition, offset, record[2], record[3], headers, timestamp_ms,
-                    ))
-                    raise DeserializationError(
-                        f"the {which} of the record at offset {offset} of "
-                        f"{topic}-{partition} could not be deserialized: "
-                        f"{type(exc).__name__}: {exc} (the position stays there; "
-                        f"seek(TopicPartition({topic!r}, {partition}), {offset + 1}) "
-                        "skips it)",
-                        topic=topic, partition=partition, offset=offset, record=raw,
-                    ) from exc
-                out.append(new_tuple(ConsumerRecord, (
-                    topic, partition, offset, key, value, headers, timestamp_ms,
-                )))
-                st.position = offset + 1
-                if len(out) >= max_records:
-                    break
-            else:
-                if st.position is not None and st.next_fetch_offset > st.position:
-                    st.position = st.next_fetch_offset
-                st.clear_buffer()
-            if len(out) >= max_records:
-                break
-        return out
 
     # ------------------------------------------------------------ lifecycle
 
@@ -1366,7 +854,7 @@ class Consumer:
         if self._closed:
             return
         try:
-            if self._subscription is not None:
+            if self._subscription.subscribed:
                 self._leave_group(
                     self._request_timeout_ms / 1000 if timeout is None else max(timeout, 0.0)
                 )
@@ -1380,9 +868,7 @@ class Consumer:
         if self._membership is not None:
             with self._lock:
                 self._membership.close()
-        for fetch in self._in_flight.values():
-            fetch.call.cancel()
-        self._in_flight.clear()
+        self._fetcher.close()
         if self._offset_fetch is not None:
             self._offset_fetch.cancel()
             self._offset_fetch = None
@@ -1394,7 +880,7 @@ class Consumer:
     def fetch_throttle_time(self) -> ThrottleTime:
         """The throttle times the stores answered this consumer's fetches
         with (Kafka's fetch-throttle-time-avg/max)."""
-        return self._throttles.totals()
+        return self._fetcher.throttle_time
 
     def __enter__(self) -> Consumer:
         return self
@@ -1406,10 +892,6 @@ class Consumer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 def _check_partitions(partitions: Iterable[TopicPartition]) -> list[TopicPartition]:

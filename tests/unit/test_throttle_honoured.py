@@ -9,7 +9,7 @@ times they were answered in `produce_throttle_time` / `fetch_throttle_time`.
 Method: tests/support/inprocess_cluster.InProcessCluster (the real store
 in this process) whose `produce_reply` / `fetch_reply` add a throttle time
 of a minute to the first answer, and the clients' clocks replaced by one
-the test moves (`oncelog.producer._now_ms`, `oncelog.consumer._monotonic_ms`),
+the test moves (`oncelog.producer._now_ms`, `oncelog._fetcher._monotonic_ms`),
 so the minute passes when the test says so. "Nothing was sent meanwhile"
 is checked after a wait that a correct client survives however long it is
 (a longer wait only makes the check stronger).
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from oncelog import Consumer, Producer, TopicPartition, consumer, errors, producer
+from oncelog import Consumer, Producer, TopicPartition, _fetcher, errors, producer
 from oncelog.types import ThrottleTime
 from oncelog.v1 import partition_store_pb2 as pb
 from tests.support.inprocess_cluster import InProcessCluster
@@ -75,7 +75,7 @@ def test_the_producer_waits_out_a_throttle_time(store: InProcessCluster,
 def test_the_consumer_waits_out_a_throttle_time(store: InProcessCluster,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
-    monkeypatch.setattr(consumer, "_monotonic_ms", clock)
+    monkeypatch.setattr(_fetcher, "_monotonic_ms", clock)
     store.create_topic("t", 1)
     with Producer(bootstrap=store.address) as p:
         for value in (b"a", b"b"):
