@@ -12,6 +12,7 @@ and stop once a stop file exists:
     txn <outcome> <txn> <value>,...          aborted, or unknown (the commit's
                                              answer was lost: the coordinator
                                              decides, all or nothing)
+    note <txn> <error class>: <message>      the error that transaction met
 
 `ClientStreams` runs both streams in the background from the test process;
 `check_exactly_once` holds the logs against what a read_committed reader
@@ -141,6 +142,7 @@ def stream_transactions(bootstrap: str, topic: str, partitions: int, log_path: s
         values = [f"{txn}-{i}".encode() for i in range(RECORDS_PER_TXN)]
         outcome = UNKNOWN
         futures = []
+        error: Exception | None = None
         try:
             producer.begin_transaction()
             futures = [producer.send(topic, value=v, partition=i % partitions)
@@ -151,15 +153,16 @@ def stream_transactions(bootstrap: str, topic: str, partitions: int, log_path: s
             else:
                 producer.commit_transaction()
                 outcome = COMMITTED
-        except oerrors.TransactionAbortableError:
+        except oerrors.TransactionAbortableError as exc:
+            error = exc
             try:
                 producer.abort_transaction()
                 outcome = ABORTED
-            except oerrors.OncelogError:
-                pass
-        except oerrors.OncelogError:
-            pass
-        _log_transaction(out, outcome, txn, values, futures)
+            except oerrors.OncelogError as abort_exc:
+                error = abort_exc
+        except oerrors.OncelogError as exc:
+            error = exc
+        _log_transaction(out, outcome, txn, values, futures, error)
         if outcome == UNKNOWN:
             producer.close(timeout=5)
             producer = None
@@ -234,6 +237,7 @@ def stream_copier(bootstrap: str, in_topic: str, out_topic: str, log_path: str,
         values = [copy_identity(txn, r.partition, r.offset) for r in records]
         outcome = UNKNOWN
         futures = []
+        error: Exception | None = None
         try:
             producer.begin_transaction()
             futures = [producer.send(out_topic, value=v, partition=r.partition)
@@ -247,15 +251,16 @@ def stream_copier(bootstrap: str, in_topic: str, out_topic: str, log_path: str,
                 producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
                 producer.commit_transaction()
                 outcome = COMMITTED
-        except oerrors.TransactionAbortableError:
+        except oerrors.TransactionAbortableError as exc:
+            error = exc
             try:
                 producer.abort_transaction()
                 outcome = ABORTED
-            except oerrors.OncelogError:
-                pass
-        except oerrors.OncelogError:
-            pass
-        _log_transaction(out, outcome, txn, values, futures)
+            except oerrors.OncelogError as abort_exc:
+                error = abort_exc
+        except oerrors.OncelogError as exc:
+            error = exc
+        _log_transaction(out, outcome, txn, values, futures, error)
         if outcome != COMMITTED:
             if outcome == UNKNOWN:
                 producer.close(timeout=5)
@@ -333,6 +338,8 @@ class ClientLog:
             self.acked[value.encode()] = (int(partition), int(offset))
         elif kind == "fail":
             self.failed.add(rest.split()[0].encode())
+        elif kind == "note":
+            pass  # an error a transaction met, for a reader of the log
         elif kind == "txn":
             outcome, txn, items = rest.split(" ", 2)
             placed: dict[bytes, tuple[int, int] | None] = {}
@@ -533,13 +540,17 @@ def check_exactly_once(log: ClientLog, records: list[tuple[int, int, bytes]]) ->
 
 
 def _log_transaction(out: Any, outcome: str, txn: Any, values: Sequence[bytes],
-                     futures: Sequence[Any]) -> None:
+                     futures: Sequence[Any], error: Exception | None = None) -> None:
     """One transaction's line: a committed one with where each record landed,
-    any other with its values only."""
+    any other with its values only; then, when one was met, a `note` line
+    with the error (what a run that stalls is read by)."""
     if outcome == COMMITTED:
         placed = [f"{v.decode()}@{f.result().partition}:{f.result().offset}"
                   for v, f in zip(values, futures, strict=True)]
         out.write(f"txn {outcome} {txn} {','.join(placed)}")
     else:
         out.write(f"txn {outcome} {txn} {','.join(v.decode() for v in values)}")
+    if error is not None:
+        message = " ".join(str(error).split())
+        out.write(f"note {txn} {type(error).__name__}: {message[:500]}")
 
