@@ -27,8 +27,8 @@ import functools
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -44,17 +44,15 @@ from oncelog._config import DEFAULT_CLIENT_ID
 from oncelog._request_streams import Outcome, RequestStreams
 from oncelog._sequencing import PartitionMode, PartitionSequencer
 from oncelog._throttle import Throttles
-from oncelog._transactions import (
-    ProducerTxnState,
-    TxnStateMachine,
-    ends_producer,
-    record_failure,
-)
+from oncelog._transactions import ProducerTxnState
 from oncelog.v1 import coordinator_pb2, partition_store_pb2
 from oncelog.wire import errors
 from oncelog.wire.errors import ErrorCode, OncelogError
 from oncelog.wire.limits import MAX_GRPC_MESSAGE_BYTES
 from oncelog.wire.records import MAX_PRODUCER_EPOCH
+
+if TYPE_CHECKING:
+    from oncelog._txn_manager import TransactionManager
 
 # The producer's logger: the sender's lines are the producer's.
 log = logging.getLogger("oncelog.producer")
@@ -67,7 +65,7 @@ EXPIRY_CHECK_INTERVAL_MS = 50
 # The longest the sender sleeps while anything is incomplete (housekeeping).
 MAX_SENDER_SLEEP_MS = 100
 # States in which the sender sends a transaction's batches.
-_TXN_SENDING = frozenset({
+TXN_SENDING_STATES = frozenset({
     ProducerTxnState.IN_TRANSACTION, ProducerTxnState.COMMITTING, ProducerTxnState.PREPARING,
 })
 # States in which the sender discards a transaction's unsent batches.
@@ -102,10 +100,12 @@ def with_authorization_advice(exc: OncelogError) -> OncelogError:
 class Sender:
     """The producer's background thread: drains, numbers, sends, completes.
 
-    Everything here except the completion queue, `fatal_error` and the
-    hand-over fields of a transactional producer (`_identity_request`,
-    `txn_touched`) is owned by the sender thread; gRPC callbacks only append
-    to the completion queue (under the accumulator's lock) and wake the thread.
+    Everything here except the completion queue and `fatal_error` is owned
+    by the sender thread; gRPC callbacks only append to the completion queue
+    (under the accumulator's lock) and wake the thread. A transactional
+    producer's transaction is its `TransactionManager`'s: the sender asks it
+    once per round for a new identity and the state, and tells it of every
+    record of the transaction that failed.
 
     A transactional producer's Produce requests ask the store to add each
     partition to the transaction before its first batch there
@@ -128,7 +128,7 @@ class Sender:
         retry_backoff_max_ms: int,
         transaction_timeout_ms: int,
         clock_ms: Callable[[], int],
-        txn: TxnStateMachine | None = None,
+        txn: TransactionManager | None = None,
         client_id: str = DEFAULT_CLIENT_ID,
     ) -> None:
         self._client = client
@@ -164,16 +164,6 @@ class Sender:
         # Transactions (None / unused for other producers).
         self._txn = txn
         self._transactional_id = "" if txn is None else txn.transactional_id
-        # Some request of the open transaction reached (or may have reached)
-        # the coordinator, directly or through a store adding a partition, so
-        # ending it needs an EndTxn. Guarded by the lock.
-        self.txn_touched = False
-        # A new producer id/epoch handed over by the user's thread (after
-        # InitProducerId or EndTxn); the sender applies it, clears this and
-        # counts it applied. Guarded by the lock.
-        self._identity_request: tuple[int, int] | None = None
-        self._identities_requested = 0
-        self._identities_applied = 0
         # Produce requests go over one stream per store (_request_streams.py);
         # their outcomes arrive like a unary call's.
         self._streams = RequestStreams("ProduceStream", client.store,
@@ -249,7 +239,7 @@ class Sender:
             acc.sender_pass_done()
             if (
                 acc.closing and not acc.incomplete and not acc.requests_unanswered
-                and self._identity_request is None
+                and (self._txn is None or self._txn.identity_request is None)
             ):
                 return False
             if acc.woken or self._completions:
@@ -265,57 +255,6 @@ class Sender:
 
     # ------------------------------------------------------------ transactions
 
-    def set_identity(self, producer_id: int, producer_epoch: int) -> None:
-        """Hands a new producer id and epoch to the sender (user's thread, after
-        InitProducerId or EndTxn) and waits until it has taken them: every
-        partition then starts again at sequence 0. Only called when nothing is
-        queued or in flight."""
-        acc = self._acc
-        with acc.lock:
-            self._identity_request = (producer_id, producer_epoch)
-            self._identities_requested += 1
-            wanted = self._identities_requested
-            acc.woken = True
-            acc.wakeup.notify()
-            # Counted, not `while self._identity_request is not None`: the
-            # assignment above narrows that field's type, and the compiled
-            # module (mypyc) enforces the narrowed type when the sender
-            # thread has reset it.
-            while self._identities_applied < wanted:
-                if self.fatal_error is not None:
-                    raise self._fatal_copy()
-                if not self.thread.is_alive():
-                    raise errors.IllegalStateError("the producer's sender thread has stopped")
-                acc.changed.wait(0.1)
-
-    def mark_txn_touched(self) -> None:
-        """A request of the open transaction is about to reach the coordinator."""
-        with self._acc.lock:
-            self.txn_touched = True
-
-    def wait_txn_quiet(self, deadline_s: float) -> None:
-        """Waits (user's thread, in aborting) until no batch of the transaction
-        is queued or in flight."""
-        acc = self._acc
-        with acc.lock:
-            while acc.incomplete:
-                if self.fatal_error is not None:
-                    raise self._fatal_copy()
-                remaining_s = deadline_s - time.monotonic()
-                if remaining_s <= 0:
-                    raise errors.KafkaTimeoutError(
-                        f"abort_transaction() timed out waiting for {len(acc.incomplete)} "
-                        f"batches in flight; call abort_transaction() again"
-                    )
-                acc.changed.wait(min(remaining_s, 0.1))
-
-    def _fatal_copy(self) -> OncelogError:
-        fatal = self.fatal_error
-        assert fatal is not None
-        dup = type(fatal)(fatal.message)
-        dup.__cause__ = fatal
-        return dup
-
     def _txn_step(self, now: int) -> None:
         """The sender's share of a transaction, once per round: apply a new
         identity, discard what an aborted transaction will not send."""
@@ -323,8 +262,8 @@ class Sender:
         assert txn is not None
         acc = self._acc
         with acc.lock:
-            identity = self._identity_request
-            state = txn.state
+            identity = txn.identity_request
+            state = txn.machine.state
         if identity is not None:
             self._apply_identity(identity)
             return
@@ -338,12 +277,10 @@ class Sender:
         self.producer_id, self.producer_epoch = identity
         self._sequencers.clear()
         self._active.clear()
-        acc = self._acc
-        with acc.lock:
-            self.txn_touched = False
-            self._identity_request = None
-            self._identities_applied += 1
-            acc.changed.notify_all()
+        txn = self._txn
+        assert txn is not None
+        with self._acc.lock:
+            txn.identity_applied()
         log.debug("transactional producer %r now producer id %d epoch %d",
                   self._transactional_id, self.producer_id, self.producer_epoch)
 
@@ -358,41 +295,8 @@ class Sender:
             unsent.extend(self._sequencers[key].discard_unsent())
         if not unsent:
             return
-        cause = txn.error
-        # A batch waiting for a retry may have been written already (its
-        # answer was lost): "acknowledged", not "sent". Either way the abort's
-        # marker keeps it from every read_committed reader.
-        if state is ProducerTxnState.ABORTING or cause is None:
-            reason = "the transaction was aborted before this record was acknowledged"
-        else:
-            detail = (f"{type(cause).__name__}: {cause.message}"
-                      if isinstance(cause, OncelogError) else repr(cause))
-            reason = (f"the transaction failed ({detail}) before this record was "
-                      "acknowledged; it must be aborted")
-        error = errors.TransactionAbortedError(
-            f"transactional id {self._transactional_id!r}: {reason}"
-        )
-        error.__cause__ = cause
+        error = txn.discard_error(state)
         self._complete([(batch, -1, error) for batch in unsent if batch.state != FINISHED])
-
-    def _on_txn_record_failed(self, batch: ProducerBatch, error: BaseException) -> None:
-        """A record of the transaction failed for good: the end of the producer
-        (fenced, data lost) or of the transaction (everything else, a record
-        that ran out of delivery_timeout_ms included)."""
-        if self.fatal_error is not None:
-            return
-        if ends_producer(error):
-            assert isinstance(error, OncelogError)
-            self.fail_fatal(error)
-            return
-        txn = self._txn
-        assert txn is not None
-        with self._acc.lock:
-            if txn.state in _TXN_SENDING:
-                described = record_failure(batch.topic, batch.partition, error)
-                log.info("transaction of %r is now abortable: %s", self._transactional_id,
-                         described)
-                txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, described)
 
     # ------------------------------------------------------------ producer id
 
@@ -460,10 +364,18 @@ class Sender:
             if self.fatal_error is None:
                 self.fatal_error = exc
             if self._txn is not None:
-                self._txn.transition_to(ProducerTxnState.FATAL_ERROR, self.fatal_error)
+                self._txn.machine.transition_to(ProducerTxnState.FATAL_ERROR, self.fatal_error)
             acc.woken = True
             acc.wakeup.notify()
             acc.changed.notify_all()
+
+    def fatal_copy(self) -> OncelogError:
+        """The fatal error, a fresh instance to raise (tracebacks grow)."""
+        fatal = self.fatal_error
+        assert fatal is not None
+        dup = type(fatal)(fatal.message)
+        dup.__cause__ = fatal
+        return dup
 
     def _reset_sequences_if_needed(self, now: int) -> None:
         """Partitions whose sequence broke need the producer on a newer epoch
@@ -509,7 +421,7 @@ class Sender:
             not self._idempotent or self.producer_id >= 0
         )
         txn = self._txn
-        if txn is not None and txn.state not in _TXN_SENDING:
+        if txn is not None and txn.machine.state not in TXN_SENDING_STATES:
             can_assign = False
         md = self._client.cached_metadata
         if can_assign:
@@ -629,10 +541,11 @@ class Sender:
         # batches (a cut-short attempt counts as "outcome unknown").
         latest_deadline = max(b.deadline_ms for b in batches)
         timeout_ms = min(self._request_timeout_ms + 1000, max(latest_deadline - now, 50))
+        txn = self._txn
         with self._acc.lock:
-            if self._txn is not None:
+            if txn is not None:
                 # The store may add partitions to the transaction for this request.
-                self.txn_touched = True
+                txn.touched = True
             self._acc.requests_unanswered += 1
         try:
             if self._streams.serves(address):
@@ -757,12 +670,13 @@ class Sender:
     def _complete(self, finished: list[tuple[ProducerBatch, int, BaseException | None]]) -> None:
         if not finished:
             return
-        if self._txn is not None:
+        txn = self._txn
+        if txn is not None:
             # Before the futures complete: commit_transaction() must find the
             # transaction broken once it sees a record failed.
             for batch, _offset, error in finished:
                 if error is not None:
-                    self._on_txn_record_failed(batch, error)
+                    txn.on_record_failed(batch, error)
         for batch, base_offset, error in finished:
             batch.finish(base_offset=base_offset, error=error)
         self._acc.completed([b for b, _, _ in finished])

@@ -1,8 +1,10 @@
-"""The producer: batching, pipelined sends, idempotent retries.
+"""The producer's facade: the API users call, over batching, pipelined
+sends and idempotent retries.
 
-`send()` appends the record to its partition's open batch and returns a future
-at once. A background sender thread takes batches when they are full, when
-they have waited `linger_ms`, or on `flush()`; gives each its sequence number
+`send()` appends the record to its partition's open batch (the record
+accumulator, `_batching.py`) and returns a future at once. A background
+sender thread (`_sender.py`) takes batches when they are full, when they
+have waited `linger_ms`, or on `flush()`; gives each its sequence number
 (idempotence); encodes it once; groups the batches by store node into one
 Produce request per node, up to `max_in_flight` unacknowledged batches per
 partition; and resolves each batch's futures when its answer comes. Retries
@@ -11,12 +13,13 @@ a lost answer harmless. See docs/sdk.md for the guarantees and
 `_sequencing.py` for the retry rules.
 
 With a `transactional_id` the producer is transactional (docs/sdk.md,
-"Transactions"): `_transactions.TxnStateMachine` holds the client-side state
-as one table; the user's thread runs InitProducerId, AddOffsetsToTxn,
-TxnOffsetCommit and EndTxn (blocking, with retries), while the sender thread
-sends transactional batches down the same batched, pipelined path as
-idempotent ones, asking the store to add each partition to the transaction
-before its first batch there (`add_partitions_to_txn`; see `_sender.py`).
+"Transactions"): its transaction manager (`_txn_manager.py`) holds the
+client-side state (`_transactions.TxnStateMachine`, one table) and runs
+InitProducerId, TxnOffsetCommit and EndTxn on the user's thread (blocking,
+with retries); the transactional methods here hand each call to it. The
+sender thread sends transactional batches down the same batched, pipelined
+path as idempotent ones, asking the store to add each partition to the
+transaction before its first batch there (`add_partitions_to_txn`).
 
 `key_serializer`/`value_serializer` (kafka-python's hooks; ready ones in
 `oncelog.serializers`) turn what send() is given into bytes before anything
@@ -41,11 +44,9 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
-
-import grpc
+from typing import Any
 
 from oncelog._batching import (
     BATCH_OVERHEAD_BYTES,
@@ -64,7 +65,6 @@ from oncelog._client import (
     ClusterClient,
     TopicInfo,
     backoff_ms,
-    error_from_proto,
 )
 from oncelog._config import (
     DEFAULT_CLIENT_ID,
@@ -75,33 +75,20 @@ from oncelog._config import (
     client_timing_options,
     int_option,
 )
-from oncelog._coordinators import (
-    GROUP,
-    TRANSACTION,
-    CoordinatorLocator,
-    call_coordinator,
-)
 from oncelog._keywords import kafka_names
 from oncelog._mypyc import mypyc_attr
 from oncelog._partitioner import StickyPartitioner, partition_for_key
-from oncelog._request_streams import StreamCaller
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
-from oncelog._sender import Sender, with_authorization_advice
+from oncelog._sender import Sender
 from oncelog._transactions import (
     Op,
     ProducerTxnState,
     TxnStateMachine,
-    ends_producer,
-    record_failure,
 )
+from oncelog._txn_manager import TransactionManager
 from oncelog.errors import SerializationError
 from oncelog.serializers import Serializer
 from oncelog.types import GroupMetadata, PreparedTxnState, ThrottleTime, TopicPartition
-from oncelog.v1 import (
-    coordinator_pb2,
-    errors_pb2,
-    group_coordinator_pb2,
-)
 from oncelog.wire import errors
 from oncelog.wire.compression import CODEC_NAMES, Codec
 from oncelog.wire.errors import ErrorCode, OncelogError
@@ -109,7 +96,6 @@ from oncelog.wire.records import Header
 
 log = logging.getLogger("oncelog.producer")
 
-_T = TypeVar("_T")
 
 # Kafka's limit for an idempotent producer: the store deduplicates against the
 # producer's last five batches per partition.
@@ -157,22 +143,6 @@ def _check_headers(headers: Sequence[Header] | Mapping[str, bytes | None]) -> tu
             hvalue = _as_bytes(hvalue, f"value of header {hkey!r}")
         out.append((hkey, hvalue))
     return tuple(out)
-
-
-class _Answer(Protocol):
-    @property
-    def error(self) -> errors_pb2.Error: ...
-
-
-_AnswerT = TypeVar("_AnswerT", bound=_Answer)
-
-
-def _answered(resp: _AnswerT) -> _AnswerT:
-    """A reply whose request-level error, if any, is raised."""
-    exc = error_from_proto(resp.error)
-    if exc is not None:
-        raise exc
-    return resp
 
 
 # Not `@kafka_names` on the class: mypyc compiles a class with any decorator
@@ -318,29 +288,20 @@ class Producer:
         self._topics_version = -1
         self._closed = False
         self._close_lock = threading.Lock()
-        self._transactional_id = transactional_id
-        self._transaction_timeout_ms = transaction_timeout_ms
-        self._two_phase_commit = transaction_two_phase_commit_enable
-        # Two-phase commit: the prepared transaction this producer holds (after
-        # prepare_transaction(), or kept by init_transactions), and the state
-        # it was in when complete_transaction() started.
-        self._prepared: PreparedTxnState | None = None
-        self._completing_from = ProducerTxnState.READY
-        self._txn: TxnStateMachine | None = None
-        self._txn_locator: CoordinatorLocator | None = None
-        # Group id -> its coordinator's locator (send_offsets_to_transaction).
-        self._group_locators: dict[str, CoordinatorLocator] = {}
-        # EndTxn goes over one stream per coordinator (_request_streams.py).
-        self._end_txns: StreamCaller | None = None
+        # The transaction's state and calls (None without a transactional_id),
+        # and its state machine, which send() reads once per record without
+        # a call through the manager.
+        self._txn: TransactionManager | None = None
+        self._txn_machine: TxnStateMachine | None = None
         if transactional_id is not None:
-            self._txn = TxnStateMachine(transactional_id)
-            self._txn_locator = locator = CoordinatorLocator(
-                self._client, transactional_id, TRANSACTION)
-            self._end_txns = StreamCaller(
-                "EndTxnStream", self._client.coordinator,
-                lambda exc, address: self._client.rpc_error(exc, address,
-                                                            service=locator.service),
-                lambda address: self._client.silent(address, service=locator.service))
+            self._txn = TransactionManager(
+                client=self._client, accumulator=self._accumulator,
+                transactional_id=transactional_id,
+                transaction_timeout_ms=transaction_timeout_ms,
+                two_phase_commit=transaction_two_phase_commit_enable,
+                max_block_ms=max_block_ms, flush=self.flush,
+            )
+            self._txn_machine = self._txn.machine
         self._sender = Sender(
             client=self._client, accumulator=self._accumulator,
             idempotent=enable_idempotence, max_in_flight=max_in_flight,
@@ -349,6 +310,8 @@ class Producer:
             transaction_timeout_ms=transaction_timeout_ms, clock_ms=_now_ms,
             txn=self._txn, client_id=client_id,
         )
+        if self._txn is not None:
+            self._txn.attach(self._sender)
         self._sender.start()
 
     # ------------------------------------------------------------------ API
@@ -484,7 +447,7 @@ class Producer:
         last: ProducerBatch | None = None
         limit = self._buffer_memory_bytes
         with acc.lock:
-            txn = self._txn
+            txn = self._txn_machine
             if txn is not None and txn.state is not _IN_TRANSACTION:
                 txn.check(Op.SEND)
             # (`record_count` is never reassigned below: compiled, range()'s
@@ -610,7 +573,7 @@ class Producer:
             except OncelogError as exc:
                 return self._refused(topic, partition, exc)
         num_partitions, max_message_bytes = info
-        txn = self._txn
+        txn = self._txn_machine
         if txn is not None and txn.state is not _IN_TRANSACTION:
             # The state answers first: a record refused for its size in
             # `ready` would say "too large" where the caller's mistake is
@@ -633,7 +596,7 @@ class Producer:
             # Under the lock: commit_transaction() moves the state on under it
             # too, so a record either joins the transaction before the commit's
             # flush or is refused.
-            txn = self._txn
+            txn = self._txn_machine
             if txn is not None and txn.state is not _IN_TRANSACTION:
                 txn.check(Op.SEND)
             if acc.buffered_bytes + size > self._buffer_memory_bytes and acc.buffered_bytes:
@@ -730,25 +693,13 @@ class Producer:
         return failed_future(topic, where, exc)
 
     def _break_transaction(self, topic: str, partition: int, exc: BaseException) -> None:
-        if self._txn is None:
-            return
-        with self._accumulator.lock:
-            self._break_transaction_locked(topic, partition, exc)
+        if self._txn is not None:
+            self._txn.break_transaction(topic, partition, exc)
 
     def _break_transaction_locked(self, topic: str, partition: int, exc: BaseException) -> None:
-        """A record of the open transaction failed before it reached the
-        accumulator: the transaction cannot commit (abortable_error). Caller
-        holds the accumulator lock."""
-        txn = self._txn
-        if (txn is None or txn.state is not _IN_TRANSACTION
-                or self._sender.fatal_error is not None):
-            # No open transaction (the record was refused for that), one that
-            # already failed (the first failure is the one reported), or a
-            # producer the sender has already ended.
-            return
-        described = record_failure(topic, partition, exc)
-        log.info("transaction of %r is now abortable: %s", txn.transactional_id, described)
-        txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, described)
+        """Caller holds the accumulator lock (TransactionManager.break_transaction_locked)."""
+        if self._txn is not None:
+            self._txn.break_transaction_locked(topic, partition, exc)
 
     def _wait_for_buffer(self, size: int) -> BaseException | None:
         """Blocks (up to max_block_ms) until buffered records leave room for
@@ -758,11 +709,12 @@ class Producer:
         while acc.buffered_bytes + size > self._buffer_memory_bytes and acc.buffered_bytes:
             if self._closed or self._sender.fatal_error is not None:
                 return self._sender.fatal_error or errors.IllegalStateError("producer closed")
-            if self._txn is not None and self._txn.state is not _IN_TRANSACTION:
+            txn = self._txn_machine
+            if txn is not None and txn.state is not _IN_TRANSACTION:
                 # The transaction ended (or broke) while we waited.
-                return self._txn.refusal(Op.SEND) or errors.IllegalStateError(
+                return txn.refusal(Op.SEND) or errors.IllegalStateError(
                     f"the transaction ended while send() waited for buffer memory "
-                    f"({self._txn.state.value})"
+                    f"({txn.state.value})"
                 )
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
@@ -819,50 +771,13 @@ class Producer:
 
         Blocks up to `timeout` seconds (default: max_block_ms); on
         KafkaTimeoutError, call it again to resume."""
-        txn, locator = self._txn_parts("init_transactions")
-        if keep_prepared_txn and not self._two_phase_commit:
-            raise ValueError(
-                "init_transactions(keep_prepared_txn=True) needs a producer made with "
-                "transaction_two_phase_commit_enable=True"
-            )
-        with self._accumulator.lock:
-            txn.check(Op.INIT_TRANSACTIONS)
-            txn.transition_to(ProducerTxnState.INITIALIZING)
-        request = coordinator_pb2.InitProducerIdRequest(
-            transactional_id=txn.transactional_id,
-            transaction_timeout_ms=self._transaction_timeout_ms,
-            producer_id=-1, producer_epoch=-1,
-            enable_two_phase_commit=self._two_phase_commit,
-            keep_prepared_txn=keep_prepared_txn,
-        )
-
-        def attempt(address: str, timeout_s: float) -> coordinator_pb2.InitProducerIdResponse:
-            return _answered(
-                self._client.coordinator(address).InitProducerId(request, timeout=timeout_s))
-
-        resp = self._txn_call("InitProducerId", locator, attempt, timeout, fatal_on_error=True)
-        self._sender.set_identity(resp.producer_id, resp.producer_epoch)
-        kept = resp.prepared_transaction if resp.HasField("prepared_transaction") else None
-        if kept is not None:
-            # Ending it needs EndTxn or CompleteTransaction, though this
-            # instance sent nothing in it.
-            self._sender.mark_txn_touched()
-        with self._accumulator.lock:
-            self._prepared = (None if kept is None
-                              else PreparedTxnState(kept.producer_id, kept.producer_epoch))
-            txn.transition_to(ProducerTxnState.READY if kept is None
-                              else ProducerTxnState.PREPARED_TRANSACTION)
-        log.debug("transactional id %r: producer id %d epoch %d%s", txn.transactional_id,
-                  resp.producer_id, resp.producer_epoch,
-                  "" if kept is None else f", keeps prepared transaction {self._prepared}")
+        self._transactional("init_transactions").init_transactions(
+            timeout, keep_prepared_txn=keep_prepared_txn)
 
     def begin_transaction(self) -> None:
         """Opens a transaction: records sent until commit_transaction() or
         abort_transaction() belong to it. Local: no request is sent."""
-        txn, _locator = self._txn_parts("begin_transaction")
-        with self._accumulator.lock:
-            txn.check(Op.BEGIN_TRANSACTION)
-            txn.transition_to(ProducerTxnState.IN_TRANSACTION)
+        self._transactional("begin_transaction").begin_transaction()
 
     def send_offsets_to_transaction(
         self,
@@ -879,100 +794,8 @@ class Producer:
         transaction (pending until the transaction's marker lands). No
         AddOffsetsToTxn goes first: as with Kafka's transaction version 2,
         the write adds its partition, which saves the commit a round trip."""
-        txn, _locator = self._txn_parts("send_offsets_to_transaction")
-        if not isinstance(group_metadata, GroupMetadata):
-            raise TypeError(
-                f"group_metadata must be a GroupMetadata (consumer.group_metadata()), "
-                f"got {group_metadata!r}"
-            )
-        if not group_metadata.group_id:
-            raise ValueError("group_metadata.group_id must not be empty")
-        for tp, offset in offsets.items():
-            if not isinstance(tp, TopicPartition):
-                raise TypeError(f"offsets must be keyed by TopicPartition, got {tp!r}")
-            if type(offset) is not int or offset < 0:
-                raise ValueError(f"offset for {tp} must be an int >= 0, got {offset!r}")
-        with self._accumulator.lock:
-            txn.check(Op.SEND_OFFSETS)
-        if not offsets:
-            return
-        group_id = group_metadata.group_id
-        md = self._client.metadata()
-        if not md.group_coordinators:
-            md = self._client.refresh_metadata(timeout_ms=self._client.request_timeout_ms)
-        if not md.group_coordinators:
-            # Checked before TxnOffsetCommit, so the transaction is untouched.
-            raise errors.error_for(
-                ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                f"the cluster has no group coordinator, so the offsets of group {group_id!r} "
-                "cannot join the transaction (send_offsets_to_transaction needs one)",
-            )
-        # The group coordinator's write may start the transaction at the
-        # transaction coordinator: commit and abort must end it.
-        self._sender.mark_txn_touched()
-        self._txn_offset_commit(txn, offsets, group_metadata, timeout)
-
-    def _txn_offset_commit(
-        self,
-        txn: TxnStateMachine,
-        offsets: Mapping[TopicPartition, int],
-        group_metadata: GroupMetadata,
-        timeout: float | None,
-    ) -> None:
-        """TxnOffsetCommit to the group's coordinator, found with
-        FindCoordinator(group_id, GROUP); its answers are sorted like every
-        other transactional call's (fatal, retried, abortable)."""
-        # One locator per group, kept: a read-process-write loop sends the
-        # same group's offsets in every transaction.
-        group_locator = self._group_locators.get(group_metadata.group_id)
-        if group_locator is None:
-            group_locator = CoordinatorLocator(self._client, group_metadata.group_id, GROUP)
-            self._group_locators[group_metadata.group_id] = group_locator
-        request = group_coordinator_pb2.TxnOffsetCommitRequest(
-            transactional_id=txn.transactional_id,
-            group_id=group_metadata.group_id,
-            producer_id=self._sender.producer_id,
-            producer_epoch=self._sender.producer_epoch,
-            generation_id=group_metadata.generation_id,
-            member_id=group_metadata.member_id,
-            group_instance_id=group_metadata.group_instance_id or "",
-            partitions=[
-                group_coordinator_pb2.OffsetCommitPartition(
-                    topic=tp.topic, partition=tp.partition, offset=offset,
-                )
-                for tp, offset in sorted(offsets.items())
-            ],
-        )
-
-        def attempt(address: str, timeout_s: float) -> None:
-            try:
-                resp = self._client.group_coordinator(address).TxnOffsetCommit(
-                    request, timeout=timeout_s
-                )
-            except grpc.RpcError as rpc_exc:
-                if rpc_exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-                    raise errors.error_for(
-                        ErrorCode.UNSUPPORTED_VERSION,
-                        f"the group coordinator at {address} does not serve TxnOffsetCommit",
-                    ) from None
-                raise
-            exc = error_from_proto(resp.error)
-            if exc is None:
-                for result in resp.results:
-                    exc = error_from_proto(result.error)
-                    if exc is not None:
-                        exc = errors.error_for(
-                            exc.code,
-                            f"{result.topic}-{result.partition}: {exc.message}",
-                        )
-                        break
-            if exc is not None:
-                raise exc
-
-        self._txn_call(
-            f"TxnOffsetCommit of group {group_metadata.group_id!r}", group_locator, attempt,
-            timeout,
-        )
+        self._transactional("send_offsets_to_transaction").send_offsets_to_transaction(
+            offsets, group_metadata, timeout)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Sends every record of the transaction, then commits it (EndTxn).
@@ -983,11 +806,7 @@ class Producer:
         commit_transaction() again, which retries the commit with the same
         producer id and epoch (a commit is never turned into an abort).
         Blocks up to `timeout` seconds (default: max_block_ms)."""
-        txn, locator = self._txn_parts("commit_transaction")
-        deadline_s = self._flush_transaction(txn, Op.COMMIT_TRANSACTION,
-                                             ProducerTxnState.COMMITTING,
-                                             timeout)
-        self._end_txn(txn, locator, commit=True, deadline_s=deadline_s)
+        self._transactional("commit_transaction").commit_transaction(timeout)
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         """Two-phase commit, first phase: sends every record of the
@@ -1003,31 +822,7 @@ class Producer:
         If a record failed, raises a TransactionAbortableError: abort. On
         KafkaTimeoutError call prepare_transaction() again (or abort).
         Blocks up to `timeout` seconds (default: max_block_ms)."""
-        txn, locator = self._txn_parts("prepare_transaction")
-        self._check_two_phase_commit("prepare_transaction")
-        deadline_s = self._flush_transaction(txn, Op.PREPARE_TRANSACTION,
-                                             ProducerTxnState.PREPARING,
-                                             timeout)
-        sender = self._sender
-        request = coordinator_pb2.PrepareTransactionRequest(
-            transactional_id=txn.transactional_id, producer_id=sender.producer_id,
-            producer_epoch=sender.producer_epoch,
-        )
-
-        def attempt(address: str, timeout_s: float
-                    ) -> coordinator_pb2.PrepareTransactionResponse:
-            sender.mark_txn_touched()
-            return _answered(self._client.coordinator(address).PrepareTransaction(
-                request, timeout=timeout_s))
-
-        resp = self._txn_call("PrepareTransaction", locator, attempt,
-                              max(0.0, deadline_s - time.monotonic()))
-        state = PreparedTxnState(resp.prepared_transaction.producer_id,
-                                 resp.prepared_transaction.producer_epoch)
-        with self._accumulator.lock:
-            self._prepared = state
-            txn.transition_to(ProducerTxnState.PREPARED_TRANSACTION)
-        return state
+        return self._transactional("prepare_transaction").prepare_transaction(timeout)
 
     def complete_transaction(self, prepared_state: PreparedTxnState,
                              timeout: float | None = None) -> bool:
@@ -1045,84 +840,14 @@ class Producer:
         record of raises InvalidTxnStateError. On KafkaTimeoutError the
         outcome is unknown: call complete_transaction() again with the same
         state. Blocks up to `timeout` seconds (default: max_block_ms)."""
-        txn, locator = self._txn_parts("complete_transaction")
-        if not isinstance(prepared_state, PreparedTxnState):
-            raise TypeError(
-                f"complete_transaction() takes a PreparedTxnState, got {prepared_state!r}"
-            )
-        self._check_two_phase_commit("complete_transaction")
-        with self._accumulator.lock:
-            txn.check(Op.COMPLETE_TRANSACTION)
-            if txn.state is not ProducerTxnState.COMPLETING:
-                self._completing_from = txn.state
-                txn.transition_to(ProducerTxnState.COMPLETING)
-        sender = self._sender
-        request = coordinator_pb2.CompleteTransactionRequest(
-            transactional_id=txn.transactional_id, producer_id=sender.producer_id,
-            producer_epoch=sender.producer_epoch,
-            prepared_transaction=coordinator_pb2.PreparedTxnState(
-                producer_id=prepared_state.producer_id,
-                producer_epoch=prepared_state.producer_epoch,
-            ),
-        )
-
-        def attempt(address: str, timeout_s: float
-                    ) -> coordinator_pb2.CompleteTransactionResponse:
-            return _answered(self._client.coordinator(address).CompleteTransaction(
-                request, timeout=timeout_s))
-
-        try:
-            resp = self._txn_call("CompleteTransaction", locator, attempt, timeout)
-        except errors.KafkaTimeoutError:
-            raise
-        except OncelogError:
-            with self._accumulator.lock:
-                # The coordinator refused and changed nothing (fatal errors
-                # have ended the producer already).
-                if txn.state is ProducerTxnState.COMPLETING:
-                    txn.transition_to(self._completing_from)
-            raise
-        sender.set_identity(resp.producer_id, resp.producer_epoch)
-        with self._accumulator.lock:
-            self._prepared = None
-            txn.transition_to(ProducerTxnState.READY)
-        return bool(resp.committed)
-
-    def _check_two_phase_commit(self, method: str) -> None:
-        if not self._two_phase_commit:
-            raise errors.error_for(
-                ErrorCode.INVALID_TXN_STATE,
-                f"{method}() needs a producer made with "
-                "transaction_two_phase_commit_enable=True",
-            )
-
-    def _flush_transaction(self, txn: TxnStateMachine, op: Op, state: ProducerTxnState,
-                           timeout: float | None) -> float:
-        """commit_transaction and prepare_transaction: moves to `state` (no
-        new records from here), sends every record of the transaction and
-        waits for each, then checks that none failed. Returns the call's
-        deadline (time.monotonic() seconds)."""
-        deadline_s = time.monotonic() + self._budget_s(timeout)
-        with self._accumulator.lock:
-            txn.check(op)
-            txn.transition_to(state)
-        try:
-            self.flush(max(0.0, deadline_s - time.monotonic()))
-        except errors.KafkaTimeoutError as exc:
-            raise errors.KafkaTimeoutError(
-                f"{op.value}() timed out while records of the transaction were "
-                f"still unacknowledged ({exc.message}); call {op.value}() again"
-            ) from exc
-        with self._accumulator.lock:
-            # A record failed (abortable_error) or the producer was fenced.
-            txn.check(op)
-        return deadline_s
+        return self._transactional("complete_transaction").complete_transaction(
+            prepared_state, timeout)
 
     @property
     def prepared_transaction_state(self) -> PreparedTxnState | None:
         """The prepared transaction this producer holds (state
         `prepared_transaction`), else None."""
-        return self._prepared
+        return None if self._txn is None else self._txn.prepared
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Aborts the transaction: records not yet sent are dropped (their
@@ -1130,122 +855,28 @@ class Producer:
         waited for, then EndTxn(abort). The producer goes on with the next
         epoch. Blocks up to `timeout` seconds (default: max_block_ms); on
         KafkaTimeoutError, call abort_transaction() again."""
-        txn, locator = self._txn_parts("abort_transaction")
-        deadline_s = time.monotonic() + self._budget_s(timeout)
-        acc = self._accumulator
-        with acc.lock:
-            txn.check(Op.ABORT_TRANSACTION)
-            txn.transition_to(ProducerTxnState.ABORTING)
-            acc.woken = True
-            acc.wakeup.notify()
-        self._sender.wait_txn_quiet(deadline_s)
-        with acc.lock:
-            txn.check(Op.ABORT_TRANSACTION)  # fenced meanwhile?
-        self._end_txn(txn, locator, commit=False, deadline_s=deadline_s)
-
-    def _end_txn(self, txn: TxnStateMachine, locator: CoordinatorLocator, *, commit: bool,
-                 deadline_s: float) -> None:
-        """EndTxn with retries (same producer id and epoch on every attempt, so
-        the coordinator recognises a retry whose first answer was lost), then
-        the next transaction's id and epoch, sequences from 0."""
-        sender = self._sender
-        if not sender.txn_touched:
-            # Nothing reached the coordinator: there is nothing to end.
-            sender.set_identity(sender.producer_id, sender.producer_epoch)
-        else:
-            request = coordinator_pb2.EndTxnRequest(
-                transactional_id=txn.transactional_id, producer_id=sender.producer_id,
-                producer_epoch=sender.producer_epoch, commit=commit,
-            )
-
-            def attempt(address: str, timeout_s: float) -> coordinator_pb2.EndTxnResponse:
-                assert self._end_txns is not None  # transactional
-                stub = self._client.coordinator(address)
-                return _answered(self._end_txns.call(
-                    address, request, timeout_s,
-                    unary=lambda: stub.EndTxn(request, timeout=timeout_s)))
-
-            remaining_s = max(0.0, deadline_s - time.monotonic())
-            what = "EndTxn(commit)" if commit else "EndTxn(abort)"
-            resp = self._txn_call(what, locator, attempt, remaining_s, fatal_on_error=True)
-            sender.set_identity(resp.producer_id, resp.producer_epoch)
-        with self._accumulator.lock:
-            self._prepared = None
-            txn.transition_to(ProducerTxnState.READY)
-
-    def _txn_call(
-        self,
-        what: str,
-        locator: CoordinatorLocator,
-        attempt: Callable[[str, float], _T],
-        timeout: float | None,
-        *,
-        fatal_on_error: bool = False,
-    ) -> _T:
-        """A transactional request with retries; sorts its failure: fatal codes
-        (and, with fatal_on_error, every non-retriable error, as Kafka does for
-        InitProducerId and EndTxn) make the producer fatal; other non-retriable
-        errors break the transaction (abortable_error; raised as a
-        TransactionAbortableError caused by the typed error); running out of
-        time raises KafkaTimeoutError and leaves the state as it is."""
-        txn = self._txn
-        assert txn is not None  # _txn_parts checked it
-        try:
-            return call_coordinator(
-                self._client, locator, what, attempt,
-                budget_ms=int(self._budget_s(timeout) * 1000),
-            )
-        except errors.KafkaTimeoutError:
-            raise
-        except OncelogError as exc:
-            detailed = errors.error_for(
-                exc.code, f"{what} for transactional id {txn.transactional_id!r}: "
-                f"{exc.message or exc.code.name}",
-            )
-            if ends_producer(exc) or fatal_on_error:
-                detailed = with_authorization_advice(detailed)
-                self._sender.fail_fatal(detailed)
-                raise detailed from exc
-            with self._accumulator.lock:
-                if txn.state in (ProducerTxnState.IN_TRANSACTION, ProducerTxnState.PREPARING):
-                    txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, detailed)
-            if isinstance(detailed, errors.TransactionAbortableError):
-                raise detailed from exc
-            # The code's own class (StaleMemberEpochError, say) does not say
-            # "abort": a failure that breaks the transaction is raised as a
-            # TransactionAbortableError, caused by the typed error, so one
-            # except clause catches every transaction that must be aborted.
-            raise errors.error_for(
-                ErrorCode.TRANSACTION_ABORTABLE,
-                f"{type(detailed).__name__}: {detailed.message}; the transaction must be "
-                "aborted with abort_transaction()",
-            ) from detailed
-
-    def _txn_parts(self, method: str) -> tuple[TxnStateMachine, CoordinatorLocator]:
-        if self._closed:
-            raise errors.IllegalStateError(f"{method}() on a closed producer")
-        if self._txn is None or self._txn_locator is None:
-            raise errors.IllegalStateError(
-                f"{method}() needs a transactional producer: pass transactional_id=... "
-                f"to Producer()"
-            )
-        return self._txn, self._txn_locator
-
-    def _check_txn(self, op: Op) -> None:
-        txn = self._txn
-        if txn is not None:
-            with self._accumulator.lock:
-                txn.check(op)
-
-    def _budget_s(self, timeout: float | None) -> float:
-        return self._max_block_ms / 1000 if timeout is None else max(0.0, timeout)
+        self._transactional("abort_transaction").abort_transaction(timeout)
 
     @property
     def transaction_state(self) -> ProducerTxnState | None:
         """The transactional state (a ProducerTxnState, a StrEnum: it equals
         its name, "ready", "in_transaction", ...), or None for a producer
         without transactions."""
-        return None if self._txn is None else self._txn.state
+        return None if self._txn_machine is None else self._txn_machine.state
+
+    def _transactional(self, method: str) -> TransactionManager:
+        if self._closed:
+            raise errors.IllegalStateError(f"{method}() on a closed producer")
+        if self._txn is None:
+            raise errors.IllegalStateError(
+                f"{method}() needs a transactional producer: pass transactional_id=... "
+                f"to Producer()"
+            )
+        return self._txn
+
+    def _check_txn(self, op: Op) -> None:
+        if self._txn is not None:
+            self._txn.check(op)
 
     # ------------------------------------------------------------------ close
 
@@ -1259,7 +890,7 @@ class Producer:
         with self._close_lock:
             if self._closed:
                 return
-            txn = self._txn
+            txn = self._txn_machine
             if txn is not None and txn.state in (
                 ProducerTxnState.IN_TRANSACTION, ProducerTxnState.ABORTABLE_ERROR,
                 ProducerTxnState.ABORTING,
@@ -1274,8 +905,8 @@ class Producer:
         try:
             self._sender.close(timeout)
         finally:
-            if self._end_txns is not None:
-                self._end_txns.close()
+            if self._txn is not None:
+                self._txn.close()
             self._client.close()
 
     @property
