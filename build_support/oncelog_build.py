@@ -86,6 +86,7 @@ CLIENT_MODULES = (
     "sdk/oncelog/_batching.py",
     "sdk/oncelog/_partitioner.py",
     "sdk/oncelog/_request_streams.py",
+    "sdk/oncelog/_sender.py",
     "sdk/oncelog/_sequencing.py",
     "sdk/oncelog/producer.py",
 )

@@ -1,8 +1,10 @@
-"""The producer: batching, pipelined sends, idempotent retries.
+"""The producer's facade: the API users call, over batching, pipelined
+sends and idempotent retries.
 
-`send()` appends the record to its partition's open batch and returns a future
-at once. A background sender thread takes batches when they are full, when
-they have waited `linger_ms`, or on `flush()`; gives each its sequence number
+`send()` appends the record to its partition's open batch (the record
+accumulator, `_batching.py`) and returns a future at once. A background
+sender thread (`_sender.py`) takes batches when they are full, when they
+have waited `linger_ms`, or on `flush()`; gives each its sequence number
 (idempotence); encodes it once; groups the batches by store node into one
 Produce request per node, up to `max_in_flight` unacknowledged batches per
 partition; and resolves each batch's futures when its answer comes. Retries
@@ -11,12 +13,13 @@ a lost answer harmless. See docs/sdk.md for the guarantees and
 `_sequencing.py` for the retry rules.
 
 With a `transactional_id` the producer is transactional (docs/sdk.md,
-"Transactions"): `_transactions.TxnStateMachine` holds the client-side state
-as one table; the user's thread runs InitProducerId, AddOffsetsToTxn,
-TxnOffsetCommit and EndTxn (blocking, with retries), while the sender thread
-sends transactional batches down the same batched, pipelined path as
-idempotent ones, asking the store to add each partition to the transaction
-before its first batch there (`add_partitions_to_txn`; see `_Sender`).
+"Transactions"): its transaction manager (`_txn_manager.py`) holds the
+client-side state (`_transactions.TxnStateMachine`, one table) and runs
+InitProducerId, TxnOffsetCommit and EndTxn on the user's thread (blocking,
+with retries); the transactional methods here hand each call to it. The
+sender thread sends transactional batches down the same batched, pipelined
+path as idempotent ones, asking the store to add each partition to the
+transaction before its first batch there (`add_partitions_to_txn`).
 
 `key_serializer`/`value_serializer` (kafka-python's hooks; ready ones in
 `oncelog.serializers`) turn what send() is given into bytes before anything
@@ -35,18 +38,15 @@ state names, else aborts it.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
-
-import grpc
+from typing import Any
 
 from oncelog._batching import (
     BATCH_OVERHEAD_BYTES,
@@ -63,11 +63,8 @@ from oncelog._batching import (
 )
 from oncelog._client import (
     ClusterClient,
-    ClusterMetadata,
     TopicInfo,
     backoff_ms,
-    error_from_proto,
-    needs_metadata_refresh,
 )
 from oncelog._config import (
     DEFAULT_CLIENT_ID,
@@ -78,55 +75,31 @@ from oncelog._config import (
     client_timing_options,
     int_option,
 )
-from oncelog._coordinators import (
-    GROUP,
-    TRANSACTION,
-    CoordinatorLocator,
-    call_coordinator,
-)
 from oncelog._keywords import kafka_names
 from oncelog._mypyc import mypyc_attr
 from oncelog._partitioner import StickyPartitioner, partition_for_key
-from oncelog._request_streams import Outcome, RequestStreams, StreamCaller
 from oncelog._security import PLAINTEXT, TokenProvider, security_options
-from oncelog._sequencing import PartitionMode, PartitionSequencer
-from oncelog._throttle import Throttles
+from oncelog._sender import Sender
 from oncelog._transactions import (
     Op,
     ProducerTxnState,
     TxnStateMachine,
-    ends_producer,
-    record_failure,
 )
+from oncelog._txn_manager import TransactionManager
 from oncelog.errors import SerializationError
 from oncelog.serializers import Serializer
 from oncelog.types import GroupMetadata, PreparedTxnState, ThrottleTime, TopicPartition
-from oncelog.v1 import (
-    coordinator_pb2,
-    errors_pb2,
-    group_coordinator_pb2,
-    partition_store_pb2,
-)
 from oncelog.wire import errors
 from oncelog.wire.compression import CODEC_NAMES, Codec
 from oncelog.wire.errors import ErrorCode, OncelogError
-from oncelog.wire.limits import MAX_GRPC_MESSAGE_BYTES
-from oncelog.wire.records import MAX_PRODUCER_EPOCH, Header
+from oncelog.wire.records import Header
 
 log = logging.getLogger("oncelog.producer")
 
-_T = TypeVar("_T")
 
 # Kafka's limit for an idempotent producer: the store deduplicates against the
 # producer's last five batches per partition.
 MAX_IN_FLIGHT_IDEMPOTENT = 5
-# One Produce request carries at most this many bytes of batches (headroom
-# under the gRPC message limit for the request's own fields).
-MAX_REQUEST_BYTES = MAX_GRPC_MESSAGE_BYTES // 2
-# How often the sender looks for batches past their delivery deadline.
-EXPIRY_CHECK_INTERVAL_MS = 50
-# The longest the sender sleeps while anything is incomplete (housekeeping).
-MAX_SENDER_SLEEP_MS = 100
 # send() waiting for a topic asks Metadata again only with at least this much
 # of max_block_ms left; with less, the last answer decides.
 MIN_METADATA_REFRESH_MS = 50
@@ -137,12 +110,6 @@ SENDER_HAND_OVER_MAX_S = 0.02
 # partition's closed batches (see RecordAccumulator.max_queued_batches), and
 # never longer than max_block_ms.
 BACKLOG_WAIT_MAX_MS = 100
-# States in which the sender sends a transaction's batches.
-_TXN_SENDING = frozenset({
-    ProducerTxnState.IN_TRANSACTION, ProducerTxnState.COMMITTING, ProducerTxnState.PREPARING,
-})
-# States in which the sender discards a transaction's unsent batches.
-_TXN_DISCARDING = frozenset({ProducerTxnState.ABORTABLE_ERROR, ProducerTxnState.ABORTING})
 _IN_TRANSACTION = ProducerTxnState.IN_TRANSACTION
 
 
@@ -176,47 +143,6 @@ def _check_headers(headers: Sequence[Header] | Mapping[str, bytes | None]) -> tu
             hvalue = _as_bytes(hvalue, f"value of header {hkey!r}")
         out.append((hkey, hvalue))
     return tuple(out)
-
-
-class _Answer(Protocol):
-    @property
-    def error(self) -> errors_pb2.Error: ...
-
-
-_AnswerT = TypeVar("_AnswerT", bound=_Answer)
-
-
-def _answered(resp: _AnswerT) -> _AnswerT:
-    """A reply whose request-level error, if any, is raised."""
-    exc = error_from_proto(resp.error)
-    if exc is not None:
-        raise exc
-    return resp
-
-
-# The refusals of a producer id that end a producer (Kafka's
-# ClusterAuthorizationException and TransactionalIdAuthorizationException are
-# fatal too): its message says what to do, since the usual cause is a
-# producer made a moment before its ACL was created.
-_AUTHORIZATION_ENDS_PRODUCER = frozenset({ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-                                          ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
-
-
-def with_authorization_advice(exc: OncelogError) -> OncelogError:
-    """`exc`, with what to do added when it is a refusal for authorization
-    that ends the producer."""
-    if exc.code not in _AUTHORIZATION_ENDS_PRODUCER:
-        return exc
-    advised = errors.error_for(
-        exc.code,
-        f"{exc.message or exc.code.name}. This producer cannot go on (the refusal of its "
-        "producer id is fatal, as in Kafka): once the principal has the ACL it needs "
-        "(new ACLs apply on every service within about a second of being created; "
-        "docs/security.md, \"A producer made before its ACL\"), close this "
-        "producer and create a new one",
-    )
-    advised.__cause__ = exc
-    return advised
 
 
 # Not `@kafka_names` on the class: mypyc compiles a class with any decorator
@@ -362,37 +288,30 @@ class Producer:
         self._topics_version = -1
         self._closed = False
         self._close_lock = threading.Lock()
-        self._transactional_id = transactional_id
-        self._transaction_timeout_ms = transaction_timeout_ms
-        self._two_phase_commit = transaction_two_phase_commit_enable
-        # Two-phase commit: the prepared transaction this producer holds (after
-        # prepare_transaction(), or kept by init_transactions), and the state
-        # it was in when complete_transaction() started.
-        self._prepared: PreparedTxnState | None = None
-        self._completing_from = ProducerTxnState.READY
-        self._txn: TxnStateMachine | None = None
-        self._txn_locator: CoordinatorLocator | None = None
-        # Group id -> its coordinator's locator (send_offsets_to_transaction).
-        self._group_locators: dict[str, CoordinatorLocator] = {}
-        # EndTxn goes over one stream per coordinator (_request_streams.py).
-        self._end_txns: StreamCaller | None = None
+        # The transaction's state and calls (None without a transactional_id),
+        # and its state machine, which send() reads once per record without
+        # a call through the manager.
+        self._txn: TransactionManager | None = None
+        self._txn_machine: TxnStateMachine | None = None
         if transactional_id is not None:
-            self._txn = TxnStateMachine(transactional_id)
-            self._txn_locator = locator = CoordinatorLocator(
-                self._client, transactional_id, TRANSACTION)
-            self._end_txns = StreamCaller(
-                "EndTxnStream", self._client.coordinator,
-                lambda exc, address: self._client.rpc_error(exc, address,
-                                                            service=locator.service),
-                lambda address: self._client.silent(address, service=locator.service))
-        self._sender = _Sender(
+            self._txn = TransactionManager(
+                client=self._client, accumulator=self._accumulator,
+                transactional_id=transactional_id,
+                transaction_timeout_ms=transaction_timeout_ms,
+                two_phase_commit=transaction_two_phase_commit_enable,
+                max_block_ms=max_block_ms, flush=self.flush,
+            )
+            self._txn_machine = self._txn.machine
+        self._sender = Sender(
             client=self._client, accumulator=self._accumulator,
             idempotent=enable_idempotence, max_in_flight=max_in_flight,
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
-            transaction_timeout_ms=transaction_timeout_ms,
+            transaction_timeout_ms=transaction_timeout_ms, clock_ms=_now_ms,
             txn=self._txn, client_id=client_id,
         )
+        if self._txn is not None:
+            self._txn.attach(self._sender)
         self._sender.start()
 
     # ------------------------------------------------------------------ API
@@ -528,7 +447,7 @@ class Producer:
         last: ProducerBatch | None = None
         limit = self._buffer_memory_bytes
         with acc.lock:
-            txn = self._txn
+            txn = self._txn_machine
             if txn is not None and txn.state is not _IN_TRANSACTION:
                 txn.check(Op.SEND)
             # (`record_count` is never reassigned below: compiled, range()'s
@@ -654,7 +573,7 @@ class Producer:
             except OncelogError as exc:
                 return self._refused(topic, partition, exc)
         num_partitions, max_message_bytes = info
-        txn = self._txn
+        txn = self._txn_machine
         if txn is not None and txn.state is not _IN_TRANSACTION:
             # The state answers first: a record refused for its size in
             # `ready` would say "too large" where the caller's mistake is
@@ -677,7 +596,7 @@ class Producer:
             # Under the lock: commit_transaction() moves the state on under it
             # too, so a record either joins the transaction before the commit's
             # flush or is refused.
-            txn = self._txn
+            txn = self._txn_machine
             if txn is not None and txn.state is not _IN_TRANSACTION:
                 txn.check(Op.SEND)
             if acc.buffered_bytes + size > self._buffer_memory_bytes and acc.buffered_bytes:
@@ -774,25 +693,13 @@ class Producer:
         return failed_future(topic, where, exc)
 
     def _break_transaction(self, topic: str, partition: int, exc: BaseException) -> None:
-        if self._txn is None:
-            return
-        with self._accumulator.lock:
-            self._break_transaction_locked(topic, partition, exc)
+        if self._txn is not None:
+            self._txn.break_transaction(topic, partition, exc)
 
     def _break_transaction_locked(self, topic: str, partition: int, exc: BaseException) -> None:
-        """A record of the open transaction failed before it reached the
-        accumulator: the transaction cannot commit (abortable_error). Caller
-        holds the accumulator lock."""
-        txn = self._txn
-        if (txn is None or txn.state is not _IN_TRANSACTION
-                or self._sender.fatal_error is not None):
-            # No open transaction (the record was refused for that), one that
-            # already failed (the first failure is the one reported), or a
-            # producer the sender has already ended.
-            return
-        described = record_failure(topic, partition, exc)
-        log.info("transaction of %r is now abortable: %s", txn.transactional_id, described)
-        txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, described)
+        """Caller holds the accumulator lock (TransactionManager.break_transaction_locked)."""
+        if self._txn is not None:
+            self._txn.break_transaction_locked(topic, partition, exc)
 
     def _wait_for_buffer(self, size: int) -> BaseException | None:
         """Blocks (up to max_block_ms) until buffered records leave room for
@@ -802,11 +709,12 @@ class Producer:
         while acc.buffered_bytes + size > self._buffer_memory_bytes and acc.buffered_bytes:
             if self._closed or self._sender.fatal_error is not None:
                 return self._sender.fatal_error or errors.IllegalStateError("producer closed")
-            if self._txn is not None and self._txn.state is not _IN_TRANSACTION:
+            txn = self._txn_machine
+            if txn is not None and txn.state is not _IN_TRANSACTION:
                 # The transaction ended (or broke) while we waited.
-                return self._txn.refusal(Op.SEND) or errors.IllegalStateError(
+                return txn.refusal(Op.SEND) or errors.IllegalStateError(
                     f"the transaction ended while send() waited for buffer memory "
-                    f"({self._txn.state.value})"
+                    f"({txn.state.value})"
                 )
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
@@ -863,50 +771,13 @@ class Producer:
 
         Blocks up to `timeout` seconds (default: max_block_ms); on
         KafkaTimeoutError, call it again to resume."""
-        txn, locator = self._txn_parts("init_transactions")
-        if keep_prepared_txn and not self._two_phase_commit:
-            raise ValueError(
-                "init_transactions(keep_prepared_txn=True) needs a producer made with "
-                "transaction_two_phase_commit_enable=True"
-            )
-        with self._accumulator.lock:
-            txn.check(Op.INIT_TRANSACTIONS)
-            txn.transition_to(ProducerTxnState.INITIALIZING)
-        request = coordinator_pb2.InitProducerIdRequest(
-            transactional_id=txn.transactional_id,
-            transaction_timeout_ms=self._transaction_timeout_ms,
-            producer_id=-1, producer_epoch=-1,
-            enable_two_phase_commit=self._two_phase_commit,
-            keep_prepared_txn=keep_prepared_txn,
-        )
-
-        def attempt(address: str, timeout_s: float) -> coordinator_pb2.InitProducerIdResponse:
-            return _answered(
-                self._client.coordinator(address).InitProducerId(request, timeout=timeout_s))
-
-        resp = self._txn_call("InitProducerId", locator, attempt, timeout, fatal_on_error=True)
-        self._sender.set_identity(resp.producer_id, resp.producer_epoch)
-        kept = resp.prepared_transaction if resp.HasField("prepared_transaction") else None
-        if kept is not None:
-            # Ending it needs EndTxn or CompleteTransaction, though this
-            # instance sent nothing in it.
-            self._sender.mark_txn_touched()
-        with self._accumulator.lock:
-            self._prepared = (None if kept is None
-                              else PreparedTxnState(kept.producer_id, kept.producer_epoch))
-            txn.transition_to(ProducerTxnState.READY if kept is None
-                              else ProducerTxnState.PREPARED_TRANSACTION)
-        log.debug("transactional id %r: producer id %d epoch %d%s", txn.transactional_id,
-                  resp.producer_id, resp.producer_epoch,
-                  "" if kept is None else f", keeps prepared transaction {self._prepared}")
+        self._transactional("init_transactions").init_transactions(
+            timeout, keep_prepared_txn=keep_prepared_txn)
 
     def begin_transaction(self) -> None:
         """Opens a transaction: records sent until commit_transaction() or
         abort_transaction() belong to it. Local: no request is sent."""
-        txn, _locator = self._txn_parts("begin_transaction")
-        with self._accumulator.lock:
-            txn.check(Op.BEGIN_TRANSACTION)
-            txn.transition_to(ProducerTxnState.IN_TRANSACTION)
+        self._transactional("begin_transaction").begin_transaction()
 
     def send_offsets_to_transaction(
         self,
@@ -923,100 +794,8 @@ class Producer:
         transaction (pending until the transaction's marker lands). No
         AddOffsetsToTxn goes first: as with Kafka's transaction version 2,
         the write adds its partition, which saves the commit a round trip."""
-        txn, _locator = self._txn_parts("send_offsets_to_transaction")
-        if not isinstance(group_metadata, GroupMetadata):
-            raise TypeError(
-                f"group_metadata must be a GroupMetadata (consumer.group_metadata()), "
-                f"got {group_metadata!r}"
-            )
-        if not group_metadata.group_id:
-            raise ValueError("group_metadata.group_id must not be empty")
-        for tp, offset in offsets.items():
-            if not isinstance(tp, TopicPartition):
-                raise TypeError(f"offsets must be keyed by TopicPartition, got {tp!r}")
-            if type(offset) is not int or offset < 0:
-                raise ValueError(f"offset for {tp} must be an int >= 0, got {offset!r}")
-        with self._accumulator.lock:
-            txn.check(Op.SEND_OFFSETS)
-        if not offsets:
-            return
-        group_id = group_metadata.group_id
-        md = self._client.metadata()
-        if not md.group_coordinators:
-            md = self._client.refresh_metadata(timeout_ms=self._client.request_timeout_ms)
-        if not md.group_coordinators:
-            # Checked before TxnOffsetCommit, so the transaction is untouched.
-            raise errors.error_for(
-                ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                f"the cluster has no group coordinator, so the offsets of group {group_id!r} "
-                "cannot join the transaction (send_offsets_to_transaction needs one)",
-            )
-        # The group coordinator's write may start the transaction at the
-        # transaction coordinator: commit and abort must end it.
-        self._sender.mark_txn_touched()
-        self._txn_offset_commit(txn, offsets, group_metadata, timeout)
-
-    def _txn_offset_commit(
-        self,
-        txn: TxnStateMachine,
-        offsets: Mapping[TopicPartition, int],
-        group_metadata: GroupMetadata,
-        timeout: float | None,
-    ) -> None:
-        """TxnOffsetCommit to the group's coordinator, found with
-        FindCoordinator(group_id, GROUP); its answers are sorted like every
-        other transactional call's (fatal, retried, abortable)."""
-        # One locator per group, kept: a read-process-write loop sends the
-        # same group's offsets in every transaction.
-        group_locator = self._group_locators.get(group_metadata.group_id)
-        if group_locator is None:
-            group_locator = CoordinatorLocator(self._client, group_metadata.group_id, GROUP)
-            self._group_locators[group_metadata.group_id] = group_locator
-        request = group_coordinator_pb2.TxnOffsetCommitRequest(
-            transactional_id=txn.transactional_id,
-            group_id=group_metadata.group_id,
-            producer_id=self._sender.producer_id,
-            producer_epoch=self._sender.producer_epoch,
-            generation_id=group_metadata.generation_id,
-            member_id=group_metadata.member_id,
-            group_instance_id=group_metadata.group_instance_id or "",
-            partitions=[
-                group_coordinator_pb2.OffsetCommitPartition(
-                    topic=tp.topic, partition=tp.partition, offset=offset,
-                )
-                for tp, offset in sorted(offsets.items())
-            ],
-        )
-
-        def attempt(address: str, timeout_s: float) -> None:
-            try:
-                resp = self._client.group_coordinator(address).TxnOffsetCommit(
-                    request, timeout=timeout_s
-                )
-            except grpc.RpcError as rpc_exc:
-                if rpc_exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-                    raise errors.error_for(
-                        ErrorCode.UNSUPPORTED_VERSION,
-                        f"the group coordinator at {address} does not serve TxnOffsetCommit",
-                    ) from None
-                raise
-            exc = error_from_proto(resp.error)
-            if exc is None:
-                for result in resp.results:
-                    exc = error_from_proto(result.error)
-                    if exc is not None:
-                        exc = errors.error_for(
-                            exc.code,
-                            f"{result.topic}-{result.partition}: {exc.message}",
-                        )
-                        break
-            if exc is not None:
-                raise exc
-
-        self._txn_call(
-            f"TxnOffsetCommit of group {group_metadata.group_id!r}", group_locator, attempt,
-            timeout,
-        )
+        self._transactional("send_offsets_to_transaction").send_offsets_to_transaction(
+            offsets, group_metadata, timeout)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Sends every record of the transaction, then commits it (EndTxn).
@@ -1027,11 +806,7 @@ class Producer:
         commit_transaction() again, which retries the commit with the same
         producer id and epoch (a commit is never turned into an abort).
         Blocks up to `timeout` seconds (default: max_block_ms)."""
-        txn, locator = self._txn_parts("commit_transaction")
-        deadline_s = self._flush_transaction(txn, Op.COMMIT_TRANSACTION,
-                                             ProducerTxnState.COMMITTING,
-                                             timeout)
-        self._end_txn(txn, locator, commit=True, deadline_s=deadline_s)
+        self._transactional("commit_transaction").commit_transaction(timeout)
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         """Two-phase commit, first phase: sends every record of the
@@ -1047,31 +822,7 @@ class Producer:
         If a record failed, raises a TransactionAbortableError: abort. On
         KafkaTimeoutError call prepare_transaction() again (or abort).
         Blocks up to `timeout` seconds (default: max_block_ms)."""
-        txn, locator = self._txn_parts("prepare_transaction")
-        self._check_two_phase_commit("prepare_transaction")
-        deadline_s = self._flush_transaction(txn, Op.PREPARE_TRANSACTION,
-                                             ProducerTxnState.PREPARING,
-                                             timeout)
-        sender = self._sender
-        request = coordinator_pb2.PrepareTransactionRequest(
-            transactional_id=txn.transactional_id, producer_id=sender.producer_id,
-            producer_epoch=sender.producer_epoch,
-        )
-
-        def attempt(address: str, timeout_s: float
-                    ) -> coordinator_pb2.PrepareTransactionResponse:
-            sender.mark_txn_touched()
-            return _answered(self._client.coordinator(address).PrepareTransaction(
-                request, timeout=timeout_s))
-
-        resp = self._txn_call("PrepareTransaction", locator, attempt,
-                              max(0.0, deadline_s - time.monotonic()))
-        state = PreparedTxnState(resp.prepared_transaction.producer_id,
-                                 resp.prepared_transaction.producer_epoch)
-        with self._accumulator.lock:
-            self._prepared = state
-            txn.transition_to(ProducerTxnState.PREPARED_TRANSACTION)
-        return state
+        return self._transactional("prepare_transaction").prepare_transaction(timeout)
 
     def complete_transaction(self, prepared_state: PreparedTxnState,
                              timeout: float | None = None) -> bool:
@@ -1089,84 +840,14 @@ class Producer:
         record of raises InvalidTxnStateError. On KafkaTimeoutError the
         outcome is unknown: call complete_transaction() again with the same
         state. Blocks up to `timeout` seconds (default: max_block_ms)."""
-        txn, locator = self._txn_parts("complete_transaction")
-        if not isinstance(prepared_state, PreparedTxnState):
-            raise TypeError(
-                f"complete_transaction() takes a PreparedTxnState, got {prepared_state!r}"
-            )
-        self._check_two_phase_commit("complete_transaction")
-        with self._accumulator.lock:
-            txn.check(Op.COMPLETE_TRANSACTION)
-            if txn.state is not ProducerTxnState.COMPLETING:
-                self._completing_from = txn.state
-                txn.transition_to(ProducerTxnState.COMPLETING)
-        sender = self._sender
-        request = coordinator_pb2.CompleteTransactionRequest(
-            transactional_id=txn.transactional_id, producer_id=sender.producer_id,
-            producer_epoch=sender.producer_epoch,
-            prepared_transaction=coordinator_pb2.PreparedTxnState(
-                producer_id=prepared_state.producer_id,
-                producer_epoch=prepared_state.producer_epoch,
-            ),
-        )
-
-        def attempt(address: str, timeout_s: float
-                    ) -> coordinator_pb2.CompleteTransactionResponse:
-            return _answered(self._client.coordinator(address).CompleteTransaction(
-                request, timeout=timeout_s))
-
-        try:
-            resp = self._txn_call("CompleteTransaction", locator, attempt, timeout)
-        except errors.KafkaTimeoutError:
-            raise
-        except OncelogError:
-            with self._accumulator.lock:
-                # The coordinator refused and changed nothing (fatal errors
-                # have ended the producer already).
-                if txn.state is ProducerTxnState.COMPLETING:
-                    txn.transition_to(self._completing_from)
-            raise
-        sender.set_identity(resp.producer_id, resp.producer_epoch)
-        with self._accumulator.lock:
-            self._prepared = None
-            txn.transition_to(ProducerTxnState.READY)
-        return bool(resp.committed)
-
-    def _check_two_phase_commit(self, method: str) -> None:
-        if not self._two_phase_commit:
-            raise errors.error_for(
-                ErrorCode.INVALID_TXN_STATE,
-                f"{method}() needs a producer made with "
-                "transaction_two_phase_commit_enable=True",
-            )
-
-    def _flush_transaction(self, txn: TxnStateMachine, op: Op, state: ProducerTxnState,
-                           timeout: float | None) -> float:
-        """commit_transaction and prepare_transaction: moves to `state` (no
-        new records from here), sends every record of the transaction and
-        waits for each, then checks that none failed. Returns the call's
-        deadline (time.monotonic() seconds)."""
-        deadline_s = time.monotonic() + self._budget_s(timeout)
-        with self._accumulator.lock:
-            txn.check(op)
-            txn.transition_to(state)
-        try:
-            self.flush(max(0.0, deadline_s - time.monotonic()))
-        except errors.KafkaTimeoutError as exc:
-            raise errors.KafkaTimeoutError(
-                f"{op.value}() timed out while records of the transaction were "
-                f"still unacknowledged ({exc.message}); call {op.value}() again"
-            ) from exc
-        with self._accumulator.lock:
-            # A record failed (abortable_error) or the producer was fenced.
-            txn.check(op)
-        return deadline_s
+        return self._transactional("complete_transaction").complete_transaction(
+            prepared_state, timeout)
 
     @property
     def prepared_transaction_state(self) -> PreparedTxnState | None:
         """The prepared transaction this producer holds (state
         `prepared_transaction`), else None."""
-        return self._prepared
+        return None if self._txn is None else self._txn.prepared
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Aborts the transaction: records not yet sent are dropped (their
@@ -1174,122 +855,28 @@ class Producer:
         waited for, then EndTxn(abort). The producer goes on with the next
         epoch. Blocks up to `timeout` seconds (default: max_block_ms); on
         KafkaTimeoutError, call abort_transaction() again."""
-        txn, locator = self._txn_parts("abort_transaction")
-        deadline_s = time.monotonic() + self._budget_s(timeout)
-        acc = self._accumulator
-        with acc.lock:
-            txn.check(Op.ABORT_TRANSACTION)
-            txn.transition_to(ProducerTxnState.ABORTING)
-            acc.woken = True
-            acc.wakeup.notify()
-        self._sender.wait_txn_quiet(deadline_s)
-        with acc.lock:
-            txn.check(Op.ABORT_TRANSACTION)  # fenced meanwhile?
-        self._end_txn(txn, locator, commit=False, deadline_s=deadline_s)
-
-    def _end_txn(self, txn: TxnStateMachine, locator: CoordinatorLocator, *, commit: bool,
-                 deadline_s: float) -> None:
-        """EndTxn with retries (same producer id and epoch on every attempt, so
-        the coordinator recognises a retry whose first answer was lost), then
-        the next transaction's id and epoch, sequences from 0."""
-        sender = self._sender
-        if not sender.txn_touched:
-            # Nothing reached the coordinator: there is nothing to end.
-            sender.set_identity(sender.producer_id, sender.producer_epoch)
-        else:
-            request = coordinator_pb2.EndTxnRequest(
-                transactional_id=txn.transactional_id, producer_id=sender.producer_id,
-                producer_epoch=sender.producer_epoch, commit=commit,
-            )
-
-            def attempt(address: str, timeout_s: float) -> coordinator_pb2.EndTxnResponse:
-                assert self._end_txns is not None  # transactional
-                stub = self._client.coordinator(address)
-                return _answered(self._end_txns.call(
-                    address, request, timeout_s,
-                    unary=lambda: stub.EndTxn(request, timeout=timeout_s)))
-
-            remaining_s = max(0.0, deadline_s - time.monotonic())
-            what = "EndTxn(commit)" if commit else "EndTxn(abort)"
-            resp = self._txn_call(what, locator, attempt, remaining_s, fatal_on_error=True)
-            sender.set_identity(resp.producer_id, resp.producer_epoch)
-        with self._accumulator.lock:
-            self._prepared = None
-            txn.transition_to(ProducerTxnState.READY)
-
-    def _txn_call(
-        self,
-        what: str,
-        locator: CoordinatorLocator,
-        attempt: Callable[[str, float], _T],
-        timeout: float | None,
-        *,
-        fatal_on_error: bool = False,
-    ) -> _T:
-        """A transactional request with retries; sorts its failure: fatal codes
-        (and, with fatal_on_error, every non-retriable error, as Kafka does for
-        InitProducerId and EndTxn) make the producer fatal; other non-retriable
-        errors break the transaction (abortable_error; raised as a
-        TransactionAbortableError caused by the typed error); running out of
-        time raises KafkaTimeoutError and leaves the state as it is."""
-        txn = self._txn
-        assert txn is not None  # _txn_parts checked it
-        try:
-            return call_coordinator(
-                self._client, locator, what, attempt,
-                budget_ms=int(self._budget_s(timeout) * 1000),
-            )
-        except errors.KafkaTimeoutError:
-            raise
-        except OncelogError as exc:
-            detailed = errors.error_for(
-                exc.code, f"{what} for transactional id {txn.transactional_id!r}: "
-                f"{exc.message or exc.code.name}",
-            )
-            if ends_producer(exc) or fatal_on_error:
-                detailed = with_authorization_advice(detailed)
-                self._sender.fail_fatal(detailed)
-                raise detailed from exc
-            with self._accumulator.lock:
-                if txn.state in (ProducerTxnState.IN_TRANSACTION, ProducerTxnState.PREPARING):
-                    txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, detailed)
-            if isinstance(detailed, errors.TransactionAbortableError):
-                raise detailed from exc
-            # The code's own class (StaleMemberEpochError, say) does not say
-            # "abort": a failure that breaks the transaction is raised as a
-            # TransactionAbortableError, caused by the typed error, so one
-            # except clause catches every transaction that must be aborted.
-            raise errors.error_for(
-                ErrorCode.TRANSACTION_ABORTABLE,
-                f"{type(detailed).__name__}: {detailed.message}; the transaction must be "
-                "aborted with abort_transaction()",
-            ) from detailed
-
-    def _txn_parts(self, method: str) -> tuple[TxnStateMachine, CoordinatorLocator]:
-        if self._closed:
-            raise errors.IllegalStateError(f"{method}() on a closed producer")
-        if self._txn is None or self._txn_locator is None:
-            raise errors.IllegalStateError(
-                f"{method}() needs a transactional producer: pass transactional_id=... "
-                f"to Producer()"
-            )
-        return self._txn, self._txn_locator
-
-    def _check_txn(self, op: Op) -> None:
-        txn = self._txn
-        if txn is not None:
-            with self._accumulator.lock:
-                txn.check(op)
-
-    def _budget_s(self, timeout: float | None) -> float:
-        return self._max_block_ms / 1000 if timeout is None else max(0.0, timeout)
+        self._transactional("abort_transaction").abort_transaction(timeout)
 
     @property
     def transaction_state(self) -> ProducerTxnState | None:
         """The transactional state (a ProducerTxnState, a StrEnum: it equals
         its name, "ready", "in_transaction", ...), or None for a producer
         without transactions."""
-        return None if self._txn is None else self._txn.state
+        return None if self._txn_machine is None else self._txn_machine.state
+
+    def _transactional(self, method: str) -> TransactionManager:
+        if self._closed:
+            raise errors.IllegalStateError(f"{method}() on a closed producer")
+        if self._txn is None:
+            raise errors.IllegalStateError(
+                f"{method}() needs a transactional producer: pass transactional_id=... "
+                f"to Producer()"
+            )
+        return self._txn
+
+    def _check_txn(self, op: Op) -> None:
+        if self._txn is not None:
+            self._txn.check(op)
 
     # ------------------------------------------------------------------ close
 
@@ -1303,7 +890,7 @@ class Producer:
         with self._close_lock:
             if self._closed:
                 return
-            txn = self._txn
+            txn = self._txn_machine
             if txn is not None and txn.state in (
                 ProducerTxnState.IN_TRANSACTION, ProducerTxnState.ABORTABLE_ERROR,
                 ProducerTxnState.ABORTING,
@@ -1318,8 +905,8 @@ class Producer:
         try:
             self._sender.close(timeout)
         finally:
-            if self._end_txns is not None:
-                self._end_txns.close()
+            if self._txn is not None:
+                self._txn.close()
             self._client.close()
 
     @property
@@ -1351,704 +938,3 @@ class Producer:
 
 
 kafka_names(Producer)
-
-
-class _Sender:
-    """The producer's background thread: drains, numbers, sends, completes.
-
-    Everything here except the completion queue, `fatal_error` and the
-    hand-over fields of a transactional producer (`_identity_request`,
-    `txn_touched`) is owned by the sender thread; gRPC callbacks only append
-    to the completion queue (under the accumulator's lock) and wake the thread.
-
-    A transactional producer's Produce requests ask the store to add each
-    partition to the transaction before its first batch there
-    (`add_partitions_to_txn`, Kafka's transaction version 2): the sender sends
-    no AddPartitionsToTxn, so a transaction's first batches leave as soon as
-    they are ready instead of one coordinator round trip later. In
-    abortable_error and aborting it sends nothing new and fails every batch
-    that is not in flight.
-    """
-
-    def __init__(
-        self,
-        *,
-        client: ClusterClient,
-        accumulator: RecordAccumulator,
-        idempotent: bool,
-        max_in_flight: int,
-        request_timeout_ms: int,
-        retry_backoff_ms: int,
-        retry_backoff_max_ms: int,
-        transaction_timeout_ms: int,
-        txn: TxnStateMachine | None = None,
-        client_id: str = DEFAULT_CLIENT_ID,
-    ) -> None:
-        self._client = client
-        self._client_id = client_id
-        # When each store asked to be sent nothing before (throttle times).
-        self.throttles = Throttles("produce")
-        self._acc = accumulator
-        self._idempotent = idempotent
-        self._max_in_flight = max_in_flight
-        self._request_timeout_ms = request_timeout_ms
-        self._retry_backoff_ms = retry_backoff_ms
-        self._retry_backoff_max_ms = retry_backoff_max_ms
-        self._transaction_timeout_ms = transaction_timeout_ms
-        self._sequencers: dict[tuple[str, int], PartitionSequencer] = {}
-        # Where each partition's last attempt went: (store address, leader
-        # epoch) by the metadata of the time.
-        self._sent_to: dict[tuple[str, int], tuple[str, int | None]] = {}
-        # Partitions with unacknowledged batches or a pending retry/reset.
-        self._active: set[tuple[str, int]] = set()
-        # (store address, batches, answer) of each request answered.
-        self._completions: list[tuple[str, list[ProducerBatch], grpc.Future | Outcome]] = []
-        self.producer_id = -1
-        self.producer_epoch = -1
-        self.fatal_error: OncelogError | None = None
-        self._pid_attempts = 0
-        self._pid_retry_at_ms = 0
-        self._pid_last_error: OncelogError | None = None
-        self._coordinator_index = random.randrange(1 << 16)
-        self._next_expiry_check_ms = 0
-        self._force_close = False
-        # Transactions (None / unused for other producers).
-        self._txn = txn
-        self._transactional_id = "" if txn is None else txn.transactional_id
-        # Some request of the open transaction reached (or may have reached)
-        # the coordinator, directly or through a store adding a partition, so
-        # ending it needs an EndTxn. Guarded by the lock.
-        self.txn_touched = False
-        # A new producer id/epoch handed over by the user's thread (after
-        # InitProducerId or EndTxn); the sender applies it, clears this and
-        # counts it applied. Guarded by the lock.
-        self._identity_request: tuple[int, int] | None = None
-        self._identities_requested = 0
-        self._identities_applied = 0
-        # Produce requests go over one stream per store (_request_streams.py);
-        # their outcomes arrive like a unary call's.
-        self._streams = RequestStreams("ProduceStream", client.store,
-                                       lambda exc, _address: client.translate(exc),
-                                       self._on_rpc_done)
-        self.thread = threading.Thread(target=self._run, name="oncelog-producer", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def close(self, timeout: float | None) -> None:
-        acc = self._acc
-        with acc.lock:
-            acc.closing = True
-            acc.wakeup.notify()
-            acc.woken = True
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            with acc.lock:
-                self._force_close = True
-                acc.wakeup.notify()
-                acc.woken = True
-            self.thread.join()
-
-    # ------------------------------------------------------------ main loop
-
-    def _run(self) -> None:
-        try:
-            while self._loop_once():
-                pass
-        except Exception as exc:  # a bug: fail every record instead of hanging
-            log.exception("producer sender thread crashed")
-            crashed = errors.error_for(
-                ErrorCode.UNKNOWN_SERVER_ERROR, f"producer sender thread crashed: {exc!r}"
-            )
-            self._abort_all(crashed)
-            self.fail_fatal(crashed)
-        finally:
-            # Nothing is waiting for an answer any more (or a forced close
-            # gave up on it): end the streams.
-            self._streams.close(errors.error_for(ErrorCode.NETWORK_EXCEPTION,
-                                                 "the producer is closed"))
-
-    def _loop_once(self) -> bool:
-        """One round; False when the sender is done."""
-        now = _now_ms()
-        self._process_completions(now)
-        if self._force_close:
-            self._abort_all(errors.KafkaTimeoutError(
-                "the producer was closed before the record was acknowledged"
-            ))
-            return False
-        if self.fatal_error is not None:
-            self._abort_all(self.fatal_error)
-        elif self._txn is not None:
-            self._txn_step(now)
-        elif (
-            self._idempotent and self.producer_id < 0
-            and now >= self._pid_retry_at_ms and self._acc.incomplete_count
-        ):
-            self._init_producer_id(now)
-        self._reset_sequences_if_needed(now)
-        if now >= self._next_expiry_check_ms:
-            self._expire(now)
-            self._next_expiry_check_ms = now + EXPIRY_CHECK_INTERVAL_MS
-        wake_at_ms = self._send_ready(now)
-        next_deadline_s = self._streams.expire()
-        if next_deadline_s is not None:
-            deadline_ms = now + int(next_deadline_s * 1000) + 1
-            wake_at_ms = deadline_ms if wake_at_ms is None else min(wake_at_ms, deadline_ms)
-        acc = self._acc
-        with acc.lock:
-            acc.sender_pass_done()
-            if (
-                acc.closing and not acc.incomplete and not acc.requests_unanswered
-                and self._identity_request is None
-            ):
-                return False
-            if acc.woken or self._completions:
-                acc.woken = False
-                return True
-            if acc.incomplete:
-                limit = now + MAX_SENDER_SLEEP_MS
-                wake_at_ms = limit if wake_at_ms is None else min(wake_at_ms, limit)
-            timeout_s = None if wake_at_ms is None else max(0.0, (wake_at_ms - now) / 1000)
-            acc.wakeup.wait(timeout_s)
-            acc.woken = False
-        return True
-
-    # ------------------------------------------------------------ transactions
-
-    def set_identity(self, producer_id: int, producer_epoch: int) -> None:
-        """Hands a new producer id and epoch to the sender (user's thread, after
-        InitProducerId or EndTxn) and waits until it has taken them: every
-        partition then starts again at sequence 0. Only called when nothing is
-        queued or in flight."""
-        acc = self._acc
-        with acc.lock:
-            self._identity_request = (producer_id, producer_epoch)
-            self._identities_requested += 1
-            wanted = self._identities_requested
-            acc.woken = True
-            acc.wakeup.notify()
-            # Counted, not `while self._identity_request is not None`: the
-            # assignment above narrows that field's type, and the compiled
-            # module (mypyc) enforces the narrowed type when the sender
-            # thread has reset it.
-            while self._identities_applied < wanted:
-                if self.fatal_error is not None:
-                    raise self._fatal_copy()
-                if not self.thread.is_alive():
-                    raise errors.IllegalStateError("the producer's sender thread has stopped")
-                acc.changed.wait(0.1)
-
-    def mark_txn_touched(self) -> None:
-        """A request of the open transaction is about to reach the coordinator."""
-        with self._acc.lock:
-            self.txn_touched = True
-
-    def wait_txn_quiet(self, deadline_s: float) -> None:
-        """Waits (user's thread, in aborting) until no batch of the transaction
-        is queued or in flight."""
-        acc = self._acc
-        with acc.lock:
-            while acc.incomplete:
-                if self.fatal_error is not None:
-                    raise self._fatal_copy()
-                remaining_s = deadline_s - time.monotonic()
-                if remaining_s <= 0:
-                    raise errors.KafkaTimeoutError(
-                        f"abort_transaction() timed out waiting for {len(acc.incomplete)} "
-                        f"batches in flight; call abort_transaction() again"
-                    )
-                acc.changed.wait(min(remaining_s, 0.1))
-
-    def _fatal_copy(self) -> OncelogError:
-        fatal = self.fatal_error
-        assert fatal is not None
-        dup = type(fatal)(fatal.message)
-        dup.__cause__ = fatal
-        return dup
-
-    def _txn_step(self, now: int) -> None:
-        """The sender's share of a transaction, once per round: apply a new
-        identity, discard what an aborted transaction will not send."""
-        txn = self._txn
-        assert txn is not None
-        acc = self._acc
-        with acc.lock:
-            identity = self._identity_request
-            state = txn.state
-        if identity is not None:
-            self._apply_identity(identity)
-            return
-        if state in _TXN_DISCARDING:
-            self._discard_unsent(state)
-
-    def _apply_identity(self, identity: tuple[int, int]) -> None:
-        if any(seq.window for seq in self._sequencers.values()):
-            # A bug: a transaction only ends once none of its batches is pending.
-            raise RuntimeError("a new producer epoch while batches are unacknowledged")
-        self.producer_id, self.producer_epoch = identity
-        self._sequencers.clear()
-        self._active.clear()
-        acc = self._acc
-        with acc.lock:
-            self.txn_touched = False
-            self._identity_request = None
-            self._identities_applied += 1
-            acc.changed.notify_all()
-        log.debug("transactional producer %r now producer id %d epoch %d",
-                  self._transactional_id, self.producer_id, self.producer_epoch)
-
-    def _discard_unsent(self, state: ProducerTxnState) -> None:
-        """Fails every batch of the transaction that is not in flight: queued
-        ones and those waiting for a retry. In-flight ones finish normally."""
-        txn = self._txn
-        assert txn is not None
-        drained = self._acc.drain_all()
-        unsent: list[ProducerBatch] = list(drained)
-        for key in list(self._active):
-            unsent.extend(self._sequencers[key].discard_unsent())
-        if not unsent:
-            return
-        cause = txn.error
-        # A batch waiting for a retry may have been written already (its
-        # answer was lost): "acknowledged", not "sent". Either way the abort's
-        # marker keeps it from every read_committed reader.
-        if state is ProducerTxnState.ABORTING or cause is None:
-            reason = "the transaction was aborted before this record was acknowledged"
-        else:
-            detail = (f"{type(cause).__name__}: {cause.message}"
-                      if isinstance(cause, OncelogError) else repr(cause))
-            reason = (f"the transaction failed ({detail}) before this record was "
-                      "acknowledged; it must be aborted")
-        error = errors.TransactionAbortedError(
-            f"transactional id {self._transactional_id!r}: {reason}"
-        )
-        error.__cause__ = cause
-        self._complete([(batch, -1, error) for batch in unsent if batch.state != FINISHED])
-
-    def _on_txn_record_failed(self, batch: ProducerBatch, error: BaseException) -> None:
-        """A record of the transaction failed for good: the end of the producer
-        (fenced, data lost) or of the transaction (everything else, a record
-        that ran out of delivery_timeout_ms included)."""
-        if self.fatal_error is not None:
-            return
-        if ends_producer(error):
-            assert isinstance(error, OncelogError)
-            self.fail_fatal(error)
-            return
-        txn = self._txn
-        assert txn is not None
-        with self._acc.lock:
-            if txn.state in _TXN_SENDING:
-                described = record_failure(batch.topic, batch.partition, error)
-                log.info("transaction of %r is now abortable: %s", self._transactional_id,
-                         described)
-                txn.transition_to(ProducerTxnState.ABORTABLE_ERROR, described)
-
-    # ------------------------------------------------------------ producer id
-
-    def _init_producer_id(self, now: int) -> bool:
-        """One InitProducerId attempt (empty transactional id: a fresh producer
-        id, epoch 0) against a coordinator; on a retriable failure, the next
-        attempt waits for a backoff (queued batches expire meanwhile at their
-        delivery deadline)."""
-        self._pid_attempts += 1
-        try:
-            md = self._client.cached_metadata or self._client.refresh_metadata()
-            if not md.coordinators:
-                self._set_fatal(errors.error_for(
-                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                    "the cluster has no transaction coordinator to hand out producer ids; "
-                    "an idempotent producer needs one (or use enable_idempotence=False)",
-                ))
-                return False
-            address = md.coordinators[self._coordinator_index % len(md.coordinators)]
-            request = coordinator_pb2.InitProducerIdRequest(
-                transactional_id="",
-                transaction_timeout_ms=self._transaction_timeout_ms,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
-            try:
-                resp = self._client.coordinator(address).InitProducerId(
-                    request, timeout=self._request_timeout_ms / 1000
-                )
-            except grpc.RpcError as rpc_exc:
-                raise self._client.translate(rpc_exc) from None
-            exc = error_from_proto(resp.error)
-            if exc is not None:
-                raise exc
-        except OncelogError as exc:
-            self._pid_last_error = exc
-            if not exc.retriable:
-                self._set_fatal(with_authorization_advice(exc))
-                return False
-            self._coordinator_index += 1
-            self._pid_retry_at_ms = now + backoff_ms(
-                self._pid_attempts, base_ms=self._retry_backoff_ms,
-                max_ms=self._retry_backoff_max_ms,
-            )
-            if needs_metadata_refresh(exc):
-                self._client.request_metadata_refresh()
-            log.debug("InitProducerId failed (attempt %d): %s", self._pid_attempts, exc)
-            return False
-        self.producer_id = resp.producer_id
-        self.producer_epoch = resp.producer_epoch
-        self._pid_attempts = 0
-        self._pid_last_error = None
-        log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
-        return True
-
-    def _set_fatal(self, exc: OncelogError) -> None:
-        self.fail_fatal(exc)
-        self._abort_all(exc)
-
-    def fail_fatal(self, exc: OncelogError) -> None:
-        """The producer can never go on (any thread). The sender fails every
-        record at its next round."""
-        acc = self._acc
-        with acc.lock:
-            if self.fatal_error is None:
-                self.fatal_error = exc
-            if self._txn is not None:
-                self._txn.transition_to(ProducerTxnState.FATAL_ERROR, self.fatal_error)
-            acc.woken = True
-            acc.wakeup.notify()
-            acc.changed.notify_all()
-
-    def _reset_sequences_if_needed(self, now: int) -> None:
-        """Partitions whose sequence broke need the producer on a newer epoch
-        than the one they used; bump it (locally, as Kafka's idempotent producer
-        does: the store accepts a higher epoch starting at sequence 0) or, when
-        the epoch is exhausted, get a new producer id, then renumber."""
-        if self._txn is not None:
-            return  # a transaction gets its new epoch from EndTxn instead
-        needing = [s for s in self._sequencers.values() if s.mode is PartitionMode.NEEDS_RESET]
-        if not needing:
-            return
-        current = (self.producer_id, self.producer_epoch)
-        if any((s.producer_id, s.producer_epoch) == current for s in needing):
-            if self.producer_epoch < MAX_PRODUCER_EPOCH:
-                self.producer_epoch += 1
-                log.info(
-                    "producer %d bumps its epoch to %d after a failed batch",
-                    self.producer_id, self.producer_epoch,
-                )
-            elif now < self._pid_retry_at_ms or not self._init_producer_id(now):
-                return
-        for seq in needing:
-            seq.reset_sequences(producer_id=self.producer_id, producer_epoch=self.producer_epoch)
-
-    # ------------------------------------------------------------ sending
-
-    def _sequencer(self, key: tuple[str, int]) -> PartitionSequencer:
-        seq = self._sequencers.get(key)
-        if seq is None:
-            seq = self._sequencers[key] = PartitionSequencer(
-                idempotent=self._idempotent, max_in_flight=self._max_in_flight,
-                retry_backoff_ms=self._retry_backoff_ms,
-                retry_backoff_max_ms=self._retry_backoff_max_ms,
-                transactional=self._txn is not None,
-            )
-        return seq
-
-    def _send_ready(self, now: int) -> int | None:
-        """Takes sendable batches from the accumulator, sends what the
-        partitions allow; returns when something next becomes due."""
-        ready, wake_at = self._acc.ready_partitions(now)
-        can_assign = self.fatal_error is None and (
-            not self._idempotent or self.producer_id >= 0
-        )
-        txn = self._txn
-        if txn is not None and txn.state not in _TXN_SENDING:
-            can_assign = False
-        md = self._client.cached_metadata
-        if can_assign:
-            for key in ready:
-                seq = self._sequencer(key)
-                info = md.topics.get(key[0]) if md is not None else None
-                num_partitions = info.num_partitions if info is not None else 1
-                while seq.can_take_new():
-                    batch = self._acc.pop(key, now, num_partitions)
-                    if batch is None:
-                        break
-                    seq.assign(batch, producer_id=self.producer_id,
-                               producer_epoch=self.producer_epoch)
-                    self._active.add(key)
-
-        # Request i to a node carries the i-th batch to send of each partition,
-        # so batches of one partition go out in order, one per request.
-        by_address: dict[str, list[list[ProducerBatch]]] = {}
-        finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
-        watch_leaders = False
-        for key in list(self._active):
-            seq = self._sequencers[key]
-            held_until_ms = self._held_until_ms(key, now)
-            if held_until_ms is not None:
-                # Its store throttles this producer: nothing goes there yet.
-                wake_at = held_until_ms if wake_at is None else min(wake_at, held_until_ms)
-                continue
-
-            if seq.waits_for_a_leader(now):
-                # Its backoff was for the leader its last attempt went to.
-                # Metadata is asked again while it waits (not only once
-                # after the failure, which may be a whole backoff before
-                # the election), and once it shows another leader the
-                # partition is retried there at once: a failover costs the
-                # election plus a metadata round, not one or two backoffs
-                # grown to their cap.
-                watch_leaders = True
-                if md is not None and self._leader_moved(key, md):
-                    seq.retry_now()
-            batches = seq.batches_to_send(now)
-            if not batches:
-                if seq.idle:
-                    self._active.discard(key)
-                elif seq.in_flight_count == 0 and seq.mode in (
-                    PartitionMode.RETRYING, PartitionMode.UNRESOLVED
-                ):
-                    wake_at = seq.retry_at_ms if wake_at is None else min(wake_at, seq.retry_at_ms)
-                continue
-            address = md.leader_address(*key) if md is not None else None
-            if address is None:
-                exc = errors.error_for(
-                    ErrorCode.LEADER_NOT_AVAILABLE,
-                    f"no store known for partition {key[0]}-{key[1]}",
-                )
-                for batch in batches:
-                    self._on_batch_error(seq, batch, exc, now, finished, dispatched=False)
-                self._client.request_metadata_refresh()
-                continue
-            self._sent_to[key] = (address, md.leader_epoch(*key) if md is not None else None)
-            slots = by_address.setdefault(address, [])
-            for i, batch in enumerate(batches):
-                if len(slots) <= i:
-                    slots.append([])
-                slots[i].append(batch)
-        self._complete(finished)
-        for address, slots in by_address.items():
-            for batches in slots:
-                self._dispatch(address, batches, now)
-        if watch_leaders:
-            # At most one a retry_backoff_ms (the client's limit); the
-            # sender looks again within MAX_SENDER_SLEEP_MS.
-            self._client.request_metadata_refresh()
-        return wake_at
-
-    def _held_until_ms(self, key: tuple[str, int], now: int) -> int | None:
-        md = self._client.cached_metadata
-        address = md.leader_address(*key) if md is not None else None
-        return None if address is None else self.throttles.held_until_ms(address, now)
-
-    def _leader_moved(self, key: tuple[str, int], md: ClusterMetadata) -> bool:
-        """Whether the metadata names another leader (store or leader
-        epoch) for the partition than the one its last attempt went to."""
-        address = md.leader_address(*key)
-        return address is not None and (address, md.leader_epoch(*key)) != self._sent_to.get(key)
-
-    def _dispatch(self, address: str, batches: list[ProducerBatch], now: int) -> None:
-        """Sends batches (distinct partitions) to one store, in requests of at
-        most MAX_REQUEST_BYTES."""
-        chunk: list[ProducerBatch] = []
-        chunk_bytes = 0
-        for batch in batches:
-            size = len(batch.data or b"")
-            if chunk and chunk_bytes + size > MAX_REQUEST_BYTES:
-                self._send_request(address, chunk, now)
-                chunk, chunk_bytes = [], 0
-            chunk.append(batch)
-            chunk_bytes += size
-        if chunk:
-            self._send_request(address, chunk, now)
-
-    def _send_request(self, address: str, batches: list[ProducerBatch], now: int) -> None:
-        md = self._client.cached_metadata
-        request = partition_store_pb2.ProduceRequest(
-            batches=[
-                partition_store_pb2.PartitionBatch(
-                    topic=b.topic, partition=b.partition, batch=b.data or b"",
-                    leader_epoch=md.leader_epoch(b.topic, b.partition) if md else None,
-                )
-                for b in batches
-            ],
-            timeout_ms=self._request_timeout_ms,
-            transactional_id=self._transactional_id,
-            add_partitions_to_txn=self._txn is not None,
-            client_id=self._client_id,
-        )
-        # The attempt may not outlive the latest delivery deadline among its
-        # batches (a cut-short attempt counts as "outcome unknown").
-        latest_deadline = max(b.deadline_ms for b in batches)
-        timeout_ms = min(self._request_timeout_ms + 1000, max(latest_deadline - now, 50))
-        with self._acc.lock:
-            if self._txn is not None:
-                # The store may add partitions to the transaction for this request.
-                self.txn_touched = True
-            self._acc.requests_unanswered += 1
-        try:
-            if self._streams.serves(address):
-                self._streams.send(address, request, (address, batches), timeout_ms / 1000)
-                return
-            call = self._client.store(address).Produce.future(request, timeout=timeout_ms / 1000)
-        except (OncelogError, ValueError, RuntimeError) as exc:
-            with self._acc.lock:
-                self._acc.requests_unanswered -= 1
-            # The client is closed or the channel is unusable: fail this attempt.
-            failure = errors.error_for(
-                ErrorCode.NETWORK_EXCEPTION, f"cannot send to {address}: {exc}"
-            )
-            finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
-            for batch in batches:
-                self._on_batch_error(self._seq_of(batch), batch, failure, now, finished,
-                                     dispatched=False)
-            self._complete(finished)
-            return
-        call.add_done_callback(functools.partial(self._on_rpc_done, (address, batches)))
-
-    def _on_rpc_done(self, sent: tuple[str, list[ProducerBatch]],
-                     call: grpc.Future | Outcome) -> None:
-        # A gRPC (or stream reader) thread: only hand the answer over to the
-        # sender thread.
-        acc = self._acc
-        with acc.lock:
-            acc.requests_unanswered -= 1
-            self._completions.append((sent[0], sent[1], call))
-            acc.woken = True
-            acc.wakeup.notify()
-
-    # ------------------------------------------------------------ answers
-
-    def _process_completions(self, now: int) -> None:
-        with self._acc.lock:
-            items = self._completions
-            if not items:
-                return
-            self._completions = []
-        finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
-        refresh = False
-        for address, batches, call in items:
-            try:
-                resp = call.result()
-            except grpc.RpcError as rpc_exc:
-                exc = self._client.translate(rpc_exc)
-                refresh = refresh or needs_metadata_refresh(exc)
-                for batch in batches:
-                    self._on_batch_error(None, batch, exc, now, finished, dispatched=True)
-                continue
-            except OncelogError as unanswered:  # a stream's request that got no answer
-                refresh = refresh or needs_metadata_refresh(unanswered)
-                for batch in batches:
-                    self._on_batch_error(None, batch, unanswered, now, finished, dispatched=True)
-                continue
-            except Exception as other:  # e.g. grpc.FutureCancelledError at shutdown
-                exc = errors.error_for(ErrorCode.NETWORK_EXCEPTION, f"Produce failed: {other!r}")
-                for batch in batches:
-                    self._on_batch_error(None, batch, exc, now, finished, dispatched=True)
-                continue
-            if resp.error.code:  # a stream's request that failed as a whole
-                failed = errors.error_for(resp.error.code, resp.error.message)
-                refresh = refresh or needs_metadata_refresh(failed)
-                for batch in batches:
-                    self._on_batch_error(None, batch, failed, now, finished, dispatched=True)
-                continue
-            self.throttles.answered(address, resp.throttle_time_ms, now)
-            results = {(r.topic, r.partition): r for r in resp.results}
-            for batch in batches:
-                if batch.state == FINISHED:  # failed meanwhile (close)
-                    continue
-                seq = self._seq_of(batch)
-                result = results.get((batch.topic, batch.partition))
-                if result is None:
-                    exc = errors.error_for(
-                        ErrorCode.UNKNOWN_SERVER_ERROR,
-                        f"Produce answer has no result for {batch.topic}-{batch.partition}",
-                    )
-                    self._on_batch_error(seq, batch, exc, now, finished, dispatched=True)
-                    continue
-                code = result.error.code
-                if code == 0:
-                    seq.on_success(batch)
-                    finished.append((batch, result.base_offset, None))
-                elif code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
-                    # Written before, at an offset the store no longer knows.
-                    seq.on_success(batch)
-                    finished.append((batch, -1, None))
-                else:
-                    exc = errors.error_for(code, result.error.message)
-                    refresh = refresh or needs_metadata_refresh(exc)
-                    self._on_batch_error(seq, batch, exc, now, finished, dispatched=True)
-        if refresh:
-            self._client.request_metadata_refresh()
-        self._complete(finished)
-
-    def _seq_of(self, batch: ProducerBatch) -> PartitionSequencer:
-        return self._sequencers[(batch.topic, batch.partition)]
-
-    def _on_batch_error(
-        self,
-        seq: PartitionSequencer | None,
-        batch: ProducerBatch,
-        exc: OncelogError,
-        now: int,
-        finished: list[tuple[ProducerBatch, int, BaseException | None]],
-        *,
-        dispatched: bool,
-    ) -> None:
-        if batch.state == FINISHED:  # failed meanwhile (fatal error, forced close)
-            return
-        if seq is None:
-            seq = self._seq_of(batch)
-        verdict = seq.on_error(batch, exc, now, dispatched=dispatched)
-        if verdict is not None:
-            log.debug("batch %r failed: %s", batch, verdict)
-            finished.append((batch, -1, verdict))
-        else:
-            log.debug("batch %r will be retried after %s", batch, exc)
-
-    def _complete(self, finished: list[tuple[ProducerBatch, int, BaseException | None]]) -> None:
-        if not finished:
-            return
-        if self._txn is not None:
-            # Before the futures complete: commit_transaction() must find the
-            # transaction broken once it sees a record failed.
-            for batch, _offset, error in finished:
-                if error is not None:
-                    self._on_txn_record_failed(batch, error)
-        for batch, base_offset, error in finished:
-            batch.finish(base_offset=base_offset, error=error)
-        self._acc.completed([b for b, _, _ in finished])
-
-    # ------------------------------------------------------------ failing
-
-    def _expire(self, now: int) -> None:
-        finished: list[tuple[ProducerBatch, int, BaseException | None]] = []
-        expired = self._acc.expire(now)
-        if expired:
-            reason = ""
-            if self._pid_last_error is not None:
-                reason = (
-                    f"; no producer id yet, last InitProducerId error: "
-                    f"{type(self._pid_last_error).__name__}: {self._pid_last_error}"
-                )
-            for batch in expired:
-                finished.append((batch, -1, errors.KafkaTimeoutError(
-                    f"batch of {batch.record_count} records for {batch.topic}-"
-                    f"{batch.partition} expired after delivery_timeout_ms before it could "
-                    f"be sent{reason}"
-                )))
-        for key in list(self._active):
-            for batch, exc in self._sequencers[key].expire(now):
-                finished.append((batch, -1, exc))
-        self._complete(finished)
-
-    def _abort_all(self, exc: BaseException) -> None:
-        """Fails every queued and unacknowledged batch (fatal error or close)."""
-        finished: list[tuple[ProducerBatch, int, BaseException | None]] = [
-            (batch, -1, exc) for batch in self._acc.drain_all()
-        ]
-        for key in list(self._active):
-            for batch in self._sequencers[key].fail_all():
-                finished.append((batch, -1, exc))
-        self._active.clear()
-        self._sequencers.clear()
-        self._complete([f for f in finished if f[0].state != FINISHED])

@@ -66,7 +66,8 @@ SELECTION = {
 }
 # Every module build_support/oncelog_build.py compiles.
 COMPILED = ("oncelog.wire.records", "oncelog._batching", "oncelog._partitioner",
-            "oncelog._request_streams", "oncelog._sequencing", "oncelog.producer")
+            "oncelog._request_streams", "oncelog._sender", "oncelog._sequencing",
+            "oncelog.producer")
 # Failure guards for the subprocesses, not expectations.
 CHECK_TIMEOUT_S = 120.0
 GROUP_TIMEOUT_S = 900.0

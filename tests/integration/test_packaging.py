@@ -74,7 +74,8 @@ BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICEN
 # What build_support/oncelog_build.py compiles, as importable names, and the
 # shared library of each of its two groups.
 COMPILED_MODULES = ("oncelog.wire.records", "oncelog._batching", "oncelog._partitioner",
-                    "oncelog._request_streams", "oncelog._sequencing", "oncelog.producer")
+                    "oncelog._request_streams", "oncelog._sender", "oncelog._sequencing",
+                    "oncelog.producer")
 COMPILED_GROUPS = ("oncelog.wire._compiled__mypyc", "oncelog._compiled__mypyc")
 # Importable only with an extra: the services' and Spark's dependencies.
 SERVER_ONLY = ("rocksdict", "prometheus_client", "aetcd", "grpc_health", "grpc_reflection",
