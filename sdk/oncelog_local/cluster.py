@@ -138,6 +138,16 @@ STOP_TIMEOUT_S = 15.0
 # How many times one start() picks a fresh port after a process found the
 # port it was given taken by another process; then start() fails.
 START_PORT_RETRIES = 5
+# The harness's own channels (readiness probes, Metadata, admin calls). A
+# probe sent before a process listens fails, and gRPC then waits out its
+# reconnect backoff (1 s at first, growing by 1.6 up to two minutes) before
+# it tries again: a process that came up meanwhile would be seen that much
+# later, at every start of every cluster.
+PROBE_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 250),
+]
 # network="namespaces": every process has an address of its own, so all
 # take the same ports (nothing else listens in their namespaces).
 NETWORKS = ("namespaces",)
@@ -541,15 +551,15 @@ class LocalCluster:
         TLS when the cluster is secured; with network="namespaces" through the
         harness namespace, which no cut touches."""
         if self.network is not None:
-            return grpc.insecure_channel(self.network.reach(address))
+            return grpc.insecure_channel(self.network.reach(address), options=PROBE_OPTIONS)
         if self._pki is None:
-            return grpc.insecure_channel(address)
+            return grpc.insecure_channel(address, options=PROBE_OPTIONS)
         if self._admin_credentials is None:
             cert_file, key_file = self._pki.client_files("admin")
             self._admin_credentials = grpc.ssl_channel_credentials(
                 root_certificates=self._pki.ca_file.read_bytes(),
                 private_key=key_file.read_bytes(), certificate_chain=cert_file.read_bytes())
-        return grpc.secure_channel(address, self._admin_credentials)
+        return grpc.secure_channel(address, self._admin_credentials, options=PROBE_OPTIONS)
 
     # ------------------------------------------------------------------ info
 

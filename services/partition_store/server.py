@@ -64,6 +64,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -86,10 +87,6 @@ from ..common.server_base import (
 )
 from ..common.service_security import ServiceSecurity
 from ..common.store_client import StoreClient
-from ..kafka.broker import KafkaBroker, cluster_id_for
-from ..kafka.forward import CoordinatorClient
-from ..kafka.handlers import HANDLERS
-from ..kafka.listener import KafkaListener, ListenerSecurity
 from .acls import AclService
 from .api import ControllerLink
 from .controlled_shutdown import DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS, ControlledShutdown
@@ -129,6 +126,9 @@ from .storage.port import CorruptionError, KeyValueStore
 from .txn_resolver import TxnResolver
 from .txn_verifier import TxnVerifier
 from .writer import storage_refusal
+
+if TYPE_CHECKING:
+    from ..kafka.listener import KafkaListener
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -511,6 +511,14 @@ def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: Se
     """The store's Kafka listener (services/kafka), secured as its gRPC
     port is: TLS when the store serves TLS, client certificates and
     SASL/OAUTHBEARER with the same principals, the same ACLs."""
+    # Imported here, not at the top: Kafka's protocol library takes about a
+    # second of CPU to import (most of a store's start), and a store
+    # without --kafka-listen, the default, never needs it.
+    from ..kafka.broker import KafkaBroker, cluster_id_for
+    from ..kafka.forward import CoordinatorClient
+    from ..kafka.handlers import HANDLERS
+    from ..kafka.listener import KafkaListener, ListenerSecurity
+
     node_id = runtime.config.node_id
     settings = security.settings
 
