@@ -1,13 +1,14 @@
 """One partition owned by this store node: its offsets, producer state, the
-I/O around them (recovery, reads, snapshots, retention), and the futures that
-wait on its high watermark.
+I/O around them (appends, reads, snapshots, retention), and the futures that
+wait on its high watermark. Its recovery at open is partition_loader.py's.
 
 Changes go through `_replay`, for data batches and markers alike. A live
 append or marker is replayed into memory when it is accepted (so the next
 batch of a pipelining producer is checked against it, and the log end offset
 includes it), persisted by the group-commit writer, and acknowledged only when
-`on_durable` has moved the high watermark past it. Recovery runs the same
-`_replay` over the stored batches after the newest good snapshot.
+`on_durable` has moved the high watermark past it. Recovery
+(partition_loader.py) runs the same `_replay` over the stored batches after
+the newest good snapshot.
 
 Transactions: the producer table tracks open transactions, the aborted index
 (core/txn_index.py) the aborted ones, and the LSO follows from both (see
@@ -41,27 +42,16 @@ from oncelog.wire.records import (
 from ..common.errors import ServiceError, invariant
 from . import metrics
 from .core.batches import check_produce_batch, stored_batch_damage
-from .core.codec import (
-    CorruptValueError,
-    decode_offset,
-    decode_partition_meta,
-    encode_offset,
-    encode_partition_meta,
-)
+from .core.codec import decode_offset, encode_offset, encode_partition_meta
 from .core.compaction import (
     CompactionState,
     compaction_due,
-    decode_compaction_state,
     encode_compaction_state,
     initial_state,
 )
 from .core.fetch_filter import select_batches
 from .core.hanging_txns import OpenTxn, open_transactions
-from .core.leader_epochs import (
-    LeaderEpochCache,
-    decode_epoch_entry,
-    encode_epoch_entry,
-)
+from .core.leader_epochs import LeaderEpochCache, encode_epoch_entry
 from .core.log_state import (
     BatchInfo,
     LogState,
@@ -82,18 +72,9 @@ from .core.replicas import (
     effective_min_insync,
     high_watermark,
 )
-from .core.snapshot import (
-    SnapshotError,
-    decode_snapshot,
-    encode_snapshot,
-)
+from .core.snapshot import encode_snapshot
 from .core.topics import TopicRecord
-from .core.txn_index import (
-    AbortedIndex,
-    AbortedTxn,
-    decode_aborted_txn,
-    encode_aborted_txn,
-)
+from .core.txn_index import AbortedIndex, AbortedTxn, encode_aborted_txn
 from .storage import keys
 from .storage.port import CorruptionError, KeyValueStore, WriteGroup
 
@@ -103,7 +84,6 @@ log = logging.getLogger("oncelog.partition_store.partition")
 SNAPSHOTS_KEPT = 2
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
-_MAX_KEY_TAIL = (1 << 64) - 1
 
 
 class Isolation(enum.Enum):
@@ -197,7 +177,8 @@ class PartitionRuntime:
         self.batches_since_snapshot = 0
         self.last_snapshot_ms = 0
         self._snapshot_dirty = False
-        # Filled by recover(): what the last start did, for tests and metrics.
+        # Filled by recovery (partition_loader.py): what the last start did,
+        # for tests and metrics.
         self.recovery_replayed_batches = 0
         self.recovery_snapshot_offset: int | None = None
         self.recovery_corrupt_snapshots = 0
@@ -274,220 +255,6 @@ class PartitionRuntime:
         self._open_txns_gauge = metrics.OPEN_TRANSACTIONS.labels(*labels)
         self._txn_age_gauge = metrics.OLDEST_OPEN_TXN_AGE_SECONDS.labels(*labels)
         self._update_gauges()
-
-    # ------------------------------------------------------------- recovery
-
-    @classmethod
-    def recover(
-        cls, topic: TopicRecord, partition: int, store: KeyValueStore, *, now_ms: int,
-        producer_id_expiration_ms: int, replicated: bool = False,
-    ) -> PartitionRuntime:
-        """Loads the newest good snapshot and the aborted index, and replays
-        the batches after the snapshot. A snapshot that does not decode falls
-        back to the one before it; with none left, the replay starts at the
-        log start offset.
-
-        A single copy's HW is its stored log end (everything stored was
-        acknowledged or may be). A replica's (`replicated`) starts at its log
-        start and is learned again, from the leader's answers or, as leader,
-        from the followers' fetches: its stored log may end in a tail that no
-        other replica has and that was never committed (a deposed leader's,
-        or one truncation is about to cut), and an HW over that tail would
-        let compaction drop a committed record in favour of an uncommitted
-        one, or keep the tail when a truncation falls back to the HW. Kafka
-        restores a checkpointed HW instead; there is none here."""
-        tp = topic.topic_partition(partition)
-        tid = topic.topic_id
-        log_prefix = keys.partition_prefix(keys.LOG, tid, partition)
-        log_end_key = keys.log_key_end(tid, partition)
-
-        log_start, size_bytes = cls._recover_meta(store, topic, partition)
-        last = store.seek_for_prev(keys.log_key(tid, partition, _MAX_KEY_TAIL), log_prefix)
-        last_header = read_header(last[1]) if last is not None else None
-        stored_end = last_header.next_offset if last_header is not None else log_start
-        log_end = max(log_start, stored_end)
-
-        snapshot_prefix = keys.partition_prefix(keys.SNAPSHOT, tid, partition)
-        stored_snapshots = list(store.scan(snapshot_prefix, keys.next_prefix(snapshot_prefix)))
-        snapshot = None
-        corrupt = 0
-        for key, value in reversed(stored_snapshots):
-            key_offset = keys.snapshot_key_offset(key)
-            try:
-                candidate = decode_snapshot(value)
-                if candidate.offset != key_offset:
-                    raise SnapshotError(
-                        f"snapshot under offset {key_offset} says offset {candidate.offset}"
-                    )
-                if candidate.offset > log_end:
-                    raise SnapshotError(
-                        f"snapshot offset {candidate.offset} beyond the log end {log_end}"
-                    )
-            except SnapshotError as exc:
-                corrupt += 1
-                metrics.CORRUPT_SNAPSHOTS.inc()
-                log.warning("%s: skipping snapshot at offset %d: %s", tp, key_offset, exc)
-                continue
-            snapshot = candidate
-            break
-
-        producers = ProducerStateManager(tp, snapshot.producers if snapshot else ())
-        replay_from = max(snapshot.offset if snapshot else log_start, log_start)
-        running_max_ts = None
-        time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, partition)
-        last_time = store.seek_for_prev(
-            keys.time_index_key(tid, partition, (1 << 63) - 1), time_prefix
-        )
-        if last_time is not None:
-            running_max_ts = keys.time_index_key_timestamp(last_time[0])
-        log_state = LogState(
-            tp, log_start_offset=log_start, log_end_offset=replay_from,
-            high_watermark=log_start if replicated else replay_from,
-            durable_end_offset=replay_from, size_bytes=size_bytes,
-            max_timestamp_ms=running_max_ts,
-        )
-        aborted = cls._recover_aborted_index(store, topic, partition, log_start, log_end)
-        epoch_prefix = keys.partition_prefix(keys.LEADER_EPOCH, tid, partition)
-        epochs = LeaderEpochCache(tp, (
-            decode_epoch_entry(value, what=f"{tp} leader-epoch entry")
-            for _key, value in store.scan(epoch_prefix, keys.next_prefix(epoch_prefix))
-        ))
-        part = cls(
-            topic, partition, store, producers=producers, log_state=log_state,
-            snapshot_offsets=[keys.snapshot_key_offset(k) for k, _v in stored_snapshots],
-            aborted=aborted,
-            compaction=cls._recover_compaction(store, topic, partition, log_start, log_end),
-            last_batch_base_offset=(
-                last_header.base_offset if last_header is not None else log_start
-            ),
-            epochs=epochs,
-        )
-        replayed = 0
-        for key, value in store.scan(keys.log_key(tid, partition, replay_from), log_end_key):
-            header = read_header(value)
-            key_offset = keys.log_key_offset(key)
-            if key_offset != header.base_offset:
-                invariant(
-                    False, f"{tp}: batch stored under offset {key_offset} "
-                    f"says base offset {header.base_offset}",
-                )
-            part._replay(
-                header, control_marker(value) if header.is_control else None, now_ms,
-                recovering=True,
-            )
-            replayed += 1
-        invariant(
-            log_state.log_end_offset == log_end,
-            lambda: f"{tp}: replay ended at {log_state.log_end_offset}, log ends at {log_end}",
-        )
-        # Everything stored counts as durable: it survived the restart (and
-        # with a single copy, as committed: see the docstring).
-        if replicated:
-            log_state.mark_locally_durable(log_end)
-        else:
-            log_state.mark_durable(log_end)
-        producers.on_high_watermark(log_state.high_watermark)
-        # Recovered producers count as active now (see producer_state.py).
-        producers.remove_expired(now_ms, producer_id_expiration_ms)
-        part._sync_unstable()
-        part.update_txn_age(now_ms)
-
-        part.recovery_replayed_batches = replayed
-        part.recovery_snapshot_offset = snapshot.offset if snapshot else None
-        part.recovery_corrupt_snapshots = corrupt
-        part.batches_since_snapshot = replayed
-        part.last_snapshot_ms = now_ms
-        part._snapshot_dirty = replayed > 0
-        if replayed or corrupt:
-            log.info(
-                "%s: recovered from %s, replayed %d batches (%d corrupt snapshots skipped), "
-                "log [%d, %d), %d open transactions, %d aborted transactions indexed", tp,
-                f"snapshot at {snapshot.offset}" if snapshot else "the log start",
-                replayed, corrupt, log_start, log_end, producers.open_txn_count, len(aborted),
-            )
-        return part
-
-    @staticmethod
-    def _recover_aborted_index(
-        store: KeyValueStore, topic: TopicRecord, partition: int, log_start: int, log_end: int,
-    ) -> AbortedIndex:
-        """The aborted index from its `A` keys. If one does not decode, the
-        index is rebuilt by replaying the whole stored log into a scratch
-        producer table (a rare, slow path, like _recover_meta's)."""
-        tp = topic.topic_partition(partition)
-        prefix = keys.partition_prefix(keys.ABORTED_TXN, topic.topic_id, partition)
-        index = AbortedIndex(tp)
-        try:
-            for key, value in store.scan(prefix, keys.next_prefix(prefix)):
-                last_offset = keys.aborted_txn_key_offset(key)
-                index.add(decode_aborted_txn(last_offset, value, what=f"{tp} aborted index"))
-            return index
-        except CorruptValueError as exc:
-            log.warning("%s: rebuilding the aborted index by scanning the log: %s", tp, exc)
-        index = AbortedIndex(tp)
-        scratch = ProducerStateManager(tp)
-        tid = topic.topic_id
-        for _key, value in store.scan(
-            keys.log_key(tid, partition, log_start), keys.log_key_end(tid, partition)
-        ):
-            header = read_header(value)
-            completed = scratch.replay(
-                header, header.base_offset, 0,
-                control=control_marker(value) if header.is_control else None,
-            )
-            if completed is not None and completed.aborted:
-                index.add(AbortedTxn(
-                    completed.producer_id, completed.first_offset, completed.last_offset,
-                    completed.last_stable_offset,
-                ))
-        invariant(
-            not index.entries() or index.entries()[-1].last_offset < log_end,
-            lambda: f"{tp}: aborted index rebuilt past the log end {log_end}",
-        )
-        return index
-
-    @staticmethod
-    def _recover_compaction(
-        store: KeyValueStore, topic: TopicRecord, partition: int, log_start: int, log_end: int,
-    ) -> CompactionState:
-        """The cleaning progress from its `K` key. Missing or damaged: the
-        whole log counts as dirty (the next pass cleans it again, and
-        tombstones get a full delete.retention.ms from then: safe, later)."""
-        tp = topic.topic_partition(partition)
-        raw = store.get(keys.compaction_key(topic.topic_id, partition))
-        if raw is None:
-            return initial_state(log_start)
-        try:
-            state = decode_compaction_state(raw, what=f"{tp} compaction state")
-        except CorruptValueError as exc:
-            log.warning("%s: compaction state unreadable, cleaning from the log start: %s",
-                        tp, exc)
-            return initial_state(log_start)
-        if not log_start <= state.clean_offset <= log_end:
-            log.warning("%s: compaction state's clean offset %d is outside the log [%d, %d]; "
-                        "cleaning from the log start", tp, state.clean_offset, log_start, log_end)
-            return initial_state(log_start)
-        return state
-
-    @staticmethod
-    def _recover_meta(store: KeyValueStore, topic: TopicRecord, partition: int) -> tuple[int, int]:
-        """(log start offset, stored size) from the partition meta; rebuilt by a
-        scan of the log if it is missing or damaged (a rare, slow path)."""
-        tp = topic.topic_partition(partition)
-        raw = store.get(keys.meta_key(topic.topic_id, partition))
-        if raw is not None:
-            try:
-                return decode_partition_meta(raw, what=f"{tp} partition meta")
-            except CorruptValueError as exc:
-                log.warning("%s: rebuilding partition meta by scanning the log: %s", tp, exc)
-        prefix = keys.partition_prefix(keys.LOG, topic.topic_id, partition)
-        start = None
-        size = 0
-        for _key, value in store.scan(prefix, keys.next_prefix(prefix)):
-            if start is None:
-                start = read_header(value).base_offset
-            size += len(value)
-        return (start or 0), size
 
     # --------------------------------------------------------------- append
 
@@ -652,8 +419,16 @@ class PartitionRuntime:
         if header.is_transactional:
             # Only transactional batches (markers included) open or end
             # transactions; skipping the rest keeps the hot path lean.
-            self._sync_unstable()
+            self.sync_unstable()
         return group
+
+    def replay_stored(
+        self, header: BatchHeader, control: tuple[int, int] | None, now_ms: int,
+    ) -> None:
+        """Recovery's replay (partition_loader.py) of one batch found on disk:
+        the same `_replay` as a live append. What `_replay` would write with
+        the batch (its index entries) is stored already, so it is dropped."""
+        self._replay(header, control, now_ms, recovering=True)
 
     def _add_stored(self, header: BatchHeader, stored: bytes, group: WriteGroup) -> None:
         """Adds the batch itself and the partition meta to a live write group."""
@@ -662,7 +437,7 @@ class PartitionRuntime:
         group.put(keys.log_key(tid, p, header.base_offset), stored)
         group.put(keys.meta_key(tid, p), self._meta_value())
 
-    def _sync_unstable(self) -> None:
+    def sync_unstable(self) -> None:
         """Copies the producer table's first unstable offset into the offsets
         (the LSO's input) and refreshes the transaction gauges (the age of the
         oldest open transaction needs a clock: the runtime's housekeeping
@@ -813,7 +588,7 @@ class PartitionRuntime:
         if not self.log.advance_high_watermark(min(target, durable)):
             return False
         self.producers.on_high_watermark(self.log.high_watermark)
-        self._sync_unstable()
+        self.sync_unstable()
         self._hw_gauge.set(self.log.high_watermark)
         self._size_gauge.set(self.log.size_bytes)
         self._wake(self._hw_waiters)
@@ -1234,7 +1009,7 @@ class PartitionRuntime:
             group.put(keys.compaction_key(tid, p), encode_compaction_state(self.compaction))
         lso_before = self.log.last_stable_offset
         self.log.replay_truncate_start(new_start, plan.deleted_bytes)
-        self._sync_unstable()
+        self.sync_unstable()
         if self.log.last_stable_offset != lso_before:
             self._wake(self._lso_waiters)
         group.put(keys.meta_key(tid, p), self._meta_value())
@@ -1316,7 +1091,7 @@ class PartitionRuntime:
         self._hw_gauge.set(self.log.high_watermark)
         self._start_gauge.set(self.log.log_start_offset)
         self._size_gauge.set(self.log.size_bytes)
-        self._sync_unstable()
+        self.sync_unstable()
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

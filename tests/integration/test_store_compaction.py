@@ -57,6 +57,7 @@ from services.partition_store.api import (
 from services.partition_store.cleaner import compact_partition
 from services.partition_store.core.topics import decode_topic_record
 from services.partition_store.partition import EARLIEST_TIMESTAMP, Isolation, PartitionRuntime
+from services.partition_store.partition_loader import recover_partition
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import WriteGroup
@@ -506,8 +507,8 @@ async def _pass_over(path: Path, clock: Clock, *, stop_after_chunks: int | None)
     try:
         catalog = store.get(keys.catalog_key(TOPIC))
         assert catalog is not None
-        part = PartitionRuntime.recover(decode_topic_record(catalog), 0, store,
-                                        now_ms=clock.now_ms, producer_id_expiration_ms=HOUR_MS)
+        part = recover_partition(decode_topic_record(catalog), 0, store,
+                                 now_ms=clock.now_ms, producer_id_expiration_ms=HOUR_MS)
         chunks = 0
 
         def submit(group: WriteGroup, on_durable: Callable[[], None]) -> asyncio.Future[None]:
