@@ -43,21 +43,11 @@ from ..common.errors import ServiceError, invariant
 from . import metrics
 from .core.batches import check_produce_batch, stored_batch_damage
 from .core.codec import decode_offset, encode_offset, encode_partition_meta
-from .core.compaction import (
-    CompactionState,
-    compaction_due,
-    encode_compaction_state,
-    initial_state,
-)
+from .core.compaction import CompactionState, initial_state
 from .core.fetch_filter import select_batches
 from .core.hanging_txns import OpenTxn, open_transactions
 from .core.leader_epochs import LeaderEpochCache, encode_epoch_entry
-from .core.log_state import (
-    BatchInfo,
-    LogState,
-    RetentionPlan,
-    plan_retention,
-)
+from .core.log_state import LogState
 from .core.outcomes import Rejection
 from .core.producer_state import (
     MARKER_NAMES,
@@ -229,7 +219,6 @@ class PartitionRuntime:
         # fetch sessions and the ISR check (runtime.py).
         self.on_replica_news: Callable[[PartitionRuntime, ReplicaNews, int], None] | None = None
         self._log_prefix = keys.partition_prefix(keys.LOG, topic.topic_id, partition)
-        self._log_end_key = keys.log_key_end(topic.topic_id, partition)
         labels = (topic.name, str(partition))
         self._hw_gauge = metrics.HIGH_WATERMARK.labels(*labels)
         self._start_gauge = metrics.LOG_START_OFFSET.labels(*labels)
@@ -435,7 +424,7 @@ class PartitionRuntime:
         tid, p = self.topic.topic_id, self.partition
         self.log.add_size(len(stored))
         group.put(keys.log_key(tid, p, header.base_offset), stored)
-        group.put(keys.meta_key(tid, p), self._meta_value())
+        group.put(keys.meta_key(tid, p), self.meta_value())
 
     def sync_unstable(self) -> None:
         """Copies the producer table's first unstable offset into the offsets
@@ -477,6 +466,11 @@ class PartitionRuntime:
             del self._gates[producer_id]
         if not gate.done():
             gate.set_result(None)
+
+    @property
+    def store(self) -> KeyValueStore:
+        """The node's database, which holds this partition's keys."""
+        return self._store
 
     @property
     def is_leader(self) -> bool:
@@ -733,7 +727,8 @@ class PartitionRuntime:
             record_count=header.record_count, size_bytes=len(stored), group=group,
         )
 
-    def _meta_value(self) -> bytes:
+    def meta_value(self) -> bytes:
+        """The partition meta's value (`M`: log start offset, stored size)."""
         return encode_partition_meta(self.log.log_start_offset, self.log.size_bytes)
 
     # ---------------------------------------------------------------- reads
@@ -798,6 +793,15 @@ class PartitionRuntime:
             raise CorruptionError(
                 f"{self.topic_partition}: the batch at offset {keys.log_key_offset(key)}: "
                 f"{damage}", path=self._store.locate(key))
+
+    def read_stored(
+        self, start_offset: int, end_offset: int
+    ) -> Iterator[tuple[BatchHeader, bytes]]:
+        """Stored batches from the one holding start_offset, below end_offset."""
+        return self._batches_from(start_offset, end_offset)
+
+    def stored_batch(self, base_offset: int) -> bytes | None:
+        return self._store.get(keys.log_key(self.topic.topic_id, self.partition, base_offset))
 
     def read(self, offset: int, *, max_bytes: int, isolation: Isolation,
              include_control: bool = False, take_first_whole: bool = True,
@@ -949,117 +953,19 @@ class PartitionRuntime:
             self._snapshot_dirty = True
         return expired
 
-    # ------------------------------------------------------------ retention
+    # --------------------------------------------------------- log rewrites
 
-    def _stored_batches(self) -> Iterator[BatchInfo]:
-        tid, p = self.topic.topic_id, self.partition
-        for _key, value in self._store.scan(
-            keys.log_key(tid, p, self.log.log_start_offset), self._log_end_key
-        ):
-            header = read_header(value)
-            yield BatchInfo(
-                base_offset=header.base_offset, next_offset=header.next_offset,
-                max_timestamp_ms=header.max_timestamp_ms, size_bytes=len(value),
-            )
-
-    def plan_retention(self, *, now_ms: int, max_batches: int) -> RetentionPlan:
-        config = self.topic.config
-        return plan_retention(
-            self._stored_batches(),
-            now_ms=now_ms,
-            retention_ms=config.retention_ms if self.topic.deletes else -1,
-            retention_bytes=config.retention_bytes if self.topic.deletes else -1,
-            log_start_offset=self.log.log_start_offset,
-            log_end_offset=self.log.log_end_offset,
-            high_watermark=self.log.high_watermark,
-            size_bytes=self.log.size_bytes,
-            newest_snapshot_offset=self.newest_snapshot_offset,
-            max_batches=max_batches,
-        )
-
-    def apply_retention(self, plan: RetentionPlan) -> WriteGroup:
-        """Moves the log start offset (in memory now, like an append) and
-        returns the deletions. Time-index entries of deleted batches go too,
-        except the newest of them: a lookup that lands before the log start is
-        clamped to it and scans forward, so no retained batch is skipped."""
-        invariant(plan.deletes_anything, "apply_retention with nothing to delete")
-        tid, p = self.topic.topic_id, self.partition
-        old_start = self.log.log_start_offset
-        new_start = plan.new_log_start_offset
-        group = WriteGroup()
-        group.delete_range(keys.log_key(tid, p, old_start), keys.log_key(tid, p, new_start))
-        time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, p)
-        keep_from: bytes | None = None
-        for key, value in self._store.scan(time_prefix, keys.next_prefix(time_prefix)):
-            if decode_offset(value, what=f"{self.topic_partition} time index") >= new_start:
-                break
-            keep_from = key
-        if keep_from is not None:
-            group.delete_range(time_prefix, keep_from)
-        # Aborted transactions that ended below the new log start: all their
-        # batches and their marker are gone with this deletion.
-        group.delete_range(
-            keys.partition_prefix(keys.ABORTED_TXN, tid, p), keys.aborted_txn_key(tid, p, new_start)
-        )
-        self.aborted.prune_below(new_start)
-        if self.epochs.truncate_from_start(new_start):
-            self.add_epoch_writes(group)
-        self.compaction = self.compaction.after_retention(new_start, plan.deleted_bytes)
-        if self.topic.compacted:
-            group.put(keys.compaction_key(tid, p), encode_compaction_state(self.compaction))
+    def move_log_start(self, new_start: int, deleted_bytes: int, group: WriteGroup) -> None:
+        """Retention's change to the offsets (partition_cleaning.py, which
+        deletes the batches below `new_start`): readers waiting for the LSO
+        are woken if it moved, and the partition meta goes into `group`."""
         lso_before = self.log.last_stable_offset
-        self.log.replay_truncate_start(new_start, plan.deleted_bytes)
+        self.log.replay_truncate_start(new_start, deleted_bytes)
         self.sync_unstable()
         if self.log.last_stable_offset != lso_before:
             self._wake(self._lso_waiters)
-        group.put(keys.meta_key(tid, p), self._meta_value())
-        metrics.RETENTION_DELETED_BATCHES.labels(self.topic.name).inc(plan.batch_count)
+        group.put(keys.meta_key(self.topic.topic_id, self.partition), self.meta_value())
         self._update_gauges()
-        return group
-
-    # ------------------------------------------------------------ compaction
-
-    @property
-    def first_uncleanable_offset(self) -> int:
-        """Compaction cleans only below min(LSO, HW, base offset of the newest
-        batch): no open transaction, nothing not yet durable, and never the
-        batch that fixes the log end offset (core/compaction.py)."""
-        log_state = self.log
-        return max(log_state.log_start_offset, min(
-            log_state.last_stable_offset, log_state.high_watermark, self.last_batch_base_offset,
-        ))
-
-    def compaction_due(self, now_ms: int) -> bool:
-        if self.closed or not self.topic.compacted:
-            return False
-        return compaction_due(
-            self.compaction, size_bytes=self.log.size_bytes,
-            first_uncleanable_offset=self.first_uncleanable_offset,
-            min_cleanable_dirty_ratio=self.topic.config.min_cleanable_dirty_ratio, now_ms=now_ms,
-        )
-
-    def read_stored(
-        self, start_offset: int, end_offset: int
-    ) -> Iterator[tuple[BatchHeader, bytes]]:
-        """Stored batches from the one holding start_offset, below end_offset."""
-        return self._batches_from(start_offset, end_offset)
-
-    def stored_batch(self, base_offset: int) -> bytes | None:
-        return self._store.get(keys.log_key(self.topic.topic_id, self.partition, base_offset))
-
-    def apply_compaction_chunk(
-        self, group: WriteGroup, *, removed_bytes: int, state: CompactionState,
-    ) -> None:
-        """Applies one chunk of a compaction pass to memory when it is queued
-        (the stored size and the cleaning state now, as appends do, so the
-        partition meta written by later appends counts it) and adds the
-        partition meta and `K` to its writes. What readers use (the aborted
-        index) changes only when the chunk is durable: on_compaction_durable."""
-        tid, p = self.topic.topic_id, self.partition
-        self.log.replay_compaction(removed_bytes)
-        self.compaction = state
-        group.put(keys.meta_key(tid, p), self._meta_value())
-        group.put(keys.compaction_key(tid, p), encode_compaction_state(state))
 
     def on_compaction_durable(self, removed_aborted_txns: Sequence[int]) -> None:
         """A chunk is written: forget the aborted transactions whose ABORT
