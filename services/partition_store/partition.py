@@ -1,6 +1,9 @@
-"""One partition owned by this store node: its offsets, producer state, the
-I/O around them (appends, reads, snapshots, retention), and the futures that
-wait on its high watermark. Its recovery at open is partition_loader.py's.
+"""One partition owned by this store node: its offsets, producer state and
+replication state, the I/O of appends, stored-batch reads and snapshots,
+and the futures that wait on its high watermark. Jobs done over it live
+beside it: recovery at open (partition_loader.py), consumers' and
+followers' reads (partition_reads.py), retention and compaction planning
+(partition_cleaning.py).
 
 Changes go through `_replay`, for data batches and markers alike. A live
 append or marker is replayed into memory when it is accepted (so the next
@@ -34,7 +37,6 @@ from oncelog.wire.records import (
     BatchHeader,
     control_marker,
     encode_control_batch,
-    iter_records,
     read_header,
     stamp_batch,
 )
@@ -42,9 +44,8 @@ from oncelog.wire.records import (
 from ..common.errors import ServiceError, invariant
 from . import metrics
 from .core.batches import check_produce_batch, stored_batch_damage
-from .core.codec import decode_offset, encode_offset, encode_partition_meta
+from .core.codec import encode_offset, encode_partition_meta
 from .core.compaction import CompactionState, initial_state
-from .core.fetch_filter import select_batches
 from .core.hanging_txns import OpenTxn, open_transactions
 from .core.leader_epochs import LeaderEpochCache, encode_epoch_entry
 from .core.log_state import LogState
@@ -72,8 +73,6 @@ log = logging.getLogger("oncelog.partition_store.partition")
 
 # How many snapshots a partition keeps: the newest, and one to fall back to.
 SNAPSHOTS_KEPT = 2
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
 
 
 class Isolation(enum.Enum):
@@ -107,20 +106,6 @@ class WaitForGate:
     verification: wait for `gate`, then `append` again."""
 
     gate: asyncio.Future[None]
-
-
-@dataclass(frozen=True, slots=True)
-class FetchRead:
-    batches: list[bytes]
-    size_bytes: int
-    next_fetch_offset: int
-    # Bytes covered: returned plus filtered (control and aborted batches).
-    scanned_bytes: int = 0
-    # Records in the returned batches.
-    record_count: int = 0
-    # With client_filters under read_committed: the aborted transactions that
-    # have a batch in the returned range (Kafka's aborted_transactions).
-    aborted: tuple[AbortedTxn, ...] = ()
 
 
 class ReplicaNews(enum.Enum):
@@ -468,11 +453,6 @@ class PartitionRuntime:
             gate.set_result(None)
 
     @property
-    def store(self) -> KeyValueStore:
-        """The node's database, which holds this partition's keys."""
-        return self._store
-
-    @property
     def is_leader(self) -> bool:
         return self.state.leader == self.node_id
 
@@ -688,22 +668,6 @@ class PartitionRuntime:
 
     # ---------------------------------------------------------- replication
 
-    def read_replica(self, offset: int, *, max_bytes: int) -> tuple[list[bytes], int]:
-        """For a follower: the stored batches from `offset` (a batch
-        boundary: its log end offset) up to this replica's durable end,
-        control batches and aborted transactions included, the first one
-        whole; and the offset after the last one returned."""
-        batches: list[bytes] = []
-        size = 0
-        next_offset = offset
-        for header, value in self._batches_from(offset, self.log.durable_end_offset):
-            if batches and size + len(value) > max_bytes:
-                break
-            batches.append(value)
-            size += len(value)
-            next_offset = header.next_offset
-        return batches, next_offset
-
     def append_replicated(self, stored: bytes, *, now_ms: int) -> Appended:
         """A follower's append of a batch as its leader stored it: the same
         offsets, the same bytes, replayed into memory through the same
@@ -731,45 +695,12 @@ class PartitionRuntime:
         """The partition meta's value (`M`: log start offset, stored size)."""
         return encode_partition_meta(self.log.log_start_offset, self.log.size_bytes)
 
-    # ---------------------------------------------------------------- reads
+    # ------------------------------------------------------ stored batches
 
-    def upper_bound(self, isolation: Isolation) -> int:
-        if isolation is Isolation.READ_COMMITTED:
-            return self.log.last_stable_offset
-        return self.log.high_watermark
-
-    def check_fetch_offset(self, offset: int) -> None:
-        """A fetch may start anywhere in the log, up to its end (Kafka's rule),
-        and reads nothing past the HW. Not "up to the HW": a new leader's HW
-        can trail the old leader's for a moment (it learns where its
-        followers are on their next fetch), and a consumer already at the old
-        HW would otherwise be told it is out of range and reset its position
-        (to the start, re-reading everything)."""
-        if offset < 0 or offset < self.log.log_start_offset or offset > self.log.log_end_offset:
-            raise ServiceError(
-                ErrorCode.OFFSET_OUT_OF_RANGE,
-                f"{self.topic_partition}: offset {offset} is out of range; the log holds "
-                f"offsets {self.log.log_start_offset}..{self.log.log_end_offset} (log start "
-                f"offset {self.log.log_start_offset}, log end offset {self.log.log_end_offset},"
-                f" high watermark {self.log.high_watermark})",
-            )
-
-    def check_offsets_known(self) -> None:
-        """Kafka's KIP-207: a leader whose HW has not yet reached the start of
-        its own leader epoch does not know where the committed log ends (the
-        previous leader's HW may be further), so it answers a "latest" or
-        time lookup with the retriable OFFSET_NOT_AVAILABLE rather than an
-        end offset that goes backwards."""
-        if not self.is_leader:
-            return
-        epoch_start = self.epochs.start_offset_of(self.state.leader_epoch)
-        if epoch_start is not None and self.log.high_watermark < epoch_start:
-            raise ServiceError(
-                ErrorCode.OFFSET_NOT_AVAILABLE,
-                f"{self.topic_partition}: leader epoch {self.state.leader_epoch} starts at "
-                f"offset {epoch_start} and the high watermark is still "
-                f"{self.log.high_watermark}; retry once the followers have caught up",
-            )
+    @property
+    def store(self) -> KeyValueStore:
+        """The node's database, which holds this partition's keys."""
+        return self._store
 
     def _batches_from(self, offset: int, upper: int) -> Iterator[tuple[BatchHeader, bytes]]:
         """Stored batches from the one holding `offset` up to `upper`
@@ -797,83 +728,13 @@ class PartitionRuntime:
     def read_stored(
         self, start_offset: int, end_offset: int
     ) -> Iterator[tuple[BatchHeader, bytes]]:
-        """Stored batches from the one holding start_offset, below end_offset."""
+        """Stored batches from the one holding start_offset, below end_offset,
+        each checked (`_batches_from`): what reads (partition_reads.py) and
+        the cleaner read."""
         return self._batches_from(start_offset, end_offset)
 
     def stored_batch(self, base_offset: int) -> bytes | None:
         return self._store.get(keys.log_key(self.topic.topic_id, self.partition, base_offset))
-
-    def read(self, offset: int, *, max_bytes: int, isolation: Isolation,
-             include_control: bool = False, take_first_whole: bool = True,
-             client_filters: bool = False) -> FetchRead:
-        """Whole batches from the one holding `offset`, up to the HW (the LSO
-        under read_committed), without control batches and, under
-        read_committed, without batches of aborted transactions
-        (core/fetch_filter.py). With `take_first_whole` the first batch is
-        returned even when it is larger than max_bytes.
-
-        `client_filters` (Kafka's clients): every batch below the bound,
-        control and aborted ones included, and under read_committed the
-        aborted transactions of the returned range, from which the reader
-        drops aborted batches itself."""
-        self.check_fetch_offset(offset)
-        upper = self.upper_bound(isolation)
-        committed = isolation is Isolation.READ_COMMITTED
-        selection = select_batches(
-            self._batches_from(offset, upper), fetch_offset=offset, upper_offset=upper,
-            max_bytes=max_bytes,
-            aborted=self.aborted if committed and not client_filters else None,
-            keep_control=client_filters or (include_control and not committed),
-            keep_empty=client_filters,
-            take_first_whole=take_first_whole,
-        )
-        aborted: tuple[AbortedTxn, ...] = ()
-        if client_filters and committed and selection.batches:
-            aborted = tuple(self.aborted.collect(offset, selection.next_fetch_offset))
-        return FetchRead(
-            selection.batches, selection.size_bytes, selection.next_fetch_offset,
-            scanned_bytes=selection.scanned_bytes, record_count=selection.record_count,
-            aborted=aborted,
-        )
-
-    def list_offset(self, timestamp_ms: int, isolation: Isolation) -> tuple[int, int]:
-        """(offset, timestamp_ms) for ListOffsets: -2 earliest, -1 latest (HW,
-        or LSO under read_committed), else the first record whose timestamp is
-        >= timestamp_ms (-1, -1 when none is)."""
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return self.log.log_start_offset, -1
-        if timestamp_ms == LATEST_TIMESTAMP:
-            self.check_offsets_known()
-            return self.upper_bound(isolation), -1
-        if timestamp_ms < 0:
-            raise ServiceError(
-                ErrorCode.INVALID_REQUEST,
-                f"{self.topic_partition}: timestamp {timestamp_ms} is neither -1 (latest), "
-                "-2 (earliest) nor a time >= 0",
-            )
-        self.check_offsets_known()
-        tid, p = self.topic.topic_id, self.partition
-        time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, p)
-        first = next(
-            self._store.scan(
-                keys.time_index_key(tid, p, timestamp_ms), keys.next_prefix(time_prefix)
-            ),
-            None,
-        )
-        if first is None:
-            return -1, -1
-        indexed = decode_offset(first[1], what=f"{self.topic_partition} time index")
-        start = max(indexed, self.log.log_start_offset)
-        upper = self.upper_bound(isolation)
-        if start >= upper:
-            return -1, -1
-        for header, value in self._batches_from(start, upper):
-            if header.is_control or header.max_timestamp_ms < timestamp_ms:
-                continue
-            for record in iter_records(value, min_offset=start):
-                if record.timestamp_ms >= timestamp_ms:
-                    return record.offset, record.timestamp_ms
-        return -1, -1
 
     # -------------------------------------------------------- long polling
 
