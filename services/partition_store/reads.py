@@ -51,7 +51,7 @@ class Reads:
         work done, and a fetch that skipped them answers at once with a
         next_fetch_offset past them rather than waiting with nothing new.
         `client_filters`: for readers that filter by themselves (Kafka's
-        clients; PartitionRuntime.read says what changes)."""
+        clients; partition_reads.read says what changes)."""
         await self._catalog.ensure_known({item.topic for item in items},
                                  [(item.topic, item.partition) for item in items])
         loop = asyncio.get_running_loop()
