@@ -42,6 +42,7 @@ from .core.topics import (
     validate_topic_name,
 )
 from .partition import PartitionRuntime, ReplicaNews
+from .partition_loader import recover_partition
 from .replica_sessions import FetchSessions, PartitionKey
 from .shared import StoreShared
 from .storage import keys
@@ -120,7 +121,7 @@ class Catalog:
                 self.open_partition(record, p, now_ms)
 
     def open_partition(self, record: TopicRecord, p: int, now_ms: int) -> PartitionRuntime:
-        part = PartitionRuntime.recover(
+        part = recover_partition(
             record, p, self._store, now_ms=now_ms,
             producer_id_expiration_ms=self.config.producer_id_expiration_ms,
             replicated=self.config.replicated,

@@ -43,6 +43,7 @@ from .core.compaction import (
     aborted_by_producer,
 )
 from .partition import PartitionRuntime
+from .partition_cleaning import apply_compaction_chunk, first_uncleanable_offset
 from .storage import keys
 from .storage.port import WriteGroup
 
@@ -173,7 +174,7 @@ class _ChunkWriter:
             self._start_state,
             clean_bytes=max(0, self._start_state.clean_bytes - self._removed_below_clean),
         )
-        part.apply_compaction_chunk(group, removed_bytes=removed, state=state)
+        apply_compaction_chunk(part, group, removed_bytes=removed, state=state)
 
         def on_durable() -> None:
             part.on_compaction_durable(removed_aborted)
@@ -200,11 +201,11 @@ async def compact_partition(
     state = part.compaction
     log_start = part.log.log_start_offset
     invariant(
-        end_offset <= part.first_uncleanable_offset and (
+        end_offset <= first_uncleanable_offset(part) and (
             part.newest_snapshot_offset is not None and end_offset <= part.newest_snapshot_offset
         ),
         lambda: f"{tp}: compaction up to {end_offset} beyond the first uncleanable offset "
-        f"{part.first_uncleanable_offset} or the newest snapshot {part.newest_snapshot_offset}",
+        f"{first_uncleanable_offset(part)} or the newest snapshot {part.newest_snapshot_offset}",
     )
     if end_offset < state.clean_offset or end_offset <= log_start:
         return None

@@ -20,6 +20,7 @@ from oncelog.wire.records import BatchFormatError
 
 from ..common.crashpoints import crash_point
 from ..common.errors import InvariantViolation, ServiceError
+from . import partition_cleaning
 from .catalog import Catalog
 from .cleaner import CompactionReport, compact_partition
 from .partition import PartitionRuntime
@@ -124,19 +125,19 @@ class Housekeeping:
             part.expire_producers(
                 now_ms=now_ms, expiration_ms=self.config.producer_id_expiration_ms
             )
-            plan = part.plan_retention(
-                now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
+            plan = partition_cleaning.plan_retention(
+                part, now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
             )
             if plan.needs_snapshot:
                 # Producer state must outlive the batches it came from: a
                 # snapshot at the log end goes first (the writer keeps order),
                 # then the plan can reach further.
                 futures.append(self._snapshot_at_log_end(part, now_ms))
-                plan = part.plan_retention(
-                    now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
+                plan = partition_cleaning.plan_retention(
+                    part, now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
                 )
             if plan.deletes_anything:
-                futures.append(self._writer.submit(part.apply_retention(plan)))
+                futures.append(self._writer.submit(partition_cleaning.apply_retention(part, plan)))
                 deleted += plan.batch_count
                 log.info(
                     "%s: retention deleted %d batches (%d bytes); log start offset now %d",
@@ -161,9 +162,9 @@ class Housekeeping:
                 now_ms = self._clock_ms()
                 if part.closed or not part.topic.compacted:
                     continue
-                if not (force or part.compaction_due(now_ms)):
+                if not (force or partition_cleaning.compaction_due(part, now_ms)):
                     continue
-                end_offset = part.first_uncleanable_offset
+                end_offset = partition_cleaning.first_uncleanable_offset(part)
                 if end_offset <= part.log.log_start_offset:
                     continue
                 newest_snapshot = part.newest_snapshot_offset

@@ -1,13 +1,17 @@
-"""One partition owned by this store node: its offsets, producer state, the
-I/O around them (recovery, reads, snapshots, retention), and the futures that
-wait on its high watermark.
+"""One partition owned by this store node: its offsets, producer state and
+replication state, the I/O of appends, stored-batch reads and snapshots,
+and the futures that wait on its high watermark. Jobs done over it live
+beside it: recovery at open (partition_loader.py), consumers' and
+followers' reads (partition_reads.py), retention and compaction planning
+(partition_cleaning.py).
 
 Changes go through `_replay`, for data batches and markers alike. A live
 append or marker is replayed into memory when it is accepted (so the next
 batch of a pipelining producer is checked against it, and the log end offset
 includes it), persisted by the group-commit writer, and acknowledged only when
-`on_durable` has moved the high watermark past it. Recovery runs the same
-`_replay` over the stored batches after the newest good snapshot.
+`on_durable` has moved the high watermark past it. Recovery
+(partition_loader.py) runs the same `_replay` over the stored batches after
+the newest good snapshot.
 
 Transactions: the producer table tracks open transactions, the aborted index
 (core/txn_index.py) the aborted ones, and the LSO follows from both (see
@@ -33,7 +37,6 @@ from oncelog.wire.records import (
     BatchHeader,
     control_marker,
     encode_control_batch,
-    iter_records,
     read_header,
     stamp_batch,
 )
@@ -41,33 +44,11 @@ from oncelog.wire.records import (
 from ..common.errors import ServiceError, invariant
 from . import metrics
 from .core.batches import check_produce_batch, stored_batch_damage
-from .core.codec import (
-    CorruptValueError,
-    decode_offset,
-    decode_partition_meta,
-    encode_offset,
-    encode_partition_meta,
-)
-from .core.compaction import (
-    CompactionState,
-    compaction_due,
-    decode_compaction_state,
-    encode_compaction_state,
-    initial_state,
-)
-from .core.fetch_filter import select_batches
+from .core.codec import encode_offset, encode_partition_meta
+from .core.compaction import CompactionState, initial_state
 from .core.hanging_txns import OpenTxn, open_transactions
-from .core.leader_epochs import (
-    LeaderEpochCache,
-    decode_epoch_entry,
-    encode_epoch_entry,
-)
-from .core.log_state import (
-    BatchInfo,
-    LogState,
-    RetentionPlan,
-    plan_retention,
-)
+from .core.leader_epochs import LeaderEpochCache, encode_epoch_entry
+from .core.log_state import LogState
 from .core.outcomes import Rejection
 from .core.producer_state import (
     MARKER_NAMES,
@@ -82,18 +63,9 @@ from .core.replicas import (
     effective_min_insync,
     high_watermark,
 )
-from .core.snapshot import (
-    SnapshotError,
-    decode_snapshot,
-    encode_snapshot,
-)
+from .core.snapshot import encode_snapshot
 from .core.topics import TopicRecord
-from .core.txn_index import (
-    AbortedIndex,
-    AbortedTxn,
-    decode_aborted_txn,
-    encode_aborted_txn,
-)
+from .core.txn_index import AbortedIndex, AbortedTxn, encode_aborted_txn
 from .storage import keys
 from .storage.port import CorruptionError, KeyValueStore, WriteGroup
 
@@ -101,9 +73,6 @@ log = logging.getLogger("oncelog.partition_store.partition")
 
 # How many snapshots a partition keeps: the newest, and one to fall back to.
 SNAPSHOTS_KEPT = 2
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
-_MAX_KEY_TAIL = (1 << 64) - 1
 
 
 class Isolation(enum.Enum):
@@ -137,20 +106,6 @@ class WaitForGate:
     verification: wait for `gate`, then `append` again."""
 
     gate: asyncio.Future[None]
-
-
-@dataclass(frozen=True, slots=True)
-class FetchRead:
-    batches: list[bytes]
-    size_bytes: int
-    next_fetch_offset: int
-    # Bytes covered: returned plus filtered (control and aborted batches).
-    scanned_bytes: int = 0
-    # Records in the returned batches.
-    record_count: int = 0
-    # With client_filters under read_committed: the aborted transactions that
-    # have a batch in the returned range (Kafka's aborted_transactions).
-    aborted: tuple[AbortedTxn, ...] = ()
 
 
 class ReplicaNews(enum.Enum):
@@ -197,7 +152,8 @@ class PartitionRuntime:
         self.batches_since_snapshot = 0
         self.last_snapshot_ms = 0
         self._snapshot_dirty = False
-        # Filled by recover(): what the last start did, for tests and metrics.
+        # Filled by recovery (partition_loader.py): what the last start did,
+        # for tests and metrics.
         self.recovery_replayed_batches = 0
         self.recovery_snapshot_offset: int | None = None
         self.recovery_corrupt_snapshots = 0
@@ -248,7 +204,6 @@ class PartitionRuntime:
         # fetch sessions and the ISR check (runtime.py).
         self.on_replica_news: Callable[[PartitionRuntime, ReplicaNews, int], None] | None = None
         self._log_prefix = keys.partition_prefix(keys.LOG, topic.topic_id, partition)
-        self._log_end_key = keys.log_key_end(topic.topic_id, partition)
         labels = (topic.name, str(partition))
         self._hw_gauge = metrics.HIGH_WATERMARK.labels(*labels)
         self._start_gauge = metrics.LOG_START_OFFSET.labels(*labels)
@@ -274,220 +229,6 @@ class PartitionRuntime:
         self._open_txns_gauge = metrics.OPEN_TRANSACTIONS.labels(*labels)
         self._txn_age_gauge = metrics.OLDEST_OPEN_TXN_AGE_SECONDS.labels(*labels)
         self._update_gauges()
-
-    # ------------------------------------------------------------- recovery
-
-    @classmethod
-    def recover(
-        cls, topic: TopicRecord, partition: int, store: KeyValueStore, *, now_ms: int,
-        producer_id_expiration_ms: int, replicated: bool = False,
-    ) -> PartitionRuntime:
-        """Loads the newest good snapshot and the aborted index, and replays
-        the batches after the snapshot. A snapshot that does not decode falls
-        back to the one before it; with none left, the replay starts at the
-        log start offset.
-
-        A single copy's HW is its stored log end (everything stored was
-        acknowledged or may be). A replica's (`replicated`) starts at its log
-        start and is learned again, from the leader's answers or, as leader,
-        from the followers' fetches: its stored log may end in a tail that no
-        other replica has and that was never committed (a deposed leader's,
-        or one truncation is about to cut), and an HW over that tail would
-        let compaction drop a committed record in favour of an uncommitted
-        one, or keep the tail when a truncation falls back to the HW. Kafka
-        restores a checkpointed HW instead; there is none here."""
-        tp = topic.topic_partition(partition)
-        tid = topic.topic_id
-        log_prefix = keys.partition_prefix(keys.LOG, tid, partition)
-        log_end_key = keys.log_key_end(tid, partition)
-
-        log_start, size_bytes = cls._recover_meta(store, topic, partition)
-        last = store.seek_for_prev(keys.log_key(tid, partition, _MAX_KEY_TAIL), log_prefix)
-        last_header = read_header(last[1]) if last is not None else None
-        stored_end = last_header.next_offset if last_header is not None else log_start
-        log_end = max(log_start, stored_end)
-
-        snapshot_prefix = keys.partition_prefix(keys.SNAPSHOT, tid, partition)
-        stored_snapshots = list(store.scan(snapshot_prefix, keys.next_prefix(snapshot_prefix)))
-        snapshot = None
-        corrupt = 0
-        for key, value in reversed(stored_snapshots):
-            key_offset = keys.snapshot_key_offset(key)
-            try:
-                candidate = decode_snapshot(value)
-                if candidate.offset != key_offset:
-                    raise SnapshotError(
-                        f"snapshot under offset {key_offset} says offset {candidate.offset}"
-                    )
-                if candidate.offset > log_end:
-                    raise SnapshotError(
-                        f"snapshot offset {candidate.offset} beyond the log end {log_end}"
-                    )
-            except SnapshotError as exc:
-                corrupt += 1
-                metrics.CORRUPT_SNAPSHOTS.inc()
-                log.warning("%s: skipping snapshot at offset %d: %s", tp, key_offset, exc)
-                continue
-            snapshot = candidate
-            break
-
-        producers = ProducerStateManager(tp, snapshot.producers if snapshot else ())
-        replay_from = max(snapshot.offset if snapshot else log_start, log_start)
-        running_max_ts = None
-        time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, partition)
-        last_time = store.seek_for_prev(
-            keys.time_index_key(tid, partition, (1 << 63) - 1), time_prefix
-        )
-        if last_time is not None:
-            running_max_ts = keys.time_index_key_timestamp(last_time[0])
-        log_state = LogState(
-            tp, log_start_offset=log_start, log_end_offset=replay_from,
-            high_watermark=log_start if replicated else replay_from,
-            durable_end_offset=replay_from, size_bytes=size_bytes,
-            max_timestamp_ms=running_max_ts,
-        )
-        aborted = cls._recover_aborted_index(store, topic, partition, log_start, log_end)
-        epoch_prefix = keys.partition_prefix(keys.LEADER_EPOCH, tid, partition)
-        epochs = LeaderEpochCache(tp, (
-            decode_epoch_entry(value, what=f"{tp} leader-epoch entry")
-            for _key, value in store.scan(epoch_prefix, keys.next_prefix(epoch_prefix))
-        ))
-        part = cls(
-            topic, partition, store, producers=producers, log_state=log_state,
-            snapshot_offsets=[keys.snapshot_key_offset(k) for k, _v in stored_snapshots],
-            aborted=aborted,
-            compaction=cls._recover_compaction(store, topic, partition, log_start, log_end),
-            last_batch_base_offset=(
-                last_header.base_offset if last_header is not None else log_start
-            ),
-            epochs=epochs,
-        )
-        replayed = 0
-        for key, value in store.scan(keys.log_key(tid, partition, replay_from), log_end_key):
-            header = read_header(value)
-            key_offset = keys.log_key_offset(key)
-            if key_offset != header.base_offset:
-                invariant(
-                    False, f"{tp}: batch stored under offset {key_offset} "
-                    f"says base offset {header.base_offset}",
-                )
-            part._replay(
-                header, control_marker(value) if header.is_control else None, now_ms,
-                recovering=True,
-            )
-            replayed += 1
-        invariant(
-            log_state.log_end_offset == log_end,
-            lambda: f"{tp}: replay ended at {log_state.log_end_offset}, log ends at {log_end}",
-        )
-        # Everything stored counts as durable: it survived the restart (and
-        # with a single copy, as committed: see the docstring).
-        if replicated:
-            log_state.mark_locally_durable(log_end)
-        else:
-            log_state.mark_durable(log_end)
-        producers.on_high_watermark(log_state.high_watermark)
-        # Recovered producers count as active now (see producer_state.py).
-        producers.remove_expired(now_ms, producer_id_expiration_ms)
-        part._sync_unstable()
-        part.update_txn_age(now_ms)
-
-        part.recovery_replayed_batches = replayed
-        part.recovery_snapshot_offset = snapshot.offset if snapshot else None
-        part.recovery_corrupt_snapshots = corrupt
-        part.batches_since_snapshot = replayed
-        part.last_snapshot_ms = now_ms
-        part._snapshot_dirty = replayed > 0
-        if replayed or corrupt:
-            log.info(
-                "%s: recovered from %s, replayed %d batches (%d corrupt snapshots skipped), "
-                "log [%d, %d), %d open transactions, %d aborted transactions indexed", tp,
-                f"snapshot at {snapshot.offset}" if snapshot else "the log start",
-                replayed, corrupt, log_start, log_end, producers.open_txn_count, len(aborted),
-            )
-        return part
-
-    @staticmethod
-    def _recover_aborted_index(
-        store: KeyValueStore, topic: TopicRecord, partition: int, log_start: int, log_end: int,
-    ) -> AbortedIndex:
-        """The aborted index from its `A` keys. If one does not decode, the
-        index is rebuilt by replaying the whole stored log into a scratch
-        producer table (a rare, slow path, like _recover_meta's)."""
-        tp = topic.topic_partition(partition)
-        prefix = keys.partition_prefix(keys.ABORTED_TXN, topic.topic_id, partition)
-        index = AbortedIndex(tp)
-        try:
-            for key, value in store.scan(prefix, keys.next_prefix(prefix)):
-                last_offset = keys.aborted_txn_key_offset(key)
-                index.add(decode_aborted_txn(last_offset, value, what=f"{tp} aborted index"))
-            return index
-        except CorruptValueError as exc:
-            log.warning("%s: rebuilding the aborted index by scanning the log: %s", tp, exc)
-        index = AbortedIndex(tp)
-        scratch = ProducerStateManager(tp)
-        tid = topic.topic_id
-        for _key, value in store.scan(
-            keys.log_key(tid, partition, log_start), keys.log_key_end(tid, partition)
-        ):
-            header = read_header(value)
-            completed = scratch.replay(
-                header, header.base_offset, 0,
-                control=control_marker(value) if header.is_control else None,
-            )
-            if completed is not None and completed.aborted:
-                index.add(AbortedTxn(
-                    completed.producer_id, completed.first_offset, completed.last_offset,
-                    completed.last_stable_offset,
-                ))
-        invariant(
-            not index.entries() or index.entries()[-1].last_offset < log_end,
-            lambda: f"{tp}: aborted index rebuilt past the log end {log_end}",
-        )
-        return index
-
-    @staticmethod
-    def _recover_compaction(
-        store: KeyValueStore, topic: TopicRecord, partition: int, log_start: int, log_end: int,
-    ) -> CompactionState:
-        """The cleaning progress from its `K` key. Missing or damaged: the
-        whole log counts as dirty (the next pass cleans it again, and
-        tombstones get a full delete.retention.ms from then: safe, later)."""
-        tp = topic.topic_partition(partition)
-        raw = store.get(keys.compaction_key(topic.topic_id, partition))
-        if raw is None:
-            return initial_state(log_start)
-        try:
-            state = decode_compaction_state(raw, what=f"{tp} compaction state")
-        except CorruptValueError as exc:
-            log.warning("%s: compaction state unreadable, cleaning from the log start: %s",
-                        tp, exc)
-            return initial_state(log_start)
-        if not log_start <= state.clean_offset <= log_end:
-            log.warning("%s: compaction state's clean offset %d is outside the log [%d, %d]; "
-                        "cleaning from the log start", tp, state.clean_offset, log_start, log_end)
-            return initial_state(log_start)
-        return state
-
-    @staticmethod
-    def _recover_meta(store: KeyValueStore, topic: TopicRecord, partition: int) -> tuple[int, int]:
-        """(log start offset, stored size) from the partition meta; rebuilt by a
-        scan of the log if it is missing or damaged (a rare, slow path)."""
-        tp = topic.topic_partition(partition)
-        raw = store.get(keys.meta_key(topic.topic_id, partition))
-        if raw is not None:
-            try:
-                return decode_partition_meta(raw, what=f"{tp} partition meta")
-            except CorruptValueError as exc:
-                log.warning("%s: rebuilding partition meta by scanning the log: %s", tp, exc)
-        prefix = keys.partition_prefix(keys.LOG, topic.topic_id, partition)
-        start = None
-        size = 0
-        for _key, value in store.scan(prefix, keys.next_prefix(prefix)):
-            if start is None:
-                start = read_header(value).base_offset
-            size += len(value)
-        return (start or 0), size
 
     # --------------------------------------------------------------- append
 
@@ -652,17 +393,25 @@ class PartitionRuntime:
         if header.is_transactional:
             # Only transactional batches (markers included) open or end
             # transactions; skipping the rest keeps the hot path lean.
-            self._sync_unstable()
+            self.sync_unstable()
         return group
+
+    def replay_stored(
+        self, header: BatchHeader, control: tuple[int, int] | None, now_ms: int,
+    ) -> None:
+        """Recovery's replay (partition_loader.py) of one batch found on disk:
+        the same `_replay` as a live append. What `_replay` would write with
+        the batch (its index entries) is stored already, so it is dropped."""
+        self._replay(header, control, now_ms, recovering=True)
 
     def _add_stored(self, header: BatchHeader, stored: bytes, group: WriteGroup) -> None:
         """Adds the batch itself and the partition meta to a live write group."""
         tid, p = self.topic.topic_id, self.partition
         self.log.add_size(len(stored))
         group.put(keys.log_key(tid, p, header.base_offset), stored)
-        group.put(keys.meta_key(tid, p), self._meta_value())
+        group.put(keys.meta_key(tid, p), self.meta_value())
 
-    def _sync_unstable(self) -> None:
+    def sync_unstable(self) -> None:
         """Copies the producer table's first unstable offset into the offsets
         (the LSO's input) and refreshes the transaction gauges (the age of the
         oldest open transaction needs a clock: the runtime's housekeeping
@@ -813,7 +562,7 @@ class PartitionRuntime:
         if not self.log.advance_high_watermark(min(target, durable)):
             return False
         self.producers.on_high_watermark(self.log.high_watermark)
-        self._sync_unstable()
+        self.sync_unstable()
         self._hw_gauge.set(self.log.high_watermark)
         self._size_gauge.set(self.log.size_bytes)
         self._wake(self._hw_waiters)
@@ -919,22 +668,6 @@ class PartitionRuntime:
 
     # ---------------------------------------------------------- replication
 
-    def read_replica(self, offset: int, *, max_bytes: int) -> tuple[list[bytes], int]:
-        """For a follower: the stored batches from `offset` (a batch
-        boundary: its log end offset) up to this replica's durable end,
-        control batches and aborted transactions included, the first one
-        whole; and the offset after the last one returned."""
-        batches: list[bytes] = []
-        size = 0
-        next_offset = offset
-        for header, value in self._batches_from(offset, self.log.durable_end_offset):
-            if batches and size + len(value) > max_bytes:
-                break
-            batches.append(value)
-            size += len(value)
-            next_offset = header.next_offset
-        return batches, next_offset
-
     def append_replicated(self, stored: bytes, *, now_ms: int) -> Appended:
         """A follower's append of a batch as its leader stored it: the same
         offsets, the same bytes, replayed into memory through the same
@@ -958,48 +691,16 @@ class PartitionRuntime:
             record_count=header.record_count, size_bytes=len(stored), group=group,
         )
 
-    def _meta_value(self) -> bytes:
+    def meta_value(self) -> bytes:
+        """The partition meta's value (`M`: log start offset, stored size)."""
         return encode_partition_meta(self.log.log_start_offset, self.log.size_bytes)
 
-    # ---------------------------------------------------------------- reads
+    # ------------------------------------------------------ stored batches
 
-    def upper_bound(self, isolation: Isolation) -> int:
-        if isolation is Isolation.READ_COMMITTED:
-            return self.log.last_stable_offset
-        return self.log.high_watermark
-
-    def check_fetch_offset(self, offset: int) -> None:
-        """A fetch may start anywhere in the log, up to its end (Kafka's rule),
-        and reads nothing past the HW. Not "up to the HW": a new leader's HW
-        can trail the old leader's for a moment (it learns where its
-        followers are on their next fetch), and a consumer already at the old
-        HW would otherwise be told it is out of range and reset its position
-        (to the start, re-reading everything)."""
-        if offset < 0 or offset < self.log.log_start_offset or offset > self.log.log_end_offset:
-            raise ServiceError(
-                ErrorCode.OFFSET_OUT_OF_RANGE,
-                f"{self.topic_partition}: offset {offset} is out of range; the log holds "
-                f"offsets {self.log.log_start_offset}..{self.log.log_end_offset} (log start "
-                f"offset {self.log.log_start_offset}, log end offset {self.log.log_end_offset},"
-                f" high watermark {self.log.high_watermark})",
-            )
-
-    def check_offsets_known(self) -> None:
-        """Kafka's KIP-207: a leader whose HW has not yet reached the start of
-        its own leader epoch does not know where the committed log ends (the
-        previous leader's HW may be further), so it answers a "latest" or
-        time lookup with the retriable OFFSET_NOT_AVAILABLE rather than an
-        end offset that goes backwards."""
-        if not self.is_leader:
-            return
-        epoch_start = self.epochs.start_offset_of(self.state.leader_epoch)
-        if epoch_start is not None and self.log.high_watermark < epoch_start:
-            raise ServiceError(
-                ErrorCode.OFFSET_NOT_AVAILABLE,
-                f"{self.topic_partition}: leader epoch {self.state.leader_epoch} starts at "
-                f"offset {epoch_start} and the high watermark is still "
-                f"{self.log.high_watermark}; retry once the followers have caught up",
-            )
+    @property
+    def store(self) -> KeyValueStore:
+        """The node's database, which holds this partition's keys."""
+        return self._store
 
     def _batches_from(self, offset: int, upper: int) -> Iterator[tuple[BatchHeader, bytes]]:
         """Stored batches from the one holding `offset` up to `upper`
@@ -1024,77 +725,16 @@ class PartitionRuntime:
                 f"{self.topic_partition}: the batch at offset {keys.log_key_offset(key)}: "
                 f"{damage}", path=self._store.locate(key))
 
-    def read(self, offset: int, *, max_bytes: int, isolation: Isolation,
-             include_control: bool = False, take_first_whole: bool = True,
-             client_filters: bool = False) -> FetchRead:
-        """Whole batches from the one holding `offset`, up to the HW (the LSO
-        under read_committed), without control batches and, under
-        read_committed, without batches of aborted transactions
-        (core/fetch_filter.py). With `take_first_whole` the first batch is
-        returned even when it is larger than max_bytes.
+    def read_stored(
+        self, start_offset: int, end_offset: int
+    ) -> Iterator[tuple[BatchHeader, bytes]]:
+        """Stored batches from the one holding start_offset, below end_offset,
+        each checked (`_batches_from`): what reads (partition_reads.py) and
+        the cleaner read."""
+        return self._batches_from(start_offset, end_offset)
 
-        `client_filters` (Kafka's clients): every batch below the bound,
-        control and aborted ones included, and under read_committed the
-        aborted transactions of the returned range, from which the reader
-        drops aborted batches itself."""
-        self.check_fetch_offset(offset)
-        upper = self.upper_bound(isolation)
-        committed = isolation is Isolation.READ_COMMITTED
-        selection = select_batches(
-            self._batches_from(offset, upper), fetch_offset=offset, upper_offset=upper,
-            max_bytes=max_bytes,
-            aborted=self.aborted if committed and not client_filters else None,
-            keep_control=client_filters or (include_control and not committed),
-            keep_empty=client_filters,
-            take_first_whole=take_first_whole,
-        )
-        aborted: tuple[AbortedTxn, ...] = ()
-        if client_filters and committed and selection.batches:
-            aborted = tuple(self.aborted.collect(offset, selection.next_fetch_offset))
-        return FetchRead(
-            selection.batches, selection.size_bytes, selection.next_fetch_offset,
-            scanned_bytes=selection.scanned_bytes, record_count=selection.record_count,
-            aborted=aborted,
-        )
-
-    def list_offset(self, timestamp_ms: int, isolation: Isolation) -> tuple[int, int]:
-        """(offset, timestamp_ms) for ListOffsets: -2 earliest, -1 latest (HW,
-        or LSO under read_committed), else the first record whose timestamp is
-        >= timestamp_ms (-1, -1 when none is)."""
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return self.log.log_start_offset, -1
-        if timestamp_ms == LATEST_TIMESTAMP:
-            self.check_offsets_known()
-            return self.upper_bound(isolation), -1
-        if timestamp_ms < 0:
-            raise ServiceError(
-                ErrorCode.INVALID_REQUEST,
-                f"{self.topic_partition}: timestamp {timestamp_ms} is neither -1 (latest), "
-                "-2 (earliest) nor a time >= 0",
-            )
-        self.check_offsets_known()
-        tid, p = self.topic.topic_id, self.partition
-        time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, p)
-        first = next(
-            self._store.scan(
-                keys.time_index_key(tid, p, timestamp_ms), keys.next_prefix(time_prefix)
-            ),
-            None,
-        )
-        if first is None:
-            return -1, -1
-        indexed = decode_offset(first[1], what=f"{self.topic_partition} time index")
-        start = max(indexed, self.log.log_start_offset)
-        upper = self.upper_bound(isolation)
-        if start >= upper:
-            return -1, -1
-        for header, value in self._batches_from(start, upper):
-            if header.is_control or header.max_timestamp_ms < timestamp_ms:
-                continue
-            for record in iter_records(value, min_offset=start):
-                if record.timestamp_ms >= timestamp_ms:
-                    return record.offset, record.timestamp_ms
-        return -1, -1
+    def stored_batch(self, base_offset: int) -> bytes | None:
+        return self._store.get(keys.log_key(self.topic.topic_id, self.partition, base_offset))
 
     # -------------------------------------------------------- long polling
 
@@ -1174,117 +814,19 @@ class PartitionRuntime:
             self._snapshot_dirty = True
         return expired
 
-    # ------------------------------------------------------------ retention
+    # --------------------------------------------------------- log rewrites
 
-    def _stored_batches(self) -> Iterator[BatchInfo]:
-        tid, p = self.topic.topic_id, self.partition
-        for _key, value in self._store.scan(
-            keys.log_key(tid, p, self.log.log_start_offset), self._log_end_key
-        ):
-            header = read_header(value)
-            yield BatchInfo(
-                base_offset=header.base_offset, next_offset=header.next_offset,
-                max_timestamp_ms=header.max_timestamp_ms, size_bytes=len(value),
-            )
-
-    def plan_retention(self, *, now_ms: int, max_batches: int) -> RetentionPlan:
-        config = self.topic.config
-        return plan_retention(
-            self._stored_batches(),
-            now_ms=now_ms,
-            retention_ms=config.retention_ms if self.topic.deletes else -1,
-            retention_bytes=config.retention_bytes if self.topic.deletes else -1,
-            log_start_offset=self.log.log_start_offset,
-            log_end_offset=self.log.log_end_offset,
-            high_watermark=self.log.high_watermark,
-            size_bytes=self.log.size_bytes,
-            newest_snapshot_offset=self.newest_snapshot_offset,
-            max_batches=max_batches,
-        )
-
-    def apply_retention(self, plan: RetentionPlan) -> WriteGroup:
-        """Moves the log start offset (in memory now, like an append) and
-        returns the deletions. Time-index entries of deleted batches go too,
-        except the newest of them: a lookup that lands before the log start is
-        clamped to it and scans forward, so no retained batch is skipped."""
-        invariant(plan.deletes_anything, "apply_retention with nothing to delete")
-        tid, p = self.topic.topic_id, self.partition
-        old_start = self.log.log_start_offset
-        new_start = plan.new_log_start_offset
-        group = WriteGroup()
-        group.delete_range(keys.log_key(tid, p, old_start), keys.log_key(tid, p, new_start))
-        time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, p)
-        keep_from: bytes | None = None
-        for key, value in self._store.scan(time_prefix, keys.next_prefix(time_prefix)):
-            if decode_offset(value, what=f"{self.topic_partition} time index") >= new_start:
-                break
-            keep_from = key
-        if keep_from is not None:
-            group.delete_range(time_prefix, keep_from)
-        # Aborted transactions that ended below the new log start: all their
-        # batches and their marker are gone with this deletion.
-        group.delete_range(
-            keys.partition_prefix(keys.ABORTED_TXN, tid, p), keys.aborted_txn_key(tid, p, new_start)
-        )
-        self.aborted.prune_below(new_start)
-        if self.epochs.truncate_from_start(new_start):
-            self.add_epoch_writes(group)
-        self.compaction = self.compaction.after_retention(new_start, plan.deleted_bytes)
-        if self.topic.compacted:
-            group.put(keys.compaction_key(tid, p), encode_compaction_state(self.compaction))
+    def move_log_start(self, new_start: int, deleted_bytes: int, group: WriteGroup) -> None:
+        """Retention's change to the offsets (partition_cleaning.py, which
+        deletes the batches below `new_start`): readers waiting for the LSO
+        are woken if it moved, and the partition meta goes into `group`."""
         lso_before = self.log.last_stable_offset
-        self.log.replay_truncate_start(new_start, plan.deleted_bytes)
-        self._sync_unstable()
+        self.log.replay_truncate_start(new_start, deleted_bytes)
+        self.sync_unstable()
         if self.log.last_stable_offset != lso_before:
             self._wake(self._lso_waiters)
-        group.put(keys.meta_key(tid, p), self._meta_value())
-        metrics.RETENTION_DELETED_BATCHES.labels(self.topic.name).inc(plan.batch_count)
+        group.put(keys.meta_key(self.topic.topic_id, self.partition), self.meta_value())
         self._update_gauges()
-        return group
-
-    # ------------------------------------------------------------ compaction
-
-    @property
-    def first_uncleanable_offset(self) -> int:
-        """Compaction cleans only below min(LSO, HW, base offset of the newest
-        batch): no open transaction, nothing not yet durable, and never the
-        batch that fixes the log end offset (core/compaction.py)."""
-        log_state = self.log
-        return max(log_state.log_start_offset, min(
-            log_state.last_stable_offset, log_state.high_watermark, self.last_batch_base_offset,
-        ))
-
-    def compaction_due(self, now_ms: int) -> bool:
-        if self.closed or not self.topic.compacted:
-            return False
-        return compaction_due(
-            self.compaction, size_bytes=self.log.size_bytes,
-            first_uncleanable_offset=self.first_uncleanable_offset,
-            min_cleanable_dirty_ratio=self.topic.config.min_cleanable_dirty_ratio, now_ms=now_ms,
-        )
-
-    def read_stored(
-        self, start_offset: int, end_offset: int
-    ) -> Iterator[tuple[BatchHeader, bytes]]:
-        """Stored batches from the one holding start_offset, below end_offset."""
-        return self._batches_from(start_offset, end_offset)
-
-    def stored_batch(self, base_offset: int) -> bytes | None:
-        return self._store.get(keys.log_key(self.topic.topic_id, self.partition, base_offset))
-
-    def apply_compaction_chunk(
-        self, group: WriteGroup, *, removed_bytes: int, state: CompactionState,
-    ) -> None:
-        """Applies one chunk of a compaction pass to memory when it is queued
-        (the stored size and the cleaning state now, as appends do, so the
-        partition meta written by later appends counts it) and adds the
-        partition meta and `K` to its writes. What readers use (the aborted
-        index) changes only when the chunk is durable: on_compaction_durable."""
-        tid, p = self.topic.topic_id, self.partition
-        self.log.replay_compaction(removed_bytes)
-        self.compaction = state
-        group.put(keys.meta_key(tid, p), self._meta_value())
-        group.put(keys.compaction_key(tid, p), encode_compaction_state(state))
 
     def on_compaction_durable(self, removed_aborted_txns: Sequence[int]) -> None:
         """A chunk is written: forget the aborted transactions whose ABORT
@@ -1316,7 +858,7 @@ class PartitionRuntime:
         self._hw_gauge.set(self.log.high_watermark)
         self._start_gauge.set(self.log.log_start_offset)
         self._size_gauge.set(self.log.size_bytes)
-        self._sync_unstable()
+        self.sync_unstable()
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..common import limits
 from ..common.errors import ServiceError
-from . import metrics
+from . import metrics, partition_reads
 from .api import FetchItem, FetchOutcome, OffsetOutcome, OffsetQuery, ProducersOutcome
 from .catalog import Catalog
 from .partition import Isolation, PartitionRuntime
@@ -51,7 +51,7 @@ class Reads:
         work done, and a fetch that skipped them answers at once with a
         next_fetch_offset past them rather than waiting with nothing new.
         `client_filters`: for readers that filter by themselves (Kafka's
-        clients; PartitionRuntime.read says what changes)."""
+        clients; partition_reads.read says what changes)."""
         await self._catalog.ensure_known({item.topic for item in items},
                                  [(item.topic, item.partition) for item in items])
         loop = asyncio.get_running_loop()
@@ -99,9 +99,10 @@ class Reads:
                 # (by one batch, so a fetch always makes progress); the
                 # response holds at most max(budget, one batch).
                 try:
-                    read = part.read(item.fetch_offset, max_bytes=limit, isolation=isolation,
-                                     include_control=include_control,
-                                     take_first_whole=total == 0, client_filters=client_filters)
+                    read = partition_reads.read(
+                        part, item.fetch_offset, max_bytes=limit, isolation=isolation,
+                        include_control=include_control, take_first_whole=total == 0,
+                        client_filters=client_filters)
                 except CorruptionError as damage:
                     raise self._shared.report_damage(damage) from damage
             except ServiceError as exc:
@@ -132,8 +133,8 @@ class Reads:
         outcomes = []
         for q in queries:
             try:
-                offset, ts = self._catalog.resolve_leader(q.topic, q.partition).list_offset(
-                    q.timestamp_ms, isolation
+                offset, ts = partition_reads.list_offset(
+                    self._catalog.resolve_leader(q.topic, q.partition), q.timestamp_ms, isolation
                 )
             except CorruptionError as damage:
                 outcomes.append(OffsetOutcome(

@@ -27,6 +27,7 @@ from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
 from .catalog import Catalog
 from .core.codec import decode_offset, encode_partition_meta
 from .partition import PartitionRuntime
+from .partition_reads import read_replica
 from .reads import DEFAULT_PARTITION_FETCH_MAX_BYTES
 from .replica_sessions import FetchSession, FetchSessions, PartitionKey, SessionEntry
 from .shared import StoreShared, durable_callback
@@ -91,8 +92,8 @@ class ReplicaServing:
                         part.record_follower_fetch(replica_id, item.fetch_offset, now_ms)
                         self._maybe_expand_isr(part, replica_id, item.fetch_offset)
                     try:
-                        batches, _next = part.read_replica(
-                            item.fetch_offset,
+                        batches, _next = read_replica(
+                            part, item.fetch_offset,
                             max_bytes=item.max_bytes or DEFAULT_PARTITION_FETCH_MAX_BYTES,
                         )
                     except CorruptionError as damage:
@@ -266,7 +267,7 @@ class ReplicaServing:
         if entry.fetch_offset >= part.log.durable_end_offset:
             return None
         try:
-            batches, _next = part.read_replica(entry.fetch_offset, max_bytes=entry.max_bytes)
+            batches, _next = read_replica(part, entry.fetch_offset, max_bytes=entry.max_bytes)
         except CorruptionError as damage:
             # Never sent: the follower is told STORAGE_ERROR, as an
             # unsessioned fetch is (replica_fetch).

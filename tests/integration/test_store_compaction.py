@@ -56,7 +56,10 @@ from services.partition_store.api import (
 )
 from services.partition_store.cleaner import compact_partition
 from services.partition_store.core.topics import decode_topic_record
-from services.partition_store.partition import EARLIEST_TIMESTAMP, Isolation, PartitionRuntime
+from services.partition_store.partition import Isolation, PartitionRuntime
+from services.partition_store.partition_cleaning import compaction_due, first_uncleanable_offset
+from services.partition_store.partition_loader import recover_partition
+from services.partition_store.partition_reads import EARLIEST_TIMESTAMP
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import WriteGroup
@@ -208,7 +211,7 @@ def test_pass_keeps_newest_per_key_at_original_offsets_and_survives_restart(
         size_before = part.log.size_bytes
         assert await read(rt) == written
         last_base = part.last_batch_base_offset
-        assert part.first_uncleanable_offset == last_base == 298
+        assert first_uncleanable_offset(part) == last_base == 298
 
         [report] = await rt.run_compaction_once()
         assert report.end_offset == last_base
@@ -337,11 +340,11 @@ def test_tombstones_go_after_delete_retention_from_their_first_cleaning(tmp_path
         part = rt.partition(TOPIC, 0)
         assert part.compaction.next_removal_ms == NOW_MS + HOUR_MS
         clock.now_ms = NOW_MS + HOUR_MS - 1
-        assert not part.compaction_due(clock.now_ms)
+        assert not compaction_due(part, clock.now_ms)
         [early] = await rt.run_compaction_once(force=True)
         assert early.tombstones_removed == 0
         clock.now_ms = NOW_MS + HOUR_MS
-        assert part.compaction_due(clock.now_ms)
+        assert compaction_due(part, clock.now_ms)
         [due] = await rt.run_compaction_once()
         assert due.tombstones_removed == 1
         assert await read(rt) == [(1, b"kept", b"v"), (3, b"last", b"v")]
@@ -374,7 +377,7 @@ def test_transactions_open_untouched_aborted_removed_markers_after_retention(
         await send_ok(rt, plain, (b"k3", b"e3"))                                      # 9
         part = rt.partition(TOPIC, 0)
         assert (abort_offset, open_first) == (5, 8)
-        assert part.log.last_stable_offset == part.first_uncleanable_offset == 8
+        assert part.log.last_stable_offset == first_uncleanable_offset(part) == 8
         committed_before = await read(rt, COMMITTED)
         tail_before = {o: v for o, v in stored(part).items() if o >= 8}
 
@@ -506,8 +509,8 @@ async def _pass_over(path: Path, clock: Clock, *, stop_after_chunks: int | None)
     try:
         catalog = store.get(keys.catalog_key(TOPIC))
         assert catalog is not None
-        part = PartitionRuntime.recover(decode_topic_record(catalog), 0, store,
-                                        now_ms=clock.now_ms, producer_id_expiration_ms=HOUR_MS)
+        part = recover_partition(decode_topic_record(catalog), 0, store,
+                                 now_ms=clock.now_ms, producer_id_expiration_ms=HOUR_MS)
         chunks = 0
 
         def submit(group: WriteGroup, on_durable: Callable[[], None]) -> asyncio.Future[None]:
@@ -526,7 +529,7 @@ async def _pass_over(path: Path, clock: Clock, *, stop_after_chunks: int | None)
         store.write(snapshot)
         with contextlib.suppress(_Crash):
             await compact_partition(part, submit=submit, now_ms=clock.now_ms,
-                                    end_offset=part.first_uncleanable_offset, max_keys=1000,
+                                    end_offset=first_uncleanable_offset(part), max_keys=1000,
                                     chunk_bytes=256)
         return chunks
     finally:
@@ -595,7 +598,7 @@ def test_crash_in_a_later_pass_keeps_the_dirty_ratio_exact(tmp_path: Path) -> No
         part = rt.partition(TOPIC, 0)
         below = sum(len(v) for o, v in stored(part).items() if o < part.compaction.clean_offset)
         assert part.compaction.clean_bytes == below
-        assert part.compaction_due(clock.now_ms)
+        assert compaction_due(part, clock.now_ms)
         assert [r.topic_partition for r in await rt.run_compaction_once()] == [f"{TOPIC}-0"]
         # Each key's newest value below the newest batch (offset 179), and that batch.
         assert await read(rt) == [

@@ -73,7 +73,8 @@ from services.partition_store.api import (
 from services.partition_store.core.producer_state import ProducerEntry
 from services.partition_store.core.topics import decode_topic_record
 from services.partition_store.core.txn_index import AbortedTxn
-from services.partition_store.partition import LATEST_TIMESTAMP, Isolation
+from services.partition_store.partition import Isolation
+from services.partition_store.partition_reads import LATEST_TIMESTAMP
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import WriteGroup

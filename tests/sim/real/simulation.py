@@ -99,6 +99,7 @@ from services.group_coordinator.core import offsets_log
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime
 from services.partition_store import metadata_link as metadata_link_module
 from services.partition_store import partition as partition_module
+from services.partition_store import partition_reads as partition_reads_module
 from services.partition_store.api import ProduceItem, TopicSpec
 from services.partition_store.core import producer_state
 from services.partition_store.core.outcomes import Rejection
@@ -319,7 +320,7 @@ def _leaky_read_committed() -> contextlib.AbstractContextManager[None]:
         def select(stored: Any, **kwargs: Any) -> Any:
             return original(stored, **{**kwargs, "aborted": None})
         return select
-    return _patched(partition_module, "select_batches", leaky)
+    return _patched(partition_reads_module, "select_batches", leaky)
 
 
 def _skip_verification() -> contextlib.AbstractContextManager[None]:
