@@ -317,6 +317,9 @@ GRPC_OPTIONS: Sequence[tuple[str, int]] = (
 
 # How often the conditions behind `health_checks` statuses are evaluated.
 HEALTH_CHECK_INTERVAL_MS = 200
+# At the end of a graceful shutdown: how long the server's last streams
+# (health watches) may run on to send what they have queued (shutdown()).
+HEALTH_WATCH_FLUSH_S = 0.2
 
 
 class ServiceServer:
@@ -472,7 +475,12 @@ class ServiceServer:
         if not await self.interceptor.wait_idle(self._shutdown_grace_ms / 1000):
             log.warning("%s: %d requests still running after the %d ms grace; cancelling them",
                         self.service_name, self.interceptor.in_flight, self._shutdown_grace_ms)
-        await self.server.stop(0)
+        # Not stop(0): that cancels the health watches at once, and a watch
+        # whose NOT_SERVING update was queued but not yet written (its
+        # handler had not run again since) would end without it - a probe
+        # would see the process gone rather than draining. Only watches and
+        # calls past the grace above are left; they get this long.
+        await self.server.stop(HEALTH_WATCH_FLUSH_S)
         if self._on_shutdown is not None:
             await self._on_shutdown()
 
