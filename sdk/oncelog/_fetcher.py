@@ -410,10 +410,7 @@ class Fetcher:
                 if len(out) >= max_records:
                     break
             else:
-                # Buffer used up: move past everything the fetch covered.
-                if st.position is not None and st.next_fetch_offset > st.position:
-                    st.position = st.next_fetch_offset
-                st.clear_buffer()
+                st.finish_buffer()
             if len(out) >= max_records:
                 break
         return out
@@ -465,9 +462,7 @@ class Fetcher:
                 if len(out) >= max_records:
                     break
             else:
-                if st.position is not None and st.next_fetch_offset > st.position:
-                    st.position = st.next_fetch_offset
-                st.clear_buffer()
+                st.finish_buffer()
             if len(out) >= max_records:
                 break
         return out

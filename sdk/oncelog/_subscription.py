@@ -60,6 +60,14 @@ class PartitionState:
         self.records = None
         self.next_fetch_offset = -1
 
+    def finish_buffer(self) -> None:
+        """Every buffered record was handed out: the position moves past
+        everything the fetch covered (records it filtered out included), and
+        the buffer is dropped."""
+        if self.position is not None and self.next_fetch_offset > self.position:
+            self.position = self.next_fetch_offset
+        self.clear_buffer()
+
 
 class SubscriptionState:
     """The assigned partitions and their states, the subscribed topics, and
