@@ -592,7 +592,17 @@ class TxnCoordinatorRuntime:
         one's when its marker task does not cover that partition. Once; the
         store asks again if the transaction stays open."""
         md = owned.state.transactions.get(found.transactional_id)
-        if md is None or (md.state.is_prepare and question.topic_partition in md.partitions):
+        if md is None:
+            return
+        if md.state.is_prepare and question.topic_partition in md.partitions:
+            # Its marker task writes this marker. With none on its way (a
+            # bug), start one rather than leave the partition held open.
+            if not self._markers_on_their_way(owned, found.transactional_id, md):
+                log.warning("%r (producer %d, epoch %d) is decided, but no marker task was "
+                            "writing its markers (%s-%d asked); starting one",
+                            found.transactional_id, question.producer_id,
+                            question.producer_epoch, *question.topic_partition)
+                self._start_markers(owned, found.transactional_id)
             return
         marker = hanging.decided_marker(md)
         spec = MarkerSpec(
@@ -750,12 +760,27 @@ class TxnCoordinatorRuntime:
 
     # --------------------------------------------------------------- markers
 
+    @staticmethod
+    def _markers_on_their_way(owned: TxnPartition, transactional_id: str,
+                              md: txn.TxnMetadata | None) -> bool:
+        """Whether a running marker task writes `md`'s markers. A task still
+        registered may be the previous decision's: done (its entry goes in a
+        done-callback that has not run yet) or persisting its Complete*,
+        which then finds the state moved on. Taking it for the new
+        decision's once left a decision without markers until a reload."""
+        running = owned.marker_tasks.get(transactional_id)
+        landing = owned.markers_landed.get(transactional_id)
+        return running is not None and not running.done() and (
+            landing is None or landing.decided == md)
+
     def _start_markers(self, owned: TxnPartition, transactional_id: str) -> None:
         # Not loaded: the partition is reloading (after the decision became
         # durable), and the load resumes the markers of every Prepare* state.
-        if transactional_id in owned.marker_tasks or not owned.loaded:
+        if not owned.loaded:
             return
         md = owned.state.transactions.get(transactional_id)
+        if self._markers_on_their_way(owned, transactional_id, md):
+            return
         landing = None if md is None else _Landing(md, time.perf_counter())
         task = asyncio.ensure_future(self._complete_with_markers(owned, transactional_id, landing))
         owned.marker_tasks[transactional_id] = task

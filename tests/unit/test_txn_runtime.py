@@ -20,7 +20,7 @@ its requests retriably and the ones queued behind it are planned again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 import pytest
@@ -28,9 +28,11 @@ import pytest
 from oncelog.errors import ErrorCode
 from services.common.cluster import ClusterLayout
 from services.common.service_error import ServiceError
+from services.common.txn_fate import TxnFate
+from services.coordinator.core.hanging import StoreQuestion
 from services.coordinator.core.transactions import TransactionVersion, TxnState
 from services.coordinator.core.txn_log import TxnPartitionState, txn_key
-from services.coordinator.markers import FakeMarkerSender
+from services.coordinator.markers import FakeMarkerSender, MarkerSpec
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
 from services.coordinator.storage.txn_log import Entry, MemoryTxnLog
@@ -749,6 +751,134 @@ def test_a_failed_batch_fails_its_requests_and_the_ones_behind_are_planned_again
             md, _ = rt.describe(tid)
             assert md is not None and md.state is TxnState.ONGOING
             assert md.partitions == frozenset({("a", 0)})
+        await rt.stop()
+
+    run(scenario)
+
+
+class GatedTxnLog(MemoryTxnLog):
+    """MemoryTxnLog whose appends wait at a gate while it is closed, as
+    appends do while a store cannot acknowledge (a full disk, an ISR being
+    rebuilt): the changes submitted meanwhile queue for one later append."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def append(self, partition: int, entries: Sequence[Entry], *,
+                     expected_log_end_offset: int) -> int:
+        await self.gate.wait()
+        return await super().append(partition, entries,
+                                    expected_log_end_offset=expected_log_end_offset)
+
+
+class GatedMarkerSender(FakeMarkerSender):
+    """FakeMarkerSender whose writes wait at a gate while it is closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def write(self, spec: MarkerSpec, partitions: Iterable[tuple[str, int]],
+                    ) -> dict[tuple[str, int], ErrorCode]:
+        await self.gate.wait()
+        return await super().write(spec, partitions)
+
+
+def test_a_decision_durable_in_the_same_append_as_the_previous_completion_gets_its_markers(
+) -> None:
+    """The soak's copier once stalled for minutes: its transaction stayed
+    PrepareCommit, and no marker was sent until the coordinator restarted.
+    The previous transaction's Complete* record, the next transaction's add
+    and its EndTxn's PrepareCommit became durable in one append (they queued
+    behind a slow one, and EndTxn had given up waiting for the old marker
+    task). The old task ended in the same loop turn as EndTxn resumed, and
+    its entry was still registered when EndTxn started the new decision's
+    markers, so none were started. The new decision must get its markers."""
+    async def scenario() -> None:
+        log, markers, clock, ids = GatedTxnLog(), GatedMarkerSender(), Clock(), \
+            MemoryProducerIdLog()
+        rt = TxnCoordinatorRuntime(
+            layout=LAYOUT, node_id=0, txn_log=log, markers=markers,
+            producer_ids=ProducerIdManager(ids, node_id=0, block_size=10), now_ms=clock,
+            config=TxnConfig(check_interval_ms=10, max_transaction_timeout_ms=60_000,
+                             wait_for_markers_ms=20),
+        )
+        await rt.start()
+        await settle(rt)
+        other = same_partition_ids(1)[0]
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        markers.gate.clear()
+        _, next_epoch = await rt.end_txn(TID, pid, epoch, commit=True)
+        # A slow append of another id's change is in flight when the marker
+        # task, its markers landed, submits Complete*: that record queues.
+        log.gate.clear()
+        blocker = asyncio.ensure_future(rt.init_producer_id(other, 30_000))
+        await asyncio.sleep(0.01)
+        markers.gate.set()
+        await asyncio.sleep(0.01)
+        # The next transaction's add and its EndTxn (which gives up waiting
+        # for the old marker task) queue behind it too.
+        add = asyncio.ensure_future(
+            rt.add_partitions(TID, pid, next_epoch, frozenset({("a", 0)})))
+        await asyncio.sleep(0.01)
+        end = asyncio.ensure_future(rt.end_txn(TID, pid, next_epoch, commit=True))
+        await asyncio.sleep(0.05)
+        log.gate.set()
+        await asyncio.wait_for(asyncio.gather(blocker, add, end), 2)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            md, _ = rt.describe(TID)
+            if md is not None and md.state is TxnState.COMPLETE_COMMIT and \
+                    md.producer_epoch > next_epoch:
+                break
+        sent_epochs = sorted({spec.producer_epoch for spec, tp in markers.written
+                              if spec.transactional_id == TID})
+        assert sent_epochs == [next_epoch, next_epoch + 1], (
+            f"markers sent with epochs {sent_epochs}; the second decision's are missing")
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_COMMIT
+        await rt.stop()
+
+    run(scenario)
+
+
+def test_a_store_asking_about_a_decided_transaction_with_no_marker_task_gets_its_markers(
+) -> None:
+    """The safety net behind the test above: whatever left a decided
+    transaction without a marker task, the store holding it open asks past
+    its timeout, and the coordinator starts the markers instead of saying
+    "on its way" for ever."""
+    async def scenario() -> None:
+        log, markers, clock, ids = MemoryTxnLog(), GatedMarkerSender(), Clock(), \
+            MemoryProducerIdLog()
+        rt = make(log, markers, clock, ids)
+        await rt.start()
+        await settle(rt)
+        pid, epoch, _ = await rt.init_producer_id(TID, 30_000)
+        await rt.add_partitions(TID, pid, epoch, frozenset({("a", 0)}))
+        markers.gate.clear()
+        await rt.end_txn(TID, pid, epoch, commit=True)
+        owned = rt.partitions[LAYOUT.transaction_state_partition(TID)]
+        # The task is lost (what the bug above did): cancelled, and gone.
+        for task in owned.marker_tasks.values():
+            task.cancel()
+        owned.marker_tasks.clear()
+        owned.markers_landed.clear()
+        markers.gate.set()
+        await asyncio.sleep(0.05)
+        assert markers.written == []
+        answers = await rt.resolve_transaction(StoreQuestion(pid, epoch, ("a", 0)))
+        answer = answers[LAYOUT.transaction_state_partition(TID)]
+        assert not isinstance(answer, ServiceError) and answer.fate is TxnFate.DECIDED_COMMIT
+        await settle(rt)
+        assert [(spec.producer_epoch, tp) for spec, tp in markers.written] == [
+            (epoch + 1, ("a", 0))]
+        md, _ = rt.describe(TID)
+        assert md is not None and md.state is TxnState.COMPLETE_COMMIT
         await rt.stop()
 
     run(scenario)
