@@ -61,10 +61,11 @@ from oncelog.wire.compression import CODEC_NAMES
 from oncelog.wire.vocabulary import IsolationLevel, OffsetReset
 
 __all__ = [
-    "ADMIN", "CLIENTS", "CONSUMER", "KAFKA_NAMES", "KEYS", "OAUTHBEARER", "PLAINTEXT",
-    "PRODUCER", "REQUIRED", "SASL_SSL", "SECURITY_PROTOCOLS", "SSL", "TOKEN_FILE",
-    "ClientOptions", "ConfigKey", "TokenFileProvider", "cli_settings", "client_keys",
-    "key", "markdown", "security_client_options", "spark_keys", "validate",
+    "ADMIN", "BOOTSTRAP_ENV", "CLIENTS", "CONSUMER", "KAFKA_NAMES", "KEYS", "MAX_FETCH_WAIT_MS",
+    "MAX_IN_FLIGHT_IDEMPOTENT", "OAUTHBEARER", "PLAINTEXT", "PRODUCER", "REQUIRED", "SASL_SSL",
+    "SECURITY_PROTOCOLS", "SSL", "TOKEN_FILE", "ClientOptions", "ConfigKey", "TokenFileProvider",
+    "cli_settings", "client_keys", "default_security_protocol", "key", "markdown",
+    "replace_section", "security_client_options", "spark_keys", "validate",
 ]
 
 PRODUCER = "producer"
@@ -80,6 +81,8 @@ CONSUMING = "consumer"
 SECURITY = "security"
 
 _MIB = 1024 * 1024
+# The CLI's environment variable for --bootstrap.
+BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
 # Longest a store may make a Fetch wait (services/common/limits.py
 # MAX_FETCH_WAIT_MS): the bound of fetch_max_wait_ms.
 MAX_FETCH_WAIT_MS = 30_000
@@ -295,7 +298,7 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("bootstrap", "str", REQUIRED,
               "`host:port` of one or more partition stores, comma-separated: the client "
               "asks one of them for the cluster's metadata",
-              _ALL, CONNECTION, kafka=("bootstrap.servers",), env="ONCELOG_BOOTSTRAP",
+              _ALL, CONNECTION, kafka=("bootstrap.servers",), env=BOOTSTRAP_ENV,
               spark=True, spark_kafka=True),
     ConfigKey("client_id", "str", DEFAULT_CLIENT_ID,
               "this client's name in the stores' quotas and logs, with its principal (at most "
@@ -424,8 +427,8 @@ KEYS: tuple[ConfigKey, ...] = (
               kafka=("security.protocol",), env="ONCELOG_SECURITY_PROTOCOL",
               spark=True, spark_kafka=True),
     ConfigKey("ssl_cafile", _PATH, None,
-              "the CA bundle (PEM) that signed the cluster's certificates; None: the "
-              "system's roots",
+              "the CA bundle (PEM) that signed the cluster's certificates (default: the "
+              "system's roots)",
               _ALL, SECURITY, Together("a PEM file"), kafka=("ssl.cafile",),
               env="ONCELOG_SSL_CAFILE", spark=True),
     ConfigKey("ssl_certfile", _PATH, None,
@@ -433,7 +436,7 @@ KEYS: tuple[ConfigKey, ...] = (
               _ALL, SECURITY, Together("a PEM file, with `ssl_keyfile`"),
               kafka=("ssl.certfile",), env="ONCELOG_SSL_CERTFILE", spark=True),
     ConfigKey("ssl_keyfile", _PATH, None,
-              "the private key (PEM, unencrypted) of `ssl_certfile`",
+              "the private key (PEM, unencrypted) of the client certificate",
               _ALL, SECURITY, Together("a PEM file, with `ssl_certfile`"),
               kafka=("ssl.keyfile",), env="ONCELOG_SSL_KEYFILE", spark=True),
     ConfigKey("sasl_mechanism", "str | None", None,
@@ -621,7 +624,9 @@ def _spark_cell(k: ConfigKey) -> str:
     if not k.spark:
         return "—"
     alias = k.spark_alias
-    return f"`{k.name}`" + ("" if alias is None else f" (`{alias}`)")
+    where = ("" if not k.clients or k.clients >= {PRODUCER, CONSUMER}
+             else ", sinks" if PRODUCER in k.clients else ", source")
+    return f"`{k.name}`" + ("" if alias is None else f" (`{alias}`)") + where
 
 
 def markdown() -> str:
@@ -639,11 +644,12 @@ def markdown() -> str:
                 f"| `{k.name}` | `{_cell(k.type)}` | {_shown_default(k)} | {_cell(valid)} | "
                 f"{kafka} | {_spark_cell(k)} | {_cell(k.doc)} |")
         lines.append("")
-    lines += ["### The CLI's security settings", "",
+    lines += ["### The CLI's connection and security settings", "",
               "| flag | environment variable | `--command-config` property | Spark option | "
               "meaning |", "|---|---|---|---|---|"]
-    for k in cli_settings():
-        lines.append(f"| `{k.flag}` | `{k.env}` | `{k.kafka_name}` | {_spark_cell(k)} | "
+    for k in (key("bootstrap"), *cli_settings()):
+        prop = f"`{k.kafka_name}`" if k.group == SECURITY else "—"
+        lines.append(f"| `{k.flag}` | `{k.env}` | {prop} | {_spark_cell(k)} | "
                      f"{_cell(k.doc)} |")
     lines += ["", DOC_END]
     return "\n".join(lines) + "\n"
