@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oncelog._client import split_bootstrap
 from oncelog._config import (
     DEFAULT_CLIENT_ID,
     acks_option,
@@ -61,11 +62,12 @@ from oncelog.wire.compression import CODEC_NAMES
 from oncelog.wire.vocabulary import IsolationLevel, OffsetReset
 
 __all__ = [
-    "ADMIN", "BOOTSTRAP_ENV", "CLIENTS", "CONSUMER", "KAFKA_NAMES", "KEYS", "MAX_FETCH_WAIT_MS",
-    "MAX_IN_FLIGHT_IDEMPOTENT", "OAUTHBEARER", "PLAINTEXT", "PRODUCER", "REQUIRED", "SASL_SSL",
-    "SECURITY_PROTOCOLS", "SSL", "TOKEN_FILE", "ClientOptions", "ConfigKey", "TokenFileProvider",
-    "cli_settings", "client_keys", "default_security_protocol", "key", "markdown",
-    "replace_section", "security_client_options", "spark_keys", "validate",
+    "ADMIN", "BOOTSTRAP_ENV", "CLIENTS", "CONNECTION", "CONSUMER", "CONSUMING", "KAFKA_NAMES",
+    "KEYS", "MAX_FETCH_WAIT_MS", "MAX_IN_FLIGHT_IDEMPOTENT", "OAUTHBEARER", "PLAINTEXT",
+    "PRODUCER", "PRODUCING", "REQUIRED", "SASL_SSL", "SECURITY", "SECURITY_PROTOCOLS", "SSL",
+    "TOKEN_FILE", "ClientOptions", "ConfigKey", "TokenFileProvider", "cli_settings",
+    "client_keys", "default_security_protocol", "key", "markdown", "replace_section",
+    "security_client_options", "spark_keys", "validate",
 ]
 
 PRODUCER = "producer"
@@ -183,14 +185,16 @@ class NonEmptyStr:
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """A check of the SDK's own (`function(value) -> value`), for a value
-    other than None."""
+    """A check of the SDK's own (`function(value)`, raising ValueError),
+    for a value other than None; the value is kept as given."""
 
     function: Callable[[Any], object]
     description: str
 
     def check(self, name: str, value: object, checked: Mapping[str, Any]) -> object:
-        return None if value is None else self.function(value)
+        if value is not None:
+            self.function(value)
+        return value
 
     def describe(self) -> str:
         return self.description
@@ -269,6 +273,11 @@ class ConfigKey:
         return self.kafka[0] if self.kafka else None
 
     @property
+    def choices(self) -> tuple[str, ...]:
+        """The values it takes, when they are a list (OneOf)."""
+        return self.validator.choices if isinstance(self.validator, OneOf) else ()
+
+    @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
@@ -298,7 +307,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("bootstrap", "str", REQUIRED,
               "`host:port` of one or more partition stores, comma-separated: the client "
               "asks one of them for the cluster's metadata",
-              _ALL, CONNECTION, kafka=("bootstrap.servers",), env=BOOTSTRAP_ENV,
+              _ALL, CONNECTION, Checked(split_bootstrap, "`host:port`, comma-separated"),
+              kafka=("bootstrap.servers",), env=BOOTSTRAP_ENV,
               spark=True, spark_kafka=True),
     ConfigKey("client_id", "str", DEFAULT_CLIENT_ID,
               "this client's name in the stores' quotas and logs, with its principal (at most "
