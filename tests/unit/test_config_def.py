@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from oncelog import Admin, Consumer, Producer, config_def
-from oncelog._keywords import KAFKA_NAMES
+from oncelog._keywords import KAFKA_NAMES, resolve_keywords
 from oncelog.cli._common import (
     SECURITY_SETTINGS,
     CliError,
@@ -124,12 +124,13 @@ def test_kafka_names_are_the_tables_and_name_our_options_only() -> None:
         "buffer_memory": "buffer_memory_bytes",
         "enable_2pc": "transaction_two_phase_commit_enable",
     }
+    # Every Kafka name of the table reaches its option through the real
+    # keyword resolution of each client that has the option.
     for k in config_def.KEYS:
-        for dotted in k.kafka:
-            client = next(iter(sorted(k.clients)))
-            resolved = config_def.KAFKA_NAMES.get(dotted.replace(".", "_"),
-                                                  dotted.replace(".", "_"))
-            assert resolved == k.name, (client, dotted)
+        for client in k.clients:
+            parameters = frozenset(inspect.signature(CLASSES[client]).parameters)
+            for other in (*k.kafka, *k.aliases):
+                assert resolve_keywords(client, parameters, {other: 1}) == {k.name: 1}, other
 
 
 def test_the_cli_flags_and_properties_are_the_tables(tmp_path: Path) -> None:
