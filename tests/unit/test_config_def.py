@@ -45,7 +45,7 @@ NOWHERE = "127.0.0.1:1"
 CLASSES: dict[str, Any] = {PRODUCER: Producer, CONSUMER: Consumer, ADMIN: Admin}
 
 
-def _compiled(cls: type) -> bool:
+def _compiled(cls: Any) -> bool:
     """Whether `cls.__init__` was compiled by mypyc (the compiled wheel's
     Producer): kafka_names() wraps it, and what it wraps is no Python
     function then."""
