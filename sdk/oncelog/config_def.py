@@ -17,9 +17,10 @@ from here:
   names of a `--command-config` file (`cli_settings()`), and the Spark
   options that are client options, with Spark's Kafka names for them
   (`spark_keys()`);
-* the "Client options" section of docs/configuration.md (`markdown()`;
-  tests/unit/test_config_def.py keeps the page equal to the table, and
-  `python -m oncelog.config_def --write docs/configuration.md` rewrites it).
+* the "Client options" section of docs/configuration.md (`markdown()`)
+  and docs/cli.md's table of the security settings (`cli_markdown()`);
+  tests/unit/test_config_def.py keeps the pages equal to the table, and
+  `python -m oncelog.config_def --write DOC` rewrites them.
 
 A test compares the table with `inspect.signature` of each constructor, so
 an option added to a constructor and not here (or the other way round), or a
@@ -62,12 +63,13 @@ from oncelog.wire.compression import CODEC_NAMES
 from oncelog.wire.vocabulary import IsolationLevel, OffsetReset
 
 __all__ = [
-    "ADMIN", "BOOTSTRAP_ENV", "CLIENTS", "CONNECTION", "CONSUMER", "CONSUMING", "KAFKA_NAMES",
-    "KEYS", "MAX_FETCH_WAIT_MS", "MAX_IN_FLIGHT_IDEMPOTENT", "OAUTHBEARER", "PLAINTEXT",
-    "PRODUCER", "PRODUCING", "REQUIRED", "SASL_SSL", "SECURITY", "SECURITY_PROTOCOLS", "SSL",
-    "TOKEN_FILE", "ClientOptions", "ConfigKey", "TokenFileProvider", "cli_settings",
-    "client_keys", "default_security_protocol", "key", "markdown", "replace_section",
-    "security_client_options", "spark_keys", "validate",
+    "ADMIN", "BOOTSTRAP_ENV", "CLIENTS", "COMMAND_CONFIG_ENV", "CONNECTION", "CONSUMER",
+    "CONSUMING", "KAFKA_NAMES", "KEYS", "MAX_FETCH_WAIT_MS", "MAX_IN_FLIGHT_IDEMPOTENT",
+    "OAUTHBEARER", "PLAINTEXT", "PRODUCER", "PRODUCING", "REQUIRED", "SASL_SSL", "SECURITY",
+    "SECURITY_PROTOCOLS", "SSL", "TOKEN_FILE", "ClientOptions", "ConfigKey",
+    "TokenFileProvider", "cli_markdown", "cli_settings", "client_keys",
+    "default_security_protocol", "key", "markdown", "replace_section",
+    "security_client_options", "spark_keys", "tool_doc", "validate",
 ]
 
 PRODUCER = "producer"
@@ -462,8 +464,9 @@ KEYS: tuple[ConfigKey, ...] = (
 # `sasl_oauth_token_provider`, a file holding the token (TokenFileProvider).
 TOKEN_FILE = ConfigKey(
     "sasl_oauth_token_file", "str | None", None,
-    "a file holding the bearer token (a JWT), read again for each new token; stands for "
-    "`sasl_oauth_token_provider` (and `sasl_mechanism` `OAUTHBEARER`)",
+    "a file holding the bearer token (a JWT), read again for each new token (a Kubernetes "
+    "projected token, a sidecar's); stands for `sasl_oauth_token_provider` (and "
+    "`sasl_mechanism` `OAUTHBEARER`)",
     frozenset(), SECURITY, kafka=("sasl.oauthbearer.token.file",),
     env="ONCELOG_SASL_OAUTH_TOKEN_FILE", spark=True)
 
@@ -660,23 +663,62 @@ def markdown() -> str:
     for k in (key("bootstrap"), *cli_settings()):
         prop = f"`{k.kafka_name}`" if k.group == SECURITY else "—"
         lines.append(f"| `{k.flag}` | `{k.env}` | {prop} | {_spark_cell(k)} | "
-                     f"{_cell(k.doc)} |")
+                     f"{_cell(tool_doc(k))} |")
     lines += ["", DOC_END]
     return "\n".join(lines) + "\n"
 
 
+# The CLI's variable for --command-config (a client properties file).
+COMMAND_CONFIG_ENV = "ONCELOG_COMMAND_CONFIG"
+# How the CLI and Spark choose the protocol when none is given
+# (default_security_protocol).
+TOOL_PROTOCOL_DEFAULT = ("default: `SSL` when a TLS file is given, `SASL_SSL` when a token "
+                         "file is, else `PLAINTEXT`")
+CLI_DOC_BEGIN = ("<!-- generated from sdk/oncelog/config_def.py: "
+                 "python -m oncelog.config_def --write docs/cli.md -->")
+CLI_DOC_END = "<!-- end of generated CLI security settings -->"
+
+
+def tool_doc(k: ConfigKey) -> str:
+    """What a security setting means to the CLI and Spark, which choose the
+    protocol from the files given when none is."""
+    return k.doc + (f"; {TOOL_PROTOCOL_DEFAULT}" if k.name == "security_protocol" else "")
+
+
+def cli_markdown() -> str:
+    """docs/cli.md's table of the security settings, between CLI_DOC_BEGIN
+    and CLI_DOC_END (both included)."""
+    lines = [CLI_DOC_BEGIN, "",
+             "| flag | environment | `--command-config` property | what |", "|---|---|---|---|"]
+    lines += [f"| `{k.flag}` | `{k.env}` | `{k.kafka_name}` | {_cell(tool_doc(k))} |"
+              for k in cli_settings()]
+    lines += [f"| `--command-config FILE` | `{COMMAND_CONFIG_ENV}` | | the client properties "
+              f"file (the name Kafka's tools give it) |", "", CLI_DOC_END]
+    return "\n".join(lines) + "\n"
+
+
+# Each generated section: its first and last lines, and what makes it.
+SECTIONS: tuple[tuple[str, str, Callable[[], str]], ...] = (
+    (DOC_BEGIN, DOC_END, markdown), (CLI_DOC_BEGIN, CLI_DOC_END, cli_markdown))
+
+
 def replace_section(text: str) -> str:
-    """`text` (docs/configuration.md) with its generated section made
-    equal to markdown()."""
-    start = text.index(DOC_BEGIN)
-    end = text.index(DOC_END, start) + len(DOC_END) + 1
-    return text[:start] + markdown() + text[end:]
+    """`text` (a doc) with every generated section it has made equal to
+    what the table makes now."""
+    for begin, end_line, render in SECTIONS:
+        if begin not in text:
+            continue
+        start = text.index(begin)
+        end = text.index(end_line, start) + len(end_line) + 1
+        text = text[:start] + render() + text[end:]
+    return text
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m oncelog.config_def",
-        description="The clients' options table, as the markdown of docs/configuration.md.")
+        description="The clients' options table, as the markdown of docs/configuration.md "
+                    "and docs/cli.md.")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--markdown", action="store_true", help="print the generated section")
     what.add_argument("--write", metavar="DOC",
@@ -686,7 +728,11 @@ def main(argv: Iterable[str] | None = None) -> int:
         sys.stdout.write(markdown())
         return 0
     path = Path(args.write)
-    path.write_text(replace_section(path.read_text(encoding="utf-8")), encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
+    if not any(begin in text for begin, _end, _render in SECTIONS):
+        parser.error(f"{path} has no generated section (a line {DOC_BEGIN!r} or "
+                     f"{CLI_DOC_BEGIN!r})")
+    path.write_text(replace_section(text), encoding="utf-8")
     print(f"wrote the client options into {os.fspath(path)}")
     return 0
 

@@ -8,8 +8,9 @@ drift); every check the table declares is the one the constructor applies
 option); every default passes its own check; Kafka's names come from the
 table and only name options whose meaning is ours; the CLI's security
 flags, environment variables and --command-config properties are the
-table's; and the "Client options" section of docs/configuration.md is
-exactly what the table generates.
+table's; and the "Client options" section of docs/configuration.md and
+docs/cli.md's table of the security settings are exactly what the table
+generates.
 
 Method: `inspect.signature` of the real classes; the real constructors
 against an address nothing listens on (options are checked before any
@@ -40,7 +41,6 @@ from oncelog.cli._common import (
 from oncelog.config_def import ADMIN, CONSUMER, PRODUCER, IntRange
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "configuration.md"
 NOWHERE = "127.0.0.1:1"
 CLASSES: dict[str, Any] = {PRODUCER: Producer, CONSUMER: Consumer, ADMIN: Admin}
 
@@ -178,18 +178,29 @@ def test_the_spark_keys_are_the_tables() -> None:
         "bootstrap", "transaction_timeout_ms"]
 
 
-REGENERATE = "regenerate it: python -m oncelog.config_def --write docs/configuration.md"
-
-
-def test_the_doc_is_the_table() -> None:
-    text = DOC.read_text(encoding="utf-8")
-    assert config_def.DOC_BEGIN in text and config_def.DOC_END in text, \
-        f"docs/configuration.md has no generated client options section; {REGENERATE}"
+@pytest.mark.parametrize(("doc", "begin", "end"), [
+    ("configuration.md", config_def.DOC_BEGIN, config_def.DOC_END),
+    ("cli.md", config_def.CLI_DOC_BEGIN, config_def.CLI_DOC_END),
+])
+def test_the_docs_are_the_table(doc: str, begin: str, end: str) -> None:
+    regenerate = f"regenerate it: python -m oncelog.config_def --write docs/{doc}"
+    text = (REPO / "docs" / doc).read_text(encoding="utf-8")
+    assert begin in text and end in text, f"docs/{doc} has no generated section; {regenerate}"
     assert config_def.replace_section(text) == text, \
-        f"docs/configuration.md's client options differ from oncelog.config_def; {REGENERATE}"
+        f"docs/{doc}'s generated section differs from oncelog.config_def; {regenerate}"
+
+
+def test_the_doc_names_every_option_of_every_client() -> None:
     for client, cls in CLASSES.items():
         for name in inspect.signature(cls).parameters:
             assert f"| `{name}` |" in config_def.markdown(), (client, name)
+    for k in config_def.cli_settings():
+        assert f"| `{k.flag}` | `{k.env}` | `{k.kafka_name}` |" in config_def.cli_markdown()
+
+
+def test_a_stale_section_is_rewritten() -> None:
+    stale = f"intro\n{config_def.CLI_DOC_BEGIN}\n| old |\n{config_def.CLI_DOC_END}\nrest\n"
+    assert config_def.replace_section(stale) == f"intro\n{config_def.cli_markdown()}rest\n"
 
 
 def test_the_module_prints_the_section() -> None:

@@ -62,7 +62,7 @@ SECURITY_SETTINGS: tuple[tuple[str, str, str], ...] = tuple(
 # The table's sasl.mechanism: a file may name it (OAUTHBEARER only), the
 # token file decides.
 _SASL_MECHANISM = config_def.key("sasl_mechanism").kafka_name
-COMMAND_CONFIG_ENV = "ONCELOG_COMMAND_CONFIG"
+COMMAND_CONFIG_ENV = config_def.COMMAND_CONFIG_ENV
 _PEM_TRUST = "JKS/PKCS12 truststores are not read: give ssl.cafile, the CA bundle as PEM"
 _PEM_KEYS = "JKS/PKCS12 keystores are not read: give ssl.certfile and ssl.keyfile as PEM"
 _TOKEN_FILE = "give the bearer token in a file: sasl.oauthbearer.token.file"
@@ -196,11 +196,7 @@ def add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -
 def _flag_help(dest: str) -> str:
     """A security flag's help: the option's meaning in the table, and the
     protocol's default here (from the files given)."""
-    text = config_def.key(dest).doc.replace("`", "")
-    if dest == "security_protocol":
-        text += ("; default: SSL when a TLS file is given, SASL_SSL when a token file is, "
-                 "else PLAINTEXT")
-    return text
+    return config_def.tool_doc(config_def.key(dest)).replace("`", "")
 
 
 def add_output_option(parser: argparse.ArgumentParser) -> None:
