@@ -65,11 +65,11 @@ from oncelog.wire.vocabulary import IsolationLevel, OffsetReset
 __all__ = [
     "ADMIN", "BOOTSTRAP_ENV", "CLIENTS", "COMMAND_CONFIG_ENV", "CONNECTION", "CONSUMER",
     "CONSUMING", "KAFKA_NAMES", "KEYS", "MAX_FETCH_WAIT_MS", "MAX_IN_FLIGHT_IDEMPOTENT",
-    "OAUTHBEARER", "PLAINTEXT", "PRODUCER", "PRODUCING", "REQUIRED", "SASL_SSL", "SECURITY",
-    "SECURITY_PROTOCOLS", "SSL", "TOKEN_FILE", "ClientOptions", "ConfigKey",
-    "TokenFileProvider", "cli_markdown", "cli_settings", "client_keys",
-    "default_security_protocol", "key", "markdown", "replace_section",
-    "security_client_options", "spark_keys", "tool_doc", "validate",
+    "OAUTHBEARER", "PLAINTEXT", "PRODUCER", "PRODUCING", "REFUSED_KAFKA_PROPERTIES",
+    "REQUIRED", "SASL_SSL", "SECURITY", "SECURITY_PROTOCOLS", "SSL", "TOKEN_FILE",
+    "ClientOptions", "ConfigKey", "Refused", "TokenFileProvider", "cli_markdown",
+    "cli_settings", "client_keys", "default_security_protocol", "key", "markdown",
+    "replace_section", "security_client_options", "spark_keys", "tool_doc", "validate",
 ]
 
 PRODUCER = "producer"
@@ -469,6 +469,38 @@ TOKEN_FILE = ConfigKey(
     "`sasl_mechanism` `OAUTHBEARER`)",
     frozenset(), SECURITY, kafka=("sasl.oauthbearer.token.file",),
     env="ONCELOG_SASL_OAUTH_TOKEN_FILE", spark=True)
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A Kafka client property oncelog takes otherwise: why, as a sentence
+    with `{give}` where the options to give instead go (each tool names
+    them its way: `ssl.cafile` in a properties file, option 'ssl_cafile' in
+    Spark)."""
+
+    reason: str
+    instead: tuple[str, ...]
+
+
+_TRUSTSTORE = Refused("JKS/PKCS12 truststores are not read: give {give}, the CA bundle as PEM",
+                      ("ssl_cafile",))
+_KEYSTORE = Refused("JKS/PKCS12 keystores are not read: give {give} as PEM",
+                    ("ssl_certfile", "ssl_keyfile"))
+_JAAS = Refused("give the bearer token in a file: {give}", (TOKEN_FILE.name,))
+# Kafka's security properties without an equivalent here (oncelog reads PEM
+# files and a token file): the CLI's --command-config and the Spark options
+# (as kafka.*) refuse them with what to give instead.
+REFUSED_KAFKA_PROPERTIES: Mapping[str, Refused] = {
+    "ssl.truststore.location": _TRUSTSTORE,
+    "ssl.truststore.password": _TRUSTSTORE,
+    "ssl.truststore.type": _TRUSTSTORE,
+    "ssl.keystore.location": _KEYSTORE,
+    "ssl.keystore.password": _KEYSTORE,
+    "ssl.keystore.type": _KEYSTORE,
+    "ssl.key.password": Refused("encrypted keys are not read: give {give} unencrypted (PEM)",
+                                ("ssl_keyfile",)),
+    "sasl.jaas.config": _JAAS,
+    "sasl.login.callback.handler.class": _JAAS,
+}
 
 _BY_NAME = {k.name: k for k in (*KEYS, TOKEN_FILE)}
 

@@ -57,7 +57,7 @@ DEFAULT_POLL_TIMEOUT_MS = 120_000
 def _table_options(client: str) -> dict[str, str]:
     """The clients' options (oncelog.config_def) the source (CONSUMER) or
     the sinks (PRODUCER) take, by name, with what they mean."""
-    return {k.name: k.doc.replace("`", "") for k in config_def.spark_keys(client)}
+    return {k.name: config_def.tool_doc(k).replace("`", "") for k in config_def.spark_keys(client)}
 
 
 # The source's own options, then the clients' that it takes (the table's:
@@ -127,27 +127,24 @@ _NO_GROUP = "the oncelog source uses no consumer group (a query's offsets live i
 _BY_TIMESTAMP = ("starting or ending at a timestamp is not supported by the oncelog source; "
                  "give offsets ('startingOffsets' / 'starting_offsets', 'endingOffsets' / "
                  "'ending_offsets')")
-_JKS_TRUST = ("JKS/PKCS12 truststores are not read: give option 'ssl_cafile', the CA "
-              "bundle as PEM")
-_JKS_KEYS = ("JKS/PKCS12 keystores are not read: give options 'ssl_certfile' and "
-             "'ssl_keyfile' (PEM)")
-_JAAS = "give the bearer token in a file: option 'sasl_oauth_token_file'"
-# Spark's Kafka security options that oncelog takes otherwise.
+
+
+def _give(names: tuple[str, ...]) -> str:
+    """Options to give instead, as a message names them."""
+    quoted = " and ".join(repr(n) for n in names)
+    return f"option {quoted}" if len(names) == 1 else f"options {quoted}"
+
+
+# Spark's Kafka security options that oncelog takes otherwise (the table's
+# list of Kafka properties, as kafka.*).
 _KAFKA_SECURITY_UNSUPPORTED = {
-    "kafka.ssl.truststore.location": _JKS_TRUST,
-    "kafka.ssl.truststore.password": _JKS_TRUST,
-    "kafka.ssl.truststore.type": _JKS_TRUST,
-    "kafka.ssl.keystore.location": _JKS_KEYS,
-    "kafka.ssl.keystore.password": _JKS_KEYS,
-    "kafka.ssl.keystore.type": _JKS_KEYS,
-    "kafka.ssl.key.password": "encrypted keys are not read: give option 'ssl_keyfile' "
-                              "unencrypted (PEM)",
-    "kafka.sasl.jaas.config": _JAAS,
-    "kafka.sasl.login.callback.handler.class": _JAAS,
+    f"kafka.{prop}": refused.reason.format(give=_give(refused.instead))
+    for prop, refused in config_def.REFUSED_KAFKA_PROPERTIES.items()
 }
 _SECURITY = ("not supported; the oncelog source and sinks take " +
-             ", ".join(repr(name) for name in _SECURITY_OPTIONS) +
-             " (and Kafka's kafka.security.protocol, kafka.sasl.mechanism)")
+             ", ".join(repr(name) for name in _SECURITY_OPTIONS) + " (and Kafka's " +
+             ", ".join(config_def.key(name).spark_alias or "" for name in _SECURITY_OPTIONS
+                       if config_def.key(name).spark_alias) + ")")
 
 # Spark's Kafka source options that oncelog has no equivalent for: refused
 # with the reason, so a ported job does not silently behave otherwise.

@@ -168,6 +168,19 @@ def test_the_cli_flags_and_properties_are_the_tables(tmp_path: Path) -> None:
         read_command_config(str(config))
 
 
+def test_kafka_properties_taken_otherwise_are_refused_with_what_to_give(
+        tmp_path: Path) -> None:
+    config = tmp_path / "client.properties"
+    for prop, refused in config_def.REFUSED_KAFKA_PROPERTIES.items():
+        assert prop not in {n for k in config_def.KEYS for n in k.kafka}, prop
+        instead = [config_def.key(name) for name in refused.instead]
+        config.write_text(f"{prop}=x\n")
+        with pytest.raises(CliError) as said:
+            read_command_config(str(config))
+        assert f":1: {prop} is not supported: " in str(said.value)
+        assert all(k.kafka_name and k.kafka_name in str(said.value) for k in instead), prop
+
+
 def test_the_spark_keys_are_the_tables() -> None:
     assert [(k.name, k.spark_alias) for k in config_def.spark_keys(CONSUMER)] == [
         ("bootstrap", "kafka.bootstrap.servers"), ("isolation_level", "kafka.isolation.level"),

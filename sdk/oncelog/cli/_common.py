@@ -63,21 +63,12 @@ SECURITY_SETTINGS: tuple[tuple[str, str, str], ...] = tuple(
 # token file decides.
 _SASL_MECHANISM = config_def.key("sasl_mechanism").kafka_name
 COMMAND_CONFIG_ENV = config_def.COMMAND_CONFIG_ENV
-_PEM_TRUST = "JKS/PKCS12 truststores are not read: give ssl.cafile, the CA bundle as PEM"
-_PEM_KEYS = "JKS/PKCS12 keystores are not read: give ssl.certfile and ssl.keyfile as PEM"
-_TOKEN_FILE = "give the bearer token in a file: sasl.oauthbearer.token.file"
 # Kafka client properties a --command-config file may hold that oncelog
-# takes otherwise: refused with what to write instead.
+# takes otherwise: refused with what to write instead (the table's list).
 _COMMAND_CONFIG_REFUSED = {
-    "ssl.truststore.location": _PEM_TRUST,
-    "ssl.truststore.password": _PEM_TRUST,
-    "ssl.truststore.type": _PEM_TRUST,
-    "ssl.keystore.location": _PEM_KEYS,
-    "ssl.keystore.password": _PEM_KEYS,
-    "ssl.keystore.type": _PEM_KEYS,
-    "ssl.key.password": "encrypted keys are not read: give ssl.keyfile unencrypted (PEM)",
-    "sasl.jaas.config": _TOKEN_FILE,
-    "sasl.login.callback.handler.class": _TOKEN_FILE,
+    prop: refused.reason.format(give=" and ".join(
+        config_def.key(name).kafka_name or name for name in refused.instead))
+    for prop, refused in config_def.REFUSED_KAFKA_PROPERTIES.items()
 }
 
 
