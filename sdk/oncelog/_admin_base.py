@@ -24,8 +24,8 @@ from oncelog._client import (
     raise_for_error,
     remaining_ms,
 )
-from oncelog._config import client_timing_options, int_option
-from oncelog._security import PLAINTEXT, TokenProvider, security_options
+from oncelog._security import PLAINTEXT, TokenProvider
+from oncelog.config_def import ADMIN, validate
 from oncelog.v1 import (
     errors_pb2,
     partition_store_pb2,
@@ -93,19 +93,20 @@ class AdminBase:
     ) -> None:
         """`security_protocol`, `ssl_*` and `sasl_*` (kafka-python's names):
         how to connect to a secured cluster (oncelog._security)."""
-        client_timing_options(request_timeout_ms=request_timeout_ms,
-                              retry_backoff_ms=retry_backoff_ms,
-                              retry_backoff_max_ms=retry_backoff_max_ms)
-        int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
-        security = security_options(
-            security_protocol=security_protocol, ssl_cafile=ssl_cafile,
-            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sasl_mechanism=sasl_mechanism,
-            sasl_oauth_token_provider=sasl_oauth_token_provider,
-        )
+        # Every option checked against the table (oncelog.config_def).
+        options = validate(ADMIN, {
+            "bootstrap": bootstrap, "request_timeout_ms": request_timeout_ms,
+            "default_api_timeout_ms": default_api_timeout_ms,
+            "retry_backoff_ms": retry_backoff_ms, "retry_backoff_max_ms": retry_backoff_max_ms,
+            "security_protocol": security_protocol, "ssl_cafile": ssl_cafile,
+            "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,
+            "sasl_mechanism": sasl_mechanism,
+            "sasl_oauth_token_provider": sasl_oauth_token_provider,
+        })
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
-            security=security,
+            security=options.security,
         )
         self._default_api_timeout_ms = default_api_timeout_ms
         # Per thread: when the public call running in it must have ended.

@@ -72,14 +72,6 @@ def acks_option(value: object, *, idempotent: bool) -> int:
     return acks
 
 
-def client_timing_options(*, request_timeout_ms: object, retry_backoff_ms: object,
-                          retry_backoff_max_ms: object) -> None:
-    """The options every client (producer, consumer, admin) has for its requests."""
-    int_option("request_timeout_ms", request_timeout_ms, minimum=1)
-    backoff_ms = int_option("retry_backoff_ms", retry_backoff_ms, minimum=1)
-    int_option("retry_backoff_max_ms", retry_backoff_max_ms, minimum=backoff_ms)
-
-
 # The client id a Producer or Consumer sends when given none (Kafka's
 # clients have their own, e.g. "rdkafka"): stores' quotas and logs see it.
 DEFAULT_CLIENT_ID = "oncelog-python"

@@ -9,8 +9,9 @@ would answer both with a bare `TypeError: unexpected keyword argument`.
 
 * a dotted name is read with `_` for `.` (`linger.ms` is `linger_ms`, as
   kafka-python spells Kafka's properties);
-* a name Kafka's clients use for one of our options (`KAFKA_NAMES`) is
-  taken as ours (`bootstrap_servers` is `bootstrap`);
+* a name Kafka's clients use for one of our options (`KAFKA_NAMES`, from
+  the options table in oncelog.config_def) is taken as ours
+  (`bootstrap_servers` is `bootstrap`);
 * anything else unknown is a TypeError naming the keyword and, when one is
   close, the option it probably meant.
 
@@ -30,15 +31,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-# Kafka's (and kafka-python's) name for an option -> ours, where they differ.
-# Only names whose meaning is the same here: a value given under the Kafka
-# name is checked exactly as if given under ours.
-KAFKA_NAMES: Mapping[str, str] = {
-    "bootstrap_servers": "bootstrap",
-    "max_in_flight_requests_per_connection": "max_in_flight",
-    "buffer_memory": "buffer_memory_bytes",
-    "enable_2pc": "transaction_two_phase_commit_enable",
-}
+from oncelog import config_def
+
+# Kafka's (and kafka-python's) name for an option -> ours, where they differ:
+# from the clients' options table (oncelog.config_def). Only names whose
+# meaning is the same here: a value given under the Kafka name is checked
+# exactly as if given under ours.
+KAFKA_NAMES: Mapping[str, str] = config_def.KAFKA_NAMES
 
 C = TypeVar("C", bound=type)
 

@@ -49,20 +49,12 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
 from oncelog._client import ClusterClient, remaining_ms
-from oncelog._config import (
-    DEFAULT_CLIENT_ID,
-    bool_option,
-    choice_option,
-    client_id_option,
-    client_timing_options,
-    int_option,
-)
+from oncelog._config import DEFAULT_CLIENT_ID
 from oncelog._fetcher import Fetcher
 from oncelog._group import (
     GroupClient,
     HeartbeatThread,
     PendingOffsetFetch,
-    check_group_id,
     check_offsets,
     now_ms,
     partition_names,
@@ -70,13 +62,14 @@ from oncelog._group import (
 )
 from oncelog._keywords import kafka_names
 from oncelog._membership import GroupMembership, MemberState, Plan
-from oncelog._security import PLAINTEXT, TokenProvider, security_options
+from oncelog._security import PLAINTEXT, TokenProvider
 
 # The reset policies' names stay importable from here, where they were defined.
 from oncelog._subscription import COMMITTED, SubscriptionState
 from oncelog._subscription import EARLIEST as EARLIEST
 from oncelog._subscription import LATEST as LATEST
 from oncelog._subscription import NONE as NONE
+from oncelog.config_def import CONSUMER, validate
 from oncelog.serializers import Deserializer
 from oncelog.types import (
     ConsumerRecord,
@@ -96,8 +89,6 @@ _ISOLATION = {
     IsolationLevel.READ_COMMITTED: records_pb2.IsolationLevel.READ_COMMITTED,
     IsolationLevel.READ_UNCOMMITTED: records_pb2.IsolationLevel.READ_UNCOMMITTED,
 }
-# Longest a store may make a Fetch wait (services/common/limits.py MAX_FETCH_WAIT_MS).
-MAX_FETCH_WAIT_MS = 30_000
 # Revoke, then assign, then perhaps a fence that came meanwhile: the plans one
 # poll() applies at most before it goes on reading.
 MAX_PLANS_PER_POLL = 4
@@ -164,47 +155,25 @@ class Consumer:
         callables that turn a fetched record's key and value bytes into what
         poll() returns; a None key or value is not passed to them
         (oncelog.serializers has ready ones)."""
-        for name, hook in (("key_deserializer", key_deserializer),
-                           ("value_deserializer", value_deserializer)):
-            if hook is not None and not callable(hook):
-                raise ValueError(f"{name} must be a callable (bytes -> value) or None, "
-                                 f"got {hook!r}")
-        choice_option("isolation_level", isolation_level, sorted(_ISOLATION))
-        choice_option("auto_offset_reset", auto_offset_reset, tuple(OffsetReset))
-        if group_id is not None:
-            check_group_id(group_id)
-        if group_instance_id is not None:
-            if not isinstance(group_instance_id, str) or not group_instance_id:
-                raise ValueError(
-                    f"group_instance_id must be a non-empty str or None, got {group_instance_id!r}"
-                )
-            if group_id is None:
-                raise ValueError("group_instance_id needs a group_id")
-        bool_option("enable_auto_commit", enable_auto_commit)
-        bool_option("check_crcs", check_crcs)
-        if enable_auto_commit and group_id is None:
-            raise ValueError("enable_auto_commit needs a group_id (offsets are the group's)")
-        int_option("auto_commit_interval_ms", auto_commit_interval_ms, minimum=1)
-        int_option("max_poll_records", max_poll_records, minimum=1)
-        int_option("fetch_max_wait_ms", fetch_max_wait_ms, minimum=0)
-        if fetch_max_wait_ms > MAX_FETCH_WAIT_MS:
-            raise ValueError(
-                f"fetch_max_wait_ms must be within 0..{MAX_FETCH_WAIT_MS}, got {fetch_max_wait_ms}"
-            )
-        int_option("fetch_min_bytes", fetch_min_bytes, minimum=0)
-        int_option("fetch_max_bytes", fetch_max_bytes, minimum=1)
-        int_option("max_partition_fetch_bytes", max_partition_fetch_bytes, minimum=1)
-        int_option("session_timeout_ms", session_timeout_ms, minimum=1)
-        client_timing_options(request_timeout_ms=request_timeout_ms,
-                              retry_backoff_ms=retry_backoff_ms,
-                              retry_backoff_max_ms=retry_backoff_max_ms)
-        int_option("default_api_timeout_ms", default_api_timeout_ms, minimum=1)
-        client_id = client_id_option(client_id)
-        security = security_options(
-            security_protocol=security_protocol, ssl_cafile=ssl_cafile,
-            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sasl_mechanism=sasl_mechanism,
-            sasl_oauth_token_provider=sasl_oauth_token_provider,
-        )
+        # Every option checked against the table (oncelog.config_def), and
+        # what ties them together (a group for auto-commit, the security settings).
+        options = validate(CONSUMER, {
+            "bootstrap": bootstrap, "group_id": group_id, "isolation_level": isolation_level,
+            "auto_offset_reset": auto_offset_reset, "enable_auto_commit": enable_auto_commit,
+            "auto_commit_interval_ms": auto_commit_interval_ms,
+            "max_poll_records": max_poll_records, "session_timeout_ms": session_timeout_ms,
+            "group_instance_id": group_instance_id, "fetch_max_wait_ms": fetch_max_wait_ms,
+            "fetch_min_bytes": fetch_min_bytes, "fetch_max_bytes": fetch_max_bytes,
+            "max_partition_fetch_bytes": max_partition_fetch_bytes,
+            "request_timeout_ms": request_timeout_ms, "retry_backoff_ms": retry_backoff_ms,
+            "retry_backoff_max_ms": retry_backoff_max_ms,
+            "default_api_timeout_ms": default_api_timeout_ms, "check_crcs": check_crcs,
+            "key_deserializer": key_deserializer, "value_deserializer": value_deserializer,
+            "security_protocol": security_protocol, "ssl_cafile": ssl_cafile,
+            "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,
+            "sasl_mechanism": sasl_mechanism,
+            "sasl_oauth_token_provider": sasl_oauth_token_provider, "client_id": client_id,
+        })
         self.group_id = group_id
         self.group_instance_id = group_instance_id
         self.enable_auto_commit = enable_auto_commit
@@ -219,7 +188,7 @@ class Consumer:
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
-            security=security,
+            security=options.security,
         )
         # Fetch answers arrive on gRPC threads and membership news on the
         # heartbeat thread; poll() waits on this. The lock also guards the

@@ -66,19 +66,11 @@ from oncelog._client import (
     TopicInfo,
     backoff_ms,
 )
-from oncelog._config import (
-    DEFAULT_CLIENT_ID,
-    acks_option,
-    bool_option,
-    choice_option,
-    client_id_option,
-    client_timing_options,
-    int_option,
-)
+from oncelog._config import DEFAULT_CLIENT_ID
 from oncelog._keywords import kafka_names
 from oncelog._mypyc import mypyc_attr
 from oncelog._partitioner import StickyPartitioner, partition_for_key
-from oncelog._security import PLAINTEXT, TokenProvider, security_options
+from oncelog._security import PLAINTEXT, TokenProvider
 from oncelog._sender import Sender
 from oncelog._transactions import (
     Op,
@@ -86,20 +78,18 @@ from oncelog._transactions import (
     TxnStateMachine,
 )
 from oncelog._txn_manager import TransactionManager
+from oncelog.config_def import PRODUCER, validate
 from oncelog.errors import SerializationError
 from oncelog.serializers import Serializer
 from oncelog.types import GroupMetadata, PreparedTxnState, ThrottleTime, TopicPartition
 from oncelog.wire import errors
-from oncelog.wire.compression import CODEC_NAMES, Codec
+from oncelog.wire.compression import Codec
 from oncelog.wire.errors import ErrorCode, OncelogError
 from oncelog.wire.records import Header
 
 log = logging.getLogger("oncelog.producer")
 
 
-# Kafka's limit for an idempotent producer: the store deduplicates against the
-# producer's last five batches per partition.
-MAX_IN_FLIGHT_IDEMPOTENT = 5
 # send() waiting for a topic asks Metadata again only with at least this much
 # of max_block_ms left; with less, the last answer decides.
 MIN_METADATA_REFRESH_MS = 50
@@ -209,66 +199,38 @@ class Producer:
         `enable_idempotence` defaults to True, except with `acks=1` (as in
         Kafka, where an unset enable.idempotence gives way to acks). `acks`:
         "all" (or -1, the default) or 1; see oncelog._config.acks_option.
+        oncelog.config_def lists every option with its check.
 
         `key_serializer`/`value_serializer` (kafka-python's hooks): callables
         that turn the key and value given to send() into bytes, before
         anything else send() does; a None key or value is not passed to them
         (oncelog.serializers has ready ones)."""
-        for name, hook in (("key_serializer", key_serializer),
-                           ("value_serializer", value_serializer)):
-            if hook is not None and not callable(hook):
-                raise ValueError(f"{name} must be a callable (value -> bytes) or None, "
-                                 f"got {hook!r}")
-        transaction_two_phase_commit_enable = bool_option(
-            "transaction_two_phase_commit_enable", transaction_two_phase_commit_enable)
-        if transaction_two_phase_commit_enable and transactional_id is None:
-            raise ValueError(
-                "transaction_two_phase_commit_enable=True needs a transactional_id"
-            )
-        if transactional_id is not None and (
-                not isinstance(transactional_id, str) or not transactional_id):
-            raise ValueError(
-                f"transactional_id must be a non-empty str or None, got {transactional_id!r}"
-            )
-        if enable_idempotence is None:
-            enable_idempotence = transactional_id is not None or acks not in (1, "1")
-        enable_idempotence = bool_option("enable_idempotence", enable_idempotence)
-        if transactional_id is not None and not enable_idempotence:
-            raise ValueError(
-                "a transactional producer is idempotent: transactional_id needs "
-                "enable_idempotence=True"
-            )
-        self.acks = acks_option(acks, idempotent=enable_idempotence)
-        int_option("transaction_timeout_ms", transaction_timeout_ms, minimum=1)
-        int_option("linger_ms", linger_ms, minimum=0)
-        int_option("batch_size", batch_size, minimum=1)
-        compression = Codec[choice_option(
-            "compression_type", compression_type, CODEC_NAMES).upper()]
-        int_option("max_in_flight", max_in_flight, minimum=1)
-        int_option("delivery_timeout_ms", delivery_timeout_ms, minimum=1)
-        client_timing_options(request_timeout_ms=request_timeout_ms,
-                              retry_backoff_ms=retry_backoff_ms,
-                              retry_backoff_max_ms=retry_backoff_max_ms)
-        int_option("buffer_memory_bytes", buffer_memory_bytes, minimum=1)
-        int_option("max_block_ms", max_block_ms, minimum=0)
-        client_id = client_id_option(client_id)
-        if enable_idempotence and max_in_flight > MAX_IN_FLIGHT_IDEMPOTENT:
-            raise ValueError(
-                f"an idempotent producer allows at most {MAX_IN_FLIGHT_IDEMPOTENT} batches in "
-                f"flight per partition (the store deduplicates against the last "
-                f"{MAX_IN_FLIGHT_IDEMPOTENT}), got max_in_flight={max_in_flight}"
-            )
-        security = security_options(
-            security_protocol=security_protocol, ssl_cafile=ssl_cafile,
-            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sasl_mechanism=sasl_mechanism,
-            sasl_oauth_token_provider=sasl_oauth_token_provider,
-        )
+        # Every option checked against the table (oncelog.config_def), and
+        # what ties them together (idempotence, acks, the security settings).
+        options = validate(PRODUCER, {
+            "bootstrap": bootstrap, "transactional_id": transactional_id,
+            "enable_idempotence": enable_idempotence, "acks": acks, "linger_ms": linger_ms,
+            "batch_size": batch_size, "compression_type": compression_type,
+            "max_in_flight": max_in_flight, "transaction_timeout_ms": transaction_timeout_ms,
+            "delivery_timeout_ms": delivery_timeout_ms, "request_timeout_ms": request_timeout_ms,
+            "retry_backoff_ms": retry_backoff_ms, "retry_backoff_max_ms": retry_backoff_max_ms,
+            "buffer_memory_bytes": buffer_memory_bytes, "max_block_ms": max_block_ms,
+            "transaction_two_phase_commit_enable": transaction_two_phase_commit_enable,
+            "key_serializer": key_serializer, "value_serializer": value_serializer,
+            "security_protocol": security_protocol, "ssl_cafile": ssl_cafile,
+            "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,
+            "sasl_mechanism": sasl_mechanism,
+            "sasl_oauth_token_provider": sasl_oauth_token_provider, "client_id": client_id,
+        })
+        self.acks = options["acks"]
+        idempotent: bool = options["enable_idempotence"]
+        compression = Codec[compression_type.upper()]
         self._client = ClusterClient(
             bootstrap, request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
-            security=security,
+            security=options.security,
         )
-        self._enable_idempotence = enable_idempotence
+        self._enable_idempotence = idempotent
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
         self._buffer_memory_bytes = buffer_memory_bytes
@@ -304,11 +266,11 @@ class Producer:
             self._txn_machine = self._txn.machine
         self._sender = Sender(
             client=self._client, accumulator=self._accumulator,
-            idempotent=enable_idempotence, max_in_flight=max_in_flight,
+            idempotent=idempotent, max_in_flight=max_in_flight,
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             transaction_timeout_ms=transaction_timeout_ms, clock_ms=_now_ms,
-            txn=self._txn, client_id=client_id,
+            txn=self._txn, client_id=options["client_id"],
         )
         if self._txn is not None:
             self._txn.attach(self._sender)

@@ -14,6 +14,11 @@ job moves from `format("kafka")` to `format("oncelog")` by changing the
 format. Kafka options without an equivalent are refused with the reason,
 never silently ignored.
 
+The options that are the clients' own (`bootstrap`, `isolation_level`,
+`transaction_timeout_ms`, the security settings), with Spark's Kafka names
+for them, come from the clients' options table (oncelog.config_def); the
+source's and sinks' own options and Spark's names for those are here.
+
 Security (docs/security.md): `security_protocol`, `ssl_cafile`,
 `ssl_certfile`, `ssl_keyfile`, `sasl_mechanism` and `sasl_oauth_token_file`
 (`ClientSecurity`) go to every client the source and sinks make, on the
@@ -33,15 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from oncelog._client import split_bootstrap
-from oncelog._security import (
-    OAUTHBEARER,
-    PLAINTEXT,
-    SASL_SSL,
-    SECURITY_PROTOCOLS,
-    SSL,
-    TokenFileProvider,
-)
+from oncelog import config_def
+from oncelog.config_def import CONSUMER, OAUTHBEARER, PLAINTEXT, PRODUCER, SECURITY_PROTOCOLS
 from oncelog_spark.offsets import (
     EARLIEST,
     EARLIEST_OFFSET,
@@ -52,34 +50,33 @@ from oncelog_spark.offsets import (
     parse_spec,
 )
 
-ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+ISOLATION_LEVELS = config_def.key("isolation_level").choices
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 
+
+def _table_options(client: str) -> dict[str, str]:
+    """The clients' options (oncelog.config_def) the source (CONSUMER) or
+    the sinks (PRODUCER) take, by name, with what they mean."""
+    return {k.name: config_def.tool_doc(k).replace("`", "") for k in config_def.spark_keys(client)}
+
+
+# The source's own options, then the clients' that it takes (the table's:
+# bootstrap, isolation_level, the security settings).
 _OPTIONS = {
-    "bootstrap": "host:port of a partition store (comma-separated for several)",
     "topics": "comma-separated topic names",
     "topic_pattern": "a regular expression over topic names, instead of 'topics'",
-    "isolation_level": "read_committed (default) or read_uncommitted",
     "starting_offsets": "earliest, latest or an offsets JSON",
     "ending_offsets": "latest (default) or an offsets JSON; batch reads only",
     "max_records_per_trigger": "offsets per micro-batch at most; streaming only",
     "fail_on_data_loss": "true (default): fail when records to read are gone; false: skip "
                          "them with a warning",
     "poll_timeout_ms": "how long a task waits for records without progress before failing",
+    **_table_options(CONSUMER),
 }
 
 # The clients' security settings, taken by the source and the sinks alike.
-_SECURITY_OPTIONS = {
-    "security_protocol": "PLAINTEXT, SSL (TLS) or SASL_SSL (TLS and a bearer token); default: "
-                         "SSL when a TLS file is given, SASL_SSL when a token file is",
-    "ssl_cafile": "the CA bundle (PEM) that signed the cluster's certificates",
-    "ssl_certfile": "the client's certificate (PEM), for mutual TLS",
-    "ssl_keyfile": "the private key (PEM) of ssl_certfile",
-    "sasl_mechanism": "OAUTHBEARER (the only mechanism; the default with a token file)",
-    "sasl_oauth_token_file": "a file holding the bearer token (a JWT), read again for each "
-                             "new token",
-}
-_OPTIONS.update(_SECURITY_OPTIONS)
+_SECURITY_OPTIONS = {name: doc for name, doc in _table_options(CONSUMER).items()
+                     if config_def.key(name).group == config_def.SECURITY}
 
 
 class OptionError(ValueError):
@@ -100,55 +97,54 @@ def _aliases(*pairs: tuple[str, str]) -> dict[str, KafkaAlias]:
     return {kafka.lower(): KafkaAlias(kafka, ours) for kafka, ours in pairs}
 
 
+def _table_aliases(client: str) -> dict[str, KafkaAlias]:
+    """Spark's Kafka names for the clients' options the source (CONSUMER)
+    or the sinks (PRODUCER) take: the table's (`kafka.bootstrap.servers`,
+    `kafka.security.protocol`, ...)."""
+    return _aliases(*((k.spark_alias, k.name) for k in config_def.spark_keys(client)
+                      if k.spark_alias is not None))
+
+
 # Spark's Kafka source options that mean what an oncelog source option means.
-KAFKA_SOURCE_ALIASES = _aliases(
-    ("kafka.bootstrap.servers", "bootstrap"),
-    ("subscribe", "topics"),
-    ("subscribePattern", "topic_pattern"),
-    ("startingOffsets", "starting_offsets"),
-    ("endingOffsets", "ending_offsets"),
-    ("maxOffsetsPerTrigger", "max_records_per_trigger"),
-    ("failOnDataLoss", "fail_on_data_loss"),
-    ("kafka.isolation.level", "isolation_level"),
-    ("kafkaConsumer.pollTimeoutMs", "poll_timeout_ms"),
-    ("kafka.security.protocol", "security_protocol"),
-    ("kafka.sasl.mechanism", "sasl_mechanism"),
-)
+KAFKA_SOURCE_ALIASES = {
+    **_table_aliases(CONSUMER),
+    **_aliases(
+        ("subscribe", "topics"),
+        ("subscribePattern", "topic_pattern"),
+        ("startingOffsets", "starting_offsets"),
+        ("endingOffsets", "ending_offsets"),
+        ("maxOffsetsPerTrigger", "max_records_per_trigger"),
+        ("failOnDataLoss", "fail_on_data_loss"),
+        ("kafkaConsumer.pollTimeoutMs", "poll_timeout_ms"),
+    ),
+}
 
 # Spark's Kafka sink options that mean what an oncelog sink option means
-# (`topic` is spelled the same).
-KAFKA_SINK_ALIASES = _aliases(
-    ("kafka.bootstrap.servers", "bootstrap"),
-    ("kafka.transaction.timeout.ms", "transaction_timeout_ms"),
-    ("kafka.security.protocol", "security_protocol"),
-    ("kafka.sasl.mechanism", "sasl_mechanism"),
-)
+# (`topic` is spelled the same): the table's.
+KAFKA_SINK_ALIASES = _table_aliases(PRODUCER)
 
 _NO_GROUP = "the oncelog source uses no consumer group (a query's offsets live in its checkpoint)"
 _BY_TIMESTAMP = ("starting or ending at a timestamp is not supported by the oncelog source; "
                  "give offsets ('startingOffsets' / 'starting_offsets', 'endingOffsets' / "
                  "'ending_offsets')")
-_JKS_TRUST = ("JKS/PKCS12 truststores are not read: give option 'ssl_cafile', the CA "
-              "bundle as PEM")
-_JKS_KEYS = ("JKS/PKCS12 keystores are not read: give options 'ssl_certfile' and "
-             "'ssl_keyfile' (PEM)")
-_JAAS = "give the bearer token in a file: option 'sasl_oauth_token_file'"
-# Spark's Kafka security options that oncelog takes otherwise.
+
+
+def _give(names: tuple[str, ...]) -> str:
+    """Options to give instead, as a message names them."""
+    quoted = " and ".join(repr(n) for n in names)
+    return f"option {quoted}" if len(names) == 1 else f"options {quoted}"
+
+
+# Spark's Kafka security options that oncelog takes otherwise (the table's
+# list of Kafka properties, as kafka.*).
 _KAFKA_SECURITY_UNSUPPORTED = {
-    "kafka.ssl.truststore.location": _JKS_TRUST,
-    "kafka.ssl.truststore.password": _JKS_TRUST,
-    "kafka.ssl.truststore.type": _JKS_TRUST,
-    "kafka.ssl.keystore.location": _JKS_KEYS,
-    "kafka.ssl.keystore.password": _JKS_KEYS,
-    "kafka.ssl.keystore.type": _JKS_KEYS,
-    "kafka.ssl.key.password": "encrypted keys are not read: give option 'ssl_keyfile' "
-                              "unencrypted (PEM)",
-    "kafka.sasl.jaas.config": _JAAS,
-    "kafka.sasl.login.callback.handler.class": _JAAS,
+    f"kafka.{prop}": refused.reason.format(give=_give(refused.instead))
+    for prop, refused in config_def.REFUSED_KAFKA_PROPERTIES.items()
 }
 _SECURITY = ("not supported; the oncelog source and sinks take " +
-             ", ".join(repr(name) for name in _SECURITY_OPTIONS) +
-             " (and Kafka's kafka.security.protocol, kafka.sasl.mechanism)")
+             ", ".join(repr(name) for name in _SECURITY_OPTIONS) + " (and Kafka's " +
+             ", ".join(config_def.key(name).spark_alias or "" for name in _SECURITY_OPTIONS
+                       if config_def.key(name).spark_alias) + ")")
 
 # Spark's Kafka source options that oncelog has no equivalent for: refused
 # with the reason, so a ported job does not silently behave otherwise.
@@ -195,15 +191,9 @@ class ClientSecurity:
     def client_options(self) -> dict[str, Any]:
         """The SDK's keyword options (docs/sdk.md): the files are read when
         a client is made, the token file again for each new token."""
-        options: dict[str, Any] = {"security_protocol": self.protocol}
-        for name, value in (("ssl_cafile", self.cafile), ("ssl_certfile", self.certfile),
-                            ("ssl_keyfile", self.keyfile)):
-            if value is not None:
-                options[name] = value
-        if self.token_file is not None:
-            options["sasl_mechanism"] = OAUTHBEARER
-            options["sasl_oauth_token_provider"] = TokenFileProvider(self.token_file)
-        return options
+        return config_def.security_client_options(
+            protocol=self.protocol, cafile=self.cafile, certfile=self.certfile,
+            keyfile=self.keyfile, token_file=self.token_file)
 
 
 def _security(given: _Given) -> ClientSecurity:
@@ -220,13 +210,14 @@ def _security(given: _Given) -> ClientSecurity:
                               f"{', '.join(SECURITY_PROTOCOLS)}, got "
                               f"{given['security_protocol']!r}")
     else:
-        protocol = SASL_SSL if token_file else SSL if any(files.values()) else PLAINTEXT
+        protocol = config_def.default_security_protocol(
+            tls_files=any(files.values()), token_file=token_file is not None)
     if protocol == PLAINTEXT:
         given_files = [name for name, value in files.items() if value]
         if given_files:
             raise OptionError(f"option {given.label(given_files[0])} is set, but option "
                               f"{given.label('security_protocol')} is PLAINTEXT (no TLS)")
-    if (token_file is not None or "sasl_mechanism" in given) != (protocol == SASL_SSL):
+    if (token_file is not None or "sasl_mechanism" in given) != (protocol == config_def.SASL_SSL):
         raise OptionError(
             f"option {given.label('security_protocol')} SASL_SSL and option "
             f"'sasl_oauth_token_file' go together (a bearer token is sent over TLS only), got "
@@ -509,7 +500,7 @@ def _bootstrap(given: _Given, known: Mapping[str, str]) -> str:
     bootstrap = _required(given, "bootstrap", known,
                           alternative="Kafka's 'kafka.bootstrap.servers'")
     try:
-        split_bootstrap(bootstrap)
+        config_def.key("bootstrap").check(bootstrap, {})
     except ValueError as exc:
         raise OptionError(f"option {given.label('bootstrap')}: {exc}") from None
     return bootstrap
@@ -547,21 +538,21 @@ def _boolean(given: _Given, name: str, *, default: bool) -> bool:
 
 # ------------------------------------------------------------------ sinks
 
-DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
+# The producer's default (oncelog.config_def).
+DEFAULT_TRANSACTION_TIMEOUT_MS: int = config_def.key("transaction_timeout_ms").default
 
+# The sinks' own options, then the clients' that they take (the table's:
+# bootstrap, transaction_timeout_ms, the security settings).
 _SINK_OPTIONS = {
-    "bootstrap": "host:port of a partition store (comma-separated for several)",
     "topic": "the output topic (rows may name another in a `topic` column); its "
              "partitions also key the sink's committed batch ids",
     "app_id": "names the sink's transactional ids and its sink-side group; one per query",
-    "transaction_timeout_ms": "how long a write transaction may stay open before the "
-                              "coordinator aborts it",
     "test_crash_after_records": "tests only: the first write task to send this many "
                                 "records kills its own process",
     "test_crash_marker": "tests only: the file that makes test_crash_after_records fire once",
     "test_hold_commit_marker": "tests only: the driver's commit creates this file, then "
                                "waits for the process to be killed",
-    **_SECURITY_OPTIONS,
+    **_table_options(PRODUCER),
 }
 
 # Kafka names whose meaning differs from ours: a hint, not an alias (a

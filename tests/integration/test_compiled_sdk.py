@@ -54,6 +54,8 @@ SELECTION = {
         # Kafka's option names: kafka_names() wraps the compiled Producer's
         # __init__, whose keywords it reads from the shipped .py file.
         "tests/unit/test_keywords.py",
+        # The options table against the compiled Producer's signature.
+        "tests/unit/test_config_def.py",
         "tests/unit/test_consumer_fetch.py",
     ),
     "clients": (

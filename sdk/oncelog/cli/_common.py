@@ -17,15 +17,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from oncelog import config_def
 from oncelog._client import unreachable_addresses
-from oncelog._security import OAUTHBEARER, SECURITY_PROTOCOLS, TokenFileProvider
 from oncelog.admin import Admin
 from oncelog.types import (
     TopicPartition,
 )
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
+BOOTSTRAP_ENV = config_def.BOOTSTRAP_ENV
 # How long a command waits for the cluster before giving up.
 DEFAULT_TIMEOUT_MS = 15_000
 # gRPC's status text inside an error message ("StatusCode.UNAVAILABLE: failed
@@ -55,30 +55,20 @@ PROGRESS_INTERVAL_S = 0.2
 WORKING_AFTER_S = 1.0
 
 # The security settings: each flag's dest, its environment variable, and
-# its name in a --command-config file (Kafka's property names).
-SECURITY_SETTINGS: tuple[tuple[str, str, str], ...] = (
-    ("security_protocol", "ONCELOG_SECURITY_PROTOCOL", "security.protocol"),
-    ("ssl_cafile", "ONCELOG_SSL_CAFILE", "ssl.cafile"),
-    ("ssl_certfile", "ONCELOG_SSL_CERTFILE", "ssl.certfile"),
-    ("ssl_keyfile", "ONCELOG_SSL_KEYFILE", "ssl.keyfile"),
-    ("sasl_oauth_token_file", "ONCELOG_SASL_OAUTH_TOKEN_FILE", "sasl.oauthbearer.token.file"),
-)
-COMMAND_CONFIG_ENV = "ONCELOG_COMMAND_CONFIG"
-_PEM_TRUST = "JKS/PKCS12 truststores are not read: give ssl.cafile, the CA bundle as PEM"
-_PEM_KEYS = "JKS/PKCS12 keystores are not read: give ssl.certfile and ssl.keyfile as PEM"
-_TOKEN_FILE = "give the bearer token in a file: sasl.oauthbearer.token.file"
+# its name in a --command-config file (Kafka's property names), from the
+# clients' options table.
+SECURITY_SETTINGS: tuple[tuple[str, str, str], ...] = tuple(
+    (k.name, k.env or "", k.kafka_name or "") for k in config_def.cli_settings())
+# The table's sasl.mechanism: a file may name it (OAUTHBEARER only), the
+# token file decides.
+_SASL_MECHANISM = config_def.key("sasl_mechanism").kafka_name
+COMMAND_CONFIG_ENV = config_def.COMMAND_CONFIG_ENV
 # Kafka client properties a --command-config file may hold that oncelog
-# takes otherwise: refused with what to write instead.
+# takes otherwise: refused with what to write instead (the table's list).
 _COMMAND_CONFIG_REFUSED = {
-    "ssl.truststore.location": _PEM_TRUST,
-    "ssl.truststore.password": _PEM_TRUST,
-    "ssl.truststore.type": _PEM_TRUST,
-    "ssl.keystore.location": _PEM_KEYS,
-    "ssl.keystore.password": _PEM_KEYS,
-    "ssl.keystore.type": _PEM_KEYS,
-    "ssl.key.password": "encrypted keys are not read: give ssl.keyfile unencrypted (PEM)",
-    "sasl.jaas.config": _TOKEN_FILE,
-    "sasl.login.callback.handler.class": _TOKEN_FILE,
+    prop: refused.reason.format(give=" and ".join(
+        config_def.key(name).kafka_name or name for name in refused.instead))
+    for prop, refused in config_def.REFUSED_KAFKA_PROPERTIES.items()
 }
 
 
@@ -178,29 +168,26 @@ def add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -
         help="on failure, also print the errors behind it, gRPC's status text included",
     )
     security = parser.add_argument_group("security (a secured cluster; docs/security.md)")
-    helps = {
-        "security_protocol": "PLAINTEXT, SSL (TLS) or SASL_SSL (TLS and a bearer token); "
-                             "default: SSL when a TLS file is given, SASL_SSL when a token "
-                             "file is, else PLAINTEXT",
-        "ssl_cafile": "the CA bundle (PEM) that signed the cluster's certificates",
-        "ssl_certfile": "this client's certificate (PEM), for mutual TLS",
-        "ssl_keyfile": "the private key (PEM) of --ssl-certfile",
-        "sasl_oauth_token_file": "a file holding the bearer token (a JWT), read again for "
-                                 "each new token",
-    }
     for dest, env, _prop in SECURITY_SETTINGS:
         flag = "--" + dest.replace("_", "-")
-        extra: dict[str, Any] = ({"type": str.upper, "choices": SECURITY_PROTOCOLS}
+        extra: dict[str, Any] = ({"type": str.upper, "choices": config_def.SECURITY_PROTOCOLS}
                                  if dest == "security_protocol" else {"metavar": "FILE"})
         default = (os.environ.get(env) or None) if defaults else argparse.SUPPRESS
         security.add_argument(flag, dest=dest, default=default,
-                              help=f"{helps[dest]} (env {env})", **extra)
+                              help=f"{_flag_help(dest)} (env {env})", **extra)
     security.add_argument(
         "--command-config", metavar="FILE",
         default=(os.environ.get(COMMAND_CONFIG_ENV) or None) if defaults else argparse.SUPPRESS,
-        help="a client properties file (Kafka's): security.protocol, ssl.cafile, ssl.certfile, "
-             f"ssl.keyfile, sasl.oauthbearer.token.file (env {COMMAND_CONFIG_ENV})",
+        help=f"a client properties file (Kafka's): "
+             f"{', '.join(prop for _dest, _env, prop in SECURITY_SETTINGS)} "
+             f"(env {COMMAND_CONFIG_ENV})",
     )
+
+
+def _flag_help(dest: str) -> str:
+    """A security flag's help: the option's meaning in the table, and the
+    protocol's default here (from the files given)."""
+    return config_def.tool_doc(config_def.key(dest)).replace("`", "")
 
 
 def add_output_option(parser: argparse.ArgumentParser) -> None:
@@ -394,16 +381,14 @@ def client_security(args: argparse.Namespace) -> dict[str, Any]:
     protocol = values.pop("security_protocol")
     token_file = values.pop("sasl_oauth_token_file")
     if protocol is None:
-        protocol = ("SASL_SSL" if token_file else
-                    "SSL" if any(values.values()) else "PLAINTEXT")
-    options: dict[str, Any] = {"security_protocol": protocol.upper(),
-                               **{k: v for k, v in values.items() if v}}
-    if token_file:
-        if not Path(token_file).is_file():
-            raise CliError(f"--sasl-oauth-token-file: no such file {token_file!r}")
-        options["sasl_mechanism"] = OAUTHBEARER
-        options["sasl_oauth_token_provider"] = TokenFileProvider(token_file)
-    return options
+        protocol = config_def.default_security_protocol(
+            tls_files=any(values.values()), token_file=bool(token_file))
+    if token_file and not Path(token_file).is_file():
+        raise CliError(f"--sasl-oauth-token-file: no such file {token_file!r}")
+    return config_def.security_client_options(
+        protocol=protocol.upper(), cafile=values.get("ssl_cafile"),
+        certfile=values.get("ssl_certfile"), keyfile=values.get("ssl_keyfile"),
+        token_file=token_file)
 
 
 def read_command_config(path: str) -> dict[str, str]:
@@ -425,8 +410,8 @@ def read_command_config(path: str) -> dict[str, str]:
         if match is None:
             raise CliError(f"--command-config {path}:{number}: expected key=value, got {line!r}")
         key, value = match.group(1), match.group(2).strip()
-        if key == "sasl.mechanism":
-            if value.upper() != OAUTHBEARER:
+        if key == _SASL_MECHANISM:
+            if value.upper() != config_def.OAUTHBEARER:
                 raise CliError(f"--command-config {path}:{number}: sasl.mechanism must be "
                                f"OAUTHBEARER (the only mechanism), got {value!r}")
             continue
@@ -436,7 +421,7 @@ def read_command_config(path: str) -> dict[str, str]:
         if key not in by_property:
             raise CliError(
                 f"--command-config {path}:{number}: unknown property {key!r}; known: "
-                f"{', '.join(by_property)}, sasl.mechanism")
+                f"{', '.join(by_property)}, {_SASL_MECHANISM}")
         found[by_property[key]] = value
     return found
 
