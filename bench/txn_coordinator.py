@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from services.common.cluster import ClusterLayout  # noqa: E402
+from services.common.metadata.cluster import ClusterLayout  # noqa: E402
 from services.coordinator.markers import FakeMarkerSender, MarkerSpec  # noqa: E402
 from services.coordinator.runtime import ProducerIdManager  # noqa: E402
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog  # noqa: E402

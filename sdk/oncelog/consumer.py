@@ -96,7 +96,7 @@ _ISOLATION = {
     IsolationLevel.READ_COMMITTED: records_pb2.IsolationLevel.READ_COMMITTED,
     IsolationLevel.READ_UNCOMMITTED: records_pb2.IsolationLevel.READ_UNCOMMITTED,
 }
-# Longest a store may make a Fetch wait (services/common/limits.py MAX_FETCH_WAIT_MS).
+# Longest a store may make a Fetch wait (services/common/kernel/limits.py MAX_FETCH_WAIT_MS).
 MAX_FETCH_WAIT_MS = 30_000
 # Revoke, then assign, then perhaps a fence that came meanwhile: the plans one
 # poll() applies at most before it goes on reading.

@@ -12,7 +12,7 @@ import logging
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import ServiceError
+from ..common.kernel.errors import ServiceError
 from .core.producer_ids import ProducerIdBlock, next_block
 from .storage.producer_id_log import ProducerIdLog
 

@@ -12,13 +12,12 @@ from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MAX_PRODUCER_EPOCH
 
-from ..common import limits
-from ..common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
-from ..common.errors import ServiceError
-from ..common.guard import without_client_certificate
-from ..common.request_streams import Refused, answer_each
-from ..common.service_error import check_id_length
-from ..common.topic_counts import PartitionCounts
+from ..common.kernel import limits
+from ..common.kernel.errors import ServiceError, check_id_length
+from ..common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
+from ..common.metadata.topic_counts import PartitionCounts
+from ..common.rpc.request_streams import Refused, answer_each
+from ..common.security.guard import without_client_certificate
 from .core.hanging import NO_TIMESTAMP_MS, StoreQuestion
 from .core.transactions import (
     TxnMetadata,

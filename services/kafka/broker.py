@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..common.cluster import ClusterLayout
-from ..common.guard import SecurityGuard
+from ..common.metadata.cluster import ClusterLayout
+from ..common.security.guard import SecurityGuard
 from ..partition_store.quotas import StoreQuotas
 from ..partition_store.runtime import StoreRuntime
 from .apis import ApiKey

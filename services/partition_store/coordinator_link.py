@@ -5,7 +5,7 @@ GrpcTxnVerifier asks the transaction coordinator that owns a
 transactional id (AddPartitionsToTxn with verify_only) whether partitions are
 in a producer's ongoing transaction, or adds them on the producer's behalf.
 The questions go over one AddPartitionsToTxnStream per coordinator
-(services/common/stream_client.py): each transaction's first write waits for
+(services/common/rpc/stream_client.py): each transaction's first write waits for
 its answer.
 
 Placement comes from the shared ClusterLayout: the coordinator node of
@@ -32,11 +32,11 @@ import grpc
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc, records_pb2
 from oncelog.wire.errors import ErrorCode
 
-from ..common.channels import ChannelPool
-from ..common.cluster import ClusterLayout
-from ..common.errors import ServiceError
-from ..common.stream_client import StreamMethod
-from ..common.txn_fate import TxnFate
+from ..common.kernel.errors import ServiceError
+from ..common.kernel.txn_fate import TxnFate
+from ..common.metadata.cluster import ClusterLayout
+from ..common.rpc.channels import ChannelPool
+from ..common.rpc.stream_client import StreamMethod
 from .core.outcomes import Rejection
 from .txn_resolver import Answers, CoordinatorAnswer, HangingQuestion
 from .txn_verifier import TopicPartitionKey, VerifyAnswer

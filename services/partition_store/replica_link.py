@@ -13,8 +13,8 @@ from oncelog.v1 import partition_store_pb2_grpc
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 
-from ..common.channels import ChannelPool
-from ..common.errors import ServiceError
+from ..common.kernel.errors import ServiceError
+from ..common.rpc.channels import ChannelPool
 from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
 from .convert import error_from_proto
 from .core.replicas import PartitionState, ReplicaStateError

@@ -71,10 +71,10 @@ import grpc
 from oncelog.v1 import partition_store_pb2_grpc
 from oncelog.wire.process import KAFKA
 
-from ..common.cluster import split_addresses
-from ..common.etcd import EtcdMetadataStore
-from ..common.metadata_store import MetadataStore, MetadataUnavailable
-from ..common.server_base import (
+from ..common.metadata.cluster import split_addresses
+from ..common.metadata.etcd import EtcdMetadataStore
+from ..common.metadata.store import MetadataStore, MetadataUnavailable
+from ..common.rpc.server_base import (
     add_common_arguments,
     configure_logging,
     env_default,
@@ -85,8 +85,8 @@ from ..common.server_base import (
     serve,
     token_advertised,
 )
-from ..common.service_security import ServiceSecurity
-from ..common.store_client import StoreClient
+from ..common.rpc.store_client import StoreClient
+from ..common.security.service_security import ServiceSecurity
 from .acls import AclService
 from .api import ControllerLink
 from .controlled_shutdown import DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS, ControlledShutdown

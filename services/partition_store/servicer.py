@@ -17,9 +17,9 @@ from oncelog.v1 import partition_store_pb2_grpc, records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
 
-from ..common.errors import ServiceError
-from ..common.guard import current_principal, without_client_certificate
-from ..common.request_streams import Refused, answer_each
+from ..common.kernel.errors import ServiceError
+from ..common.rpc.request_streams import Refused, answer_each
+from ..common.security.guard import current_principal, without_client_certificate
 from .acls import AclService
 from .api import (
     FetchItem,

@@ -6,7 +6,7 @@ in-memory `MemoryStore`), one transaction coordinator
 (`TxnCoordinatorRuntime`) and one group coordinator
 (`GroupCoordinatorRuntime`), each behind its own servicer and its own
 `ServiceServer` (health, reflection and the RPC interceptor of
-services/common/server_base.py) on a loopback port chosen by the OS. They
+services/common/rpc/server_base.py) on a loopback port chosen by the OS. They
 run on one asyncio loop in a background thread, talk to each other over
 gRPC as separate processes do, and are wired by the same `wire()` functions
 of services/*/server.py that each process's `main` calls.
@@ -69,10 +69,10 @@ from oncelog.v1 import (
 from oncelog.wire import records as codec
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_status, error_proto
-from services.common.cluster import INTERNAL_PREFIX, ClusterLayout
-from services.common.errors import to_grpc_status
-from services.common.request_streams import answer_each
-from services.common.server_base import ServiceServer
+from services.common.metadata.cluster import INTERNAL_PREFIX, ClusterLayout
+from services.common.rpc.request_streams import answer_each
+from services.common.rpc.server_base import ServiceServer
+from services.common.rpc.status import to_grpc_status
 from services.coordinator import server as coordinator_server
 from services.coordinator.core.transactions import TxnMetadata, TxnState
 from services.coordinator.txn_runtime import TxnConfig

@@ -21,9 +21,18 @@ FORBIDDEN = {"grpc", "rocksdict", "asyncio", "threading", "time", "random", "uui
 FIRST_PARTY = ("oncelog", "services")
 ROOT = Path(__file__).resolve().parents[2]
 # The security modules (authorizer, ACL records, the per-RPC table,
-# principals) are pure cores too, shared by the three services.
+# principals) are pure cores too, shared by the three services; the rest of
+# services/common/security/ is the process's side of security, named here so
+# that any new module there is held pure unless it is added to this list.
+SECURITY_PROCESS_MODULES = {
+    "acl_watcher.py",  # an asyncio task reading `__acls` through the store client
+    "guard.py",  # the gRPC server interceptor that authenticates and authorizes
+    "service_security.py",  # the wiring from flags: TLS files, guard, watcher
+    "tls.py",  # gRPC's server and channel credentials, reloaded from files
+}
 CORE_MODULES = sorted([*ROOT.glob("services/*/core/*.py"),
-                       *ROOT.glob("services/common/security/*.py")])
+                       *(path for path in ROOT.glob("services/common/security/*.py")
+                         if path.name not in SECURITY_PROCESS_MODULES)])
 
 
 def _imports(path: Path, package: str) -> set[str]:
@@ -76,6 +85,13 @@ def _closure(start: Path) -> dict[str, str]:
 
 def test_there_are_core_modules() -> None:
     assert len(CORE_MODULES) > 5
+
+
+def test_security_process_modules_exist() -> None:
+    """A stale name in SECURITY_PROCESS_MODULES would excuse nothing; a
+    renamed module must be named again (or held pure)."""
+    present = {path.name for path in ROOT.glob("services/common/security/*.py")}
+    assert present >= SECURITY_PROCESS_MODULES, SECURITY_PROCESS_MODULES - present
 
 
 @pytest.mark.parametrize("module", [str(p.relative_to(ROOT)) for p in CORE_MODULES])

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from services.common.durable import CorruptValueError
+from services.common.kernel.durable import CorruptValueError
 from services.coordinator.core.producer_ids import (
     ProducerIdBlock,
     decode_block,

@@ -26,8 +26,8 @@ from typing import TypeVar
 import pytest
 
 from oncelog.errors import ErrorCode
-from services.common.cluster import ClusterLayout
-from services.common.service_error import ServiceError
+from services.common.kernel.errors import ServiceError
+from services.common.metadata.cluster import ClusterLayout
 from services.coordinator.core.transactions import TransactionVersion, TxnState
 from services.coordinator.core.txn_log import TxnPartitionState, txn_key
 from services.coordinator.markers import FakeMarkerSender

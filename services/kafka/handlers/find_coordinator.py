@@ -17,8 +17,8 @@ from typing import Any
 from oncelog.v1 import coordinator_pb2 as cpb
 from oncelog.wire.errors import ErrorCode
 
-from ...common.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
+from ...common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from ..context import RequestContext
 
 FIND_COORDINATOR_METHOD = "/oncelog.v1.TransactionCoordinator/FindCoordinator"

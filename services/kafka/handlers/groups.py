@@ -18,7 +18,7 @@ from typing import Any
 from oncelog.v1 import group_coordinator_pb2 as gpb
 from oncelog.wire.errors import ErrorCode
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ..context import RequestContext
 from ..forward import DEFAULT_TIMEOUT_S
 

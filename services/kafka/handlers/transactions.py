@@ -21,7 +21,7 @@ from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ..context import RequestContext
 from ..forward import TRANSACTION_COORDINATOR
 

@@ -44,7 +44,7 @@ Method:
   not written back (a machine crash) or be replaced by an empty one.
 * **Leaders**: on a replicated run every client process finds a
   partition's leader through Metadata (`SimLeaderDirectory`, as
-  services/common/leaders.py and the SDK do), and followers reach theirs
+  services/common/rpc/leaders.py and the SDK do), and followers reach theirs
   through `SimLeaderLink`; `Network.cut_links` and `Network.isolated` are
   network partitions.
 """
@@ -61,10 +61,14 @@ from typing import Any, TypeVar
 
 from oncelog import records
 from oncelog.errors import ErrorCode
-from services.common.cluster import PRODUCER_IDS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterLayout
-from services.common.errors import ServiceError
-from services.common.leaders import METADATA_RPC_TIMEOUT_S, MOVED_CODES
-from services.common.store_client import STORE_RPC_TIMEOUT_S, RawRead, TxnWriter
+from services.common.kernel.errors import ServiceError
+from services.common.metadata.cluster import (
+    PRODUCER_IDS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    ClusterLayout,
+)
+from services.common.rpc.leaders import METADATA_RPC_TIMEOUT_S, MOVED_CODES
+from services.common.rpc.store_client import STORE_RPC_TIMEOUT_S, RawRead, TxnWriter
 from services.coordinator.core.hanging import StoreAnswer, StoreQuestion
 from services.coordinator.core.producer_ids import ProducerIdBlock, decode_block, encode_block
 from services.coordinator.markers import MARKER_RPC_TIMEOUT_S, MarkerSpec

@@ -11,7 +11,7 @@ value means (JSON, usually) is the caller's business.
 
 Two adapters:
 
-* `services.common.etcd.EtcdMetadataStore`: etcd v3 over gRPC.
+* `services.common.metadata.etcd.EtcdMetadataStore`: etcd v3 over gRPC.
 * `MemoryMetadataStore` (here): the same semantics in memory, for in-process
   tests and the deterministic simulation. A global revision counter; leases
   expire by the injected clock, checked on every call and by
@@ -74,7 +74,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .invariants import invariant
+from ..kernel.invariants import invariant
 
 # The most compares, and the most puts and deletes together, in one
 # transaction: etcd's default --max-txn-ops, which it enforces on the

@@ -1,7 +1,6 @@
 """Broken-invariant checks, free of grpc so pure `core/` modules can use them.
 
-`services.common.errors` re-exports both names; this module exists because
-that one imports grpc, which `core/` packages must not pull in.
+Every module imports them from here, whether it is pure or not.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from oncelog.wire import records
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 
+from ..kernel.errors import ServiceError
+from ..metadata.cluster import ClusterLayout
 from .channels import ChannelPool
-from .cluster import ClusterLayout
-from .errors import ServiceError
 from .leaders import LeaderDirectory
 from .stream_client import StreamMethod
 

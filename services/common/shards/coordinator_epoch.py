@@ -8,7 +8,7 @@ reads a newer one than its own knows it has been replaced.
 
 from __future__ import annotations
 
-from . import durable
+from ..kernel import durable
 
 EPOCH_KEY = b"E"
 RECORD_VERSION = 1

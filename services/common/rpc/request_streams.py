@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 from oncelog.wire.errors import ErrorCode
 
-from .service_error import ServiceError
+from ..kernel.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from . import durable, metrics
-from .security.acl_records import ACLS_TOPIC, AclState, replay
-from .security.authorizer import Authorizer, AuthorizerConfig
-from .service_error import ServiceError
-from .store_client import ReadResult
+from ..kernel import durable, metrics
+from ..kernel.errors import ServiceError
+from ..rpc.store_client import ReadResult
+from .acl_records import ACLS_TOPIC, AclState, replay
+from .authorizer import Authorizer, AuthorizerConfig
 
 log = logging.getLogger("oncelog.acls")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from .security.acl_records import ACLS_TOPIC, ACLS_TOPIC_PARTITIONS
+from ..security.acl_records import ACLS_TOPIC, ACLS_TOPIC_PARTITIONS
 
 PRODUCER_IDS_TOPIC = "__producer_ids"
 TRANSACTION_STATE_TOPIC = "__transaction_state"

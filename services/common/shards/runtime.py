@@ -12,7 +12,7 @@ What the runtime does for every coordinator:
   lost, COORDINATOR_LOAD_IN_PROGRESS for one it is loading.
 * **Load = replay, then claim.** Loading replays the partition from the
   start into a fresh shard, then claims it by appending a coordinator-epoch
-  record one above the last (`services/common/coordinator_epoch.py`). A reload
+  record one above the last (`services/common/shards/coordinator_epoch.py`). A reload
   (after a write whose outcome is unknown) keeps the epoch this process
   claimed, unless it finds a newer one: then another coordinator owns the
   partition and this one is fenced for good.
@@ -69,10 +69,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from oncelog.wire.errors import ErrorCode
 
+from ..kernel.errors import ServiceError
+from ..kernel.invariants import InvariantViolation, invariant
+from ..kernel.tasks import TaskGroup
 from .coordinator_epoch import encode_epoch
-from .invariants import InvariantViolation, invariant
-from .service_error import ServiceError
-from .tasks import TaskGroup
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import grpc
 
+from ..rpc.channels import configure_client_tls
 from .acl_watcher import AclWatcher, LogReader
-from .channels import configure_client_tls
+from .authorizer import AuthorizerConfig, check_principal
 from .guard import ANONYMOUS, AuthenticationConfig, SecurityGuard, subject_of
-from .security.authorizer import AuthorizerConfig, check_principal
-from .security.principals import (
+from .principals import (
     AuthenticationError,
     check_issuer_keys,
     parse_mapping_rules,

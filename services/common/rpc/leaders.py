@@ -18,9 +18,9 @@ from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.wire.errors import ErrorCode
 
+from ..kernel.errors import ServiceError
+from ..metadata.cluster import ClusterLayout
 from .channels import ChannelPool
-from .cluster import ClusterLayout
-from .errors import ServiceError
 
 METADATA_RPC_TIMEOUT_S = 5.0
 

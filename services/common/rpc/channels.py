@@ -21,7 +21,7 @@ import grpc
 
 from oncelog.wire.limits import CHANNEL_OPTIONS
 
-from .tls import ClientTls
+from ..security.tls import ClientTls
 
 # How long a channel replaced after a certificate change stays open for the
 # calls already on it (a long-poll Fetch waits up to 30 s).

@@ -30,7 +30,7 @@ from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 
-from .service_error import ServiceError
+from ..kernel.errors import ServiceError
 
 
 class _Request(Protocol):

@@ -57,7 +57,7 @@ EVENT_LOOP_LAG_SECONDS = Histogram(
 # How often the event-loop probe wakes up.
 EVENT_LOOP_PROBE_INTERVAL_S = 0.5
 
-# Security (services/common/guard.py, acl_watcher.py; docs/security.md).
+# Security (services/common/security/guard.py, acl_watcher.py; docs/security.md).
 AUTHORIZATION_DENIALS = Counter(
     "oncelog_authorization_denials_total",
     "Calls refused by the authorizer (PERMISSION_DENIED) before they ran, by gRPC service, "

@@ -53,20 +53,13 @@ from google.protobuf.message import Message
 
 from oncelog.wire.errors import ErrorCode
 
-from . import metrics
-from .errors import ServiceError, abort_with
-from .request_streams import Refused
-from .security.authorizer import Authorizer
-from .security.operations import (
-    OPEN_METHODS,
-    TABLE,
-    Check,
-    Denial,
-    RpcRule,
-    apply_filter,
-    first_denial,
-)
-from .security.principals import (
+from ..kernel import metrics
+from ..kernel.errors import ServiceError
+from ..rpc.request_streams import Refused
+from ..rpc.status import abort_with
+from .authorizer import Authorizer
+from .operations import OPEN_METHODS, TABLE, Check, Denial, RpcRule, apply_filter, first_denial
+from .principals import (
     DEFAULT_RULES,
     AuthenticationError,
     MappingRule,

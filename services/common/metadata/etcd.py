@@ -1,4 +1,4 @@
-"""EtcdMetadataStore: the metadata store port (services/common/metadata_store.py)
+"""EtcdMetadataStore: the metadata store port (services/common/metadata/store.py)
 over etcd v3.
 
 It speaks etcd's v3 gRPC API through the protobuf modules and stubs that the
@@ -44,7 +44,7 @@ and the last failure at each.
   after about 15 s (measured: 14.9 s), with nothing lost.
 
 Status mapping (`classify_status`, pure): INVALID_ARGUMENT -> ValueError (a
-bug of ours: the shared checks in metadata_store catch it before sending);
+bug of ours: the shared checks in metadata/store.py catch it before sending);
 NOT_FOUND "requested lease not found" -> LeaseNotFound (revoke: already
 gone); OUT_OF_RANGE "compacted" -> WatchCompacted; UNAVAILABLE,
 DEADLINE_EXCEEDED, UNKNOWN, INTERNAL, CANCELLED (by the network) -> try
@@ -69,7 +69,7 @@ from aetcd import rpc as etcd_rpc  # type: ignore[import-untyped]
 
 from oncelog.wire.limits import CHANNEL_OPTIONS
 
-from .metadata_store import (
+from .store import (
     Compare,
     LeaseNotFound,
     MetadataUnavailable,

@@ -1,6 +1,7 @@
 """The expected-failure value of every service, free of grpc so that pure
-`core/` modules can raise it; `services.common.errors` turns it into wire
-errors at the gRPC boundary."""
+`core/` modules can raise it; `services.common.rpc.status` turns it into a
+gRPC status at the boundary, `ServiceError.to_proto` into a per-item
+`oncelog.v1.Error`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
 
 from . import limits
+
+# The per-item Error of a success (no code), in responses that carry one
+# Error per partition or per item.
+OK = errors_pb2.Error()
 
 
 class ServiceError(Exception):

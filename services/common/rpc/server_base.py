@@ -44,12 +44,12 @@ from oncelog.wire.process import (
     process_health_service,
 )
 
-from . import limits, metrics
-from .acl_watcher import DEFAULT_ACL_REFRESH_INTERVAL_MS
-from .cluster import ClusterLayout, split_addresses
-from .rpc_interceptor import ErrorTranslator, RpcInterceptor
-from .service_security import AUTHORIZER_CHOICES, ServiceSecurity
-from .tls import CLIENT_AUTH_CHOICES, DEFAULT_CLIENT_AUTH, DEFAULT_RELOAD_INTERVAL_MS
+from ..kernel import limits, metrics
+from ..metadata.cluster import ClusterLayout, split_addresses
+from ..security.acl_watcher import DEFAULT_ACL_REFRESH_INTERVAL_MS
+from ..security.service_security import AUTHORIZER_CHOICES, ServiceSecurity
+from ..security.tls import CLIENT_AUTH_CHOICES, DEFAULT_CLIENT_AUTH, DEFAULT_RELOAD_INTERVAL_MS
+from .interceptor import ErrorTranslator, RpcInterceptor
 
 log = logging.getLogger("oncelog")
 

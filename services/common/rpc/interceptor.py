@@ -11,7 +11,7 @@ It does four things that must see every call:
 * metrics: requests, errors by oncelog error code (read from the status
   details the servicer attached, the same way a client reads them), failed
   items inside successful responses, and latency, labelled by gRPC service
-  and method (services/common/metrics.py);
+  and method (services/common/kernel/metrics.py);
 * the shutdown gate: once draining, new oncelog RPCs are refused with
   SHUTTING_DOWN (retriable), while the ones already running are counted so
   that shutdown can wait for them. Health checking and reflection pass
@@ -43,8 +43,9 @@ from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_status
 
-from . import metrics
-from .errors import ServiceError, abort_with
+from ..kernel import metrics
+from ..kernel.errors import ServiceError
+from .status import abort_with
 
 # Only our own services are measured and gated; health and reflection are not.
 _OWN_PREFIX = "/oncelog."
@@ -304,7 +305,7 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
         return handle
 
     def _wrap_stream(self, behavior: StreamBehavior, m: _MethodMetrics) -> StreamBehavior:
-        """A request stream (services/common/request_streams.py), measured
+        """A request stream (services/common/rpc/request_streams.py), measured
         and gated per message: each request counts as a request of the
         method, in flight until its answer (matched by request_id) leaves.
         An undecodable message, or one that arrives while the process

@@ -1,10 +1,11 @@
-"""Server-side error values and their translation to the wire.
+"""Error codes on the wire: the gRPC side of the services' errors.
 
-Handlers return or raise `ServiceError(code, message)`; the servicer boundary
-turns it into either a per-partition `oncelog.v1.Error` or a gRPC status whose
-details carry the same `Error` (google.rpc.Status in `grpc-status-details-bin`).
-Messages name what was wrong: the topic, partition, offset, producer id, and
-the value received and the value expected.
+Handlers return or raise `ServiceError(code, message)` (kernel/errors.py,
+free of grpc); the servicer boundary turns it into either a per-partition
+`oncelog.v1.Error` (`ServiceError.to_proto`) or, here, a gRPC status whose
+details carry the same `Error` (google.rpc.Status in
+`grpc-status-details-bin`). Messages name what was wrong: the topic,
+partition, offset, producer id, and the value received and the value expected.
 """
 
 from __future__ import annotations
@@ -16,18 +17,12 @@ from google.protobuf import any_pb2
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 
-from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_proto
 
-from .invariants import InvariantViolation, invariant
-from .service_error import ServiceError
+from ..kernel.errors import ServiceError
 
-OK = errors_pb2.Error()
-__all__ = [
-    "OK", "InvariantViolation", "ServiceError", "abort_with", "error_proto", "invariant",
-    "to_grpc_status",
-]
+__all__ = ["abort_with", "to_grpc_status"]
 
 
 # Which gRPC status code a request-level error travels with. Everything not

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from .service_error import ServiceError
+from ..kernel.errors import ServiceError
 
 # Topics that do not exist are cached too (a group may subscribe to one that
 # is created later). Past this many entries those are forgotten, so clients
@@ -24,7 +24,7 @@ MAX_ENTRIES = 10_000
 
 
 class CatalogReader(Protocol):
-    """What the cache needs of the store (services.common.store_client)."""
+    """What the cache needs of the store (services.common.rpc.store_client)."""
 
     async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]: ...
 
