@@ -20,8 +20,8 @@ from ..common.rpc import server_base
 from ..common.rpc.store_client import StoreClient
 from ..common.security.service_security import ServiceSecurity
 from . import metrics
+from .rpc.servicer import GroupCoordinatorServicer
 from .runtime import TP, GroupConfig, GroupCoordinatorRuntime
-from .servicer import GroupCoordinatorServicer
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
 from oncelog.wire.status import error_from_rpc
 from services.common.rpc.server_base import ServiceServer
-from services.partition_store.servicer import SERVICE_NAME as STORE_SERVICE
+from services.partition_store.rpc.servicer import SERVICE_NAME as STORE_SERVICE
 from tests.support.reading import read_all
 
 COORDINATOR_SERVICE = pb.DESCRIPTOR.services_by_name["TransactionCoordinator"].full_name

@@ -82,9 +82,9 @@ from services.group_coordinator.runtime import GroupConfig
 from services.partition_store import server as store_server
 from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem, TopicSpec
 from services.partition_store.partition import Isolation
+from services.partition_store.rpc.servicer import SERVICE_NAME as STORE_SERVICE_NAME
+from services.partition_store.rpc.servicer import PartitionStoreServicer
 from services.partition_store.runtime import StoreConfig
-from services.partition_store.servicer import SERVICE_NAME as STORE_SERVICE_NAME
-from services.partition_store.servicer import PartitionStoreServicer
 from services.partition_store.storage.memory import MemoryStore
 
 DROP_REPLY = "drop_reply"  # let the service act, then fail the RPC as if the reply was lost

@@ -27,7 +27,7 @@ from ...common.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...common.security.operations import CLUSTER_ACTION, Check
 from ...partition_store.api import NewPartitions, TopicSpec
 from ..context import RequestContext
-from ..forward import GROUP_COORDINATOR
+from ..rpc.forward import GROUP_COORDINATOR
 from .metadata import topic_uuid
 
 _PS = "/oncelog.v1.PartitionStore/"

@@ -2,7 +2,7 @@
 id's coordinator requests.
 
 Every store forwards coordinator requests to the coordinator that owns the
-key (forward.py), so any store could answer; the one named is the store
+key (rpc/forward.py), so any store could answer; the one named is the store
 that leads the key's partition of `__consumer_offsets` (groups) or
 `__transaction_state` (transactional ids), as in Kafka, which spreads the
 coordinators' clients over the stores. When that partition has no leader

@@ -20,7 +20,7 @@ from oncelog.wire.errors import ErrorCode
 
 from ...common.kernel.errors import ServiceError
 from ..context import RequestContext
-from ..forward import DEFAULT_TIMEOUT_S
+from ..rpc.forward import DEFAULT_TIMEOUT_S
 
 _GC = "/oncelog.v1.GroupCoordinator/"
 # JoinGroup v4+ answers MEMBER_ID_REQUIRED to a dynamic member without an id

@@ -88,12 +88,15 @@ from services.partition_store.api import (
     TopicOutcome,
     TopicSpec,
 )
-from services.partition_store.coordinator_link import RESOLVE_TIMEOUT_S as RESOLVE_RPC_TIMEOUT_S
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.core.topics import TopicRecord
 from services.partition_store.partition import Isolation
-from services.partition_store.replica_link import PARTITION_STATES_TIMEOUT_S, REPLICA_RPC_TIMEOUT_S
+from services.partition_store.rpc.coordinator_link import RESOLVE_TIMEOUT_S as RESOLVE_RPC_TIMEOUT_S
+from services.partition_store.rpc.replica_link import (
+    PARTITION_STATES_TIMEOUT_S,
+    REPLICA_RPC_TIMEOUT_S,
+)
 from services.partition_store.runtime import StoreRuntime
 from services.partition_store.storage.memory import MemoryStore
 from services.partition_store.storage.port import WriteGroup

@@ -29,9 +29,9 @@ from google.protobuf.message import Message
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 
-from ..common.kernel.errors import ServiceError
-from ..common.metadata.cluster import ClusterLayout
-from ..common.rpc.channels import ChannelPool
+from ...common.kernel.errors import ServiceError
+from ...common.metadata.cluster import ClusterLayout
+from ...common.rpc.channels import ChannelPool
 
 Response = TypeVar("Response", bound=Message)
 

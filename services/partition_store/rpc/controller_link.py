@@ -11,12 +11,12 @@ import grpc
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
 from oncelog.wire.errors import ErrorCode
 
-from ..common.kernel.errors import ServiceError
-from ..common.metadata.cluster import ClusterLayout
-from ..common.rpc.channels import ChannelPool
-from .api import NewPartitions, TopicOutcome, TopicSpec
+from ...common.kernel.errors import ServiceError
+from ...common.metadata.cluster import ClusterLayout
+from ...common.rpc.channels import ChannelPool
+from ..api import NewPartitions, TopicOutcome, TopicSpec
+from ..core.topics import TopicRecord
 from .convert import error_from_proto, topic_record_from_metadata
-from .core.topics import TopicRecord
 
 log = logging.getLogger("oncelog.partition_store.controller_link")
 

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from oncelog.v1 import errors_pb2, partition_store_pb2
 from oncelog.wire.errors import ErrorCode
 
-from ..common.kernel.errors import ServiceError
-from .core.codec import CorruptValueError
-from .core.replicas import PartitionState
-from .core.topics import TopicRecord
+from ...common.kernel.errors import ServiceError
+from ..core.codec import CorruptValueError
+from ..core.replicas import PartitionState
+from ..core.topics import TopicRecord
 
 OK = errors_pb2.Error()
 

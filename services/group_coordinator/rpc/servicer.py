@@ -16,11 +16,11 @@ from oncelog.v1 import errors_pb2, records_pb2
 from oncelog.v1 import group_coordinator_pb2 as pb
 from oncelog.v1 import group_coordinator_pb2_grpc as pb_grpc
 
-from ..common.kernel.errors import ServiceError
-from .core import classic as cl
-from .core import consumer_protocol
-from .core import groups as gr
-from .runtime import TP, GroupCoordinatorRuntime
+from ...common.kernel.errors import ServiceError
+from ..core import classic as cl
+from ..core import consumer_protocol
+from ..core import groups as gr
+from ..runtime import TP, GroupCoordinatorRuntime
 
 
 def _tp(p: records_pb2.TopicPartition) -> TP:

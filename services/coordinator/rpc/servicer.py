@@ -12,21 +12,21 @@ from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MAX_PRODUCER_EPOCH
 
-from ..common.kernel import limits
-from ..common.kernel.errors import ServiceError, check_id_length
-from ..common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
-from ..common.metadata.topic_counts import PartitionCounts
-from ..common.rpc.request_streams import Refused, answer_each
-from ..common.security.guard import without_client_certificate
-from .core.hanging import NO_TIMESTAMP_MS, StoreQuestion
-from .core.transactions import (
+from ...common.kernel import limits
+from ...common.kernel.errors import ServiceError, check_id_length
+from ...common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
+from ...common.metadata.topic_counts import PartitionCounts
+from ...common.rpc.request_streams import Refused, answer_each
+from ...common.security.guard import without_client_certificate
+from ..core.hanging import NO_TIMESTAMP_MS, StoreQuestion
+from ..core.transactions import (
     TxnMetadata,
     TxnState,
     parse_expected_producer,
     parse_transaction_version,
 )
-from .runtime import ProducerIdManager
-from .txn_runtime import TxnCoordinatorRuntime
+from ..runtime import ProducerIdManager
+from ..txn_runtime import TxnCoordinatorRuntime
 
 
 def _tp(p: records_pb2.TopicPartition) -> tuple[str, int]:

@@ -17,11 +17,11 @@ from oncelog.v1 import partition_store_pb2_grpc, records_pb2
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
 
-from ..common.kernel.errors import ServiceError
-from ..common.rpc.request_streams import Refused, answer_each
-from ..common.security.guard import current_principal, without_client_certificate
-from .acls import AclService
-from .api import (
+from ...common.kernel.errors import ServiceError
+from ...common.rpc.request_streams import Refused, answer_each
+from ...common.security.guard import current_principal, without_client_certificate
+from ..acls import AclService
+from ..api import (
     FetchItem,
     MarkerItem,
     NewPartitions,
@@ -30,12 +30,12 @@ from .api import (
     ReplicaFetchItem,
     TopicSpec,
 )
+from ..core.quotas import QuotaKind
+from ..partition import Isolation
+from ..quotas import NOT_THROTTLED, StoreQuotas, exempt
+from ..runtime import StoreRuntime
 from .controller_link import CATALOG_CHANGED_METADATA
 from .convert import error_to_proto, topic_metadata
-from .core.quotas import QuotaKind
-from .partition import Isolation
-from .quotas import NOT_THROTTLED, StoreQuotas, exempt
-from .runtime import StoreRuntime
 
 SERVICE_NAME = "oncelog.v1.PartitionStore"
 _MARKER_TYPES = {pb.ABORT: MARKER_ABORT, pb.COMMIT: MARKER_COMMIT}

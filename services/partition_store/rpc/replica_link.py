@@ -13,11 +13,11 @@ from oncelog.v1 import partition_store_pb2_grpc
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 
-from ..common.kernel.errors import ServiceError
-from ..common.rpc.channels import ChannelPool
-from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
+from ...common.kernel.errors import ServiceError
+from ...common.rpc.channels import ChannelPool
+from ..api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
+from ..core.replicas import PartitionState, ReplicaStateError
 from .convert import error_from_proto
-from .core.replicas import PartitionState, ReplicaStateError
 
 # Beyond the long-poll wait, how long a replica RPC may take.
 REPLICA_RPC_TIMEOUT_S = 10.0

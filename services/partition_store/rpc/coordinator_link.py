@@ -32,14 +32,14 @@ import grpc
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc, records_pb2
 from oncelog.wire.errors import ErrorCode
 
-from ..common.kernel.errors import ServiceError
-from ..common.kernel.txn_fate import TxnFate
-from ..common.metadata.cluster import ClusterLayout
-from ..common.rpc.channels import ChannelPool
-from ..common.rpc.stream_client import StreamMethod
-from .core.outcomes import Rejection
-from .txn_resolver import Answers, CoordinatorAnswer, HangingQuestion
-from .txn_verifier import TopicPartitionKey, VerifyAnswer
+from ...common.kernel.errors import ServiceError
+from ...common.kernel.txn_fate import TxnFate
+from ...common.metadata.cluster import ClusterLayout
+from ...common.rpc.channels import ChannelPool
+from ...common.rpc.stream_client import StreamMethod
+from ..core.outcomes import Rejection
+from ..txn_resolver import Answers, CoordinatorAnswer, HangingQuestion
+from ..txn_verifier import TopicPartitionKey, VerifyAnswer
 
 log = logging.getLogger("oncelog.partition_store")
 
