@@ -3,7 +3,9 @@
 Goal: no module under services/*/core imports grpc, rocksdict,
 asyncio, threading, time, random or uuid — directly or through the
 first-party modules it imports — so the core runs the same in tests,
-simulation and production, with time and ids passed in.
+simulation and production, with time and ids passed in. The services'
+shared kernel (services/common/kernel/), which every core imports from, may
+run tasks and read the clock but reaches no grpc either.
 
 Method: parse each core module with ast, follow imports of first-party
 modules (oncelog, services) transitively, and collect top-level module names.
@@ -101,3 +103,18 @@ def test_core_module_is_pure(module: str) -> None:
         name: via for name, via in imported.items() if name.split(".")[0] in FORBIDDEN
     }
     assert not bad, f"{module} reaches forbidden imports: {bad}"
+
+
+KERNEL_MODULES = sorted(ROOT.glob("services/common/kernel/*.py"))
+
+
+def test_there_are_kernel_modules() -> None:
+    assert len(KERNEL_MODULES) > 5
+
+
+@pytest.mark.parametrize("module", [str(p.relative_to(ROOT)) for p in KERNEL_MODULES])
+def test_kernel_module_reaches_no_grpc(module: str) -> None:
+    imported = _closure(ROOT / module)
+    bad = {name: via for name, via in imported.items()
+           if name.split(".")[0] == "grpc" or name.rpartition(".")[2].endswith("_pb2_grpc")}
+    assert not bad, f"{module} reaches grpc: {bad}"
