@@ -8,8 +8,8 @@ A service that serves TLS calls the others over TLS too, with its own
 certificate as its client certificate (`configure_client_tls`, once at
 start-up, before the first channel is made): the process has one identity,
 so the setting is the process's, not each pool's. After the certificate
-files change (tls.TlsFiles), a pool makes a new channel on the next `get`
-and closes the old one once the calls on it had time to end.
+files change (security/tls.py's TlsFiles), a pool makes a new channel on the
+next `get` and closes the old one once the calls on it had time to end.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 It does four things that must see every call:
 
 * errors: a ServiceError a servicer raises ends the call with its code in
-  the status details (errors.abort_with), here and nowhere else, so a
+  the status details (status.abort_with), here and nowhere else, so a
   servicer method is written as if errors were ordinary exceptions; a
   service's own exceptions that mean a code (the partition store's storage
   failures: STORAGE_ERROR) are translated by the `translate_error` it

@@ -1,6 +1,6 @@
 """What every oncelog service process shares: configuration from flags and
 environment, logging, the gRPC server with health checking and reflection,
-TLS, authentication and ACLs (service_security.py, docs/security.md), the
+TLS, authentication and ACLs (security/service_security.py, docs/security.md), the
 Prometheus metrics port, and graceful shutdown on SIGTERM/SIGINT.
 
 Every flag `--some-name` can also be set as the environment variable

@@ -38,7 +38,7 @@ _FAILURE_LOG_INTERVAL_S = 30.0
 
 
 class LogReader(Protocol):
-    """What the watcher reads `__acls` through (store_client.StoreClient)."""
+    """What the watcher reads `__acls` through (rpc/store_client.py's StoreClient)."""
 
     async def read(self, topic: str, partition: int, from_offset: int, *,
                    max_bytes: int = ...) -> ReadResult: ...

@@ -375,7 +375,7 @@ class SecurityGuard(grpc.aio.ServerInterceptor):
 
     def _wrap_request_stream(self, stream: Any, method: str,
                              rule: RpcRule) -> StreamBehavior:
-        """A request stream (request_streams.py): the caller is authenticated
+        """A request stream (rpc/request_streams.py): the caller is authenticated
         once, when the stream opens, and every request is authorized by
         itself with the method's rule, as the unary form's request would be;
         a refused one reaches the servicer as a Refused, which it answers in

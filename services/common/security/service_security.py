@@ -1,11 +1,12 @@
-"""A service process's security, from its flags (server_base.add_common_arguments):
-TLS (tls.py), who callers are and what they may do (guard.py), and the ACLs
-it decides by (acl_watcher.py). docs/security.md describes the whole.
+"""A service process's security, from its flags (rpc/server_base.py's
+add_common_arguments): TLS (tls.py), who callers are and what they may do
+(guard.py), and the ACLs it decides by (acl_watcher.py). docs/security.md
+describes the whole.
 
 `ServiceSecurity.from_args` is called first thing in each service's main:
 it checks the flags (a bad one ends the process with a message naming it),
 reads the TLS files, and makes the process's own outgoing channels use TLS
-(channels.configure_client_tls) before any channel exists.
+(rpc/channels.py's configure_client_tls) before any channel exists.
 """
 
 from __future__ import annotations

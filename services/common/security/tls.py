@@ -10,8 +10,8 @@ as files) is used without a restart:
   calls before each new connection's handshake; it answers with the new
   files once they changed, so new connections get the new certificate while
   the connections already open keep theirs;
-* the services' outgoing channels (channels.ChannelPool) are made with the
-  files as they are when the channel is made; after a change, new channels
+* the services' outgoing channels (rpc/channels.py's ChannelPool) are made
+  with the files as they are when the channel is made; after a change, new channels
   use the new files (ChannelPool replaces its channels).
 
 A certificate and key that do not belong together (a rotation caught
