@@ -31,7 +31,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from services.common.metadata.cluster import ClusterLayout  # noqa: E402
 from services.coordinator.markers import FakeMarkerSender, MarkerSpec  # noqa: E402
-from services.coordinator.runtime import ProducerIdManager  # noqa: E402
+from services.coordinator.producer_id_manager import ProducerIdManager  # noqa: E402
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog  # noqa: E402
 from services.coordinator.storage.txn_log import Entry, MemoryTxnLog  # noqa: E402
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime  # noqa: E402

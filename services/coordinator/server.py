@@ -18,8 +18,8 @@ from ..common.rpc.store_client import StoreClient
 from ..common.security.service_security import ServiceSecurity
 from .core.producer_ids import DEFAULT_BLOCK_SIZE
 from .markers import GrpcMarkerSender
+from .producer_id_manager import ProducerIdManager
 from .rpc.servicer import TransactionCoordinatorServicer
-from .runtime import ProducerIdManager
 from .storage.producer_id_log import StoreProducerIdLog
 from .storage.txn_log import StoreTxnLog
 from .txn_runtime import TxnConfig, TxnCoordinatorRuntime

@@ -67,7 +67,7 @@ from .core.txn_log import (
     encode_txn,
 )
 from .markers import MarkerSender, MarkerSpec
-from .runtime import ProducerIdManager
+from .producer_id_manager import ProducerIdManager
 from .storage.txn_log import Entry, TxnLog
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from services.coordinator.core.producer_ids import (
     encode_block,
     next_block,
 )
-from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.producer_id_manager import ProducerIdManager
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
 
 

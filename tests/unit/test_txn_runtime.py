@@ -31,7 +31,7 @@ from services.common.metadata.cluster import ClusterLayout
 from services.coordinator.core.transactions import TransactionVersion, TxnState
 from services.coordinator.core.txn_log import TxnPartitionState, txn_key
 from services.coordinator.markers import FakeMarkerSender
-from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.producer_id_manager import ProducerIdManager
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
 from services.coordinator.storage.txn_log import Entry, MemoryTxnLog
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime

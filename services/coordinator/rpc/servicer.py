@@ -25,7 +25,7 @@ from ..core.transactions import (
     parse_expected_producer,
     parse_transaction_version,
 )
-from ..runtime import ProducerIdManager
+from ..producer_id_manager import ProducerIdManager
 from ..txn_runtime import TxnCoordinatorRuntime
 
 

@@ -93,7 +93,7 @@ from services.common.metadata.store import MemoryMetadataStore
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
 from services.coordinator.core.txn_log import encode_txn
-from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.producer_id_manager import ProducerIdManager
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 from services.group_coordinator.core import offsets_log
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime

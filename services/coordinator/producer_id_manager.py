@@ -1,8 +1,8 @@
-"""The coordinator's runtime: the pieces that do I/O around the pure cores.
-
-For now: the producer-id manager. Transactional ids, the transaction state
-machine and markers build on the same shape (core computes records, the
-runtime persists them, then applies them, then replies).
+"""The producer-id manager (Kafka's ProducerIdManager): hands out producer
+ids from blocks it claims in `__producer_ids` (core/producer_ids.py decides
+the next block, storage/producer_id_log.py appends the claim), claiming the
+next block when one is used up. The transactions themselves are
+txn_runtime.py's.
 """
 
 from __future__ import annotations
