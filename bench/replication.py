@@ -297,7 +297,7 @@ def create_topic(cluster: LocalCluster, setup: Setup, topic: str, partitions: in
 def controller(cluster: LocalCluster) -> int | None:
     """The store that holds the controller key in etcd, if any (under the
     stores' default --metadata-root; docs/replication.md, "What is in etcd")."""
-    from services.common.etcd import EtcdMetadataStore
+    from services.common.metadata.etcd import EtcdMetadataStore
     from services.partition_store.metadata_link import DEFAULT_ROOT
 
     async def read() -> int | None:

@@ -29,9 +29,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from services.common.cluster import ClusterLayout  # noqa: E402
+from services.common.metadata.cluster import ClusterLayout  # noqa: E402
 from services.coordinator.markers import FakeMarkerSender, MarkerSpec  # noqa: E402
-from services.coordinator.runtime import ProducerIdManager  # noqa: E402
+from services.coordinator.producer_id_manager import ProducerIdManager  # noqa: E402
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog  # noqa: E402
 from services.coordinator.storage.txn_log import Entry, MemoryTxnLog  # noqa: E402
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime  # noqa: E402

@@ -87,7 +87,7 @@ SECURITY = "security"
 _MIB = 1024 * 1024
 # The CLI's environment variable for --bootstrap.
 BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
-# Longest a store may make a Fetch wait (services/common/limits.py
+# Longest a store may make a Fetch wait (services/common/kernel/limits.py
 # MAX_FETCH_WAIT_MS): the bound of fetch_max_wait_ms.
 MAX_FETCH_WAIT_MS = 30_000
 

@@ -17,12 +17,12 @@ from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 
-from ..common.channels import ChannelPool
-from ..common.cluster import ClusterLayout
-from ..common.crashpoints import crash_point
-from ..common.errors import ServiceError
-from ..common.leaders import LeaderDirectory
-from ..common.stream_client import StreamMethod
+from ..common.kernel.crashpoints import crash_point
+from ..common.kernel.errors import ServiceError
+from ..common.metadata.cluster import ClusterLayout
+from ..common.rpc.channels import ChannelPool
+from ..common.rpc.leaders import LeaderDirectory
+from ..common.rpc.stream_client import StreamMethod
 from .core.transactions import TransactionVersion
 
 MARKER_RPC_TIMEOUT_S = 10.0
@@ -51,7 +51,7 @@ class MarkerSender(Protocol):
 
 class GrpcMarkerSender:
     """Sends each marker to its partitions' leaders (one request per
-    leader), following them as they move (services/common/leaders.py)."""
+    leader), following them as they move (services/common/rpc/leaders.py)."""
 
     def __init__(self, layout: ClusterLayout) -> None:
         self._layout = layout

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ..common.txn_fate import TxnFate
+from ..common.kernel.txn_fate import TxnFate
 
 TRANSACTIONS = Gauge(
     "oncelog_coordinator_transactions",

@@ -11,15 +11,15 @@ import grpc
 
 from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-from ..common import server_base
-from ..common.cluster import ClusterLayout
-from ..common.service_security import ServiceSecurity
-from ..common.store_client import StoreClient
-from ..common.topic_counts import PartitionCounts
+from ..common.metadata.cluster import ClusterLayout
+from ..common.metadata.topic_counts import PartitionCounts
+from ..common.rpc import server_base
+from ..common.rpc.store_client import StoreClient
+from ..common.security.service_security import ServiceSecurity
 from .core.producer_ids import DEFAULT_BLOCK_SIZE
 from .markers import GrpcMarkerSender
-from .runtime import ProducerIdManager
-from .servicer import TransactionCoordinatorServicer
+from .producer_id_manager import ProducerIdManager
+from .rpc.servicer import TransactionCoordinatorServicer
 from .storage.producer_id_log import StoreProducerIdLog
 from .storage.txn_log import StoreTxnLog
 from .txn_runtime import TxnConfig, TxnCoordinatorRuntime

@@ -4,7 +4,7 @@ partitions, the two-phase commit, timers.
 The machinery it shares with the group coordinator — owning partitions,
 loading them by replay, claiming the coordinator epoch, fencing, conditional
 append then replay, reload after an uncertain write, ownership confirmation —
-is services/common/coordinator_runtime.py; this module is what only
+is services/common/shards/runtime.py; this module is what only
 transactions have.
 
 For each request: the pure core plans a new TxnMetadata on the partition's
@@ -44,8 +44,12 @@ from typing import TypeVar
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
-from ..common.coordinator_runtime import (
+from ..common.kernel.crashpoints import crash_point
+from ..common.kernel.errors import ServiceError, check_id_length
+from ..common.kernel.invariants import invariant
+from ..common.kernel.txn_fate import TxnFate
+from ..common.metadata.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
+from ..common.shards.runtime import (
     CoordinatorRuntime,
     LogBatch,
     LogRead,
@@ -53,10 +57,6 @@ from ..common.coordinator_runtime import (
     PlanView,
     StalePlan,
 )
-from ..common.crashpoints import crash_point
-from ..common.invariants import invariant
-from ..common.service_error import ServiceError, check_id_length
-from ..common.txn_fate import TxnFate
 from . import metrics
 from .core import hanging
 from .core import transactions as txn
@@ -67,7 +67,7 @@ from .core.txn_log import (
     encode_txn,
 )
 from .markers import MarkerSender, MarkerSpec
-from .runtime import ProducerIdManager
+from .producer_id_manager import ProducerIdManager
 from .storage.txn_log import Entry, TxnLog
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def _copy_state(state: TxnPartitionState) -> TxnPartitionState:
 
 class TxnCoordinatorRuntime:
     """The transaction coordinator: a shard of the shared coordinator runtime
-    (services/common/coordinator_runtime.py) per owned `__transaction_state`
+    (services/common/shards/runtime.py) per owned `__transaction_state`
     partition, plus what only transactions have: producer ids, markers,
     timers."""
 

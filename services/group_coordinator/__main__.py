@@ -1,6 +1,6 @@
 """`python -m oncelog_server.group_coordinator`"""
 
-from ..common.server_base import run
+from ..common.rpc.server_base import run
 from .server import main
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ membership timers, offsets, transactional offsets.
 The machinery it shares with the transaction coordinator — owning
 partitions, loading them by replay, claiming the coordinator epoch, fencing,
 conditional append then replay, catching up, reload after an uncertain write
-— is services/common/coordinator_runtime.py; this module is what only groups
+— is services/common/shards/runtime.py; this module is what only groups
 have.
 
 Every change is a record appended to the group's `__consumer_offsets`
@@ -42,8 +42,12 @@ from typing import Any, Protocol, TypeVar
 from oncelog.wire import records
 from oncelog.wire.errors import ErrorCode
 
-from ..common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
-from ..common.coordinator_runtime import (
+from ..common.kernel.errors import ServiceError, check_id_length
+from ..common.kernel.invariants import invariant
+from ..common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
+from ..common.metadata.topic_counts import PartitionCounts
+from ..common.rpc.store_client import RawRead, TxnWriter
+from ..common.shards.runtime import (
     CoordinatorRuntime,
     LogBatch,
     LogEntry,
@@ -51,10 +55,6 @@ from ..common.coordinator_runtime import (
     OwnedPartition,
     WriteRefused,
 )
-from ..common.invariants import invariant
-from ..common.service_error import ServiceError, check_id_length
-from ..common.store_client import RawRead, TxnWriter
-from ..common.topic_counts import PartitionCounts
 from .core import classic as cl
 from .core import groups as gr
 from .core import offsets as offs
@@ -85,7 +85,7 @@ _TXN_REFUSALS = {
 
 
 class OffsetsStore(Protocol):
-    """What the runtime needs of the partition store (services.common.store_client)."""
+    """What the runtime needs of the partition store (services.common.rpc.store_client)."""
 
     async def append(self, topic: str, partition: int,
                      entries: Sequence[tuple[bytes | None, bytes | None]], *,

@@ -14,14 +14,14 @@ import grpc
 
 from oncelog.v1 import group_coordinator_pb2, group_coordinator_pb2_grpc
 
-from ..common import server_base
-from ..common.cluster import ClusterLayout
-from ..common.service_error import ServiceError
-from ..common.service_security import ServiceSecurity
-from ..common.store_client import StoreClient
+from ..common.kernel.errors import ServiceError
+from ..common.metadata.cluster import ClusterLayout
+from ..common.rpc import server_base
+from ..common.rpc.store_client import StoreClient
+from ..common.security.service_security import ServiceSecurity
 from . import metrics
+from .rpc.servicer import GroupCoordinatorServicer
 from .runtime import TP, GroupConfig, GroupCoordinatorRuntime
-from .servicer import GroupCoordinatorServicer
 
 log = logging.getLogger(__name__)
 

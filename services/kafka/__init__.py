@@ -17,6 +17,7 @@ Rooms:
 * `listener.py`, `connection.py` — the TCP server, TLS and the
   per-connection request loop (ordering, pipelining, limits);
 * `context.py` — what a handler is given; `broker.py` — the store as a
-  broker; `forward.py` — the calls to the coordinators;
+  broker; `rpc/forward.py` — the calls to the coordinators (the one
+  module here that imports grpc);
 * `handlers/` — one handler per API.
 """

@@ -14,13 +14,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..common.cluster import ClusterLayout
-from ..common.guard import SecurityGuard
+from ..common.metadata.cluster import ClusterLayout
+from ..common.security.guard import SecurityGuard
 from ..partition_store.quotas import StoreQuotas
 from ..partition_store.runtime import StoreRuntime
 from .apis import ApiKey
 from .context import Handler
-from .forward import CoordinatorClient
+from .rpc.forward import CoordinatorClient
 
 # The namespace of the cluster ids this module derives (uuid5).
 _CLUSTER_ID_NAMESPACE = uuid.UUID("6f6e6365-6c6f-6700-8000-6b61666b6121")

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ..common import limits
+from ..common.kernel import limits
 from . import metrics
 from .apis import VERSIONS, ApiKey
 from .context import CloseConnection, RequestContext, Session

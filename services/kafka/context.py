@@ -12,9 +12,9 @@ from google.protobuf.message import Message
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import ServiceError
-from ..common.guard import ANONYMOUS, Caller
+from ..common.kernel.errors import ServiceError
 from ..common.security.authorizer import Authorizer
+from ..common.security.guard import ANONYMOUS, Caller
 from ..common.security.operations import Check
 from .apis import ApiKey
 from .errors import kafka_code

@@ -25,11 +25,11 @@ import logging
 import ssl
 from dataclasses import dataclass
 
-from ..common import limits
-from ..common.guard import ANONYMOUS, SecurityGuard
-from ..common.invariants import InvariantViolation
+from ..common.kernel import limits
+from ..common.kernel.invariants import InvariantViolation
+from ..common.security.guard import ANONYMOUS, SecurityGuard
 from ..common.security.principals import AuthenticationError
-from ..common.tls import TlsFiles
+from ..common.security.tls import TlsFiles
 from . import metrics
 from .broker import KafkaBroker, split_host_port
 from .connection import Connection

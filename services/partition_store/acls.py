@@ -23,9 +23,9 @@ from typing import Protocol, TypeVar
 from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
 
-from ..common.acl_watcher import ACLS_PARTITION, AclWatcher
-from ..common.errors import OK, ServiceError
+from ..common.kernel.errors import OK, ServiceError
 from ..common.security.acl_records import ACLS_TOPIC, encode_binding, encode_deletion
+from ..common.security.acl_watcher import ACLS_PARTITION, AclWatcher
 from ..common.security.authorizer import (
     WILDCARD,
     AclBinding,

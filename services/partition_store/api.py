@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..common.errors import ServiceError
+from ..common.kernel.errors import ServiceError
 from .core.producer_state import ProducerEntry
 from .core.replicas import PartitionState
 from .core.topics import TopicRecord

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import ServiceError, invariant
+from ..common.kernel.errors import ServiceError
+from ..common.kernel.invariants import invariant
 from .api import ControllerLink, NewPartitions, TopicLookup, TopicOutcome, TopicSpec
 from .core.codec import CorruptValueError, decode_offset, encode_offset
 from .core.outcomes import Rejection

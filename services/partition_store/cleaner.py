@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 
 from oncelog.wire.records import control_marker, iter_record_keys, retain_records
 
-from ..common.crashpoints import crash_point
-from ..common.errors import InvariantViolation, invariant
+from ..common.kernel.crashpoints import crash_point
+from ..common.kernel.invariants import InvariantViolation, invariant
 from . import metrics
 from .core.compaction import (
     BatchAction,

@@ -34,8 +34,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from ..common.errors import ServiceError
-from ..common.metadata_store import LeaseNotFound
+from ..common.kernel.errors import ServiceError
+from ..common.metadata.store import LeaseNotFound
 from .core.replicas import PartitionState
 from .metadata_link import MetadataLink, TopicPartitionKey
 from .runtime import StoreRuntime

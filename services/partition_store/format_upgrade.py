@@ -33,7 +33,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..common.crashpoints import crash_point
+from ..common.kernel.crashpoints import crash_point
 from .core.codec import (
     CorruptValueError,
     decode_offset,

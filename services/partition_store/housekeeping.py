@@ -18,8 +18,9 @@ import logging
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import BatchFormatError
 
-from ..common.crashpoints import crash_point
-from ..common.errors import InvariantViolation, ServiceError
+from ..common.kernel.crashpoints import crash_point
+from ..common.kernel.errors import ServiceError
+from ..common.kernel.invariants import InvariantViolation
 from . import partition_cleaning
 from .catalog import Catalog
 from .cleaner import CompactionReport, compact_partition

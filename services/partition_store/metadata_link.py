@@ -38,9 +38,9 @@ from typing import TypeVar
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.cluster import ClusterLayout, stable_hash
-from ..common.errors import ServiceError
-from ..common.metadata_store import (
+from ..common.kernel.errors import ServiceError
+from ..common.metadata.cluster import ClusterLayout, stable_hash
+from ..common.metadata.store import (
     METADATA_TXN_OPS_MAX,
     Compare,
     MetadataStore,

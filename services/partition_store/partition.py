@@ -41,7 +41,8 @@ from oncelog.wire.records import (
     stamp_batch,
 )
 
-from ..common.errors import ServiceError, invariant
+from ..common.kernel.errors import ServiceError
+from ..common.kernel.invariants import invariant
 from . import metrics
 from .core.batches import check_produce_batch, stored_batch_damage
 from .core.codec import encode_offset, encode_partition_meta

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from oncelog.wire.records import read_header
 
-from ..common.errors import invariant
+from ..common.kernel.invariants import invariant
 from . import metrics
 from .core import compaction as core_compaction
 from .core import log_state as core_log_state

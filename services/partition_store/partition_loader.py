@@ -20,7 +20,7 @@ import logging
 
 from oncelog.wire.records import control_marker, read_header
 
-from ..common.errors import invariant
+from ..common.kernel.invariants import invariant
 from . import metrics
 from .core.codec import CorruptValueError, decode_partition_meta
 from .core.compaction import CompactionState, decode_compaction_state, initial_state

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import iter_records
 
-from ..common.errors import ServiceError
+from ..common.kernel.errors import ServiceError
 from .core.codec import decode_offset
 from .core.fetch_filter import select_batches
 from .core.txn_index import AbortedTxn

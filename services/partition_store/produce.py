@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import InvariantViolation, ServiceError, invariant
+from ..common.kernel.errors import ServiceError
+from ..common.kernel.invariants import InvariantViolation, invariant
 from . import metrics
 from .api import ProduceItem, ProduceOutcome
 from .catalog import Catalog

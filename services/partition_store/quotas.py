@@ -24,8 +24,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from ..common import limits
-from ..common.server_base import env_default
+from ..common.kernel import limits
+from ..common.rpc.server_base import env_default
 from . import metrics
 from .core.quotas import (
     DEFAULT_QUOTA_WINDOW_NUM,

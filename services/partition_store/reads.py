@@ -10,8 +10,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from ..common import limits
-from ..common.errors import ServiceError
+from ..common.kernel import limits
+from ..common.kernel.errors import ServiceError
 from . import metrics, partition_reads
 from .api import FetchItem, FetchOutcome, OffsetOutcome, OffsetQuery, ProducersOutcome
 from .catalog import Catalog

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import read_header
 
-from ..common import limits
-from ..common.errors import ServiceError
+from ..common.kernel import limits
+from ..common.kernel.errors import ServiceError
 from . import metrics
 from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
 from .catalog import Catalog

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..common.errors import invariant
+from ..common.kernel.invariants import invariant
 
 PartitionKey = tuple[str, int]
 

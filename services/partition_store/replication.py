@@ -48,8 +48,9 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import ServiceError, invariant
-from ..common.metadata_store import LeaseNotFound
+from ..common.kernel.errors import ServiceError
+from ..common.kernel.invariants import invariant
+from ..common.metadata.store import LeaseNotFound
 from . import metrics
 from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
 from .core.leader_epochs import AskAgain, Truncate, divergence_step

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..common.cluster import ClusterLayout
+from ..common.metadata.cluster import ClusterLayout
 from . import metrics
 from .api import ControllerLink
 from .catalog import Catalog

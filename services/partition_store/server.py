@@ -71,10 +71,10 @@ import grpc
 from oncelog.v1 import partition_store_pb2_grpc
 from oncelog.wire.process import KAFKA
 
-from ..common.cluster import split_addresses
-from ..common.etcd import EtcdMetadataStore
-from ..common.metadata_store import MetadataStore, MetadataUnavailable
-from ..common.server_base import (
+from ..common.metadata.cluster import split_addresses
+from ..common.metadata.etcd import EtcdMetadataStore
+from ..common.metadata.store import MetadataStore, MetadataUnavailable
+from ..common.rpc.server_base import (
     add_common_arguments,
     configure_logging,
     env_default,
@@ -85,13 +85,11 @@ from ..common.server_base import (
     serve,
     token_advertised,
 )
-from ..common.service_security import ServiceSecurity
-from ..common.store_client import StoreClient
+from ..common.rpc.store_client import StoreClient
+from ..common.security.service_security import ServiceSecurity
 from .acls import AclService
 from .api import ControllerLink
 from .controlled_shutdown import DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS, ControlledShutdown
-from .controller_link import GrpcControllerLink
-from .coordinator_link import GrpcTxnResolver, GrpcTxnVerifier
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .core.replicas import (
     DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
@@ -109,8 +107,11 @@ from .metadata_link import (
     sole_in_sync_replica_of,
 )
 from .quotas import StoreQuotas, add_quota_arguments, quota_config_from_args
-from .replica_link import GrpcLeaderLink
 from .replication import START_METADATA_WAIT_MS, LeaderLink, ReplicaManager
+from .rpc.controller_link import GrpcControllerLink
+from .rpc.coordinator_link import GrpcTxnResolver, GrpcTxnVerifier
+from .rpc.replica_link import GrpcLeaderLink
+from .rpc.servicer import SERVICE_NAME, PartitionStoreServicer
 from .runtime import (
     DEFAULT_COMPACTION_CHUNK_BYTES,
     DEFAULT_COMPACTION_INTERVAL_MS,
@@ -121,7 +122,6 @@ from .runtime import (
     StoreRuntime,
     wall_clock_ms,
 )
-from .servicer import SERVICE_NAME, PartitionStoreServicer
 from .storage.port import CorruptionError, KeyValueStore
 from .txn_resolver import TxnResolver
 from .txn_verifier import TxnVerifier
@@ -515,9 +515,9 @@ def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: Se
     # second of CPU to import (most of a store's start), and a store
     # without --kafka-listen, the default, never needs it.
     from ..kafka.broker import KafkaBroker, cluster_id_for
-    from ..kafka.forward import CoordinatorClient
     from ..kafka.handlers import HANDLERS
     from ..kafka.listener import KafkaListener, ListenerSecurity
+    from ..kafka.rpc.forward import CoordinatorClient
 
     node_id = runtime.config.node_id
     settings = security.settings

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import ServiceError
+from ..common.kernel.errors import ServiceError
 from . import metrics
 from .partition import PartitionRuntime
 from .storage.port import CorruptionError, KeyValueStore

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common import limits
-from ..common.crashpoints import crash_point
-from ..common.errors import InvariantViolation, ServiceError
+from ..common.kernel import limits
+from ..common.kernel.crashpoints import crash_point
+from ..common.kernel.errors import ServiceError
+from ..common.kernel.invariants import InvariantViolation
 from . import metrics
 from .api import MarkerItem, MarkerOutcome
 from .catalog import Catalog

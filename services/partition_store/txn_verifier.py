@@ -33,7 +33,7 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.service_error import ServiceError
+from ..common.kernel.errors import ServiceError
 from .core.outcomes import Rejection
 
 TopicPartitionKey = tuple[str, int]

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.errors import ServiceError, invariant
+from ..common.kernel.errors import ServiceError
+from ..common.kernel.invariants import invariant
 from . import metrics
 from .storage.port import DiskFullError, KeyValueStore, StorageError, WriteGroup
 

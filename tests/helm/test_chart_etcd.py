@@ -87,7 +87,7 @@ def _store_endpoints(rendered: Rendered, ordinal: int,
                      monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], bool]:
     """--etcd-endpoints as store <ordinal>'s own parser reads them, and
     whether it then runs replicated."""
-    from services.common.cluster import split_addresses
+    from services.common.metadata.cluster import split_addresses
     from services.partition_store.server import build_parser, config_from_args
 
     env = pod_environment(rendered, rendered.statefulset("partition-store"), ordinal)

@@ -30,7 +30,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from services.common.server_base import layout_from_args
+from services.common.rpc.server_base import layout_from_args
 from services.partition_store.server import build_parser, kafka_advertised
 from tests.helm.chart import (
     COMPONENTS,

@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from services.common.cluster import ClusterLayout
-from services.common.server_base import add_common_arguments, layout_from_args
+from services.common.metadata.cluster import ClusterLayout
+from services.common.rpc.server_base import add_common_arguments, layout_from_args
 from tests.helm.chart import (
     CHART_DIR,
     NAMESPACE,

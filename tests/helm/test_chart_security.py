@@ -59,6 +59,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from oncelog.testing import free_port
+from services.common.rpc.server_base import add_common_arguments, env_name
 from services.common.security.authorizer import (
     VALID_OPERATIONS,
     AclBinding,
@@ -69,7 +70,6 @@ from services.common.security.principals import (
     parse_mapping_rules,
     principal_from_certificate_subject,
 )
-from services.common.server_base import add_common_arguments, env_name
 from tests.helm.chart import (
     CHART_DIR,
     COMPONENTS,

@@ -64,7 +64,7 @@ from oncelog.v1 import group_coordinator_pb2_grpc as gpb_grpc
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.wire.status import STATUS_DETAILS_KEY, error_from_rpc
-from services.common import limits
+from services.common.kernel import limits
 from tests.support.polling import retrying, wait_until
 
 TOPIC = "sweep"

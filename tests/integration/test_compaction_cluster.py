@@ -13,7 +13,7 @@ from the compacted log — and is fenced by a new instance as usual.
 Method: LocalCluster. The store runs with small compaction chunks; the
 crash test writes first with compaction off (ONCELOG_COMPACTION_INTERVAL_MS
 far out), then restarts the store with a short interval and one armed crash
-point (services/common/crashpoints.py: SIGKILL at that step), waits for it to
+point (services/common/kernel/crashpoints.py: SIGKILL at that step), waits for it to
 die, and restarts it without. What survives is compared with an oracle
 computed from what was acknowledged. Waits poll a condition (a read, a
 metric) under a generous deadline that only turns a hang into a failure.
@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oncelog import Admin, Producer, errors
 from oncelog.testing import LocalCluster
-from services.common.cluster import TRANSACTION_STATE_TOPIC
+from services.common.metadata.cluster import TRANSACTION_STATE_TOPIC
 from tests.support.reading import read_all
 
 TOPIC = "compacted"

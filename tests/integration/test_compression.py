@@ -32,7 +32,7 @@ from oncelog.testing import LocalCluster
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.wire.compression import Codec
-from services.common.cluster import ClusterLayout
+from services.common.metadata.cluster import ClusterLayout
 from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem, TopicSpec
 from services.partition_store.partition import Isolation
 from services.partition_store.runtime import StoreConfig, StoreRuntime

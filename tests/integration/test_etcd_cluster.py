@@ -33,8 +33,8 @@ from aetcd import rpc as etcd_rpc  # type: ignore[import-untyped]
 
 from oncelog.testing import LocalCluster
 from oncelog_local.etcd import EtcdCluster
-from services.common.etcd import EtcdMetadataStore
-from services.common.metadata_store import (
+from services.common.metadata.etcd import EtcdMetadataStore
+from services.common.metadata.store import (
     Compare,
     MetadataStore,
     MetadataUnavailable,
@@ -172,7 +172,7 @@ def test_three_members_survive_a_member_and_take_it_back(tmp_path: Path) -> None
 
 def test_a_watch_on_a_stopped_member_moves_to_another(tmp_path: Path) -> None:
     """SIGSTOP keeps the member's connections open: only keepalive pings
-    notice it (after ~15 s, services/common/etcd.py)."""
+    notice it (after ~15 s, services/common/metadata/etcd.py)."""
     with EtcdCluster(tmp_path / "etcd", members=3) as etcd:
 
         async def main() -> None:

@@ -31,8 +31,8 @@ from pathlib import Path
 from oncelog import ConsumerRecord
 from oncelog import records as codec
 from oncelog.testing import LocalCluster
-from services.common.cluster import ClusterLayout
-from services.common.crashpoints import ENV_VAR as CRASH_POINTS_ENV
+from services.common.kernel.crashpoints import ENV_VAR as CRASH_POINTS_ENV
+from services.common.metadata.cluster import ClusterLayout
 from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem
 from services.partition_store.core.codec import decode_partition_meta
 from services.partition_store.core.fixed_width import (

@@ -16,7 +16,7 @@ at its offset after the restart, once, and the restart replays nothing (the
 shutdown snapshot covered it all). With ONCELOG_LOG_FORMAT=json
 (configuration from the environment) every log line is one JSON object.
 
-Method: ServiceServer (services/common/server_base.py) in-process, serving a
+Method: ServiceServer (services/common/rpc/server_base.py) in-process, serving a
 real gRPC server on 127.0.0.1 whose one method blocks on an event the test
 controls, so "a request is in flight" is a fact, not a race; and real
 processes under LocalCluster for the rest, watched through the health
@@ -51,8 +51,8 @@ from oncelog.testing import STOP_TIMEOUT_S, LocalCluster
 from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
 from oncelog.wire.status import error_from_rpc
-from services.common.server_base import ServiceServer
-from services.partition_store.servicer import SERVICE_NAME as STORE_SERVICE
+from services.common.rpc.server_base import ServiceServer
+from services.partition_store.rpc.servicer import SERVICE_NAME as STORE_SERVICE
 from tests.support.reading import read_all
 
 COORDINATOR_SERVICE = pb.DESCRIPTOR.services_by_name["TransactionCoordinator"].full_name
@@ -409,7 +409,7 @@ def test_json_logs_wrap_what_native_code_and_a_crash_write_to_stderr(tmp_path: P
     script = tmp_path / "crash.py"
     script.write_text(
         "import logging, os\n"
-        "from oncelog_server.common.server_base import configure_logging\n"
+        "from oncelog_server.common.rpc.server_base import configure_logging\n"
         "configure_logging('json', 'INFO', 'probe')\n"
         "logging.getLogger('oncelog.probe').info('from logging')\n"
         "os.write(2, b'I1122 17:13:17.281398   19726 chttp2_transport.cc:1403] Got goaway\\n')\n"

@@ -31,14 +31,14 @@ import grpc
 import pytest
 
 from oncelog_local.etcd import EtcdCluster
-from services.common.etcd import (
+from services.common.metadata.etcd import (
     EtcdFailure,
     EtcdMetadataStore,
     classify_status,
     parse_endpoints,
     prefix_range_end,
 )
-from services.common.metadata_store import (
+from services.common.metadata.store import (
     METADATA_TXN_OPS_MAX,
     Compare,
     LeaseNotFound,

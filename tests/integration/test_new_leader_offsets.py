@@ -27,8 +27,8 @@ import asyncio
 
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import encode_batch, iter_records, stamp_batch
-from services.common.cluster import ClusterLayout
-from services.common.metadata_store import MemoryMetadataStore
+from services.common.metadata.cluster import ClusterLayout
+from services.common.metadata.store import MemoryMetadataStore
 from services.partition_store.api import FetchItem, OffsetQuery, ReplicaFetchItem, TopicSpec
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.metadata_link import MetadataLink

@@ -24,9 +24,9 @@ import pytest
 
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import encode_batch, stamp_batch
-from services.common.cluster import ClusterLayout
-from services.common.errors import ServiceError
-from services.common.metadata_store import MemoryMetadataStore
+from services.common.kernel.errors import ServiceError
+from services.common.metadata.cluster import ClusterLayout
+from services.common.metadata.store import MemoryMetadataStore
 from services.partition_store.api import ProduceItem, TopicSpec
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.metadata_link import MetadataLink

@@ -22,7 +22,7 @@ import pytest
 
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_status
-from services.common.rpc_interceptor import RpcInterceptor
+from services.common.rpc.interceptor import RpcInterceptor
 from services.partition_store.storage.port import DiskFullError, StorageError
 from services.partition_store.writer import storage_refusal
 

@@ -45,7 +45,7 @@ from oncelog.records import (
     iter_records,
     read_header,
 )
-from services.common.cluster import ClusterLayout
+from services.common.metadata.cluster import ClusterLayout
 from services.partition_store.api import (
     FetchItem,
     MarkerItem,

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from oncelog.errors import ErrorCode
 from oncelog.records import MARKER_ABORT, control_marker, encode_batch, iter_records
-from services.common.cluster import ClusterLayout
-from services.common.txn_fate import TxnFate
+from services.common.kernel.txn_fate import TxnFate
+from services.common.metadata.cluster import ClusterLayout
 from services.partition_store import metrics
 from services.partition_store.api import FetchItem, ProduceItem, TopicSpec
 from services.partition_store.partition import Isolation

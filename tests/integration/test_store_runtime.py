@@ -25,7 +25,7 @@ import pytest
 
 from oncelog.errors import ErrorCode
 from oncelog.records import encode_batch, iter_records
-from services.common.cluster import ClusterLayout
+from services.common.metadata.cluster import ClusterLayout
 from services.partition_store import metrics
 from services.partition_store.api import (
     FetchItem,

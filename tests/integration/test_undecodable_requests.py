@@ -12,7 +12,7 @@ Method: the methods come from the service descriptors of every generated
 `*_pb2` module in oncelog.v1, and which process serves each service from
 that process's server reflection, so an RPC or a service added later is
 swept without touching this file (and fails here if no process serves it, or
-if it streams one way: services/common/rpc_interceptor.py passes those
+if it streams one way: services/common/rpc/interceptor.py passes those
 through untouched; a request stream gets the bytes as its one message).
 Each method gets a few byte strings that are not a valid encoding of any
 message (checked with `FromString` first) through a raw channel with
@@ -149,7 +149,7 @@ def test_undecodable_request_is_invalid_and_changes_nothing(
     # Request streams (one answer per request) are checked per message; a
     # method streaming one way only is not.
     assert method.client_streaming == method.server_streaming, (
-        f"{path} streams one way: teach services/common/rpc_interceptor.py to refuse its "
+        f"{path} streams one way: teach services/common/rpc/interceptor.py to refuse its "
         "undecodable requests (and to measure it), then sweep it here"
     )
     service = method.containing_service.full_name

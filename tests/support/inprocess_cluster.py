@@ -6,7 +6,7 @@ in-memory `MemoryStore`), one transaction coordinator
 (`TxnCoordinatorRuntime`) and one group coordinator
 (`GroupCoordinatorRuntime`), each behind its own servicer and its own
 `ServiceServer` (health, reflection and the RPC interceptor of
-services/common/server_base.py) on a loopback port chosen by the OS. They
+services/common/rpc/server_base.py) on a loopback port chosen by the OS. They
 run on one asyncio loop in a background thread, talk to each other over
 gRPC as separate processes do, and are wired by the same `wire()` functions
 of services/*/server.py that each process's `main` calls.
@@ -69,10 +69,10 @@ from oncelog.v1 import (
 from oncelog.wire import records as codec
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_status, error_proto
-from services.common.cluster import INTERNAL_PREFIX, ClusterLayout
-from services.common.errors import to_grpc_status
-from services.common.request_streams import answer_each
-from services.common.server_base import ServiceServer
+from services.common.metadata.cluster import INTERNAL_PREFIX, ClusterLayout
+from services.common.rpc.request_streams import answer_each
+from services.common.rpc.server_base import ServiceServer
+from services.common.rpc.status import to_grpc_status
 from services.coordinator import server as coordinator_server
 from services.coordinator.core.transactions import TxnMetadata, TxnState
 from services.coordinator.txn_runtime import TxnConfig
@@ -82,9 +82,9 @@ from services.group_coordinator.runtime import GroupConfig
 from services.partition_store import server as store_server
 from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem, TopicSpec
 from services.partition_store.partition import Isolation
+from services.partition_store.rpc.servicer import SERVICE_NAME as STORE_SERVICE_NAME
+from services.partition_store.rpc.servicer import PartitionStoreServicer
 from services.partition_store.runtime import StoreConfig
-from services.partition_store.servicer import SERVICE_NAME as STORE_SERVICE_NAME
-from services.partition_store.servicer import PartitionStoreServicer
 from services.partition_store.storage.memory import MemoryStore
 
 DROP_REPLY = "drop_reply"  # let the service act, then fail the RPC as if the reply was lost

@@ -67,8 +67,8 @@ from oncelog import (
 )
 from oncelog.testing import LocalCluster
 from oncelog.wire import errors as wire_errors
-from services.common.etcd import EtcdMetadataStore
-from services.common.metadata_store import Put
+from services.common.metadata.etcd import EtcdMetadataStore
+from services.common.metadata.store import Put
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.metadata_link import DEFAULT_ROOT
 from services.partition_store.server import IN_SYNC_HEALTH_SERVICE

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from services.common.durable import CorruptValueError, encode
+from services.common.kernel.durable import CorruptValueError, encode
 from services.common.security.acl_records import (
     ACLS_TOPIC,
     ACLS_TOPIC_PARTITIONS,

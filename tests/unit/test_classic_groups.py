@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 
 from oncelog.errors import ErrorCode
-from services.common.invariants import InvariantViolation
-from services.common.service_error import ServiceError
+from services.common.kernel.errors import ServiceError
+from services.common.kernel.invariants import InvariantViolation
 from services.group_coordinator.core import classic as cl
 from services.group_coordinator.core import consumer_protocol
 from services.group_coordinator.core import groups as gr

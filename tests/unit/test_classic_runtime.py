@@ -31,9 +31,9 @@ import pytest
 
 from oncelog import records
 from oncelog.errors import ErrorCode
-from services.common import durable
-from services.common.service_error import ServiceError
-from services.common.store_client import TxnWriter
+from services.common.kernel import durable
+from services.common.kernel.errors import ServiceError
+from services.common.rpc.store_client import TxnWriter
 from services.group_coordinator.core import classic as cl
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime
 from tests.unit.test_group_runtime import LAYOUT, MemoryOffsetsStore

@@ -1,4 +1,4 @@
-"""The shared coordinator runtime (services/common/coordinator_runtime.py)
+"""The shared coordinator runtime (services/common/shards/runtime.py)
 with a toy shard.
 
 Goal: pin the machinery both coordinators take from the runtime, apart from
@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from oncelog.errors import ErrorCode
-from services.common.coordinator_epoch import EPOCH_KEY, decode_epoch
-from services.common.coordinator_runtime import (
+from services.common.kernel.errors import ServiceError
+from services.common.shards.coordinator_epoch import EPOCH_KEY, decode_epoch
+from services.common.shards.runtime import (
     CoordinatorRuntime,
     LogBatch,
     LogEntry,
@@ -45,7 +46,6 @@ from services.common.coordinator_runtime import (
     StalePlan,
     WriteRefused,
 )
-from services.common.service_error import ServiceError
 
 PARTITION = 0
 

@@ -36,7 +36,7 @@ from oncelog.records import (
     encode_control_batch,
     read_header,
 )
-from services.common.invariants import InvariantViolation
+from services.common.kernel.invariants import InvariantViolation
 from services.partition_store.core.fetch_filter import select_batches
 from services.partition_store.core.log_state import last_stable_offset
 from services.partition_store.core.producer_state import ProducerStateManager

@@ -24,9 +24,9 @@ import pytest
 
 from oncelog import records
 from oncelog.errors import ErrorCode
-from services.common.cluster import ClusterLayout
-from services.common.service_error import ServiceError
-from services.common.store_client import RawRead, TxnWriter
+from services.common.kernel.errors import ServiceError
+from services.common.metadata.cluster import ClusterLayout
+from services.common.rpc.store_client import RawRead, TxnWriter
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime
 
 

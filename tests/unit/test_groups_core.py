@@ -23,7 +23,7 @@ import pytest
 
 from oncelog.errors import ErrorCode
 from oncelog.records import MARKER_ABORT, MARKER_COMMIT
-from services.common.service_error import ServiceError
+from services.common.kernel.errors import ServiceError
 from services.group_coordinator.core import groups as gr
 from services.group_coordinator.core.assignor import assign
 from services.group_coordinator.core.offsets_log import (

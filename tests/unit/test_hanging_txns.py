@@ -39,7 +39,7 @@ from oncelog.records import (
     read_header,
 )
 from oncelog.v1 import coordinator_pb2
-from services.common.txn_fate import TxnFate
+from services.common.kernel.txn_fate import TxnFate
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.hanging import (
     StoreQuestion,

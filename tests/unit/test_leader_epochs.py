@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from services.common.invariants import InvariantViolation
+from services.common.kernel.invariants import InvariantViolation
 from services.partition_store.core.codec import CorruptValueError, seal
 from services.partition_store.core.leader_epochs import (
     EPOCH_ENTRY_VERSION,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from oncelog.records import BatchHeader, encode_batch, read_header
-from services.common.invariants import InvariantViolation
+from services.common.kernel.invariants import InvariantViolation
 from services.partition_store.core.log_state import (
     BatchInfo,
     LogState,

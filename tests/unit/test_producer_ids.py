@@ -12,14 +12,14 @@ import asyncio
 
 import pytest
 
-from services.common.durable import CorruptValueError
+from services.common.kernel.durable import CorruptValueError
 from services.coordinator.core.producer_ids import (
     ProducerIdBlock,
     decode_block,
     encode_block,
     next_block,
 )
-from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.producer_id_manager import ProducerIdManager
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
 
 

@@ -1,5 +1,5 @@
 """Request streams on the server: answer_each and the RPC interceptor's
-per-message gate (services/common/request_streams.py, rpc_interceptor.py).
+per-message gate (services/common/rpc/request_streams.py, interceptor.py).
 
 Goal: a stream answers every request it started, under that request's id,
 as each completes (not in arrival order); a request that fails as a whole,
@@ -24,10 +24,10 @@ import pytest
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_status
-from services.common import metrics
-from services.common.request_streams import Refused, answer_each
-from services.common.rpc_interceptor import RpcInterceptor, _MethodMetrics
-from services.common.service_error import ServiceError
+from services.common.kernel import metrics
+from services.common.kernel.errors import ServiceError
+from services.common.rpc.interceptor import RpcInterceptor, _MethodMetrics
+from services.common.rpc.request_streams import Refused, answer_each
 
 
 class Aborted(Exception):

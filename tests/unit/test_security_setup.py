@@ -36,10 +36,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from oncelog.wire.errors import ErrorCode
-from services.common.acl_watcher import AclWatcher
-from services.common.cluster import ClusterLayout
-from services.common.guard import DenialLog, peer_host
+from services.common.kernel.errors import ServiceError
+from services.common.metadata.cluster import ClusterLayout
+from services.common.rpc.store_client import LogEntry, ReadResult
 from services.common.security.acl_records import encode_binding, encode_deletion
+from services.common.security.acl_watcher import AclWatcher
 from services.common.security.authorizer import (
     AclBinding,
     AuthorizerConfig,
@@ -48,11 +49,10 @@ from services.common.security.authorizer import (
     ResourceType,
     Rule,
 )
+from services.common.security.guard import DenialLog, peer_host
 from services.common.security.operations import Check, Denial
-from services.common.service_error import ServiceError
-from services.common.service_security import settings_from_args
-from services.common.store_client import LogEntry, ReadResult
-from services.common.tls import TlsConfig, TlsError, TlsFiles
+from services.common.security.service_security import settings_from_args
+from services.common.security.tls import TlsConfig, TlsError, TlsFiles
 from services.partition_store.server import build_parser
 
 

@@ -1,4 +1,4 @@
-"""The coordinators' cache of topic partition counts (services.common.topic_counts).
+"""The coordinators' cache of topic partition counts (services.common.metadata.topic_counts).
 
 Goal: counts are read from the catalog once and served from memory until
 they are older than the cache's max age; `refresh` reads them again at
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import pytest
 
 from oncelog.errors import ErrorCode
-from services.common import topic_counts
-from services.common.service_error import ServiceError
-from services.common.topic_counts import PartitionCounts
+from services.common.kernel.errors import ServiceError
+from services.common.metadata import topic_counts
+from services.common.metadata.topic_counts import PartitionCounts
 
 
 class Catalog:

@@ -26,14 +26,14 @@ from typing import TypeVar
 import pytest
 
 from oncelog.errors import ErrorCode
-from services.common.cluster import ClusterLayout
-from services.common.service_error import ServiceError
-from services.common.txn_fate import TxnFate
+from services.common.kernel.errors import ServiceError
+from services.common.kernel.txn_fate import TxnFate
+from services.common.metadata.cluster import ClusterLayout
 from services.coordinator.core.hanging import StoreQuestion
 from services.coordinator.core.transactions import TransactionVersion, TxnState
 from services.coordinator.core.txn_log import TxnPartitionState, txn_key
 from services.coordinator.markers import FakeMarkerSender, MarkerSpec
-from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.producer_id_manager import ProducerIdManager
 from services.coordinator.storage.producer_id_log import MemoryProducerIdLog
 from services.coordinator.storage.txn_log import Entry, MemoryTxnLog
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime

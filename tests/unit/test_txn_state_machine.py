@@ -19,7 +19,8 @@ from dataclasses import replace
 import pytest
 
 from oncelog.errors import ErrorCode
-from services.common.errors import InvariantViolation, ServiceError
+from services.common.kernel.errors import ServiceError
+from services.common.kernel.invariants import InvariantViolation
 from services.coordinator.core.transactions import (
     MAX_PRODUCER_EPOCH,
     VALID_PREVIOUS,

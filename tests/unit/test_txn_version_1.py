@@ -27,7 +27,7 @@ from dataclasses import replace
 import pytest
 
 from oncelog.errors import ErrorCode
-from services.common.errors import ServiceError
+from services.common.kernel.errors import ServiceError
 from services.coordinator.core.transactions import (
     MAX_PRODUCER_EPOCH,
     TransactionVersion,

@@ -62,7 +62,7 @@ class _TransactionFateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Trans
 
 class TransactionFate(_TransactionFate, metaclass=_TransactionFateEnumTypeWrapper):
     """What a __transaction_state partition knows of a transaction a store holds
-    open (services/common/txn_fate.py, TxnFate, names without the prefix).
+    open (services/common/kernel/txn_fate.py, TxnFate, names without the prefix).
     """
 
 TRANSACTION_FATE_UNSPECIFIED: TransactionFate.ValueType  # 0

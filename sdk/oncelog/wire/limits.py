@@ -1,6 +1,6 @@
 """Bounds the SDK and the services must agree on, in one place.
 
-Each side adds its own (services/common/limits.py imports these and checks
+Each side adds its own (services/common/kernel/limits.py imports these and checks
 its limits against them at import), but a bound both sides enforce lives
 here only: a copy elsewhere would drift.
 """

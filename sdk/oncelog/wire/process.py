@@ -2,7 +2,7 @@
 
 * The line a service prints when it cannot listen because another process
   holds its port, and the parser that finds it in a service's log. The
-  services write it (services/common/server_base.py) and LocalCluster
+  services write it (services/common/rpc/server_base.py) and LocalCluster
   (oncelog.testing) reads it to tell "my port was taken between the pick and
   the bind, pick another" from every other reason a process exits at start.
 * The health-check service name by which a service process answers for

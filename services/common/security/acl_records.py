@@ -8,7 +8,7 @@ service reads them all), holding one record per binding:
            (the binding's canonical form: the same binding always has the
            same key, so creating it twice leaves one record after
            compaction, and deleting it is a tombstone under that key)
-    value  the binding as versioned, CRC32C-sealed JSON (services.common.durable),
+    value  the binding as versioned, CRC32C-sealed JSON (services.common.kernel.durable),
            or None: the binding was deleted
 
 The value repeats what the key says so that the CRC covers it; a record whose
@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .. import durable
+from ..kernel import durable
 from .authorizer import AclBinding, Operation, PatternType, Permission, ResourceType
 
 ACLS_TOPIC = "__acls"

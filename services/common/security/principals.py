@@ -49,7 +49,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from oncelog.wire.errors import ErrorCode
 
-from ..service_error import ServiceError
+from ..kernel.errors import ServiceError
 
 USER_TYPE = "User"
 

@@ -41,8 +41,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from ...common.invariants import invariant
-from ...common.txn_fate import TxnFate
+from ...common.kernel.invariants import invariant
+from ...common.kernel.txn_fate import TxnFate
 from .transactions import (
     NO_PRODUCER_ID,
     TransactionVersion,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...common import durable
-from ...common.invariants import invariant
+from ...common.kernel import durable
+from ...common.kernel.invariants import invariant
 
 BLOCK_RECORD_VERSION = 1
 DEFAULT_BLOCK_SIZE = 1000

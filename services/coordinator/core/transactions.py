@@ -43,8 +43,8 @@ from typing import Any
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.vocabulary import TransactionState
 
-from ...common.invariants import invariant
-from ...common.service_error import ServiceError
+from ...common.kernel.errors import ServiceError
+from ...common.kernel.invariants import invariant
 
 # Epochs are int16 on the wire. The last usable value is kept free so that an
 # epoch bump for fencing is always possible; at it, the producer id rotates.

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...common import durable
+from ...common.kernel import durable
 
 # encode_epoch is re-exported: the runtime and the simulation take it from here.
-from ...common.coordinator_epoch import EPOCH_KEY, decode_epoch
-from ...common.coordinator_epoch import encode_epoch as encode_epoch
+from ...common.shards.coordinator_epoch import EPOCH_KEY, decode_epoch
+from ...common.shards.coordinator_epoch import encode_epoch as encode_epoch
 from .transactions import TxnMetadata
 
 RECORD_VERSION = 1

@@ -7,9 +7,9 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from ...common.cluster import PRODUCER_IDS_TOPIC
-from ...common.errors import ServiceError
-from ...common.store_client import StoreClient
+from ...common.kernel.errors import ServiceError
+from ...common.metadata.cluster import PRODUCER_IDS_TOPIC
+from ...common.rpc.store_client import StoreClient
 from ..core.producer_ids import ProducerIdBlock, decode_block, encode_block
 
 

@@ -8,9 +8,9 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from ...common.cluster import TRANSACTION_STATE_TOPIC
-from ...common.service_error import ServiceError
-from ...common.store_client import StoreClient
+from ...common.kernel.errors import ServiceError
+from ...common.metadata.cluster import TRANSACTION_STATE_TOPIC
+from ...common.rpc.store_client import StoreClient
 
 Entry = tuple[bytes | None, bytes | None]
 

@@ -48,9 +48,9 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.vocabulary import GroupState as WireGroupState
 
-from ...common import limits
-from ...common.invariants import invariant
-from ...common.service_error import ServiceError
+from ...common.kernel import limits
+from ...common.kernel.errors import ServiceError
+from ...common.kernel.invariants import invariant
 from .groups import Group
 
 # ListGroups/DescribeGroups group types (Kafka's ListGroups v5 names).

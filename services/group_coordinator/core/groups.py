@@ -30,7 +30,7 @@ from typing import Any
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.vocabulary import GroupState as WireGroupState
 
-from ...common.service_error import ServiceError
+from ...common.kernel.errors import ServiceError
 from .assignor import TP, assign
 
 # Heartbeat member epochs with a special meaning (docs/groups.md).

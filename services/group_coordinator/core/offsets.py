@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
 
-from ...common import limits
-from ...common.service_error import ServiceError
+from ...common.kernel import limits
+from ...common.kernel.errors import ServiceError
 from .classic import AnyGroup, in_use
 from .offsets_log import (
     CommittedOffset,

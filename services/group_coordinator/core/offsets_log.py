@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 from oncelog.wire.records import MARKER_COMMIT, next_sequence
 
-from ...common import durable
-from ...common.coordinator_epoch import EPOCH_KEY, decode_epoch
-from ...common.invariants import invariant
+from ...common.kernel import durable
+from ...common.kernel.invariants import invariant
+from ...common.shards.coordinator_epoch import EPOCH_KEY, decode_epoch
 from . import classic
 from .classic import AnyGroup, ClassicGroup
 from .groups import Group

@@ -22,12 +22,12 @@ from oncelog.v1 import group_coordinator_pb2 as gpb
 from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ...common.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...common.security.operations import CLUSTER_ACTION, Check
 from ...partition_store.api import NewPartitions, TopicSpec
 from ..context import RequestContext
-from ..forward import GROUP_COORDINATOR
+from ..rpc.forward import GROUP_COORDINATOR
 from .metadata import topic_uuid
 
 _PS = "/oncelog.v1.PartitionStore/"

@@ -2,7 +2,7 @@
 id's coordinator requests.
 
 Every store forwards coordinator requests to the coordinator that owns the
-key (forward.py), so any store could answer; the one named is the store
+key (rpc/forward.py), so any store could answer; the one named is the store
 that leads the key's partition of `__consumer_offsets` (groups) or
 `__transaction_state` (transactional ids), as in Kafka, which spreads the
 coordinators' clients over the stores. When that partition has no leader
@@ -17,8 +17,8 @@ from typing import Any
 from oncelog.v1 import coordinator_pb2 as cpb
 from oncelog.wire.errors import ErrorCode
 
-from ...common.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
+from ...common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from ..context import RequestContext
 
 FIND_COORDINATOR_METHOD = "/oncelog.v1.TransactionCoordinator/FindCoordinator"

@@ -14,7 +14,7 @@ from oncelog.v1 import group_coordinator_pb2 as gpb
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ..context import RequestContext
 
 _GC = "/oncelog.v1.GroupCoordinator/"

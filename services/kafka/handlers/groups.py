@@ -18,9 +18,9 @@ from typing import Any
 from oncelog.v1 import group_coordinator_pb2 as gpb
 from oncelog.wire.errors import ErrorCode
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ..context import RequestContext
-from ..forward import DEFAULT_TIMEOUT_S
+from ..rpc.forward import DEFAULT_TIMEOUT_S
 
 _GC = "/oncelog.v1.GroupCoordinator/"
 # JoinGroup v4+ answers MEMBER_ID_REQUIRED to a dynamic member without an id

@@ -22,7 +22,7 @@ from typing import Any
 from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ..context import RequestContext
 
 METADATA_METHOD = "/oncelog.v1.PartitionStore/Metadata"

@@ -9,7 +9,7 @@ from typing import Any
 
 from oncelog.v1 import partition_store_pb2 as pb
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ...partition_store.api import OffsetQuery
 from ...partition_store.partition import Isolation
 from ..context import RequestContext

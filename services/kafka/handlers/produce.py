@@ -28,7 +28,7 @@ from typing import Any
 from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ...partition_store.api import ProduceItem, ProduceOutcome
 from ...partition_store.core.quotas import QuotaKind
 from ...partition_store.quotas import exempt

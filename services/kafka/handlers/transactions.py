@@ -3,7 +3,7 @@ AddOffsetsToTxn (25), EndTxn (26), and the admin ones DescribeProducers
 (61), DescribeTransactions (65), ListTransactions (66).
 
 The coordinator APIs go to the transaction coordinator that owns the
-transactional id, over gRPC (forward.py), after the listener authorized the
+transactional id, over gRPC (rpc/forward.py), after the listener authorized the
 client with the rule of the same gRPC method. Kafka's clients run
 transaction version 1 (their EndTxn does not move the producer epoch):
 InitProducerId says so to the coordinator, which keeps the epoch across
@@ -21,9 +21,9 @@ from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
 
-from ...common.errors import ServiceError
+from ...common.kernel.errors import ServiceError
 from ..context import RequestContext
-from ..forward import TRANSACTION_COORDINATOR
+from ..rpc.forward import TRANSACTION_COORDINATOR
 
 _TC = "/oncelog.v1.TransactionCoordinator/"
 _PS = "/oncelog.v1.PartitionStore/"

@@ -1,16 +1,11 @@
 """The store's small sealed values (time-index entries, counters, partition
-meta), in the shared durable envelope of services.common.durable."""
+meta), in the shared durable envelope of services.common.kernel.durable."""
 
 from __future__ import annotations
 
 import struct
 
-from ...common.durable import (
-    ENVELOPE_SIZE_BYTES,
-    CorruptValueError,
-    seal,
-    unseal,
-)
+from ...common.kernel.durable import ENVELOPE_SIZE_BYTES, CorruptValueError, seal, unseal
 
 __all__ = ["ENVELOPE_SIZE_BYTES", "CorruptValueError", "seal", "unseal"]
 

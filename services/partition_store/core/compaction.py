@@ -70,7 +70,7 @@ from dataclasses import dataclass, field, replace
 
 from oncelog.wire.records import MARKER_ABORT, BatchHeader, RecordKey
 
-from ...common.invariants import invariant
+from ...common.kernel.invariants import invariant
 from .codec import CorruptValueError, seal, unseal
 from .txn_index import AbortedTxn
 

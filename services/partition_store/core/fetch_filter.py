@@ -42,7 +42,7 @@ from typing import Generic, TypeVar
 
 from oncelog.wire.records import BatchHeader
 
-from ...common.invariants import InvariantViolation
+from ...common.kernel.invariants import InvariantViolation
 from .txn_index import AbortedIndex, AbortedTxn
 
 T = TypeVar("T")

@@ -77,8 +77,8 @@ from dataclasses import dataclass
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MAX_PRODUCER_EPOCH
 
-from ...common.invariants import invariant
-from ...common.txn_fate import TxnFate
+from ...common.kernel.invariants import invariant
+from ...common.kernel.txn_fate import TxnFate
 from .outcomes import Rejection
 from .producer_state import NO_TIME_MS, TXN_VERSION_2, ProducerEntry, TxnMarker
 

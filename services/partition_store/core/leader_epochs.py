@@ -79,7 +79,7 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ...common.invariants import InvariantViolation, invariant
+from ...common.kernel.invariants import InvariantViolation, invariant
 from .codec import CorruptValueError, seal, unseal
 
 # What OffsetsForLeaderEpoch answers when it has no answer.

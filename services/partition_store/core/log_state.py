@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from oncelog.wire.records import BatchHeader
 
-from ...common.invariants import invariant
+from ...common.kernel.invariants import invariant
 
 
 @dataclass(slots=True)

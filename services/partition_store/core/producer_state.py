@@ -120,8 +120,8 @@ from oncelog.wire.records import (
     next_sequence,
 )
 
-from ...common import limits
-from ...common.invariants import InvariantViolation, invariant
+from ...common.kernel import limits
+from ...common.kernel.invariants import InvariantViolation, invariant
 from .outcomes import Rejection
 
 # How many of a producer's batches are remembered per partition for dedup.

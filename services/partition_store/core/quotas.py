@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ...common.invariants import invariant
+from ...common.kernel.invariants import invariant
 
 # Kafka's defaults: quota.window.num and quota.window.size.seconds.
 DEFAULT_QUOTA_WINDOW_NUM = 11

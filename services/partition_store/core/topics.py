@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import HEADER_SIZE_BYTES
 
-from ...common import limits
-from ...common.cluster import INTERNAL_PREFIX
+from ...common.kernel import limits
+from ...common.metadata.cluster import INTERNAL_PREFIX
 from .codec import CorruptValueError, seal, unseal
 from .outcomes import Rejection
 

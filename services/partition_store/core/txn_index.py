@@ -32,7 +32,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ...common.invariants import invariant
+from ...common.kernel.invariants import invariant
 from .codec import CorruptValueError, seal, unseal
 
 ABORTED_TXN_VERSION = 1

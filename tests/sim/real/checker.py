@@ -80,8 +80,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from oncelog import records
-from services.common import durable
-from services.common.cluster import (
+from services.common.kernel import durable
+from services.common.metadata.cluster import (
     CONSUMER_OFFSETS_TOPIC,
     TRANSACTION_STATE_TOPIC,
     ClusterLayout,

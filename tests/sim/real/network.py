@@ -44,7 +44,7 @@ Method:
   not written back (a machine crash) or be replaced by an empty one.
 * **Leaders**: on a replicated run every client process finds a
   partition's leader through Metadata (`SimLeaderDirectory`, as
-  services/common/leaders.py and the SDK do), and followers reach theirs
+  services/common/rpc/leaders.py and the SDK do), and followers reach theirs
   through `SimLeaderLink`; `Network.cut_links` and `Network.isolated` are
   network partitions.
 """
@@ -61,10 +61,14 @@ from typing import Any, TypeVar
 
 from oncelog import records
 from oncelog.errors import ErrorCode
-from services.common.cluster import PRODUCER_IDS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterLayout
-from services.common.errors import ServiceError
-from services.common.leaders import METADATA_RPC_TIMEOUT_S, MOVED_CODES
-from services.common.store_client import STORE_RPC_TIMEOUT_S, RawRead, TxnWriter
+from services.common.kernel.errors import ServiceError
+from services.common.metadata.cluster import (
+    PRODUCER_IDS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    ClusterLayout,
+)
+from services.common.rpc.leaders import METADATA_RPC_TIMEOUT_S, MOVED_CODES
+from services.common.rpc.store_client import STORE_RPC_TIMEOUT_S, RawRead, TxnWriter
 from services.coordinator.core.hanging import StoreAnswer, StoreQuestion
 from services.coordinator.core.producer_ids import ProducerIdBlock, decode_block, encode_block
 from services.coordinator.markers import MARKER_RPC_TIMEOUT_S, MarkerSpec
@@ -84,12 +88,15 @@ from services.partition_store.api import (
     TopicOutcome,
     TopicSpec,
 )
-from services.partition_store.coordinator_link import RESOLVE_TIMEOUT_S as RESOLVE_RPC_TIMEOUT_S
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.core.topics import TopicRecord
 from services.partition_store.partition import Isolation
-from services.partition_store.replica_link import PARTITION_STATES_TIMEOUT_S, REPLICA_RPC_TIMEOUT_S
+from services.partition_store.rpc.coordinator_link import RESOLVE_TIMEOUT_S as RESOLVE_RPC_TIMEOUT_S
+from services.partition_store.rpc.replica_link import (
+    PARTITION_STATES_TIMEOUT_S,
+    REPLICA_RPC_TIMEOUT_S,
+)
 from services.partition_store.runtime import StoreRuntime
 from services.partition_store.storage.memory import MemoryStore
 from services.partition_store.storage.port import WriteGroup

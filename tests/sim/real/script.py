@@ -39,7 +39,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from services.common.cluster import ClusterLayout
+from services.common.metadata.cluster import ClusterLayout
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.partition_store.runtime import StoreRuntime
 from tests.sim.real.network import Hold, Incarnation, coordinator_name, store_name

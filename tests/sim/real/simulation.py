@@ -87,13 +87,13 @@ from typing import Any, TypeVar
 
 from oncelog import records
 from oncelog.errors import ErrorCode, OncelogError
-from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
-from services.common.errors import ServiceError
-from services.common.metadata_store import MemoryMetadataStore
+from services.common.kernel.errors import ServiceError
+from services.common.metadata.cluster import TRANSACTION_STATE_TOPIC, ClusterLayout
+from services.common.metadata.store import MemoryMetadataStore
 from services.coordinator.core import transactions as txn
 from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
 from services.coordinator.core.txn_log import encode_txn
-from services.coordinator.runtime import ProducerIdManager
+from services.coordinator.producer_id_manager import ProducerIdManager
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 from services.group_coordinator.core import offsets_log
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime

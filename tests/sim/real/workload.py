@@ -52,8 +52,8 @@ from oncelog._sequencing import PartitionSequencer
 from oncelog._transactions import Op, ProducerTxnState, TxnStateMachine, ends_producer
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.records import iter_records
-from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
-from services.common.errors import ServiceError
+from services.common.kernel.errors import ServiceError
+from services.common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.coordinator.core.transactions import TransactionVersion
 from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.group_coordinator.core.offsets import FetchedOffset

@@ -1,0 +1,111 @@
+"""The cluster's layout: which processes exist and who owns what.
+
+Placement is a pure function of the layout, so every process (and every
+client, through Metadata) computes the same answer without a lock service. On
+Kubernetes the addresses are StatefulSet DNS names, so the layout is fixed by
+the chart's values; locally, LocalCluster picks the ports.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from ..security.acl_records import ACLS_TOPIC, ACLS_TOPIC_PARTITIONS
+
+PRODUCER_IDS_TOPIC = "__producer_ids"
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_PREFIX = "__"
+
+
+def stable_hash(key: str) -> int:
+    """A hash that is the same in every process and release (unlike hash())."""
+    return zlib.crc32(key.encode())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterLayout:
+    """Advertised addresses of every process; a node's id is its index."""
+
+    stores: tuple[str, ...]
+    coordinators: tuple[str, ...] = ()
+    group_coordinators: tuple[str, ...] = ()
+    transaction_state_partitions: int = 8
+    consumer_offsets_partitions: int = 8
+    # The token listeners' advertised addresses (--token-listen), by node id:
+    # what a caller that came without a client certificate is told. Empty:
+    # the processes of that kind have no token listener.
+    token_stores: tuple[str, ...] = ()
+    token_coordinators: tuple[str, ...] = ()
+    token_group_coordinators: tuple[str, ...] = ()
+    # The stores' Kafka listeners' advertised addresses (--kafka-listen), by
+    # node id; empty: configured per store only (each knows its own, and a
+    # replicated cluster learns the others' from their registrations).
+    kafka_stores: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.stores:
+            raise ValueError("a cluster needs at least one partition store address")
+        if self.transaction_state_partitions < 1 or self.consumer_offsets_partitions < 1:
+            raise ValueError("internal topics need at least one partition")
+        for flag, token, main in (
+                ("--token-stores", self.token_stores, self.stores),
+                ("--token-coordinators", self.token_coordinators, self.coordinators),
+                ("--token-group-coordinators", self.token_group_coordinators,
+                 self.group_coordinators),
+                ("--kafka-stores", self.kafka_stores, self.stores)):
+            if token and len(token) != len(main):
+                raise ValueError(f"{flag} names {len(token)} addresses for {len(main)} "
+                                 "processes; give one per process, in node-id order, or none")
+
+    def coordinator_addresses(self, *, token: bool) -> tuple[str, ...]:
+        """The transaction coordinators' addresses for a caller; `token`: it
+        came without a client certificate (see token_stores)."""
+        return self.token_coordinators if token and self.token_coordinators else (
+            self.coordinators)
+
+    def group_coordinator_addresses(self, *, token: bool) -> tuple[str, ...]:
+        return self.token_group_coordinators if token and self.token_group_coordinators else (
+            self.group_coordinators)
+
+    @property
+    def controller_node_id(self) -> int:
+        """The store that keeps the topic catalog."""
+        return 0
+
+    def store_for(self, topic: str, partition: int) -> int:
+        """The store node that owns a partition."""
+        return (stable_hash(topic) + partition) % len(self.stores)
+
+    def transaction_state_partition(self, transactional_id: str) -> int:
+        return stable_hash(transactional_id) % self.transaction_state_partitions
+
+    def consumer_offsets_partition(self, group_id: str) -> int:
+        return stable_hash(group_id) % self.consumer_offsets_partitions
+
+    def coordinator_for_partition(self, partition: int) -> int:
+        """The transaction coordinator node that owns a __transaction_state partition."""
+        if not self.coordinators:
+            raise ValueError("the cluster has no transaction coordinator")
+        return partition % len(self.coordinators)
+
+    def group_coordinator_for_partition(self, partition: int) -> int:
+        if not self.group_coordinators:
+            raise ValueError("the cluster has no group coordinator")
+        return partition % len(self.group_coordinators)
+
+    def internal_topics(self) -> dict[str, int]:
+        """Internal topics and their partition counts, created on first start."""
+        return {
+            PRODUCER_IDS_TOPIC: 1,
+            TRANSACTION_STATE_TOPIC: self.transaction_state_partitions,
+            CONSUMER_OFFSETS_TOPIC: self.consumer_offsets_partitions,
+            # The ACLs (docs/security.md); created on every cluster, read
+            # only by services started with --authorizer acl.
+            ACLS_TOPIC: ACLS_TOPIC_PARTITIONS,
+        }
+
+
+def split_addresses(value: str) -> tuple[str, ...]:
+    return tuple(a.strip() for a in value.split(",") if a.strip())
