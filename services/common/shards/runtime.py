@@ -88,6 +88,10 @@ RECORD_OVERHEAD_BYTES = 64
 # A conditional append that keeps failing because others keep writing (markers
 # on __consumer_offsets) is given up after this many catch-ups.
 MAX_APPEND_ATTEMPTS = 20
+# An append slower than this is logged: while it runs, the partition's lock
+# is held (the group coordinator's commits), so everything else on the
+# partition waits too, heartbeats included.
+SLOW_APPEND_LOG_S = 2.0
 
 R = TypeVar("R")  # what a log hands to replay: one record, or one batch
 S = TypeVar("S", bound="Shard")
@@ -452,14 +456,17 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         await self.drain(owned)
         self.check_loaded(owned)
         for _attempt in range(MAX_APPEND_ATTEMPTS):
+            started_s = time.monotonic()
             try:
                 written = await self._log.append(
                     owned.partition, entries, expected_log_end_offset=owned.log_end_offset,
                     writer=writer(owned.state) if writer is not None else None,
                 )
             except WriteRefused as refused:
+                self._log_slow_append(owned, started_s, refused.error.code.name)
                 raise refused.error from refused
             except ServiceError as exc:
+                self._log_slow_append(owned, started_s, f"{exc.code.name}: {exc.message}")
                 if exc.code is ErrorCode.LOG_END_OFFSET_MISMATCH and self._others_write:
                     # A marker (or a newer owner) moved the log: read it and retry.
                     await self._catch_up_or_unload(owned)
@@ -472,10 +479,17 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
                 raise ServiceError(
                     code, f"{self.topic}-{owned.partition} write failed: {exc.message}"
                 ) from exc
+            self._log_slow_append(owned, started_s, "written")
             self._apply(owned, written)
             return
         raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                            f"{self.topic}-{owned.partition}: the log kept moving")
+
+    def _log_slow_append(self, owned: P, started_s: float, outcome: str) -> None:
+        took_s = time.monotonic() - started_s
+        if took_s >= SLOW_APPEND_LOG_S:
+            log.warning("%s-%d: an append took %.1f s (%s)", self.topic, owned.partition,
+                        took_s, outcome)
 
     # ---------------------------------------------------------- group commit
 
