@@ -179,3 +179,77 @@ def test_a_stream_opened_while_draining_is_refused() -> None:
         return ended.value.code
 
     assert asyncio.run(scenario()) is ErrorCode.SHUTTING_DOWN
+
+
+def _bounded_stream(requests: list[ps.ProduceRequest], *, max_in_flight: int,
+                    max_in_flight_bytes: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Streams `requests` into answer_each with handlers that wait until
+    released, releasing them one by one; returns (messages read, requests
+    running) each time before a release, and the ids answered."""
+    async def scenario() -> tuple[list[tuple[int, int]], list[int]]:
+        releases: asyncio.Queue[asyncio.Event] = asyncio.Queue()
+        read = 0
+        running = 0
+
+        async def source() -> AsyncIterator[Any]:
+            nonlocal read
+            for request in requests:
+                read += 1
+                yield request
+
+        async def handle(request: ps.ProduceRequest) -> ps.ProduceResponse:
+            nonlocal running
+            running += 1
+            release = asyncio.Event()
+            releases.put_nowait(release)
+            await release.wait()
+            running -= 1
+            return ps.ProduceResponse(request_id=request.request_id)
+
+        answered: list[int] = []
+        seen: list[tuple[int, int]] = []
+
+        async def drive() -> None:
+            async for answer in answer_each(source(), handle, ps.ProduceResponse,
+                                            max_in_flight=max_in_flight,
+                                            max_in_flight_bytes=max_in_flight_bytes):
+                answered.append(answer.request_id)
+
+        consumer = asyncio.create_task(drive())
+        while len(answered) < len(requests):
+            for _ in range(20):  # let the reader go as far as it may
+                await asyncio.sleep(0)
+            if releases.empty():
+                continue  # answers of released requests are still on their way
+            seen.append((read, running))
+            releases.get_nowait().set()
+        await consumer
+        return seen, answered
+
+    return asyncio.run(scenario())
+
+
+def test_a_stream_reads_no_further_than_its_bound_of_requests_in_flight() -> None:
+    """A client that keeps sending while its requests wait (a throttled
+    producer that ignores its throttle time, or one faster than the disk)
+    is pushed back: the server runs at most the bound at once and reads one
+    message past it (the one waiting for room), so gRPC's flow control
+    stops the client; each completion lets one more in, and every request
+    is answered."""
+    requests = [ps.ProduceRequest(request_id=i) for i in range(1, 11)]
+    seen, answered = _bounded_stream(requests, max_in_flight=3, max_in_flight_bytes=1 << 20)
+    assert seen[:7] == [(4, 3), (5, 3), (6, 3), (7, 3), (8, 3), (9, 3), (10, 3)]
+    assert sorted(answered) == list(range(1, 11))
+
+
+def test_a_stream_reads_no_further_than_its_bound_of_bytes_in_flight() -> None:
+    """The same by size: two 40 KiB requests fit under a 100 KiB bound, a
+    third waits; a request larger than the bound still runs when it is
+    alone, so no request is refused for its size here."""
+    big = ps.PartitionBatch(topic="t", partition=0, batch=b"x" * (40 << 10))
+    requests = [ps.ProduceRequest(request_id=i, batches=[big]) for i in range(1, 5)]
+    huge = ps.PartitionBatch(topic="t", partition=0, batch=b"x" * (200 << 10))
+    requests.append(ps.ProduceRequest(request_id=5, batches=[huge]))
+    seen, answered = _bounded_stream(requests, max_in_flight=100, max_in_flight_bytes=100 << 10)
+    assert seen == [(3, 2), (4, 2), (5, 2), (5, 1), (5, 1)]
+    assert sorted(answered) == [1, 2, 3, 4, 5]
