@@ -9,12 +9,14 @@ holds: the enum when set, else the string; both set and disagreeing is an
 error naming both; an unknown newer number reads as the string (a described
 state then as UNKNOWN). The store reads an ACL binding or filter sent with
 only the enums exactly as the same one sent with only the strings, refuses
-conflicting ones with INVALID_REQUEST, and answers with both fields equal.
+conflicting ones with INVALID_REQUEST, and answers with both fields equal;
+the SDK writes both fields, naming one value, and reads answers enum first.
 
 Method: the generated descriptors walked and compared with the vocabulary
 and with oncelog.wire.proto_enums' tables; the rule's functions and the
 store's conversions (services/partition_store/acls.py) called on messages
-built here; no servers.
+built here, and the SDK's request builders and answer readers likewise; no
+servers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from typing import Any
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from oncelog import AclBinding as SdkAclBinding
+from oncelog import AclFilter as SdkAclFilter
+from oncelog._admin_acls import _binding_from_proto, _binding_proto, _filter_proto
+from oncelog._admin_groups import _group_description
+from oncelog._admin_transactions import _transaction_description
 from oncelog.v1 import coordinator_pb2 as tc
 from oncelog.v1 import group_coordinator_pb2 as gc
 from oncelog.v1 import partition_store_pb2 as ps
@@ -158,7 +165,8 @@ def test_request_pair_that_disagrees_names_both() -> None:
     assert "creations[0].resource_type_enum ACL_RESOURCE_TYPE_TOPIC" in message
     with pytest.raises(pe.EnumPairError, match="'nonsense'.*ACL_OPERATION_READ"):
         pe.ACL_OPERATIONS.request_text("f.operation", ps.ACL_OPERATION_READ, "nonsense")
-    with pytest.raises(pe.EnumPairError, match="f.operation_enum: 99 is not an? AclOperation"):
+    with pytest.raises(pe.EnumPairError,
+                       match="f.operation_enum: 99 is not a value of AclOperation"):
         pe.ACL_OPERATIONS.request_text("f.operation", 99, "")
 
 
@@ -290,3 +298,55 @@ def test_filters_by_enum_or_string_or_any() -> None:
     assert caught.value.code is ErrorCode.INVALID_REQUEST
     assert "filters[1].operation 'any' and filters[1].operation_enum ACL_OPERATION_WRITE" in (
         caught.value.message)
+
+
+# ------------------------------------------------------------ the SDK's side
+
+
+def test_the_sdk_writes_both_fields_naming_one_value() -> None:
+    binding = SdkAclBinding(principal="User:alice", host="10.0.0.1",
+                            resource_type="TransactionalId", resource_name="app-",
+                            pattern_type="prefixed", operation="TwoPhaseCommit",
+                            permission="deny")
+    sent = _binding_proto(binding)
+    assert binding_from_proto(sent, "b") == binding_from_proto(_enums_only(), "b")
+    for name, table in (("resource_type", pe.ACL_RESOURCE_TYPES),
+                        ("pattern_type", pe.ACL_PATTERN_TYPES),
+                        ("operation", pe.ACL_OPERATIONS), ("permission", pe.ACL_PERMISSIONS)):
+        number = getattr(sent, f"{name}_enum")
+        assert number != 0 and table.word(number) == getattr(sent, name)
+    # A filter's open fields: "any" and ANY; a filter read back as the store
+    # reads it selects the same as the SDK's filter says.
+    sent_filter = _filter_proto(SdkAclFilter(resource_type="topic", pattern_type="match",
+                                             resource_name="payments"))
+    assert (sent_filter.operation, sent_filter.operation_enum) == ("any", ps.ACL_OPERATION_ANY)
+    assert (sent_filter.pattern_type_enum, sent_filter.resource_type_enum) == (
+        ps.ACL_PATTERN_TYPE_MATCH, ps.ACL_RESOURCE_TYPE_TOPIC)
+    assert filter_from_proto(sent_filter, "filter") == AclFilter(
+        resource_type=v.AclResourceType.TOPIC, resource_name="payments",
+        pattern_type=v.AclPatternFilterType.MATCH)
+    assert filter_from_proto(_filter_proto(None), "filter") == AclFilter()
+
+
+def test_the_sdk_reads_answers_enum_first() -> None:
+    # A binding sent with enums only (as a server in another language might).
+    read = _binding_from_proto(_enums_only())
+    assert (read.resource_type, read.pattern_type, read.operation, read.permission) == (
+        "transactional_id", "prefixed", "two_phase_commit", "deny")
+    # Strings only, as servers from before answer.
+    assert _binding_from_proto(_strings_only()) == read
+    assert _group_description(gc.GroupDescription(
+        group_id="g", state_enum=gc.GROUP_STATE_COMPLETING_REBALANCE)).state is (
+        v.GroupState.COMPLETING_REBALANCE)
+    assert _group_description(gc.GroupDescription(group_id="g", state="Stable")).state is (
+        v.GroupState.STABLE)
+    # A newer server's state this client knows by neither number nor name.
+    newer_group = gc.GroupDescription(group_id="g", state="Assigning",
+                                      state_enum=gc.GroupState.ValueType(42))
+    assert _group_description(newer_group).state is v.GroupState.UNKNOWN
+    assert _transaction_description(tc.TransactionDescription(
+        transactional_id="t", state_enum=tc.TRANSACTION_STATE_PREPARE_EPOCH_FENCE)).state is (
+        v.TransactionState.PREPARE_EPOCH_FENCE)
+    newer_txn = tc.TransactionDescription(transactional_id="t",
+                                          state_enum=tc.TransactionState.ValueType(42))
+    assert _transaction_description(newer_txn).state is v.TransactionState.UNKNOWN

@@ -166,7 +166,8 @@ class ProtoEnum(Generic[W, V]):
         word = self.word(number)
         if word is None:
             raise EnumPairError(
-                f"{field}_enum: {number} is not a {self.proto_name} value this server knows; "
+                f"{field}_enum: {number} is not a value of {self.proto_name} that this side "
+                f"knows; "
                 f"expected one of {', '.join(self.names[n] for n in sorted(self.names) if n)}")
         if text and self._key(text) != self._key(word):
             raise EnumPairError(self._conflict(field, text, number))
