@@ -22,6 +22,16 @@ from oncelog.v1 import (
 )
 from oncelog.wire import errors
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.proto_enums import (
+    ACL_OPERATIONS,
+    ACL_PATTERN_FILTER_TYPES,
+    ACL_PATTERN_TYPES,
+    ACL_PERMISSIONS,
+    ACL_RESOURCE_TYPES,
+)
+
+# A filter's field that matches any value, as the string and the enum spell it.
+_ANY = "any"
 
 
 class AclsAdmin(AdminBase):
@@ -99,31 +109,50 @@ class AclsAdmin(AdminBase):
 
 
 def _binding_proto(binding: AclBinding) -> partition_store_pb2.AclBinding:
+    """The wire's binding: each enum as its string and, beside it, its number."""
     return partition_store_pb2.AclBinding(
         principal=binding.principal, host=binding.host, resource_type=binding.resource_type,
         resource_name=binding.resource_name, pattern_type=binding.pattern_type,
         operation=binding.operation, permission=binding.permission,
+        resource_type_enum=ACL_RESOURCE_TYPES.number(binding.resource_type),
+        pattern_type_enum=ACL_PATTERN_TYPES.number(binding.pattern_type),
+        operation_enum=ACL_OPERATIONS.number(binding.operation),
+        permission_enum=ACL_PERMISSIONS.number(binding.permission),
     )
 
 
 def _filter_proto(selector: AclFilter | AclBinding | None) -> partition_store_pb2.AclBindingFilter:
-    """The wire's filter: "" for a field that matches anything."""
-    if selector is None:
-        return partition_store_pb2.AclBindingFilter(pattern_type="any")
-    f = AclFilter.of(selector) if isinstance(selector, AclBinding) else selector
+    """The wire's filter: "any" (and the enum's ANY) for a field that matches
+    anything; "" for a principal or host that does."""
+    f = AclFilter() if selector is None else (
+        AclFilter.of(selector) if isinstance(selector, AclBinding) else selector)
     if not isinstance(f, AclFilter):
         raise TypeError(f"an ACL filter is an AclFilter or an AclBinding, got {selector!r}")
+    resource_type = f.resource_type or _ANY
+    operation = f.operation or _ANY
+    permission = f.permission or _ANY
     return partition_store_pb2.AclBindingFilter(
-        principal=f.principal or "", host=f.host or "", resource_type=f.resource_type or "",
+        principal=f.principal or "", host=f.host or "", resource_type=resource_type,
         resource_name=f.resource_name or "", pattern_type=f.pattern_type,
-        operation=f.operation or "", permission=f.permission or "",
+        operation=operation, permission=permission,
+        resource_type_enum=ACL_RESOURCE_TYPES.number(resource_type),
+        pattern_type_enum=ACL_PATTERN_FILTER_TYPES.number(f.pattern_type),
+        operation_enum=ACL_OPERATIONS.number(operation),
+        permission_enum=ACL_PERMISSIONS.number(permission),
     )
 
 
 def _binding_from_proto(b: partition_store_pb2.AclBinding) -> AclBinding:
-    return AclBinding(principal=b.principal, host=b.host or "*", resource_type=b.resource_type,
-                      resource_name=b.resource_name, pattern_type=b.pattern_type or "literal",
-                      operation=b.operation, permission=b.permission or "allow")
+    # Each enum first, its string when the enum is unset or newer than this
+    # client (then the string is what an older server would have sent).
+    return AclBinding(
+        principal=b.principal, host=b.host or "*",
+        resource_type=ACL_RESOURCE_TYPES.response_text(b.resource_type_enum, b.resource_type),
+        resource_name=b.resource_name,
+        pattern_type=ACL_PATTERN_TYPES.response_text(b.pattern_type_enum, b.pattern_type)
+        or "literal",
+        operation=ACL_OPERATIONS.response_text(b.operation_enum, b.operation),
+        permission=ACL_PERMISSIONS.response_text(b.permission_enum, b.permission) or "allow")
 
 
 def _acl_sort_key(b: AclBinding) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from oncelog.v1 import (
 )
 from oncelog.wire import errors
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.proto_enums import GROUP_STATES
 from oncelog.wire.vocabulary import GroupState
 
 
@@ -50,7 +51,9 @@ class GroupsAdmin(AdminBase):
         optionally only those in `states` (Empty, Reconciling,
         Stable, Dead; for classic groups, Kafka's protocol, also
         PreparingRebalance and CompletingRebalance); sorted by group id."""
-        request = group_coordinator_pb2.ListGroupsRequest(states=list(states or ()))
+        texts = GROUP_STATES.texts_of(states or ())
+        request = group_coordinator_pb2.ListGroupsRequest(
+            states=texts, states_enum=GROUP_STATES.numbers_of(texts))
         def list_at(address: str, timeout_s: float) -> group_coordinator_pb2.ListGroupsResponse:
             resp = self._rpc(address, self._client.group_coordinator(address).ListGroups,
                              request, time.monotonic() + timeout_s, service="group coordinator")
@@ -60,7 +63,8 @@ class GroupsAdmin(AdminBase):
         out: dict[str, GroupListing] = {}
         for resp in self._ask_each(self._group_coordinator_addresses(), "ListGroups", list_at):
             for g in resp.groups:
-                out[g.group_id] = GroupListing(g.group_id, GroupState.reported(g.state))
+                out[g.group_id] = GroupListing(g.group_id, GroupState.reported(
+                    GROUP_STATES.response_text(g.state_enum, g.state)))
         return [out[k] for k in sorted(out)]
 
     @_within_budget
@@ -255,7 +259,7 @@ class GroupsAdmin(AdminBase):
 def _group_description(d: group_coordinator_pb2.GroupDescription) -> GroupDescription:
     return GroupDescription(
         group_id=d.group_id,
-        state=GroupState.reported(d.state),
+        state=GroupState.reported(GROUP_STATES.response_text(d.state_enum, d.state)),
         group_epoch=d.group_epoch,
         members=tuple(
             MemberDescription(

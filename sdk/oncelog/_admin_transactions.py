@@ -38,6 +38,7 @@ from oncelog.v1 import (
 )
 from oncelog.wire import errors
 from oncelog.wire.errors import ErrorCode, OncelogError
+from oncelog.wire.proto_enums import TRANSACTION_STATES
 from oncelog.wire.records import MAX_PRODUCER_EPOCH
 from oncelog.wire.vocabulary import TransactionState
 
@@ -57,8 +58,10 @@ class TransactionsAdmin(AdminBase):
         knows, optionally only those in `states` (coordinator state names:
         Ongoing, Prepared, CompleteCommit, ...) or with one of `producer_ids`; sorted by
         transactional id."""
+        texts = TRANSACTION_STATES.texts_of(states or ())
         request = coordinator_pb2.ListTransactionsRequest(
-            states=list(states or ()), producer_ids=list(producer_ids or ()),
+            states=texts, states_enum=TRANSACTION_STATES.numbers_of(texts),
+            producer_ids=list(producer_ids or ()),
         )
         def list_at(address: str, timeout_s: float) -> coordinator_pb2.ListTransactionsResponse:
             resp = self._rpc(address, self._client.coordinator(address).ListTransactions,
@@ -71,7 +74,9 @@ class TransactionsAdmin(AdminBase):
         for resp in self._ask_each(self._coordinator_addresses(), "ListTransactions", list_at):
             for t in resp.transactions:
                 out[t.transactional_id] = TransactionListing(
-                    t.transactional_id, t.producer_id, TransactionState.reported(t.state)
+                    t.transactional_id, t.producer_id,
+                    TransactionState.reported(TRANSACTION_STATES.response_text(t.state_enum,
+                                                                               t.state)),
                 )
         return [out[k] for k in sorted(out)]
 
@@ -344,7 +349,8 @@ class TransactionsAdmin(AdminBase):
         two_phase: dict[int, set[TopicPartition]] = {}
         for address in self._coordinator_addresses():
             list_request = coordinator_pb2.ListTransactionsRequest(
-                states=list(OPEN_TRANSACTION_STATES)
+                states=list(OPEN_TRANSACTION_STATES),
+                states_enum=TRANSACTION_STATES.numbers_of(OPEN_TRANSACTION_STATES),
             )
 
             def list_open(timeout_s: float, address: str = address,
@@ -369,7 +375,8 @@ class TransactionsAdmin(AdminBase):
                                  service="transaction coordinator")
 
             for d in self._call(f"DescribeTransactions at {address}", describe).transactions:
-                if d.error.code != 0 or d.state not in OPEN_TRANSACTION_STATES:
+                if d.error.code != 0 or TRANSACTION_STATES.response_text(
+                        d.state_enum, d.state) not in OPEN_TRANSACTION_STATES:
                     continue
                 producer_id = (d.prepared_transaction.producer_id
                                if d.HasField("prepared_transaction") else d.producer_id)
@@ -401,7 +408,7 @@ class TransactionsAdmin(AdminBase):
 def _transaction_description(d: coordinator_pb2.TransactionDescription) -> TransactionDescription:
     return TransactionDescription(
         transactional_id=d.transactional_id,
-        state=TransactionState.reported(d.state),
+        state=TransactionState.reported(TRANSACTION_STATES.response_text(d.state_enum, d.state)),
         producer_id=d.producer_id,
         producer_epoch=d.producer_epoch,
         transaction_timeout_ms=d.transaction_timeout_ms,

@@ -8,9 +8,12 @@ process's ACL watcher, refreshed first so that an answer reflects every
 change acknowledged before the call. The guard has already checked that
 the caller may (Alter on the cluster to change ACLs, Describe to read them).
 
-The enums travel as strings (Kafka's names, any case); an empty host,
-pattern type or permission of a binding is `*`, `literal` and `allow`. A
-binding or filter that cannot mean anything refuses the whole call with
+Each enum travels as a string (Kafka's names, any case) and as a proto enum
+beside it (`resource_type_enum`): the enum is read when it is not
+UNSPECIFIED, else the string (oncelog.wire.proto_enums), and answers carry
+both. An empty host, pattern type or permission of a binding is `*`,
+`literal` and `allow`. A binding or filter that cannot mean anything — or
+whose string and enum name different values — refuses the whole call with
 INVALID_REQUEST naming the field (`creations[1].operation: ...`), and
 nothing is written.
 """
@@ -18,10 +21,19 @@ nothing is written.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.proto_enums import (
+    ACL_OPERATIONS,
+    ACL_PATTERN_FILTER_TYPES,
+    ACL_PATTERN_TYPES,
+    ACL_PERMISSIONS,
+    ACL_RESOURCE_TYPES,
+    EnumPairError,
+    ProtoEnum,
+)
 
 from ..common.kernel.errors import OK, ServiceError
 from ..common.security.acl_records import ACLS_TOPIC, encode_binding, encode_deletion
@@ -61,6 +73,15 @@ def _parse(field: str, parse: Callable[[str], T], value: str) -> T:
         raise _bad(field, str(exc)) from exc
 
 
+def _text(field: str, table: ProtoEnum[Any, Any], number: int, text: str) -> str:
+    """The one string a (string, enum) pair means (the enum when it is set);
+    ServiceError(INVALID_REQUEST) naming both when they disagree."""
+    try:
+        return table.request_text(field, number, text)
+    except EnumPairError as exc:
+        raise ServiceError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+
+
 def binding_from_proto(message: pb.AclBinding, where: str) -> AclBinding:
     """A binding from its message; ServiceError(INVALID_REQUEST) naming the
     field (`where` + `.operation`) when it cannot mean anything."""
@@ -68,12 +89,22 @@ def binding_from_proto(message: pb.AclBinding, where: str) -> AclBinding:
         check_principal(message.principal)
     except ValueError as exc:
         raise _bad(f"{where}.principal", str(exc)) from exc
-    resource_type = _parse(f"{where}.resource_type", ResourceType.parse, message.resource_type)
+    # Every pair is read before anything is parsed, so that a disagreement
+    # is reported as one even when the string alone would not parse.
+    resource_type_text = _text(f"{where}.resource_type", ACL_RESOURCE_TYPES,
+                               message.resource_type_enum, message.resource_type)
+    pattern_type_text = _text(f"{where}.pattern_type", ACL_PATTERN_TYPES,
+                              message.pattern_type_enum, message.pattern_type)
+    operation_text = _text(f"{where}.operation", ACL_OPERATIONS,
+                           message.operation_enum, message.operation)
+    permission_text = _text(f"{where}.permission", ACL_PERMISSIONS,
+                            message.permission_enum, message.permission)
+    resource_type = _parse(f"{where}.resource_type", ResourceType.parse, resource_type_text)
     pattern_type = _parse(f"{where}.pattern_type", PatternType.parse,
-                          message.pattern_type or PatternType.LITERAL.value)
-    operation = _parse(f"{where}.operation", Operation.parse, message.operation)
+                          pattern_type_text or PatternType.LITERAL.value)
+    operation = _parse(f"{where}.operation", Operation.parse, operation_text)
     permission = _parse(f"{where}.permission", Permission.parse,
-                        message.permission or Permission.ALLOW.value)
+                        permission_text or Permission.ALLOW.value)
     try:
         pattern = ResourcePattern(resource_type, message.resource_name, pattern_type)
     except ValueError as exc:
@@ -86,11 +117,16 @@ def binding_from_proto(message: pb.AclBinding, where: str) -> AclBinding:
 
 
 def binding_to_proto(binding: AclBinding) -> pb.AclBinding:
+    """A binding as answers carry it: each enum as its string and its number."""
     return pb.AclBinding(
         principal=binding.principal, host=binding.host,
         resource_type=binding.resource_type.value, resource_name=binding.resource_name,
         pattern_type=binding.pattern_type.value, operation=binding.operation.value,
-        permission=binding.permission.value)
+        permission=binding.permission.value,
+        resource_type_enum=ACL_RESOURCE_TYPES.number(binding.resource_type),
+        pattern_type_enum=ACL_PATTERN_TYPES.number(binding.pattern_type),
+        operation_enum=ACL_OPERATIONS.number(binding.operation),
+        permission_enum=ACL_PERMISSIONS.number(binding.permission))
 
 
 def _optional(value: str) -> str | None:
@@ -98,11 +134,17 @@ def _optional(value: str) -> str | None:
 
 
 def filter_from_proto(message: pb.AclBindingFilter, where: str) -> AclFilter:
-    """A filter from its message ("" or "any": any value); ServiceError
-    (INVALID_REQUEST) naming the field when it cannot mean anything."""
-    resource_type = _optional(message.resource_type)
-    operation = _optional(message.operation)
-    permission = _optional(message.permission)
+    """A filter from its message ("" or "any", or the enum's ANY: any
+    value); ServiceError(INVALID_REQUEST) naming the field when it cannot
+    mean anything."""
+    resource_type = _optional(_text(f"{where}.resource_type", ACL_RESOURCE_TYPES,
+                                    message.resource_type_enum, message.resource_type))
+    pattern_type = _text(f"{where}.pattern_type", ACL_PATTERN_FILTER_TYPES,
+                         message.pattern_type_enum, message.pattern_type)
+    operation = _optional(_text(f"{where}.operation", ACL_OPERATIONS,
+                                message.operation_enum, message.operation))
+    permission = _optional(_text(f"{where}.permission", ACL_PERMISSIONS,
+                                 message.permission_enum, message.permission))
     principal = _optional(message.principal)
     if principal is not None:
         try:
@@ -114,7 +156,7 @@ def filter_from_proto(message: pb.AclBindingFilter, where: str) -> AclFilter:
             f"{where}.resource_type", ResourceType.parse, resource_type),
         resource_name=message.resource_name or None,
         pattern_type=_parse(f"{where}.pattern_type", PatternFilterType.parse,
-                            message.pattern_type or PatternFilterType.ANY.value),
+                            pattern_type or PatternFilterType.ANY.value),
         principal=principal,
         host=_optional(message.host),
         operation=None if operation is None else _parse(

@@ -48,6 +48,7 @@ from oncelog.v1 import group_coordinator_pb2 as gc
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
+from oncelog.wire import proto_enums as pe
 from oncelog.wire.status import error_from_rpc
 from services.common.security.operations import TABLE
 from tests.support.polling import retrying, wait_until
@@ -87,9 +88,15 @@ def _ok(error: object) -> None:
 
 def acl(principal: str, resource_type: str, resource_name: str, operation: str, *,
         pattern_type: str = "literal", permission: str = "allow") -> ps.AclBinding:
+    # Each enum as its string and its number, as writers send them and as
+    # answers carry them (so that a binding read back compares equal).
     return ps.AclBinding(principal=principal, host="*", resource_type=resource_type,
                          resource_name=resource_name, pattern_type=pattern_type,
-                         operation=operation, permission=permission)
+                         operation=operation, permission=permission,
+                         resource_type_enum=pe.ACL_RESOURCE_TYPES.number(resource_type),
+                         pattern_type_enum=pe.ACL_PATTERN_TYPES.number(pattern_type),
+                         operation_enum=pe.ACL_OPERATIONS.number(operation),
+                         permission_enum=pe.ACL_PERMISSIONS.number(permission))
 
 
 def grant(env: Env, *bindings: ps.AclBinding) -> None:

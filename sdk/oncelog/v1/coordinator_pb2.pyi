@@ -39,6 +39,53 @@ TRANSACTION: CoordinatorType.ValueType  # 0
 GROUP: CoordinatorType.ValueType  # 1
 Global___CoordinatorType: _TypeAlias = CoordinatorType  # noqa: Y015
 
+class _TransactionState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TransactionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TransactionState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRANSACTION_STATE_UNSPECIFIED: _TransactionState.ValueType  # 0
+    TRANSACTION_STATE_EMPTY: _TransactionState.ValueType  # 1
+    TRANSACTION_STATE_ONGOING: _TransactionState.ValueType  # 2
+    TRANSACTION_STATE_PREPARE_COMMIT: _TransactionState.ValueType  # 3
+    TRANSACTION_STATE_PREPARE_ABORT: _TransactionState.ValueType  # 4
+    TRANSACTION_STATE_COMPLETE_COMMIT: _TransactionState.ValueType  # 5
+    TRANSACTION_STATE_COMPLETE_ABORT: _TransactionState.ValueType  # 6
+    TRANSACTION_STATE_PREPARE_EPOCH_FENCE: _TransactionState.ValueType  # 7
+    TRANSACTION_STATE_PREPARED: _TransactionState.ValueType  # 8
+    TRANSACTION_STATE_DEAD: _TransactionState.ValueType  # 9
+    TRANSACTION_STATE_UNKNOWN: _TransactionState.ValueType  # 10
+    """What a client reports for a state it does not know (a newer server's
+    number). A coordinator never answers it; as a filter it matches nothing.
+    """
+
+class TransactionState(_TransactionState, metaclass=_TransactionStateEnumTypeWrapper):
+    """A transactional id's state (Kafka's TransactionState). A state travels
+    twice: as a string (Kafka's name: "Ongoing", "PrepareCommit") and, beside
+    it, as this enum in the field named the same with "_enum". Writers set both;
+    a reader takes the enum when it is not UNSPECIFIED, else the string; a
+    request whose two name different states fails with INVALID_REQUEST naming
+    both. A repeated pair (`states`, `states_enum`) is read element by element
+    when both are set (then they have the same length), else whichever is set.
+    """
+
+TRANSACTION_STATE_UNSPECIFIED: TransactionState.ValueType  # 0
+TRANSACTION_STATE_EMPTY: TransactionState.ValueType  # 1
+TRANSACTION_STATE_ONGOING: TransactionState.ValueType  # 2
+TRANSACTION_STATE_PREPARE_COMMIT: TransactionState.ValueType  # 3
+TRANSACTION_STATE_PREPARE_ABORT: TransactionState.ValueType  # 4
+TRANSACTION_STATE_COMPLETE_COMMIT: TransactionState.ValueType  # 5
+TRANSACTION_STATE_COMPLETE_ABORT: TransactionState.ValueType  # 6
+TRANSACTION_STATE_PREPARE_EPOCH_FENCE: TransactionState.ValueType  # 7
+TRANSACTION_STATE_PREPARED: TransactionState.ValueType  # 8
+TRANSACTION_STATE_DEAD: TransactionState.ValueType  # 9
+TRANSACTION_STATE_UNKNOWN: TransactionState.ValueType  # 10
+"""What a client reports for a state it does not know (a newer server's
+number). A coordinator never answers it; as a filter it matches nothing.
+"""
+Global___TransactionState: _TypeAlias = TransactionState  # noqa: Y015
+
 class _TransactionFate:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -497,21 +544,27 @@ class ListTransactionsRequest(_message.Message):
 
     STATES_FIELD_NUMBER: _builtins.int
     PRODUCER_IDS_FIELD_NUMBER: _builtins.int
+    STATES_ENUM_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Empty: every state."""
+        """Empty (both): every state. A state the coordinator does not know matches
+        nothing (as in Kafka).
+        """
 
     @_builtins.property
     def producer_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def states_enum(self) -> _containers.RepeatedScalarFieldContainer[Global___TransactionState.ValueType]: ...
     def __init__(
         self,
         *,
         states: _abc.Iterable[_builtins.str] | None = ...,
         producer_ids: _abc.Iterable[_builtins.int] | None = ...,
+        states_enum: _abc.Iterable[Global___TransactionState.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_ids", b"producer_ids", "states", b"states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_ids", b"producer_ids", "states", b"states", "states_enum", b"states_enum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -524,19 +577,22 @@ class TransactionListing(_message.Message):
     TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
     PRODUCER_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    STATE_ENUM_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     producer_id: _builtins.int
     state: _builtins.str
+    state_enum: Global___TransactionState.ValueType
     def __init__(
         self,
         *,
         transactional_id: _builtins.str = ...,
         producer_id: _builtins.int = ...,
         state: _builtins.str = ...,
+        state_enum: Global___TransactionState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_id", b"producer_id", "state", b"state", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_id", b"producer_id", "state", b"state", "state_enum", b"state_enum", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -602,6 +658,7 @@ class TransactionDescription(_message.Message):
     TWO_PHASE_COMMIT_FIELD_NUMBER: _builtins.int
     PREPARED_TRANSACTION_FIELD_NUMBER: _builtins.int
     TRANSACTION_VERSION_FIELD_NUMBER: _builtins.int
+    STATE_ENUM_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     state: _builtins.str
     producer_id: _builtins.int
@@ -615,6 +672,7 @@ class TransactionDescription(_message.Message):
     """
     transaction_version: _builtins.int
     """The transaction version its producer's InitProducerId chose (1 or 2)."""
+    state_enum: Global___TransactionState.ValueType
     @_builtins.property
     def error(self) -> _errors_pb2.Error: ...
     @_builtins.property
@@ -641,10 +699,11 @@ class TransactionDescription(_message.Message):
         two_phase_commit: _builtins.bool = ...,
         prepared_transaction: Global___PreparedTxnState | None = ...,
         transaction_version: _builtins.int = ...,
+        state_enum: Global___TransactionState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "prepared_transaction", b"prepared_transaction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "error", b"error", "partitions", b"partitions", "prepared_transaction", b"prepared_transaction", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "state", b"state", "transaction_start_time_ms", b"transaction_start_time_ms", "transaction_timeout_ms", b"transaction_timeout_ms", "transaction_version", b"transaction_version", "transactional_id", b"transactional_id", "two_phase_commit", b"two_phase_commit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "error", b"error", "partitions", b"partitions", "prepared_transaction", b"prepared_transaction", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "state", b"state", "state_enum", b"state_enum", "transaction_start_time_ms", b"transaction_start_time_ms", "transaction_timeout_ms", b"transaction_timeout_ms", "transaction_version", b"transaction_version", "transactional_id", b"transactional_id", "two_phase_commit", b"two_phase_commit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -11,6 +11,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from oncelog.v1 import errors_pb2 as _errors_pb2
 from oncelog.v1 import records_pb2 as _records_pb2
 import builtins as _builtins
@@ -23,6 +24,48 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _GroupState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _GroupStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_GroupState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    GROUP_STATE_UNSPECIFIED: _GroupState.ValueType  # 0
+    GROUP_STATE_EMPTY: _GroupState.ValueType  # 1
+    GROUP_STATE_RECONCILING: _GroupState.ValueType  # 2
+    GROUP_STATE_STABLE: _GroupState.ValueType  # 3
+    GROUP_STATE_PREPARING_REBALANCE: _GroupState.ValueType  # 4
+    GROUP_STATE_COMPLETING_REBALANCE: _GroupState.ValueType  # 5
+    GROUP_STATE_DEAD: _GroupState.ValueType  # 6
+    GROUP_STATE_UNKNOWN: _GroupState.ValueType  # 7
+    """What a client reports for a state it does not know (a newer server's
+    number). A coordinator never answers it; as a filter it matches nothing.
+    """
+
+class GroupState(_GroupState, metaclass=_GroupStateEnumTypeWrapper):
+    """A group's state (Kafka's GroupState: the consumer protocol's and the
+    classic protocol's). A state travels twice: as a string (Kafka's name:
+    "Stable", "CompletingRebalance") and, beside it, as this enum in the field
+    named the same with "_enum". Writers set both; a reader takes the enum when
+    it is not UNSPECIFIED, else the string; a request whose two name different
+    states fails with INVALID_REQUEST naming both. A repeated pair (`states`,
+    `states_enum`) is read element by element when both are set (then they
+    have the same length), else whichever is set.
+    """
+
+GROUP_STATE_UNSPECIFIED: GroupState.ValueType  # 0
+GROUP_STATE_EMPTY: GroupState.ValueType  # 1
+GROUP_STATE_RECONCILING: GroupState.ValueType  # 2
+GROUP_STATE_STABLE: GroupState.ValueType  # 3
+GROUP_STATE_PREPARING_REBALANCE: GroupState.ValueType  # 4
+GROUP_STATE_COMPLETING_REBALANCE: GroupState.ValueType  # 5
+GROUP_STATE_DEAD: GroupState.ValueType  # 6
+GROUP_STATE_UNKNOWN: GroupState.ValueType  # 7
+"""What a client reports for a state it does not know (a newer server's
+number). A coordinator never answers it; as a filter it matches nothing.
+"""
+Global___GroupState: _TypeAlias = GroupState  # noqa: Y015
 
 @_typing.final
 class ConsumerGroupHeartbeatRequest(_message.Message):
@@ -389,21 +432,29 @@ class ListGroupsRequest(_message.Message):
 
     STATES_FIELD_NUMBER: _builtins.int
     TYPES_FIELD_NUMBER: _builtins.int
+    STATES_ENUM_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Empty (both): every state. A state the coordinator does not know matches
+        nothing.
+        """
+
     @_builtins.property
     def types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """"classic" or "consumer" (Kafka's ListGroups v5 type filter); empty: all."""
 
+    @_builtins.property
+    def states_enum(self) -> _containers.RepeatedScalarFieldContainer[Global___GroupState.ValueType]: ...
     def __init__(
         self,
         *,
         states: _abc.Iterable[_builtins.str] | None = ...,
         types: _abc.Iterable[_builtins.str] | None = ...,
+        states_enum: _abc.Iterable[Global___GroupState.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["states", b"states", "types", b"types"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["states", b"states", "states_enum", b"states_enum", "types", b"types"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -417,6 +468,7 @@ class GroupListing(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     PROTOCOL_TYPE_FIELD_NUMBER: _builtins.int
     GROUP_TYPE_FIELD_NUMBER: _builtins.int
+    STATE_ENUM_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     state: _builtins.str
     protocol_type: _builtins.str
@@ -428,6 +480,7 @@ class GroupListing(_message.Message):
     """"consumer" (server-assigned, ConsumerGroupHeartbeat) or "classic"
     (JoinGroup/SyncGroup, or committed offsets alone), as Kafka's ListGroups v5.
     """
+    state_enum: Global___GroupState.ValueType
     def __init__(
         self,
         *,
@@ -435,10 +488,11 @@ class GroupListing(_message.Message):
         state: _builtins.str = ...,
         protocol_type: _builtins.str = ...,
         group_type: _builtins.str = ...,
+        state_enum: Global___GroupState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "group_type", b"group_type", "protocol_type", b"protocol_type", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "group_type", b"group_type", "protocol_type", b"protocol_type", "state", b"state", "state_enum", b"state_enum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -552,6 +606,7 @@ class GroupDescription(_message.Message):
     PROTOCOL_TYPE_FIELD_NUMBER: _builtins.int
     PROTOCOL_NAME_FIELD_NUMBER: _builtins.int
     GROUP_TYPE_FIELD_NUMBER: _builtins.int
+    STATE_ENUM_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     state: _builtins.str
     group_epoch: _builtins.int
@@ -563,6 +618,7 @@ class GroupDescription(_message.Message):
     """
     protocol_name: _builtins.str
     group_type: _builtins.str
+    state_enum: Global___GroupState.ValueType
     @_builtins.property
     def error(self) -> _errors_pb2.Error: ...
     @_builtins.property
@@ -579,10 +635,11 @@ class GroupDescription(_message.Message):
         protocol_type: _builtins.str = ...,
         protocol_name: _builtins.str = ...,
         group_type: _builtins.str = ...,
+        state_enum: Global___GroupState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "error", b"error", "group_epoch", b"group_epoch", "group_id", b"group_id", "group_type", b"group_type", "members", b"members", "protocol_name", b"protocol_name", "protocol_type", b"protocol_type", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "error", b"error", "group_epoch", b"group_epoch", "group_id", b"group_id", "group_type", b"group_type", "members", b"members", "protocol_name", b"protocol_name", "protocol_type", b"protocol_type", "state", b"state", "state_enum", b"state_enum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -40,6 +40,133 @@ ABORT: MarkerType.ValueType  # 0
 COMMIT: MarkerType.ValueType  # 1
 Global___MarkerType: _TypeAlias = MarkerType  # noqa: Y015
 
+class _AclResourceType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AclResourceTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AclResourceType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ACL_RESOURCE_TYPE_UNSPECIFIED: _AclResourceType.ValueType  # 0
+    ACL_RESOURCE_TYPE_ANY: _AclResourceType.ValueType  # 1
+    """Filters only: every resource type (as the string "any")."""
+    ACL_RESOURCE_TYPE_TOPIC: _AclResourceType.ValueType  # 2
+    ACL_RESOURCE_TYPE_GROUP: _AclResourceType.ValueType  # 3
+    ACL_RESOURCE_TYPE_CLUSTER: _AclResourceType.ValueType  # 4
+    ACL_RESOURCE_TYPE_TRANSACTIONAL_ID: _AclResourceType.ValueType  # 5
+
+class AclResourceType(_AclResourceType, metaclass=_AclResourceTypeEnumTypeWrapper):
+    """-------------------------------------------------------------------- ACLs
+    Each enum-valued field travels twice: as a string (Kafka's names, any case:
+    "topic", "transactional_id", "write", "cluster_action", "literal", "allow")
+    and, beside it, as a proto enum in the field named the same with "_enum"
+    (`resource_type` and `resource_type_enum`). Writers set both. A reader
+    takes the enum when it is not *_UNSPECIFIED, else the string, so a client
+    that sets only one of them (the string, as before; or the enum, as a
+    generated client in another language may) is understood the same. A
+    request whose string and enum are both set and name different values fails
+    as a whole with INVALID_REQUEST naming both, and changes nothing. The
+    numbers are Kafka's (org.apache.kafka.common.acl and .resource), so the
+    same number means the same thing in both protocols.
+    """
+
+ACL_RESOURCE_TYPE_UNSPECIFIED: AclResourceType.ValueType  # 0
+ACL_RESOURCE_TYPE_ANY: AclResourceType.ValueType  # 1
+"""Filters only: every resource type (as the string "any")."""
+ACL_RESOURCE_TYPE_TOPIC: AclResourceType.ValueType  # 2
+ACL_RESOURCE_TYPE_GROUP: AclResourceType.ValueType  # 3
+ACL_RESOURCE_TYPE_CLUSTER: AclResourceType.ValueType  # 4
+ACL_RESOURCE_TYPE_TRANSACTIONAL_ID: AclResourceType.ValueType  # 5
+Global___AclResourceType: _TypeAlias = AclResourceType  # noqa: Y015
+
+class _AclOperation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AclOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AclOperation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ACL_OPERATION_UNSPECIFIED: _AclOperation.ValueType  # 0
+    ACL_OPERATION_ANY: _AclOperation.ValueType  # 1
+    """Filters only: every operation (as the string "any")."""
+    ACL_OPERATION_ALL: _AclOperation.ValueType  # 2
+    ACL_OPERATION_READ: _AclOperation.ValueType  # 3
+    ACL_OPERATION_WRITE: _AclOperation.ValueType  # 4
+    ACL_OPERATION_CREATE: _AclOperation.ValueType  # 5
+    ACL_OPERATION_DELETE: _AclOperation.ValueType  # 6
+    ACL_OPERATION_ALTER: _AclOperation.ValueType  # 7
+    ACL_OPERATION_DESCRIBE: _AclOperation.ValueType  # 8
+    ACL_OPERATION_CLUSTER_ACTION: _AclOperation.ValueType  # 9
+    ACL_OPERATION_DESCRIBE_CONFIGS: _AclOperation.ValueType  # 10
+    ACL_OPERATION_ALTER_CONFIGS: _AclOperation.ValueType  # 11
+    ACL_OPERATION_IDEMPOTENT_WRITE: _AclOperation.ValueType  # 12
+    ACL_OPERATION_TWO_PHASE_COMMIT: _AclOperation.ValueType  # 15
+    """13 and 14 are Kafka's delegation-token operations, which oncelog has not."""
+
+class AclOperation(_AclOperation, metaclass=_AclOperationEnumTypeWrapper): ...
+
+ACL_OPERATION_UNSPECIFIED: AclOperation.ValueType  # 0
+ACL_OPERATION_ANY: AclOperation.ValueType  # 1
+"""Filters only: every operation (as the string "any")."""
+ACL_OPERATION_ALL: AclOperation.ValueType  # 2
+ACL_OPERATION_READ: AclOperation.ValueType  # 3
+ACL_OPERATION_WRITE: AclOperation.ValueType  # 4
+ACL_OPERATION_CREATE: AclOperation.ValueType  # 5
+ACL_OPERATION_DELETE: AclOperation.ValueType  # 6
+ACL_OPERATION_ALTER: AclOperation.ValueType  # 7
+ACL_OPERATION_DESCRIBE: AclOperation.ValueType  # 8
+ACL_OPERATION_CLUSTER_ACTION: AclOperation.ValueType  # 9
+ACL_OPERATION_DESCRIBE_CONFIGS: AclOperation.ValueType  # 10
+ACL_OPERATION_ALTER_CONFIGS: AclOperation.ValueType  # 11
+ACL_OPERATION_IDEMPOTENT_WRITE: AclOperation.ValueType  # 12
+ACL_OPERATION_TWO_PHASE_COMMIT: AclOperation.ValueType  # 15
+"""13 and 14 are Kafka's delegation-token operations, which oncelog has not."""
+Global___AclOperation: _TypeAlias = AclOperation  # noqa: Y015
+
+class _AclPatternType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AclPatternTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AclPatternType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ACL_PATTERN_TYPE_UNSPECIFIED: _AclPatternType.ValueType  # 0
+    ACL_PATTERN_TYPE_ANY: _AclPatternType.ValueType  # 1
+    """Filters only: bindings of either pattern type with exactly the name."""
+    ACL_PATTERN_TYPE_MATCH: _AclPatternType.ValueType  # 2
+    """Filters only: the bindings that apply to a resource of that name."""
+    ACL_PATTERN_TYPE_LITERAL: _AclPatternType.ValueType  # 3
+    ACL_PATTERN_TYPE_PREFIXED: _AclPatternType.ValueType  # 4
+
+class AclPatternType(_AclPatternType, metaclass=_AclPatternTypeEnumTypeWrapper): ...
+
+ACL_PATTERN_TYPE_UNSPECIFIED: AclPatternType.ValueType  # 0
+ACL_PATTERN_TYPE_ANY: AclPatternType.ValueType  # 1
+"""Filters only: bindings of either pattern type with exactly the name."""
+ACL_PATTERN_TYPE_MATCH: AclPatternType.ValueType  # 2
+"""Filters only: the bindings that apply to a resource of that name."""
+ACL_PATTERN_TYPE_LITERAL: AclPatternType.ValueType  # 3
+ACL_PATTERN_TYPE_PREFIXED: AclPatternType.ValueType  # 4
+Global___AclPatternType: _TypeAlias = AclPatternType  # noqa: Y015
+
+class _AclPermission:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AclPermissionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AclPermission.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ACL_PERMISSION_UNSPECIFIED: _AclPermission.ValueType  # 0
+    ACL_PERMISSION_ANY: _AclPermission.ValueType  # 1
+    """Filters only: either permission (as the string "any")."""
+    ACL_PERMISSION_DENY: _AclPermission.ValueType  # 2
+    ACL_PERMISSION_ALLOW: _AclPermission.ValueType  # 3
+
+class AclPermission(_AclPermission, metaclass=_AclPermissionEnumTypeWrapper): ...
+
+ACL_PERMISSION_UNSPECIFIED: AclPermission.ValueType  # 0
+ACL_PERMISSION_ANY: AclPermission.ValueType  # 1
+"""Filters only: either permission (as the string "any")."""
+ACL_PERMISSION_DENY: AclPermission.ValueType  # 2
+ACL_PERMISSION_ALLOW: AclPermission.ValueType  # 3
+Global___AclPermission: _TypeAlias = AclPermission  # noqa: Y015
+
 @_typing.final
 class MetadataRequest(_message.Message):
     """---------------------------------------------------------------- metadata"""
@@ -1604,11 +1731,7 @@ Global___AlterPartitionReassignmentsResponse: _TypeAlias = AlterPartitionReassig
 
 @_typing.final
 class AclBinding(_message.Message):
-    """-------------------------------------------------------------------- ACLs
-    Enums travel as strings (Kafka's names, case-insensitive: "topic",
-    "transactional_id", "write", "cluster_action", "literal", "allow"), so
-    that clients in other languages need no enum tables.
-    """
+    """A binding takes no ANY or MATCH value (INVALID_REQUEST naming the field)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1619,6 +1742,10 @@ class AclBinding(_message.Message):
     PATTERN_TYPE_FIELD_NUMBER: _builtins.int
     OPERATION_FIELD_NUMBER: _builtins.int
     PERMISSION_FIELD_NUMBER: _builtins.int
+    RESOURCE_TYPE_ENUM_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_ENUM_FIELD_NUMBER: _builtins.int
+    OPERATION_ENUM_FIELD_NUMBER: _builtins.int
+    PERMISSION_ENUM_FIELD_NUMBER: _builtins.int
     principal: _builtins.str
     """"User:alice"; "User:*" is every principal"""
     host: _builtins.str
@@ -1633,6 +1760,11 @@ class AclBinding(_message.Message):
     """read, write, ..., all"""
     permission: _builtins.str
     """allow (the default when empty) or deny"""
+    resource_type_enum: Global___AclResourceType.ValueType
+    """The same four as enums (see above); UNSPECIFIED: read the string."""
+    pattern_type_enum: Global___AclPatternType.ValueType
+    operation_enum: Global___AclOperation.ValueType
+    permission_enum: Global___AclPermission.ValueType
     def __init__(
         self,
         *,
@@ -1643,10 +1775,14 @@ class AclBinding(_message.Message):
         pattern_type: _builtins.str = ...,
         operation: _builtins.str = ...,
         permission: _builtins.str = ...,
+        resource_type_enum: Global___AclResourceType.ValueType = ...,
+        pattern_type_enum: Global___AclPatternType.ValueType = ...,
+        operation_enum: Global___AclOperation.ValueType = ...,
+        permission_enum: Global___AclPermission.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "pattern_type", b"pattern_type", "permission", b"permission", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "operation_enum", b"operation_enum", "pattern_type", b"pattern_type", "pattern_type_enum", b"pattern_type_enum", "permission", b"permission", "permission_enum", b"permission_enum", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type", "resource_type_enum", b"resource_type_enum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1654,8 +1790,9 @@ Global___AclBinding: _TypeAlias = AclBinding  # noqa: Y015
 
 @_typing.final
 class AclBindingFilter(_message.Message):
-    """Selects bindings; a field "" or "any" matches anything. pattern_type also
-    takes "match": the bindings that apply to a resource of that name.
+    """Selects bindings; a field "" or "any" (its enum UNSPECIFIED or ANY)
+    matches anything. pattern_type also takes "match" (ACL_PATTERN_TYPE_MATCH):
+    the bindings that apply to a resource of that name; "" is "any".
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1667,6 +1804,10 @@ class AclBindingFilter(_message.Message):
     PATTERN_TYPE_FIELD_NUMBER: _builtins.int
     OPERATION_FIELD_NUMBER: _builtins.int
     PERMISSION_FIELD_NUMBER: _builtins.int
+    RESOURCE_TYPE_ENUM_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_ENUM_FIELD_NUMBER: _builtins.int
+    OPERATION_ENUM_FIELD_NUMBER: _builtins.int
+    PERMISSION_ENUM_FIELD_NUMBER: _builtins.int
     principal: _builtins.str
     host: _builtins.str
     resource_type: _builtins.str
@@ -1674,6 +1815,10 @@ class AclBindingFilter(_message.Message):
     pattern_type: _builtins.str
     operation: _builtins.str
     permission: _builtins.str
+    resource_type_enum: Global___AclResourceType.ValueType
+    pattern_type_enum: Global___AclPatternType.ValueType
+    operation_enum: Global___AclOperation.ValueType
+    permission_enum: Global___AclPermission.ValueType
     def __init__(
         self,
         *,
@@ -1684,10 +1829,14 @@ class AclBindingFilter(_message.Message):
         pattern_type: _builtins.str = ...,
         operation: _builtins.str = ...,
         permission: _builtins.str = ...,
+        resource_type_enum: Global___AclResourceType.ValueType = ...,
+        pattern_type_enum: Global___AclPatternType.ValueType = ...,
+        operation_enum: Global___AclOperation.ValueType = ...,
+        permission_enum: Global___AclPermission.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "pattern_type", b"pattern_type", "permission", b"permission", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "operation_enum", b"operation_enum", "pattern_type", b"pattern_type", "pattern_type_enum", b"pattern_type_enum", "permission", b"permission", "permission_enum", b"permission_enum", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type", "resource_type_enum", b"resource_type_enum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

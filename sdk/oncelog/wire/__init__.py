@@ -10,7 +10,10 @@ servers standing on the client:
 * `oncelog.wire.status` — our Error into and out of a gRPC status;
 * `oncelog.wire.records` — the record-batch codec;
 * `oncelog.wire.limits` — the bounds both sides must agree on;
-* `oncelog.wire.process` — what a service process tells whoever started it.
+* `oncelog.wire.process` — what a service process tells whoever started it;
+* `oncelog.wire.vocabulary` — the shared words (ACLs, states, options) as
+  StrEnums, and `oncelog.wire.proto_enums` — each beside its proto enum, and
+  how a message's (string, enum) pair is read.
 
 The SDK's public `oncelog.errors` and `oncelog.records` are these modules
 under the names users import.

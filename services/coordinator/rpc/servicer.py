@@ -10,6 +10,7 @@ from oncelog.v1 import coordinator_pb2 as pb
 from oncelog.v1 import coordinator_pb2_grpc as pb_grpc
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.proto_enums import TRANSACTION_STATES, EnumPairError
 from oncelog.wire.records import MAX_PRODUCER_EPOCH
 
 from ...common.kernel import limits
@@ -70,6 +71,7 @@ def _describe(md: TxnMetadata, coordinator_epoch: int) -> pb.TransactionDescript
     return pb.TransactionDescription(
         transactional_id=md.transactional_id,
         state=md.state.value,
+        state_enum=TRANSACTION_STATES.number(md.state.value),
         producer_id=md.producer_id,
         producer_epoch=md.producer_epoch,
         transaction_timeout_ms=md.transaction_timeout_ms,
@@ -316,13 +318,21 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     async def ListTransactions(  # noqa: N802 - gRPC method name
         self, request: pb.ListTransactionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListTransactionsResponse:
-        states = set(request.states)
+        try:
+            # The states as the strings or the enums name them (Kafka's names
+            # in any spelling); a state not known here matches nothing.
+            states = TRANSACTION_STATES.request_filter(
+                "states", list(request.states_enum), list(request.states))
+        except EnumPairError as exc:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+        wanted = None if states is None else {state.value for state in states}
         producer_ids = set(request.producer_ids)
         return pb.ListTransactionsResponse(transactions=[
             pb.TransactionListing(transactional_id=md.transactional_id,
-                                  producer_id=md.producer_id, state=md.state.value)
+                                  producer_id=md.producer_id, state=md.state.value,
+                                  state_enum=TRANSACTION_STATES.number(md.state.value))
             for md in sorted(self._txns.list_transactions(), key=lambda m: m.transactional_id)
-            if (not states or md.state.value in states)
+            if (wanted is None or md.state.value in wanted)
             and (not producer_ids or md.producer_id in producer_ids)
         ])
 

@@ -15,6 +15,8 @@ import grpc
 from oncelog.v1 import errors_pb2, records_pb2
 from oncelog.v1 import group_coordinator_pb2 as pb
 from oncelog.v1 import group_coordinator_pb2_grpc as pb_grpc
+from oncelog.wire.errors import ErrorCode
+from oncelog.wire.proto_enums import GROUP_STATES, EnumPairError
 
 from ...common.kernel.errors import ServiceError
 from ..core import classic as cl
@@ -51,10 +53,12 @@ def _describe(group_id: str, group: cl.AnyGroup | None,
         # Committed offsets alone: an Empty group without protocol (Kafka's
         # "simple" group).
         return pb.GroupDescription(group_id=group_id, state=gr.GroupState.EMPTY.value,
+                                   state_enum=GROUP_STATES.number(gr.GroupState.EMPTY.value),
                                    coordinator_epoch=coordinator_epoch,
                                    group_type=cl.CLASSIC)
     return pb.GroupDescription(
-        group_id=group_id, state=group.state.value, group_epoch=group.epoch,
+        group_id=group_id, state=group.state.value,
+        state_enum=GROUP_STATES.number(group.state.value), group_epoch=group.epoch,
         coordinator_epoch=coordinator_epoch, protocol_type=cl.CONSUMER_PROTOCOL_TYPE,
         group_type=cl.CONSUMER,
         members=[
@@ -84,7 +88,8 @@ def _describe_classic(group: cl.ClassicGroup, coordinator_epoch: int) -> pb.Grou
             member_assignment=m.assignment,
         ))
     return pb.GroupDescription(
-        group_id=group.group_id, state=group.state.value, group_epoch=group.generation_id,
+        group_id=group.group_id, state=group.state.value,
+        state_enum=GROUP_STATES.number(group.state.value), group_epoch=group.generation_id,
         coordinator_epoch=coordinator_epoch, protocol_type=group.protocol_type,
         protocol_name=group.protocol_name, group_type=cl.CLASSIC,
         members=sorted(members, key=lambda d: d.member_id),
@@ -152,13 +157,23 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
     async def ListGroups(  # noqa: N802 - gRPC method name
         self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListGroupsResponse:
-        states = set(request.states)
+        try:
+            # The states as the strings or the enums name them (Kafka's names
+            # in any spelling, as Kafka's ListGroups reads them); a state not
+            # known here matches nothing.
+            states = GROUP_STATES.request_filter(
+                "states", list(request.states_enum), list(request.states))
+        except EnumPairError as exc:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+        wanted = None if states is None else {state.value for state in states}
         types = set(request.types)
         return pb.ListGroupsResponse(groups=[
-            pb.GroupListing(group_id=g.group_id, state=g.state, protocol_type=g.protocol_type,
-                            group_type=g.group_type)
+            pb.GroupListing(group_id=g.group_id, state=g.state,
+                            state_enum=GROUP_STATES.number(g.state),
+                            protocol_type=g.protocol_type, group_type=g.group_type)
             for g in self._rt.list_groups()
-            if (not states or g.state in states) and (not types or g.group_type in types)
+            if (wanted is None or g.state in wanted)
+            and (not types or g.group_type in types)
         ])
 
     async def DescribeGroups(  # noqa: N802 - gRPC method name

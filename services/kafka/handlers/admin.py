@@ -21,6 +21,7 @@ from typing import Any
 from oncelog.v1 import group_coordinator_pb2 as gpb
 from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.proto_enums import GROUP_STATES
 
 from ...common.kernel.errors import ServiceError
 from ...common.security.authorizer import CLUSTER_NAME, Operation, ResourceType
@@ -271,7 +272,8 @@ def _described(ctx: RequestContext, builder: Any, group: Any) -> Any:
 
 async def list_groups(ctx: RequestContext, request: Any) -> Any:
     builder = ctx.builder()
-    proto = gpb.ListGroupsRequest(states=list(getattr(request, "states_filter", ()) or ()))
+    states = list(getattr(request, "states_filter", ()) or ())
+    proto = gpb.ListGroupsRequest(states=states, states_enum=GROUP_STATES.numbers_of(states))
     coordinators = ctx.broker.coordinators
     try:
         authorizer = ctx.authorize(_GC + "ListGroups", proto)

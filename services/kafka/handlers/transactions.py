@@ -20,6 +20,7 @@ from oncelog.v1 import coordinator_pb2 as cpb
 from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.v1 import records_pb2
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.proto_enums import TRANSACTION_STATES
 
 from ...common.kernel.errors import ServiceError
 from ..context import RequestContext
@@ -208,7 +209,9 @@ async def describe_transactions(ctx: RequestContext, request: Any) -> Any:
 
 async def list_transactions(ctx: RequestContext, request: Any) -> Any:
     builder = ctx.builder()
-    proto = cpb.ListTransactionsRequest(states=list(request.state_filters),
+    states = list(request.state_filters)
+    proto = cpb.ListTransactionsRequest(states=states,
+                                        states_enum=TRANSACTION_STATES.numbers_of(states),
                                         producer_ids=list(request.producer_id_filters))
     try:
         authorizer = ctx.authorize(_TC + "ListTransactions", proto)
