@@ -947,7 +947,8 @@ class SimDisk:
     cache at once (what the process reads back, what survives kill -9 of
     the process), and reaches the platter at the next writeback (`flush`,
     which the simulation runs every few seconds, as the kernel's flusher
-    does; with fsync off nothing else syncs). A machine crash
+    does; with fsync off nothing else syncs) or at a `sync` (the writer's
+    fsync, with --fsync). A machine crash
     (`lose_unsynced`) keeps the synced state plus a prefix of the writes
     after it (a write-ahead log replays in order and stops at its torn
     end); `wipe` is a new, empty disk. The KeyValueStore port, over
@@ -957,6 +958,8 @@ class SimDisk:
         self._synced = MemoryStore()
         self._live = MemoryStore()
         self._unsynced: list[WriteGroup] = []
+        # Calls of sync() (the writer's fsyncs, with --fsync).
+        self.syncs = 0
 
     # ------------------------------------------------------------- faults
 
@@ -996,6 +999,8 @@ class SimDisk:
         self._unsynced.append(WriteGroup(list(group.ops)))
 
     def sync(self) -> None:
+        """fsync: every write so far is on the platter."""
+        self.syncs += 1
         self.flush()
 
     def get(self, key: bytes) -> bytes | None:
