@@ -179,6 +179,10 @@ TRANSACTIONAL_ID_EXPIRATION_MS = 180_000
 # (and clock jumps make many transactions overdue at once).
 MAX_TRANSACTION_TIMEOUT_MS = 60_000
 HANGING_TXN_MARGIN_MS = 2_000
+# The share of seeds whose copiers are members of their group (KIP-848
+# heartbeats, TxnOffsetCommit with member id and epoch); the others commit
+# outside the group protocol (generation -1), as a transactional sink does.
+MEMBERSHIP_SHARE = 0.5
 # The share of transactional ids that run transaction version 1.
 VERSION_1_SHARE = 0.4
 # A producer id no block of the coordinators' hands out: the transactional id
@@ -496,7 +500,7 @@ class Simulation:
                  faults: bool = True, verbose: bool = False, fifo: bool = False,
                  layout: ClusterLayout | None = None, data_partitions: int | None = None,
                  copiers: int | None = None, replicated: bool = False,
-                 fsync: bool = False,
+                 fsync: bool = False, membership: bool | None = None,
                  converge_limit_s: float = CONVERGE_LIMIT_S) -> None:
         self.seed = seed
         # The stores run with --fsync (the writer syncs each group commit
@@ -547,6 +551,13 @@ class Simulation:
                 consumer_offsets_partitions=copy_rng.randint(1, 2))
         self.input_partitions = copy_rng.randint(2, 3)
         self.input_records = [copy_rng.randint(15, 40) for _ in range(self.input_partitions)]
+        # Copiers that are members of their group (drawn apart, like the rest
+        # of the copiers' setup): all of a seed's or none, since a group with
+        # members refuses commits from outside the protocol.
+        # (A script that drives its copier step by step says False.)
+        self.membership = bool(self.copiers) and (random.Random(
+            f"membership {seed}").random() < MEMBERSHIP_SHARE if membership is None
+            else membership)
         self.disks: list[MemoryStore | SimDisk] = [
             SimDisk() if replicated or fsync else MemoryStore() for _ in self.layout.stores]
         # A wiped store is not back in sync yet (an --fsync machine crash
@@ -823,6 +834,7 @@ class Simulation:
             txn_open=self._txn_open, follow_leaders=self.replicated,
             leads=self._leads if self.replicated else None,
             transaction_version=self._version_of(transactional_id),
+            membership=self.membership, input_copied=self._input_copied,
         )
         inc.runtime = copier
         self.producers.append(copier)
@@ -1237,9 +1249,15 @@ class Simulation:
         it answered, or as a request arrived)."""
         if inc.dead or self._quiescing:
             return
+        node_id = int(inc.name.rpartition("-")[2])
+        if self.fsync:
+            # The machine's crash, not only the process's: what the store
+            # just acknowledged must have been synced.
+            self.trace(f"{inc} {why}")
+            self._cut_power(node_id)
+            return
         inc.kill()
         self._fault("crash", f"{inc} {why}")
-        node_id = int(inc.name.rpartition("-")[2])
         # Replicated runs schedule the restart from the harness's context:
         # from the dying process's (called right after it answered), the
         # restart dies with it and the store stays down until quiescing.
@@ -1505,6 +1523,8 @@ class Simulation:
 
     async def _main(self) -> None:
         self.trace(f"transaction version 1: {sorted(self.version_1_ids) or 'none'}")
+        if self.membership:
+            self.trace(f"copiers are members of group {GROUP_ID!r}")
         await self.setup()
         for index in range(self.rng.randint(2, 4)):
             self.start_producer(f"txn-{index}", 0)
@@ -1595,6 +1615,14 @@ class Simulation:
                 current.kill()
                 self.trace(f"RESTART {current}: fenced")
                 self._start_node(name)
+
+    def _input_copied(self) -> bool:
+        """The group's durable committed offsets are the input's ends (the
+        harness tells member copiers told to stop that they may leave)."""
+        committed = self.group_checker.committed_offsets()
+        return committed is not None and all(
+            committed.get(p) is not None and committed[p].offset == count
+            for p, count in enumerate(self.input_records))
 
     def _copier_finished(self, index: int) -> bool:
         """An instance of copier `index` stopped after copying all its input."""

@@ -11,9 +11,11 @@ Method: each seed is one `run_seed(seed, fsync=True)` (single copies) or
 `run_seed(seed, fsync=True, replicated=True)` (RF 3, min ISR 2): the stores
 run with `StoreConfig.fsync`, their disks (`SimDisk`) lose every write since
 the last sync or kernel writeback but for a prefix when their machine
-crashes, and the writer's fsync — on a thread in production — runs on the
-deterministic loop after a seeded delay (loop.py, `run_in_executor`), so a
-crash can strike while it is in flight and a seed still replays. The
+crashes (at seeded moments, and as a request reaches a store or right
+after it answered: the crash that tests an acknowledgement), and the
+writer's fsync — on a thread in production — runs on the deterministic loop
+after a seeded delay (loop.py, `run_in_executor`), so a crash can strike
+while it is in flight and a seed still replays. The
 checker is the one of every other run (lost, torn or changed committed
 data, decisions missing from the transaction log, input copied twice,
 replicas that disagree). Teeth: the writer with its fsync ignored
@@ -46,8 +48,9 @@ def _explain(result: SimResult, *, replicated: bool = False, bug: str | None = N
 def test_fsync_seed(seed: int) -> None:
     result = run_seed(seed, fsync=True)
     assert result.ok, _explain(result)
-    # The writer's syncs ran (a group commit each), not just the startup's.
-    assert result.disk_syncs > 10 * len(result.faults), result.summary()
+    # The writer's syncs ran (at least one per committed transaction), not
+    # just the startup's.
+    assert result.disk_syncs > result.committed > 0, result.summary()
 
 
 @pytest.mark.parametrize("seed", REPLICATED_CI_SEEDS, ids=lambda s: f"seed{s}")
@@ -85,7 +88,7 @@ def test_fsync_replay_is_deterministic() -> None:
 # --bug fsync-ignored`.
 TEETH: dict[str, tuple[list[int], list[int], tuple[str, ...]]] = {
     # (single-copy seeds, replicated seeds, what the failure says)
-    "fsync-ignored": ([6, 13], [11, 13], ("lost write", "once visible are gone",
+    "fsync-ignored": ([6, 10], [7, 11], ("lost write", "once visible are gone",
                                           "the transaction log holds no decision",
                                           "transaction log holds", "beyond the log end",
                                           "copied twice")),
