@@ -95,6 +95,7 @@ from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
 from services.coordinator.core.txn_log import encode_txn
 from services.coordinator.runtime import ProducerIdManager
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
+from services.group_coordinator.core import groups as groups_module
 from services.group_coordinator.core import offsets_log
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime
 from services.partition_store import metadata_link as metadata_link_module
@@ -415,6 +416,19 @@ def _append_after_leadership_moved() -> contextlib.AbstractContextManager[None]:
     return _patched(Producing, "_check_still_leading", unchecked)
 
 
+def _no_member_check() -> contextlib.AbstractContextManager[None]:
+    """A group coordinator that takes any member's offset commit, whatever
+    its member id, epoch or partitions: a copier removed from the group
+    (a stall past its session) commits input that another member, given
+    the partition, copies too."""
+    def anyone(_original: Callable[..., Any]) -> Callable[..., Any]:
+        def check(group: Any, **_kwargs: Any) -> dict[Any, ServiceError]:
+            del group
+            return {}
+        return check
+    return _patched(groups_module, "check_commit_member", anyone)
+
+
 def _fsync_ignored() -> contextlib.AbstractContextManager[None]:
     """A group-commit writer that takes `--fsync` and never syncs: it
     acknowledges writes that only the page cache holds, which a machine
@@ -434,6 +448,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-marker-epoch-check": _no_marker_epoch_check,
     "kafka-v1-marker-rule": _kafka_v1_marker_rule,
     "offsets-on-abort": _offsets_on_abort,
+    "no-member-check": _no_member_check,
     "leaky-read-committed": _leaky_read_committed,
     "skip-verification": _skip_verification,
     "two-phase-timeout": _two_phase_timeout,
@@ -484,10 +499,15 @@ class SimResult:
     faults: dict[str, int] = field(default_factory=dict)
     # The stores' disk syncs (the writer's fsyncs; 0 without --fsync).
     disk_syncs: int = 0
+    # Member copiers: joins, and offset commits refused as a stale member's.
+    joins: int = 0
+    member_refusals: int = 0
 
     def summary(self) -> str:
         faults = " ".join(f"{k}={v}" for k, v in sorted(self.faults.items()))
         syncs = f", {self.disk_syncs} fsyncs" if self.disk_syncs else ""
+        if self.joins:
+            syncs += f", {self.joins} joins, {self.member_refusals} member commits refused"
         return (f"seed {self.seed}: {'ok' if self.ok else 'FAILED'} {self.steps} steps, "
                 f"{self.simulated_s:.0f} s simulated in {self.wall_s:.2f} s, "
                 f"{self.messages} messages, {self.committed} committed, {self.aborted} "
@@ -1661,6 +1681,7 @@ class Simulation:
             fenced=self.counters.fenced, checks=self.checker.checks,
             faults=dict(self.fault_counts),
             disk_syncs=sum(d.syncs for d in self.disks if isinstance(d, SimDisk)),
+            joins=self.counters.joins, member_refusals=self.counters.member_refusals,
         )
         self._close()
         return result

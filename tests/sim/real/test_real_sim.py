@@ -4,7 +4,8 @@ Goal: every change to a production runtime (the store's, the transaction
 coordinator's, the group coordinator's) runs under a fixed set of seeds of
 tests/sim/real, where the unchanged runtimes meet lost, duplicated and
 delayed messages, crashes, pauses, coordinator takeovers with zombies,
-fenced producers, two-phase commit, transaction version 1 (Kafka's
+fenced producers, copiers that are members of their group (half the
+seeds) and are removed from it, two-phase commit, transaction version 1 (Kafka's
 clients) with KIP-360 recovery, admin aborts, clock jumps and epoch
 exhaustion, and an independent checker judges the exactly-once guarantees
 (checker.py), read-process-write included.
@@ -61,6 +62,16 @@ def test_no_faults_commits_transactions() -> None:
     result = run_seed(3, faults=False)
     assert result.ok, _explain(result)
     assert result.committed >= 10 and result.fenced == 0, result.summary()
+
+
+def test_member_copiers_are_fenced_and_rejoin() -> None:
+    """On a seed whose copiers are members of their group, a copier stalled
+    past its session is removed, its TxnOffsetCommit (its old member id and
+    epoch) is refused, and it joins again; the run still holds. (Seeds 7
+    and 5, the replay tests', are membership seeds too.)"""
+    result = run_seed(4)
+    assert result.ok, _explain(result)
+    assert result.joins > 2 and result.member_refusals > 0, result.summary()
 
 
 def test_replay_is_deterministic() -> None:
@@ -124,6 +135,10 @@ TEETH: dict[str, tuple[list[int], tuple[str, ...]]] = {
                                       "copied twice", "lost write")),
     # The group coordinator materializes an aborted transaction's offsets.
     "offsets-on-abort": ([2, 3], ("committed past unprocessed input",)),
+    # A group coordinator that takes any member's offset commit: a member
+    # copier removed from the group (stalled past its session) commits
+    # input its partitions' next owner copies too.
+    "no-member-check": ([8, 20], ("copied twice",)),
     "leaky-read-committed": ([2, 3], ("never asked to commit", "read_committed returned")),
     # A write to a partition the transaction never added hangs, until the
     # store aborts it with a marker of no decision.

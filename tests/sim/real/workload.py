@@ -131,6 +131,10 @@ class Counters:
     committed: int = 0
     aborted: int = 0
     fenced: int = 0
+    # Member copiers: joins answered, and TxnOffsetCommits refused because
+    # the member was removed or its epoch or partitions were stale.
+    joins: int = 0
+    member_refusals: int = 0
 
 
 class TxnProducer:
@@ -758,6 +762,8 @@ class Copier(TxnProducer):
             failures = 0
             state, epoch = membership.state, membership.member_epoch
             membership.on_response(request, answer, now_ms, self._loop.now_ms())
+            if state is MemberState.JOINING and membership.state is not state:
+                self._counters.joins += 1
             if (membership.state, membership.member_epoch) != (state, epoch):
                 self._trace(f"{self} {membership.state.value} member {membership.member_id} "
                             f"epoch {membership.member_epoch} assigned "
@@ -963,8 +969,16 @@ class Copier(TxnProducer):
             await self._call_group(f"txn-offset-commit {facts.key} pid={producer_id} "
                                    f"epoch={epoch}{as_member} {offsets}", op)
         except OncelogError as exc:
+            if exc.code in MEMBER_REFUSALS:
+                self._counters.member_refusals += 1
             return exc
         return None
+
+
+# TxnOffsetCommit's refusals of a member that is no longer one, or whose
+# epoch or partitions are stale (KIP-447's fencing of zombie members).
+MEMBER_REFUSALS = frozenset({ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH,
+                             ErrorCode.STALE_MEMBER_EPOCH})
 
 
 def _group_runtime(target: Incarnation) -> GroupCoordinatorRuntime:
