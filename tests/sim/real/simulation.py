@@ -67,6 +67,19 @@ leader (from the other stores, the metadata store, or everyone), and the
 metadata store out of reach; `checker.ReplicaChecker` judges the replicas'
 logs. docs/testing.md, "Replicated stores".
 
+`fsync` runs the stores with --fsync (the production writer's fsync runs
+at a seeded moment on the loop: loop.py) on SimDisks, single copies too,
+and adds machine crashes of any stores at any moment, several or every
+one at once, whatever the replicas' state (`_power_loss_anywhere`); a
+store's crash as a request arrives or right after it answered is its
+machine's. Nothing acknowledged may be lost. docs/testing.md, "Machine
+crashes with `--fsync`".
+
+On half the seeds (`membership`) the copiers are members of their group
+through the SDK's GroupMembership (workload.py, `Copier`): stalls and
+pauses past their session remove them, the group rebalances, and their
+stale TxnOffsetCommits are refused.
+
 `bug` (tests only) runs with one deliberately broken piece, to show that the
 checker catches it (see BUGS).
 """
