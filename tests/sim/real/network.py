@@ -960,6 +960,9 @@ class SimDisk:
         self._unsynced: list[WriteGroup] = []
         # Calls of sync() (the writer's fsyncs, with --fsync).
         self.syncs = 0
+        # Called once at the next write (then cleared): a machine crash
+        # aimed at the moment between a write and its sync.
+        self.on_next_write: Callable[[], None] | None = None
 
     # ------------------------------------------------------------- faults
 
@@ -997,6 +1000,9 @@ class SimDisk:
     def write(self, group: WriteGroup) -> None:
         self._live.write(group)
         self._unsynced.append(WriteGroup(list(group.ops)))
+        if self.on_next_write is not None:
+            armed, self.on_next_write = self.on_next_write, None
+            armed()
 
     def sync(self) -> None:
         """fsync: every write so far is on the platter."""

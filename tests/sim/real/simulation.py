@@ -1100,8 +1100,41 @@ class Simulation:
             self._wipe_unrecovered = False
         stores = len(self.layout.stores)
         count = stores if self.rng.random() < 0.4 else self.rng.randint(1, stores)
-        for node_id in sorted(self.rng.sample(range(stores), count)):
-            self._cut_power(node_id)
+        struck = sorted(self.rng.sample(range(stores), count))
+        if self.rng.random() < 0.5:
+            for node_id in struck:
+                self._cut_power(node_id)
+            return
+        # Aimed: at the next write to one of their disks, before the writer
+        # syncs it (its sync is a timer, later than the next step); a random
+        # moment mostly finds every write synced already. Or in 2 s anyway.
+        harness = contextvars.Context()
+        fired = False
+
+        def strike(why: str) -> None:
+            nonlocal fired
+            if fired or self._quiescing:
+                return
+            fired = True
+            for node_id in struck:
+                disk = self.disks[node_id]
+                if isinstance(disk, SimDisk):
+                    disk.on_next_write = None
+            self.trace(f"power loss {why}")
+            for node_id in struck:
+                self._cut_power(node_id)
+
+        def arm(node_id: int) -> Callable[[], None]:
+            def written() -> None:
+                self.loop.call_soon(strike, f"right after a write to store {node_id}'s disk",
+                                    context=harness)
+            return written
+
+        for node_id in struck:
+            disk = self.disks[node_id]
+            assert isinstance(disk, SimDisk)  # noqa: S101 - an --fsync run's disk
+            disk.on_next_write = arm(node_id)
+        self.loop.call_later(2.0, strike, "2 s after it was aimed", context=harness)
 
     def _cut_power(self, node_id: int) -> None:
         inc = self.net.current(store_name(node_id))

@@ -90,16 +90,17 @@ def test_fsync_replay_is_deterministic() -> None:
 
 # Teeth: the writer that takes --fsync and never syncs, and seeds where the
 # checker catches what it lost (an acknowledged commit not visible, records
-# once visible gone, a marker whose decision the transaction log lost). The
+# once visible gone, a marker whose decision the transaction log lost or
+# holds otherwise). The
 # seeds move whenever a run draws differently; find them again with
 # `.venv/bin/python -m tests.sim.real --seeds 1..30 --fsync [--replicated]
 # --bug fsync-ignored`.
 TEETH: dict[str, tuple[list[int], list[int], tuple[str, ...]]] = {
     # (single-copy seeds, replicated seeds, what the failure says)
-    "fsync-ignored": ([6, 10], [7, 11], ("lost write", "once visible are gone",
+    "fsync-ignored": ([10, 14], [7, 11], ("lost write", "once visible are gone",
                                           "the transaction log holds no decision",
                                           "transaction log holds", "beyond the log end",
-                                          "copied twice")),
+                                          "copied twice", "its decision #")),
 }
 
 
