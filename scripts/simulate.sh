@@ -2,10 +2,12 @@
 # Runs random seeds of the real-runtime simulation (tests/sim/real) for a
 # while and prints every failing seed with the command that replays it.
 #
-#   bash scripts/simulate.sh --minutes 10 [--steps 5000] [--bug NAME] [--replicated]
+#   bash scripts/simulate.sh --minutes 10 [--steps 5000] [--bug NAME] [--replicated] [--fsync]
 #
 # --replicated runs the seeds on three replicated stores (RF 3, min ISR 2)
 # with replication's faults (tests/sim/real/test_replicated_sim.py).
+# --fsync runs stores that sync before acknowledging, whose machines crash
+# at any moment, several at once (tests/sim/real/test_fsync_sim.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=5
@@ -14,8 +16,9 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
     --steps|--bug) extra+=("$1" "$2"); shift 2 ;;
-    --replicated) extra+=("$1"); shift ;;
-    *) echo "usage: $0 [--minutes N] [--steps N] [--bug NAME] [--replicated]" >&2; exit 2 ;;
+    --replicated|--fsync) extra+=("$1"); shift ;;
+    *) echo "usage: $0 [--minutes N] [--steps N] [--bug NAME] [--replicated] [--fsync]" >&2
+       exit 2 ;;
   esac
 done
 bash scripts/setup.sh >/dev/null

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from oncelog.types import TopicPartition
@@ -164,8 +165,12 @@ class GroupMembership:
         *,
         session_timeout_ms: int,
         group_instance_id: str | None = None,
+        new_member_id: Callable[[], str] | None = None,
     ) -> None:
         self.group_id = group_id
+        # Each join's member id (a random UUID; a simulation passes its
+        # seed's, so that a run replays).
+        self._new_member_id = new_member_id or _random_member_id
         self.session_timeout_ms = session_timeout_ms
         self.group_instance_id = group_instance_id
         self.state = MemberState.UNSUBSCRIBED
@@ -438,7 +443,7 @@ class GroupMembership:
 
     def _start_join(self, now_ms: int) -> None:
         self.member_id = ""
-        self._join_member_id = uuid.uuid4().hex
+        self._join_member_id = self._new_member_id()
         self._join_sent = False
         self.member_epoch = JOIN_EPOCH
         self.target = None
@@ -481,3 +486,7 @@ class GroupMembership:
         self.member_epoch = -1
         self.target = None
         self._acked_sent_ms = None
+
+
+def _random_member_id() -> str:
+    return uuid.uuid4().hex

@@ -6,6 +6,8 @@
     .venv/bin/python -m tests.sim.real --seeds 1..50 --bug no-confirm-ownership
     .venv/bin/python -m tests.sim.real --seed 17 --replicated   # three replicated stores
     .venv/bin/python -m tests.sim.real --seeds 1..20 --replicated --bug elect-outside-isr
+    .venv/bin/python -m tests.sim.real --seeds 1..50 --fsync        # machine crashes anywhere
+    .venv/bin/python -m tests.sim.real --seeds 1..20 --fsync --replicated --bug fsync-ignored
 
 String hashing is randomized per process unless PYTHONHASHSEED is set; the
 run re-executes itself with PYTHONHASHSEED=0 so a seed replays the same
@@ -41,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicated", action="store_true",
                         help="three replicated stores (RF 3, min.insync.replicas 2) with the "
                              "metadata in a shared in-memory etcd, and replication's faults")
+    parser.add_argument("--fsync", action="store_true",
+                        help="stores that fsync each group commit before acknowledging it, "
+                             "and machine crashes (lost unsynced writes) of any store at any "
+                             "moment, several or all at once")
     parser.add_argument("--verbose", action="store_true", help="print every trace line")
     args = parser.parse_args(argv)
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else args.seeds
@@ -49,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = 0
     for seed in seeds:
         result = run_seed(seed, steps=args.steps, bug=args.bug, verbose=args.verbose,
-                          faults=not args.no_faults, replicated=args.replicated)
+                          faults=not args.no_faults, replicated=args.replicated,
+                          fsync=args.fsync)
         steps += result.steps
         print(result.summary(), flush=True)
         if not result.ok:
@@ -58,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(result.trace_tail)
             print(f"FAILED: {result.failure}")
             replay = replay_command(seed, steps=args.steps, bug=args.bug,
-                                    replicated=args.replicated)
+                                    replicated=args.replicated, fsync=args.fsync)
             print(f"replay: {replay}", flush=True)
     wall_s = time.perf_counter() - started_s
     print(f"{len(seeds)} seeds, {len(failed)} failed {failed[:20]}; {steps / wall_s:.0f} "

@@ -30,6 +30,12 @@ futures, tasks, `call_at`, `run_until_complete`):
   dead process runs either, which is why dead tasks are kept referenced in
   `graveyard` instead of being garbage-collected, which would close their
   coroutines and run those clauses).
+* **Threads**: none. `run_in_executor` (the group-commit writer's fsync
+  on its flusher thread, with `--fsync`) runs the function on the loop, in
+  the caller's node context, after a seeded delay of up to
+  MAX_EXECUTOR_DELAY_S (a device's sync latency): the moment the work
+  happens is the seed's, and a machine crash can strike while it is in
+  flight. A paused node's work waits; a dead node's never happens.
 * **Steps**: one iteration is one step; `on_step` runs between iterations
   (the checker), with no callback of any node half-done.
 """
@@ -56,6 +62,9 @@ class NodeState(Protocol):
 
     parked: list[asyncio.Handle]
 
+
+# The longest a thread's work (an fsync) takes in simulated time.
+MAX_EXECUTOR_DELAY_S = 0.005
 
 # The node incarnation a callback belongs to (None: the simulator itself).
 NODE: contextvars.ContextVar[NodeState | None] = contextvars.ContextVar("sim_node", default=None)
@@ -107,6 +116,30 @@ class DeterministicLoop(asyncio.BaseEventLoop):
 
     def _write_to_self(self) -> None:
         """Nothing to wake: there is no selector to interrupt."""
+
+    # ------------------------------------------------------------ threads
+
+    def run_in_executor(  # type: ignore[override]
+        self, executor: Any, func: Callable[..., Any], *args: Any,
+    ) -> asyncio.Future[Any]:
+        """Runs `func` on the loop after a seeded delay instead of on the
+        executor's thread, whose finishing moment no seed would decide (see
+        the module docstring). The executor is never used."""
+        del executor
+        future: asyncio.Future[Any] = self.create_future()
+
+        def work() -> None:
+            if future.cancelled():
+                return
+            try:
+                result = func(*args)
+            except Exception as exc:  # the thread's exception, as the caller would get it
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        self.call_later(self._rng.uniform(0.0, MAX_EXECUTOR_DELAY_S), work)
+        return future
 
     # --------------------------------------------------------------- tasks
 
@@ -205,4 +238,5 @@ def _record_unexpected(loop: asyncio.AbstractEventLoop, context: dict[str, Any])
     loop.errors.append(f"{context.get('message')}: {exc!r}")
 
 
-__all__ = ["NODE", "DeterministicLoop", "NodeState", "SimulationStuck", "new_loop"]
+__all__ = ["MAX_EXECUTOR_DELAY_S", "NODE", "DeterministicLoop", "NodeState", "SimulationStuck",
+           "new_loop"]

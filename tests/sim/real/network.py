@@ -954,7 +954,8 @@ class SimDisk:
     cache at once (what the process reads back, what survives kill -9 of
     the process), and reaches the platter at the next writeback (`flush`,
     which the simulation runs every few seconds, as the kernel's flusher
-    does; with fsync off nothing else syncs). A machine crash
+    does; with fsync off nothing else syncs) or at a `sync` (the writer's
+    fsync, with --fsync). A machine crash
     (`lose_unsynced`) keeps the synced state plus a prefix of the writes
     after it (a write-ahead log replays in order and stops at its torn
     end); `wipe` is a new, empty disk. The KeyValueStore port, over
@@ -964,6 +965,11 @@ class SimDisk:
         self._synced = MemoryStore()
         self._live = MemoryStore()
         self._unsynced: list[WriteGroup] = []
+        # Calls of sync() (the writer's fsyncs, with --fsync).
+        self.syncs = 0
+        # Called once at the next write (then cleared): a machine crash
+        # aimed at the moment between a write and its sync.
+        self.on_next_write: Callable[[], None] | None = None
 
     # ------------------------------------------------------------- faults
 
@@ -1001,8 +1007,13 @@ class SimDisk:
     def write(self, group: WriteGroup) -> None:
         self._live.write(group)
         self._unsynced.append(WriteGroup(list(group.ops)))
+        if self.on_next_write is not None:
+            armed, self.on_next_write = self.on_next_write, None
+            armed()
 
     def sync(self) -> None:
+        """fsync: every write so far is on the platter."""
+        self.syncs += 1
         self.flush()
 
     def get(self, key: bytes) -> bytes | None:

@@ -74,7 +74,10 @@ class Scenario:
         self.sim = Simulation(seed, faults=False, verbose=verbose, layout=layout,
                               data_partitions=data_partitions, check_every_steps=1,
                               copiers=copiers, replicated=replicated,
-                              converge_limit_s=converge_limit_s)
+                              converge_limit_s=converge_limit_s,
+                              # Its copier is driven call by call, outside
+                              # the group protocol.
+                              membership=False)
         self.net = self.sim.net
         self.loop = self.sim.loop
         self.layout = layout

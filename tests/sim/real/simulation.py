@@ -67,6 +67,19 @@ leader (from the other stores, the metadata store, or everyone), and the
 metadata store out of reach; `checker.ReplicaChecker` judges the replicas'
 logs. docs/testing.md, "Replicated stores".
 
+`fsync` runs the stores with --fsync (the production writer's fsync runs
+at a seeded moment on the loop: loop.py) on SimDisks, single copies too,
+and adds machine crashes of any stores at any moment, several or every
+one at once, whatever the replicas' state (`_power_loss_anywhere`); a
+store's crash as a request arrives or right after it answered is its
+machine's. Nothing acknowledged may be lost. docs/testing.md, "Machine
+crashes with `--fsync`".
+
+On half the seeds (`membership`) the copiers are members of their group
+through the SDK's GroupMembership (workload.py, `Copier`): stalls and
+pauses past their session remove them, the group rebalances, and their
+stale TxnOffsetCommits are refused.
+
 `bug` (tests only) runs with one deliberately broken piece, to show that the
 checker catches it (see BUGS).
 """
@@ -95,11 +108,13 @@ from services.coordinator.core.producer_ids import DEFAULT_BLOCK_SIZE
 from services.coordinator.core.txn_log import encode_txn
 from services.coordinator.producer_id_manager import ProducerIdManager
 from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
+from services.group_coordinator.core import groups as groups_module
 from services.group_coordinator.core import offsets_log
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime
 from services.partition_store import metadata_link as metadata_link_module
 from services.partition_store import partition as partition_module
 from services.partition_store import partition_reads as partition_reads_module
+from services.partition_store import writer as writer_module
 from services.partition_store.api import ProduceItem, TopicSpec
 from services.partition_store.core import producer_state
 from services.partition_store.core.outcomes import Rejection
@@ -178,6 +193,10 @@ TRANSACTIONAL_ID_EXPIRATION_MS = 180_000
 # (and clock jumps make many transactions overdue at once).
 MAX_TRANSACTION_TIMEOUT_MS = 60_000
 HANGING_TXN_MARGIN_MS = 2_000
+# The share of seeds whose copiers are members of their group (KIP-848
+# heartbeats, TxnOffsetCommit with member id and epoch); the others commit
+# outside the group protocol (generation -1), as a transactional sink does.
+MEMBERSHIP_SHARE = 0.5
 # The share of transactional ids that run transaction version 1.
 VERSION_1_SHARE = 0.4
 # A producer id no block of the coordinators' hands out: the transactional id
@@ -410,6 +429,31 @@ def _append_after_leadership_moved() -> contextlib.AbstractContextManager[None]:
     return _patched(Producing, "_check_still_leading", unchecked)
 
 
+def _no_member_check() -> contextlib.AbstractContextManager[None]:
+    """A group coordinator that takes any member's offset commit, whatever
+    its member id, epoch or partitions: a copier removed from the group
+    (a stall past its session) commits input that another member, given
+    the partition, copies too."""
+    def anyone(_original: Callable[..., Any]) -> Callable[..., Any]:
+        def check(group: Any, **_kwargs: Any) -> dict[Any, ServiceError]:
+            del group
+            return {}
+        return check
+    return _patched(groups_module, "check_commit_member", anyone)
+
+
+def _fsync_ignored() -> contextlib.AbstractContextManager[None]:
+    """A group-commit writer that takes `--fsync` and never syncs: it
+    acknowledges writes that only the page cache holds, which a machine
+    crash loses."""
+    def never_syncs(original: Callable[..., Any]) -> Callable[..., Any]:
+        def init(self: writer_module.GroupCommitWriter, store: Any, *, fsync: bool) -> None:
+            del fsync
+            original(self, store, fsync=False)
+        return init
+    return _patched(writer_module.GroupCommitWriter, "__init__", never_syncs)
+
+
 # Deliberately broken runtimes for the "checker has teeth" tests.
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-confirm-ownership": _no_confirm_ownership,
@@ -417,6 +461,7 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-marker-epoch-check": _no_marker_epoch_check,
     "kafka-v1-marker-rule": _kafka_v1_marker_rule,
     "offsets-on-abort": _offsets_on_abort,
+    "no-member-check": _no_member_check,
     "leaky-read-committed": _leaky_read_committed,
     "skip-verification": _skip_verification,
     "two-phase-timeout": _two_phase_timeout,
@@ -426,9 +471,13 @@ BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-follower-truncation": _no_follower_truncation,
     "elect-outside-isr": _elect_outside_isr,
     "append-after-leadership-moved": _append_after_leadership_moved,
+    # Durability's (caught in --fsync runs, whose machine crashes strike
+    # any store at any moment: test_fsync_sim.py).
+    "fsync-ignored": _fsync_ignored,
 }
 REPLICATION_BUGS = frozenset({"hw-ignores-followers", "no-follower-truncation",
                               "elect-outside-isr", "append-after-leadership-moved"})
+FSYNC_BUGS = frozenset({"fsync-ignored"})
 
 
 def _store_count(drawn: int, *, replicated: bool) -> int:
@@ -461,13 +510,21 @@ class SimResult:
     fenced: int = 0
     checks: int = 0
     faults: dict[str, int] = field(default_factory=dict)
+    # The stores' disk syncs (the writer's fsyncs; 0 without --fsync).
+    disk_syncs: int = 0
+    # Member copiers: joins, and offset commits refused as a stale member's.
+    joins: int = 0
+    member_refusals: int = 0
 
     def summary(self) -> str:
         faults = " ".join(f"{k}={v}" for k, v in sorted(self.faults.items()))
+        syncs = f", {self.disk_syncs} fsyncs" if self.disk_syncs else ""
+        if self.joins:
+            syncs += f", {self.joins} joins, {self.member_refusals} member commits refused"
         return (f"seed {self.seed}: {'ok' if self.ok else 'FAILED'} {self.steps} steps, "
                 f"{self.simulated_s:.0f} s simulated in {self.wall_s:.2f} s, "
                 f"{self.messages} messages, {self.committed} committed, {self.aborted} "
-                f"aborted, {self.fenced} producers ended, faults: {faults or 'none'}")
+                f"aborted, {self.fenced} producers ended{syncs}, faults: {faults or 'none'}")
 
 
 class Simulation:
@@ -476,8 +533,14 @@ class Simulation:
                  faults: bool = True, verbose: bool = False, fifo: bool = False,
                  layout: ClusterLayout | None = None, data_partitions: int | None = None,
                  copiers: int | None = None, replicated: bool = False,
+                 fsync: bool = False, membership: bool | None = None,
                  converge_limit_s: float = CONVERGE_LIMIT_S) -> None:
         self.seed = seed
+        # The stores run with --fsync (the writer syncs each group commit
+        # before acknowledging it), their disks lose what was not synced
+        # when their machine crashes, and machine crashes strike any store
+        # at any moment, several or all at once (`_power_loss`).
+        self.fsync = fsync
         self.converge_limit_s = converge_limit_s
         # Replicated stores (Kafka's ISR protocol, metadata in one shared
         # in-memory etcd); else single copies placed by the layout.
@@ -521,8 +584,18 @@ class Simulation:
                 consumer_offsets_partitions=copy_rng.randint(1, 2))
         self.input_partitions = copy_rng.randint(2, 3)
         self.input_records = [copy_rng.randint(15, 40) for _ in range(self.input_partitions)]
+        # Copiers that are members of their group (drawn apart, like the rest
+        # of the copiers' setup): all of a seed's or none, since a group with
+        # members refuses commits from outside the protocol.
+        # (A script that drives its copier step by step says False.)
+        self.membership = bool(self.copiers) and (random.Random(
+            f"membership {seed}").random() < MEMBERSHIP_SHARE if membership is None
+            else membership)
         self.disks: list[MemoryStore | SimDisk] = [
-            SimDisk() if replicated else MemoryStore() for _ in self.layout.stores]
+            SimDisk() if replicated or fsync else MemoryStore() for _ in self.layout.stores]
+        # A wiped store is not back in sync yet (an --fsync machine crash
+        # waits for it: three failures at once, which nothing survives).
+        self._wipe_unrecovered = False
         # The metadata store (etcd) of a replicated run, on the loop's clock
         # (its own, which the runtimes' clock jumps do not move). This
         # client is the harness's (the checker's reads, lease expiry); each
@@ -700,7 +773,7 @@ class Simulation:
             producer_id_expiration_ms=15_000, catalog_refresh_interval_ms=2_000,
             replicated=self.replicated, replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS,
             max_transaction_timeout_ms=MAX_TRANSACTION_TIMEOUT_MS,
-            hanging_txn_margin_ms=HANGING_TXN_MARGIN_MS,
+            hanging_txn_margin_ms=HANGING_TXN_MARGIN_MS, fsync=self.fsync,
         )
         verifier = SimTxnVerifier(self.net, inc, self.layout)
         resolver = SimTxnResolver(self.net, inc, self.layout)
@@ -794,6 +867,7 @@ class Simulation:
             txn_open=self._txn_open, follow_leaders=self.replicated,
             leads=self._leads if self.replicated else None,
             transaction_version=self._version_of(transactional_id),
+            membership=self.membership, input_copied=self._input_copied,
         )
         inc.runtime = copier
         self.producers.append(copier)
@@ -908,6 +982,8 @@ class Simulation:
                 actions.append(self._jump_clock)
         if self.recipe == SLOW_CLIENT_ZOMBIE:
             actions += [self._arm_slow_client] * 2
+        if self.fsync and not self.replicated:
+            actions += [self._power_loss] * 2
         if self.replicated:
             # Replication's own faults, as often as all the others together.
             actions += [self._power_loss, self._wipe_store, self._pause_leader,
@@ -928,10 +1004,10 @@ class Simulation:
 
     # ------------------------------------------------- replicated: faults
 
-    def _start_replicated_timers(self) -> None:
+    def _start_timers(self) -> None:
         """What goes on by itself: etcd ends leases past their TTL (by the
-        loop's clock), and each machine's kernel writes its page cache back
-        every few seconds."""
+        loop's clock; replicated runs), and each machine's kernel writes its
+        page cache back every few seconds (a SimDisk's)."""
         harness = contextvars.Context()
 
         def expire_leases() -> None:
@@ -945,7 +1021,8 @@ class Simulation:
             self.loop.call_later(self.rng.randint(200, WRITEBACK_INTERVAL_MS_MAX) / 1000,
                                  writeback, node_id, context=harness)
 
-        expire_leases()
+        if self.replicated:
+            expire_leases()
         for node_id in range(len(self.layout.stores)):
             writeback(node_id)
 
@@ -1001,8 +1078,75 @@ class Simulation:
         """A store's machine crashes: the writes since its disk's last
         writeback are lost, but for a prefix. One failure at a time: it
         waits until every partition has all three replicas in sync (with RF 3
-        and min.insync.replicas 2, nothing acknowledged may be lost then)."""
+        and min.insync.replicas 2, nothing acknowledged may be lost then).
+        With --fsync, at once, and one, several or every store's machine
+        (`_power_loss_anywhere`)."""
+        if self.fsync:
+            self._power_loss_anywhere()
+            return
         self._when_in_sync("power loss", self._lose_power)
+
+    def _power_loss_anywhere(self) -> None:
+        """--fsync: the machines of some stores (often all of them) crash at
+        the same moment, whatever the replicas' state: each disk keeps what
+        was synced and a prefix of the writes since. The writer synced
+        everything it acknowledged, so nothing acknowledged may be lost.
+        Not while a wiped store is still catching up: that would be more
+        failures at once than any replication survives."""
+        if self._wipe_unrecovered:
+            if not self._all_in_sync():
+                self.trace("power loss skipped: a wiped store is not back in sync")
+                return
+            self._wipe_unrecovered = False
+        stores = len(self.layout.stores)
+        count = stores if self.rng.random() < 0.4 else self.rng.randint(1, stores)
+        struck = sorted(self.rng.sample(range(stores), count))
+        if self.rng.random() < 0.5:
+            for node_id in struck:
+                self._cut_power(node_id)
+            return
+        # Aimed: at the next write to one of their disks, before the writer
+        # syncs it (its sync is a timer, later than the next step); a random
+        # moment mostly finds every write synced already. Or in 2 s anyway.
+        harness = contextvars.Context()
+        fired = False
+
+        def strike(why: str) -> None:
+            nonlocal fired
+            if fired or self._quiescing:
+                return
+            fired = True
+            for node_id in struck:
+                disk = self.disks[node_id]
+                if isinstance(disk, SimDisk):
+                    disk.on_next_write = None
+            self.trace(f"power loss {why}")
+            for node_id in struck:
+                self._cut_power(node_id)
+
+        def arm(node_id: int) -> Callable[[], None]:
+            def written() -> None:
+                self.loop.call_soon(strike, f"right after a write to store {node_id}'s disk",
+                                    context=harness)
+            return written
+
+        for node_id in struck:
+            disk = self.disks[node_id]
+            assert isinstance(disk, SimDisk)  # noqa: S101 - an --fsync run's disk
+            disk.on_next_write = arm(node_id)
+        self.loop.call_later(2.0, strike, "2 s after it was aimed", context=harness)
+
+    def _cut_power(self, node_id: int) -> None:
+        inc = self.net.current(store_name(node_id))
+        disk = self.disks[node_id]
+        assert isinstance(disk, SimDisk)  # noqa: S101 - an --fsync or replicated run's disk
+        # The page cache dies with the machine, the process with it if it ran.
+        inc.kill()
+        keep = self.rng.randint(0, disk.unsynced_writes)
+        lost = disk.lose_unsynced(keep)
+        self._fault("power-loss", f"{inc}: {lost} unsynced writes lost, {keep} kept")
+        self.loop.call_later(self.rng.randint(10, 3_000) / 1000, self._restart_store, node_id,
+                             context=contextvars.Context())
 
     def _lose_power(self) -> None:
         node_id = self.rng.randrange(len(self.layout.stores))
@@ -1028,6 +1172,7 @@ class Simulation:
         disk = self.disks[node_id]
         assert isinstance(disk, SimDisk)  # noqa: S101 - a replicated run's disk
         disk.wipe()
+        self._wipe_unrecovered = True
         self._fault("wipe", f"{inc}: killed, its disk replaced by an empty one")
         self.loop.call_later(self.rng.randint(10, 5_000) / 1000, self._restart_store, node_id)
 
@@ -1170,9 +1315,15 @@ class Simulation:
         it answered, or as a request arrived)."""
         if inc.dead or self._quiescing:
             return
+        node_id = int(inc.name.rpartition("-")[2])
+        if self.fsync:
+            # The machine's crash, not only the process's: what the store
+            # just acknowledged must have been synced.
+            self.trace(f"{inc} {why}")
+            self._cut_power(node_id)
+            return
         inc.kill()
         self._fault("crash", f"{inc} {why}")
-        node_id = int(inc.name.rpartition("-")[2])
         # Replicated runs schedule the restart from the harness's context:
         # from the dying process's (called right after it answered), the
         # restart dies with it and the store stays down until quiescing.
@@ -1356,8 +1507,8 @@ class Simulation:
         creator = self.net.current(store_name(self.layout.controller_node_id))
         while not creator.serving:
             await asyncio.sleep(0.01)
-        if self.replicated:
-            self._start_replicated_timers()
+        if self.replicated or self.fsync:
+            self._start_timers()
         outcomes = await self._as_store(creator.runtime, creator.runtime.create_topics(
             [TopicSpec(DATA_TOPIC, self.data_partitions),
              TopicSpec(INPUT_TOPIC, self.input_partitions),
@@ -1438,6 +1589,8 @@ class Simulation:
 
     async def _main(self) -> None:
         self.trace(f"transaction version 1: {sorted(self.version_1_ids) or 'none'}")
+        if self.membership:
+            self.trace(f"copiers are members of group {GROUP_ID!r}")
         await self.setup()
         for index in range(self.rng.randint(2, 4)):
             self.start_producer(f"txn-{index}", 0)
@@ -1529,6 +1682,14 @@ class Simulation:
                 self.trace(f"RESTART {current}: fenced")
                 self._start_node(name)
 
+    def _input_copied(self) -> bool:
+        """The group's durable committed offsets are the input's ends (the
+        harness tells member copiers told to stop that they may leave)."""
+        committed = self.group_checker.committed_offsets()
+        return committed is not None and all(
+            committed.get(p) is not None and committed[p].offset == count
+            for p, count in enumerate(self.input_records))
+
     def _copier_finished(self, index: int) -> bool:
         """An instance of copier `index` stopped after copying all its input."""
         tid = f"copier-{index}"
@@ -1565,6 +1726,8 @@ class Simulation:
             committed=self.counters.committed, aborted=self.counters.aborted,
             fenced=self.counters.fenced, checks=self.checker.checks,
             faults=dict(self.fault_counts),
+            disk_syncs=sum(d.syncs for d in self.disks if isinstance(d, SimDisk)),
+            joins=self.counters.joins, member_refusals=self.counters.member_refusals,
         )
         self._close()
         return result
@@ -1587,28 +1750,32 @@ def default_steps(*, replicated: bool = False) -> int:
 
 
 def run_seed(seed: int, *, steps: int | None = None, bug: str | None = None,
-             verbose: bool = False, faults: bool = True, replicated: bool = False) -> SimResult:
+             verbose: bool = False, faults: bool = True, replicated: bool = False,
+             fsync: bool = False) -> SimResult:
     """Runs one seed (with a deliberately broken runtime when `bug` names one
-    of BUGS; on replicated stores with `replicated`)."""
+    of BUGS; on replicated stores with `replicated`; with `fsync`, stores
+    that sync before acknowledging and machine crashes at any moment)."""
     guard = broken(bug)
     # The runtimes log every retry and failover; the trace says what matters.
     logging.disable(logging.NOTSET if verbose else logging.CRITICAL)
     try:
         with guard:
             return Simulation(seed, steps=steps, verbose=verbose, faults=faults,
-                              replicated=replicated).run()
+                              replicated=replicated, fsync=fsync).run()
     finally:
         logging.disable(logging.NOTSET)
 
 
 def replay_command(seed: int, *, steps: int | None = None, bug: str | None = None,
-                   replicated: bool = False) -> str:
+                   replicated: bool = False, fsync: bool = False) -> str:
     extra = "" if steps in (None, default_steps(replicated=replicated)) else f" --steps {steps}"
     extra += " --replicated" if replicated else ""
+    extra += " --fsync" if fsync else ""
     extra += f" --bug {bug}" if bug else ""
     return f".venv/bin/python -m tests.sim.real --seed {seed}{extra}"
 
 
-__all__ = ["BUGS", "DATA_TOPIC", "DEFAULT_REPLICATED_STEPS", "DEFAULT_STEPS", "RECIPE_SHARE",
+__all__ = ["BUGS", "DATA_TOPIC", "DEFAULT_REPLICATED_STEPS", "DEFAULT_STEPS", "FSYNC_BUGS",
+           "RECIPE_SHARE",
            "REPLICATED_STORES", "REPLICATION_BUGS", "SLOW_CLIENT_ZOMBIE", "DeterministicLoop",
            "SimResult", "Simulation", "broken", "default_steps", "replay_command", "run_seed"]

@@ -4,7 +4,8 @@ Goal: every change to a production runtime (the store's, the transaction
 coordinator's, the group coordinator's) runs under a fixed set of seeds of
 tests/sim/real, where the unchanged runtimes meet lost, duplicated and
 delayed messages, crashes, pauses, coordinator takeovers with zombies,
-fenced producers, two-phase commit, transaction version 1 (Kafka's
+fenced producers, copiers that are members of their group (half the
+seeds) and are removed from it, two-phase commit, transaction version 1 (Kafka's
 clients) with KIP-360 recovery, admin aborts, clock jumps and epoch
 exhaustion, and an independent checker judges the exactly-once guarantees
 (checker.py), read-process-write included.
@@ -29,6 +30,7 @@ import pytest
 
 from tests.sim.real.simulation import (
     BUGS,
+    FSYNC_BUGS,
     REPLICATION_BUGS,
     SimResult,
     replay_command,
@@ -62,6 +64,16 @@ def test_no_faults_commits_transactions() -> None:
     assert result.committed >= 10 and result.fenced == 0, result.summary()
 
 
+def test_member_copiers_are_fenced_and_rejoin() -> None:
+    """On a seed whose copiers are members of their group, a copier stalled
+    past its session is removed, its TxnOffsetCommit (its old member id and
+    epoch) is refused, and it joins again; the run still holds. (Seeds 7
+    and 5, the replay tests', are membership seeds too.)"""
+    result = run_seed(4)
+    assert result.ok, _explain(result)
+    assert result.joins > 2 and result.member_refusals > 0, result.summary()
+
+
 def test_replay_is_deterministic() -> None:
     first, second = run_seed(7), run_seed(7)
 
@@ -92,7 +104,8 @@ def test_replay_does_not_depend_on_the_string_hash_seed() -> None:
 # replication of partitions changed the stores' scheduling, and every list
 # was found again then; so did making a share of the transactional ids run
 # transaction version 1; and so did the stores' hanging-transaction check,
-# which asks the coordinators about transactions open past their timeout).
+# which asks the coordinators about transactions open past their timeout;
+# and so did making half the seeds' copiers members of their group).
 # A bug whose trace was a transaction left open for ever now shows as what
 # ended it: the store's own ABORT marker, which matches no decision in the
 # transaction log, or a coordinator's repeated marker ending a batch written
@@ -114,20 +127,25 @@ TEETH: dict[str, tuple[list[int], tuple[str, ...]]] = {
     # acknowledged write: an abort decision whose marker landed, or a
     # version-1 producer's decision whose marker landed, the log holding
     # another decision in its place; the record of an open transaction, which
-    # the store then aborts itself (27: its ABORT marker matches no
-    # decision); an input copied twice (42). (112 was added to CI_SEEDS for
-    # this once; the seeds have moved since.)
-    "ack-before-durable": ([52, 53], ("transaction log holds", "its decision #",
-                                      "copied twice")),
+    # the store then aborts itself (52: its COMMIT marker matches no
+    # decision); an input copied twice; an acknowledged commit's records
+    # (12: lost write). (112 was added to CI_SEEDS for this once; the seeds
+    # have moved since.)
+    "ack-before-durable": ([12, 52], ("transaction log holds", "its decision #",
+                                      "copied twice", "lost write")),
     # The group coordinator materializes an aborted transaction's offsets.
     "offsets-on-abort": ([2, 3], ("committed past unprocessed input",)),
+    # A group coordinator that takes any member's offset commit: a member
+    # copier removed from the group (stalled past its session) commits
+    # input its partitions' next owner copies too.
+    "no-member-check": ([8, 20], ("copied twice",)),
     "leaky-read-committed": ([2, 3], ("never asked to commit", "read_committed returned")),
     # A write to a partition the transaction never added hangs, until the
     # store aborts it with a marker of no decision.
-    "skip-verification": ([14, 15], ("still open after quiescing",
+    "skip-verification": ([4, 14], ("still open after quiescing",
                                    "the transaction log holds no decision")),
     "two-phase-timeout": ([3, 7], ("aborted on its timeout",)),
-    "complete-any-state": ([30, 50], ("CompleteTransaction",)),
+    "complete-any-state": ([7, 50], ("CompleteTransaction",)),
 }
 
 
@@ -144,6 +162,7 @@ def test_the_checker_catches_a_broken_runtime(bug: str) -> None:
 
 
 def test_every_bug_has_teeth() -> None:
-    """(Replication's bugs have theirs in test_replicated_sim.py.)"""
+    """(Replication's bugs have theirs in test_replicated_sim.py, --fsync's
+    in test_fsync_sim.py.)"""
     assert set(TEETH) | {"no-marker-epoch-check", "kafka-v1-marker-rule"} == \
-        set(BUGS) - REPLICATION_BUGS
+        set(BUGS) - REPLICATION_BUGS - FSYNC_BUGS

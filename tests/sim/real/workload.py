@@ -23,7 +23,9 @@ hands the prepared state to the outside coordinator (`Handoff`) and then
 completes it itself or exits; a new instance initialized with
 keep_prepared_txn completes it (now and then with a wrong state, which must
 abort it), or completes an already completed state again. A `Copier` is the
-read-process-write loop of send_offsets_to_transaction. Every outcome is
+read-process-write loop of send_offsets_to_transaction; on a share of the
+seeds the copiers are members of their group (`membership`), driven by the
+SDK's own `GroupMembership` as its consumer drives it. Every outcome is
 written to the checker's ledger, and an OUT_OF_ORDER_SEQUENCE_NUMBER the
 client cannot explain is reported there.
 
@@ -41,6 +43,7 @@ duplicate requests; version 1 relies on it, see network.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,10 +51,12 @@ from typing import Any, TypeVar
 
 from oncelog import errors
 from oncelog._batching import ProducerBatch
+from oncelog._membership import GroupMembership, HeartbeatAnswer, HeartbeatRequest, MemberState
 from oncelog._sequencing import PartitionSequencer
 from oncelog._transactions import Op, ProducerTxnState, TxnStateMachine, ends_producer
 from oncelog.errors import ErrorCode, OncelogError
 from oncelog.records import iter_records
+from oncelog.types import TopicPartition
 from services.common.kernel.errors import ServiceError
 from services.common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from services.coordinator.core.transactions import TransactionVersion
@@ -83,6 +88,12 @@ TXN_TIMEOUT_MS = 20_000
 DELIVERY_TIMEOUT_MS = 60_000
 RETRY_BACKOFF_MS = 100
 RETRY_BACKOFF_MAX_MS = 1_000
+# A member copier's session timeout (the coordinator hands out a heartbeat
+# interval of a third of it): shorter than a copier's stalls and than many
+# pauses, so that members are removed and the group rebalances.
+SESSION_TIMEOUT_MS = 6_000
+# How long a member copier that stops waits for its leave to be answered.
+LEAVE_WAIT_S = 5.0
 # Added to a producer id to name a prepared state that never existed.
 WRONG_PRODUCER_ID = 1 << 50
 
@@ -120,6 +131,10 @@ class Counters:
     committed: int = 0
     aborted: int = 0
     fenced: int = 0
+    # Member copiers: joins answered, and TxnOffsetCommits refused because
+    # the member was removed or its epoch or partitions were stale.
+    joins: int = 0
+    member_refusals: int = 0
 
 
 class TxnProducer:
@@ -606,20 +621,55 @@ class Copier(TxnProducer):
     Producer.send_offsets_to_transaction does; the group is used outside
     the group protocol: generation -1, no member id). It starts from the
     group's committed offsets (OffsetFetch with require_stable), and goes
-    back to them after every transaction that did not commit."""
+    back to them after every transaction that did not commit.
+
+    With `membership` the copier is a member of the group instead (KIP-848,
+    through the SDK's `GroupMembership`, as its consumer): a heartbeat task
+    joins, heartbeats and leaves; the copy loop, between transactions,
+    applies what the membership says (drops lost and revoked partitions,
+    reads the committed offsets of assigned ones: the consumer's poll), and
+    copies the partitions it owns. Each transaction's TxnOffsetCommit names
+    the member id and epoch under which its input was read (KIP-447), so a
+    copier that was removed (a stall past its session) or whose partitions
+    moved is refused, aborts, and reads the committed offsets again once it
+    has rejoined. `input_copied` (the harness's reading of the group's
+    durable offsets) says when all the input is copied: a member copier
+    that was told to stop then leaves the group and ends."""
 
     def __init__(self, *, group_id: str, input_topic: str, input_partitions: Sequence[int],
-                 output_partitions: int, **kwargs: Any) -> None:
+                 output_partitions: int, membership: bool = False,
+                 input_copied: Callable[[], bool] | None = None, **kwargs: Any) -> None:
         super().__init__(partitions=output_partitions, **kwargs)
         self.group_id = group_id
         self._input_topic = input_topic
-        self._inputs = list(input_partitions)
+        self._fixed_inputs = list(input_partitions)
         self.positions: dict[int, int] = {}
         # Input partition -> where its input ends (what the copier has seen).
         self.input_ends: dict[int, int] = {}
+        self._joins = 0
+        self.membership = GroupMembership(
+            group_id, session_timeout_ms=SESSION_TIMEOUT_MS,
+            new_member_id=self._next_member_id) if membership else None
+        self._input_copied = input_copied
+        # Set when the copy loop changed what the heartbeat reports.
+        self._wake_heartbeat = asyncio.Event()
 
     def __repr__(self) -> str:
         return f"copier {self.transactional_id}#{self.instance}"
+
+    def _next_member_id(self) -> str:
+        """A join's member id: unique, and the seed's (no random UUID)."""
+        self._joins += 1
+        return f"{self.transactional_id}.{self.instance}.{self._joins}"
+
+    @property
+    def _inputs(self) -> list[int]:
+        """The input partitions this copier copies now: its fixed share, or
+        the ones its membership owns (whose committed offsets it has read)."""
+        if self.membership is None:
+            return self._fixed_inputs
+        return sorted(tp.partition for tp in self.membership.owned
+                      if tp.partition in self.positions)
 
     @property
     def group_coordinator_node(self) -> str:
@@ -645,10 +695,16 @@ class Copier(TxnProducer):
             await asyncio.sleep(min(RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * attempt) / 1000)
 
     async def run(self, max_txns: int) -> None:
+        heartbeats = None
         try:
             await self.init()
-            await self.fetch_positions()
+            if self.membership is not None:
+                self.membership.subscribe((self._input_topic,), self._loop.now_ms())
+                heartbeats = asyncio.ensure_future(self._heartbeats())
+            else:
+                await self.fetch_positions()
             while self.txn_number < max_txns:
+                await self._poll_membership()
                 if not await self.copy_once():
                     if self.stop_requested and self.drained():
                         return
@@ -659,16 +715,139 @@ class Copier(TxnProducer):
         except ProducerDone:
             pass
         finally:
+            if heartbeats is not None:
+                await self._leave(heartbeats)
             self.done = True
 
     def drained(self) -> bool:
+        if self.membership is not None:
+            return self._input_copied is not None and self._input_copied()
         return all(p in self.input_ends and self.positions.get(p, 0) >= self.input_ends[p]
                    for p in self._inputs)
 
-    async def fetch_positions(self) -> None:
+    # ------------------------------------------------------------ membership
+
+    async def _heartbeats(self) -> None:
+        """The SDK consumer's heartbeat thread, as a task of this instance:
+        sends what the membership asks for and feeds back the answers."""
+        membership = self.membership
+        assert membership is not None  # noqa: S101 - started only with one
+        failures = 0
+        while True:
+            now_ms = self._loop.now_ms()
+            before = membership.state
+            membership.check_session(now_ms)
+            if membership.state is not before:
+                self._trace(f"{self} {membership.state.value}: {membership.error}")
+            request = membership.next_request(now_ms)
+            if request is None:
+                if membership.state is MemberState.UNSUBSCRIBED:
+                    return
+                wait_ms = membership.wait_ms(now_ms)
+                self._wake_heartbeat.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake_heartbeat.wait(), None if wait_ms is None
+                                           else max(wait_ms, 1) / 1000)
+                continue
+            try:
+                answer = await self._heartbeat(request)
+            except OncelogError as exc:
+                failures += 1
+                membership.on_error(request, exc, self._loop.now_ms(), retry_after_ms=min(
+                    RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * failures))
+                if not exc.retriable:
+                    self._trace(f"{self} {request.kind.value} refused ({exc.code.name}): "
+                                f"{membership.state.value}")
+                continue
+            failures = 0
+            state, epoch = membership.state, membership.member_epoch
+            membership.on_response(request, answer, now_ms, self._loop.now_ms())
+            if state is MemberState.JOINING and membership.state is not state:
+                self._counters.joins += 1
+            if (membership.state, membership.member_epoch) != (state, epoch):
+                self._trace(f"{self} {membership.state.value} member {membership.member_id} "
+                            f"epoch {membership.member_epoch} assigned "
+                            f"{sorted(tp.partition for tp in membership.target or ())}")
+
+    async def _heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
+        """One ConsumerGroupHeartbeat (the state machine decides retries)."""
+        owned = [(tp.topic, tp.partition) for tp in request.owned_partitions]
+
+        async def op(rt: GroupCoordinatorRuntime) -> HeartbeatAnswer:
+            answer = await rt.heartbeat(
+                group_id=self.group_id, member_id=request.member_id,
+                member_epoch=request.member_epoch, instance_id="",
+                topics=request.subscribed_topics, session_timeout_ms=request.session_timeout_ms,
+                owned_partitions=owned)
+            return HeartbeatAnswer(
+                member_id=answer.member_id, member_epoch=answer.member_epoch,
+                heartbeat_interval_ms=answer.heartbeat_interval_ms,
+                assignment=frozenset(TopicPartition(t, p) for t, p in answer.assignment))
+
+        try:
+            return await self._net.call(
+                self.me, self.group_coordinator_node,
+                f"heartbeat {self.group_id} {request.kind.value} {request.member_id} "
+                f"e{request.member_epoch} owns {sorted(p for _t, p in owned)}",
+                lambda t: op(_group_runtime(t)),
+                timeout_s=min(REQUEST_TIMEOUT_S, request.session_timeout_ms / 1000),
+                once=self.v1)
+        except (ServiceError, RpcTimeout, RpcUnavailable) as exc:
+            raise as_client_error(exc) from None
+
+    async def _poll_membership(self) -> None:
+        """The consumer's poll, between transactions: applies the
+        membership's plan (lost and revoked partitions dropped, assigned
+        ones started at the group's committed offsets)."""
+        membership = self.membership
+        if membership is None:
+            return
+        plan = membership.plan()
+        if plan is None:
+            return
+        for tp in plan.lost | plan.revoke:
+            self.positions.pop(tp.partition, None)
+        if plan.assign:
+            await self.fetch_positions([tp.partition for tp in sorted(plan.assign)])
+        membership.applied(plan, self._loop.now_ms())
+        self._wake_heartbeat.set()
+        self._trace(f"{self} applied: lost {sorted(tp.partition for tp in plan.lost)} revoked "
+                    f"{sorted(tp.partition for tp in plan.revoke)} assigned "
+                    f"{sorted(tp.partition for tp in plan.assign)}")
+        if membership.state is MemberState.FATAL:
+            # poll() raises it: the application ends this consumer.
+            raise self._fatal(membership.error or RuntimeError("membership failed"))
+
+    async def _leave(self, heartbeats: asyncio.Future[None]) -> None:
+        """consumer.close(): the leave heartbeat, waited for a while (a
+        member that is not heard from is removed at its session's end)."""
+        membership = self.membership
+        assert membership is not None  # noqa: S101 - started only with one
+        membership.leave(self._loop.now_ms())
+        self._wake_heartbeat.set()
+        with contextlib.suppress(TimeoutError, OncelogError):
+            await asyncio.wait_for(asyncio.shield(heartbeats), LEAVE_WAIT_S)
+        heartbeats.cancel()
+        membership.close()
+        self._trace(f"{self} left the group")
+
+    def _member(self) -> tuple[str, int] | None:
+        """(member id, epoch) while the copier may read its partitions."""
+        membership = self.membership
+        if membership is None:
+            return "", -1
+        if membership.state not in (MemberState.STABLE, MemberState.RECONCILING) \
+                or not membership.member_id:
+            return None
+        return membership.member_id, membership.member_epoch
+
+    # ---------------------------------------------------------------- copying
+
+    async def fetch_positions(self, partitions: Sequence[int] | None = None) -> None:
         """OffsetFetch(require_stable): the group's committed offsets, asked
         again while a transactional offset is pending (UNSTABLE_OFFSET_COMMIT)."""
-        tps = [(self._input_topic, p) for p in self._inputs]
+        tps = [(self._input_topic, p) for p in (self._inputs if partitions is None
+                                                  else partitions)]
 
         async def op(rt: GroupCoordinatorRuntime) -> list[FetchedOffset]:
             return rt.fetch_offsets(group_id=self.group_id, partitions=tps, require_stable=True)
@@ -679,7 +858,9 @@ class Copier(TxnProducer):
             except OncelogError as exc:
                 raise self._fatal(exc) from None
             if all(f.error is None for f in fetched):
-                self.positions = {f.tp[1]: max(f.offset, 0) for f in fetched}
+                if partitions is None:
+                    self.positions = {}
+                self.positions.update({f.tp[1]: max(f.offset, 0) for f in fetched})
                 self._trace(f"{self} starts at {self.positions}")
                 return
             await asyncio.sleep(RETRY_BACKOFF_MS / 1000)
@@ -718,6 +899,9 @@ class Copier(TxnProducer):
     async def copy_once(self, *, commit: bool | None = None) -> bool:
         """One transaction over a chunk of input; False if there was none.
         It commits (`commit`, or 85% of the time), else aborts."""
+        member = self._member()
+        if member is None:
+            return False  # not a member now: nothing is this copier's to copy
         chunks: dict[int, list[bytes]] = {}
         for p in self._inputs:
             got = await self._read_input(p, self.positions.get(p, 0))
@@ -743,7 +927,7 @@ class Copier(TxnProducer):
             failure = next((r for r in results if r is not None), None)
         if failure is None:
             failure = await self.send_offsets(facts, {p: end for p, (_s, end)
-                                                      in facts.inputs.items()})
+                                                      in facts.inputs.items()}, member=member)
         await self.finish(facts, failure,
                           commit=self._rng.random() < 0.85 if commit is None else commit)
         if facts.outcome is True:
@@ -752,15 +936,16 @@ class Copier(TxnProducer):
             await self.fetch_positions()
         return True
 
-    async def send_offsets(self, facts: TxnFacts,
-                           offsets: dict[int, int]) -> OncelogError | None:
+    async def send_offsets(self, facts: TxnFacts, offsets: dict[int, int], *,
+                           member: tuple[str, int] = ("", -1)) -> OncelogError | None:
         """send_offsets_to_transaction: TxnOffsetCommit, whose write adds
         the group's __consumer_offsets partition to the transaction (as the
         SDK does); every other transaction first adds it with
         AddOffsetsToTxn (as a client of another language may), and version 1
         always does (Kafka's clients). The offsets' metadata names the
-        transaction, for the checker. The error that broke the transaction,
-        if any."""
+        transaction, for the checker. `member`: the member id and epoch
+        under which the input was read ("", -1: outside the group protocol).
+        The error that broke the transaction, if any."""
         # Alternating rather than drawn: a draw would move every later
         # choice of each seed.
         if facts.key[2] % 2 == 0 or self.v1:
@@ -776,15 +961,24 @@ class Copier(TxnProducer):
         async def op(rt: GroupCoordinatorRuntime) -> None:
             await rt.txn_commit_offsets(
                 transactional_id=self.transactional_id, group_id=self.group_id,
-                producer_id=producer_id, producer_epoch=epoch, member_id="",
-                generation_id=-1, partitions=parts)
+                producer_id=producer_id, producer_epoch=epoch, member_id=member[0],
+                generation_id=member[1], partitions=parts)
 
         try:
+            as_member = f" member {member[0]} e{member[1]}" if member[0] else ""
             await self._call_group(f"txn-offset-commit {facts.key} pid={producer_id} "
-                                   f"epoch={epoch} {offsets}", op)
+                                   f"epoch={epoch}{as_member} {offsets}", op)
         except OncelogError as exc:
+            if exc.code in MEMBER_REFUSALS:
+                self._counters.member_refusals += 1
             return exc
         return None
+
+
+# TxnOffsetCommit's refusals of a member that is no longer one, or whose
+# epoch or partitions are stale (KIP-447's fencing of zombie members).
+MEMBER_REFUSALS = frozenset({ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH,
+                             ErrorCode.STALE_MEMBER_EPOCH})
 
 
 def _group_runtime(target: Incarnation) -> GroupCoordinatorRuntime:
