@@ -49,9 +49,10 @@ def choice_option(name: str, value: object, choices: Iterable[str]) -> str:
 def acks_option(value: object, *, idempotent: bool) -> int:
     """Kafka's `acks`: "all" (or -1, the default) or 1; -1 or 1 back.
 
-    Each partition has one copy today, so the store that answers holds every
-    copy there is and 1 and "all" wait for the same write; the difference
-    will be the in-sync replicas. 0 (fire and forget: no answer awaited, a
+    The store acknowledges a write once every in-sync replica has it (its
+    only mode: docs/replication.md), so 1 waits for the same as "all"; it is
+    taken for Kafka users' habits and turns idempotence off by default, as in
+    Kafka. 0 (fire and forget: no answer awaited, a
     lost record goes unnoticed) is refused: every record here is acknowledged,
     and retries, idempotence and transactions all rest on that answer.
     """

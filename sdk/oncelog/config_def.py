@@ -327,8 +327,9 @@ KEYS: tuple[ConfigKey, ...] = (
               "unless `acks=1` without a transactional id",
               _PRODUCER, PRODUCING, IsBool(optional=True), kafka=("enable.idempotence",)),
     ConfigKey("acks", "str | int", "all",
-              "what a write waits for: `all` (or -1) or 1 (one copy per partition today, so "
-              "the same write); 0 is refused, and an idempotent producer needs `all`",
+              "`all` (or -1) or 1, Kafka's spellings; the store acknowledges a write once "
+              "every in-sync replica has it either way (it has no leader-only "
+              "acknowledgement); 0 is refused, and an idempotent producer needs `all`",
               _PRODUCER, PRODUCING, Acks(), kafka=("acks",)),
     ConfigKey("linger_ms", "int", 5,
               "how long a batch waits for more records before it is sent",
