@@ -298,7 +298,7 @@ def controller(cluster: LocalCluster) -> int | None:
     """The store that holds the controller key in etcd, if any (under the
     stores' default --metadata-root; docs/replication.md, "What is in etcd")."""
     from services.common.metadata.etcd import EtcdMetadataStore
-    from services.partition_store.metadata_link import DEFAULT_ROOT
+    from services.partition_store.replication.metadata_link import DEFAULT_ROOT
 
     async def read() -> int | None:
         store = EtcdMetadataStore(cluster.etcd_endpoints, timeout_ms=5_000)

@@ -42,9 +42,9 @@ from .core.topics import (
     validate_new_topic,
     validate_topic_name,
 )
-from .partition import PartitionRuntime, ReplicaNews
-from .partition_loader import recover_partition
-from .replica_sessions import FetchSessions, PartitionKey
+from .log.loader import recover_partition
+from .log.partition import PartitionRuntime, ReplicaNews
+from .replication.sessions import FetchSessions, PartitionKey
 from .shared import StoreShared
 from .storage import keys
 from .storage.port import WriteGroup
@@ -238,7 +238,7 @@ class Catalog:
     def apply_learned_states(self) -> None:
         """Applies the partition states the link holds now, without reading
         the catalog (states learned from other stores while the metadata
-        store is out of reach: replication.py)."""
+        store is out of reach: replication/fetcher.py)."""
         states = self._link().partition_states()
         if states is not None:
             self._states = states
@@ -621,7 +621,7 @@ class Catalog:
         await self.refresh_quietly()
 
     async def _ensure_fresh_listing(self) -> None:
-        # Replicated: the replica manager reads the metadata store every
+        # Replicated: the replica fetcher manager reads the metadata store every
         # 100 ms, and a listing must not wait on it (it may be unreachable).
         if self.config.is_controller or self.config.replicated:
             return

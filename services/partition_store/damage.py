@@ -6,7 +6,7 @@ Where damage is found:
   write-ahead-log record that fails its checksum before the log's end;
 * any read: RocksDB's block checksums, and a stored batch's own CRC32C,
   checked on every batch a fetch or a replica fetch reads
-  (partition.py), so damaged bytes are never served nor copied;
+  (log/partition.py), so damaged bytes are never served nor copied;
 * with --verify-checksums-on-start, every stored key at start
   (`verify_checksums`), for damage in data that recovery does not read.
 

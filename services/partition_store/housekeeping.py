@@ -1,7 +1,7 @@
 """Housekeeping of one store node: a task that, every tick, snapshots the
 partitions that are due, updates the open-transaction age gauges, runs the
-hanging-transaction check (transactions.py), retention and producer-id
-expiry, compaction of compacted topics (cleaner.py), and the catalog
+hanging-transaction check (transactions/markers.py), retention and producer-id
+expiry, compaction of compacted topics (log/cleaner.py), and the catalog
 refresh of a non-controller node; and, after a write found the disk full,
 waits for space and then reopens the database and rebuilds every partition
 from disk.
@@ -21,13 +21,13 @@ from oncelog.wire.records import BatchFormatError
 from ..common.kernel.crashpoints import crash_point
 from ..common.kernel.errors import ServiceError
 from ..common.kernel.invariants import InvariantViolation
-from . import partition_cleaning
 from .catalog import Catalog
-from .cleaner import CompactionReport, compact_partition
-from .partition import PartitionRuntime
+from .log import cleaning
+from .log.cleaner import CompactionReport, compact_partition
+from .log.partition import PartitionRuntime
 from .shared import StoreShared
 from .storage.port import CorruptionError, StorageError
-from .transactions import TxnMarkers
+from .transactions.markers import TxnMarkers
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -126,7 +126,7 @@ class Housekeeping:
             part.expire_producers(
                 now_ms=now_ms, expiration_ms=self.config.producer_id_expiration_ms
             )
-            plan = partition_cleaning.plan_retention(
+            plan = cleaning.plan_retention(
                 part, now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
             )
             if plan.needs_snapshot:
@@ -134,11 +134,11 @@ class Housekeeping:
                 # snapshot at the log end goes first (the writer keeps order),
                 # then the plan can reach further.
                 futures.append(self._snapshot_at_log_end(part, now_ms))
-                plan = partition_cleaning.plan_retention(
+                plan = cleaning.plan_retention(
                     part, now_ms=now_ms, max_batches=self.config.retention_max_batches_per_run
                 )
             if plan.deletes_anything:
-                futures.append(self._writer.submit(partition_cleaning.apply_retention(part, plan)))
+                futures.append(self._writer.submit(cleaning.apply_retention(part, plan)))
                 deleted += plan.batch_count
                 log.info(
                     "%s: retention deleted %d batches (%d bytes); log start offset now %d",
@@ -163,9 +163,9 @@ class Housekeeping:
                 now_ms = self._clock_ms()
                 if part.closed or not part.topic.compacted:
                     continue
-                if not (force or partition_cleaning.compaction_due(part, now_ms)):
+                if not (force or cleaning.compaction_due(part, now_ms)):
                     continue
-                end_offset = partition_cleaning.first_uncleanable_offset(part)
+                end_offset = cleaning.first_uncleanable_offset(part)
                 if end_offset <= part.log.log_start_offset:
                     continue
                 newest_snapshot = part.newest_snapshot_offset

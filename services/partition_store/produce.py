@@ -4,7 +4,7 @@ the call order), queue the writes, and answer once the group commit is
 durable. A batch that would open a transaction on a partition first waits
 for the transaction coordinator's verification (TxnVerifier; one question
 per request for all such partitions); meanwhile that producer's later
-batches on the partition wait behind its gate (partition.py), other
+batches on the partition wait behind its gate (log/partition.py), other
 producers and partitions go on.
 
 Owns the verification questions of the requests in flight and nothing
@@ -27,9 +27,9 @@ from .api import ProduceItem, ProduceOutcome
 from .catalog import Catalog
 from .core.outcomes import Rejection
 from .core.producer_state import Duplicate
-from .partition import Appended, PartitionRuntime, VerifyFirst, WaitForGate
+from .log.partition import Appended, PartitionRuntime, VerifyFirst, WaitForGate
 from .shared import StoreShared, durable_callback
-from .txn_verifier import TopicPartitionKey, TxnVerifier, VerifyAnswer
+from .transactions.verifier import TopicPartitionKey, TxnVerifier, VerifyAnswer
 
 log = logging.getLogger("oncelog.partition_store")
 

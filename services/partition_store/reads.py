@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 from ..common.kernel import limits
 from ..common.kernel.errors import ServiceError
-from . import metrics, partition_reads
+from . import metrics
 from .api import FetchItem, FetchOutcome, OffsetOutcome, OffsetQuery, ProducersOutcome
 from .catalog import Catalog
-from .partition import Isolation, PartitionRuntime
+from .log import reads as partition_reads
+from .log.partition import Isolation, PartitionRuntime
 from .shared import StoreShared
 from .storage.port import CorruptionError
 

@@ -5,14 +5,14 @@ the collaborators that do the work, each in its own module:
 
 * shared.py: what every job shares (configuration, database, group-commit
   writer, clock, lifecycle flags, background tasks) and the hooks the
-  server and the replica manager plug in (StoreHooks).
+  server and the replica fetcher manager plug in (StoreHooks).
 * catalog.py: topics, local partitions and their replication states;
   CreateTopics/DeleteTopics/CreatePartitions, the controller's catalog,
   resolving a request's partition.
 * produce.py: appends, idempotence and transaction verification.
-* transactions.py: WriteTxnMarkers and hanging transactions.
+* transactions/markers.py: WriteTxnMarkers and hanging transactions.
 * reads.py: Fetch (long polls), ListOffsets, DescribeProducers.
-* replica_serving.py: what replication asks of the local logs (followers'
+* replication/serving.py: what replication asks of the local logs (followers'
   fetches and fetch sessions as leader; replicated appends, truncation and
   reset as follower).
 * housekeeping.py: snapshots, retention, compaction, catalog refresh, the
@@ -43,16 +43,16 @@ from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .core.replicas import DEFAULT_REPLICA_LAG_TIME_MAX_MS
 from .format_upgrade import upgrade_log_format
 from .housekeeping import Housekeeping
-from .partition import PartitionRuntime
+from .log.partition import PartitionRuntime
 from .produce import Producing
 from .reads import Reads
-from .replica_serving import ReplicaServing
-from .replica_sessions import FetchSessions
+from .replication.serving import ReplicaServing
+from .replication.sessions import FetchSessions
 from .shared import StoreHooks, StoreShared
 from .storage.port import KeyValueStore
-from .transactions import TxnMarkers
-from .txn_resolver import TxnResolver
-from .txn_verifier import TxnVerifier
+from .transactions.markers import TxnMarkers
+from .transactions.resolver import TxnResolver
+from .transactions.verifier import TxnVerifier
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -160,7 +160,7 @@ class StoreRuntime:
         self._controller = controller
         self._txn_verifier = txn_verifier
         self._txn_resolver = txn_resolver
-        # As leader: each follower store's fetch session (replica_sessions.py).
+        # As leader: each follower store's fetch session (replication/sessions.py).
         self._sessions = FetchSessions()
         self.catalog = Catalog(shared, controller=controller, sessions=self._sessions)
         self.producing = Producing(shared, self.catalog, txn_verifier=txn_verifier)

@@ -89,7 +89,6 @@ from ..common.rpc.store_client import StoreClient
 from ..common.security.service_security import ServiceSecurity
 from .acls import AclService
 from .api import ControllerLink
-from .controlled_shutdown import DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS, ControlledShutdown
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .core.replicas import (
     DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
@@ -98,7 +97,13 @@ from .core.replicas import (
     in_sync_everywhere,
 )
 from .damage import open_store, record_and_stop
-from .metadata_link import (
+from .quotas import StoreQuotas, add_quota_arguments, quota_config_from_args
+from .replication.controlled_shutdown import (
+    DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS,
+    ControlledShutdown,
+)
+from .replication.fetcher import START_METADATA_WAIT_MS, LeaderLink, ReplicaFetcherManager
+from .replication.metadata_link import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_ROOT,
     KAFKA_LISTENER,
@@ -106,8 +111,6 @@ from .metadata_link import (
     MetadataLink,
     sole_in_sync_replica_of,
 )
-from .quotas import StoreQuotas, add_quota_arguments, quota_config_from_args
-from .replication import START_METADATA_WAIT_MS, LeaderLink, ReplicaManager
 from .rpc.controller_link import GrpcControllerLink
 from .rpc.coordinator_link import GrpcTxnResolver, GrpcTxnVerifier
 from .rpc.replica_link import GrpcLeaderLink
@@ -123,8 +126,8 @@ from .runtime import (
     wall_clock_ms,
 )
 from .storage.port import CorruptionError, KeyValueStore
-from .txn_resolver import TxnResolver
-from .txn_verifier import TxnVerifier
+from .transactions.resolver import TxnResolver
+from .transactions.verifier import TxnVerifier
 from .writer import storage_refusal
 
 if TYPE_CHECKING:
@@ -293,11 +296,11 @@ def config_from_args(args: argparse.Namespace) -> StoreConfig:
 class Wired:
     runtime: StoreRuntime
     # Replicated clusters only.
-    replication: ReplicaManager | None = None
+    replication: ReplicaFetcherManager | None = None
     metadata: MetadataLink | None = None
 
     async def hand_over_leadership(self, *, timeout_ms: int) -> None:
-        """The controlled shutdown (controlled_shutdown.py), when replicated
+        """The controlled shutdown (replication/controlled_shutdown.py), when replicated
         and asked for (timeout_ms > 0); nothing else."""
         if self.metadata is None or self.replication is None or timeout_ms <= 0:
             return
@@ -366,7 +369,7 @@ def wire(
     runtime.hooks.token_store_addresses = link.token_store_addresses
     runtime.hooks.kafka_store_addresses = link.kafka_store_addresses
     runtime.hooks.reassigner = link.alter_reassignments
-    manager = ReplicaManager(
+    manager = ReplicaFetcherManager(
         runtime, link,
         leaders if leaders is not None else GrpcLeaderLink(link.store_addresses),
         address=address or config.layout.stores[config.node_id], listeners=listeners,

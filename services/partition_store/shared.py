@@ -1,6 +1,6 @@
 """What every job of a store node shares: the configuration, the database,
 the group-commit writer, the clock, the lifecycle flags (closing, closed),
-the background tasks, and the hooks the server and the replica manager
+the background tasks, and the hooks the server and the replica fetcher manager
 plug in (StoreHooks).
 
 StoreShared owns no partition and no topic (catalog.py does): it answers
@@ -21,7 +21,7 @@ from oncelog.wire.errors import ErrorCode
 
 from ..common.kernel.errors import ServiceError
 from . import metrics
-from .partition import PartitionRuntime
+from .log.partition import PartitionRuntime
 from .storage.port import CorruptionError, KeyValueStore
 from .writer import GroupCommitWriter
 
@@ -34,13 +34,13 @@ DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
 
 
 class StoreHooks:
-    """The callables the server and the replica manager plug into a store
+    """The callables the server and the replica fetcher manager plug into a store
     after building it (each job reads them when it needs them, so they may
     be set after the runtime is made)."""
 
     def __init__(self, config: StoreConfig) -> None:
         layout = config.layout
-        # Called after each catalog/state refresh (the replica manager
+        # Called after each catalog/state refresh (the replica fetcher manager
         # starts and stops followers there).
         self.on_states_applied: Callable[[], None] | None = None
         # Called with damage found in stored data (the server records it and

@@ -24,7 +24,9 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from services.partition_store.controlled_shutdown import DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS
+from services.partition_store.replication.controlled_shutdown import (
+    DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS,
+)
 from services.partition_store.server import IN_SYNC_HEALTH_SERVICE, build_parser
 from tests.helm.chart import COMPONENTS, RELEASE, pod_environment, render
 

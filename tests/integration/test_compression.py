@@ -34,7 +34,7 @@ from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.wire.compression import Codec
 from services.common.metadata.cluster import ClusterLayout
 from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem, TopicSpec
-from services.partition_store.partition import Isolation
+from services.partition_store.log.partition import Isolation
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage.rocksdb import RocksStore
 from tests.support.reading import read_all

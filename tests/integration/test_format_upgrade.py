@@ -47,7 +47,7 @@ from services.partition_store.format_upgrade import (
     log_format,
     upgrade_log_format,
 )
-from services.partition_store.partition import Isolation
+from services.partition_store.log.partition import Isolation
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.rocksdb import RocksStore

@@ -14,7 +14,7 @@ followers it asked to add, until the outcome is its state.
 
 Method: store 1 leads with ISR {1, 2}; store 0 has fetched up to offset 3
 (the HW) and asks to rejoin; three more records are written. The ISR
-change is made by the replica manager's own ISR pass, with the metadata
+change is made by the replica fetcher manager's own ISR pass, with the metadata
 write held open while store 2 fetches everything: the HW must stay at
 store 0's end (3), not move to 6. After the new state is applied, store 0
 fetching the log end moves the HW to 6. A refused write (the revision
@@ -31,8 +31,8 @@ from services.common.metadata.cluster import ClusterLayout
 from services.common.metadata.store import MemoryMetadataStore
 from services.partition_store.api import ProduceItem, ReplicaFetchItem, TopicSpec
 from services.partition_store.core.replicas import PartitionState
-from services.partition_store.metadata_link import MetadataLink
-from services.partition_store.replication import ReplicaManager
+from services.partition_store.replication.fetcher import ReplicaFetcherManager
+from services.partition_store.replication.metadata_link import MetadataLink
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage.memory import MemoryStore
 
@@ -42,7 +42,7 @@ NOW_MS = 1_700_000_000_000
 LEADER, REJOINING, IN_SYNC = 1, 0, 2
 
 
-async def _started() -> tuple[StoreRuntime, MetadataLink, ReplicaManager]:
+async def _started() -> tuple[StoreRuntime, MetadataLink, ReplicaFetcherManager]:
     store = MemoryMetadataStore(clock_ms=lambda: NOW_MS)
     link = MetadataLink(store, layout=LAYOUT, node_id=LEADER, clock_ms=lambda: NOW_MS)
     runtime = StoreRuntime(
@@ -62,7 +62,7 @@ async def _started() -> tuple[StoreRuntime, MetadataLink, ReplicaManager]:
     await runtime.refresh_catalog()
     await link.refresh()
     # Its leader link is never used: the test drives the ISR pass alone.
-    manager = ReplicaManager(runtime, link, leaders=None,  # type: ignore[arg-type]
+    manager = ReplicaFetcherManager(runtime, link, leaders=None,  # type: ignore[arg-type]
                              address="s1:1")
     return runtime, link, manager
 

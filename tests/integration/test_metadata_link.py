@@ -1,4 +1,4 @@
-"""The controller and the stores' metadata writes (metadata_link.py) against
+"""The controller and the stores' metadata writes (replication/metadata_link.py) against
 the in-memory metadata store, which has etcd's semantics (the same contract
 tests run against both: test_metadata_store.py).
 
@@ -35,7 +35,7 @@ from services.partition_store.core.replicas import (
     assign_replicas,
     initial_state,
 )
-from services.partition_store.metadata_link import ClusterView, MetadataLink
+from services.partition_store.replication.metadata_link import ClusterView, MetadataLink
 
 LAYOUT = ClusterLayout(stores=("s0:1", "s1:1", "s2:1"), transaction_state_partitions=1,
                        consumer_offsets_partitions=1)
@@ -280,7 +280,7 @@ def test_a_store_that_comes_back_gets_its_preferred_leaderships_back_soon() -> N
         failed_over = await _state(links[0])
         assert failed_over.leader in others and preferred not in failed_over.isr
         # It comes back, and its leader takes it into the ISR again (the
-        # replica manager's job, done here by hand).
+        # replica fetcher manager's job, done here by hand).
         view = await links[0].refresh()
         rejoined = PartitionState(failed_over.replicas, failed_over.leader,
                                   failed_over.leader_epoch, (*failed_over.isr, preferred))

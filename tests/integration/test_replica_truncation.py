@@ -29,7 +29,7 @@ from services.common.metadata.cluster import ClusterLayout
 from services.common.metadata.store import MemoryMetadataStore
 from services.partition_store.api import ProduceItem, TopicSpec
 from services.partition_store.core.replicas import PartitionState
-from services.partition_store.metadata_link import MetadataLink
+from services.partition_store.replication.metadata_link import MetadataLink
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage.memory import MemoryStore
 

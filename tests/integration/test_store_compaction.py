@@ -54,12 +54,12 @@ from services.partition_store.api import (
     ProduceOutcome,
     TopicSpec,
 )
-from services.partition_store.cleaner import compact_partition
 from services.partition_store.core.topics import decode_topic_record
-from services.partition_store.partition import Isolation, PartitionRuntime
-from services.partition_store.partition_cleaning import compaction_due, first_uncleanable_offset
-from services.partition_store.partition_loader import recover_partition
-from services.partition_store.partition_reads import EARLIEST_TIMESTAMP
+from services.partition_store.log.cleaner import compact_partition
+from services.partition_store.log.cleaning import compaction_due, first_uncleanable_offset
+from services.partition_store.log.loader import recover_partition
+from services.partition_store.log.partition import Isolation, PartitionRuntime
+from services.partition_store.log.reads import EARLIEST_TIMESTAMP
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import WriteGroup

@@ -33,11 +33,11 @@ from services.common.kernel.txn_fate import TxnFate
 from services.common.metadata.cluster import ClusterLayout
 from services.partition_store import metrics
 from services.partition_store.api import FetchItem, ProduceItem, TopicSpec
-from services.partition_store.partition import Isolation
+from services.partition_store.log.partition import Isolation
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage.rocksdb import RocksStore
-from services.partition_store.txn_resolver import CoordinatorAnswer, InMemoryTxnResolver
-from services.partition_store.txn_verifier import InMemoryTxnVerifier
+from services.partition_store.transactions.resolver import CoordinatorAnswer, InMemoryTxnResolver
+from services.partition_store.transactions.verifier import InMemoryTxnVerifier
 
 LAYOUT = ClusterLayout(stores=("127.0.0.1:1",), coordinators=("127.0.0.1:2",),
                        transaction_state_partitions=2)

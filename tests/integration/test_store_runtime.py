@@ -37,7 +37,7 @@ from services.partition_store.api import (
     TopicSpec,
 )
 from services.partition_store.core.topics import TopicRecord
-from services.partition_store.partition import Isolation
+from services.partition_store.log.partition import Isolation
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.memory import MemoryStore

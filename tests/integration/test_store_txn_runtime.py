@@ -73,13 +73,13 @@ from services.partition_store.api import (
 from services.partition_store.core.producer_state import ProducerEntry
 from services.partition_store.core.topics import decode_topic_record
 from services.partition_store.core.txn_index import AbortedTxn
-from services.partition_store.partition import Isolation
-from services.partition_store.partition_reads import LATEST_TIMESTAMP
+from services.partition_store.log.partition import Isolation
+from services.partition_store.log.reads import LATEST_TIMESTAMP
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.storage import keys
 from services.partition_store.storage.port import WriteGroup
 from services.partition_store.storage.rocksdb import RocksStore
-from services.partition_store.txn_verifier import InMemoryTxnVerifier
+from services.partition_store.transactions.verifier import InMemoryTxnVerifier
 
 LAYOUT = ClusterLayout(stores=("127.0.0.1:1",))
 NOW_MS = 1_700_000_000_000

@@ -81,7 +81,7 @@ from services.group_coordinator.core.groups import Group, Member
 from services.group_coordinator.runtime import GroupConfig
 from services.partition_store import server as store_server
 from services.partition_store.api import FetchItem, OffsetQuery, ProduceItem, TopicSpec
-from services.partition_store.partition import Isolation
+from services.partition_store.log.partition import Isolation
 from services.partition_store.rpc.servicer import SERVICE_NAME as STORE_SERVICE_NAME
 from services.partition_store.rpc.servicer import PartitionStoreServicer
 from services.partition_store.runtime import StoreConfig

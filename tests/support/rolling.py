@@ -70,7 +70,7 @@ from oncelog.wire import errors as wire_errors
 from services.common.metadata.etcd import EtcdMetadataStore
 from services.common.metadata.store import Put
 from services.partition_store.core.replicas import PartitionState
-from services.partition_store.metadata_link import DEFAULT_ROOT
+from services.partition_store.replication.metadata_link import DEFAULT_ROOT
 from services.partition_store.server import IN_SYNC_HEALTH_SERVICE
 from tests.support.partitioned_clients import (
     ABORTED,

@@ -15,7 +15,7 @@ cleaning state round-trips, rejects damage, slices its history and decides
 when a pass is due.
 
 Method: encode real batches at chosen offsets, run the two phases the way
-cleaner.py does (OffsetMapBuilder over the dirty part, Cleaner over the
+log/cleaner.py does (OffsetMapBuilder over the dirty part, Cleaner over the
 whole range), and apply the decisions with records.retain_records; then
 read the resulting log back with iter_records.
 """
@@ -96,7 +96,7 @@ def run_pass(
     active: frozenset[int] = frozenset(), max_keys: int = 1000, end: int | None = None,
 ) -> Pass:
     """Phase 1 over the dirty part, phase 2 over [log start, end), as
-    cleaner.py drives them; returns the decisions and the log after them."""
+    log/cleaner.py drives them; returns the decisions and the log after them."""
     state = state or initial_state(log[0].header.base_offset)
     end = log[-1].header.next_offset if end is None else end
     grouped = aborted_by_producer(aborted)

@@ -165,15 +165,16 @@ def test_the_checker_reports_grpc_in_a_node_module() -> None:
         "        from oncelog.v1.coordinator_pb2_grpc import TransactionCoordinatorStub\n"
         "        __import__('grpc')\n"
     )
-    found = violations([("services/partition_store/replication.py", node_source)])
+    found = violations([("services/partition_store/replication/fetcher.py", node_source)])
     assert found == [
-        "services/partition_store/replication.py:7 imports grpc.aio",
-        "services/partition_store/replication.py:8 imports grpc_health.v1",
-        "services/partition_store/replication.py:9 imports "
+        "services/partition_store/replication/fetcher.py:7 imports grpc.aio",
+        "services/partition_store/replication/fetcher.py:8 imports grpc_health.v1",
+        "services/partition_store/replication/fetcher.py:9 imports "
         "oncelog.v1.partition_store_pb2_grpc",
-        "services/partition_store/replication.py:10 imports grpc_reflection.v1alpha",
-        "services/partition_store/replication.py:14 imports oncelog.v1.coordinator_pb2_grpc",
-        "services/partition_store/replication.py:15 imports grpc",
+        "services/partition_store/replication/fetcher.py:10 imports grpc_reflection.v1alpha",
+        "services/partition_store/replication/fetcher.py:14 imports "
+        "oncelog.v1.coordinator_pb2_grpc",
+        "services/partition_store/replication/fetcher.py:15 imports grpc",
     ]
     # The same source is fine in an rpc/ package and in the wiring, and a
     # module merely named like one (a runtime's rpc_ helper) is not exempt.

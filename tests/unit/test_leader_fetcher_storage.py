@@ -9,7 +9,7 @@ fetcher copies, the truncation step included, and once storage is back the
 fetcher opens a new fetch session that lists every partition at the log
 end it has then (the leader learns them afresh).
 
-Method: a LeaderFetcher over stand-ins for the replica manager, the store
+Method: a LeaderFetcher over stand-ins for the replica fetcher manager, the store
 runtime and the leader link, which count the requests made. The storage is
 marked not writable, the fetcher runs for many fetch waits, and no request
 may reach the leader; storage comes back, and the next fetch must open a
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from services.partition_store.api import ReplicaFetchItem, ReplicaFetchOutcome
-from services.partition_store.replication import LeaderFetcher, ReplicaManager
+from services.partition_store.replication.fetcher import LeaderFetcher, ReplicaFetcherManager
 
 LEADER = 1
 EPOCH = 3
@@ -106,7 +106,7 @@ def test_no_partition_is_truncated_or_fetched_while_storage_is_not_writable() ->
     async def scenario() -> None:
         manager, runtime, leaders = _fixture()
         runtime.storage_writable = False
-        fetcher = LeaderFetcher(cast(ReplicaManager, manager), LEADER)
+        fetcher = LeaderFetcher(cast(ReplicaFetcherManager, manager), LEADER)
         fetcher.follow({("a", 0): EPOCH, ("b", 1): EPOCH})
         await asyncio.sleep(20 * FETCH_WAIT_MS / 1000)
         assert manager.truncations == []
@@ -119,7 +119,7 @@ def test_no_partition_is_truncated_or_fetched_while_storage_is_not_writable() ->
 def test_a_failed_write_ends_the_session_and_the_next_one_lists_every_partition() -> None:
     async def scenario() -> None:
         manager, runtime, leaders = _fixture()
-        fetcher = LeaderFetcher(cast(ReplicaManager, manager), LEADER)
+        fetcher = LeaderFetcher(cast(ReplicaFetcherManager, manager), LEADER)
         fetcher.follow({("a", 0): EPOCH, ("b", 1): EPOCH})
         await _until(lambda: len(leaders.fetches) >= 2)
         assert sorted(manager.truncations) == ["a-0", "b-1"]

@@ -34,7 +34,7 @@ from oncelog.wire.errors import ErrorCode
 from ...common.kernel.errors import ServiceError
 from ...partition_store.api import FetchItem
 from ...partition_store.core.quotas import QuotaKind
-from ...partition_store.partition import Isolation
+from ...partition_store.log.partition import Isolation
 from ...partition_store.quotas import NOT_THROTTLED, exempt
 from ..context import RequestContext
 

@@ -11,7 +11,7 @@ from oncelog.v1 import partition_store_pb2 as pb
 
 from ...common.kernel.errors import ServiceError
 from ...partition_store.api import OffsetQuery
-from ...partition_store.partition import Isolation
+from ...partition_store.log.partition import Isolation
 from ..context import RequestContext
 
 LIST_OFFSETS_METHOD = "/oncelog.v1.PartitionStore/ListOffsets"

@@ -18,7 +18,7 @@ COORDINATOR_LOAD_IN_PROGRESS, otherwise), so the producer retries its batch.
 GrpcTxnResolver asks every coordinator of the layout about a transaction
 the store has held open past its timeout (ResolveTransaction, unary: rare),
 and keeps the answers of the `__transaction_state` partitions each one owns
-by the layout; whatever does not answer is left out (txn_resolver.py).
+by the layout; whatever does not answer is left out (transactions/resolver.py).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from ...common.metadata.cluster import ClusterLayout
 from ...common.rpc.channels import ChannelPool
 from ...common.rpc.stream_client import StreamMethod
 from ..core.outcomes import Rejection
-from ..txn_resolver import Answers, CoordinatorAnswer, HangingQuestion
-from ..txn_verifier import TopicPartitionKey, VerifyAnswer
+from ..transactions.resolver import Answers, CoordinatorAnswer, HangingQuestion
+from ..transactions.verifier import TopicPartitionKey, VerifyAnswer
 
 log = logging.getLogger("oncelog.partition_store")
 

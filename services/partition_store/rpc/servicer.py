@@ -31,7 +31,7 @@ from ..api import (
     TopicSpec,
 )
 from ..core.quotas import QuotaKind
-from ..partition import Isolation
+from ..log.partition import Isolation
 from ..quotas import NOT_THROTTLED, StoreQuotas, exempt
 from ..runtime import StoreRuntime
 from .controller_link import CATALOG_CHANGED_METADATA

@@ -91,7 +91,7 @@ from services.coordinator.core.txn_log import TXN_KEY_PREFIX, TxnPartitionState
 from services.group_coordinator.runtime import GroupCoordinatorRuntime
 from services.partition_store.api import FetchItem, FetchOutcome
 from services.partition_store.core.replicas import PartitionState
-from services.partition_store.partition import Isolation, PartitionRuntime
+from services.partition_store.log.partition import Isolation, PartitionRuntime
 from services.partition_store.runtime import StoreRuntime
 
 T = TypeVar("T")

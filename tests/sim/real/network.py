@@ -2,7 +2,7 @@
 
 Goal: the production runtimes talk to each other only through ports
 (`TxnLog`, `MarkerSender`, `ProducerIdLog`, `TxnVerifier`, `ControllerLink`,
-the replica manager's `LeaderLink`, the group coordinator's `OffsetsStore`,
+the replica fetcher manager's `LeaderLink`, the group coordinator's `OffsetsStore`,
 the store's `KeyValueStore`). In
 production a gRPC adapter implements each; here an adapter of the same port
 turns every call into a message in the simulated network, and the runtime at
@@ -91,7 +91,7 @@ from services.partition_store.api import (
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.replicas import PartitionState
 from services.partition_store.core.topics import TopicRecord
-from services.partition_store.partition import Isolation
+from services.partition_store.log.partition import Isolation
 from services.partition_store.rpc.coordinator_link import RESOLVE_TIMEOUT_S as RESOLVE_RPC_TIMEOUT_S
 from services.partition_store.rpc.replica_link import (
     PARTITION_STATES_TIMEOUT_S,
@@ -100,8 +100,12 @@ from services.partition_store.rpc.replica_link import (
 from services.partition_store.runtime import StoreRuntime
 from services.partition_store.storage.memory import MemoryStore
 from services.partition_store.storage.port import WriteGroup
-from services.partition_store.txn_resolver import Answers, CoordinatorAnswer, HangingQuestion
-from services.partition_store.txn_verifier import TopicPartitionKey, VerifyAnswer
+from services.partition_store.transactions.resolver import (
+    Answers,
+    CoordinatorAnswer,
+    HangingQuestion,
+)
+from services.partition_store.transactions.verifier import TopicPartitionKey, VerifyAnswer
 from tests.sim.real.loop import NODE, DeterministicLoop
 
 T = TypeVar("T")

@@ -111,19 +111,19 @@ from services.coordinator.txn_runtime import TxnConfig, TxnCoordinatorRuntime
 from services.group_coordinator.core import groups as groups_module
 from services.group_coordinator.core import offsets_log
 from services.group_coordinator.runtime import GroupConfig, GroupCoordinatorRuntime
-from services.partition_store import metadata_link as metadata_link_module
-from services.partition_store import partition as partition_module
-from services.partition_store import partition_reads as partition_reads_module
 from services.partition_store import writer as writer_module
 from services.partition_store.api import ProduceItem, TopicSpec
 from services.partition_store.core import producer_state
 from services.partition_store.core.outcomes import Rejection
 from services.partition_store.core.replicas import NO_LEADER, PartitionState
 from services.partition_store.core.topics import topic_record_from_json
-from services.partition_store.metadata_link import DEFAULT_ROOT
-from services.partition_store.partition import PartitionRuntime
+from services.partition_store.log import partition as partition_module
+from services.partition_store.log import reads as partition_reads_module
+from services.partition_store.log.partition import PartitionRuntime
 from services.partition_store.produce import Producing
-from services.partition_store.replication import ReplicaManager
+from services.partition_store.replication import metadata_link as metadata_link_module
+from services.partition_store.replication.fetcher import ReplicaFetcherManager
+from services.partition_store.replication.metadata_link import DEFAULT_ROOT
 from services.partition_store.runtime import StoreConfig, StoreRuntime
 from services.partition_store.server import Wired, wire
 from services.partition_store.shared import StoreShared
@@ -395,10 +395,10 @@ def _no_follower_truncation() -> contextlib.AbstractContextManager[None]:
     new leader: it keeps a tail the new leader never had, and reports it to
     the leader as copied."""
     def skip(_original: Callable[..., Any]) -> Callable[..., Any]:
-        async def truncate(self: ReplicaManager, part: Any, leader: int, epoch: int) -> None:
+        async def truncate(self: ReplicaFetcherManager, part: Any, leader: int, epoch: int) -> None:
             del self, part, leader, epoch
         return truncate
-    return _patched(ReplicaManager, "_truncate_to_leader", skip)
+    return _patched(ReplicaFetcherManager, "_truncate_to_leader", skip)
 
 
 def _elect_outside_isr() -> contextlib.AbstractContextManager[None]:

@@ -64,7 +64,7 @@ from services.coordinator.txn_runtime import TxnCoordinatorRuntime
 from services.group_coordinator.core.offsets import FetchedOffset
 from services.group_coordinator.runtime import GroupCoordinatorRuntime
 from services.partition_store.api import FetchItem, ProduceItem
-from services.partition_store.partition import Isolation
+from services.partition_store.log.partition import Isolation
 from tests.sim.real.checker import Ledger, TxnFacts, TxnKey, offsets_metadata, record_value
 from tests.sim.real.loop import DeterministicLoop
 from tests.sim.real.network import (

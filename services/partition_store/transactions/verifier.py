@@ -33,8 +33,8 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.kernel.errors import ServiceError
-from .core.outcomes import Rejection
+from ...common.kernel.errors import ServiceError
+from ..core.outcomes import Rejection
 
 TopicPartitionKey = tuple[str, int]
 # Per partition: None when verified, else why not (the coordinator's code).

@@ -1,5 +1,6 @@
-"""The replica manager of one store node (docs/replication.md): keeps the
-node registered in the metadata store, applies what the metadata store says
+"""The follower side of replication on one store node (docs/replication.md),
+Kafka's ReplicaFetcherManager (`ReplicaFetcherManager`): keeps the node
+registered in the metadata store, applies what the metadata store says
 (catalog, leaders, ISRs) when it changes, runs one fetcher per leader store
 this node follows partitions of (`LeaderFetcher`), and, as leader, moves
 followers out of and back into the ISR.
@@ -20,7 +21,7 @@ range" below its log start (this replica came back empty, or retention went
 past it) makes the follower start over at the leader's log start.
 
 Every change of leader, epoch or ISR is a metadata-store transaction guarded
-by the revision it was decided on (metadata_link.py), so a leader that was
+by the revision it was decided on (replication/metadata_link.py), so a leader that was
 paused past its lease cannot shrink the ISR to itself and acknowledge alone:
 its write fails, it reads again and finds it leads no more.
 
@@ -48,18 +49,18 @@ from typing import Protocol
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.kernel.errors import ServiceError
-from ..common.kernel.invariants import invariant
-from ..common.metadata.store import LeaseNotFound
-from . import metrics
-from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
-from .core.leader_epochs import AskAgain, Truncate, divergence_step
-from .core.replicas import PartitionState, expand_isr, lagging_followers, shrink_isr
+from ...common.kernel.errors import ServiceError
+from ...common.kernel.invariants import invariant
+from ...common.metadata.store import LeaseNotFound
+from .. import metrics
+from ..api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
+from ..core.leader_epochs import AskAgain, Truncate, divergence_step
+from ..core.replicas import PartitionState, expand_isr, lagging_followers, shrink_isr
+from ..log.partition import PartitionRuntime
+from ..runtime import StoreRuntime
+from ..storage.port import CorruptionError
 from .metadata_link import MetadataLink
-from .partition import PartitionRuntime
-from .replica_sessions import PartitionKey
-from .runtime import StoreRuntime
-from .storage.port import CorruptionError
+from .sessions import PartitionKey
 
 log = logging.getLogger("oncelog.partition_store.replication")
 
@@ -100,7 +101,7 @@ class LeaderLink(Protocol):
     async def close(self) -> None: ...
 
 
-class ReplicaManager:
+class ReplicaFetcherManager:
     def __init__(
         self, runtime: StoreRuntime, link: MetadataLink, leaders: LeaderLink, *,
         address: str, listeners: Mapping[str, str] | None = None,
@@ -452,7 +453,7 @@ class LeaderFetcher:
     must not wait out another partition's poll), at the price of opening a
     new session."""
 
-    def __init__(self, manager: ReplicaManager, leader: int) -> None:
+    def __init__(self, manager: ReplicaFetcherManager, leader: int) -> None:
         self._manager = manager
         self._runtime = manager._runtime
         self.leader = leader

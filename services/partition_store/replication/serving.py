@@ -1,13 +1,13 @@
 """What replication asks of this store's local logs (docs/replication.md).
 
 * As leader: the followers' fetches, unsessioned (replica_fetch) or in a
-  fetch session (replica_fetch_session, replica_sessions.py), which move the
+  fetch session (replica_fetch_session, replication/sessions.py), which move the
   HW and may bring a follower back into the ISR; OffsetsForLeaderEpoch.
 * As follower: appending the leader's batches at their offsets
   (append_replicated), truncating a divergent tail (truncate_replica) and
   starting over at the leader's log start (reset_replica).
 
-The replica manager (replication.py) drives the follower side; this module
+The replica fetcher manager (replication/fetcher.py) drives the follower side; this module
 owns no state of its own beyond the leader's fetch sessions it is given.
 Partitions come from the catalog (catalog.py)."""
 
@@ -20,19 +20,19 @@ from collections.abc import Callable, Sequence
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import read_header
 
-from ..common.kernel import limits
-from ..common.kernel.errors import ServiceError
-from . import metrics
-from .api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
-from .catalog import Catalog
-from .core.codec import decode_offset, encode_partition_meta
-from .partition import PartitionRuntime
-from .partition_reads import read_replica
-from .reads import DEFAULT_PARTITION_FETCH_MAX_BYTES
-from .replica_sessions import FetchSession, FetchSessions, PartitionKey, SessionEntry
-from .shared import StoreShared, durable_callback
-from .storage import keys
-from .storage.port import CorruptionError, WriteGroup
+from ...common.kernel import limits
+from ...common.kernel.errors import ServiceError
+from .. import metrics
+from ..api import EpochEndOutcome, ReplicaFetchItem, ReplicaFetchOutcome
+from ..catalog import Catalog
+from ..core.codec import decode_offset, encode_partition_meta
+from ..log.partition import PartitionRuntime
+from ..log.reads import read_replica
+from ..reads import DEFAULT_PARTITION_FETCH_MAX_BYTES
+from ..shared import StoreShared, durable_callback
+from ..storage import keys
+from ..storage.port import CorruptionError, WriteGroup
+from .sessions import FetchSession, FetchSessions, PartitionKey, SessionEntry
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -138,7 +138,7 @@ class ReplicaServing:
         session_epoch: int, forgotten: Sequence[PartitionKey] = (), max_wait_ms: int,
     ) -> tuple[int, list[ReplicaFetchOutcome]]:
         """As leader, a follower store's fetch of every partition it
-        follows here, in its fetch session (replica_sessions.py): epoch 1
+        follows here, in its fetch session (replication/sessions.py): epoch 1
         opens the session and lists them all; later epochs list only the
         partitions whose fetch offset or leader epoch changed (`forgotten`:
         those it stopped following). The answer holds only partitions with

@@ -12,7 +12,7 @@ waiting for its lease to end:
    in-sync replica, at the next leader epoch, leaving the ISR as it is
    (core/replicas.py move_leader_off). A partition with no other in-sync
    replica stays, as in Kafka.
-3. Meanwhile the store keeps serving: its replica manager goes on reading
+3. Meanwhile the store keeps serving: its replica fetcher manager goes on reading
    the metadata every 100 ms and applies each move, so it answers
    NOT_LEADER_OR_FOLLOWER for a moved partition (failing the appends that
    waited for acknowledgement there: the producers retry at the new leader,
@@ -34,11 +34,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from ..common.kernel.errors import ServiceError
-from ..common.metadata.store import LeaseNotFound
-from .core.replicas import PartitionState
+from ...common.kernel.errors import ServiceError
+from ...common.metadata.store import LeaseNotFound
+from ..core.replicas import PartitionState
+from ..runtime import StoreRuntime
 from .metadata_link import MetadataLink, TopicPartitionKey
-from .runtime import StoreRuntime
 
 log = logging.getLogger("oncelog.partition_store.controlled_shutdown")
 

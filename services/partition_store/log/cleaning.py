@@ -1,12 +1,12 @@
 """Retention and compaction of one partition's log: which stored batches
 retention deletes and the writes that delete them, where compaction may
 clean and when a pass is due, and what a compaction chunk changes. The
-runtime's housekeeping (housekeeping.py) and the log cleaner (cleaner.py)
+runtime's housekeeping (housekeeping.py) and the log cleaner (log/cleaner.py)
 call these, under the lock that keeps the two from rewriting the log at
 the same time.
 
 Owns no state: it plans from the partition it is given (PartitionRuntime,
-partition.py) and the batches stored for it, and changes the partition
+log/partition.py) and the batches stored for it, and changes the partition
 through it. The decisions themselves are pure (core/log_state.py's
 plan_retention, core/compaction.py); the memory of the partition that
 appends and readers share (its offsets, the LSO's waiters, its gauges)
@@ -18,16 +18,16 @@ from collections.abc import Iterator
 
 from oncelog.wire.records import read_header
 
-from ..common.kernel.invariants import invariant
-from . import metrics
-from .core import compaction as core_compaction
-from .core import log_state as core_log_state
-from .core.codec import decode_offset
-from .core.compaction import CompactionState, encode_compaction_state
-from .core.log_state import BatchInfo, RetentionPlan
+from ...common.kernel.invariants import invariant
+from .. import metrics
+from ..core import compaction as core_compaction
+from ..core import log_state as core_log_state
+from ..core.codec import decode_offset
+from ..core.compaction import CompactionState, encode_compaction_state
+from ..core.log_state import BatchInfo, RetentionPlan
+from ..storage import keys
+from ..storage.port import WriteGroup
 from .partition import PartitionRuntime
-from .storage import keys
-from .storage.port import WriteGroup
 
 # ------------------------------------------------------------------ retention
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..common.kernel.txn_fate import TxnFate
+from ...common.kernel.txn_fate import TxnFate
 
 
 @dataclass(frozen=True, slots=True)

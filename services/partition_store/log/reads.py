@@ -2,11 +2,11 @@
 to the HW, or the LSO under read_committed with aborted transactions and
 markers filtered out), a ListOffsets lookup (earliest, latest, by time) and
 a follower's fetch (everything durable here). The store node's Fetch and
-ListOffsets (reads.py) and its followers' fetches (replica_serving.py) call
+ListOffsets (reads.py) and its followers' fetches (replication/serving.py) call
 these for each partition of a request.
 
 Owns nothing and changes nothing: it reads the partition it is given
-(PartitionRuntime, partition.py), its offsets, aborted index and leader
+(PartitionRuntime, log/partition.py), its offsets, aborted index and leader
 epochs, and the batches stored for it, each checked against its CRC32C
 (the partition's `read_stored`). Which batches a fetch returns is
 core/fetch_filter.py's."""
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import iter_records
 
-from ..common.kernel.errors import ServiceError
-from .core.codec import decode_offset
-from .core.fetch_filter import select_batches
-from .core.txn_index import AbortedTxn
+from ...common.kernel.errors import ServiceError
+from ..core.codec import decode_offset
+from ..core.fetch_filter import select_batches
+from ..core.txn_index import AbortedTxn
+from ..storage import keys
 from .partition import Isolation, PartitionRuntime
-from .storage import keys
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2

@@ -1,16 +1,16 @@
 """One partition owned by this store node: its offsets, producer state and
 replication state, the I/O of appends, stored-batch reads and snapshots,
 and the futures that wait on its high watermark. Jobs done over it live
-beside it: recovery at open (partition_loader.py), consumers' and
-followers' reads (partition_reads.py), retention and compaction planning
-(partition_cleaning.py).
+beside it: recovery at open (log/loader.py), consumers' and
+followers' reads (log/reads.py), retention and compaction planning
+(log/cleaning.py).
 
 Changes go through `_replay`, for data batches and markers alike. A live
 append or marker is replayed into memory when it is accepted (so the next
 batch of a pipelining producer is checked against it, and the log end offset
 includes it), persisted by the group-commit writer, and acknowledged only when
 `on_durable` has moved the high watermark past it. Recovery
-(partition_loader.py) runs the same `_replay` over the stored batches after
+(log/loader.py) runs the same `_replay` over the stored batches after
 the newest good snapshot.
 
 Transactions: the producer table tracks open transactions, the aborted index
@@ -41,17 +41,17 @@ from oncelog.wire.records import (
     stamp_batch,
 )
 
-from ..common.kernel.errors import ServiceError
-from ..common.kernel.invariants import invariant
-from . import metrics
-from .core.batches import check_produce_batch, stored_batch_damage
-from .core.codec import encode_offset, encode_partition_meta
-from .core.compaction import CompactionState, initial_state
-from .core.hanging_txns import OpenTxn, open_transactions
-from .core.leader_epochs import LeaderEpochCache, encode_epoch_entry
-from .core.log_state import LogState
-from .core.outcomes import Rejection
-from .core.producer_state import (
+from ...common.kernel.errors import ServiceError
+from ...common.kernel.invariants import invariant
+from .. import metrics
+from ..core.batches import check_produce_batch, stored_batch_damage
+from ..core.codec import encode_offset, encode_partition_meta
+from ..core.compaction import CompactionState, initial_state
+from ..core.hanging_txns import OpenTxn, open_transactions
+from ..core.leader_epochs import LeaderEpochCache, encode_epoch_entry
+from ..core.log_state import LogState
+from ..core.outcomes import Rejection
+from ..core.producer_state import (
     MARKER_NAMES,
     Duplicate,
     DuplicateMarker,
@@ -59,16 +59,16 @@ from .core.producer_state import (
     ProducerStateManager,
     TxnMarker,
 )
-from .core.replicas import (
+from ..core.replicas import (
     PartitionState,
     effective_min_insync,
     high_watermark,
 )
-from .core.snapshot import encode_snapshot
-from .core.topics import TopicRecord
-from .core.txn_index import AbortedIndex, AbortedTxn, encode_aborted_txn
-from .storage import keys
-from .storage.port import CorruptionError, KeyValueStore, WriteGroup
+from ..core.snapshot import encode_snapshot
+from ..core.topics import TopicRecord
+from ..core.txn_index import AbortedIndex, AbortedTxn, encode_aborted_txn
+from ..storage import keys
+from ..storage.port import CorruptionError, KeyValueStore, WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.partition")
 
@@ -153,7 +153,7 @@ class PartitionRuntime:
         self.batches_since_snapshot = 0
         self.last_snapshot_ms = 0
         self._snapshot_dirty = False
-        # Filled by recovery (partition_loader.py): what the last start did,
+        # Filled by recovery (log/loader.py): what the last start did,
         # for tests and metrics.
         self.recovery_replayed_batches = 0
         self.recovery_snapshot_offset: int | None = None
@@ -400,7 +400,7 @@ class PartitionRuntime:
     def replay_stored(
         self, header: BatchHeader, control: tuple[int, int] | None, now_ms: int,
     ) -> None:
-        """Recovery's replay (partition_loader.py) of one batch found on disk:
+        """Recovery's replay (log/loader.py) of one batch found on disk:
         the same `_replay` as a live append. What `_replay` would write with
         the batch (its index entries) is stored already, so it is dropped."""
         self._replay(header, control, now_ms, recovering=True)
@@ -730,7 +730,7 @@ class PartitionRuntime:
         self, start_offset: int, end_offset: int
     ) -> Iterator[tuple[BatchHeader, bytes]]:
         """Stored batches from the one holding start_offset, below end_offset,
-        each checked (`_batches_from`): what reads (partition_reads.py) and
+        each checked (`_batches_from`): what reads (log/reads.py) and
         the cleaner read."""
         return self._batches_from(start_offset, end_offset)
 
@@ -818,7 +818,7 @@ class PartitionRuntime:
     # --------------------------------------------------------- log rewrites
 
     def move_log_start(self, new_start: int, deleted_bytes: int, group: WriteGroup) -> None:
-        """Retention's change to the offsets (partition_cleaning.py, which
+        """Retention's change to the offsets (log/cleaning.py, which
         deletes the batches below `new_start`): readers waiting for the LSO
         are woken if it moved, and the partition meta goes into `group`."""
         lso_before = self.log.last_stable_offset

@@ -38,9 +38,9 @@ from typing import TypeVar
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.kernel.errors import ServiceError
-from ..common.metadata.cluster import ClusterLayout, stable_hash
-from ..common.metadata.store import (
+from ...common.kernel.errors import ServiceError
+from ...common.metadata.cluster import ClusterLayout, stable_hash
+from ...common.metadata.store import (
     METADATA_TXN_OPS_MAX,
     Compare,
     MetadataStore,
@@ -48,11 +48,11 @@ from ..common.metadata.store import (
     Put,
     Versioned,
 )
-from . import metrics
-from .api import NewPartitions, TopicOutcome, TopicSpec
-from .core.codec import CorruptValueError
-from .core.outcomes import Rejection
-from .core.replicas import (
+from .. import metrics
+from ..api import NewPartitions, TopicOutcome, TopicSpec
+from ..core.codec import CorruptValueError
+from ..core.outcomes import Rejection
+from ..core.replicas import (
     DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
     DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
     PREFERRED_LEADER_REJOIN_DELAY_MS,
@@ -73,7 +73,7 @@ from .core.replicas import (
     replication_factor_of,
     shrink_isr,
 )
-from .core.topics import (
+from ..core.topics import (
     INTERNAL_TOPIC_CONFIG,
     TopicRecord,
     grow_topic,

@@ -10,7 +10,7 @@ woken by the partitions themselves (`notify`, on an append or a change of
 leadership), not by polling them: an idle partition costs nothing.
 
 Only the bookkeeping lives here; the runtime reads the log and checks epochs
-(ReplicaServing.replica_fetch_session, replica_serving.py).
+(ReplicaServing.replica_fetch_session, replication/serving.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..common.kernel.invariants import invariant
+from ...common.kernel.invariants import invariant
 
 PartitionKey = tuple[str, int]
 

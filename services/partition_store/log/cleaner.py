@@ -31,10 +31,10 @@ from dataclasses import dataclass, replace
 
 from oncelog.wire.records import control_marker, iter_record_keys, retain_records
 
-from ..common.kernel.crashpoints import crash_point
-from ..common.kernel.invariants import InvariantViolation, invariant
-from . import metrics
-from .core.compaction import (
+from ...common.kernel.crashpoints import crash_point
+from ...common.kernel.invariants import InvariantViolation, invariant
+from .. import metrics
+from ..core.compaction import (
     BatchAction,
     BatchDecision,
     Cleaner,
@@ -42,10 +42,10 @@ from .core.compaction import (
     OffsetMapBuilder,
     aborted_by_producer,
 )
+from ..storage import keys
+from ..storage.port import WriteGroup
+from .cleaning import apply_compaction_chunk, first_uncleanable_offset
 from .partition import PartitionRuntime
-from .partition_cleaning import apply_compaction_chunk, first_uncleanable_offset
-from .storage import keys
-from .storage.port import WriteGroup
 
 log = logging.getLogger("oncelog.partition_store.cleaner")
 

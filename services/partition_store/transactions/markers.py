@@ -19,19 +19,19 @@ from collections.abc import Sequence
 
 from oncelog.wire.errors import ErrorCode
 
-from ..common.kernel import limits
-from ..common.kernel.crashpoints import crash_point
-from ..common.kernel.errors import ServiceError
-from ..common.kernel.invariants import InvariantViolation
-from . import metrics
-from .api import MarkerItem, MarkerOutcome
-from .catalog import Catalog
-from .core import hanging_txns
-from .core.outcomes import Rejection
-from .core.producer_state import DuplicateMarker, TxnMarker
-from .partition import Appended, PartitionRuntime
-from .shared import StoreShared, durable_callback
-from .txn_resolver import HangingQuestion, TxnResolver
+from ...common.kernel import limits
+from ...common.kernel.crashpoints import crash_point
+from ...common.kernel.errors import ServiceError
+from ...common.kernel.invariants import InvariantViolation
+from .. import metrics
+from ..api import MarkerItem, MarkerOutcome
+from ..catalog import Catalog
+from ..core import hanging_txns
+from ..core.outcomes import Rejection
+from ..core.producer_state import DuplicateMarker, TxnMarker
+from ..log.partition import Appended, PartitionRuntime
+from ..shared import StoreShared, durable_callback
+from .resolver import HangingQuestion, TxnResolver
 
 log = logging.getLogger("oncelog.partition_store")
 

@@ -1,6 +1,6 @@
 """Recovery: rebuilds one partition's memory from what RocksDB holds when the
 partition opens (a start, a reopen after a full disk, a follower's
-truncation), and returns its PartitionRuntime (partition.py). Kafka's
+truncation), and returns its PartitionRuntime (log/partition.py). Kafka's
 LogLoader, kept apart from the partition that serves the log.
 
 What it reads, each with a slower fallback when a value does not decode:
@@ -20,19 +20,19 @@ import logging
 
 from oncelog.wire.records import control_marker, read_header
 
-from ..common.kernel.invariants import invariant
-from . import metrics
-from .core.codec import CorruptValueError, decode_partition_meta
-from .core.compaction import CompactionState, decode_compaction_state, initial_state
-from .core.leader_epochs import LeaderEpochCache, decode_epoch_entry
-from .core.log_state import LogState
-from .core.producer_state import ProducerStateManager
-from .core.snapshot import SnapshotError, decode_snapshot
-from .core.topics import TopicRecord
-from .core.txn_index import AbortedIndex, AbortedTxn, decode_aborted_txn
+from ...common.kernel.invariants import invariant
+from .. import metrics
+from ..core.codec import CorruptValueError, decode_partition_meta
+from ..core.compaction import CompactionState, decode_compaction_state, initial_state
+from ..core.leader_epochs import LeaderEpochCache, decode_epoch_entry
+from ..core.log_state import LogState
+from ..core.producer_state import ProducerStateManager
+from ..core.snapshot import SnapshotError, decode_snapshot
+from ..core.topics import TopicRecord
+from ..core.txn_index import AbortedIndex, AbortedTxn, decode_aborted_txn
+from ..storage import keys
+from ..storage.port import KeyValueStore
 from .partition import PartitionRuntime
-from .storage import keys
-from .storage.port import KeyValueStore
 
 # Recovery's messages keep the partition's logger, which operators and
 # tests filter on: moving the code here did not change what it reports.
