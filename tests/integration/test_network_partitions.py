@@ -126,7 +126,10 @@ def test_a_leader_cut_from_etcd_loses_leadership_and_rejoins_as_follower(
         _check(cluster, streams)
 
 
-@pytest.mark.parametrize("one_way", [False, True], ids=["two-way", "one-way"])
+# One-way loss is slow (bash scripts/test-slow.sh); the default run keeps the
+# two-way cut, and the soak mixes both.
+@pytest.mark.parametrize("one_way", [
+    False, pytest.param(True, marks=pytest.mark.slow)], ids=["two-way", "one-way"])
 def test_a_leader_cut_from_its_followers_refuses_writes_it_cannot_replicate(
         cluster: LocalCluster, tmp_path: Path, one_way: bool) -> None:
     streams = ClientStreams(cluster, TOPIC, 1, tmp_path / "clients")
