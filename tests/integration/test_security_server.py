@@ -76,7 +76,24 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                       extra_args={"group_coordinator": ["--initial-rebalance-delay-ms", "100"]},
                       ) as cluster, \
             Principal(cluster, "admin") as admin:
-        yield Env(cluster, admin)
+        env = Env(cluster, admin)
+        _wait_coordinators_loaded(env)
+        yield env
+
+
+def _wait_coordinators_loaded(env: Env) -> None:
+    """Until each coordinator has claimed its internal partition (its epoch
+    record written): the matrix compares everything stored before and after
+    a refused call, and a coordinator that finishes loading in between
+    writes that record (a run once failed so, on __transaction_state-0)."""
+    def loaded() -> bool:
+        results = env.admin.store.ListOffsets(ps.ListOffsetsRequest(
+            partitions=[ps.ListOffsetsPartition(topic=topic, partition=0, timestamp_ms=-1)
+                        for topic in ("__transaction_state", "__consumer_offsets")],
+            isolation_level=records_pb2.READ_UNCOMMITTED)).results
+        return len(results) == 2 and all(r.error.code == 0 and r.offset >= 1 for r in results)
+
+    wait_until("both coordinators' epoch records", loaded)
 
 
 # ------------------------------------------------------------------ helpers
