@@ -72,7 +72,8 @@ def run_one(flavour: str, round_no: int, args: argparse.Namespace,
     subprocess.run(
         [str(python), "bench/peers.py", "--rounds", "1", "--systems", system,
          "--cases", args.cases, "--seconds", str(args.seconds),
-         "--latency-samples", str(args.latency_samples), "--json", str(out)],
+         "--latency-samples", str(args.latency_samples),
+         "--copier-records", str(args.copier_records), "--json", str(out)],
         cwd=REPO_ROOT, env=env, check=True, timeout=RUN_TIMEOUT_S,
         stdout=subprocess.DEVNULL if args.quiet else None)
     data = json.loads(out.read_text())
@@ -86,7 +87,8 @@ def _ratio(figures: dict[str, tuple[float, float, float]], a: str, b: str) -> st
     return "—"
 
 
-def render(results: dict[str, list[dict[str, dict[str, float]]]], cases: Sequence[str]) -> str:
+def render(results: dict[str, list[dict[str, dict[str, float]]]], cases: Sequence[str],
+           copier_records: int) -> str:
     lines = ["| measure | compiled | pure | peer | compiled / pure | compiled / peer |",
              "|---|---|---|---|---|---|"]
     for metric in peers.METRICS:
@@ -99,7 +101,7 @@ def render(results: dict[str, list[dict[str, dict[str, float]]]], cases: Sequenc
                 figures[flavour] = (statistics.median(values), min(values), max(values))
 
         better = "higher is better" if metric.higher_is_better else "lower is better"
-        label = metric.label.format(copier_records="?")
+        label = metric.label.format(copier_records=f"{copier_records:,}")
         lines.append(f"| {label} ({better}) | "
                      + " | ".join(peers.cell(figures.get(f), metric.unit)
                                   for f in (COMPILED, PURE, PEER))
@@ -116,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cases", default=DEFAULT_CASES,
                         help=f"peers.py's cases, comma-separated (default: {DEFAULT_CASES})")
     parser.add_argument("--latency-samples", type=int, default=500)
+    parser.add_argument("--copier-records", type=int, default=1_000_000,
+                        help="records the copier case copies (peers.py's --copier-records)")
     parser.add_argument("--flavours", default=",".join(FLAVOURS),
                         help=f"comma-separated, of: {', '.join(FLAVOURS)}")
     parser.add_argument("--quiet", action="store_true", help="hide peers.py's own output")
@@ -138,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nmedians of {args.rounds} round(s) (min–max over the rounds); "
           f"load average at the end {load}")
-    print(render(results, cases), flush=True)
+    print(render(results, cases, args.copier_records), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": vars(args), "rounds": results}, f, indent=2)

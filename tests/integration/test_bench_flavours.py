@@ -53,10 +53,16 @@ def test_the_table_takes_medians_ranges_and_ratios_of_medians() -> None:
         "pure": [produce(300), produce(400), produce(350)],
         "peer": [produce(500), produce(350), produce(800)],
     }
-    (row,) = _rows(flavours.render(results, ["produce-1p"]))
+    (row,) = _rows(flavours.render(results, ["produce-1p"], copier_records=1000))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:] == ["700 records/s (600–900)", "350 records/s (300–400)",
                          "500 records/s (350–800)", f"{700 / 350:.2f}", f"{700 / 500:.2f}"]
+
+
+def test_the_copier_row_names_how_many_records_it_copied() -> None:
+    results = {"compiled": [{"copier": {"records_per_s": 200.0}}]}
+    (row,) = _rows(flavours.render(results, ["copier"], copier_records=25_000))
+    assert row.startswith("| exactly-once copier, 25,000 x 100 B, commit every 100 ms ")
 
 
 def test_unknown_cases_and_flavours_are_refused() -> None:
