@@ -39,7 +39,9 @@ Cases (`--cases`, comma-separated):
 * `log` (sizes: `--log-records`): one partition filled with that many
   100 B records; then the disk bytes per record (the store's data
   directory), and the restart time of a store holding it after kill -9 and
-  after SIGTERM (until it serves again).
+  after SIGTERM (until it serves again). Its topic has replication factor 3
+  unless `--log-replication-factor` says otherwise (100M records are about
+  11 GB a copy).
 
     .venv/bin/python -m bench.scale --json scale.json --svg-dir docs/img    # defaults
     .venv/bin/python -m bench.scale --runs 1 --partitions 3 --txn-producers 1 \\
