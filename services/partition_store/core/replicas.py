@@ -363,6 +363,33 @@ def high_watermark(
     return max(current, bound)
 
 
+@dataclass(frozen=True, slots=True)
+class FollowerFetch:
+    """What the leader noted at a follower's fetch: where its own log ended
+    then, and when."""
+
+    leader_end_offset: int
+    at_ms: int
+
+
+def caught_up_ms(*, fetch_offset: int, leader_end_offset: int, now_ms: int,
+                 previous: FollowerFetch | None) -> int | None:
+    """When a follower's fetch (from `fetch_offset`) shows it was last
+    caught up (Kafka's Replica.updateFetchState): now, when it asks from the
+    leader's log end; at its previous fetch, when it asks from where the
+    log ended then; None when it is behind both. The second case is a
+    follower one round behind a partition written all the time: by the
+    time it asks again, more has been appended, so it never asks from the
+    log end itself, yet it copied everything there was when it last asked.
+    Judged by the first case alone it would leave the ISR after the lag
+    time under any steady load."""
+    if fetch_offset >= leader_end_offset:
+        return now_ms
+    if previous is not None and fetch_offset >= previous.leader_end_offset:
+        return previous.at_ms
+    return None
+
+
 def lagging_followers(
     *, isr: Collection[int], leader: int, last_caught_up_ms: Mapping[int, int], now_ms: int,
     lag_time_max_ms: int, follower_end_offsets: Mapping[int, int] | None = None,

@@ -60,7 +60,9 @@ from ..core.producer_state import (
     TxnMarker,
 )
 from ..core.replicas import (
+    FollowerFetch,
     PartitionState,
+    caught_up_ms,
     effective_min_insync,
     high_watermark,
 )
@@ -184,6 +186,8 @@ class PartitionRuntime:
         # when it last reached the leader's log end.
         self.follower_end_offsets: dict[int, int] = {}
         self.last_caught_up_ms: dict[int, int] = {}
+        # As leader: each follower's last fetch (where this log ended then).
+        self.follower_fetches: dict[int, FollowerFetch] = {}
         # As leader: followers it has asked the metadata store to add to the
         # ISR while that change is not yet its state (replica -> when it
         # asked). The HW counts them from the moment it asks (Kafka's maximal
@@ -478,6 +482,7 @@ class PartitionRuntime:
         if self.is_leader:
             if not was_leader or epoch_changed:
                 self.follower_end_offsets = {}
+                self.follower_fetches = {}
                 self.last_caught_up_ms = {r: now_ms for r in state.isr}
                 # The new epoch starts at the log end, before any batch of
                 # it (Kafka's makeLeader), so followers asking about it get
@@ -606,10 +611,16 @@ class PartitionRuntime:
     def record_follower_fetch(self, replica: int, fetch_offset: int, now_ms: int) -> None:
         """As leader: a follower asked for `fetch_offset`, so it holds
         everything below it. It counts as caught up when that reaches the
-        log end (Kafka's lastCaughtUpTime)."""
+        log end, or where the log ended at its previous fetch (Kafka's
+        lastCaughtUpTime; core/replicas.py's caught_up_ms)."""
         self.follower_end_offsets[replica] = fetch_offset
-        if fetch_offset >= self.log.durable_end_offset:
-            self.last_caught_up_ms[replica] = now_ms
+        leader_end = self.log.durable_end_offset
+        caught_up = caught_up_ms(fetch_offset=fetch_offset, leader_end_offset=leader_end,
+                                 now_ms=now_ms, previous=self.follower_fetches.get(replica))
+        if caught_up is not None:
+            self.last_caught_up_ms[replica] = max(
+                self.last_caught_up_ms.get(replica, caught_up), caught_up)
+        self.follower_fetches[replica] = FollowerFetch(leader_end, now_ms)
         self.update_high_watermark()
 
     def note_appended(self, durable_before: int, now_ms: int) -> None:
