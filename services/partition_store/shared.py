@@ -127,33 +127,48 @@ class StoreShared:
     ) -> dict[int, ServiceError]:
         """Waits for the group commits of `waits` (index -> future) up to
         timeout_ms (0: the default); returns the failed ones' errors."""
-        if not waits:
-            return {}
-        timeout_s = (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
-        shields = [asyncio.shield(f) for f in waits.values()]
-        await asyncio.wait(shields, timeout=timeout_s)
-        for shield in shields:
+        return await await_acks(waits, timeout_ms)
+
+
+async def await_acks(
+    waits: dict[int, asyncio.Future[None]], timeout_ms: int
+) -> dict[int, ServiceError]:
+    """StoreShared.await_durable's wait (a method there, so that the
+    simulation can swap it for a store that answers too early)."""
+    if not waits:
+        return {}
+    timeout_s = (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+    shields = [asyncio.shield(f) for f in waits.values()]
+    await asyncio.wait(shields, timeout=timeout_s)
+    for shield in shields:
+        if not shield.done():
+            # The request stops waiting; the append goes on. Cancelled, the
+            # shield is never handed the append's outcome: were the append
+            # to fail later (leadership moved after the request timed out),
+            # asyncio would log the failure as an exception nobody
+            # retrieved, once for every timed-out append.
+            shield.cancel()
+        elif not shield.cancelled():
             # The outcomes are read below from the futures themselves; a
             # shield that failed (leadership moved while the append waited
             # for its acks) is read here so that asyncio does not log it as
             # an exception nobody retrieved. Read in place rather than by a
             # done callback, which would add a step to the event loop's
             # schedule (and move every simulation seed).
-            if shield.done() and not shield.cancelled():
-                shield.exception()
-        errors: dict[int, ServiceError] = {}
-        for index, future in waits.items():
-            if not future.done():
-                errors[index] = ServiceError(
-                    ErrorCode.REQUEST_TIMED_OUT,
-                    f"was not durable within {timeout_s * 1000:.0f} ms",
-                )
-            elif future.exception() is not None:
-                failure = future.exception()
-                errors[index] = failure if isinstance(failure, ServiceError) else ServiceError(
-                    ErrorCode.STORAGE_ERROR, repr(failure)
-                )
-        return errors
+            shield.exception()
+    errors: dict[int, ServiceError] = {}
+    for index, future in waits.items():
+        if not future.done():
+            errors[index] = ServiceError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"was not durable within {timeout_s * 1000:.0f} ms",
+            )
+        elif future.exception() is not None:
+            failure = future.exception()
+            errors[index] = failure if isinstance(failure, ServiceError) else ServiceError(
+                ErrorCode.STORAGE_ERROR, repr(failure)
+            )
+    return errors
 
 
 def durable_callback(
