@@ -103,6 +103,7 @@ from .replication.controlled_shutdown import (
     ControlledShutdown,
 )
 from .replication.fetcher import START_METADATA_WAIT_MS, LeaderLink, ReplicaFetcherManager
+from .replication.lease_heartbeat import DEFAULT_LOOP_STALL_LIMIT_TTLS, LeaseHeartbeat
 from .replication.metadata_link import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_ROOT,
@@ -335,7 +336,7 @@ def wire(
     leader_imbalance_per_store_pct: int = DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
     txn_verifier: TxnVerifier | None = None, txn_resolver: TxnResolver | None = None,
     controller: ControllerLink | None = None, leaders: LeaderLink | None = None,
-    clock_ms: Callable[[], int] = wall_clock_ms,
+    clock_ms: Callable[[], int] = wall_clock_ms, lease_heartbeat: LeaseHeartbeat | None = None,
 ) -> Wired:
     """The store's runtime over `store`, connected as every deployment
     connects it: to the transaction coordinators, and to the catalog's owner
@@ -361,7 +362,7 @@ def wire(
         lease_ttl_s=lease_ttl_s, unclean_leader_election=unclean_leader_election,
         leader_imbalance_check_interval_ms=leader_imbalance_check_interval_ms,
         leader_imbalance_per_store_pct=leader_imbalance_per_store_pct,
-        clock_ms=clock_ms,
+        clock_ms=clock_ms, lease_heartbeat=lease_heartbeat,
     )
     runtime = StoreRuntime(store, config, controller=link, txn_verifier=verifier,
                            txn_resolver=resolver, clock_ms=clock_ms)
@@ -402,9 +403,16 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             "with the transaction coordinator (test only; hanging transactions possible)"
         )
     metadata = None
+    heartbeat = None
     if config.replicated:
         endpoints = split_addresses(args.etcd_endpoints)
         metadata = EtcdMetadataStore(endpoints, timeout_ms=METADATA_TIMEOUT_MS)
+        # The lease stands for this process and its event loop running, not
+        # for how late the loop runs under load (replication/lease_heartbeat.py).
+        heartbeat = LeaseHeartbeat(
+            endpoints, timeout_ms=METADATA_TIMEOUT_MS, interval_s=args.lease_ttl_s / 3,
+            loop_stall_limit_s=DEFAULT_LOOP_STALL_LIMIT_TTLS * args.lease_ttl_s)
+        heartbeat.start(asyncio.get_running_loop())
         log.info("replicated mode: cluster metadata in etcd at %s under %s",
                  ",".join(endpoints), args.metadata_root)
         if args.unclean_leader_election:
@@ -427,6 +435,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         unclean_leader_election=args.unclean_leader_election,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
         leader_imbalance_per_store_pct=args.leader_imbalance_per_store_pct,
+        lease_heartbeat=heartbeat,
     )
     runtime = wired.runtime
     runtime.hooks.on_damage = partial(record_and_stop, data_dir, config.node_id)

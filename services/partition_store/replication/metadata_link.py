@@ -34,7 +34,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from oncelog.wire.errors import ErrorCode
 
@@ -81,6 +81,9 @@ from ..core.topics import (
     topic_record_json,
     validate_new_topic,
 )
+
+if TYPE_CHECKING:
+    from .lease_heartbeat import LeaseHeartbeat
 
 log = logging.getLogger("oncelog.partition_store.metadata")
 
@@ -133,8 +136,13 @@ class MetadataLink:
         leader_imbalance_check_interval_ms: int = DEFAULT_LEADER_IMBALANCE_CHECK_INTERVAL_MS,
         leader_imbalance_per_store_pct: int = DEFAULT_LEADER_IMBALANCE_PER_STORE_PCT,
         clock_ms: Callable[[], int],
+        lease_heartbeat: LeaseHeartbeat | None = None,
     ) -> None:
+        """`lease_heartbeat` (a real store's; replication/lease_heartbeat.py)
+        keeps each lease this link is granted alive from a thread of its own,
+        besides the keep-alive of `keep_registered`."""
         self.store = store
+        self._heartbeat = lease_heartbeat
         self._layout = layout
         self._node_id = node_id
         self._root = root.rstrip("/")
@@ -488,6 +496,8 @@ class MetadataLink:
             )
 
     async def close(self) -> None:
+        if self._heartbeat is not None:
+            await self._heartbeat.stop()
         for lease in (self._controller_lease, self._lease):
             if lease is not None:
                 with contextlib.suppress(MetadataUnavailable):
@@ -505,6 +515,8 @@ class MetadataLink:
         if self._lease is not None and await self._call(self.store.keep_alive(self._lease)):
             return
         self._lease = await self._call(self.store.grant_lease(self.lease_ttl_s))
+        if self._heartbeat is not None:
+            self._heartbeat.keep(self._lease)
         value = json.dumps({"address": address, **{
             f"{kind}_address": listener for kind, listener in (listeners or {}).items()
             if listener}})
