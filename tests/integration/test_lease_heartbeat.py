@@ -70,6 +70,7 @@ def test_a_busy_event_loop_keeps_its_lease(etcd: EtcdCluster) -> None:
             busy_for(STALL_S)
             assert await client.get(unkept_key) is None, "the control lease should have ended"
             assert await client.get(kept_key) is not None
+            assert heartbeat.keeps(kept)
             assert heartbeat.keep_alives_sent >= 2
             assert heartbeat.beats_withheld == 0
 
@@ -96,6 +97,10 @@ def test_a_loop_stalled_past_the_limit_loses_its_lease(etcd: EtcdCluster) -> Non
             busy_for(STALL_S + 1.0)
             assert await client.get(key) is None
             assert heartbeat.beats_withheld >= 1
+            # Its next keep-alive finds the lease ended and says so: the
+            # store's loop then registers under a new one.
+            await asyncio.sleep(3 * INTERVAL_S)
+            assert not heartbeat.keeps(lease)
             # The loop runs again: a new lease handed over is kept again.
             lease, key = await leased_key(client, "wedged/new")
             heartbeat.keep(lease)

@@ -25,10 +25,11 @@ default 3 s TTL, Kafka's default broker session). So:
   loses its lease `loop_stall_limit_s` plus one TTL after its loop stopped;
 * a store whose loop runs late under load keeps its partitions.
 
-The event loop's own keep-alive task (replication/fetcher.py) still runs:
-it is what registers the store again under a new lease when one has ended,
-and it tells this thread which lease to keep (`keep`). The thread only ever
-keeps alive; it never grants, revokes or writes.
+The event loop's own keep-alive task (replication/fetcher.py) still runs,
+without a call to etcd of its own: it asks this thread whether the lease
+is still kept (`keeps`), registers the store again under a new lease when
+it is not, and tells the thread which lease to keep (`keep`). The thread
+only ever keeps alive; it never grants, revokes or writes.
 
 It talks to etcd through an EtcdMetadataStore of its own, on an event loop
 of its own (the client's channels belong to the loop that made them).
@@ -37,10 +38,12 @@ of its own (the client's channels belong to the loop that made them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from ...common.metadata.etcd import EtcdMetadataStore
 from ...common.metadata.store import MetadataUnavailable
@@ -52,6 +55,10 @@ log = logging.getLogger(__name__)
 DEFAULT_LOOP_STALL_LIMIT_TTLS = 3
 # How long stop() waits for the thread (one keep-alive call at most).
 STOP_JOIN_TIMEOUT_S = 5.0
+
+
+def _nothing() -> None:
+    return None
 
 
 class LeaseHeartbeat:
@@ -78,6 +85,8 @@ class LeaseHeartbeat:
         self._watched: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        # Wakes the thread's wait early (set once its loop runs).
+        self._wake: Callable[[], object] = _nothing
         # Counted for tests and logs: keep-alives sent, and beats withheld
         # because the store's loop had stalled past the limit.
         self.keep_alives_sent = 0
@@ -97,11 +106,22 @@ class LeaseHeartbeat:
     def keep(self, lease_id: int | None) -> None:
         self._lease = lease_id
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def keeps(self, lease_id: int) -> bool:
+        """Whether the thread still keeps `lease_id`: False once a keep-alive
+        found it ended (then the store registers again)."""
+        return self._lease == lease_id
+
     async def stop(self) -> None:
         """Stops beating (the lease is left to the caller: revoke it, or let
         it run out)."""
         self._lease = None
         self._stopping.set()
+        with contextlib.suppress(RuntimeError):  # its loop has ended already
+            self._wake()
         thread, self._thread = self._thread, None
         if thread is not None:
             await asyncio.to_thread(thread.join, STOP_JOIN_TIMEOUT_S)
@@ -113,10 +133,17 @@ class LeaseHeartbeat:
         self._last_tick_s = time.monotonic()
 
     def _run(self) -> None:
-        asyncio.run(self._beat())
+        try:
+            asyncio.run(self._beat())
+        except Exception:
+            # The store's loop sees the thread gone (`running`) and keeps
+            # the lease alive itself again.
+            log.exception("the lease heartbeat thread failed; the event loop keeps the lease")
 
     async def _beat(self) -> None:
         etcd = EtcdMetadataStore(self._endpoints, timeout_ms=self._timeout_ms)
+        woken = asyncio.Event()
+        self._wake = partial(asyncio.get_running_loop().call_soon_threadsafe, woken.set)
         stalled = False
         try:
             while not self._stopping.is_set():
@@ -128,7 +155,8 @@ class LeaseHeartbeat:
                 except RuntimeError:  # the store's loop closed meanwhile
                     return
                 # Wait one interval, or less when stop() is called.
-                await asyncio.to_thread(self._stopping.wait, self._interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), self._interval_s)
                 lease = self._lease
                 if lease is None or self._stopping.is_set():
                     continue
@@ -148,7 +176,8 @@ class LeaseHeartbeat:
                 try:
                     alive = await etcd.keep_alive(lease)
                 except MetadataUnavailable as exc:
-                    # The loop's own keep-alive reports etcd being away.
+                    # The store's sync loop reports etcd being away
+                    # (replication/fetcher.py); the next beat tries again.
                     log.debug("lease heartbeat: %s", exc)
                     continue
                 self.keep_alives_sent += 1

@@ -512,7 +512,7 @@ class MetadataLink:
         kind: TOKEN_LISTENER, KAFKA_LISTENER) under a lease, or keeps the
         lease alive; a lease that ended (the store was paused past its TTL,
         or the metadata store lost it) is replaced by a new one."""
-        if self._lease is not None and await self._call(self.store.keep_alive(self._lease)):
+        if self._lease is not None and await self._lease_kept(self._lease):
             return
         self._lease = await self._call(self.store.grant_lease(self.lease_ttl_s))
         if self._heartbeat is not None:
@@ -527,6 +527,14 @@ class MetadataLink:
                  Put(self._seen_key(self._node_id), value)], ()))
         log.info("store node %d registered (lease %d, TTL %d s)", self._node_id, self._lease,
                  self.lease_ttl_s)
+
+    async def _lease_kept(self, lease: int) -> bool:
+        """Whether `lease` is still alive: the heartbeat thread's word when
+        there is one (it keeps the lease alive; a second call to etcd here
+        would double the keep-alives), else one keep-alive from this loop."""
+        if self._heartbeat is not None and self._heartbeat.running:
+            return self._heartbeat.keeps(lease)
+        return await self._call(self.store.keep_alive(lease))
 
     async def fence_restarted_self(self) -> int:
         """Run once at start, before this store acts on any state: a store
