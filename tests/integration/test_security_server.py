@@ -449,6 +449,28 @@ def case_replica_fetch(env: Env, who: str, name: str) -> Case:
         [acl(who, C_, CLUSTER, "cluster_action")], CLUSTER_DENIED, works)
 
 
+def case_replica_fetch_stream(env: Env, who: str, name: str) -> Case:
+    create_topic(env, name)
+    produce(env, name)
+    request = ps.ReplicaFetchRequest(
+        request_id=42, replica_id=0, max_wait_ms=0, partitions=[ps.ReplicaFetchPartition(
+            topic=name, partition=0, fetch_offset=0, max_bytes=1 << 20)])
+
+    def call(p: Principal) -> Message:
+        [reply] = p.store.ReplicaFetchStream(iter([request]), timeout=30)
+        assert reply.request_id == 42
+        return reply
+
+    def works(reply: Message) -> None:
+        assert isinstance(reply, ps.ReplicaFetchResponse)
+        _ok(reply.error)
+        _ok(reply.results[0].error)
+        assert reply.results[0].batches
+
+    return Case(call, [acl(who, C_, CLUSTER, "cluster_action")], CLUSTER_DENIED, works,
+                in_band=True)
+
+
 def case_offsets_for_leader_epoch(env: Env, who: str, name: str) -> Case:
     create_topic(env, name)
 
@@ -950,6 +972,7 @@ CASES: dict[str, Callable[[Env, str, str], Case]] = {
     _ps("WriteTxnMarkers"): case_write_txn_markers,
     _ps("DescribeProducers"): case_describe_producers,
     _ps("ReplicaFetch"): case_replica_fetch,
+    _ps("ReplicaFetchStream"): case_replica_fetch_stream,
     _ps("OffsetsForLeaderEpoch"): case_offsets_for_leader_epoch,
     _ps("AlterPartitionReassignments"): case_alter_partition_reassignments,
     _ps("CreateAcls"): case_create_acls,

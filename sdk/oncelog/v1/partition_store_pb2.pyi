@@ -1388,6 +1388,7 @@ class ReplicaFetchRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     SESSION_EPOCH_FIELD_NUMBER: _builtins.int
     FORGOTTEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.int
     """The follower's store node id."""
     max_wait_ms: _builtins.int
@@ -1399,6 +1400,8 @@ class ReplicaFetchRequest(_message.Message):
     session_epoch one more than in the previous request of that session.
     """
     session_epoch: _builtins.int
+    request_id: _builtins.int
+    """ReplicaFetchStream only: echoed in the answer."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchPartition]:
         """Without a session: every partition fetched. In a session opening
@@ -1423,10 +1426,11 @@ class ReplicaFetchRequest(_message.Message):
         session_id: _builtins.int = ...,
         session_epoch: _builtins.int = ...,
         forgotten: _abc.Iterable[Global___ReplicaFetchForgotten] | None = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["forgotten", b"forgotten", "max_wait_ms", b"max_wait_ms", "partitions", b"partitions", "replica_id", b"replica_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forgotten", b"forgotten", "max_wait_ms", b"max_wait_ms", "partitions", b"partitions", "replica_id", b"replica_id", "request_id", b"request_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1503,11 +1507,15 @@ class ReplicaFetchResponse(_message.Message):
 
     RESULTS_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """The session the answer belongs to; 0 in a session's request means the
     leader does not know that session (it restarted, or a request was lost
     or repeated): the follower opens a new one.
     """
+    request_id: _builtins.int
+    """ReplicaFetchStream only: the request_id of the request answered."""
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchResult]:
         """Without a session, one result per partition asked for. In a session,
@@ -1515,15 +1523,24 @@ class ReplicaFetchResponse(_message.Message):
         session), or a high watermark the follower has not been sent.
         """
 
+    @_builtins.property
+    def error(self) -> _errors_pb2.Error:
+        """ReplicaFetchStream only: set when the request failed as a whole
+        (ReplicaFetch ends with this error in its status instead); `results`
+        is then empty.
+        """
+
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___ReplicaFetchResult] | None = ...,
         session_id: _builtins.int = ...,
+        request_id: _builtins.int = ...,
+        error: _errors_pb2.Error | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "results", b"results", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -99,6 +99,11 @@ class PartitionStoreStub:
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.SerializeToString,
                 response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.FromString,
                 _registered_method=True)
+        self.ReplicaFetchStream = channel.stream_stream(
+                '/oncelog.v1.PartitionStore/ReplicaFetchStream',
+                request_serializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.SerializeToString,
+                response_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.FromString,
+                _registered_method=True)
         self.OffsetsForLeaderEpoch = channel.unary_unary(
                 '/oncelog.v1.PartitionStore/OffsetsForLeaderEpoch',
                 request_serializer=oncelog_dot_v1_dot_partition__store__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
@@ -231,6 +236,18 @@ class PartitionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicaFetchStream(self, request_iterator, context):
+        """ReplicaFetch over one long-lived stream per follower and leader, with
+        request ids and in-stream errors as ProduceStream: each fetch costs a
+        message instead of a call, which is most of what an acks=all append
+        waits for beyond its own write (docs/replication.md, "Fetch sessions").
+        A leader that does not serve it (UNIMPLEMENTED, an older store during a
+        rolling upgrade) is asked with ReplicaFetch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OffsetsForLeaderEpoch(self, request, context):
         """Where a leader epoch ended in this replica's log (Kafka's
         OffsetsForLeaderEpoch): a follower of a new leader asks it before
@@ -335,6 +352,11 @@ def add_PartitionStoreServicer_to_server(servicer, server):
             ),
             'ReplicaFetch': grpc.unary_unary_rpc_method_handler(
                     servicer.ReplicaFetch,
+                    request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.FromString,
+                    response_serializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.SerializeToString,
+            ),
+            'ReplicaFetchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReplicaFetchStream,
                     request_deserializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.FromString,
                     response_serializer=oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.SerializeToString,
             ),
@@ -713,6 +735,33 @@ class PartitionStore:
             request,
             target,
             '/oncelog.v1.PartitionStore/ReplicaFetch',
+            oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.SerializeToString,
+            oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaFetchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/oncelog.v1.PartitionStore/ReplicaFetchStream',
             oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchRequest.SerializeToString,
             oncelog_dot_v1_dot_partition__store__pb2.ReplicaFetchResponse.FromString,
             options,

@@ -76,6 +76,14 @@ class PartitionStoreStub:
     """Replication (store to store): a follower copies its leader's log, batch
     for batch at the same offsets. Long-polls up to max_wait_ms.
     """
+    ReplicaFetchStream: _grpc.StreamStreamMultiCallable[_partition_store_pb2.ReplicaFetchRequest, _partition_store_pb2.ReplicaFetchResponse]
+    """ReplicaFetch over one long-lived stream per follower and leader, with
+    request ids and in-stream errors as ProduceStream: each fetch costs a
+    message instead of a call, which is most of what an acks=all append
+    waits for beyond its own write (docs/replication.md, "Fetch sessions").
+    A leader that does not serve it (UNIMPLEMENTED, an older store during a
+    rolling upgrade) is asked with ReplicaFetch.
+    """
     OffsetsForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_partition_store_pb2.OffsetsForLeaderEpochRequest, _partition_store_pb2.OffsetsForLeaderEpochResponse]
     """Where a leader epoch ended in this replica's log (Kafka's
     OffsetsForLeaderEpoch): a follower of a new leader asks it before
@@ -138,6 +146,14 @@ class PartitionStoreAsyncStub(PartitionStoreStub):
     ReplicaFetch: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.ReplicaFetchRequest, _partition_store_pb2.ReplicaFetchResponse]  # type: ignore[assignment]
     """Replication (store to store): a follower copies its leader's log, batch
     for batch at the same offsets. Long-polls up to max_wait_ms.
+    """
+    ReplicaFetchStream: _aio.StreamStreamMultiCallable[_partition_store_pb2.ReplicaFetchRequest, _partition_store_pb2.ReplicaFetchResponse]  # type: ignore[assignment]
+    """ReplicaFetch over one long-lived stream per follower and leader, with
+    request ids and in-stream errors as ProduceStream: each fetch costs a
+    message instead of a call, which is most of what an acks=all append
+    waits for beyond its own write (docs/replication.md, "Fetch sessions").
+    A leader that does not serve it (UNIMPLEMENTED, an older store during a
+    rolling upgrade) is asked with ReplicaFetch.
     """
     OffsetsForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_partition_store_pb2.OffsetsForLeaderEpochRequest, _partition_store_pb2.OffsetsForLeaderEpochResponse]  # type: ignore[assignment]
     """Where a leader epoch ended in this replica's log (Kafka's
@@ -276,6 +292,20 @@ class PartitionStoreServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_partition_store_pb2.ReplicaFetchResponse, _abc.Awaitable[_partition_store_pb2.ReplicaFetchResponse]]:
         """Replication (store to store): a follower copies its leader's log, batch
         for batch at the same offsets. Long-polls up to max_wait_ms.
+        """
+
+    @_abc_1.abstractmethod
+    def ReplicaFetchStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_partition_store_pb2.ReplicaFetchRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_partition_store_pb2.ReplicaFetchResponse], _abc.AsyncIterator[_partition_store_pb2.ReplicaFetchResponse]]:
+        """ReplicaFetch over one long-lived stream per follower and leader, with
+        request ids and in-stream errors as ProduceStream: each fetch costs a
+        message instead of a call, which is most of what an acks=all append
+        waits for beyond its own write (docs/replication.md, "Fetch sessions").
+        A leader that does not serve it (UNIMPLEMENTED, an older store during a
+        rolling upgrade) is asked with ReplicaFetch.
         """
 
     @_abc_1.abstractmethod

@@ -328,6 +328,7 @@ _ADD_PARTITIONS_TO_TXN = RpcRule(needs=(
          alternatives=_CA),
 ))
 
+_REPLICA_FETCH = RpcRule(needs=(Need(_O.CLUSTER_ACTION, _T.CLUSTER),))
 _MARKERS = RpcRule(needs=(Need(_O.CLUSTER_ACTION, _T.CLUSTER),))
 
 _END_TXN = RpcRule(needs=(Need(_O.WRITE, _T.TRANSACTIONAL_ID, "transactional_id"),))
@@ -375,7 +376,9 @@ TABLE: Mapping[str, RpcRule] = {
     _ps("DescribeProducers"): RpcRule(needs=(
         Need(_O.READ, _T.TOPIC, "partitions[].topic"),
     )),
-    _ps("ReplicaFetch"): RpcRule(needs=(Need(_O.CLUSTER_ACTION, _T.CLUSTER),)),
+    _ps("ReplicaFetch"): _REPLICA_FETCH,
+    # The same, for each request of the stream by itself (the followers').
+    _ps("ReplicaFetchStream"): dataclasses.replace(_REPLICA_FETCH, per_message=True),
     # Kafka: ClusterAction (a follower), else Describe on each topic (KIP-320).
     _ps("OffsetsForLeaderEpoch"): RpcRule(needs=(
         Need(_O.DESCRIBE, _T.TOPIC, "partitions[].topic", alternatives=_CA),

@@ -379,6 +379,18 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def ReplicaFetch(
         self, request: pb.ReplicaFetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReplicaFetchResponse:
+        return await self._replica_fetch(request)
+
+    async def ReplicaFetchStream(
+        self, requests: AsyncIterator[pb.ReplicaFetchRequest | Refused],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ReplicaFetchResponse]:
+        async for answer in answer_each(requests, self._replica_fetch, pb.ReplicaFetchResponse):
+            yield answer
+
+    async def _replica_fetch(self, request: pb.ReplicaFetchRequest) -> pb.ReplicaFetchResponse:
+        """ReplicaFetch's work, for both its forms; raises ServiceError when
+        the request fails as a whole."""
         # A session's later requests may list nothing (nothing moved).
         if not request.partitions and request.session_epoch <= 1:
             raise _bad_request("ReplicaFetchRequest names no partition")
@@ -395,7 +407,8 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             forgotten=[(f.topic, f.partition) for f in request.forgotten],
             max_wait_ms=request.max_wait_ms,
         )
-        return pb.ReplicaFetchResponse(session_id=session_id, results=[
+        return pb.ReplicaFetchResponse(
+            request_id=request.request_id, session_id=session_id, results=[
             pb.ReplicaFetchResult(
                 topic=o.topic, partition=o.partition, error=error_to_proto(o.error),
                 high_watermark=o.high_watermark, log_start_offset=o.log_start_offset,
