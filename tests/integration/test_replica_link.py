@@ -6,170 +6,165 @@ falls back to unary ReplicaFetch calls at a leader that does not serve the
 stream (UNIMPLEMENTED: an older store during a rolling upgrade) and keeps
 using them there; drops a fetch given up while parked without losing the
 stream for the next one; and reports a leader's refusal with the leader's
-error code.
+error code, by either path.
 
-Method: a real grpc.aio server on 127.0.0.1 with a PartitionStore servicer
-that answers fetches from a script and counts how each arrived (the
-generated base class answers UNIMPLEMENTED for what a test leaves out);
-the link is the production class, asked as the fetcher asks it.
+Method: a real store runtime (services/partition_store/server.py's `wire`
+over a MemoryStore) behind its real servicer, on the services' own server
+(ServiceServer, with its RPC interceptor) on 127.0.0.1. That interceptor's
+request counter (`oncelog_rpc_requests_total`, by method) tells stream
+messages from unary calls. To play a store of the version before the
+stream, one more interceptor answers ReplicaFetchStream as unknown. The
+link is the production class, asked as the fetcher asks it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
-from oncelog.v1 import partition_store_pb2 as pb
 from oncelog.v1 import partition_store_pb2_grpc
+from oncelog.wire import records as codec
 from oncelog.wire.errors import ErrorCode
 from services.common.kernel.errors import ServiceError
-from services.partition_store.api import ReplicaFetchItem
+from services.common.metadata.cluster import ClusterLayout
+from services.common.rpc.server_base import ServiceServer
+from services.partition_store import server as store_server
+from services.partition_store.api import ProduceItem, ReplicaFetchItem, TopicSpec
 from services.partition_store.rpc.replica_link import GrpcLeaderLink
+from services.partition_store.rpc.servicer import SERVICE_NAME as STORE_SERVICE_NAME
+from services.partition_store.rpc.servicer import PartitionStoreServicer
+from services.partition_store.runtime import StoreConfig, StoreRuntime
+from services.partition_store.storage.memory import MemoryStore
 
-LEADER = 1
-ITEM = ReplicaFetchItem("t", 0, 5, 3, 1 << 20)
+LEADER = 0
+# The store is a single copy (no etcd): its only replica is itself, so the
+# fetches name it; what is tested is how they travel, not replication.
+FOLLOWER = LEADER
+TOPIC = "t"
+UNDIALLED = "127.0.0.1:9"
 
 
-class Leader(partition_store_pb2_grpc.PartitionStoreServicer):
-    """Answers every fetch with a session id one above the last, and one
-    result naming the fetch offset asked for; a fetch whose max_wait_ms is
-    over 1000 parks until the test lets it go."""
+class OlderStore(grpc.aio.ServerInterceptor):
+    """Plays a store of the version before ReplicaFetchStream: the server
+    answers it as a method it does not know."""
 
-    def __init__(self, *, serves_stream: bool) -> None:
-        self.serves_stream = serves_stream
-        self.unary_calls = 0
-        self.stream_messages = 0
-        self.streams_opened = 0
-        self.release = asyncio.Event()
-        self.refuse_next = False
-        self._sessions = 0
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        if details.method.endswith("/ReplicaFetchStream"):
+            return None  # grpc answers UNIMPLEMENTED
+        return await continuation(details)
 
-    async def _answer(self, request: pb.ReplicaFetchRequest) -> pb.ReplicaFetchResponse:
-        if request.max_wait_ms > 1000:
-            await self.release.wait()
-        if self.refuse_next:
-            self.refuse_next = False
-            raise ServiceError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "no ClusterAction")
-        self._sessions += 1
-        return pb.ReplicaFetchResponse(
-            request_id=request.request_id, session_id=self._sessions,
-            results=[pb.ReplicaFetchResult(
-                topic=p.topic, partition=p.partition, high_watermark=p.fetch_offset,
-                log_end_offset=p.fetch_offset) for p in request.partitions])
 
-    async def ReplicaFetch(self, request: pb.ReplicaFetchRequest,  # noqa: N802
-                           context: grpc.aio.ServicerContext) -> pb.ReplicaFetchResponse:
-        self.unary_calls += 1
+def requests_of(method: str) -> float:
+    """Requests the services' RPC interceptor counted for a store method
+    (each message of a stream counts as one of the stream's)."""
+    value = REGISTRY.get_sample_value(
+        "oncelog_rpc_requests_total", {"service": "PartitionStore", "method": method})
+    return value or 0.0
+
+
+def run(without_stream: bool,
+        test: Callable[[GrpcLeaderLink, StoreRuntime], Awaitable[None]]) -> tuple[int, int]:
+    """Runs `test` against a leader store; returns how many replica fetches
+    it received as stream messages and as unary calls."""
+    before = requests_of("ReplicaFetchStream"), requests_of("ReplicaFetch")
+
+    async def main() -> None:
+        # The layout's address of this store is never dialled on this path
+        # (a single copy creates topics and appends by itself), and the
+        # servicer must exist before the server picks its port.
+        runtime = store_server.wire(MemoryStore(), StoreConfig(
+            node_id=LEADER, layout=ClusterLayout(stores=(UNDIALLED,)))).runtime
+        await runtime.start()
+        # ServiceServer: the services' own server, with the RPC interceptor
+        # that turns a servicer's ServiceError into the call's status.
+        server = ServiceServer(
+            service_name="partition_store", full_service_names=[STORE_SERVICE_NAME],
+            register=lambda s: partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(
+                PartitionStoreServicer(runtime), s),
+            guard=OlderStore() if without_stream else None, shutdown_grace_ms=0)
+        address = f"127.0.0.1:{await server.start('127.0.0.1:0')}"
+        await server.set_serving()
+        [created] = await runtime.create_topics([TopicSpec(TOPIC, 1, {})], validate_only=False)
+        assert created.error is None, created.error
+        link = GrpcLeaderLink(lambda: {LEADER: address})
         try:
-            return await self._answer(request)
-        except ServiceError as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
-            raise
-
-    async def ReplicaFetchStream(  # noqa: N802
-            self, requests: AsyncIterator[pb.ReplicaFetchRequest],
-            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReplicaFetchResponse]:
-        if not self.serves_stream:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
-        self.streams_opened += 1
-        answers: asyncio.Queue[pb.ReplicaFetchResponse] = asyncio.Queue()
-
-        async def one(request: pb.ReplicaFetchRequest) -> None:
-            try:
-                answers.put_nowait(await self._answer(request))
-            except ServiceError as exc:
-                answers.put_nowait(pb.ReplicaFetchResponse(
-                    request_id=request.request_id, error=exc.to_proto()))
-
-        async def read() -> None:
-            async for request in requests:
-                self.stream_messages += 1
-                asyncio.ensure_future(one(request))
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while True:
-                yield await answers.get()
-        finally:
-            reader.cancel()
-
-
-def run(serves_stream: bool,
-        test: Callable[[GrpcLeaderLink, Leader], Awaitable[None]]) -> Leader:
-    async def main() -> Leader:
-        # The generated base answers UNIMPLEMENTED for every method not
-        # overridden here (its stub types them as abstract).
-        leader = Leader(serves_stream=serves_stream)  # type: ignore[abstract]
-        server = grpc.aio.server()
-        partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(leader, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        link = GrpcLeaderLink(lambda: {LEADER: f"127.0.0.1:{port}"})
-        try:
-            await test(link, leader)
+            await test(link, runtime)
         finally:
             await link.close()
-            await server.stop(None)
-        return leader
+            await server.server.stop(None)
+            await runtime.close()
 
-    return asyncio.run(main())
+    asyncio.run(main())
+    return (int(requests_of("ReplicaFetchStream") - before[0]),
+            int(requests_of("ReplicaFetch") - before[1]))
 
 
-async def fetch(link: GrpcLeaderLink, offset: int, *, max_wait_ms: int = 0,
-                session_id: int = 0) -> tuple[int, int]:
-    session, [outcome] = await link.replica_fetch(
-        LEADER, 2, [ReplicaFetchItem("t", 0, offset, 3, 1 << 20)], max_wait_ms=max_wait_ms,
-        session_id=session_id, session_epoch=1)
-    return session, outcome.high_watermark
+async def append(runtime: StoreRuntime, value: bytes) -> None:
+    [outcome] = await runtime.produce(
+        [ProduceItem(TOPIC, 0, codec.encode_batch([(None, value, None, 1_000)]))])
+    assert outcome.error is None, outcome.error
+
+
+async def fetch(link: GrpcLeaderLink, offset: int, *, max_wait_ms: int = 0) -> int:
+    """One fetch without a session; the leader's log end offset."""
+    _session, [outcome] = await link.replica_fetch(
+        LEADER, FOLLOWER, [ReplicaFetchItem(TOPIC, 0, offset, -1, 1 << 20)],
+        max_wait_ms=max_wait_ms)
+    assert outcome.error is None, outcome.error
+    return outcome.log_end_offset
 
 
 def test_fetches_are_messages_on_one_stream() -> None:
-    async def test(link: GrpcLeaderLink, leader: Leader) -> None:
-        for offset in range(5):
-            assert (await fetch(link, offset))[1] == offset
+    async def test(link: GrpcLeaderLink, runtime: StoreRuntime) -> None:
+        for i in range(5):
+            await append(runtime, b"v%d" % i)
+            assert await fetch(link, i) == i + 1
 
-    leader = run(True, test)
-    assert (leader.streams_opened, leader.stream_messages, leader.unary_calls) == (1, 5, 0)
+    assert run(False, test) == (5, 0)
 
 
 def test_a_leader_without_the_stream_is_asked_with_unary_calls() -> None:
-    async def test(link: GrpcLeaderLink, leader: Leader) -> None:
-        for offset in range(3):
-            assert (await fetch(link, offset))[1] == offset
+    async def test(link: GrpcLeaderLink, runtime: StoreRuntime) -> None:
+        for i in range(3):
+            await append(runtime, b"v%d" % i)
+            assert await fetch(link, i) == i + 1
 
-    leader = run(False, test)
-    assert leader.unary_calls == 3
-    assert leader.stream_messages == 0
+    assert run(True, test) == (0, 3)
 
 
 def test_a_fetch_given_up_while_parked_leaves_the_stream_usable() -> None:
-    async def test(link: GrpcLeaderLink, leader: Leader) -> None:
-        parked = asyncio.ensure_future(fetch(link, 7, max_wait_ms=5000))
+    async def test(link: GrpcLeaderLink, runtime: StoreRuntime) -> None:
+        await append(runtime, b"first")
+        parked = asyncio.ensure_future(fetch(link, 1, max_wait_ms=5000))
         await asyncio.sleep(0.2)
-        parked.cancel()  # the fetcher does so when a partition is added
+        assert not parked.done()
+        parked.cancel()  # as the fetcher does when a partition is added
         with contextlib.suppress(asyncio.CancelledError):
             await parked
-        leader.release.set()  # the parked one is answered late, to nobody
-        assert (await fetch(link, 8))[1] == 8
+        # The parked fetch is answered now, to nobody; the next one is not
+        # confused by that answer.
+        await append(runtime, b"second")
+        assert await fetch(link, 0) == 2
 
-    leader = run(True, test)
-    assert leader.streams_opened == 1
-    assert leader.stream_messages == 2
+    assert run(False, test) == (2, 0)
 
 
-@pytest.mark.parametrize("serves_stream", [True, False])
-def test_a_refusal_keeps_the_leaders_code(serves_stream: bool) -> None:
-    async def test(link: GrpcLeaderLink, leader: Leader) -> None:
-        leader.refuse_next = True
+@pytest.mark.parametrize("without_stream", [False, True])
+def test_a_refusal_keeps_the_leaders_code(without_stream: bool) -> None:
+    async def test(link: GrpcLeaderLink, runtime: StoreRuntime) -> None:
         with pytest.raises(ServiceError) as refused:
-            await fetch(link, 1)
+            await fetch(link, 0, max_wait_ms=-1)
+        assert refused.value.code is ErrorCode.INVALID_REQUEST
         assert f"leader store node {LEADER}" in refused.value.message
-        if serves_stream:
-            assert refused.value.code is ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-        assert (await fetch(link, 2))[1] == 2
+        assert "max_wait_ms is -1" in refused.value.message
+        await append(runtime, b"v")
+        assert await fetch(link, 0) == 1
 
-    run(serves_stream, test)
+    run(without_stream, test)
