@@ -71,6 +71,27 @@ def _state(admin: Principal) -> dict[str, object]:
     }
 
 
+def _wait_group_coordinator_loaded(admin: Principal, timeout_s: float = 30.0) -> None:
+    """Waits until the group coordinator has claimed every __consumer_offsets
+    partition (its coordinator-epoch record, appended once it has loaded the
+    partition, in the background and retried with backoff after start):
+    landing after the test took its "before" state, that record would look
+    like a write the forger got through."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topics = admin.store.ListTopics(ps.ListTopicsRequest(include_internal=True)).topics
+        offsets = admin.store.ListOffsets(ps.ListOffsetsRequest(
+            partitions=[ps.ListOffsetsPartition(topic=t.name, partition=p.partition,
+                                                timestamp_ms=-1)
+                        for t in topics if t.name == "__consumer_offsets"
+                        for p in t.partitions],
+            isolation_level=records_pb2.READ_UNCOMMITTED)).results
+        if offsets and all(r.error.code == 0 and r.offset >= 1 for r in offsets):
+            return
+        assert time.monotonic() < deadline, f"__consumer_offsets not claimed: {offsets}"
+        time.sleep(0.1)
+
+
 def _refused(call: Callable[[], object]) -> str:
     with pytest.raises(grpc.RpcError) as info:
         call()
@@ -112,6 +133,7 @@ def test_a_client_without_cluster_action_cannot_forge_markers_or_coordinator_wri
                 tc.DescribeTransactionsRequest(transactional_ids=[VICTIM])).transactions
             assert described.state == "Ongoing"
             producer_id, epoch = described.producer_id, described.producer_epoch
+            _wait_group_coordinator_loaded(admin)
             before = _state(admin)
 
             # A COMMIT marker for the victim's open transaction.
