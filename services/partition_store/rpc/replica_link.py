@@ -50,12 +50,14 @@ class GrpcLeaderLink:
         channel = self._channels.get(self._address(node_id))
         return partition_store_pb2_grpc.PartitionStoreStub(channel)
 
+    def _from_leader(self, leader: int, code: ErrorCode, message: str) -> ServiceError:
+        """A failure of a call to `leader`, named in the message."""
+        return ServiceError(code, f"leader store node {leader} ({self._address(leader)}): "
+                                  f"{message}")
+
     def _failed(self, leader: int, exc: grpc.RpcError) -> ServiceError:
         error = error_from_rpc(exc)
-        return ServiceError(
-            ErrorCode.from_wire(error.code),
-            f"leader store node {leader} ({self._address(leader)}): {error.message}",
-        )
+        return self._from_leader(leader, ErrorCode.from_wire(error.code), error.message)
 
     async def replica_fetch(
         self, leader: int, replica_id: int, items: Sequence[ReplicaFetchItem], *,
@@ -80,8 +82,7 @@ class GrpcLeaderLink:
                 address, self._channels.get(address), request,
                 REPLICA_RPC_TIMEOUT_S + max_wait_ms / 1000)
         except ServiceError as exc:
-            raise ServiceError(
-                exc.code, f"leader store node {leader} ({address}): {exc.message}") from exc
+            raise self._from_leader(leader, exc.code, exc.message) from exc
         return response.session_id, [
             ReplicaFetchOutcome(
                 r.topic, r.partition, error_from_proto(r.error), r.high_watermark,
