@@ -121,22 +121,18 @@ async def fetch(link: GrpcLeaderLink, offset: int, *, max_wait_ms: int = 0) -> i
     return outcome.log_end_offset
 
 
-def test_fetches_are_messages_on_one_stream() -> None:
+@pytest.mark.parametrize(("without_stream", "fetches", "received"), [
+    (False, 5, (5, 0)),  # messages on one stream
+    (True, 3, (0, 3)),  # a leader without the stream: unary calls
+])
+def test_fetches_go_on_the_stream_or_as_calls_where_there_is_none(
+        without_stream: bool, fetches: int, received: tuple[int, int]) -> None:
     async def test(link: GrpcLeaderLink, runtime: StoreRuntime) -> None:
-        for i in range(5):
+        for i in range(fetches):
             await append(runtime, b"v%d" % i)
             assert await fetch(link, i) == i + 1
 
-    assert run(False, test) == (5, 0)
-
-
-def test_a_leader_without_the_stream_is_asked_with_unary_calls() -> None:
-    async def test(link: GrpcLeaderLink, runtime: StoreRuntime) -> None:
-        for i in range(3):
-            await append(runtime, b"v%d" % i)
-            assert await fetch(link, i) == i + 1
-
-    assert run(True, test) == (0, 3)
+    assert run(without_stream, test) == received
 
 
 def test_a_fetch_given_up_while_parked_leaves_the_stream_usable() -> None:

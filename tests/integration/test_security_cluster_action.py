@@ -55,12 +55,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-def _state(admin: Principal) -> dict[str, object]:
+def _log_ends(admin: Principal, only_topic: str | None = None) -> list[ps.ListOffsetsResult]:
+    """The log end offset of every partition (internal ones included), or
+    of `only_topic`'s."""
     topics = admin.store.ListTopics(ps.ListTopicsRequest(include_internal=True)).topics
-    offsets = admin.store.ListOffsets(ps.ListOffsetsRequest(
+    return list(admin.store.ListOffsets(ps.ListOffsetsRequest(
         partitions=[ps.ListOffsetsPartition(topic=t.name, partition=p.partition, timestamp_ms=-1)
-                    for t in topics for p in t.partitions],
-        isolation_level=records_pb2.READ_UNCOMMITTED)).results
+                    for t in topics if only_topic in (None, t.name) for p in t.partitions],
+        isolation_level=records_pb2.READ_UNCOMMITTED)).results)
+
+
+def _state(admin: Principal) -> dict[str, object]:
+    offsets = _log_ends(admin)
     assert all(r.error.code == 0 for r in offsets), offsets
     [victim] = admin.txn.DescribeTransactions(
         tc.DescribeTransactionsRequest(transactional_ids=[VICTIM])).transactions
@@ -79,13 +85,7 @@ def _wait_group_coordinator_loaded(admin: Principal, timeout_s: float = 30.0) ->
     like a write the forger got through."""
     deadline = time.monotonic() + timeout_s
     while True:
-        topics = admin.store.ListTopics(ps.ListTopicsRequest(include_internal=True)).topics
-        offsets = admin.store.ListOffsets(ps.ListOffsetsRequest(
-            partitions=[ps.ListOffsetsPartition(topic=t.name, partition=p.partition,
-                                                timestamp_ms=-1)
-                        for t in topics if t.name == "__consumer_offsets"
-                        for p in t.partitions],
-            isolation_level=records_pb2.READ_UNCOMMITTED)).results
+        offsets = _log_ends(admin, "__consumer_offsets")
         if offsets and all(r.error.code == 0 and r.offset >= 1 for r in offsets):
             return
         assert time.monotonic() < deadline, f"__consumer_offsets not claimed: {offsets}"
