@@ -14,7 +14,9 @@ oncelog/_request_streams.py.
 
 `StreamMethod` keeps one stream per server address for one method, and
 falls back to the unary method for a server that does not serve the stream
-(UNIMPLEMENTED: an older version, during a rolling upgrade).
+(UNIMPLEMENTED: an older version, during a rolling upgrade). Given the
+process's `InProcess` (local_calls.py), it answers a request to this
+process's own address with the servicer's handler, without gRPC.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 
 from ..kernel.errors import ServiceError
+from .local_calls import InProcess
 
 
 class _Request(Protocol):
@@ -140,9 +143,12 @@ class StreamMethod(Generic[Request, Answer]):
 
     `stream_method` and `unary_method` are full gRPC method names (the
     stream's and its unary counterpart's). A server that answers the stream
-    with UNIMPLEMENTED is asked with unary calls from then on."""
+    with UNIMPLEMENTED is asked with unary calls from then on. With `local`,
+    a request to an address of this process goes to its handler there."""
 
-    def __init__(self, stream_method: str, unary_method: str, answer_type: type[Answer]) -> None:
+    def __init__(self, stream_method: str, unary_method: str, answer_type: type[Answer], *,
+                 local: InProcess | None = None) -> None:
+        self._local = local
         self._stream_method = stream_method
         self._unary_method = unary_method
         self._answer_type = answer_type
@@ -155,6 +161,11 @@ class StreamMethod(Generic[Request, Answer]):
         Raises ServiceError with the server's code when the request failed
         as a whole (its status, or the answer's `error`), or with the
         transport's code (NETWORK_EXCEPTION, REQUEST_TIMED_OUT, ...)."""
+        if self._local is not None:
+            handler = self._local.handler(address, self._stream_method)
+            if handler is not None:
+                local_answer: Answer = await self._local.call(handler, request, timeout_s)
+                return local_answer
         try:
             if address in self._unary_only:
                 answer = await self._unary(channel, request, timeout_s)

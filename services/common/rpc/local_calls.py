@@ -1,0 +1,87 @@
+"""Calls between services that share a process, made without gRPC.
+
+Why: a partition store may also run a transaction coordinator
+(`--transaction-coordinator`, docs/coordinator.md, "The coordinator in a
+store"). Their calls to each other — the coordinator's appends to
+`__transaction_state` and its markers, the store's verification of a
+transaction's first write — then stay in one event loop instead of each
+costing a loopback round trip through both processes' gRPC stacks.
+
+`InProcess` is what one process answers itself: the addresses it is known
+by and, per full gRPC method name, the servicer's handler (the same function
+its request streams run for every message). A caller that holds one asks it
+first (`handler`); for any other address, or a method this process does not
+serve, it goes over gRPC as before.
+
+A call keeps a remote call's semantics where callers can tell the
+difference: the handler runs in a task of its own, in a fresh context (the
+caller's principal is not the callee's: a store's produce handler must not
+lend its client's identity to the coordinator it asks), so a caller that
+stops waiting — its deadline passed, it was cancelled — leaves the request
+running, as a server does with a request whose client went away. A deadline
+that passes fails with REQUEST_TIMED_OUT; a handler's ServiceError is the
+call's error; anything else is UNKNOWN_SERVER_ERROR, logged, as a request
+stream answers it (request_streams.py).
+
+Nothing is authorized on this path: both ends are one process, which over
+gRPC authenticates to itself as the cluster's own principal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from oncelog.wire.errors import ErrorCode
+
+from ..kernel.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+class InProcess:
+    """The services this process answers itself, and at which addresses."""
+
+    def __init__(self, addresses: Iterable[str]) -> None:
+        self.addresses = frozenset(a for a in addresses if a)
+        self._handlers: dict[str, Handler] = {}
+        self._running: set[asyncio.Task[Any]] = set()
+
+    def serve(self, method: str, handler: Handler) -> None:
+        """Answers `method` (a full gRPC method name, such as
+        "/oncelog.v1.PartitionStore/ProduceStream") with `handler(request)`."""
+        self._handlers[method] = handler
+
+    def handler(self, address: str, method: str) -> Handler | None:
+        """The handler of `method` when `address` is this process's own."""
+        if address not in self.addresses:
+            return None
+        return self._handlers.get(method)
+
+    async def call(self, handler: Handler, request: Any, timeout_s: float) -> Any:
+        """handler(request)'s answer; see the module docstring for errors."""
+        task = asyncio.create_task(_answer(handler, request), context=contextvars.Context())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(task)
+        except TimeoutError:
+            raise ServiceError(ErrorCode.REQUEST_TIMED_OUT,
+                               f"no answer within {timeout_s} s") from None
+
+
+async def _answer(handler: Handler, request: Any) -> Any:
+    try:
+        return await handler(request)
+    except ServiceError:
+        raise
+    except Exception as exc:  # a bug: the caller gets a code, the log the trace
+        log.exception("an in-process request failed")
+        raise ServiceError(ErrorCode.UNKNOWN_SERVER_ERROR,
+                           f"the request failed: {exc!r}") from exc
