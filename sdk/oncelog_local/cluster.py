@@ -57,6 +57,13 @@ cluster's namespaces (oncelog_local.netns, docs/testing.md "Network
 partitions"), and `isolate`, `cut` and `heal` drop packets between them.
 Clients run in `client_namespace`: `client_call(fn, ...)` runs a Python
 callable there, `client_popen(argv)` a command. Needs root and `ip`.
+
+With `coordinators_in_stores=True` there is no transaction coordinator
+process: every partition store also runs one (`--transaction-coordinator`,
+docs/coordinator.md "The coordinator in a store"), the one whose
+`__transaction_state` partitions it prefers to lead
+(oncelog.wire.placement.store_of_coordinator), and `coordinators` is not
+used. Killing that store kills its coordinator with it.
 """
 
 from __future__ import annotations
@@ -89,6 +96,7 @@ from oncelog import errors
 from oncelog._security import TokenProvider
 from oncelog.admin import Admin
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
+from oncelog.wire.placement import store_of_coordinator
 from oncelog.wire.process import (
     GRPC,
     KAFKA,
@@ -320,7 +328,15 @@ class LocalCluster:
         security: bool = False,
         kafka_listener: bool = False,
         network: str | None = None,
+        coordinators_in_stores: bool = False,
     ) -> None:
+        if coordinators_in_stores:
+            coordinators = 0
+        # The store that runs each transaction coordinator (empty: they run
+        # as processes of their own).
+        self._coordinator_stores = [
+            store_of_coordinator(c, partition_stores) for c in range(partition_stores)
+        ] if coordinators_in_stores else []
         if partition_stores < 1:
             raise ValueError("a cluster needs at least one partition store")
         if etcd_members not in (0, 1, 3):
@@ -459,19 +475,23 @@ class LocalCluster:
     def _build_argv(self) -> None:
         """Every process's command line. Each names the whole layout (every
         process's gRPC address), so a changed address changes them all."""
+        stores = self.processes["partition_store"]
+        coordinators = self.processes["coordinator"] or [
+            stores[store] for store in self._coordinator_stores]
         layout_args = [
-            "--stores", ",".join(p.address for p in self.processes["partition_store"]),
-            "--coordinators", ",".join(p.address for p in self.processes["coordinator"]),
+            "--stores", ",".join(p.address for p in stores),
+            "--coordinators", ",".join(p.address for p in coordinators),
             "--group-coordinators",
             ",".join(p.address for p in self.processes["group_coordinator"]),
             "--transaction-state-partitions", str(self._transaction_state_partitions),
             "--consumer-offsets-partitions", str(self._consumer_offsets_partitions),
         ]
         if self._pki is not None:
-            for flag, kind in (("--token-stores", "partition_store"),
-                               ("--token-coordinators", "coordinator"),
-                               ("--token-group-coordinators", "group_coordinator")):
-                layout_args += [flag, ",".join(p.token_address for p in self.processes[kind])]
+            for flag, procs in (("--token-stores", stores),
+                                ("--token-coordinators", coordinators),
+                                ("--token-group-coordinators",
+                                 self.processes["group_coordinator"])):
+                layout_args += [flag, ",".join(p.token_address for p in procs)]
         store_args: list[str] = []
         if self.kafka_listener:
             store_args = ["--kafka-stores", ",".join(
@@ -487,6 +507,9 @@ class LocalCluster:
                 ]
                 if kind == "partition_store":
                     proc.argv += ["--data-dir", str(proc.data_dir), *store_args]
+                    if proc.node_id in self._coordinator_stores:
+                        proc.argv += ["--transaction-coordinator",
+                                      str(self._coordinator_stores.index(proc.node_id))]
                     if proc.kafka_port:
                         proc.argv += ["--kafka-listen", proc.kafka_address]
                 proc.argv += self._security_args(proc)

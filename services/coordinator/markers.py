@@ -22,10 +22,12 @@ from ..common.kernel.errors import ServiceError
 from ..common.metadata.cluster import ClusterLayout
 from ..common.rpc.channels import ChannelPool
 from ..common.rpc.leaders import LeaderDirectory
+from ..common.rpc.local_calls import InProcess
 from ..common.rpc.stream_client import StreamMethod
 from .core.transactions import TransactionVersion
 
 MARKER_RPC_TIMEOUT_S = 10.0
+WRITE_TXN_MARKERS_STREAM = "/oncelog.v1.PartitionStore/WriteTxnMarkersStream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +55,14 @@ class GrpcMarkerSender:
     """Sends each marker to its partitions' leaders (one request per
     leader), following them as they move (services/common/rpc/leaders.py)."""
 
-    def __init__(self, layout: ClusterLayout) -> None:
+    def __init__(self, layout: ClusterLayout, *, local: InProcess | None = None) -> None:
         self._layout = layout
         self._channels = ChannelPool()
         self._leaders = LeaderDirectory(layout, self._channels)
+        # `local`: the store this process runs, if any, takes its markers without gRPC.
         self._markers: StreamMethod[ps.WriteTxnMarkersRequest, ps.WriteTxnMarkersResponse] = \
-            StreamMethod("/oncelog.v1.PartitionStore/WriteTxnMarkersStream",
-                         "/oncelog.v1.PartitionStore/WriteTxnMarkers", ps.WriteTxnMarkersResponse)
+            StreamMethod(WRITE_TXN_MARKERS_STREAM, "/oncelog.v1.PartitionStore/WriteTxnMarkers",
+                         ps.WriteTxnMarkersResponse, local=local)
 
     async def close(self) -> None:
         self._markers.close()

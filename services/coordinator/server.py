@@ -9,17 +9,18 @@ from dataclasses import dataclass
 
 import grpc
 
-from oncelog.v1 import coordinator_pb2, coordinator_pb2_grpc
+from oncelog.v1 import coordinator_pb2_grpc
 
 from ..common.metadata.cluster import ClusterLayout
 from ..common.metadata.topic_counts import PartitionCounts
 from ..common.rpc import server_base
+from ..common.rpc.local_calls import InProcess
 from ..common.rpc.store_client import StoreClient
 from ..common.security.service_security import ServiceSecurity
 from .core.producer_ids import DEFAULT_BLOCK_SIZE
 from .markers import GrpcMarkerSender
 from .producer_id_manager import ProducerIdManager
-from .rpc.servicer import TransactionCoordinatorServicer
+from .rpc.servicer import SERVICE_NAME, TransactionCoordinatorServicer
 from .storage.producer_id_log import StoreProducerIdLog
 from .storage.txn_log import StoreTxnLog
 from .txn_runtime import TxnConfig, TxnCoordinatorRuntime
@@ -39,20 +40,32 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     server_base.add_common_arguments(parser)
+    add_coordinator_arguments(parser)
+    return parser
+
+
+def add_coordinator_arguments(parser: argparse.ArgumentParser, *,
+                              max_transaction_timeout: bool = True) -> None:
+    """The coordinator's own flags: also a partition store's, which can run
+    a coordinator in its process (--transaction-coordinator). A store has
+    its own --max-transaction-timeout-ms (the timeout it assumes for a
+    transaction it was not told about, at least the coordinators'): one
+    flag then sets both, so `max_transaction_timeout=False` leaves it out."""
     parser.add_argument(
         "--producer-id-block-size", type=int,
         default=server_base.env_default("producer-id-block-size", str(DEFAULT_BLOCK_SIZE)),
         help="producer ids claimed per durable block",
     )
     defaults = TxnConfig()
-    for flag, default, help_text in (
+    flags = [
         ("max-transaction-timeout-ms", defaults.max_transaction_timeout_ms,
          "the longest transaction timeout a producer may ask for"),
         ("transactional-id-expiration-ms", defaults.transactional_id_expiration_ms,
          "an idle transactional id is forgotten after this"),
         ("transaction-check-interval-ms", defaults.check_interval_ms,
          "how often transaction timeouts and expirations are checked"),
-    ):
+    ]
+    for flag, default, help_text in flags[0 if max_transaction_timeout else 1:]:
         parser.add_argument(f"--{flag}", type=int,
                             default=server_base.env_default(flag, str(default)), help=help_text)
     parser.add_argument(
@@ -63,7 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
              "transactions never time out and can be prepared and completed by another "
              "process (default on; --no-allow-two-phase-commit refuses them)",
     )
-    return parser
+
+
+def txn_config_from_args(args: argparse.Namespace) -> TxnConfig:
+    return TxnConfig(
+        max_transaction_timeout_ms=args.max_transaction_timeout_ms,
+        transactional_id_expiration_ms=args.transactional_id_expiration_ms,
+        check_interval_ms=args.transaction_check_interval_ms,
+        allow_two_phase_commit=args.allow_two_phase_commit,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,13 +117,16 @@ class WiredCoordinator:
 
 def wire(layout: ClusterLayout, node_id: int, *, config: TxnConfig,
          producer_id_block_size: int = DEFAULT_BLOCK_SIZE,
-         now_ms: Callable[[], int] = wall_clock_ms) -> WiredCoordinator:
-    """The coordinator's parts, connected as every deployment connects them."""
-    store = StoreClient(layout)
+         now_ms: Callable[[], int] = wall_clock_ms,
+         local: InProcess | None = None) -> WiredCoordinator:
+    """The coordinator's parts, connected as every deployment connects them.
+    `local`: the partition store whose process this coordinator runs in
+    (--transaction-coordinator), asked without gRPC."""
+    store = StoreClient(layout, local=local)
     producer_ids = ProducerIdManager(
         StoreProducerIdLog(store), node_id=node_id, block_size=producer_id_block_size
     )
-    markers = GrpcMarkerSender(layout)
+    markers = GrpcMarkerSender(layout, local=local)
     transactions = TxnCoordinatorRuntime(
         layout=layout, node_id=node_id, txn_log=StoreTxnLog(store), markers=markers,
         producer_ids=producer_ids, now_ms=now_ms, config=config,
@@ -126,12 +150,7 @@ async def main(argv: list[str] | None = None) -> None:
     advertised = args.advertised or layout.coordinators[args.node_id]
     wired = wire(
         layout, args.node_id, producer_id_block_size=args.producer_id_block_size,
-        config=TxnConfig(
-            max_transaction_timeout_ms=args.max_transaction_timeout_ms,
-            transactional_id_expiration_ms=args.transactional_id_expiration_ms,
-            check_interval_ms=args.transaction_check_interval_ms,
-            allow_two_phase_commit=args.allow_two_phase_commit,
-        ),
+        config=txn_config_from_args(args),
     )
 
     # With --authorizer acl, the ACLs are read through the coordinator's store client.
@@ -142,9 +161,7 @@ async def main(argv: list[str] | None = None) -> None:
 
     await server_base.serve(
         service_name="coordinator",
-        full_service_names=[
-            coordinator_pb2.DESCRIPTOR.services_by_name["TransactionCoordinator"].full_name
-        ],
+        full_service_names=[SERVICE_NAME],
         listen=args.listen or advertised,
         register=register,
         node_id=args.node_id,

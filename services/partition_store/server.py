@@ -68,12 +68,13 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from oncelog.v1 import partition_store_pb2_grpc
+from oncelog.v1 import coordinator_pb2_grpc, partition_store_pb2_grpc
 from oncelog.wire.process import KAFKA
 
-from ..common.metadata.cluster import split_addresses
+from ..common.metadata.cluster import ClusterLayout, split_addresses
 from ..common.metadata.etcd import EtcdMetadataStore
 from ..common.metadata.store import MetadataStore, MetadataUnavailable
+from ..common.rpc.local_calls import InProcess
 from ..common.rpc.server_base import (
     add_common_arguments,
     configure_logging,
@@ -87,6 +88,9 @@ from ..common.rpc.server_base import (
 )
 from ..common.rpc.store_client import StoreClient
 from ..common.security.service_security import ServiceSecurity
+from ..coordinator.rpc.servicer import SERVICE_NAME as COORDINATOR_SERVICE_NAME
+from ..coordinator.server import WiredCoordinator, add_coordinator_arguments, txn_config_from_args
+from ..coordinator.server import wire as wire_coordinator
 from .acls import AclService
 from .api import ControllerLink
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -254,8 +258,56 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kafka-stores", default=env_default("kafka-stores", ""),
         help="comma-separated Kafka-listener addresses of every store, by node id (a "
              "replicated cluster also learns them from the stores' registrations)")
+    add("--transaction-coordinator", type=_coordinator_node, metavar="NODE_ID|auto",
+        default=env_default("transaction-coordinator"),
+        help="also run transaction coordinator NODE_ID in this process (docs/coordinator.md, "
+             "'The coordinator in a store'); --coordinators must name this store's address "
+             "at that place ('auto': the coordinator --coordinators places at this store's "
+             "address). Its appends and markers to this store, and this store's questions "
+             "to it, then go without gRPC. Unset: the coordinators run on their own")
+    add_coordinator_arguments(parser, max_transaction_timeout=False)
     add_quota_arguments(parser)
     return parser
+
+
+AUTO = "auto"
+
+
+def _coordinator_node(value: str) -> int | str:
+    """--transaction-coordinator's value: a node id, or "auto"."""
+    if value.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither a coordinator node id nor {AUTO!r}") from None
+
+
+def coordinator_node(args: argparse.Namespace, layout: ClusterLayout,
+                     address: str) -> int | None:
+    """The transaction coordinator this store runs (--transaction-coordinator),
+    checked against the layout; None when it runs none."""
+    node = args.transaction_coordinator
+    if node is None:
+        return None
+    if node == AUTO:
+        if address not in layout.coordinators:
+            raise ValueError(
+                f"--transaction-coordinator {AUTO}: --coordinators "
+                f"({','.join(layout.coordinators) or 'empty'}) names no coordinator at this "
+                f"store's address {address}")
+        return layout.coordinators.index(address)
+    if not 0 <= node < len(layout.coordinators):
+        raise ValueError(f"--transaction-coordinator {node}: --coordinators names "
+                         f"{len(layout.coordinators)} coordinators (node ids "
+                         f"0..{len(layout.coordinators) - 1})")
+    if layout.coordinators[node] != address:
+        raise ValueError(
+            f"--transaction-coordinator {node}: --coordinators gives that coordinator the "
+            f"address {layout.coordinators[node]}, and this store's is {address}; a store "
+            "that runs a coordinator serves it at its own address")
+    return int(node)
 
 
 def kafka_advertised(args: argparse.Namespace, kafka_addresses: Sequence[str],
@@ -395,7 +447,15 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     # First: it makes every channel of this process use TLS when it serves TLS.
     security = ServiceSecurity.from_args(args, "partition_store")
     layout = config.layout
-    listen = args.listen or args.advertised or layout.stores[config.node_id]
+    advertised = args.advertised or layout.stores[config.node_id]
+    listen = args.listen or advertised
+    try:
+        coordinator_id = coordinator_node(args, layout, advertised)
+    except ValueError as exc:
+        parser.error(str(exc))
+    # What this process answers itself when it also runs a coordinator: the
+    # layout gives the store and the coordinator its one address.
+    local = None if coordinator_id is None else InProcess({advertised})
     data_dir = Path(args.data_dir)
     if config.unsafe_skip_txn_verification:
         log.warning(
@@ -429,13 +489,14 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     listeners = {TOKEN_LISTENER: token_advertised(args, layout.token_stores, config.node_id),
                  KAFKA_LISTENER: kafka_address}
     wired = wire(
-        store, config, metadata=metadata, address=args.advertised or layout.stores[config.node_id],
+        store, config, metadata=metadata, address=advertised,
         listeners={kind: address for kind, address in listeners.items() if address},
         metadata_root=args.metadata_root, lease_ttl_s=args.lease_ttl_s,
         unclean_leader_election=args.unclean_leader_election,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
         leader_imbalance_per_store_pct=args.leader_imbalance_per_store_pct,
         lease_heartbeat=heartbeat,
+        txn_verifier=None if local is None else GrpcTxnVerifier(layout, local=local),
     )
     runtime = wired.runtime
     runtime.hooks.on_damage = partial(record_and_stop, data_dir, config.node_id)
@@ -448,14 +509,28 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         if watcher is not None:
             acls = AclService(watcher, acl_client)
 
+    store_servicer = PartitionStoreServicer(runtime, acls=acls, quotas=quotas)
+    coordinator: WiredCoordinator | None = None
+    if local is not None and coordinator_id is not None:
+        coordinator = wire_coordinator(
+            layout, coordinator_id, config=txn_config_from_args(args),
+            producer_id_block_size=args.producer_id_block_size, local=local)
+        store_servicer.serve_in_process(local)
+        coordinator.servicer.serve_in_process(local)
+        log.info("transaction coordinator %d runs in this store's process", coordinator_id)
+
     kafka: KafkaListener | None = None
 
     async def close() -> None:
-        nonlocal kafka
+        nonlocal kafka, coordinator
         if kafka is not None:
             listener, kafka = kafka, None
             await listener.close()
             await listener.broker.coordinators.close()
+        if coordinator is not None:
+            # Before the store: its last appends and markers go to it.
+            wired_coordinator, coordinator = coordinator, None
+            await wired_coordinator.stop()
         await wired.close()
         if acl_client is not None:
             await acl_client.close()
@@ -466,8 +541,11 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         except CorruptionError as exc:
             # Recovery read damaged data: the next start decides (damage.py).
             record_and_stop(data_dir, config.node_id, exc)
+        if coordinator is not None:
+            await coordinator.start()
         if kafka_address is not None:
-            kafka = kafka_listener(args, runtime, security, kafka_address, quotas=quotas)
+            kafka = kafka_listener(args, runtime, security, kafka_address, quotas=quotas,
+                                   local=local)
             try:
                 await kafka.start()
             except OSError as exc:
@@ -475,9 +553,10 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
                                                 exc)) from exc
 
         def register(server: grpc.aio.Server) -> None:
-            partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(
-                PartitionStoreServicer(runtime, acls=acls, quotas=quotas), server
-            )
+            partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(store_servicer, server)
+            if coordinator is not None:
+                coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
+                    coordinator.servicer, server)
 
         async def hand_over() -> None:
             await wired.hand_over_leadership(timeout_ms=args.controlled_shutdown_timeout_ms)
@@ -487,7 +566,8 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
 
         await serve(
             service_name="partition_store",
-            full_service_names=[SERVICE_NAME],
+            full_service_names=[SERVICE_NAME] + (
+                [] if coordinator is None else [COORDINATOR_SERVICE_NAME]),
             listen=listen,
             register=register,
             node_id=config.node_id,
@@ -519,7 +599,8 @@ async def _sole_copies(metadata: MetadataStore, *, root: str, node_id: int) -> l
 
 
 def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: ServiceSecurity,
-                   advertised: str, *, quotas: StoreQuotas | None = None) -> KafkaListener:
+                   advertised: str, *, quotas: StoreQuotas | None = None,
+                   local: InProcess | None = None) -> KafkaListener:
     """The store's Kafka listener (services/kafka), secured as its gRPC
     port is: TLS when the store serves TLS, client certificates and
     SASL/OAUTHBEARER with the same principals, the same ACLs."""
@@ -540,7 +621,7 @@ def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: Se
     broker = KafkaBroker(
         runtime=runtime, node_id=node_id,
         cluster_id=cluster_id_for(runtime.layout, args.metadata_root),
-        addresses=addresses, coordinators=CoordinatorClient(runtime.layout),
+        addresses=addresses, coordinators=CoordinatorClient(runtime.layout, local=local),
         handlers=HANDLERS, guard=security.guard(), quotas=quotas)
     return KafkaListener(broker, args.kafka_listen, ListenerSecurity(
         tls=security.tls_files, sasl_oauthbearer=bool(settings.authentication.issuers),

@@ -20,7 +20,9 @@ transactional offset is invisible while its transaction is open
 the committed offset right after the commit.
 
 Method: one LocalCluster (one store, one transaction coordinator, one group
-coordinator) for the module, a topic per test. Each test body is written
+coordinator) per placement of the transaction coordinator: a process of its
+own, and inside the store's process (`coordinators_in_stores`), where its
+calls to the store and the store's to it take no gRPC; a topic per test. Each test body is written
 once against a small driver with the threaded client's method names and
 runs twice, parametrized by `client_kind`: "threaded" hands out `Producer`
 and `Consumer` themselves; "aio" hands out `AIOProducer`/`AIOConsumer`
@@ -70,6 +72,9 @@ WAIT_S = 30.0
 # A guard on every call the aio driver makes: a hung call fails the test.
 CALL_TIMEOUT_S = 120.0
 CLIENT_KINDS = ("threaded", "aio")
+# Where the transaction coordinator runs: a process of its own, or in the
+# partition store's (docs/coordinator.md, "The coordinator in a store").
+COORDINATOR_PLACEMENTS = ("process", "in-store")
 _ids = itertools.count()
 
 
@@ -351,10 +356,19 @@ def make_clients(kind: str, bootstrap: str) -> Iterator[Clients]:
 # ------------------------------------------------------------------ fixtures
 
 
+@pytest.fixture(scope="module", params=COORDINATOR_PLACEMENTS)
+def coordinators_in_stores(request: pytest.FixtureRequest) -> bool:
+    """Whether the transaction coordinator runs in the store's process
+    (--transaction-coordinator) or in its own."""
+    return bool(request.param == "in-store")
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory,
+            coordinators_in_stores: bool) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("contract") / "cluster",
-                      consumer_offsets_partitions=2) as c:
+                      consumer_offsets_partitions=2,
+                      coordinators_in_stores=coordinators_in_stores) as c:
         yield c
 
 
@@ -556,10 +570,12 @@ def test_a_second_instance_fences_the_first(clients: Clients, topic: str) -> Non
 
 
 def test_a_timed_out_transaction_is_aborted_and_its_producer_fenced(
-        client_kind: str, tmp_path: Path, topic_name: str) -> None:
+        client_kind: str, coordinators_in_stores: bool, tmp_path: Path, topic_name: str) -> None:
     with LocalCluster(tmp_path / "cluster", group_coordinators=0, extra_args={
-        "coordinator": ["--transaction-check-interval-ms", "100"],
-    }) as cluster, make_clients(client_kind, cluster.bootstrap) as clients, \
+        "partition_store" if coordinators_in_stores else "coordinator":
+            ["--transaction-check-interval-ms", "100"],
+    }, coordinators_in_stores=coordinators_in_stores) as cluster, \
+            make_clients(client_kind, cluster.bootstrap) as clients, \
             Admin(bootstrap=cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=PARTITIONS)
         transactional_id = tid()

@@ -45,6 +45,11 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     up.add_argument("--stores", "--partition-stores", dest="partition_stores", type=int,
                     metavar="N", help="partition stores (default: 3 with --replicated, else 1)")
     up.add_argument("--coordinators", type=int, default=1)
+    up.add_argument("--coordinators-in-stores", action="store_true",
+                    help="run a transaction coordinator in every partition store's process "
+                         "instead of --coordinators processes of their own; their calls to "
+                         "each other then take no gRPC (docs/coordinator.md, 'The "
+                         "coordinator in a store')")
     up.add_argument("--group-coordinators", type=int, default=1)
     up.add_argument("--replicated", action=argparse.BooleanOptionalAction,
                     help="run etcd and keep min(3, stores) copies of every partition "
@@ -173,7 +178,8 @@ def run_cluster_up(args: argparse.Namespace) -> int:
         stores = args.partition_stores or (3 if etcd_members else 1)
         if stores < 1:
             raise UsageError(f"--stores must be at least 1, got {stores}")
-        counts = {"partition_store": stores, "coordinator": args.coordinators,
+        counts = {"partition_store": stores,
+                  "coordinator": 0 if args.coordinators_in_stores else args.coordinators,
                   "group_coordinator": args.group_coordinators}
         security: bool = kept.security if args.secure is None else args.secure
         ports: ServicePorts = {
@@ -202,7 +208,7 @@ def run_cluster_up(args: argparse.Namespace) -> int:
                 data_dir, partition_stores=stores,
                 coordinators=args.coordinators, group_coordinators=args.group_coordinators,
                 ports=ports, kafka_listener=kafka, etcd_members=etcd_members,
-                security=security,
+                security=security, coordinators_in_stores=args.coordinators_in_stores,
             )
         except PortTakenError as exc:
             raise _port_taken(exc.taken.port, exc.kind, exc.node_id, exc.taken.purpose,

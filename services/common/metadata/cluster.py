@@ -8,20 +8,16 @@ the chart's values; locally, LocalCluster picks the ports.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
+
+# Re-exported: the services name these from here.
+from oncelog.wire.placement import TRANSACTION_STATE_TOPIC, preferred_store, stable_hash
 
 from ..security.acl_records import ACLS_TOPIC, ACLS_TOPIC_PARTITIONS
 
 PRODUCER_IDS_TOPIC = "__producer_ids"
-TRANSACTION_STATE_TOPIC = "__transaction_state"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 INTERNAL_PREFIX = "__"
-
-
-def stable_hash(key: str) -> int:
-    """A hash that is the same in every process and release (unlike hash())."""
-    return zlib.crc32(key.encode())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +72,7 @@ class ClusterLayout:
 
     def store_for(self, topic: str, partition: int) -> int:
         """The store node that owns a partition."""
-        return (stable_hash(topic) + partition) % len(self.stores)
+        return preferred_store(topic, partition, len(self.stores))
 
     def transaction_state_partition(self, transactional_id: str) -> int:
         return stable_hash(transactional_id) % self.transaction_state_partitions

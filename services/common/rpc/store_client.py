@@ -25,10 +25,14 @@ from ..kernel.errors import ServiceError
 from ..metadata.cluster import ClusterLayout
 from .channels import ChannelPool
 from .leaders import LeaderDirectory
+from .local_calls import InProcess
 from .stream_client import StreamMethod
 
 # A single RPC to a store should not take longer than this; the caller retries.
 STORE_RPC_TIMEOUT_S = 10.0
+
+PRODUCE_STREAM = "/oncelog.v1.PartitionStore/ProduceStream"
+LIST_OFFSETS = "/oncelog.v1.PartitionStore/ListOffsets"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +83,18 @@ class RawRead:
 
 
 class StoreClient:
-    def __init__(self, layout: ClusterLayout) -> None:
+    """`local`: the store this process runs, if any (local_calls.py); its
+    appends and log end offsets are asked of it without gRPC."""
+
+    def __init__(self, layout: ClusterLayout, *, local: InProcess | None = None) -> None:
         self._layout = layout
+        self._local = local
         self._channels = ChannelPool()
         self._leaders = LeaderDirectory(layout, self._channels)
         # Appends go over one stream per store address (stream_client.py).
         self._produce: StreamMethod[ps.ProduceRequest, ps.ProduceResponse] = StreamMethod(
-            "/oncelog.v1.PartitionStore/ProduceStream", "/oncelog.v1.PartitionStore/Produce",
-            ps.ProduceResponse)
+            PRODUCE_STREAM, "/oncelog.v1.PartitionStore/Produce", ps.ProduceResponse,
+            local=local)
 
     async def _stub(self, topic: str, partition: int) -> ps_grpc.PartitionStoreAsyncStub:
         return self._leaders.stub(await self._leaders.leader(topic, partition))
@@ -235,8 +243,17 @@ class StoreClient:
                              else records_pb2.READ_UNCOMMITTED),
         )
         try:
-            stub = await self._stub(topic, partition)
-            resp = await stub.ListOffsets(req, timeout=STORE_RPC_TIMEOUT_S)
+            leader = await self._leaders.leader(topic, partition)
+            handler = None if self._local is None else self._local.handler(
+                self._leaders.address(leader), LIST_OFFSETS)
+            if handler is not None and self._local is not None:
+                resp = await self._local.call(handler, req, STORE_RPC_TIMEOUT_S)
+            else:
+                resp = await self._leaders.stub(leader).ListOffsets(
+                    req, timeout=STORE_RPC_TIMEOUT_S)
+        except ServiceError as exc:
+            self._leaders.forget_on(topic, partition, exc.code)
+            raise
         except grpc.RpcError as exc:
             raise self._failed(topic, partition, error_from_rpc(exc)) from exc
         result = resp.results[0]

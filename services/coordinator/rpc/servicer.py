@@ -17,6 +17,7 @@ from ...common.kernel import limits
 from ...common.kernel.errors import ServiceError, check_id_length
 from ...common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
 from ...common.metadata.topic_counts import PartitionCounts
+from ...common.rpc.local_calls import InProcess
 from ...common.rpc.request_streams import Refused, answer_each
 from ...common.security.guard import without_client_certificate
 from ..core.hanging import NO_TIMESTAMP_MS, StoreQuestion
@@ -28,6 +29,8 @@ from ..core.transactions import (
 )
 from ..producer_id_manager import ProducerIdManager
 from ..txn_runtime import TxnCoordinatorRuntime
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TransactionCoordinator"].full_name
 
 
 def _tp(p: records_pb2.TopicPartition) -> tuple[str, int]:
@@ -157,9 +160,26 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                 token=without_client_certificate(context))[node_id]
         return pb.FindCoordinatorResponse(node_id=node_id, address=address, partition=partition)
 
+    def serve_in_process(self, local: InProcess) -> None:
+        """Answers the calls of the store that runs this coordinator in its
+        process (services/common/rpc/local_calls.py): its verification of
+        transactional writes, and what its Kafka listener forwards."""
+        for method, handler in (
+            ("AddPartitionsToTxnStream", self._add_partitions_to_txn),
+            ("AddPartitionsToTxn", self._add_partitions_to_txn),
+            ("InitProducerId", self._init_producer_id),
+            ("AddOffsetsToTxn", self._add_offsets_to_txn),
+            ("EndTxn", self._end_txn),
+        ):
+            local.serve(f"/{SERVICE_NAME}/{method}", handler)
+
     async def InitProducerId(  # noqa: N802 - gRPC method name
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> pb.InitProducerIdResponse:
+        return await self._init_producer_id(request)
+
+    async def _init_producer_id(self, request: pb.InitProducerIdRequest,
+                                ) -> pb.InitProducerIdResponse:
         if request.transactional_id:
             producer_id, producer_epoch, kept = await self._txns.init_producer_id(
                 request.transactional_id, request.transaction_timeout_ms,
@@ -251,6 +271,10 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     async def AddOffsetsToTxn(  # noqa: N802 - gRPC method name
         self, request: pb.AddOffsetsToTxnRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddOffsetsToTxnResponse:
+        return await self._add_offsets_to_txn(request)
+
+    async def _add_offsets_to_txn(self, request: pb.AddOffsetsToTxnRequest,
+                                  ) -> pb.AddOffsetsToTxnResponse:
         _require_transactional_id("AddOffsetsToTxn", request.transactional_id)
         if not request.group_id:
             raise ServiceError(ErrorCode.INVALID_GROUP_ID, "AddOffsetsToTxn needs a group id")

@@ -32,6 +32,7 @@ from oncelog.wire.status import error_from_rpc
 from ...common.kernel.errors import ServiceError
 from ...common.metadata.cluster import ClusterLayout
 from ...common.rpc.channels import ChannelPool
+from ...common.rpc.local_calls import InProcess
 
 Response = TypeVar("Response", bound=Message)
 
@@ -48,8 +49,12 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 class CoordinatorClient:
-    def __init__(self, layout: ClusterLayout) -> None:
+    """`local`: the coordinator this process runs, if any
+    (services/common/rpc/local_calls.py), answers its calls without gRPC."""
+
+    def __init__(self, layout: ClusterLayout, *, local: InProcess | None = None) -> None:
         self._layout = layout
+        self._local = local
         self._channels = ChannelPool()
 
     # ------------------------------------------------------------------ routing
@@ -87,6 +92,14 @@ class CoordinatorClient:
         """One unary call; ServiceError with the coordinator's code when it
         refuses the call as a whole, COORDINATOR_NOT_AVAILABLE when it cannot
         be reached."""
+        if self._local is not None:
+            handler = self._local.handler(address, f"/{service}/{method}")
+            if handler is not None:
+                try:
+                    local_response: Response = await self._local.call(handler, request, timeout_s)
+                except ServiceError as exc:
+                    raise ServiceError(exc.code, f"{method} at {address}: {exc.message}") from exc
+                return local_response
         channel = self._channels.get(address)
         stub: Any = channel.unary_unary(
             f"/{service}/{method}", request_serializer=type(request).SerializeToString,

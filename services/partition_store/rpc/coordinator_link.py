@@ -36,6 +36,7 @@ from ...common.kernel.errors import ServiceError
 from ...common.kernel.txn_fate import TxnFate
 from ...common.metadata.cluster import ClusterLayout
 from ...common.rpc.channels import ChannelPool
+from ...common.rpc.local_calls import InProcess
 from ...common.rpc.stream_client import StreamMethod
 from ..core.outcomes import Rejection
 from ..transactions.resolver import Answers, CoordinatorAnswer, HangingQuestion
@@ -47,21 +48,24 @@ log = logging.getLogger("oncelog.partition_store")
 # store round trip), an append (its timeout path) and a marker sent to the
 # asking store: more than a verification.
 RESOLVE_TIMEOUT_S = 20.0
+ADD_PARTITIONS_TO_TXN_STREAM = "/oncelog.v1.TransactionCoordinator/AddPartitionsToTxnStream"
 
 # Transport failures: the coordinator may be restarting or moving; retry.
 _TRANSPORT_CODES = {ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT}
 
 
 class GrpcTxnVerifier:
-    def __init__(self, layout: ClusterLayout, *, timeout_ms: int = 5_000) -> None:
+    def __init__(self, layout: ClusterLayout, *, timeout_ms: int = 5_000,
+                 local: InProcess | None = None) -> None:
         self._layout = layout
         self._timeout_s = timeout_ms / 1000
         self._channels = ChannelPool()
+        # `local`: the coordinator this process runs, if any, is asked without gRPC.
         self._questions: StreamMethod[coordinator_pb2.AddPartitionsToTxnRequest,
                                       coordinator_pb2.AddPartitionsToTxnResponse] = StreamMethod(
-            "/oncelog.v1.TransactionCoordinator/AddPartitionsToTxnStream",
+            ADD_PARTITIONS_TO_TXN_STREAM,
             "/oncelog.v1.TransactionCoordinator/AddPartitionsToTxn",
-            coordinator_pb2.AddPartitionsToTxnResponse)
+            coordinator_pb2.AddPartitionsToTxnResponse, local=local)
 
     async def verify(
         self, *, transactional_id: str, producer_id: int, producer_epoch: int,

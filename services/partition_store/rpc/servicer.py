@@ -18,6 +18,7 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.records import MARKER_ABORT, MARKER_COMMIT
 
 from ...common.kernel.errors import ServiceError
+from ...common.rpc.local_calls import InProcess
 from ...common.rpc.request_streams import Refused, answer_each
 from ...common.security.guard import current_principal, without_client_certificate
 from ..acls import AclService
@@ -88,6 +89,17 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
              for i, a in enumerate(layout.group_coordinator_addresses(token=token))]
             for token in (False, True)
         ]
+
+    def serve_in_process(self, local: InProcess) -> None:
+        """Answers the calls of the coordinator that runs in this store's
+        process (services/common/rpc/local_calls.py): its appends, its log
+        end offsets and its markers."""
+        for method, handler in (
+            ("ProduceStream", self._produce),
+            ("ListOffsets", self._list_offsets),
+            ("WriteTxnMarkersStream", self._write_txn_markers),
+        ):
+            local.serve(f"/{SERVICE_NAME}/{method}", handler)
 
     async def Metadata(
         self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
@@ -292,6 +304,9 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListOffsetsResponse:
+        return await self._list_offsets(request)
+
+    async def _list_offsets(self, request: pb.ListOffsetsRequest) -> pb.ListOffsetsResponse:
         if not request.partitions:
             raise _bad_request("ListOffsetsRequest names no partition")
         outcomes = await self._runtime.list_offsets(

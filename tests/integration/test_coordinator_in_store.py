@@ -1,0 +1,163 @@
+"""A transaction coordinator that runs in a partition store's process.
+
+Goal: with `--transaction-coordinator` (LocalCluster(coordinators_in_stores=
+True)) the coordinator's calls to the store that runs it — appends to
+`__transaction_state`, markers — and the store's verification of a
+transaction's first write with it take no gRPC, while what they do is
+unchanged; and killing that process (which takes both) loses nothing that
+was committed and leaves no transaction open. The client contract itself
+runs against this placement too (test_client_contract.py); the flag's
+misuses are refused before the store starts.
+
+Method: LocalCluster with real processes; which calls crossed gRPC is read
+from the services' RPC interceptor counters on the store's metrics port
+(every message of a request stream counts); a transaction left open by a
+kill -9 is ended by its successor's init_transactions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from oncelog import Admin, Consumer, Producer, TopicPartition
+from oncelog.testing import LocalCluster
+from oncelog.wire.placement import store_of_coordinator
+from services.common.metadata.cluster import ClusterLayout
+from services.partition_store.server import build_parser, coordinator_node
+from tests.support.reading import read_all
+
+PARTITIONS = 2
+TRANSACTIONS = 20
+
+
+def rpc_requests(cluster: LocalCluster, service: str, method: str) -> float:
+    """Requests of one method that crossed gRPC into the store process."""
+    with urllib.request.urlopen(cluster.metrics_url("partition_store", 0), timeout=30) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (sample.name == "oncelog_rpc_requests_total"
+                    and sample.labels.get("service") == service
+                    and sample.labels.get("method") == method):
+                return float(sample.value)
+    return 0.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path / "cluster", group_coordinators=0,
+                      coordinators_in_stores=True) as c:
+        yield c
+
+
+def committed_values(cluster: LocalCluster, topic: str) -> list[bytes]:
+    return sorted(r.value or b"" for r in read_all(
+        cluster.bootstrap, topic, PARTITIONS, isolation_level="read_committed"))
+
+
+def test_the_coordinator_and_its_store_call_each_other_without_grpc(
+        cluster: LocalCluster, topic_name: str) -> None:
+    assert cluster.processes["coordinator"] == []
+    with Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=PARTITIONS)
+    with Producer(bootstrap=cluster.bootstrap, transactional_id="in-store") as producer:
+        producer.init_transactions()
+        for i in range(TRANSACTIONS):
+            producer.begin_transaction()
+            producer.send(topic_name, value=b"v%d" % i, partition=i % PARTITIONS)
+            if i % 5 == 4:
+                producer.abort_transaction()
+            else:
+                producer.commit_transaction()
+    committed = sorted(b"v%d" % i for i in range(TRANSACTIONS) if i % 5 != 4)
+    assert committed_values(cluster, topic_name) == committed
+
+    # The client's own calls crossed gRPC into the process (its commits at
+    # least: every one is an EndTxn)...
+    assert rpc_requests(cluster, "TransactionCoordinator", "EndTxnStream") >= len(committed)
+    # ...as did its produce requests: one per transaction at most (an
+    # aborted one may have sent nothing) ...
+    assert len(committed) <= rpc_requests(cluster, "PartitionStore", "ProduceStream") \
+        <= TRANSACTIONS
+    # ...but not the coordinator's appends to `__transaction_state` (two or
+    # three per transaction, which would break that bound), its markers, or
+    # the store's verification of each transaction's first write.
+    for service, method in (("TransactionCoordinator", "AddPartitionsToTxnStream"),
+                            ("TransactionCoordinator", "AddPartitionsToTxn"),
+                            ("PartitionStore", "WriteTxnMarkersStream"),
+                            ("PartitionStore", "WriteTxnMarkers")):
+        assert rpc_requests(cluster, service, method) == 0, (service, method)
+
+
+def test_kill_9_of_the_store_takes_its_coordinator_and_loses_nothing_committed(
+        cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(bootstrap=cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=PARTITIONS)
+    first = Producer(bootstrap=cluster.bootstrap, transactional_id="survivor")
+    try:
+        first.init_transactions()
+        first.begin_transaction()
+        first.send(topic_name, value=b"committed", partition=0)
+        first.commit_transaction()
+        first.begin_transaction()
+        for p in range(PARTITIONS):
+            first.send(topic_name, value=b"open-%d" % p, partition=p).result(timeout=60)
+        cluster.kill("partition_store", 0)
+    finally:
+        first.close(timeout=1)
+    cluster.restart("partition_store", 0)
+
+    # The successor's init ends the open transaction (aborted: it was never
+    # decided) before its own begins.
+    with Producer(bootstrap=cluster.bootstrap, transactional_id="survivor") as successor:
+        successor.init_transactions()
+        successor.begin_transaction()
+        successor.send(topic_name, value=b"successor", partition=1)
+        successor.commit_transaction()
+    assert committed_values(cluster, topic_name) == [b"committed", b"successor"]
+    with Consumer(bootstrap=cluster.bootstrap, isolation_level="read_committed") as consumer:
+        tps = [TopicPartition(topic_name, p) for p in range(PARTITIONS)]
+        stable = consumer.end_offsets(tps)
+    with Consumer(bootstrap=cluster.bootstrap) as consumer:
+        # Nothing holds the last stable offset back: it is the log's end.
+        assert consumer.end_offsets(tps) == stable
+
+
+def _store_args(*flags: str) -> argparse.Namespace:
+    return build_parser().parse_args(["--node-id", "1", "--data-dir", "/nonexistent", *flags])
+
+
+def test_the_flag_names_a_coordinator_served_at_the_stores_own_address(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    layout = ClusterLayout(stores=("s0:1", "s1:1"), coordinators=("s1:1", "s0:1"))
+    assert coordinator_node(_store_args("--transaction-coordinator", "0"), layout, "s1:1") == 0
+    assert coordinator_node(_store_args("--transaction-coordinator", "auto"), layout,
+                            "s0:1") == 1
+    assert coordinator_node(_store_args(), layout, "s1:1") is None
+    with pytest.raises(ValueError, match="names 2 coordinators"):
+        coordinator_node(_store_args("--transaction-coordinator", "2"), layout, "s1:1")
+    with pytest.raises(ValueError, match="gives that coordinator the address s0:1"):
+        coordinator_node(_store_args("--transaction-coordinator", "1"), layout, "s1:1")
+    with pytest.raises(ValueError, match="names no coordinator at this store's address s2:1"):
+        coordinator_node(_store_args("--transaction-coordinator", "auto"), layout, "s2:1")
+    with pytest.raises(SystemExit):
+        _store_args("--transaction-coordinator", "first")
+    assert "'first' is neither a coordinator node id nor 'auto'" in capsys.readouterr().err
+
+
+def test_each_store_runs_the_coordinator_of_the_partitions_it_prefers_to_lead() -> None:
+    for stores in (1, 2, 3, 5):
+        hosts = [store_of_coordinator(c, stores) for c in range(stores)]
+        assert sorted(hosts) == list(range(stores))
+        layout = ClusterLayout(stores=tuple(f"s{i}:1" for i in range(stores)),
+                               coordinators=tuple(f"s{h}:1" for h in hosts),
+                               transaction_state_partitions=8)
+        for partition in range(layout.transaction_state_partitions):
+            coordinator = layout.coordinator_for_partition(partition)
+            assert hosts[coordinator] == layout.store_for("__transaction_state", partition)
