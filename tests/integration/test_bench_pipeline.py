@@ -66,9 +66,12 @@ def test_check_refuses_a_wrong_output(
         bench.check_output(cluster.bootstrap, 4)
 
 
-def test_latency_reports_a_transaction_and_its_two_halves() -> None:
+@pytest.mark.parametrize("coordinators_in_stores", [False, True],
+                         ids=["coordinator-process", "coordinator-in-store"])
+def test_latency_reports_a_transaction_and_its_two_halves(coordinators_in_stores: bool) -> None:
     # run_latency starts its own cluster, as the benchmark does.
-    run = bench.run_latency(argparse.Namespace(value_bytes=100, latency_samples=5))
+    run = bench.run_latency(argparse.Namespace(value_bytes=100, latency_samples=5,
+                                               coordinators_in_stores=coordinators_in_stores))
     for name in ("transaction_p50_ms", "send_p50_ms", "first_send_p50_ms", "commit_p50_ms"):
         assert getattr(run, name) > 0, name
     # Every sample's halves add up to that sample, so neither median can pass
