@@ -4,7 +4,8 @@ Goal: a call answered in-process (services/common/rpc/local_calls.py) keeps
 what a caller of a remote service relies on: only the process's own
 addresses are answered in-process; a request whose caller stops waiting
 (deadline, cancellation) still runs to its end, as on a server whose client
-went away; the handler does not run as the caller's principal; the errors
+went away, and one that then fails is not logged as an exception nobody
+retrieved; the handler does not run as the caller's principal; the errors
 are the codes a request stream would answer with. And `StreamMethod`, the
 services' client of each other, takes that path for an own address and
 does not open a channel for it.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 from typing import Any
 
 import pytest
@@ -71,6 +73,30 @@ def test_a_request_outlives_a_caller_that_stopped_waiting() -> None:
         assert sorted(finished) == ["cancelled", "late"]
 
     asyncio.run(scenario())
+
+
+def test_a_request_that_fails_after_its_caller_left_is_not_logged() -> None:
+    logged: list[str] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _loop, context: logged.append(str(context.get("message"))))
+        local = InProcess(["a:1"])
+        release = asyncio.Event()
+
+        async def fails_late(_request: None) -> None:
+            await release.wait()
+            raise ServiceError(ErrorCode.NOT_LEADER_OR_FOLLOWER, "leadership moved")
+
+        with pytest.raises(ServiceError):
+            await local.call(fails_late, None, 0.01)
+        release.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        gc.collect()
+
+    asyncio.run(scenario())
+    assert logged == []
 
 
 def test_the_handler_does_not_run_in_the_callers_context() -> None:

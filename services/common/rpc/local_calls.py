@@ -67,13 +67,22 @@ class InProcess:
         """handler(request)'s answer; see the module docstring for errors."""
         task = asyncio.create_task(_answer(handler, request), context=contextvars.Context())
         self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        task.add_done_callback(self._finished)
         try:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(task)
         except TimeoutError:
             raise ServiceError(ErrorCode.REQUEST_TIMED_OUT,
                                f"no answer within {timeout_s} s") from None
+
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._running.discard(task)
+        if not task.cancelled():
+            # A request whose caller stopped waiting fails unread: retrieved
+            # here, or asyncio logs "Task exception was never retrieved" for
+            # each (a store that loses leadership under load fails thousands).
+            task.exception()
 
 
 async def _answer(handler: Handler, request: Any) -> Any:
