@@ -234,16 +234,24 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
 # --- clusters and their state ----------------------------------------------------
 
 
+# Set from --coordinators-in-stores by main(): every cluster of the run runs
+# its transaction coordinators in the stores' processes (one per store).
+COORDINATORS_IN_STORES = False
+
+
 @contextlib.contextmanager
 def started_cluster(setup: Setup, env: dict[str, str] | None = None) -> Iterator[LocalCluster]:
-    """A fresh cluster of the set-up's layout (one transaction coordinator, no
-    group coordinator) in a temporary directory."""
+    """A fresh cluster of the set-up's layout (one transaction coordinator, or
+    one in each store with --coordinators-in-stores; no group coordinator) in
+    a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir:
         if setup.etcd:
             cluster = LocalCluster(data_dir, partition_stores=STORES, group_coordinators=0,
-                                   etcd_members=1, env=env)
+                                   etcd_members=1, env=env,
+                                   coordinators_in_stores=COORDINATORS_IN_STORES)
         else:
-            cluster = LocalCluster(data_dir, group_coordinators=0, env=env)
+            cluster = LocalCluster(data_dir, group_coordinators=0, env=env,
+                                   coordinators_in_stores=COORDINATORS_IN_STORES)
         with cluster:
             yield cluster
 
@@ -744,6 +752,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="MB (10^6 bytes) of 1 KiB records to fill before the wipe")
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--coordinators-in-stores", action="store_true",
+                        help="run the transaction coordinators in the stores' processes "
+                             "(docs/coordinator.md, 'The coordinator in a store')")
     parser.add_argument("--json", help="also write every round and the tables to this file")
     args = parser.parse_args(argv)
     args.case_list = [c for c in args.cases.split(",") if c]
@@ -766,12 +777,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> Report:
+    global COORDINATORS_IN_STORES
     args = parse_args(argv)
+    COORDINATORS_IN_STORES = args.coordinators_in_stores
     cases = [c for c in CASES if c in args.case_list]
     print(f"# {os.cpu_count()} CPUs; {args.rounds} round(s); {args.seconds:g} s per produce "
           f"case; {args.latency_samples} latency samples; {args.kills} kills per lease TTL "
           f"({', '.join(f'{t} s' for t in args.ttl_list)}); catch-up {args.catch_up_mb:g} MB; "
-          f"cases {', '.join(cases)}; Python {sys.version.split()[0]}", flush=True)
+          f"cases {', '.join(cases)}; transaction coordinators "
+          f"{'in the stores' if COORDINATORS_IN_STORES else 'in a process of their own'}; "
+          f"Python {sys.version.split()[0]}", flush=True)
     results = run_rounds(args)
     report = Report(setup_table(results.measurements, cases),
                     failover_table(results.kills, args.ttl_list),

@@ -16,7 +16,9 @@ noting each outcome (committed, aborted, or unknown when the commit could not
 be confirmed). A fault thread injects ONCELOG_CHAOS_FAULTS faults (default
 200), one at a time: a kill -9 and restart, or a pause of 0.5-4 s, of a random
 process. At the end everything is read back with read_committed and checked.
-Prints the figures for the notes.
+Prints the figures for the notes. With ONCELOG_CHAOS_COORDINATORS_IN_STORES=1
+every store also runs a transaction coordinator (docs/coordinator.md, "The
+coordinator in a store"), so a store's fault is its coordinator's too.
 
     ONCELOG_CHAOS_FAULTS=200 ONCELOG_CHAOS_SEED=N bash scripts/chaos.sh -k replicated
 """
@@ -104,8 +106,10 @@ def _writer(bootstrap: str, index: int, stop: threading.Event, out: Outcomes,
         producer.close(timeout=30)
 
 
-KINDS = [("partition_store", i) for i in range(STORES)] + [
-    ("coordinator", 0), ("group_coordinator", 0)] + [("etcd", i) for i in range(3)]
+IN_STORES = os.environ.get("ONCELOG_CHAOS_COORDINATORS_IN_STORES", "") == "1"
+KINDS = [("partition_store", i) for i in range(STORES)] + (
+    [] if IN_STORES else [("coordinator", 0)]) + [
+    ("group_coordinator", 0)] + [("etcd", i) for i in range(3)]
 
 
 def _faults(cluster: LocalCluster, count: int, rng: random.Random, stop: threading.Event,
@@ -135,7 +139,8 @@ def test_replicated_transactions_under_process_faults(tmp_path: Path) -> None:
     rng = random.Random(seed)
     started = time.monotonic()
     with LocalCluster(tmp_path / "cluster", partition_stores=STORES, etcd_members=3,
-                      transaction_state_partitions=2, consumer_offsets_partitions=2) as cluster:
+                      transaction_state_partitions=2, consumer_offsets_partitions=2,
+                      coordinators_in_stores=IN_STORES) as cluster:
         bootstrap = cluster.bootstrap_servers
         with Admin(bootstrap=bootstrap) as admin:
             admin.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=STORES)
