@@ -386,6 +386,10 @@ def test_with_coordinators_in_stores_each_store_runs_the_coordinator_placed_at_i
     # Coordinator c owns p % stores == c, as the services compute it.
     for partition in range(8):
         assert layout.coordinator_for_partition(partition) == partition % stores
+    # The release notes say where the coordinators are, and name no
+    # StatefulSet of theirs to wait for.
+    assert "coordinators:        in the partition stores, one per store" in rendered.notes
+    assert f"statefulset/{RELEASE}-oncelog-coordinator\n" not in rendered.notes + "\n"
 
 
 def test_without_coordinators_in_stores_no_store_runs_one(
