@@ -255,6 +255,8 @@ registers its address in etcd, and every running process learns it from
 there (docs/replication.md, "Growing and moving"), so growing
 partitionStore.replicas starts the new pods (with the longer list) and
 restarts nothing; the others name the new stores from their next restart on.
+Not so with coordinator.inStores: the store count is then the coordinators'
+too, and the coordinator list (hashed) changes with it, as it must.
 */}}
 {{- define "oncelog.clusterEnvChecksum" -}}
 {{- $env := include "oncelog.clusterEnv" . | fromYaml }}
@@ -349,10 +351,10 @@ ONCELOG_KAFKA_STORES: {{ include "oncelog.addresses" (dict "root" .root "key" .k
 {{- if and (eq .key "partitionStore") .root.Values.coordinator.inStores }}
 {{- /*
 Each store runs the coordinator that --coordinators lists at its own
-address ("oncelog.coordinatorAddresses"), with the coordinator's settings;
-a key partitionStore.config sets too keeps the store's value (for
-max-transaction-timeout-ms, one flag for both, the store's is the one that
-must be at least the coordinator's).
+address ("oncelog.coordinatorAddresses"), with the coordinator's settings.
+A key partitionStore.config sets too keeps the store's value: the store's
+setting is about its whole process, and max-transaction-timeout-ms is one
+flag for the store and its coordinator.
 */}}
 ONCELOG_TRANSACTION_COORDINATOR: "auto"
 {{- $config = deepCopy $config }}
