@@ -9,12 +9,17 @@ layout; coordinator N owns the __transaction_state partitions p with
 p % coordinators == N (and likewise the group coordinators); settings from
 values reach the service as typed values (large integers included); and
 every server flag the chart accepts in `config` is a real flag of that
-service, while every real flag is accepted.
+service, while every real flag is accepted. With coordinator.inStores there
+are no coordinator pods: each store runs a coordinator of its own, all of
+them distinct, coordinator c in the store oncelog.wire.placement puts it
+in, with coordinator.config's settings (the store's own value winning where
+partitionStore.config sets the same flag).
 
 Method: render with helm-python-sdk, rebuild each pod's environment, and
 run the real parsers in-process (server_base.add_common_arguments and each
 service's own parser) with that environment; list the services' flags from
-their --help.
+their --help. Which coordinator a store runs is the store's own
+coordinator_node on its parsed arguments.
 """
 
 from __future__ import annotations
@@ -32,14 +37,18 @@ from typing import Any
 
 import pytest
 
+from oncelog.wire.placement import store_of_coordinator
 from services.common.metadata.cluster import ClusterLayout
 from services.common.rpc.server_base import add_common_arguments, layout_from_args
 from tests.helm.chart import (
     CHART_DIR,
+    COMPONENT_LABEL,
     NAMESPACE,
+    RELEASE,
     REPO,
     SECURITY_FLAGS,
     Rendered,
+    deep_merge,
     pod_environment,
     render,
 )
@@ -61,7 +70,17 @@ CHART_MANAGED_FLAGS = {
     # The stores' Kafka listener: partitionStore.kafka and ports.kafka
     # (test_chart_kafka.py); each store advertises its entry of kafka-stores.
     "kafka-listen", "kafka-stores", "kafka-advertised",
+    # The coordinator a store runs: "auto" with coordinator.inStores.
+    "transaction-coordinator",
 } | SECURITY_FLAGS
+# The coordinator's flags a store takes to run one in its process: offered
+# through coordinator.config, which reaches the stores with
+# coordinator.inStores (the store's --max-transaction-timeout-ms is its own
+# flag too, in partitionStore.config).
+COORDINATOR_FLAGS_OF_THE_STORE = {
+    "producer-id-block-size", "transactional-id-expiration-ms",
+    "transaction-check-interval-ms", "allow-two-phase-commit",
+}
 # Flags the chart deliberately does not offer: test-only switches.
 NOT_OFFERED = {"unsafe-skip-txn-verification"}
 
@@ -80,9 +99,10 @@ def _pod_layouts(
 ) -> dict[tuple[str, int], tuple[int, ClusterLayout]]:
     """(component, ordinal) -> (node id, layout) as each pod's process parses them."""
     parsed = {}
+    statefulsets = {s["metadata"]["name"] for s in rendered.of_kind("StatefulSet")}
     for component in COMPONENTS:
-        if not [s for s in rendered.of_kind("StatefulSet") if s["metadata"]["name"].endswith(
-                "-" + component)]:
+        # By its whole name: "-coordinator" also ends "-group-coordinator".
+        if f"{RELEASE}-oncelog-{component}" not in statefulsets:
             continue
         sts = rendered.statefulset(component)
         for ordinal in range(sts["spec"]["replicas"]):
@@ -259,10 +279,21 @@ def _service_flags(module: str) -> set[str]:
 def test_config_keys_are_exactly_the_service_flags(component: str) -> None:
     key, module = COMPONENTS[component]
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
-    config_schema = schema["properties"][key]["properties"]["config"]
+
+    def offered_by(values_key: str) -> set[str]:
+        config_schema = schema["properties"][values_key]["properties"]["config"]
+        return set(config_schema.get("properties", {}))
+
     flags = _service_flags(module)
-    offered = set(config_schema.get("properties", {}))
+    offered = offered_by(key)
     assert offered <= flags, f"not flags of {module}: {sorted(offered - flags)}"
+    if component == "partition-store":
+        # The store's flags of the coordinator it can run are the
+        # coordinator's own, offered in coordinator.config.
+        coordinator_flags = _service_flags(COMPONENTS["coordinator"][1])
+        assert flags & coordinator_flags >= COORDINATOR_FLAGS_OF_THE_STORE
+        assert offered_by("coordinator") >= COORDINATOR_FLAGS_OF_THE_STORE
+        offered |= COORDINATOR_FLAGS_OF_THE_STORE
     missing = flags - CHART_MANAGED_FLAGS - NOT_OFFERED - offered
     assert not missing, f"flags of {module} the chart does not offer: {sorted(missing)}"
 
@@ -294,3 +325,134 @@ def test_partition_counts_are_part_of_every_pods_environment(
     parsed = _pod_layouts(render(values), monkeypatch)
     assert {(layout.transaction_state_partitions, layout.consumer_offsets_partitions)
             for _, layout in parsed.values()} == {(50, 64)}
+
+
+# ------------------------------------------------ coordinators in the stores
+
+
+def _store_args(
+    rendered: Rendered, ordinal: int, monkeypatch: pytest.MonkeyPatch
+) -> argparse.Namespace:
+    """A store pod's arguments as its process parses them: the parser is
+    built under the pod's environment (its defaults are read from it)."""
+    from services.partition_store.server import build_parser
+
+    with monkeypatch.context() as patch:
+        sts = rendered.statefulset("partition-store")
+        for key, value in pod_environment(rendered, sts, ordinal).items():
+            patch.setenv(key, value)
+        return build_parser().parse_args([])
+
+
+@pytest.mark.parametrize("stores", [1, 3, 5])
+def test_with_coordinators_in_stores_each_store_runs_the_coordinator_placed_at_it(
+    stores: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.partition_store.server import config_from_args, coordinator_node
+
+    rendered = render({
+        "partitionStore": {"replicas": stores},
+        # Unused with inStores: the stores' count is the coordinators'.
+        "coordinator": {"inStores": True, "replicas": 2},
+        "cluster": {"transactionStatePartitions": 8},
+    })
+    # No object of the coordinator component at all: no StatefulSet,
+    # Service, PDB, NetworkPolicy or ConfigMap.
+    assert not [o for o in rendered.objects
+                if o["metadata"].get("labels", {}).get(COMPONENT_LABEL) == "coordinator"]
+    assert f"{RELEASE}-oncelog-coordinator" not in {
+        s["metadata"]["name"] for s in rendered.of_kind("StatefulSet")}
+    parsed = _pod_layouts(rendered, monkeypatch)
+    assert {component for component, _ in parsed} == {"partition-store", "group-coordinator"}
+    (layout,) = {layout for _, layout in parsed.values()}
+    assert layout.stores == tuple(
+        _dns_name(rendered, "partition-store", i, 7000) for i in range(stores))
+    assert len(layout.coordinators) == stores
+    runs: dict[int, int | None] = {}
+    for ordinal in range(stores):
+        args = _store_args(rendered, ordinal, monkeypatch)
+        config = config_from_args(args)
+        assert config.node_id == ordinal
+        assert config.layout == layout
+        # As the store's main does: its advertised address is its entry.
+        advertised = args.advertised or config.layout.stores[config.node_id]
+        runs[ordinal] = coordinator_node(args, config.layout, advertised)
+    # Every coordinator runs, each in one store, where the placement puts it.
+    assert sorted(c for c in runs.values() if c is not None) == list(range(stores))
+    for ordinal, coordinator in runs.items():
+        assert coordinator is not None
+        assert store_of_coordinator(coordinator, stores) == ordinal
+        assert layout.coordinators[coordinator] == layout.stores[ordinal]
+    # Coordinator c owns p % stores == c, as the services compute it.
+    for partition in range(8):
+        assert layout.coordinator_for_partition(partition) == partition % stores
+    # The release notes say where the coordinators are, and name no
+    # StatefulSet of theirs to wait for.
+    assert "coordinators:        in the partition stores, one per store" in rendered.notes
+    assert f"statefulset/{RELEASE}-oncelog-coordinator\n" not in rendered.notes + "\n"
+
+
+def test_without_coordinators_in_stores_no_store_runs_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rendered = render({"partitionStore": {"replicas": 3}})
+    args = _store_args(rendered, 1, monkeypatch)
+    assert args.transaction_coordinator is None
+    layout = layout_from_args(args)
+    assert not set(layout.coordinators) & set(layout.stores)
+
+
+def test_with_coordinators_in_stores_the_coordinator_settings_reach_the_stores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.coordinator.server import txn_config_from_args
+
+    defaults = _store_args(render({"coordinator": {"inStores": True}}), 0, monkeypatch)
+    rendered = render({"coordinator": {"inStores": True, "config": {
+        "producer-id-block-size": 5_000,
+        "max-transaction-timeout-ms": 120_000,
+        "transactional-id-expiration-ms": 604_800_000,
+        "transaction-check-interval-ms": 2_500,
+        "allow-two-phase-commit": False,
+        # The coordinator process's own drain: the store has its own.
+        "shutdown-grace-ms": 1_234,
+    }}})
+    for ordinal in range(3):
+        args = _store_args(rendered, ordinal, monkeypatch)
+        assert args.producer_id_block_size == 5_000
+        txn = txn_config_from_args(args)
+        assert (txn.max_transaction_timeout_ms, txn.transactional_id_expiration_ms,
+                txn.check_interval_ms, txn.allow_two_phase_commit) == (
+            120_000, 604_800_000, 2_500, False)
+        assert args.shutdown_grace_ms == defaults.shutdown_grace_ms != 1_234
+    # One flag sets the store's and its coordinator's longest transaction
+    # timeout: where partitionStore.config sets it, the store's value wins.
+    both = render({
+        "coordinator": {"inStores": True, "config": {"max-transaction-timeout-ms": 120_000,
+                                                     "producer-id-block-size": 5_000}},
+        "partitionStore": {"config": {"max-transaction-timeout-ms": 300_000}},
+    })
+    args = _store_args(both, 2, monkeypatch)
+    assert txn_config_from_args(args).max_transaction_timeout_ms == 300_000
+    assert args.producer_id_block_size == 5_000
+
+
+def test_with_coordinators_in_stores_the_store_count_is_a_layout_change() -> None:
+    def annotations(values: dict[str, Any]) -> dict[str, dict[str, str]]:
+        rendered = render(deep_merge({"coordinator": {"inStores": True}}, values))
+        return {c: rendered.statefulset(c)["spec"]["template"]["metadata"]["annotations"]
+                for c in ("partition-store", "group-coordinator")}
+
+    before = annotations({})
+    # More stores are more coordinators, which own other partitions: every
+    # pod rolls (without inStores a new store restarts nothing,
+    # test_chart.py).
+    grown = annotations({"partitionStore": {"replicas": 5}})
+    for component, checksums in grown.items():
+        assert checksums["checksum/cluster-config"] != (
+            before[component]["checksum/cluster-config"]), component
+    # A coordinator setting rolls the stores, which run the coordinators.
+    tuned = annotations({"coordinator": {"config": {"producer-id-block-size": 5_000}}})
+    assert tuned["partition-store"]["checksum/component-config"] != (
+        before["partition-store"]["checksum/component-config"])
+    assert tuned["group-coordinator"] == before["group-coordinator"]

@@ -59,7 +59,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from oncelog.testing import free_port
-from services.common.rpc.server_base import add_common_arguments, env_name
+from oncelog.wire.placement import store_of_coordinator
+from services.common.rpc.server_base import add_common_arguments, env_name, token_advertised
 from services.common.security.authorizer import (
     VALID_OPERATIONS,
     AclBinding,
@@ -72,12 +73,14 @@ from services.common.security.principals import (
 )
 from tests.helm.chart import (
     CHART_DIR,
+    COMPONENT_LABEL,
     COMPONENTS,
     NAMESPACE,
     RELEASE,
     SECURITY_FLAGS,
     Manifest,
     Rendered,
+    deep_merge,
     pod_environment,
     render,
     validation_errors,
@@ -407,6 +410,42 @@ def test_with_tokens_every_component_serves_and_names_the_token_listener() -> No
         sts = plain.statefulset(component)
         assert "token" not in {p["name"] for p in _container(sts)["ports"]}
         assert "ONCELOG_TOKEN_LISTEN" not in pod_environment(plain, sts, 0)
+
+
+def test_with_coordinators_in_stores_the_token_layout_names_the_stores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """coordinator.inStores with bearer tokens: --token-coordinators lists,
+    entry by entry, the token listener of the store --coordinators lists,
+    which is the one each store advertises, and there is no coordinator
+    Secret, Certificate or NetworkPolicy to keep."""
+    from services.partition_store.server import build_parser, config_from_args, coordinator_node
+
+    stores = 3
+    values = deep_merge(SECURED_WITH_EVERYTHING, {
+        "coordinator": {"inStores": True}, "partitionStore": {"replicas": stores},
+        "networkPolicy": {"enabled": True}})
+    rendered = render(values)
+    sts = rendered.statefulset("partition-store")
+    for ordinal in range(stores):
+        with monkeypatch.context() as patch:
+            for key, value in pod_environment(rendered, sts, ordinal).items():
+                patch.setenv(key, value)
+            args = build_parser().parse_args([])
+        layout = config_from_args(args).layout
+        assert layout.token_coordinators == tuple(
+            layout.token_stores[store_of_coordinator(c, stores)] for c in range(stores))
+        assert all(a.endswith(":7001") for a in layout.token_coordinators)
+        coordinator = coordinator_node(args, layout, layout.stores[ordinal])
+        assert coordinator is not None
+        # A client that finds this coordinator on the token port is sent to
+        # the token listener this very store serves.
+        assert layout.token_coordinators[coordinator] == token_advertised(
+            args, layout.token_stores, ordinal)
+    assert "coordinator" not in {
+        o["metadata"].get("labels", {}).get(COMPONENT_LABEL) for o in rendered.objects}
+    assert f"{RELEASE}-oncelog-coordinator-tls" not in rendered.notes
+    assert f"{RELEASE}-oncelog-partition-store-tls" in rendered.notes
 
 
 # --------------------------------------------------------- the ACL Job

@@ -137,6 +137,12 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "kafka listener as a flag": ({"partitionStore": {"config": {"kafka-listen": "0.0.0.0:9092"}}},
                                  "kafka-listen"),
     "kafka listener of a coordinator": ({"coordinator": {"kafka": {"enabled": True}}}, "kafka"),
+    "coordinators in stores as text": ({"coordinator": {"inStores": "yes"}},
+                                       "/coordinator/inStores"),
+    # The chart sets it ("auto") from coordinator.inStores.
+    "a store's coordinator as a flag": (
+        {"partitionStore": {"config": {"transaction-coordinator": "auto"}}},
+        "transaction-coordinator"),
 }
 
 

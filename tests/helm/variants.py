@@ -102,6 +102,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "coordinator": {"replicas": 3},
         "groupCoordinator": {"replicas": 3},
     },
+    # The transaction coordinators in the stores' processes: no pods of their own.
+    "coordinators-in-stores": {
+        "partitionStore": {"replicas": 3},
+        "coordinator": {"inStores": True, "config": {"producer-id-block-size": 5000}},
+    },
     "metrics-on": METRICS_ON,
     "metrics-off": METRICS_OFF,
     "no-group-coordinator-no-persistence": {

@@ -78,10 +78,16 @@ groupCoordinator:
 {{- toYaml $row }}
 {{- end }}
 
-{{/* Whether a component runs at all; call with (dict "root" $ "key" ...). */}}
+{{/*
+Whether a component runs pods of its own; call with (dict "root" $ "key"
+...). Off with <component>.enabled=false (the group coordinators), and
+with <component>.inStores (the transaction coordinators then run in the
+partition stores' processes: "oncelog.coordinatorAddresses").
+*/}}
 {{- define "oncelog.componentEnabled" -}}
 {{- $values := get .root.Values .key }}
-{{- if hasKey $values "enabled" }}{{ ternary "true" "" $values.enabled }}{{ else }}true{{ end }}
+{{- if and (hasKey $values "inStores") $values.inStores }}
+{{- else if hasKey $values "enabled" }}{{ ternary "true" "" $values.enabled }}{{ else }}true{{ end }}
 {{- end }}
 
 {{/* StatefulSet name of a component: (dict "root" $ "key" ...). */}}
@@ -162,6 +168,51 @@ and "port" for another port than ports.grpc (the token listeners').
 {{- end }}
 
 {{/*
+The transaction coordinators' addresses by node id, comma-separated
+(--coordinators; --token-coordinators with "port" ports.token). Call with
+(dict "root" $) and an optional "port", as "oncelog.addresses".
+
+With coordinator.inStores there is one coordinator per store, and entry c
+is the address of store (crc32("__transaction_state") + c) % stores,
+crc32("__transaction_state") being 1858335637. That is
+oncelog.wire.placement.store_of_coordinator, the rule LocalCluster uses:
+coordinator c owns the __transaction_state partitions p with
+p % stores == c, and the stores' placement makes that store the preferred
+leader of every one of them, so the coordinator's appends stay in its own
+process. Each store runs the coordinator listed at its own address
+(--transaction-coordinator auto).
+*/}}
+{{- define "oncelog.coordinatorAddresses" -}}
+{{- if .root.Values.coordinator.inStores }}
+{{- $stores := splitList "," (include "oncelog.addresses" (dict "root" .root "key" "partitionStore" "port" .port)) }}
+{{- $count := len $stores }}
+{{- $addresses := list }}
+{{- range $c := until $count }}
+{{- $addresses = append $addresses (index $stores (int (mod (add 1858335637 $c) $count))) }}
+{{- end }}
+{{- join "," $addresses }}
+{{- else }}
+{{- include "oncelog.addresses" (dict "root" .root "key" "coordinator" "port" .port) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The coordinator's own flags, which a store that runs a coordinator takes
+too (services/coordinator/server.py add_coordinator_arguments; the store's
+--max-transaction-timeout-ms is one flag for both). With
+coordinator.inStores these keys of coordinator.config reach the stores;
+the rest of coordinator.config (shutdown-grace-ms) is a process's own
+setting, and the process is the store's (partitionStore.config).
+*/}}
+{{- define "oncelog.coordinatorFlagsInStores" -}}
+- producer-id-block-size
+- max-transaction-timeout-ms
+- transactional-id-expiration-ms
+- transaction-check-interval-ms
+- allow-two-phase-commit
+{{- end }}
+
+{{/*
 A value as an environment variable's text. Helm reads numbers from YAML
 and JSON as floats, and a float prints as 8.64e+07: whole numbers are
 printed as integers so the services' int() parses them.
@@ -185,7 +236,7 @@ layout, the shared settings and the security settings.
 */}}
 {{- define "oncelog.clusterEnv" -}}
 ONCELOG_STORES: {{ include "oncelog.addresses" (dict "root" . "key" "partitionStore") | quote }}
-ONCELOG_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "coordinator") | quote }}
+ONCELOG_COORDINATORS: {{ include "oncelog.coordinatorAddresses" (dict "root" .) | quote }}
 ONCELOG_GROUP_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "groupCoordinator") | quote }}
 ONCELOG_TRANSACTION_STATE_PARTITIONS: {{ include "oncelog.envValue" .Values.cluster.transactionStatePartitions | quote }}
 ONCELOG_CONSUMER_OFFSETS_PARTITIONS: {{ include "oncelog.envValue" .Values.cluster.consumerOffsetsPartitions | quote }}
@@ -204,6 +255,8 @@ registers its address in etcd, and every running process learns it from
 there (docs/replication.md, "Growing and moving"), so growing
 partitionStore.replicas starts the new pods (with the longer list) and
 restarts nothing; the others name the new stores from their next restart on.
+Not so with coordinator.inStores: the store count is then the coordinators'
+too, and the coordinator list (hashed) changes with it, as it must.
 */}}
 {{- define "oncelog.clusterEnvChecksum" -}}
 {{- $env := include "oncelog.clusterEnv" . | fromYaml }}
@@ -294,7 +347,25 @@ entry, its DNS name).
 ONCELOG_KAFKA_LISTEN: {{ printf "%s:%d" (include "oncelog.hostForPort" .root.Values.listenHost) $port | quote }}
 ONCELOG_KAFKA_STORES: {{ include "oncelog.addresses" (dict "root" .root "key" .key "port" $port) | quote }}
 {{- end }}
-{{- range $flag, $value := $values.config }}
+{{- $config := $values.config | default dict }}
+{{- if and (eq .key "partitionStore") .root.Values.coordinator.inStores }}
+{{- /*
+Each store runs the coordinator that --coordinators lists at its own
+address ("oncelog.coordinatorAddresses"), with the coordinator's settings.
+A key partitionStore.config sets too keeps the store's value: the store's
+setting is about its whole process, and max-transaction-timeout-ms is one
+flag for the store and its coordinator.
+*/}}
+ONCELOG_TRANSACTION_COORDINATOR: "auto"
+{{- $config = deepCopy $config }}
+{{- $coordinator := .root.Values.coordinator.config | default dict }}
+{{- range $flag := include "oncelog.coordinatorFlagsInStores" .root | fromYamlArray }}
+{{- if and (hasKey $coordinator $flag) (not (hasKey $config $flag)) }}
+{{- $_ := set $config $flag (get $coordinator $flag) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $flag, $value := $config }}
 {{ include "oncelog.envName" $flag }}: {{ include "oncelog.envValue" $value | quote }}
 {{- end }}
 {{- end }}
