@@ -41,6 +41,9 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
                                   before serving (damaged data: damage.py)
   --producer-byte-rate, --consumer-byte-rate, --client-quotas, --quota-window-num,
   --quota-window-size-ms          client quotas (quotas.py; Kafka's KIP-13)
+  --transaction-coordinator       also run this transaction coordinator (a node id, or
+                                  auto) in this process, with the coordinator's own flags
+                                  (docs/coordinator.md, "The coordinator in a store")
 
 Health: besides "" and the service's name, a replicated store serves the
 health status IN_SYNC_HEALTH_SERVICE, SERVING while it is in the ISR of

@@ -28,6 +28,10 @@ figures table (faults by kind, transactions, records, anomalies by kind) is
 printed; the test fails on any anomaly, on a run that made no progress, and
 on a stall that outlasts the heal after the last fault.
 
+With ONCELOG_SOAK_COORDINATORS_IN_STORES=1 the transaction coordinators run
+in the stores (docs/coordinator.md, "The coordinator in a store"): every
+fault of a store is then its coordinator's too.
+
     ONCELOG_CHAOS_SEED=7 bash scripts/chaos.sh --soak 30
 """
 
@@ -126,6 +130,7 @@ def test_every_kind_of_fault_mixed_for_minutes(tmp_path: Path) -> None:
         transaction_state_partitions=2, consumer_offsets_partitions=2,
         env={"ONCELOG_LEASE_TTL_S": str(LEASE_TTL_S),
              "ONCELOG_REPLICA_LAG_TIME_MAX_MS": str(LAG_MAX_MS)},
+        coordinators_in_stores=os.environ.get("ONCELOG_SOAK_COORDINATORS_IN_STORES") == "1",
     ) as cluster:
         bootstrap = cluster.bootstrap_servers
         cluster.client_call(create_topic, bootstrap, TOPIC, PARTITIONS)

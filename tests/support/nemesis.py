@@ -156,9 +156,15 @@ class Nemesis:
 
     # ------------------------------------------------------------ choices
 
+    def _coordinators(self) -> list[Member]:
+        """The coordinators that are processes of their own (a transaction
+        coordinator that runs in the stores shares their faults)."""
+        return [(kind, 0) for kind in ("coordinator", "group_coordinator")
+                if self.cluster.processes.get(kind)]
+
     def _processes(self) -> list[Member]:
         return ([("partition_store", i) for i in range(STORES)]
-                + [("coordinator", 0), ("group_coordinator", 0)]
+                + self._coordinators()
                 + [("etcd", i) for i in range(ETCD_MEMBERS)])
 
     def _leader(self) -> tuple[int, int]:
@@ -252,8 +258,8 @@ class Nemesis:
             cuts: dict[str, Callable[[], None]] = {
                 "majority/minority split": lambda: c.cut(
                     [store, ("etcd", 0)],
-                    [*self._followers(leader), ("etcd", 1), ("etcd", 2), ("coordinator", 0),
-                     ("group_coordinator", 0), ("client", 0)]),
+                    [*self._followers(leader), ("etcd", 1), ("etcd", 2),
+                     *self._coordinators(), ("client", 0)]),
                 "one-way loss (leader to followers)": lambda: c.cut(
                     [store], self._followers(leader), one_way=True),
                 "leader cut from etcd only": lambda: c.cut([store], etcd),
@@ -279,11 +285,11 @@ class Nemesis:
                 self.errors.append(f"store {node} exited with {code} on SIGTERM")
             c.restart("partition_store", node)
             c.wait_in_sync(timeout_s=IN_SYNC_TIMEOUT_S)
-        for kind in ("coordinator", "group_coordinator"):
-            code = c.terminate(kind, 0)
+        for kind, index in self._coordinators():
+            code = c.terminate(kind, index)
             if code != 0:
                 self.errors.append(f"{kind} exited with {code} on SIGTERM")
-            c.restart(kind, 0)
+            c.restart(kind, index)
         return f"every store and coordinator in {time.monotonic() - started:.1f} s"
 
     def _recover(self) -> None:
