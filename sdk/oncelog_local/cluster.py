@@ -646,6 +646,11 @@ class LocalCluster:
             raise ValueError(f"unknown service kind {kind!r}; expected one of "
                              f"{(*KINDS, ETCD)}")
         procs = self.processes[kind]
+        if kind == "coordinator" and self._coordinator_stores:
+            where = (f"partition store {self._coordinator_stores[index]}"
+                     if 0 <= index < len(self._coordinator_stores) else "a partition store")
+            raise ValueError(f"coordinator {index} is no process of its own: it runs in "
+                             f"{where} (coordinators_in_stores=True)")
         if not 0 <= index < len(procs):
             raise ValueError(f"{kind} {index} does not exist; the cluster has {len(procs)}")
         return procs[index]

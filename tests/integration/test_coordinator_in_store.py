@@ -64,6 +64,9 @@ def committed_values(cluster: LocalCluster, topic: str) -> list[bytes]:
 def test_the_coordinator_and_its_store_call_each_other_without_grpc(
         cluster: LocalCluster, topic_name: str) -> None:
     assert cluster.processes["coordinator"] == []
+    with pytest.raises(ValueError, match="coordinator 0 is no process of its own: it runs in "
+                                         "partition store 0"):
+        cluster.kill("coordinator", 0)
     with Admin(bootstrap=cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=PARTITIONS)
     with Producer(bootstrap=cluster.bootstrap, transactional_id="in-store") as producer:
