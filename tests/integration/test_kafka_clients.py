@@ -458,10 +458,14 @@ def test_a_stale_generation_cannot_commit_transactional_offsets(cluster: LocalCl
         consumer.subscribe([topic])
         return consumer
 
-    def wait_assigned(consumer: ck.Consumer) -> None:
+    def wait_assigned(consumer: ck.Consumer, *others: ck.Consumer) -> None:
+        """Polls `others` too: a member that is not polled does not rejoin,
+        and the rebalance then waits for its session to end."""
         deadline = time.monotonic() + DEADLINE_S
         while not consumer.assignment() and time.monotonic() < deadline:
             consumer.poll(0.2)
+            for other in others:
+                other.poll(0.2)
 
     first = member()
     second: ck.Consumer | None = None
@@ -472,7 +476,7 @@ def test_a_stale_generation_cannot_commit_transactional_offsets(cluster: LocalCl
         stale = first.consumer_group_metadata()
         # A second member joins: the group rebalances into a new generation.
         second = member()
-        wait_assigned(second)
+        wait_assigned(second, first)
         deadline = time.monotonic() + DEADLINE_S
         while len(first.assignment()) != 1 and time.monotonic() < deadline:
             first.poll(0.2)
