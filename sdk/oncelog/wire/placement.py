@@ -6,7 +6,8 @@ single copy in a cluster without replication, its preferred leader in a
 replicated one. A transaction coordinator that runs in a store's process
 (`--transaction-coordinator`) is placed by the same rule, so that the
 `__transaction_state` partitions it owns are led, while their preferred
-leaders lead, by the store it runs in.
+leaders lead, by the store it runs in; a group coordinator
+(`--group-coordinator`) likewise with its `__consumer_offsets` partitions.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import zlib
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 
 
 def stable_hash(key: str) -> int:
@@ -26,9 +28,22 @@ def preferred_store(topic: str, partition: int, store_count: int) -> int:
     return (stable_hash(topic) + partition) % store_count
 
 
+def _store_of(topic: str, coordinator: int, store_count: int) -> int:
+    """The store that runs coordinator `coordinator` of the kind whose state
+    is `topic`, when each of `store_count` stores runs one. Coordinator c
+    owns the partitions p of `topic` with p % store_count == c (the layout's
+    rule for both kinds), and every one of them prefers the store this
+    returns: (hash + p) % n is the same for every p = c (mod n)."""
+    return preferred_store(topic, coordinator, store_count)
+
+
 def store_of_coordinator(coordinator: int, store_count: int) -> int:
-    """The store that runs transaction coordinator `coordinator` when each
-    of `store_count` stores runs one. Coordinator c owns the
-    `__transaction_state` partitions p with p % store_count == c, and every
-    one of them prefers the store this returns."""
-    return preferred_store(TRANSACTION_STATE_TOPIC, coordinator, store_count)
+    """The store that runs transaction coordinator `coordinator` (its
+    `__transaction_state` partitions' preferred store)."""
+    return _store_of(TRANSACTION_STATE_TOPIC, coordinator, store_count)
+
+
+def store_of_group_coordinator(coordinator: int, store_count: int) -> int:
+    """The store that runs group coordinator `coordinator` (its
+    `__consumer_offsets` partitions' preferred store)."""
+    return _store_of(CONSUMER_OFFSETS_TOPIC, coordinator, store_count)

@@ -11,12 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Re-exported: the services name these from here.
-from oncelog.wire.placement import TRANSACTION_STATE_TOPIC, preferred_store, stable_hash
+from oncelog.wire.placement import (
+    CONSUMER_OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    preferred_store,
+    stable_hash,
+)
 
 from ..security.acl_records import ACLS_TOPIC, ACLS_TOPIC_PARTITIONS
 
 PRODUCER_IDS_TOPIC = "__producer_ids"
-CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 INTERNAL_PREFIX = "__"
 
 
