@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from oncelog.v1 import errors_pb2, records_pb2
 from oncelog.v1 import partition_store_pb2 as ps
-from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.wire import records
 from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
@@ -31,8 +32,8 @@ from .stream_client import StreamMethod
 # A single RPC to a store should not take longer than this; the caller retries.
 STORE_RPC_TIMEOUT_S = 10.0
 
-PRODUCE_STREAM = "/oncelog.v1.PartitionStore/ProduceStream"
-LIST_OFFSETS = "/oncelog.v1.PartitionStore/ListOffsets"
+SERVICE_NAME = ps.DESCRIPTOR.services_by_name["PartitionStore"].full_name
+PRODUCE_STREAM = f"/{SERVICE_NAME}/ProduceStream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +94,26 @@ class StoreClient:
         self._leaders = LeaderDirectory(layout, self._channels)
         # Appends go over one stream per store address (stream_client.py).
         self._produce: StreamMethod[ps.ProduceRequest, ps.ProduceResponse] = StreamMethod(
-            PRODUCE_STREAM, "/oncelog.v1.PartitionStore/Produce", ps.ProduceResponse,
+            PRODUCE_STREAM, f"/{SERVICE_NAME}/Produce", ps.ProduceResponse,
             local=local)
 
-    async def _stub(self, topic: str, partition: int) -> ps_grpc.PartitionStoreAsyncStub:
-        return self._leaders.stub(await self._leaders.leader(topic, partition))
+    async def _unary(self, topic: str, partition: int, method: str, request: Message,
+                     timeout_s: float) -> Any:
+        """One unary call of the store that leads a partition: in process
+        when this process runs it (`local`), else over gRPC; a failure is
+        our error, and forgets the leader if it moved."""
+        try:
+            leader = await self._leaders.leader(topic, partition)
+            handler = None if self._local is None else self._local.handler(
+                self._leaders.address(leader), f"/{SERVICE_NAME}/{method}")
+            if handler is not None and self._local is not None:
+                return await self._local.call(handler, request, timeout_s)
+            return await getattr(self._leaders.stub(leader), method)(request, timeout=timeout_s)
+        except ServiceError as exc:
+            self._leaders.forget_on(topic, partition, exc.code)
+            raise
+        except grpc.RpcError as exc:
+            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
 
     def _failed(self, topic: str, partition: int, error: errors_pb2.Error) -> ServiceError:
         """Our error for a failed call, forgetting the leader if it moved."""
@@ -172,11 +188,8 @@ class StoreClient:
             max_bytes=max_bytes,
             isolation_level=records_pb2.READ_COMMITTED,
         )
-        try:
-            stub = await self._stub(topic, partition)
-            resp = await stub.Fetch(req, timeout=STORE_RPC_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
+        resp: ps.FetchResponse = await self._unary(
+            topic, partition, "Fetch", req, STORE_RPC_TIMEOUT_S)
         result = resp.results[0]
         if result.error.code != 0:
             raise self._failed(topic, partition, result.error)
@@ -204,12 +217,8 @@ class StoreClient:
             isolation_level=records_pb2.READ_UNCOMMITTED,
             include_control_batches=True,
         )
-        try:
-            resp = await (await self._stub(topic, partition)).Fetch(
-                req, timeout=STORE_RPC_TIMEOUT_S + max_wait_ms / 1000
-            )
-        except grpc.RpcError as exc:
-            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
+        resp: ps.FetchResponse = await self._unary(
+            topic, partition, "Fetch", req, STORE_RPC_TIMEOUT_S + max_wait_ms / 1000)
         result = resp.results[0]
         if result.error.code != 0:
             raise self._failed(topic, partition, result.error)
@@ -242,20 +251,8 @@ class StoreClient:
             isolation_level=(records_pb2.READ_COMMITTED if read_committed
                              else records_pb2.READ_UNCOMMITTED),
         )
-        try:
-            leader = await self._leaders.leader(topic, partition)
-            handler = None if self._local is None else self._local.handler(
-                self._leaders.address(leader), LIST_OFFSETS)
-            if handler is not None and self._local is not None:
-                resp = await self._local.call(handler, req, STORE_RPC_TIMEOUT_S)
-            else:
-                resp = await self._leaders.stub(leader).ListOffsets(
-                    req, timeout=STORE_RPC_TIMEOUT_S)
-        except ServiceError as exc:
-            self._leaders.forget_on(topic, partition, exc.code)
-            raise
-        except grpc.RpcError as exc:
-            raise self._failed(topic, partition, error_from_rpc(exc)) from exc
+        resp: ps.ListOffsetsResponse = await self._unary(
+            topic, partition, "ListOffsets", req, STORE_RPC_TIMEOUT_S)
         result = resp.results[0]
         if result.error.code != 0:
             raise self._failed(topic, partition, result.error)

@@ -91,11 +91,13 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         ]
 
     def serve_in_process(self, local: InProcess) -> None:
-        """Answers the calls of the coordinator that runs in this store's
-        process (services/common/rpc/local_calls.py): its appends, its log
-        end offsets and its markers."""
+        """Answers the calls of the coordinators that run in this store's
+        process (services/common/rpc/local_calls.py): their appends, their
+        reads, their log end offsets and the transaction coordinator's
+        markers."""
         for method, handler in (
             ("ProduceStream", self._produce),
+            ("Fetch", self._fetch),
             ("ListOffsets", self._list_offsets),
             ("WriteTxnMarkersStream", self._write_txn_markers),
         ):
@@ -235,6 +237,9 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchResponse:
+        return await self._fetch(request)
+
+    async def _fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
         if not request.partitions:
             raise _bad_request("FetchRequest names no partition")
         if request.max_bytes < 0 or request.min_bytes < 0:
