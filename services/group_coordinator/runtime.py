@@ -55,6 +55,7 @@ from ..common.shards.runtime import (
     OwnedPartition,
     WriteRefused,
 )
+from .config import GroupConfig
 from .core import classic as cl
 from .core import groups as gr
 from .core import offsets as offs
@@ -96,37 +97,6 @@ class OffsetsStore(Protocol):
                            max_wait_ms: int = 0, max_bytes: int = 8 << 20) -> RawRead: ...
 
     async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupConfig:
-    min_session_timeout_ms: int = 1000
-    max_session_timeout_ms: int = 300_000
-    # The heartbeat interval handed to members: a third of their session
-    # timeout, at most this.
-    max_heartbeat_interval_ms: int = 3000
-    # An empty group with no commit for this long is removed (Kafka: 7 days).
-    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
-    retention_check_interval_ms: int = 60_000
-    session_check_interval_ms: int = 200
-    # Partition counts of subscribed topics are re-read at most this often.
-    metadata_max_age_ms: int = 2000
-    max_offset_metadata_bytes: int = 4096
-    tail_wait_ms: int = 1000
-    # Classic groups: a new group's first join phase waits this long for more
-    # members (Kafka's group.initial.rebalance.delay.ms and its default).
-    initial_rebalance_delay_ms: int = 3000
-    # A new member's parked JoinGroup is dropped after this (Kafka's).
-    new_member_join_timeout_ms: int = 300_000
-
-    @property
-    def classic(self) -> cl.ClassicConfig:
-        return cl.ClassicConfig(
-            initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
-            new_member_join_timeout_ms=self.new_member_join_timeout_ms,
-            min_session_timeout_ms=self.min_session_timeout_ms,
-            max_session_timeout_ms=self.max_session_timeout_ms,
-        )
 
 
 @dataclass

@@ -12,21 +12,25 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from oncelog.v1 import group_coordinator_pb2, group_coordinator_pb2_grpc
+from oncelog.v1 import group_coordinator_pb2_grpc
 
 from ..common.kernel.errors import ServiceError
 from ..common.metadata.cluster import ClusterLayout
 from ..common.rpc import server_base
+from ..common.rpc.local_calls import InProcess
 from ..common.rpc.store_client import StoreClient
 from ..common.security.service_security import ServiceSecurity
 from . import metrics
-from .rpc.servicer import GroupCoordinatorServicer
-from .runtime import TP, GroupConfig, GroupCoordinatorRuntime
+from .config import (
+    DEFAULT_LAG_REFRESH_INTERVAL_MS,
+    GroupConfig,
+    add_group_coordinator_arguments,
+    group_config_from_args,
+)
+from .rpc.servicer import SERVICE_NAME, GroupCoordinatorServicer
+from .runtime import TP, GroupCoordinatorRuntime
 
 log = logging.getLogger(__name__)
-
-# How often the lag metric's end offsets are refreshed, by default.
-DEFAULT_LAG_REFRESH_INTERVAL_MS = 5000
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,27 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m oncelog_server.group_coordinator", description="oncelog group coordinator"
     )
     server_base.add_common_arguments(parser)
-    defaults = GroupConfig()
-    for flag, default, help_text in (
-        ("min-session-timeout-ms", defaults.min_session_timeout_ms,
-         "the shortest session timeout a member may ask for"),
-        ("max-session-timeout-ms", defaults.max_session_timeout_ms,
-         "the longest session timeout a member may ask for"),
-        ("max-heartbeat-interval-ms", defaults.max_heartbeat_interval_ms,
-         "members heartbeat every third of their session timeout, at most this often"),
-        ("offsets-retention-ms", defaults.offsets_retention_ms,
-         "an empty group with no commit for this long is removed with its offsets"),
-        ("retention-check-interval-ms", defaults.retention_check_interval_ms,
-         "how often expired groups and offsets of deleted topics are removed"),
-        ("initial-rebalance-delay-ms", defaults.initial_rebalance_delay_ms,
-         "a new classic group's first rebalance waits this long for more members (Kafka's "
-         "group.initial.rebalance.delay.ms)"),
-        ("lag-refresh-interval-ms", DEFAULT_LAG_REFRESH_INTERVAL_MS,
-         "how often the lag metric's end offsets are read from the partition stores"),
-    ):
-        parser.add_argument(f"--{flag}", type=int,
-                            default=int(server_base.env_default(flag, str(default)) or default),
-                            help=help_text)
+    add_group_coordinator_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -95,6 +79,10 @@ class WiredGroupCoordinator:
             self._lag_task = asyncio.ensure_future(_refresh_end_offsets(
                 self.runtime, self.store, self.end_offsets, self.lag_refresh_interval_ms))
 
+    def export_metrics(self) -> None:
+        """Its groups' gauges on this process's metrics port (once per process)."""
+        metrics.register(self.runtime, lambda: dict(self.end_offsets))
+
     async def stop(self) -> None:
         if self._lag_task is not None:
             self._lag_task.cancel()
@@ -106,9 +94,12 @@ class WiredGroupCoordinator:
 
 def wire(layout: ClusterLayout, node_id: int, *, config: GroupConfig,
          lag_refresh_interval_ms: int | None = DEFAULT_LAG_REFRESH_INTERVAL_MS,
-         now_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> WiredGroupCoordinator:
-    """The group coordinator's parts, connected as every deployment connects them."""
-    store = StoreClient(layout)
+         now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+         local: InProcess | None = None) -> WiredGroupCoordinator:
+    """The group coordinator's parts, connected as every deployment connects them.
+    `local`: the partition store whose process this coordinator runs in
+    (--group-coordinator), asked without gRPC."""
+    store = StoreClient(layout, local=local)
     runtime = GroupCoordinatorRuntime(
         layout=layout, node_id=node_id, store=store, now_ms=now_ms, config=config,
         on_rebalance=lambda group_id: metrics.REBALANCES.labels(group_id).inc(),
@@ -129,16 +120,9 @@ async def main(argv: list[str] | None = None) -> None:
     advertised = args.advertised or layout.group_coordinators[args.node_id]
     wired = wire(
         layout, args.node_id, lag_refresh_interval_ms=args.lag_refresh_interval_ms,
-        config=GroupConfig(
-            min_session_timeout_ms=args.min_session_timeout_ms,
-            max_session_timeout_ms=args.max_session_timeout_ms,
-            max_heartbeat_interval_ms=args.max_heartbeat_interval_ms,
-            offsets_retention_ms=args.offsets_retention_ms,
-            retention_check_interval_ms=args.retention_check_interval_ms,
-            initial_rebalance_delay_ms=args.initial_rebalance_delay_ms,
-        ),
+        config=group_config_from_args(args),
     )
-    metrics.register(wired.runtime, lambda: dict(wired.end_offsets))
+    wired.export_metrics()
     # With --authorizer acl, the ACLs are read through the coordinator's store client.
     security.watch_acls(wired.store)
 
@@ -147,9 +131,7 @@ async def main(argv: list[str] | None = None) -> None:
 
     await server_base.serve(
         service_name="group_coordinator",
-        full_service_names=[
-            group_coordinator_pb2.DESCRIPTOR.services_by_name["GroupCoordinator"].full_name
-        ],
+        full_service_names=[SERVICE_NAME],
         listen=args.listen or advertised,
         register=register,
         metrics_port=args.metrics_port,

@@ -19,10 +19,13 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.proto_enums import GROUP_STATES, EnumPairError
 
 from ...common.kernel.errors import ServiceError
+from ...common.rpc.local_calls import InProcess
 from ..core import classic as cl
 from ..core import consumer_protocol
 from ..core import groups as gr
 from ..runtime import TP, GroupCoordinatorRuntime
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GroupCoordinator"].full_name
 
 
 def _tp(p: records_pb2.TopicPartition) -> TP:
@@ -97,11 +100,22 @@ def _describe_classic(group: cl.ClassicGroup, coordinator_epoch: int) -> pb.Grou
 
 
 class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
+    """Every method reads nothing from its gRPC context (None when the call
+    is made in process), so each answers the same over gRPC and in process."""
+
     def __init__(self, runtime: GroupCoordinatorRuntime) -> None:
         self._rt = runtime
 
+    def serve_in_process(self, local: InProcess) -> None:
+        """Answers the calls of the store that runs this coordinator in its
+        process (services/common/rpc/local_calls.py): what its Kafka listener
+        forwards, every method of the service."""
+        for method in pb.DESCRIPTOR.services_by_name["GroupCoordinator"].methods:
+            local.serve(f"/{SERVICE_NAME}/{method.name}", getattr(self, method.name))
+
     async def ConsumerGroupHeartbeat(  # noqa: N802 - gRPC method name
-        self, request: pb.ConsumerGroupHeartbeatRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ConsumerGroupHeartbeatRequest,
+        context: grpc.aio.ServicerContext | None = None,
     ) -> pb.ConsumerGroupHeartbeatResponse:
         answer = await self._rt.heartbeat(
             group_id=request.group_id, member_id=request.member_id,
@@ -117,7 +131,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         )
 
     async def OffsetCommit(  # noqa: N802 - gRPC method name
-        self, request: pb.OffsetCommitRequest, context: grpc.aio.ServicerContext
+        self, request: pb.OffsetCommitRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.OffsetCommitResponse:
         await self._rt.commit_offsets(
             group_id=request.group_id, member_id=request.member_id,
@@ -128,7 +142,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         return pb.OffsetCommitResponse(results=_results(list(request.partitions)))
 
     async def TxnOffsetCommit(  # noqa: N802 - gRPC method name
-        self, request: pb.TxnOffsetCommitRequest, context: grpc.aio.ServicerContext
+        self, request: pb.TxnOffsetCommitRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.TxnOffsetCommitResponse:
         await self._rt.txn_commit_offsets(
             transactional_id=request.transactional_id, group_id=request.group_id,
@@ -140,7 +154,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         return pb.TxnOffsetCommitResponse(results=_results(list(request.partitions)))
 
     async def OffsetFetch(  # noqa: N802 - gRPC method name
-        self, request: pb.OffsetFetchRequest, context: grpc.aio.ServicerContext
+        self, request: pb.OffsetFetchRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.OffsetFetchResponse:
         fetched = self._rt.fetch_offsets(
             group_id=request.group_id, partitions=[_tp(p) for p in request.partitions],
@@ -155,7 +169,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         ])
 
     async def ListGroups(  # noqa: N802 - gRPC method name
-        self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.ListGroupsResponse:
         try:
             # The states as the strings or the enums name them (Kafka's names
@@ -177,7 +191,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         ])
 
     async def DescribeGroups(  # noqa: N802 - gRPC method name
-        self, request: pb.DescribeGroupsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DescribeGroupsRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.DescribeGroupsResponse:
         out = []
         for group_id in request.group_ids:
@@ -190,7 +204,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         return pb.DescribeGroupsResponse(groups=out)
 
     async def DeleteGroups(  # noqa: N802 - gRPC method name
-        self, request: pb.DeleteGroupsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DeleteGroupsRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.DeleteGroupsResponse:
         out = []
         for group_id in request.group_ids:
@@ -204,7 +218,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
     # ---------------------------------------------------- classic protocol
 
     async def JoinGroup(  # noqa: N802 - gRPC method name
-        self, request: pb.JoinGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.JoinGroupRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.JoinGroupResponse:
         reply = await self._rt.join_group(
             group_id=request.group_id, member_id=request.member_id,
@@ -224,7 +238,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         )
 
     async def SyncGroup(  # noqa: N802 - gRPC method name
-        self, request: pb.SyncGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.SyncGroupRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.SyncGroupResponse:
         reply = await self._rt.sync_group(
             group_id=request.group_id, member_id=request.member_id,
@@ -237,7 +251,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
                                     assignment=reply.assignment)
 
     async def ClassicHeartbeat(  # noqa: N802 - gRPC method name
-        self, request: pb.ClassicHeartbeatRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ClassicHeartbeatRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.ClassicHeartbeatResponse:
         reply = await self._rt.classic_heartbeat(
             group_id=request.group_id, member_id=request.member_id,
@@ -246,7 +260,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         return pb.ClassicHeartbeatResponse(error=_error(reply.error))
 
     async def LeaveGroup(  # noqa: N802 - gRPC method name
-        self, request: pb.LeaveGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.LeaveGroupRequest, context: grpc.aio.ServicerContext | None = None
     ) -> pb.LeaveGroupResponse:
         results = await self._rt.leave_group(group_id=request.group_id, members=[
             cl.LeavingMember(m.member_id, m.group_instance_id, m.reason)
