@@ -17,6 +17,7 @@ from ..common.rpc import server_base
 from ..common.rpc.local_calls import InProcess
 from ..common.rpc.store_client import StoreClient
 from ..common.security.service_security import ServiceSecurity
+from .config import add_coordinator_arguments, txn_config_from_args
 from .core.producer_ids import DEFAULT_BLOCK_SIZE
 from .markers import GrpcMarkerSender
 from .producer_id_manager import ProducerIdManager
@@ -42,49 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     server_base.add_common_arguments(parser)
     add_coordinator_arguments(parser)
     return parser
-
-
-def add_coordinator_arguments(parser: argparse.ArgumentParser, *,
-                              max_transaction_timeout: bool = True) -> None:
-    """The coordinator's own flags: also a partition store's, which can run
-    a coordinator in its process (--transaction-coordinator). A store has
-    its own --max-transaction-timeout-ms (the timeout it assumes for a
-    transaction it was not told about, at least the coordinators'): one
-    flag then sets both, so `max_transaction_timeout=False` leaves it out."""
-    parser.add_argument(
-        "--producer-id-block-size", type=int,
-        default=server_base.env_default("producer-id-block-size", str(DEFAULT_BLOCK_SIZE)),
-        help="producer ids claimed per durable block",
-    )
-    defaults = TxnConfig()
-    flags = [
-        ("max-transaction-timeout-ms", defaults.max_transaction_timeout_ms,
-         "the longest transaction timeout a producer may ask for"),
-        ("transactional-id-expiration-ms", defaults.transactional_id_expiration_ms,
-         "an idle transactional id is forgotten after this"),
-        ("transaction-check-interval-ms", defaults.check_interval_ms,
-         "how often transaction timeouts and expirations are checked"),
-    ]
-    for flag, default, help_text in flags[0 if max_transaction_timeout else 1:]:
-        parser.add_argument(f"--{flag}", type=int,
-                            default=server_base.env_default(flag, str(default)), help=help_text)
-    parser.add_argument(
-        "--allow-two-phase-commit", action=argparse.BooleanOptionalAction,
-        default=(server_base.env_default("allow-two-phase-commit", "true") or "").strip().lower()
-        in ("1", "true", "yes", "on"),
-        help="let producers initialize with two-phase commit (KIP-939): their "
-             "transactions never time out and can be prepared and completed by another "
-             "process (default on; --no-allow-two-phase-commit refuses them)",
-    )
-
-
-def txn_config_from_args(args: argparse.Namespace) -> TxnConfig:
-    return TxnConfig(
-        max_transaction_timeout_ms=args.max_transaction_timeout_ms,
-        transactional_id_expiration_ms=args.transactional_id_expiration_ms,
-        check_interval_ms=args.transaction_check_interval_ms,
-        allow_two_phase_commit=args.allow_two_phase_commit,
-    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -58,6 +58,7 @@ from ..common.shards.runtime import (
     StalePlan,
 )
 from . import metrics
+from .config import TxnConfig
 from .core import hanging
 from .core import transactions as txn
 from .core.txn_log import (
@@ -84,23 +85,6 @@ MAX_REPLANS = 3
 # Marker results after which a partition needs no more markers: it landed, or
 # the partition is gone (a deleted topic gets no marker, as in Kafka).
 _MARKER_DONE = {ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TxnConfig:
-    max_transaction_timeout_ms: int = 900_000
-    # Idle transactional ids are forgotten after this (Kafka: 7 days).
-    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
-    # How often timeouts and expirations are checked.
-    check_interval_ms: int = 1000
-    max_partitions_per_txn: int = 1000
-    marker_retry_backoff_ms_max: int = 1000
-    # How long a request for a transactional id whose markers are in flight
-    # waits for them before answering CONCURRENT_TRANSACTIONS.
-    wait_for_markers_ms: int = 5000
-    # Whether producers may initialize with two-phase commit (KIP-939), whose
-    # transactions never time out (Kafka gates it with an ACL).
-    allow_two_phase_commit: bool = True
 
 
 @dataclass

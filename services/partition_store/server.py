@@ -44,6 +44,7 @@ Store flags (each also ONCELOG_<NAME> in the environment; the flag wins):
   --transaction-coordinator       also run this transaction coordinator (a node id, or
                                   auto) in this process, with the coordinator's own flags
                                   (docs/coordinator.md, "The coordinator in a store")
+  --group-coordinator             likewise a group coordinator, with its own flags
 
 Health: besides "" and the service's name, a replicated store serves the
 health status IN_SYNC_HEALTH_SERVICE, SERVING while it is in the ISR of
@@ -71,10 +72,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from oncelog.v1 import coordinator_pb2_grpc, partition_store_pb2_grpc
+from oncelog.v1 import partition_store_pb2_grpc
 from oncelog.wire.process import KAFKA
 
-from ..common.metadata.cluster import ClusterLayout, split_addresses
+from ..common.metadata.cluster import split_addresses
 from ..common.metadata.etcd import EtcdMetadataStore
 from ..common.metadata.store import MetadataStore, MetadataUnavailable
 from ..common.rpc.local_calls import InProcess
@@ -91,9 +92,6 @@ from ..common.rpc.server_base import (
 )
 from ..common.rpc.store_client import StoreClient
 from ..common.security.service_security import ServiceSecurity
-from ..coordinator.rpc.servicer import SERVICE_NAME as COORDINATOR_SERVICE_NAME
-from ..coordinator.server import WiredCoordinator, add_coordinator_arguments, txn_config_from_args
-from ..coordinator.server import wire as wire_coordinator
 from .acls import AclService
 from .api import ControllerLink
 from .core.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -104,6 +102,7 @@ from .core.replicas import (
     in_sync_everywhere,
 )
 from .damage import open_store, record_and_stop
+from .hosted_coordinators import add_hosting_arguments, coordinator_node, group_coordinator_node
 from .quotas import StoreQuotas, add_quota_arguments, quota_config_from_args
 from .replication.controlled_shutdown import (
     DEFAULT_CONTROLLED_SHUTDOWN_TIMEOUT_MS,
@@ -140,6 +139,7 @@ from .writer import storage_refusal
 
 if TYPE_CHECKING:
     from ..kafka.listener import KafkaListener
+    from .hosting import HostedCoordinators
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -261,56 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kafka-stores", default=env_default("kafka-stores", ""),
         help="comma-separated Kafka-listener addresses of every store, by node id (a "
              "replicated cluster also learns them from the stores' registrations)")
-    add("--transaction-coordinator", type=_coordinator_node, metavar="NODE_ID|auto",
-        default=env_default("transaction-coordinator"),
-        help="also run transaction coordinator NODE_ID in this process (docs/coordinator.md, "
-             "'The coordinator in a store'); --coordinators must name this store's address "
-             "at that place ('auto': the coordinator --coordinators places at this store's "
-             "address). Its appends and markers to this store, and this store's questions "
-             "to it, then go without gRPC. Unset: the coordinators run on their own")
-    add_coordinator_arguments(parser, max_transaction_timeout=False)
+    add_hosting_arguments(parser)
     add_quota_arguments(parser)
     return parser
-
-
-AUTO = "auto"
-
-
-def _coordinator_node(value: str) -> int | str:
-    """--transaction-coordinator's value: a node id, or "auto"."""
-    if value.strip().lower() == AUTO:
-        return AUTO
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is neither a coordinator node id nor {AUTO!r}") from None
-
-
-def coordinator_node(args: argparse.Namespace, layout: ClusterLayout,
-                     address: str) -> int | None:
-    """The transaction coordinator this store runs (--transaction-coordinator),
-    checked against the layout; None when it runs none."""
-    node = args.transaction_coordinator
-    if node is None:
-        return None
-    if node == AUTO:
-        if address not in layout.coordinators:
-            raise ValueError(
-                f"--transaction-coordinator {AUTO}: --coordinators "
-                f"({','.join(layout.coordinators) or 'empty'}) names no coordinator at this "
-                f"store's address {address}")
-        return layout.coordinators.index(address)
-    if not 0 <= node < len(layout.coordinators):
-        raise ValueError(f"--transaction-coordinator {node}: --coordinators names "
-                         f"{len(layout.coordinators)} coordinators (node ids "
-                         f"0..{len(layout.coordinators) - 1})")
-    if layout.coordinators[node] != address:
-        raise ValueError(
-            f"--transaction-coordinator {node}: --coordinators gives that coordinator the "
-            f"address {layout.coordinators[node]}, and this store's is {address}; a store "
-            "that runs a coordinator serves it at its own address")
-    return int(node)
 
 
 def kafka_advertised(args: argparse.Namespace, kafka_addresses: Sequence[str],
@@ -454,11 +407,14 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     listen = args.listen or advertised
     try:
         coordinator_id = coordinator_node(args, layout, advertised)
+        group_coordinator_id = group_coordinator_node(args, layout, advertised)
     except ValueError as exc:
         parser.error(str(exc))
-    # What this process answers itself when it also runs a coordinator: the
-    # layout gives the store and the coordinator its one address.
-    local = None if coordinator_id is None else InProcess({advertised})
+    # What this process answers itself when it also runs a coordinator (of
+    # either kind, or both): the layout gives the store and its coordinators
+    # its one address.
+    local = (None if coordinator_id is None and group_coordinator_id is None
+             else InProcess({advertised}))
     data_dir = Path(args.data_dir)
     if config.unsafe_skip_txn_verification:
         log.warning(
@@ -513,27 +469,27 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             acls = AclService(watcher, acl_client)
 
     store_servicer = PartitionStoreServicer(runtime, acls=acls, quotas=quotas)
-    coordinator: WiredCoordinator | None = None
-    if local is not None and coordinator_id is not None:
-        coordinator = wire_coordinator(
-            layout, coordinator_id, config=txn_config_from_args(args),
-            producer_id_block_size=args.producer_id_block_size, local=local)
+    hosted: HostedCoordinators | None = None
+    if local is not None:
         store_servicer.serve_in_process(local)
-        coordinator.servicer.serve_in_process(local)
-        log.info("transaction coordinator %d runs in this store's process", coordinator_id)
+        # Imported here, not at the top: a store that runs no coordinator,
+        # the default, never needs them (hosting.py).
+        from .hosting import host
+        hosted = host(args, layout, local, coordinator_id=coordinator_id,
+                      group_coordinator_id=group_coordinator_id)
 
     kafka: KafkaListener | None = None
 
     async def close() -> None:
-        nonlocal kafka, coordinator
+        nonlocal kafka, hosted
         if kafka is not None:
             listener, kafka = kafka, None
             await listener.close()
             await listener.broker.coordinators.close()
-        if coordinator is not None:
-            # Before the store: its last appends and markers go to it.
-            wired_coordinator, coordinator = coordinator, None
-            await wired_coordinator.stop()
+        if hosted is not None:
+            # Before the store: their last appends and markers go to it.
+            coordinators, hosted = hosted, None
+            await coordinators.stop()
         await wired.close()
         if acl_client is not None:
             await acl_client.close()
@@ -544,8 +500,8 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         except CorruptionError as exc:
             # Recovery read damaged data: the next start decides (damage.py).
             record_and_stop(data_dir, config.node_id, exc)
-        if coordinator is not None:
-            await coordinator.start()
+        if hosted is not None:
+            await hosted.start()
         if kafka_address is not None:
             kafka = kafka_listener(args, runtime, security, kafka_address, quotas=quotas,
                                    local=local)
@@ -557,9 +513,8 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
 
         def register(server: grpc.aio.Server) -> None:
             partition_store_pb2_grpc.add_PartitionStoreServicer_to_server(store_servicer, server)
-            if coordinator is not None:
-                coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
-                    coordinator.servicer, server)
+            if hosted is not None:
+                hosted.register(server)
 
         async def hand_over() -> None:
             await wired.hand_over_leadership(timeout_ms=args.controlled_shutdown_timeout_ms)
@@ -569,8 +524,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
 
         await serve(
             service_name="partition_store",
-            full_service_names=[SERVICE_NAME] + (
-                [] if coordinator is None else [COORDINATOR_SERVICE_NAME]),
+            full_service_names=[SERVICE_NAME, *(hosted.service_names if hosted else [])],
             listen=listen,
             register=register,
             node_id=config.node_id,
