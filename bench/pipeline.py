@@ -4,7 +4,8 @@ and what one small transaction costs in latency.
 What users run on oncelog is a pipeline that reads a topic, transforms each
 record and writes the result to another topic. This measures that loop with
 the SDK, one pipeline process against one LocalCluster (one partition store,
-one transaction coordinator, one group coordinator; each its own process):
+one transaction coordinator, one group coordinator; each its own process,
+or both in the store's with --coordinators-in-stores):
 
 * `copy, exactly once`: a consumer in a group (read_committed) and a
   transactional producer; every `--commit-interval-ms` the loop sends the
@@ -274,7 +275,8 @@ def main() -> None:
     parser.add_argument("--latency-samples", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--coordinators-in-stores", action="store_true",
-                        help="run the transaction coordinator in the store's process")
+                        help="run the transaction and group coordinators in the store's "
+                             "process")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.value_bytes < ID_BYTES:

@@ -235,15 +235,15 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 # Set from --coordinators-in-stores by main(): every cluster of the run runs
-# its transaction coordinators in the stores' processes (one per store).
+# its coordinators in the stores' processes (one of each kind per store).
 COORDINATORS_IN_STORES = False
 
 
 @contextlib.contextmanager
 def started_cluster(setup: Setup, env: dict[str, str] | None = None) -> Iterator[LocalCluster]:
-    """A fresh cluster of the set-up's layout (one transaction coordinator, or
-    one in each store with --coordinators-in-stores; no group coordinator) in
-    a temporary directory."""
+    """A fresh cluster of the set-up's layout (one transaction coordinator and
+    no group coordinator, or one of each in each store with
+    --coordinators-in-stores) in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir:
         if setup.etcd:
             cluster = LocalCluster(data_dir, partition_stores=STORES, group_coordinators=0,
@@ -753,8 +753,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--coordinators-in-stores", action="store_true",
-                        help="run the transaction coordinators in the stores' processes "
-                             "(docs/coordinator.md, 'The coordinator in a store')")
+                        help="run the transaction and group coordinators in the stores' "
+                             "processes (docs/coordinator.md, 'The coordinator in a store')")
     parser.add_argument("--json", help="also write every round and the tables to this file")
     args = parser.parse_args(argv)
     args.case_list = [c for c in args.cases.split(",") if c]
@@ -784,8 +784,8 @@ def main(argv: Sequence[str] | None = None) -> Report:
     print(f"# {os.cpu_count()} CPUs; {args.rounds} round(s); {args.seconds:g} s per produce "
           f"case; {args.latency_samples} latency samples; {args.kills} kills per lease TTL "
           f"({', '.join(f'{t} s' for t in args.ttl_list)}); catch-up {args.catch_up_mb:g} MB; "
-          f"cases {', '.join(cases)}; transaction coordinators "
-          f"{'in the stores' if COORDINATORS_IN_STORES else 'in a process of their own'}; "
+          f"cases {', '.join(cases)}; coordinators "
+          f"{'in the stores' if COORDINATORS_IN_STORES else 'in processes of their own'}; "
           f"Python {sys.version.split()[0]}", flush=True)
     results = run_rounds(args)
     report = Report(setup_table(results.measurements, cases),

@@ -58,12 +58,15 @@ partitions"), and `isolate`, `cut` and `heal` drop packets between them.
 Clients run in `client_namespace`: `client_call(fn, ...)` runs a Python
 callable there, `client_popen(argv)` a command. Needs root and `ip`.
 
-With `coordinators_in_stores=True` there is no transaction coordinator
-process: every partition store also runs one (`--transaction-coordinator`,
-docs/coordinator.md "The coordinator in a store"), the one whose
-`__transaction_state` partitions it prefers to lead
-(oncelog.wire.placement.store_of_coordinator), and `coordinators` is not
-used. Killing that store kills its coordinator with it.
+With `coordinators_in_stores=True` there is no coordinator process of
+either kind: every partition store also runs a transaction coordinator
+(`--transaction-coordinator`, docs/coordinator.md "The coordinator in a
+store"), the one whose `__transaction_state` partitions it prefers to lead
+(oncelog.wire.placement.store_of_coordinator), and a group coordinator
+(`--group-coordinator`), the one whose `__consumer_offsets` partitions it
+prefers to lead (store_of_group_coordinator); `coordinators` and
+`group_coordinators` are not used. Killing that store kills its
+coordinators with it. Their flags then go in `extra_args["partition_store"]`.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ from oncelog import errors
 from oncelog._security import TokenProvider
 from oncelog.admin import Admin
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
-from oncelog.wire.placement import store_of_coordinator
+from oncelog.wire.placement import store_of_coordinator, store_of_group_coordinator
 from oncelog.wire.process import (
     GRPC,
     KAFKA,
@@ -331,12 +334,14 @@ class LocalCluster:
         coordinators_in_stores: bool = False,
     ) -> None:
         if coordinators_in_stores:
-            coordinators = 0
-        # The store that runs each transaction coordinator (empty: they run
-        # as processes of their own).
-        self._coordinator_stores = [
-            store_of_coordinator(c, partition_stores) for c in range(partition_stores)
-        ] if coordinators_in_stores else []
+            coordinators = group_coordinators = 0
+        # The store that runs each coordinator, by kind (empty: they run as
+        # processes of their own).
+        self._hosts: dict[str, list[int]] = {
+            kind: [place(c, partition_stores) for c in range(partition_stores)]
+            if coordinators_in_stores else []
+            for kind, place in (("coordinator", store_of_coordinator),
+                                ("group_coordinator", store_of_group_coordinator))}
         if partition_stores < 1:
             raise ValueError("a cluster needs at least one partition store")
         if etcd_members not in (0, 1, 3):
@@ -476,21 +481,20 @@ class LocalCluster:
         """Every process's command line. Each names the whole layout (every
         process's gRPC address), so a changed address changes them all."""
         stores = self.processes["partition_store"]
-        coordinators = self.processes["coordinator"] or [
-            stores[store] for store in self._coordinator_stores]
+        coordinators, group_coordinators = (
+            self.processes[kind] or [stores[store] for store in self._hosts[kind]]
+            for kind in ("coordinator", "group_coordinator"))
         layout_args = [
             "--stores", ",".join(p.address for p in stores),
             "--coordinators", ",".join(p.address for p in coordinators),
-            "--group-coordinators",
-            ",".join(p.address for p in self.processes["group_coordinator"]),
+            "--group-coordinators", ",".join(p.address for p in group_coordinators),
             "--transaction-state-partitions", str(self._transaction_state_partitions),
             "--consumer-offsets-partitions", str(self._consumer_offsets_partitions),
         ]
         if self._pki is not None:
             for flag, procs in (("--token-stores", stores),
                                 ("--token-coordinators", coordinators),
-                                ("--token-group-coordinators",
-                                 self.processes["group_coordinator"])):
+                                ("--token-group-coordinators", group_coordinators)):
                 layout_args += [flag, ",".join(p.token_address for p in procs)]
         store_args: list[str] = []
         if self.kafka_listener:
@@ -507,9 +511,10 @@ class LocalCluster:
                 ]
                 if kind == "partition_store":
                     proc.argv += ["--data-dir", str(proc.data_dir), *store_args]
-                    if proc.node_id in self._coordinator_stores:
-                        proc.argv += ["--transaction-coordinator",
-                                      str(self._coordinator_stores.index(proc.node_id))]
+                    for hosted, flag in (("coordinator", "--transaction-coordinator"),
+                                              ("group_coordinator", "--group-coordinator")):
+                        if proc.node_id in self._hosts[hosted]:
+                            proc.argv += [flag, str(self._hosts[hosted].index(proc.node_id))]
                     if proc.kafka_port:
                         proc.argv += ["--kafka-listen", proc.kafka_address]
                 proc.argv += self._security_args(proc)
@@ -646,11 +651,12 @@ class LocalCluster:
             raise ValueError(f"unknown service kind {kind!r}; expected one of "
                              f"{(*KINDS, ETCD)}")
         procs = self.processes[kind]
-        if kind == "coordinator" and self._coordinator_stores:
-            where = (f"partition store {self._coordinator_stores[index]}"
-                     if 0 <= index < len(self._coordinator_stores) else "a partition store")
-            raise ValueError(f"coordinator {index} is no process of its own: it runs in "
-                             f"{where} (coordinators_in_stores=True)")
+        hosts = self._hosts.get(kind)
+        if hosts:
+            where = (f"partition store {hosts[index]}" if 0 <= index < len(hosts)
+                     else "a partition store")
+            raise ValueError(f"{kind.replace('_', ' ')} {index} is no process of its own: it "
+                             f"runs in {where} (coordinators_in_stores=True)")
         if not 0 <= index < len(procs):
             raise ValueError(f"{kind} {index} does not exist; the cluster has {len(procs)}")
         return procs[index]

@@ -28,9 +28,9 @@ figures table (faults by kind, transactions, records, anomalies by kind) is
 printed; the test fails on any anomaly, on a run that made no progress, and
 on a stall that outlasts the heal after the last fault.
 
-With ONCELOG_SOAK_COORDINATORS_IN_STORES=1 the transaction coordinators run
-in the stores (docs/coordinator.md, "The coordinator in a store"): every
-fault of a store is then its coordinator's too.
+With ONCELOG_SOAK_COORDINATORS_IN_STORES=1 the coordinators of both kinds
+run in the stores (docs/coordinator.md, "The coordinator in a store"):
+every fault of a store is then its coordinators' too.
 
     ONCELOG_CHAOS_SEED=7 bash scripts/chaos.sh --soak 30
 """

@@ -17,8 +17,9 @@ be confirmed). A fault thread injects ONCELOG_CHAOS_FAULTS faults (default
 200), one at a time: a kill -9 and restart, or a pause of 0.5-4 s, of a random
 process. At the end everything is read back with read_committed and checked.
 Prints the figures for the notes. With ONCELOG_CHAOS_COORDINATORS_IN_STORES=1
-every store also runs a transaction coordinator (docs/coordinator.md, "The
-coordinator in a store"), so a store's fault is its coordinator's too.
+every store also runs a transaction and a group coordinator
+(docs/coordinator.md, "The coordinator in a store"), so a store's fault is
+its coordinators' too.
 
     ONCELOG_CHAOS_FAULTS=200 ONCELOG_CHAOS_SEED=N bash scripts/chaos.sh -k replicated
 """
@@ -108,8 +109,8 @@ def _writer(bootstrap: str, index: int, stop: threading.Event, out: Outcomes,
 
 IN_STORES = os.environ.get("ONCELOG_CHAOS_COORDINATORS_IN_STORES", "") == "1"
 KINDS = [("partition_store", i) for i in range(STORES)] + (
-    [] if IN_STORES else [("coordinator", 0)]) + [
-    ("group_coordinator", 0)] + [("etcd", i) for i in range(3)]
+    [] if IN_STORES else [("coordinator", 0), ("group_coordinator", 0)]) + [
+    ("etcd", i) for i in range(3)]
 
 
 def _faults(cluster: LocalCluster, count: int, rng: random.Random, stop: threading.Event,

@@ -7,7 +7,9 @@ transaction's first write with it take no gRPC, while what they do is
 unchanged; and killing that process (which takes both) loses nothing that
 was committed and leaves no transaction open. The client contract itself
 runs against this placement too (test_client_contract.py); the flag's
-misuses are refused before the store starts.
+misuses are refused before the store starts, for this flag and for
+`--group-coordinator` (whose calls test_group_coordinator_in_store.py
+checks), and each kind's placement rule matches the layout's.
 
 Method: LocalCluster with real processes; which calls crossed gRPC is read
 from the services' RPC interceptor counters on the store's metrics port
@@ -18,41 +20,32 @@ kill -9 is ended by its successor's init_transactions.
 from __future__ import annotations
 
 import argparse
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from oncelog import Admin, Consumer, Producer, TopicPartition
 from oncelog.testing import LocalCluster
-from oncelog.wire.placement import store_of_coordinator
+from oncelog.wire.placement import (
+    CONSUMER_OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    store_of_coordinator,
+    store_of_group_coordinator,
+)
 from services.common.metadata.cluster import ClusterLayout
-from services.partition_store.server import build_parser, coordinator_node
+from services.partition_store.server import build_parser, coordinator_node, group_coordinator_node
 from tests.support.reading import read_all
+from tests.support.store_metrics import rpc_requests
 
 PARTITIONS = 2
 TRANSACTIONS = 20
 
 
-def rpc_requests(cluster: LocalCluster, service: str, method: str) -> float:
-    """Requests of one method that crossed gRPC into the store process."""
-    with urllib.request.urlopen(cluster.metrics_url("partition_store", 0), timeout=30) as resp:
-        text = resp.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (sample.name == "oncelog_rpc_requests_total"
-                    and sample.labels.get("service") == service
-                    and sample.labels.get("method") == method):
-                return float(sample.value)
-    return 0.0
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path / "cluster", group_coordinators=0,
-                      coordinators_in_stores=True) as c:
+    with LocalCluster(tmp_path / "cluster", coordinators_in_stores=True) as c:
         yield c
 
 
@@ -136,31 +129,70 @@ def _store_args(*flags: str) -> argparse.Namespace:
     return build_parser().parse_args(["--node-id", "1", "--data-dir", "/nonexistent", *flags])
 
 
+@dataclass(frozen=True)
+class Kind:
+    """A kind of coordinator a store can run, as the tests below ask it."""
+
+    flag: str
+    noun: str
+    # The layout's field that lists this kind's addresses.
+    addresses: str
+    node: Callable[[argparse.Namespace, ClusterLayout, str], int | None]
+    place: Callable[[int, int], int]
+    topic: str
+    owner: Callable[[ClusterLayout, int], int]
+
+    def layout(self, stores: Sequence[str], coordinators: Sequence[str]) -> ClusterLayout:
+        return ClusterLayout(stores=tuple(stores), **{self.addresses: tuple(coordinators)},
+                             transaction_state_partitions=8, consumer_offsets_partitions=8)
+
+
+KINDS = [
+    Kind("--transaction-coordinator", "coordinator", "coordinators", coordinator_node,
+         store_of_coordinator,
+         TRANSACTION_STATE_TOPIC, ClusterLayout.coordinator_for_partition),
+    Kind("--group-coordinator", "group coordinator", "group_coordinators",
+         group_coordinator_node,
+         store_of_group_coordinator, CONSUMER_OFFSETS_TOPIC,
+         ClusterLayout.group_coordinator_for_partition),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.flag)
 def test_the_flag_names_a_coordinator_served_at_the_stores_own_address(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    layout = ClusterLayout(stores=("s0:1", "s1:1"), coordinators=("s1:1", "s0:1"))
-    assert coordinator_node(_store_args("--transaction-coordinator", "0"), layout, "s1:1") == 0
-    assert coordinator_node(_store_args("--transaction-coordinator", "auto"), layout,
-                            "s0:1") == 1
-    assert coordinator_node(_store_args(), layout, "s1:1") is None
-    with pytest.raises(ValueError, match="names 2 coordinators"):
-        coordinator_node(_store_args("--transaction-coordinator", "2"), layout, "s1:1")
-    with pytest.raises(ValueError, match="gives that coordinator the address s0:1"):
-        coordinator_node(_store_args("--transaction-coordinator", "1"), layout, "s1:1")
-    with pytest.raises(ValueError, match="names no coordinator at this store's address s2:1"):
-        coordinator_node(_store_args("--transaction-coordinator", "auto"), layout, "s2:1")
+        kind: Kind, capsys: pytest.CaptureFixture[str]) -> None:
+    layout = kind.layout(("s0:1", "s1:1"), ("s1:1", "s0:1"))
+    assert kind.node(_store_args(kind.flag, "0"), layout, "s1:1") == 0
+    assert kind.node(_store_args(kind.flag, "auto"), layout, "s0:1") == 1
+    assert kind.node(_store_args(), layout, "s1:1") is None
+    with pytest.raises(ValueError, match=f"names 2 {kind.noun}s"):
+        kind.node(_store_args(kind.flag, "2"), layout, "s1:1")
+    with pytest.raises(ValueError, match=f"gives that {kind.noun} the address s0:1, and this "
+                                         "store's is s1:1"):
+        kind.node(_store_args(kind.flag, "1"), layout, "s1:1")
+    with pytest.raises(ValueError, match=f"names no {kind.noun} at this store's address s2:1"):
+        kind.node(_store_args(kind.flag, "auto"), layout, "s2:1")
     with pytest.raises(SystemExit):
-        _store_args("--transaction-coordinator", "first")
+        _store_args(kind.flag, "first")
     assert "'first' is neither a coordinator node id nor 'auto'" in capsys.readouterr().err
 
 
-def test_each_store_runs_the_coordinator_of_the_partitions_it_prefers_to_lead() -> None:
+def test_the_coordinators_own_flags_reach_them_through_the_stores() -> None:
+    args = _store_args("--transaction-coordinator", "0", "--group-coordinator", "0",
+                       "--transaction-check-interval-ms", "300",
+                       "--min-session-timeout-ms", "500",
+                       "--retention-check-interval-ms", "7000")
+    assert (args.transaction_check_interval_ms, args.min_session_timeout_ms,
+            args.retention_check_interval_ms) == (300, 500, 7000)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.flag)
+def test_each_store_runs_the_coordinator_of_the_partitions_it_prefers_to_lead(
+        kind: Kind) -> None:
     for stores in (1, 2, 3, 5):
-        hosts = [store_of_coordinator(c, stores) for c in range(stores)]
+        hosts = [kind.place(c, stores) for c in range(stores)]
         assert sorted(hosts) == list(range(stores))
-        layout = ClusterLayout(stores=tuple(f"s{i}:1" for i in range(stores)),
-                               coordinators=tuple(f"s{h}:1" for h in hosts),
-                               transaction_state_partitions=8)
-        for partition in range(layout.transaction_state_partitions):
-            coordinator = layout.coordinator_for_partition(partition)
-            assert hosts[coordinator] == layout.store_for("__transaction_state", partition)
+        layout = kind.layout([f"s{i}:1" for i in range(stores)], [f"s{h}:1" for h in hosts])
+        for partition in range(8):
+            assert hosts[kind.owner(layout, partition)] == layout.store_for(kind.topic,
+                                                                            partition)

@@ -157,8 +157,8 @@ class Nemesis:
     # ------------------------------------------------------------ choices
 
     def _coordinators(self) -> list[Member]:
-        """The coordinators that are processes of their own (a transaction
-        coordinator that runs in the stores shares their faults)."""
+        """The coordinators that are processes of their own (a coordinator
+        that runs in the stores shares their faults)."""
         return [(kind, 0) for kind in ("coordinator", "group_coordinator")
                 if self.cluster.processes.get(kind)]
 

@@ -46,10 +46,11 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
                     metavar="N", help="partition stores (default: 3 with --replicated, else 1)")
     up.add_argument("--coordinators", type=int, default=1)
     up.add_argument("--coordinators-in-stores", action="store_true",
-                    help="run a transaction coordinator in every partition store's process "
-                         "instead of --coordinators processes of their own; their calls to "
-                         "each other then take no gRPC (docs/coordinator.md, 'The "
-                         "coordinator in a store')")
+                    help="run a transaction coordinator and a group coordinator in every "
+                         "partition store's process instead of --coordinators and "
+                         "--group-coordinators processes of their own; their calls to each "
+                         "other then take no gRPC (docs/coordinator.md, 'The coordinator in "
+                         "a store')")
     up.add_argument("--group-coordinators", type=int, default=1)
     up.add_argument("--replicated", action=argparse.BooleanOptionalAction,
                     help="run etcd and keep min(3, stores) copies of every partition "
@@ -180,7 +181,8 @@ def run_cluster_up(args: argparse.Namespace) -> int:
             raise UsageError(f"--stores must be at least 1, got {stores}")
         counts = {"partition_store": stores,
                   "coordinator": 0 if args.coordinators_in_stores else args.coordinators,
-                  "group_coordinator": args.group_coordinators}
+                  "group_coordinator": 0 if args.coordinators_in_stores
+                  else args.group_coordinators}
         security: bool = kept.security if args.secure is None else args.secure
         ports: ServicePorts = {
             (kind, node_id): (k.grpc_port, k.metrics_port)
