@@ -32,14 +32,17 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from oncelog.wire.placement import store_of_coordinator
+from oncelog.wire.placement import store_of_coordinator, store_of_group_coordinator
 from services.common.metadata.cluster import ClusterLayout
 from services.common.rpc.server_base import add_common_arguments, layout_from_args
+from services.partition_store.hosted_coordinators import coordinator_node, group_coordinator_node
 from tests.helm.chart import (
     CHART_DIR,
     COMPONENT_LABEL,
@@ -70,8 +73,9 @@ CHART_MANAGED_FLAGS = {
     # The stores' Kafka listener: partitionStore.kafka and ports.kafka
     # (test_chart_kafka.py); each store advertises its entry of kafka-stores.
     "kafka-listen", "kafka-stores", "kafka-advertised",
-    # The coordinator a store runs: "auto" with coordinator.inStores.
-    "transaction-coordinator",
+    # The coordinators a store runs: "auto" with coordinator.inStores and
+    # groupCoordinator.inStores.
+    "transaction-coordinator", "group-coordinator",
 } | SECURITY_FLAGS
 # The coordinator's flags a store takes to run one in its process: offered
 # through coordinator.config, which reaches the stores with
@@ -80,6 +84,12 @@ CHART_MANAGED_FLAGS = {
 COORDINATOR_FLAGS_OF_THE_STORE = {
     "producer-id-block-size", "transactional-id-expiration-ms",
     "transaction-check-interval-ms", "allow-two-phase-commit",
+}
+# Likewise the group coordinator's, through groupCoordinator.config (the
+# store's --retention-check-interval-ms is its own flag too).
+GROUP_COORDINATOR_FLAGS_OF_THE_STORE = {
+    "min-session-timeout-ms", "max-session-timeout-ms", "max-heartbeat-interval-ms",
+    "offsets-retention-ms", "initial-rebalance-delay-ms", "lag-refresh-interval-ms",
 }
 # Flags the chart deliberately does not offer: test-only switches.
 NOT_OFFERED = {"unsafe-skip-txn-verification"}
@@ -288,12 +298,14 @@ def test_config_keys_are_exactly_the_service_flags(component: str) -> None:
     offered = offered_by(key)
     assert offered <= flags, f"not flags of {module}: {sorted(offered - flags)}"
     if component == "partition-store":
-        # The store's flags of the coordinator it can run are the
-        # coordinator's own, offered in coordinator.config.
-        coordinator_flags = _service_flags(COMPONENTS["coordinator"][1])
-        assert flags & coordinator_flags >= COORDINATOR_FLAGS_OF_THE_STORE
-        assert offered_by("coordinator") >= COORDINATOR_FLAGS_OF_THE_STORE
-        offered |= COORDINATOR_FLAGS_OF_THE_STORE
+        # The store's flags of the coordinators it can run are the
+        # coordinators' own, offered in their config.
+        for hosted, hosted_flags in (("coordinator", COORDINATOR_FLAGS_OF_THE_STORE),
+                                     ("group-coordinator", GROUP_COORDINATOR_FLAGS_OF_THE_STORE)):
+            hosted_key, hosted_module = COMPONENTS[hosted]
+            assert flags & _service_flags(hosted_module) >= hosted_flags
+            assert offered_by(hosted_key) >= hosted_flags
+            offered |= hosted_flags
     missing = flags - CHART_MANAGED_FLAGS - NOT_OFFERED - offered
     assert not missing, f"flags of {module} the chart does not offer: {sorted(missing)}"
 
@@ -344,30 +356,63 @@ def _store_args(
         return build_parser().parse_args([])
 
 
+@dataclass(frozen=True)
+class Hosted:
+    """A kind of coordinator the stores can run (<key>.inStores)."""
+
+    key: str
+    component: str
+    # The layout's list of its addresses, and its partitions' count key.
+    addresses: str
+    partitions: str
+    node: Callable[[argparse.Namespace, ClusterLayout, str], int | None]
+    place: Callable[[int, int], int]
+    owner: Callable[[ClusterLayout, int], int]
+    notes: str
+    # One of its settings (config) that reaches the stores.
+    setting: tuple[str, int]
+
+
+HOSTED = [
+    Hosted("coordinator", "coordinator", "coordinators", "transactionStatePartitions",
+           coordinator_node, store_of_coordinator, ClusterLayout.coordinator_for_partition,
+           "coordinators:        in the partition stores, one per store",
+           ("producer-id-block-size", 5_000)),
+    Hosted("groupCoordinator", "group-coordinator", "group_coordinators",
+           "consumerOffsetsPartitions", group_coordinator_node, store_of_group_coordinator,
+           ClusterLayout.group_coordinator_for_partition,
+           "group coordinators:  in the partition stores, one per store",
+           ("min-session-timeout-ms", 500)),
+]
+
+
+@pytest.mark.parametrize("hosted", HOSTED, ids=lambda hosted: hosted.key)
 @pytest.mark.parametrize("stores", [1, 3, 5])
 def test_with_coordinators_in_stores_each_store_runs_the_coordinator_placed_at_it(
-    stores: int, monkeypatch: pytest.MonkeyPatch,
+    stores: int, hosted: Hosted, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from services.partition_store.server import config_from_args, coordinator_node
+    from services.partition_store.server import config_from_args
 
     rendered = render({
         "partitionStore": {"replicas": stores},
         # Unused with inStores: the stores' count is the coordinators'.
-        "coordinator": {"inStores": True, "replicas": 2},
-        "cluster": {"transactionStatePartitions": 8},
+        hosted.key: {"inStores": True, "replicas": 2},
+        "cluster": {hosted.partitions: 8},
     })
-    # No object of the coordinator component at all: no StatefulSet,
+    # No object of the coordinator's component at all: no StatefulSet,
     # Service, PDB, NetworkPolicy or ConfigMap.
     assert not [o for o in rendered.objects
-                if o["metadata"].get("labels", {}).get(COMPONENT_LABEL) == "coordinator"]
-    assert f"{RELEASE}-oncelog-coordinator" not in {
+                if o["metadata"].get("labels", {}).get(COMPONENT_LABEL) == hosted.component]
+    assert f"{RELEASE}-oncelog-{hosted.component}" not in {
         s["metadata"]["name"] for s in rendered.of_kind("StatefulSet")}
     parsed = _pod_layouts(rendered, monkeypatch)
-    assert {component for component, _ in parsed} == {"partition-store", "group-coordinator"}
+    assert {component for component, _ in parsed} == {
+        "partition-store", "coordinator", "group-coordinator"} - {hosted.component}
     (layout,) = {layout for _, layout in parsed.values()}
     assert layout.stores == tuple(
         _dns_name(rendered, "partition-store", i, 7000) for i in range(stores))
-    assert len(layout.coordinators) == stores
+    addresses = getattr(layout, hosted.addresses)
+    assert len(addresses) == stores
     runs: dict[int, int | None] = {}
     for ordinal in range(stores):
         args = _store_args(rendered, ordinal, monkeypatch)
@@ -376,20 +421,49 @@ def test_with_coordinators_in_stores_each_store_runs_the_coordinator_placed_at_i
         assert config.layout == layout
         # As the store's main does: its advertised address is its entry.
         advertised = args.advertised or config.layout.stores[config.node_id]
-        runs[ordinal] = coordinator_node(args, config.layout, advertised)
+        runs[ordinal] = hosted.node(args, config.layout, advertised)
     # Every coordinator runs, each in one store, where the placement puts it.
     assert sorted(c for c in runs.values() if c is not None) == list(range(stores))
     for ordinal, coordinator in runs.items():
         assert coordinator is not None
-        assert store_of_coordinator(coordinator, stores) == ordinal
-        assert layout.coordinators[coordinator] == layout.stores[ordinal]
+        assert hosted.place(coordinator, stores) == ordinal
+        assert addresses[coordinator] == layout.stores[ordinal]
     # Coordinator c owns p % stores == c, as the services compute it.
     for partition in range(8):
-        assert layout.coordinator_for_partition(partition) == partition % stores
+        assert hosted.owner(layout, partition) == partition % stores
     # The release notes say where the coordinators are, and name no
     # StatefulSet of theirs to wait for.
-    assert "coordinators:        in the partition stores, one per store" in rendered.notes
-    assert f"statefulset/{RELEASE}-oncelog-coordinator\n" not in rendered.notes + "\n"
+    assert hosted.notes in rendered.notes
+    assert f"statefulset/{RELEASE}-oncelog-{hosted.component}\n" not in rendered.notes + "\n"
+
+
+def test_with_both_kinds_in_stores_each_store_runs_one_of_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.partition_store.server import config_from_args
+
+    stores = 3
+    rendered = render({"partitionStore": {"replicas": stores},
+                       "coordinator": {"inStores": True},
+                       "groupCoordinator": {"inStores": True}})
+    assert {s["metadata"]["name"] for s in rendered.of_kind("StatefulSet")} >= {
+        f"{RELEASE}-oncelog-partition-store"}
+    assert not {f"{RELEASE}-oncelog-coordinator", f"{RELEASE}-oncelog-group-coordinator"} & {
+        s["metadata"]["name"] for s in rendered.of_kind("StatefulSet")}
+    for ordinal in range(stores):
+        args = _store_args(rendered, ordinal, monkeypatch)
+        layout = config_from_args(args).layout
+        for hosted in HOSTED:
+            coordinator = hosted.node(args, layout, layout.stores[ordinal])
+            assert coordinator is not None and hosted.place(coordinator, stores) == ordinal
+    assert "coordinator.inStores and groupCoordinator.inStores" in rendered.notes
+
+
+def test_a_disabled_group_coordinator_runs_in_no_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered = render({"groupCoordinator": {"enabled": False, "inStores": True}})
+    args = _store_args(rendered, 0, monkeypatch)
+    assert args.group_coordinator is None
+    assert layout_from_args(args).group_coordinators == ()
 
 
 def test_without_coordinators_in_stores_no_store_runs_one(
@@ -398,8 +472,10 @@ def test_without_coordinators_in_stores_no_store_runs_one(
     rendered = render({"partitionStore": {"replicas": 3}})
     args = _store_args(rendered, 1, monkeypatch)
     assert args.transaction_coordinator is None
+    assert args.group_coordinator is None
     layout = layout_from_args(args)
     assert not set(layout.coordinators) & set(layout.stores)
+    assert not set(layout.group_coordinators) & set(layout.stores)
 
 
 def test_with_coordinators_in_stores_the_coordinator_settings_reach_the_stores(
@@ -437,11 +513,44 @@ def test_with_coordinators_in_stores_the_coordinator_settings_reach_the_stores(
     assert args.producer_id_block_size == 5_000
 
 
-def test_with_coordinators_in_stores_the_store_count_is_a_layout_change() -> None:
+def test_with_group_coordinators_in_stores_their_settings_reach_the_stores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.group_coordinator.config import group_config_from_args
+
+    rendered = render({"groupCoordinator": {"inStores": True, "config": {
+        "min-session-timeout-ms": 500,
+        "max-session-timeout-ms": 60_000,
+        "max-heartbeat-interval-ms": 2_000,
+        "offsets-retention-ms": 86_400_000,
+        "initial-rebalance-delay-ms": 100,
+        "lag-refresh-interval-ms": 1_000,
+        # The store's own flag (its retention), and so the store's value.
+        "retention-check-interval-ms": 1_234,
+    }}})
+    for ordinal in range(3):
+        args = _store_args(rendered, ordinal, monkeypatch)
+        groups = group_config_from_args(args)
+        assert (groups.min_session_timeout_ms, groups.max_session_timeout_ms,
+                groups.max_heartbeat_interval_ms, groups.offsets_retention_ms,
+                groups.initial_rebalance_delay_ms, args.lag_refresh_interval_ms) == (
+            500, 60_000, 2_000, 86_400_000, 100, 1_000)
+        assert groups.retention_check_interval_ms == 300_000
+    # The one flag for both is set where the store's settings are.
+    both = render({"groupCoordinator": {"inStores": True},
+                   "partitionStore": {"config": {"retention-check-interval-ms": 9_000}}})
+    args = _store_args(both, 1, monkeypatch)
+    assert group_config_from_args(args).retention_check_interval_ms == 9_000
+
+
+@pytest.mark.parametrize("hosted", HOSTED, ids=lambda hosted: hosted.key)
+def test_with_coordinators_in_stores_the_store_count_is_a_layout_change(hosted: Hosted) -> None:
+    other = ({"coordinator", "group-coordinator"} - {hosted.component}).pop()
+
     def annotations(values: dict[str, Any]) -> dict[str, dict[str, str]]:
-        rendered = render(deep_merge({"coordinator": {"inStores": True}}, values))
+        rendered = render(deep_merge({hosted.key: {"inStores": True}}, values))
         return {c: rendered.statefulset(c)["spec"]["template"]["metadata"]["annotations"]
-                for c in ("partition-store", "group-coordinator")}
+                for c in ("partition-store", other)}
 
     before = annotations({})
     # More stores are more coordinators, which own other partitions: every
@@ -452,7 +561,7 @@ def test_with_coordinators_in_stores_the_store_count_is_a_layout_change() -> Non
         assert checksums["checksum/cluster-config"] != (
             before[component]["checksum/cluster-config"]), component
     # A coordinator setting rolls the stores, which run the coordinators.
-    tuned = annotations({"coordinator": {"config": {"producer-id-block-size": 5_000}}})
+    tuned = annotations({hosted.key: {"config": dict([hosted.setting])}})
     assert tuned["partition-store"]["checksum/component-config"] != (
         before["partition-store"]["checksum/component-config"])
-    assert tuned["group-coordinator"] == before["group-coordinator"]
+    assert tuned[other] == before[other]

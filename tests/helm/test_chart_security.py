@@ -59,7 +59,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from oncelog.testing import free_port
-from oncelog.wire.placement import store_of_coordinator
+from oncelog.wire.placement import store_of_coordinator, store_of_group_coordinator
 from services.common.rpc.server_base import add_common_arguments, env_name, token_advertised
 from services.common.security.authorizer import (
     VALID_OPERATIONS,
@@ -415,16 +415,23 @@ def test_with_tokens_every_component_serves_and_names_the_token_listener() -> No
 def test_with_coordinators_in_stores_the_token_layout_names_the_stores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """coordinator.inStores with bearer tokens: --token-coordinators lists,
-    entry by entry, the token listener of the store --coordinators lists,
-    which is the one each store advertises, and there is no coordinator
-    Secret, Certificate or NetworkPolicy to keep."""
-    from services.partition_store.server import build_parser, config_from_args, coordinator_node
+    """coordinator.inStores and groupCoordinator.inStores with bearer
+    tokens: --token-coordinators (--token-group-coordinators) lists, entry
+    by entry, the token listener of the store --coordinators
+    (--group-coordinators) lists, which is the one each store advertises,
+    and there is no coordinator Secret, Certificate or NetworkPolicy to
+    keep."""
+    from services.partition_store.server import (
+        build_parser,
+        config_from_args,
+        coordinator_node,
+        group_coordinator_node,
+    )
 
     stores = 3
     values = deep_merge(SECURED_WITH_EVERYTHING, {
-        "coordinator": {"inStores": True}, "partitionStore": {"replicas": stores},
-        "networkPolicy": {"enabled": True}})
+        "coordinator": {"inStores": True}, "groupCoordinator": {"inStores": True},
+        "partitionStore": {"replicas": stores}, "networkPolicy": {"enabled": True}})
     rendered = render(values)
     sts = rendered.statefulset("partition-store")
     for ordinal in range(stores):
@@ -442,9 +449,16 @@ def test_with_coordinators_in_stores_the_token_layout_names_the_stores(
         # the token listener this very store serves.
         assert layout.token_coordinators[coordinator] == token_advertised(
             args, layout.token_stores, ordinal)
-    assert "coordinator" not in {
+        assert layout.token_group_coordinators == tuple(
+            layout.token_stores[store_of_group_coordinator(g, stores)] for g in range(stores))
+        group = group_coordinator_node(args, layout, layout.stores[ordinal])
+        assert group is not None
+        assert layout.token_group_coordinators[group] == token_advertised(
+            args, layout.token_stores, ordinal)
+    assert not {"coordinator", "group-coordinator"} & {
         o["metadata"].get("labels", {}).get(COMPONENT_LABEL) for o in rendered.objects}
     assert f"{RELEASE}-oncelog-coordinator-tls" not in rendered.notes
+    assert f"{RELEASE}-oncelog-group-coordinator-tls" not in rendered.notes
     assert f"{RELEASE}-oncelog-partition-store-tls" in rendered.notes
 
 

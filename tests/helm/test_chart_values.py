@@ -143,6 +143,12 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "a store's coordinator as a flag": (
         {"partitionStore": {"config": {"transaction-coordinator": "auto"}}},
         "transaction-coordinator"),
+    "group coordinators in stores as text": ({"groupCoordinator": {"inStores": "yes"}},
+                                             "/groupCoordinator/inStores"),
+    # The chart sets it ("auto") from groupCoordinator.inStores.
+    "a store's group coordinator as a flag": (
+        {"partitionStore": {"config": {"group-coordinator": "auto"}}},
+        "group-coordinator"),
 }
 
 

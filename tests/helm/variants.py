@@ -107,6 +107,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "partitionStore": {"replicas": 3},
         "coordinator": {"inStores": True, "config": {"producer-id-block-size": 5000}},
     },
+    # Both kinds of coordinators in the stores' processes: the stores alone.
+    "all-coordinators-in-stores": {
+        "partitionStore": {"replicas": 3},
+        "coordinator": {"inStores": True},
+        "groupCoordinator": {"inStores": True, "config": {"min-session-timeout-ms": 500}},
+    },
     "metrics-on": METRICS_ON,
     "metrics-off": METRICS_OFF,
     "no-group-coordinator-no-persistence": {

@@ -42,7 +42,11 @@ partitionStore.kafka.enabled); readinessService: the health service name
 the readiness probe asks for (empty: the process's overall status) — a
 store is ready once it is back in every ISR (services/partition_store/
 server.py IN_SYNC_HEALTH_SERVICE), so a rolling update waits for that
-before it restarts the next one.
+before it restarts the next one. inStores (the coordinators): what
+<component>.inStores needs to run them in the stores' processes — the
+crc32 of the internal topic whose partitions they own (placement:
+"oncelog.coordinatorAddresses"), the store flag that runs one, and the
+coordinator's own flags a store takes too.
 */}}
 {{- define "oncelog.components" -}}
 partitionStore:
@@ -60,12 +64,38 @@ coordinator:
   module: oncelog_server.coordinator
   job: oncelog-coordinator
   stateful: false
+  inStores:
+    # crc32("__transaction_state")
+    topicHash: 1858335637
+    storeFlag: transaction-coordinator
+    # services/coordinator/config.py add_coordinator_arguments; the store's
+    # --max-transaction-timeout-ms is one flag for both.
+    flags:
+      - producer-id-block-size
+      - max-transaction-timeout-ms
+      - transactional-id-expiration-ms
+      - transaction-check-interval-ms
+      - allow-two-phase-commit
 groupCoordinator:
   key: groupCoordinator
   name: group-coordinator
   module: oncelog_server.group_coordinator
   job: oncelog-group-coordinator
   stateful: false
+  inStores:
+    # crc32("__consumer_offsets")
+    topicHash: 2370100564
+    storeFlag: group-coordinator
+    # services/group_coordinator/config.py add_group_coordinator_arguments,
+    # but retention-check-interval-ms: that flag is the store's own (how
+    # often its retention runs), set by partitionStore.config for both.
+    flags:
+      - min-session-timeout-ms
+      - max-session-timeout-ms
+      - max-heartbeat-interval-ms
+      - offsets-retention-ms
+      - initial-rebalance-delay-ms
+      - lag-refresh-interval-ms
 {{- end }}
 
 {{/* One component's table row; call with (dict "root" $ "key" "partitionStore"). */}}
@@ -81,8 +111,8 @@ groupCoordinator:
 {{/*
 Whether a component runs pods of its own; call with (dict "root" $ "key"
 ...). Off with <component>.enabled=false (the group coordinators), and
-with <component>.inStores (the transaction coordinators then run in the
-partition stores' processes: "oncelog.coordinatorAddresses").
+with <component>.inStores (the coordinators then run in the partition
+stores' processes: "oncelog.coordinatorAddresses").
 */}}
 {{- define "oncelog.componentEnabled" -}}
 {{- $values := get .root.Values .key }}
@@ -168,48 +198,45 @@ and "port" for another port than ports.grpc (the token listeners').
 {{- end }}
 
 {{/*
-The transaction coordinators' addresses by node id, comma-separated
-(--coordinators; --token-coordinators with "port" ports.token). Call with
-(dict "root" $) and an optional "port", as "oncelog.addresses".
+Whether a coordinator component runs in the stores: (dict "root" $ "key"
+...). "true" or empty. <component>.inStores, for a component that runs at
+all (the group coordinators: groupCoordinator.enabled).
+*/}}
+{{- define "oncelog.inStores" -}}
+{{- $values := get .root.Values .key }}
+{{- if and $values.inStores (or (not (hasKey $values "enabled")) $values.enabled) }}true{{ end }}
+{{- end }}
 
-With coordinator.inStores there is one coordinator per store, and entry c
-is the address of store (crc32("__transaction_state") + c) % stores,
-crc32("__transaction_state") being 1858335637. That is
-oncelog.wire.placement.store_of_coordinator, the rule LocalCluster uses:
-coordinator c owns the __transaction_state partitions p with
+{{/*
+A coordinator component's addresses by node id, comma-separated
+(--coordinators, --group-coordinators; --token-... with "port"
+ports.token). Call with (dict "root" $ "key" ...) and an optional "port",
+as "oncelog.addresses".
+
+With <component>.inStores there is one coordinator per store, and entry c
+is the address of store (crc32(topic) + c) % stores, topic being the
+internal topic whose partitions the component owns (__transaction_state,
+__consumer_offsets; "oncelog.components" has its crc32). That is
+oncelog.wire.placement.store_of_coordinator (store_of_group_coordinator),
+the rule LocalCluster uses: coordinator c owns the partitions p with
 p % stores == c, and the stores' placement makes that store the preferred
 leader of every one of them, so the coordinator's appends stay in its own
 process. Each store runs the coordinator listed at its own address
-(--transaction-coordinator auto).
+(--transaction-coordinator auto, --group-coordinator auto).
 */}}
 {{- define "oncelog.coordinatorAddresses" -}}
-{{- if .root.Values.coordinator.inStores }}
+{{- if include "oncelog.inStores" . }}
+{{- $hash := (include "oncelog.component" . | fromYaml).inStores.topicHash }}
 {{- $stores := splitList "," (include "oncelog.addresses" (dict "root" .root "key" "partitionStore" "port" .port)) }}
 {{- $count := len $stores }}
 {{- $addresses := list }}
 {{- range $c := until $count }}
-{{- $addresses = append $addresses (index $stores (int (mod (add 1858335637 $c) $count))) }}
+{{- $addresses = append $addresses (index $stores (int (mod (add $hash $c) $count))) }}
 {{- end }}
 {{- join "," $addresses }}
 {{- else }}
-{{- include "oncelog.addresses" (dict "root" .root "key" "coordinator" "port" .port) }}
+{{- include "oncelog.addresses" . }}
 {{- end }}
-{{- end }}
-
-{{/*
-The coordinator's own flags, which a store that runs a coordinator takes
-too (services/coordinator/server.py add_coordinator_arguments; the store's
---max-transaction-timeout-ms is one flag for both). With
-coordinator.inStores these keys of coordinator.config reach the stores;
-the rest of coordinator.config (shutdown-grace-ms) is a process's own
-setting, and the process is the store's (partitionStore.config).
-*/}}
-{{- define "oncelog.coordinatorFlagsInStores" -}}
-- producer-id-block-size
-- max-transaction-timeout-ms
-- transactional-id-expiration-ms
-- transaction-check-interval-ms
-- allow-two-phase-commit
 {{- end }}
 
 {{/*
@@ -236,8 +263,8 @@ layout, the shared settings and the security settings.
 */}}
 {{- define "oncelog.clusterEnv" -}}
 ONCELOG_STORES: {{ include "oncelog.addresses" (dict "root" . "key" "partitionStore") | quote }}
-ONCELOG_COORDINATORS: {{ include "oncelog.coordinatorAddresses" (dict "root" .) | quote }}
-ONCELOG_GROUP_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "groupCoordinator") | quote }}
+ONCELOG_COORDINATORS: {{ include "oncelog.coordinatorAddresses" (dict "root" . "key" "coordinator") | quote }}
+ONCELOG_GROUP_COORDINATORS: {{ include "oncelog.coordinatorAddresses" (dict "root" . "key" "groupCoordinator") | quote }}
 ONCELOG_TRANSACTION_STATE_PARTITIONS: {{ include "oncelog.envValue" .Values.cluster.transactionStatePartitions | quote }}
 ONCELOG_CONSUMER_OFFSETS_PARTITIONS: {{ include "oncelog.envValue" .Values.cluster.consumerOffsetsPartitions | quote }}
 ONCELOG_LISTEN: {{ printf "%s:%d" (include "oncelog.hostForPort" .Values.listenHost) (int .Values.ports.grpc) | quote }}
@@ -255,8 +282,9 @@ registers its address in etcd, and every running process learns it from
 there (docs/replication.md, "Growing and moving"), so growing
 partitionStore.replicas starts the new pods (with the longer list) and
 restarts nothing; the others name the new stores from their next restart on.
-Not so with coordinator.inStores: the store count is then the coordinators'
-too, and the coordinator list (hashed) changes with it, as it must.
+Not so with coordinator.inStores or groupCoordinator.inStores: the store
+count is then the coordinators' too, and the coordinator list (hashed)
+changes with it, as it must.
 */}}
 {{- define "oncelog.clusterEnvChecksum" -}}
 {{- $env := include "oncelog.clusterEnv" . | fromYaml }}
@@ -348,20 +376,27 @@ ONCELOG_KAFKA_LISTEN: {{ printf "%s:%d" (include "oncelog.hostForPort" .root.Val
 ONCELOG_KAFKA_STORES: {{ include "oncelog.addresses" (dict "root" .root "key" .key "port" $port) | quote }}
 {{- end }}
 {{- $config := $values.config | default dict }}
-{{- if and (eq .key "partitionStore") .root.Values.coordinator.inStores }}
+{{- if eq .key "partitionStore" }}
 {{- /*
-Each store runs the coordinator that --coordinators lists at its own
-address ("oncelog.coordinatorAddresses"), with the coordinator's settings.
-A key partitionStore.config sets too keeps the store's value: the store's
-setting is about its whole process, and max-transaction-timeout-ms is one
-flag for the store and its coordinator.
+Each store runs the coordinators (of each kind with inStores) that their
+lists give its own address ("oncelog.coordinatorAddresses"), with their
+settings. A key partitionStore.config sets too keeps the store's value: the
+store's setting is about its whole process, and max-transaction-timeout-ms
+and retention-check-interval-ms are each one flag for the store and its
+coordinator.
 */}}
-ONCELOG_TRANSACTION_COORDINATOR: "auto"
 {{- $config = deepCopy $config }}
-{{- $coordinator := .root.Values.coordinator.config | default dict }}
-{{- range $flag := include "oncelog.coordinatorFlagsInStores" .root | fromYamlArray }}
+{{- range $key := list "coordinator" "groupCoordinator" }}
+{{- $ctx := dict "root" $.root "key" $key }}
+{{- if include "oncelog.inStores" $ctx }}
+{{- $hosted := (include "oncelog.component" $ctx | fromYaml).inStores }}
+{{ include "oncelog.envName" $hosted.storeFlag }}: "auto"
+{{- $coordinator := (get $.root.Values $key).config | default dict }}
+{{- range $flag := $hosted.flags }}
 {{- if and (hasKey $coordinator $flag) (not (hasKey $config $flag)) }}
 {{- $_ := set $config $flag (get $coordinator $flag) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}

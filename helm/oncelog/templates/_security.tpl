@@ -155,8 +155,8 @@ ONCELOG_ACL_REFRESH_INTERVAL_MS: {{ include "oncelog.envValue" $sec.aclRefreshIn
 {{- $port := int .Values.ports.token }}
 ONCELOG_TOKEN_LISTEN: {{ printf "%s:%d" (include "oncelog.hostForPort" .Values.listenHost) $port | quote }}
 ONCELOG_TOKEN_STORES: {{ include "oncelog.addresses" (dict "root" . "key" "partitionStore" "port" $port) | quote }}
-ONCELOG_TOKEN_COORDINATORS: {{ include "oncelog.coordinatorAddresses" (dict "root" . "port" $port) | quote }}
-ONCELOG_TOKEN_GROUP_COORDINATORS: {{ include "oncelog.addresses" (dict "root" . "key" "groupCoordinator" "port" $port) | quote }}
+ONCELOG_TOKEN_COORDINATORS: {{ include "oncelog.coordinatorAddresses" (dict "root" . "key" "coordinator" "port" $port) | quote }}
+ONCELOG_TOKEN_GROUP_COORDINATORS: {{ include "oncelog.coordinatorAddresses" (dict "root" . "key" "groupCoordinator" "port" $port) | quote }}
 ONCELOG_OAUTH_ISSUERS: {{ printf "%s/issuers.json" (include "oncelog.oauthDir" .) | quote }}
 {{- with $sec.oauth.audience }}
 ONCELOG_OAUTH_AUDIENCE: {{ . | quote }}
