@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="... or every T ms with changes")
     add("--retention-check-interval-ms", type=int,
         default=env_default("retention-check-interval-ms", "300000"),
-        help="how often retention and producer expiry run")
+        help="how often retention and producer expiry run (and, with --group-coordinator, "
+             "how often that coordinator removes expired groups and offsets)")
     add("--producer-id-expiration-ms", type=int,
         default=env_default("producer-id-expiration-ms", str(DEFAULT_PRODUCER_ID_EXPIRATION_MS)),
         help="an idle producer's deduplication state is dropped after this")
