@@ -122,6 +122,11 @@ def test_a_kafka_clients_group_calls_and_the_group_coordinators_log_stay_in_the_
         assert rpc_requests(cluster, "GroupCoordinator", method) == 0, method
     for method in ("ProduceStream", "Produce", "Fetch"):
         assert rpc_requests(cluster, "PartitionStore", method) == 0, method
+    # The store's verification of each transactional offsets batch with the
+    # transaction coordinator, which the same process runs (one InProcess
+    # answers for both kinds), did not cross either.
+    for method in ("AddPartitionsToTxnStream", "AddPartitionsToTxn"):
+        assert rpc_requests(cluster, "TransactionCoordinator", method) == 0, method
 
     # The output holds every input record once (read back with the SDK,
     # whose calls do cross gRPC: the counters count at this process).
