@@ -7,10 +7,12 @@ appends of `__consumer_offsets` at that store, take no gRPC, while what
 they do is unchanged: a Kafka client's transactional copier (consume ->
 produce -> send_offsets_to_transaction -> commit) copies every record once
 and commits the group's offsets; an SDK consumer group's transactional
-offsets stay pending until the transaction ends and survive kill -9 of the
-store that runs the group's coordinator, and a transaction left open by the
-kill commits none of its offsets. The flag's misuses are refused before the
-store starts, and the placement rule matches the layout's.
+offsets stay pending until the transaction ends, are fenced by the
+group's generation and member (KIP-447), and survive kill -9 of the store
+that runs the group's coordinator, and a transaction left open by the
+kill commits none of its offsets. The flag's misuses and the placement
+rule are checked beside the transaction coordinator's
+(test_coordinator_in_store.py).
 
 Method: LocalCluster with real processes (one store for the gRPC counts,
 where every call between the services would otherwise cross into it; two
@@ -30,7 +32,7 @@ import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from oncelog import Admin, Consumer, Producer, TopicPartition
+from oncelog import Admin, Consumer, GroupMetadata, Producer, TopicPartition, errors
 from oncelog.testing import LocalCluster
 from oncelog.wire.placement import store_of_group_coordinator
 from services.common.metadata.cluster import ClusterLayout
@@ -189,9 +191,22 @@ def test_kill_9_of_the_store_that_runs_the_group_coordinator_loses_no_committed_
             while read < RECORDS:
                 assert time.monotonic() < deadline, f"read {read} of {RECORDS} records"
                 read += len(consumer.poll(timeout=0.5))
-            first.init_transactions()
             # The group lives in that store's process.
             assert store_metric(cluster, "oncelog_group_members", host, group=group) == 1
+            first.init_transactions()
+            # KIP-447 holds there: offsets of a generation the group is not
+            # at, or of a member it does not have, are refused.
+            meta = consumer.group_metadata()
+            for zombie, error in (
+                    (GroupMetadata(group, meta.generation_id + 5, meta.member_id),
+                     errors.FencedMemberEpochError),
+                    (GroupMetadata(group, meta.generation_id, "no-such-member"),
+                     errors.UnknownMemberIdError)):
+                first.begin_transaction()
+                with pytest.raises(errors.TransactionAbortableError) as raised:
+                    first.send_offsets_to_transaction({tp: 1 for tp in tps}, zombie)
+                assert isinstance(raised.value.__cause__, error), raised.value
+                first.abort_transaction()
             first.begin_transaction()
             done = {tp: consumer.position(tp) for tp in tps}
             first.send_offsets_to_transaction(done, consumer.group_metadata())
