@@ -46,6 +46,26 @@ def test_only_own_addresses_and_served_methods_are_answered_in_process() -> None
     assert local.addresses == {"127.0.0.1:7000"}
 
 
+@pytest.mark.parametrize("method", [
+    "/oncelog.v1.TransactionCoordinator/EndTxnStreem",  # no such method
+    "/oncelog.v1.TransactionCoordinater/EndTxnStream",  # no such service
+    "oncelog.v1.TransactionCoordinator.EndTxnStream",  # not a gRPC path
+])
+def test_a_method_our_protos_do_not_define_is_refused_on_both_sides(method: str) -> None:
+    # Served or asked for under a misspelt name, a method would not fail:
+    # every call would quietly go over gRPC instead.
+    local = InProcess(["127.0.0.1:7000"])
+
+    async def handler(_request: Any) -> Any:
+        return None
+
+    with pytest.raises(ValueError, match="no gRPC method of our protos"):
+        local.serve(method, handler)
+    for address in ("127.0.0.1:7000", "127.0.0.1:7001"):
+        with pytest.raises(ValueError, match="no gRPC method of our protos"):
+            local.handler(address, method)
+
+
 def test_a_request_outlives_a_caller_that_stopped_waiting() -> None:
     async def scenario() -> None:
         local = InProcess(["a:1"])

@@ -11,7 +11,9 @@ costing a loopback round trip through both processes' gRPC stacks.
 by and, per full gRPC method name, the servicer's handler (the same function
 its request streams run for every message). A caller that holds one asks it
 first (`handler`); for any other address, or a method this process does not
-serve, it goes over gRPC as before.
+serve, it goes over gRPC as before. A method name our protos do not define
+is refused on both sides (ValueError): misspelt, it would not fail, only
+go over gRPC.
 
 A call keeps a remote call's semantics where callers can tell the
 difference: the handler runs in a task of its own, in a fresh context (the
@@ -31,9 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
+
+from google.protobuf import descriptor_pool
 
 from oncelog.wire.errors import ErrorCode
 
@@ -55,10 +60,11 @@ class InProcess:
     def serve(self, method: str, handler: Handler) -> None:
         """Answers `method` (a full gRPC method name, such as
         "/oncelog.v1.PartitionStore/ProduceStream") with `handler(request)`."""
-        self._handlers[method] = handler
+        self._handlers[_checked(method)] = handler
 
     def handler(self, address: str, method: str) -> Handler | None:
         """The handler of `method` when `address` is this process's own."""
+        method = _checked(method)
         if address not in self.addresses:
             return None
         return self._handlers.get(method)
@@ -83,6 +89,21 @@ class InProcess:
             # here, or asyncio logs "Task exception was never retrieved" for
             # each (a store that loses leadership under load fails thousands).
             task.exception()
+
+
+@functools.cache
+def _checked(method: str) -> str:
+    """`method` when our protos define it. Why: the name is spelled by the
+    servicer that serves it and by each client that asks for it, and a
+    misspelt one would not fail: the client would quietly go over gRPC."""
+    service, _, name = method.removeprefix("/").partition("/")
+    try:
+        found = descriptor_pool.Default().FindServiceByName(service).methods_by_name.get(name)
+    except KeyError:
+        found = None
+    if found is None:
+        raise ValueError(f"{method!r} is no gRPC method of our protos")
+    return method
 
 
 async def _answer(handler: Handler, request: Any) -> Any:
