@@ -139,7 +139,7 @@ from .writer import storage_refusal
 
 if TYPE_CHECKING:
     from ..kafka.listener import KafkaListener
-    from .hosting import HostedCoordinators
+    from .rpc.hosting import HostedCoordinators
 
 log = logging.getLogger("oncelog.partition_store")
 
@@ -474,8 +474,8 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
     if local is not None:
         store_servicer.serve_in_process(local)
         # Imported here, not at the top: a store that runs no coordinator,
-        # the default, never needs them (hosting.py).
-        from .hosting import host
+        # the default, never needs them (rpc/hosting.py).
+        from .rpc.hosting import host
         hosted = host(args, layout, local, coordinator_id=coordinator_id,
                       group_coordinator_id=group_coordinator_id)
 

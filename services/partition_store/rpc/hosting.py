@@ -16,16 +16,16 @@ import grpc
 
 from oncelog.v1 import coordinator_pb2_grpc, group_coordinator_pb2_grpc
 
-from ..common.metadata.cluster import ClusterLayout
-from ..common.rpc.local_calls import InProcess
-from ..coordinator.config import txn_config_from_args
-from ..coordinator.rpc.servicer import SERVICE_NAME as TRANSACTION_SERVICE
-from ..coordinator.server import WiredCoordinator
-from ..coordinator.server import wire as wire_coordinator
-from ..group_coordinator.config import group_config_from_args
-from ..group_coordinator.rpc.servicer import SERVICE_NAME as GROUP_SERVICE
-from ..group_coordinator.server import WiredGroupCoordinator
-from ..group_coordinator.server import wire as wire_group_coordinator
+from ...common.metadata.cluster import ClusterLayout
+from ...common.rpc.local_calls import InProcess
+from ...coordinator.config import txn_config_from_args
+from ...coordinator.rpc.servicer import SERVICE_NAME as TRANSACTION_SERVICE
+from ...coordinator.server import WiredCoordinator
+from ...coordinator.server import wire as wire_coordinator
+from ...group_coordinator.config import group_config_from_args
+from ...group_coordinator.rpc.servicer import SERVICE_NAME as GROUP_SERVICE
+from ...group_coordinator.server import WiredGroupCoordinator
+from ...group_coordinator.server import wire as wire_group_coordinator
 
 log = logging.getLogger("oncelog.partition_store")
 
