@@ -66,7 +66,9 @@ store"), the one whose `__transaction_state` partitions it prefers to lead
 (`--group-coordinator`), the one whose `__consumer_offsets` partitions it
 prefers to lead (store_of_group_coordinator); `coordinators` and
 `group_coordinators` are not used. Killing that store kills its
-coordinators with it. Their flags then go in `extra_args["partition_store"]`.
+coordinators with it. Their flags then go in `extra_args["partition_store"]`;
+`extra_args` for either coordinator kind is refused (ValueError), as there is
+no such process to give them to.
 """
 
 from __future__ import annotations
@@ -333,6 +335,14 @@ class LocalCluster:
         network: str | None = None,
         coordinators_in_stores: bool = False,
     ) -> None:
+        hosted_args = sorted(kind for kind in ("coordinator", "group_coordinator")
+                             if (extra_args or {}).get(kind))
+        if coordinators_in_stores and hosted_args:
+            # Dropped silently, they would leave the coordinators unconfigured.
+            raise ValueError(
+                f"extra_args names {' and '.join(map(repr, hosted_args))}, whose processes "
+                "coordinators_in_stores=True does not start: each store runs those "
+                "coordinators, so their flags go in extra_args['partition_store']")
         if coordinators_in_stores:
             coordinators = group_coordinators = 0
         # The store that runs each coordinator, by kind (empty: they run as

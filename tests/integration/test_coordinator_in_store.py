@@ -186,6 +186,18 @@ def test_the_coordinators_own_flags_reach_them_through_the_stores() -> None:
             args.retention_check_interval_ms) == (300, 500, 7000)
 
 
+@pytest.mark.parametrize("process", ["coordinator", "group_coordinator"])
+def test_local_cluster_refuses_flags_for_coordinator_processes_it_does_not_start(
+        process: str, tmp_path: Path) -> None:
+    # Dropped silently, such flags would leave the coordinators unconfigured.
+    with pytest.raises(ValueError, match=f"extra_args names '{process}'.*"
+                       r"go in extra_args\['partition_store'\]"):
+        LocalCluster(tmp_path, coordinators_in_stores=True, start=False,
+                     extra_args={process: ["--min-session-timeout-ms", "500"]})
+    LocalCluster(tmp_path, coordinators_in_stores=True, start=False,
+                 extra_args={"partition_store": ["--min-session-timeout-ms", "500"]})
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.flag)
 def test_each_store_runs_the_coordinator_of_the_partitions_it_prefers_to_lead(
         kind: Kind) -> None:
