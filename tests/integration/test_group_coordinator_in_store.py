@@ -10,7 +10,8 @@ and commits the group's offsets; an SDK consumer group's transactional
 offsets stay pending until the transaction ends, are fenced by the
 group's generation and member (KIP-447), and survive kill -9 of the store
 that runs the group's coordinator, and a transaction left open by the
-kill commits none of its offsets. The flag's misuses and the placement
+kill commits none of its offsets. Secured, the ACLs decide what the
+hosted coordinators answer a principal. The flag's misuses and the placement
 rule are checked beside the transaction coordinator's
 (test_coordinator_in_store.py).
 
@@ -32,10 +33,11 @@ import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from oncelog import Admin, Consumer, GroupMetadata, Producer, TopicPartition, errors
+from oncelog import Admin, Consumer, ConsumerRecord, GroupMetadata, Producer, TopicPartition, errors
 from oncelog.testing import LocalCluster
 from oncelog.wire.placement import store_of_group_coordinator
 from services.common.metadata.cluster import ClusterLayout
+from tests.support.secure_clients import admin_of, allow, grant
 from tests.support.store_metrics import rpc_requests, store_metric
 
 PARTITIONS = 2
@@ -229,3 +231,53 @@ def test_kill_9_of_the_store_that_runs_the_group_coordinator_loses_no_committed_
         with Consumer(bootstrap=cluster.bootstrap, group_id=group) as checker:
             assert checker.committed(tps, timeout=60) == done
         assert done == {tp: RECORDS // PARTITIONS for tp in tps}
+
+
+def test_the_acls_decide_the_calls_a_hosted_coordinator_answers(tmp_path: Path) -> None:
+    """Secured, the coordinators in the stores answer a principal only what
+    its ACLs allow, as the ones alone do: the store's gRPC server checks
+    their methods by the same rules (services/common/security/operations.py)."""
+    with LocalCluster(tmp_path / "cluster", security=True, coordinators_in_stores=True,
+                      extra_args={"partition_store": STORE_ARGS}) as cluster:
+        with admin_of(cluster) as admin:
+            admin.create_topic("in", partitions=1)
+            admin.create_topic("out", partitions=1)
+        with Producer(bootstrap=cluster.bootstrap, **cluster.client_config("admin")) as producer:
+            producer.send("in", value=b"one", partition=0).result(timeout=60)
+        alice = cluster.client_config("alice")
+        grant(cluster, allow("User:alice", "topic", "in", "read"))
+        tp = TopicPartition("in", 0)
+        # No Read on the group: its coordinator refuses the join.
+        with Consumer(bootstrap=cluster.bootstrap, group_id="billing",
+                      auto_offset_reset="earliest", **alice) as consumer:
+            consumer.subscribe(["in"])
+            with pytest.raises(errors.GroupAuthorizationFailedError, match="billing"):
+                deadline = time.monotonic() + DEADLINE_S
+                while time.monotonic() < deadline:
+                    consumer.poll(timeout=0.5)
+        # No Write on the transactional id: the transaction coordinator
+        # refuses its producer id.
+        with Producer(bootstrap=cluster.bootstrap, transactional_id="billing-0",
+                      **alice) as producer, \
+                pytest.raises(errors.TransactionalIdAuthorizationFailedError):
+            producer.init_transactions()
+        grant(cluster, [*allow("User:alice", "group", "billing", "read"),
+                        *allow("User:alice", "topic", "out", "write"),
+                        *allow("User:alice", "transactional_id", "billing-0", "write")])
+        with Consumer(bootstrap=cluster.bootstrap, group_id="billing",
+                      auto_offset_reset="earliest", **alice) as consumer, \
+                Producer(bootstrap=cluster.bootstrap, transactional_id="billing-0",
+                         **alice) as producer:
+            consumer.subscribe(["in"])
+            records: list[ConsumerRecord] = []
+            deadline = time.monotonic() + DEADLINE_S
+            while not records and time.monotonic() < deadline:
+                records = consumer.poll(timeout=0.5)
+            assert [r.value for r in records] == [b"one"]
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("out", value=b"ONE", partition=0)
+            producer.send_offsets_to_transaction({tp: 1}, consumer.group_metadata())
+            producer.commit_transaction()
+        with Consumer(bootstrap=cluster.bootstrap, group_id="billing", **alice) as checker:
+            assert checker.committed([tp], timeout=60) == {tp: 1}
