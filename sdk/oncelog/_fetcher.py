@@ -46,7 +46,7 @@ from oncelog._subscription import (
 from oncelog._throttle import Throttles
 from oncelog.errors import DeserializationError
 from oncelog.serializers import Deserializer
-from oncelog.types import ConsumerRecord, ThrottleTime, TopicPartition
+from oncelog.types import ConsumerRecord, PartitionRecords, ThrottleTime, TopicPartition
 from oncelog.v1 import partition_store_pb2, records_pb2
 from oncelog.wire import errors
 from oncelog.wire import records as codec
@@ -381,22 +381,27 @@ class Fetcher:
 
     # ------------------------------------------------------------ handing out
 
+    def _drain_order(self) -> list[tuple[TopicPartition, PartitionState]]:
+        """The assigned partitions, starting at the next one in turn, so
+        that one busy partition cannot starve the others."""
+        tps = self._subscription.items()
+        if not tps:
+            return tps
+        start = self._next_drain_index % len(tps)
+        self._next_drain_index += 1
+        return tps[start:] + tps[:start]
+
     def drain(self, max_records: int,
               only: frozenset[TopicPartition] | None = None) -> list[ConsumerRecord]:
         """Up to max_records buffered records (of the partitions `only`
         names, default all), moving each partition's position past what it
         hands out."""
         out: list[ConsumerRecord] = []
-        tps = self._subscription.items()
-        if not tps:
-            return out
-        # Start at a rotating partition, so one busy partition cannot starve the others.
-        start = self._next_drain_index % len(tps)
-        self._next_drain_index += 1
-        if self._key_deserializer is not None or self._value_deserializer is not None:
-            return self._drain_deserialized(tps[start:] + tps[:start], max_records, only)
+        tps = self._drain_order()
+        if self.deserializes:
+            return self._drain_deserialized(tps, max_records, only)
         new_tuple = tuple.__new__
-        for tp, st in tps[start:] + tps[:start]:
+        for tp, st in tps:
             if st.records is None or (only is not None and tp not in only):
                 continue
             topic, partition = tp.topic, tp.partition
@@ -413,6 +418,35 @@ class Fetcher:
                 st.finish_buffer()
             if len(out) >= max_records:
                 break
+        return out
+
+    @property
+    def deserializes(self) -> bool:
+        """Whether the consumer has a key or a value deserializer."""
+        return self._key_deserializer is not None or self._value_deserializer is not None
+
+    def drain_columns(self, max_records: int,
+                      only: frozenset[TopicPartition] | None = None) -> list[PartitionRecords]:
+        """drain() as columns, one PartitionRecords per partition with
+        records (Consumer.poll_columns): the same records, in the same
+        rotation, moving the same positions. Without deserializers only."""
+        out: list[PartitionRecords] = []
+        left = max_records
+        for tp, st in self._drain_order():
+            if st.records is None or (only is not None and tp not in only):
+                continue
+            (offsets, timestamps_ms, keys, values, headers), ran_out = codec.take_columns(
+                st.records, left)
+            if offsets:
+                st.position = offsets[-1] + 1
+            if ran_out:
+                st.finish_buffer()  # after the position: it may move it further
+            if offsets:
+                out.append(PartitionRecords(tp.topic, tp.partition, offsets, timestamps_ms,
+                                            keys, values, headers))
+                left -= len(offsets)
+                if left <= 0:
+                    break
         return out
 
     def _drain_deserialized(self, tps: list[tuple[TopicPartition, PartitionState]],

@@ -47,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
+from typing import TypeVar
 
 from oncelog._client import ClusterClient, remaining_ms
 from oncelog._config import DEFAULT_CLIENT_ID
@@ -75,6 +76,7 @@ from oncelog.types import (
     ConsumerRecord,
     GroupMetadata,
     OffsetAndTimestamp,
+    PartitionRecords,
     ThrottleTime,
     TopicPartition,
 )
@@ -84,6 +86,8 @@ from oncelog.wire.errors import ErrorCode, OncelogError
 from oncelog.wire.vocabulary import IsolationLevel, OffsetReset
 
 log = logging.getLogger("oncelog.consumer")
+# What a poll hands out: ConsumerRecord (poll) or PartitionRecords (poll_columns).
+_Out = TypeVar("_Out")
 
 _ISOLATION = {
     IsolationLevel.READ_COMMITTED: records_pb2.IsolationLevel.READ_COMMITTED,
@@ -747,6 +751,23 @@ class Consumer:
         application seeks past it."""
         return self._poll(timeout)
 
+    def poll_columns(self, timeout: float = 1.0) -> list[PartitionRecords]:
+        """poll() for callers that handle records by the batch: the same
+        records (at most max_poll_records in all), the same waiting, the same
+        positions moved, handed out as one PartitionRecords per partition
+        that has records, its keys, values, offsets, timestamps and headers
+        each a list. No object is made per record, which is what a pipeline
+        that moves records through without looking at each one (a copier,
+        into Producer.send_many) saves.
+
+        Keys and values are bytes as stored: a consumer with a key or value
+        deserializer raises IllegalStateError (use poll())."""
+        if self._fetcher.deserializes:
+            raise errors.IllegalStateError(
+                "poll_columns() hands out keys and values as stored, and this consumer has a "
+                "key_deserializer or a value_deserializer: use poll()")
+        return self._poll_with(self._fetcher.drain_columns, timeout)
+
     def _poll(self, timeout: float, max_records: int | None = None,
               partitions: frozenset[TopicPartition] | None = None) -> list[ConsumerRecord]:
         """poll(), returning at most `max_records` (default max_poll_records)
@@ -754,6 +775,12 @@ class Consumer:
         asyncio consumer's getone() and getmany(*partitions, max_records=)
         (oncelog.aio), which must not move a position past a record it does
         not hand out."""
+        return self._poll_with(self._fetcher.drain, timeout, max_records, partitions)
+
+    def _poll_with(self, drain: Callable[[int, frozenset[TopicPartition] | None], list[_Out]],
+                   timeout: float, max_records: int | None = None,
+                   partitions: frozenset[TopicPartition] | None = None) -> list[_Out]:
+        """_poll() handing out what `drain` makes of the buffered records."""
         self._check_open()
         limit = self._max_poll_records if max_records is None else max_records
         if not self._subscription.has_partitions and not self._subscription.subscribed:
@@ -767,7 +794,7 @@ class Consumer:
         while True:
             self._group_step(calls_deadline_s)
             fetcher.collect_fetches(calls_deadline_s)
-            out = fetcher.drain(limit, partitions)
+            out = drain(limit, partitions)
             if out:
                 fetcher.send_fetches(calls_deadline_s)  # prefetch while the caller works on these
                 return out

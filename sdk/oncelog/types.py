@@ -67,6 +67,28 @@ class ConsumerRecord(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionRecords:
+    """Records of one partition as Consumer.poll_columns() hands them out:
+    one list per field, item i of each being record i, in offset order.
+    Keys and values are bytes (or None) as stored."""
+
+    topic: str
+    partition: int
+    offsets: list[int]
+    timestamps_ms: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[tuple[Header, ...]]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedTxnState:
     """A prepared two-phase-commit transaction (Kafka's PreparedTxnState): the
     producer id and epoch its records were written with. What

@@ -64,6 +64,8 @@ SELECTION = {
         "tests/integration/test_end_txn_stream.py",
         "tests/integration/test_aio_client.py",
         "tests/integration/test_lost_ack.py",
+        # The consumer's columns come from the compiled record codec.
+        "tests/integration/test_consumer_columns.py",
     ),
 }
 # The client contract runs against the coordinators' two placements; what

@@ -3,7 +3,8 @@
 Method: encode batches whose records all take the fast path (a value, no
 headers; with and without keys), rebuild the same batch from
 records._encode_record (the general form) and compare byte for byte; then
-round-trip mixed batches through iter_records.
+round-trip mixed batches through iter_records, and hand records out as
+columns (take_columns, the consumer's poll_columns).
 """
 
 from __future__ import annotations
@@ -47,3 +48,30 @@ def test_mixed_batches_round_trip() -> None:
         (102, b"k2", b"v2", (("h", b"x"), ("n", None), ("\u00e9t\u00e9", b"")), 4),
         (103, None, b"plain", (), 9),
     ]
+
+
+def test_take_columns_hands_out_the_fields_up_to_its_limit() -> None:
+    # The consumer's columnar hand-out: item i of each column is record i of
+    # what iter_record_fields yields; the limit stops it mid-batch, and the
+    # rest comes from the same iterator next time.
+    rows = [
+        (b"k", b"v", None, 5),
+        (None, None, None, 6),
+        (b"k2", b"v2", [("h", b"x"), ("n", None)], 4),
+        (None, b"plain", None, 9),
+        (b"k5", b"", None, 7),
+    ]
+    batch = records.with_base_offset(records.encode_batch(rows), 100)
+    want = list(records.iter_record_fields(batch, min_offset=101))
+    fields = records.iter_record_fields(batch, min_offset=101)
+    first, ran_out = records.take_columns(fields, 3)
+    assert not ran_out
+    second, ran_out = records.take_columns(fields, 3)
+    assert ran_out
+    assert first[0] == [101, 102, 103] and second[0] == [104]
+    got = [list(zip(*columns, strict=True)) for columns in (first, second)]
+    assert got[0] + got[1] == want
+    assert first[2] == [None, b"k2", None] and first[3] == [None, b"v2", b"plain"]
+    assert first[4][1] == (("h", b"x"), ("n", None))
+    empty, ran_out = records.take_columns(fields, 3)
+    assert ran_out and empty == ([], [], [], [], [])

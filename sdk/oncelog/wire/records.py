@@ -792,6 +792,35 @@ def _skip_below(data: bytes, pos: int, count: int, base: int,
     return pos, count
 
 
+# Records as columns: offsets, timestamps (ms), keys, values and headers;
+# item i of each list is record i.
+RecordColumns = tuple[list[int], list[int], list[bytes | None], list[bytes | None],
+                      list[tuple[Header, ...]]]
+
+
+def take_columns(records: Iterator[RecordFields], limit: int) -> tuple[RecordColumns, bool]:
+    """Up to `limit` (>= 1) of `records` (what iter_record_fields yields) as
+    columns, and whether `records` ran out before the limit.
+
+    The consumer's columnar hand-out (Consumer.poll_columns): here, so that
+    where this module is compiled the per-record loop is too, and a caller
+    that reads keys and values by the column makes no object per record."""
+    offsets: list[int] = []
+    timestamps_ms: list[int] = []
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    headers: list[tuple[Header, ...]] = []
+    for offset, timestamp_ms, key, value, record_headers in records:
+        offsets.append(offset)
+        timestamps_ms.append(timestamp_ms)
+        keys.append(key)
+        values.append(value)
+        headers.append(record_headers)
+        if len(offsets) >= limit:
+            return (offsets, timestamps_ms, keys, values, headers), False
+    return (offsets, timestamps_ms, keys, values, headers), True
+
+
 def _log_append_time_fields(batch: bytes | memoryview, header: BatchHeader,
                             min_offset: int) -> Iterator[RecordFields]:
     """The records of a batch whose records all take its max_timestamp_ms
