@@ -26,6 +26,10 @@ Cases (`--cases`, comma-separated):
   every 100 ms; records/s from the first record read until the commit that
   covers the input, then the output is checked (every input record once, on
   its partition).
+* `copier-columns`: the same copier moving records by the batch: oncelog's
+  `poll_columns()` into one `send_many()` per partition against each
+  `consume()`'s records into one confluent-kafka `produce_batch()` per
+  partition.
 * `txn-ratio`: 1 KiB records, 4 partitions, for `--seconds` each: the
   idempotent producer, then a transactional producer committing every
   100 ms, each on a fresh cluster; records/s of both and their ratio (the
@@ -109,7 +113,8 @@ PEER_CHECK_IDLE_S = 5.0
 TANSU_READY_TIMEOUT_S = 15.0
 TANSU_START_RETRIES = 5
 
-CASES = ("produce-1p", "produce-4p", "produce-many", "latency", "copier", "txn-ratio")
+CASES = ("produce-1p", "produce-4p", "produce-many", "latency", "copier", "copier-columns",
+         "txn-ratio")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +146,9 @@ METRICS = (
     Metric("copier", "records_per_s",
            "exactly-once copier, {copier_records} x 100 B, commit every 100 ms",
            "records/s", True),
+    Metric("copier-columns", "records_per_s",
+           "exactly-once copier by the batch (poll_columns + send_many; produce_batch), "
+           "{copier_records} x 100 B, commit every 100 ms", "records/s", True),
     Metric("txn-ratio", "idempotent_records_per_s",
            "idempotent produce, 1 KiB, 4 partitions", "records/s", True),
     Metric("txn-ratio", "transactional_records_per_s",
@@ -379,6 +387,26 @@ def peer_send(producer: Any, topic: str, value: bytes, partition: int,
             producer.poll(0.05)
 
 
+def peer_send_batch(producer: Any, topic: str, messages: list[dict[str, Any]],
+                    partition: int) -> None:
+    """produce_batch() of `messages` to one partition, sending again those
+    it could not queue (each marked '_error') once the buffer has room.
+    Exact, unlike produce-many's loop (which takes the first `queued` as
+    the ones queued): a copier's output is checked record by record."""
+    while messages:
+        try:
+            queued = producer.produce_batch(topic, messages, partition=partition)
+        except BufferError:
+            queued = 0
+            for m in messages:
+                m["_error"] = "buffer full"
+        if queued == len(messages):
+            return
+        messages = [{k: v for k, v in m.items() if k != "_error"}
+                    for m in messages if "_error" in m]
+        producer.poll(0.05)
+
+
 def peer_produce(bootstrap: str, topic: str, *, value_bytes: int, partitions: int,
                  duration_s: float, commit_interval_ms: int | None = None,
                  ) -> transactions.Produced:
@@ -487,10 +515,12 @@ def peer_fill_input(bootstrap: str, records: int) -> None:
 
 
 def peer_copy(bootstrap: str, *, records: int, commit_interval_ms: int,
-              max_poll_records: int) -> pipeline.CopyRun:
+              max_poll_records: int, by_column: bool = False) -> pipeline.CopyRun:
     """bench/pipeline.py's copy() loop, exactly once, with confluent-kafka:
     consume, produce each record to its partition of the output, and every
-    `commit_interval_ms` send_offsets_to_transaction + commit_transaction."""
+    `commit_interval_ms` send_offsets_to_transaction + commit_transaction.
+    `by_column`: each consume()'s records go out with one produce_batch()
+    per partition (the counterpart of poll_columns + send_many)."""
     from confluent_kafka import Consumer, Producer
 
     interval_s = commit_interval_ms / 1000
@@ -522,11 +552,17 @@ def peer_copy(bootstrap: str, *, records: int, commit_interval_ms: int,
             if batch and not in_txn:
                 producer.begin_transaction()
                 in_txn = True
+            by_partition: dict[int, list[dict[str, Any]]] = {}
             for m in batch:
                 value, partition = m.value(), m.partition()
                 if m.error() is not None or value is None or partition is None:
                     raise RuntimeError(f"consume failed: {m.error() or 'a record without value'}")
-                peer_send(producer, pipeline.OUTPUT, value, partition, key=m.key())
+                if by_column:
+                    by_partition.setdefault(partition, []).append({"value": value, "key": m.key()})
+                else:
+                    peer_send(producer, pipeline.OUTPUT, value, partition, key=m.key())
+            for partition, messages in by_partition.items():
+                peer_send_batch(producer, pipeline.OUTPUT, messages, partition)
             copied += len(batch)
             producer.poll(0)
             done = copied >= records
@@ -714,21 +750,23 @@ def copy_measurement(system: str, run: pipeline.CopyRun) -> Measurement:
                         "commit_ms": run.commit_ms, "commit_share": run.commit_share})
 
 
-def oncelog_copier(args: argparse.Namespace) -> Measurement:
+def oncelog_copier(args: argparse.Namespace, by_column: bool = False) -> Measurement:
     run = pipeline.run_copy(argparse.Namespace(
         records=args.copier_records, value_bytes=SMALL_BYTES,
         commit_interval_ms=COMMIT_INTERVAL_MS, max_poll_records=MAX_POLL_RECORDS,
-        coordinators_in_stores=COORDINATORS_IN_STORES),
+        coordinators_in_stores=COORDINATORS_IN_STORES, by_column=by_column),
         exactly_once=True)
     return copy_measurement(ONCELOG, run)
 
 
-def peer_copier(args: argparse.Namespace, system: str = PEER) -> Measurement:
+def peer_copier(args: argparse.Namespace, system: str = PEER,
+                by_column: bool = False) -> Measurement:
     with kafka_bootstrap(system) as bootstrap:
         peer_create_topics(bootstrap, [pipeline.INPUT, pipeline.OUTPUT], PARTITIONS)
         peer_fill_input(bootstrap, args.copier_records)
         run = peer_copy(bootstrap, records=args.copier_records,
-                        commit_interval_ms=COMMIT_INTERVAL_MS, max_poll_records=MAX_POLL_RECORDS)
+                        commit_interval_ms=COMMIT_INTERVAL_MS, max_poll_records=MAX_POLL_RECORDS,
+                        by_column=by_column)
         peer_check_output(bootstrap, args.copier_records)
     return copy_measurement(system, run)
 
@@ -788,6 +826,9 @@ RUNNERS: dict[str, dict[str, Runner]] = {
                 PEER: peer_latency_case},
     "copier": {ONCELOG: oncelog_copier, KAFKA: lambda a: peer_copier(a, KAFKA),
                PEER: peer_copier},
+    "copier-columns": {ONCELOG: lambda a: oncelog_copier(a, by_column=True),
+                       KAFKA: lambda a: peer_copier(a, KAFKA, by_column=True),
+                       PEER: lambda a: peer_copier(a, by_column=True)},
     "txn-ratio": {ONCELOG: oncelog_txn_ratio, KAFKA: lambda a: peer_txn_ratio(a, KAFKA),
                   PEER: peer_txn_ratio},
 }

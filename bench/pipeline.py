@@ -108,8 +108,10 @@ def fill_input(bootstrap: str, records: int, value_bytes: int) -> None:
 
 
 def copy(bootstrap: str, *, exactly_once: bool, records: int, commit_interval_ms: int,
-         max_poll_records: int) -> CopyRun:
-    """The pipeline loop until the whole input is copied and committed."""
+         max_poll_records: int, by_column: bool = False) -> CopyRun:
+    """The pipeline loop until the whole input is copied and committed.
+    `by_column`: the records are read with poll_columns() and written with
+    one send_many() per partition, instead of poll() and send() each."""
     interval_s = commit_interval_ms / 1000
     tid = "bench-pipeline" if exactly_once else None
     with Consumer(bootstrap=bootstrap, group_id="bench-pipeline",
@@ -126,17 +128,27 @@ def copy(bootstrap: str, *, exactly_once: bool, records: int, commit_interval_ms
         in_txn = False
         window_start = time.perf_counter()
         while True:
-            batch = consumer.poll(timeout=0.5)
-            if batch and not started:
+            if by_column:
+                parts = consumer.poll_columns(timeout=0.5)
+                read = sum(len(part) for part in parts)
+            else:
+                batch = consumer.poll(timeout=0.5)
+                read = len(batch)
+            if read and not started:
                 started = window_start = time.perf_counter()
-            if batch and exactly_once and not in_txn:
+            if read and exactly_once and not in_txn:
                 producer.begin_transaction()
                 in_txn = True
-            for r in batch:
-                # The transform is the identity: what is measured is the
-                # pipeline, not the application's work.
-                producer.send(OUTPUT, value=r.value, key=r.key, partition=r.partition)
-            copied += len(batch)
+            # The transform is the identity: what is measured is the
+            # pipeline, not the application's work.
+            if by_column:
+                for part in parts:
+                    producer.send_many(OUTPUT, part.values, keys=part.keys,
+                                       partition=part.partition)
+            else:
+                for r in batch:
+                    producer.send(OUTPUT, value=r.value, key=r.key, partition=r.partition)
+            copied += read
             done = copied >= records
             if not done and time.perf_counter() - window_start < interval_s:
                 continue
@@ -200,7 +212,8 @@ def run_copy(args: argparse.Namespace, exactly_once: bool) -> CopyRun:
         fill_input(cluster.bootstrap, args.records, args.value_bytes)
         run = copy(cluster.bootstrap, exactly_once=exactly_once, records=args.records,
                    commit_interval_ms=args.commit_interval_ms,
-                   max_poll_records=args.max_poll_records)
+                   max_poll_records=args.max_poll_records,
+                   by_column=getattr(args, "by_column", False))
         check_output(cluster.bootstrap, args.records)
     return run
 

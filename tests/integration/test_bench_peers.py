@@ -82,14 +82,24 @@ def test_unknown_cases_and_systems_are_refused() -> None:
         peers.parse_args(["--systems", "kafka-java"])
 
 
+def test_the_copier_by_the_column_copies_exactly_once() -> None:
+    # poll_columns + send_many on oncelog (its output is checked record by
+    # record inside the case); the peer's produce_batch side runs with the
+    # slow test below.
+    (row,) = peers.main(["--systems", "oncelog", "--cases", "copier-columns", "--rounds", "1",
+                         "--copier-records", "2000"])
+    assert row.label.startswith("exactly-once copier by the batch")
+    assert row.figures[peers.ONCELOG][0] > 0
+
+
 # A whole benchmark run at tiny sizes (about a minute): with the slow tests
 # (`pytest -m slow tests/integration/test_bench_*.py`), not in the default run.
 @pytest.mark.slow
 def test_every_system_runs_every_case(capsys: pytest.CaptureFixture[str]) -> None:
-    rows = peers.main(["--cases", "produce-1p,latency,copier", "--rounds", "1",
+    rows = peers.main(["--cases", "produce-1p,latency,copier,copier-columns", "--rounds", "1",
                        "--seconds", "0.5", "--latency-samples", "5",
                        "--copier-records", "2000"])
-    assert len(rows) == 6  # one produce row, four latency rows, the copier
+    assert len(rows) == 7  # one produce row, four latency rows, the two copiers
     for row in rows:
         assert set(row.figures) == {peers.ONCELOG, peers.KAFKA, peers.PEER}, row.label
         assert row.ratio is not None and row.ratio > 0, row.label
@@ -97,5 +107,6 @@ def test_every_system_runs_every_case(capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     # Interleaved: within the round each case ran on every system in turn.
     progress = [line.split()[3:5] for line in out.splitlines() if line.startswith("# round")]
-    assert progress == [[case, system] for case in ("produce-1p", "latency", "copier")
+    assert progress == [[case, system]
+                        for case in ("produce-1p", "latency", "copier", "copier-columns")
                         for system in peers.SYSTEMS]
