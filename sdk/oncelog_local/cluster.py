@@ -307,6 +307,18 @@ class ServiceProcess(ChildProcess):
         return f"{self.host}:{self.kafka_port}"
 
 
+def _check_no_coordinator_args(extra_args: Mapping[str, Sequence[str]]) -> None:
+    """With the coordinators in the stores: flags for coordinator processes,
+    which are not started, would be dropped silently and leave the
+    coordinators unconfigured."""
+    named = sorted(kind for kind in ("coordinator", "group_coordinator") if extra_args.get(kind))
+    if named:
+        raise ValueError(
+            f"extra_args names {' and '.join(map(repr, named))}, whose processes "
+            "coordinators_in_stores=True does not start: each store runs those "
+            "coordinators, so their flags go in extra_args['partition_store']")
+
+
 class LocalCluster:
     """Partition stores, transaction coordinators and group coordinators as
     separate processes on 127.0.0.1, and optionally etcd (etcd_members).
@@ -335,15 +347,8 @@ class LocalCluster:
         network: str | None = None,
         coordinators_in_stores: bool = False,
     ) -> None:
-        hosted_args = sorted(kind for kind in ("coordinator", "group_coordinator")
-                             if (extra_args or {}).get(kind))
-        if coordinators_in_stores and hosted_args:
-            # Dropped silently, they would leave the coordinators unconfigured.
-            raise ValueError(
-                f"extra_args names {' and '.join(map(repr, hosted_args))}, whose processes "
-                "coordinators_in_stores=True does not start: each store runs those "
-                "coordinators, so their flags go in extra_args['partition_store']")
         if coordinators_in_stores:
+            _check_no_coordinator_args(extra_args or {})
             coordinators = group_coordinators = 0
         # The store that runs each coordinator, by kind (empty: they run as
         # processes of their own).
