@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..common.rpc.server_base import env_default
+from ..common.rpc.server_base import add_int_flags, env_default
 from .core.producer_ids import DEFAULT_BLOCK_SIZE
 
 
@@ -45,17 +45,14 @@ def add_coordinator_arguments(parser: argparse.ArgumentParser, *,
         help="producer ids claimed per durable block",
     )
     defaults = TxnConfig()
-    flags = [
+    add_int_flags(parser, [
         ("max-transaction-timeout-ms", defaults.max_transaction_timeout_ms,
          "the longest transaction timeout a producer may ask for"),
         ("transactional-id-expiration-ms", defaults.transactional_id_expiration_ms,
          "an idle transactional id is forgotten after this"),
         ("transaction-check-interval-ms", defaults.check_interval_ms,
          "how often transaction timeouts and expirations are checked"),
-    ]
-    for flag, default, help_text in flags[0 if max_transaction_timeout else 1:]:
-        parser.add_argument(f"--{flag}", type=int,
-                            default=env_default(flag, str(default)), help=help_text)
+    ], leave_out=() if max_transaction_timeout else ("max-transaction-timeout-ms",))
     parser.add_argument(
         "--allow-two-phase-commit", action=argparse.BooleanOptionalAction,
         default=(env_default("allow-two-phase-commit", "true") or "").strip().lower()

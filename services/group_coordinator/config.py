@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..common.rpc.server_base import env_default
+from ..common.rpc.server_base import add_int_flags
 
 if TYPE_CHECKING:
     from .core import classic as cl
@@ -63,7 +63,7 @@ def add_group_coordinator_arguments(parser: argparse.ArgumentParser, *,
     retention runs): one flag then sets both, so
     `retention_check_interval=False` leaves it out."""
     defaults = GroupConfig()
-    for flag, default, help_text in (
+    add_int_flags(parser, [
         ("min-session-timeout-ms", defaults.min_session_timeout_ms,
          "the shortest session timeout a member may ask for"),
         ("max-session-timeout-ms", defaults.max_session_timeout_ms,
@@ -79,12 +79,7 @@ def add_group_coordinator_arguments(parser: argparse.ArgumentParser, *,
          "group.initial.rebalance.delay.ms)"),
         ("lag-refresh-interval-ms", DEFAULT_LAG_REFRESH_INTERVAL_MS,
          "how often the lag metric's end offsets are read from the partition stores"),
-    ):
-        if flag == "retention-check-interval-ms" and not retention_check_interval:
-            continue
-        parser.add_argument(f"--{flag}", type=int,
-                            default=int(env_default(flag, str(default)) or default),
-                            help=help_text)
+    ], leave_out=() if retention_check_interval else ("retention-check-interval-ms",))
 
 
 def group_config_from_args(args: argparse.Namespace) -> GroupConfig:

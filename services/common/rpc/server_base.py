@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 import grpc
@@ -64,6 +64,18 @@ def env_default(name: str, default: str | None = None) -> str | None:
     as a string: argparse converts it with the flag's type, so a bad value in
     the environment gets the same clear error as a bad flag."""
     return os.environ.get(env_name(name), default)
+
+
+def add_int_flags(parser: argparse.ArgumentParser,
+                  flags: Iterable[tuple[str, int, str]], *,
+                  leave_out: Collection[str] = ()) -> None:
+    """Integer flags given as (name, default, help), each defaulting from
+    the environment (env_default), except those named in `leave_out`: a
+    process that already has a flag of that name sets both with it."""
+    for flag, default, help_text in flags:
+        if flag not in leave_out:
+            parser.add_argument(f"--{flag}", type=int,
+                                default=env_default(flag, str(default)), help=help_text)
 
 
 _TRUE = ("1", "true", "yes", "on")
