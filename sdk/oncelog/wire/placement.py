@@ -28,22 +28,19 @@ def preferred_store(topic: str, partition: int, store_count: int) -> int:
     return (stable_hash(topic) + partition) % store_count
 
 
-def _store_of(topic: str, coordinator: int, store_count: int) -> int:
-    """The store that runs coordinator `coordinator` of the kind whose state
-    is `topic`, when each of `store_count` stores runs one. Coordinator c
-    owns the partitions p of `topic` with p % store_count == c (the layout's
-    rule for both kinds), and every one of them prefers the store this
-    returns: (hash + p) % n is the same for every p = c (mod n)."""
-    return preferred_store(topic, coordinator, store_count)
+# With one coordinator of a kind per store, coordinator c owns the partitions
+# p of its state topic with p % store_count == c (the layout's rule for both
+# kinds), and every one of them prefers the same store, since
+# (hash + p) % n is the same for every p = c (mod n): that of partition c.
 
 
 def store_of_coordinator(coordinator: int, store_count: int) -> int:
     """The store that runs transaction coordinator `coordinator` (its
     `__transaction_state` partitions' preferred store)."""
-    return _store_of(TRANSACTION_STATE_TOPIC, coordinator, store_count)
+    return preferred_store(TRANSACTION_STATE_TOPIC, coordinator, store_count)
 
 
 def store_of_group_coordinator(coordinator: int, store_count: int) -> int:
     """The store that runs group coordinator `coordinator` (its
     `__consumer_offsets` partitions' preferred store)."""
-    return _store_of(CONSUMER_OFFSETS_TOPIC, coordinator, store_count)
+    return preferred_store(CONSUMER_OFFSETS_TOPIC, coordinator, store_count)

@@ -25,7 +25,8 @@ from ..core import consumer_protocol
 from ..core import groups as gr
 from ..runtime import TP, GroupCoordinatorRuntime
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GroupCoordinator"].full_name
+_SERVICE = pb.DESCRIPTOR.services_by_name["GroupCoordinator"]
+SERVICE_NAME = _SERVICE.full_name
 
 
 def _tp(p: records_pb2.TopicPartition) -> TP:
@@ -110,7 +111,7 @@ class GroupCoordinatorServicer(pb_grpc.GroupCoordinatorServicer):
         """Answers the calls of the store that runs this coordinator in its
         process (services/common/rpc/local_calls.py): what its Kafka listener
         forwards, every method of the service."""
-        for method in pb.DESCRIPTOR.services_by_name["GroupCoordinator"].methods:
+        for method in _SERVICE.methods:
             local.serve(f"/{SERVICE_NAME}/{method.name}", getattr(self, method.name))
 
     async def ConsumerGroupHeartbeat(  # noqa: N802 - gRPC method name
