@@ -63,8 +63,9 @@ _RESET_TIMESTAMPS: dict[str, int] = {EARLIEST: -2, LATEST: -1}
 class _InFlightFetch:
     address: str
     call: grpc.Future
-    # The offset each partition was fetched from: an answer for a partition
-    # whose position moved meanwhile (seek) is dropped.
+    # The offset each partition was fetched from (PartitionState.fetch_offset):
+    # an answer for a partition whose buffer no longer ends there (a seek, a
+    # reset meanwhile) is dropped.
     offsets: dict[TopicPartition, int]
 
 
@@ -213,7 +214,16 @@ class Fetcher:
         by_address: dict[str, dict[TopicPartition, int]] = {}
         missing_leader = False
         for tp, st in states:
-            if st.position is None or st.has_buffered or now_s < st.retry_at_s:
+            # A partition with records buffered is fetched again ahead of
+            # need (from where its buffer ends) once less than one fetch's
+            # worth is left unread, so that the next records are on their
+            # way while the application works on these: a consumer that
+            # fetched only an empty partition would wait a whole round trip
+            # after every buffer it hands out. At most about two fetches'
+            # worth is buffered per partition.
+            offset = st.fetch_offset
+            if (offset is None or now_s < st.retry_at_s
+                    or st.buffered_bytes >= self._max_partition_fetch_bytes):
                 continue
             address = md.leader_address(tp.topic, tp.partition) if md is not None else None
             if address is None:
@@ -223,7 +233,7 @@ class Fetcher:
                 continue
             if self._throttles.held_until_ms(address, now_ms) is not None:
                 continue  # the store throttles this consumer (its quota)
-            by_address.setdefault(address, {})[tp] = st.position
+            by_address.setdefault(address, {})[tp] = offset
         return by_address, missing_leader
 
     def _on_fetch_done(self, _call: grpc.Future) -> None:
@@ -312,9 +322,10 @@ class Fetcher:
                 tp = TopicPartition(result.topic, result.partition)
                 st = self._subscription.get(tp)
                 fetched_from = fetch.offsets.get(tp)
-                if st is None or fetched_from is None or st.position != fetched_from:
+                if st is None or fetched_from is None or st.fetch_offset != fetched_from:
                     continue  # unassigned or moved by seek() meanwhile
-                refresh = self._take_result(tp, st, result) or refresh
+                take = self._take_ahead if st.has_buffered else self._take_result
+                refresh = take(tp, st, result) or refresh
         if refresh:
             self._refresh_metadata_for_fetch(deadline_s)
 
@@ -344,23 +355,12 @@ class Fetcher:
                 self._subscription.back_off(st)
                 return needs_metadata_refresh(exc)
             raise exc
-        st.attempts = 0
-        st.high_watermark = result.high_watermark
-        st.last_stable_offset = result.last_stable_offset
-        st.log_start_offset = result.log_start_offset
+        _note_answer(st, result)
         position = st.position if st.position is not None else 0
         if result.batches:
-            for batch in result.batches:
-                if self._check_crcs:
-                    try:
-                        # Stored batches of compacted topics may have gaps.
-                        codec.validate_batch(batch, max_size_bytes=len(batch), compacted=True)
-                    except codec.BatchFormatError as bad:
-                        raise errors.error_for(
-                            ErrorCode.CORRUPT_MESSAGE,
-                            f"fetched batch of {tp.topic}-{tp.partition} is corrupt: {bad}",
-                        ) from None
+            self._check_batches(tp, result)
             st.batches.extend(result.batches)
+            st.buffered_bytes = sum(map(len, result.batches))
             st.next_fetch_offset = result.next_fetch_offset
             st.records = self._iter_buffered(st, position)
         elif result.next_fetch_offset > position:
@@ -368,16 +368,57 @@ class Fetcher:
             st.position = result.next_fetch_offset
         return False
 
+    def _take_ahead(self, tp: TopicPartition, st: PartitionState,
+                    result: partition_store_pb2.PartitionFetchResult) -> bool:
+        """Appends the answer of a fetch ahead to the partition's buffer;
+        True when metadata should be refreshed.
+        An error is left for the fetch from the position to meet and act on
+        (an offset out of range there is the application's concern, not
+        one of records it has not reached): until then the partition only
+        backs off."""
+        exc = error_from_proto(result.error)
+        if exc is not None:
+            self._subscription.back_off(st)
+            return exc.retriable and needs_metadata_refresh(exc)
+        _note_answer(st, result)
+        self._check_batches(tp, result)
+        st.batches.extend(result.batches)
+        st.buffered_bytes += sum(map(len, result.batches))
+        st.next_fetch_offset = max(st.next_fetch_offset, result.next_fetch_offset)
+        return False
+
+    def _check_batches(self, tp: TopicPartition,
+                       result: partition_store_pb2.PartitionFetchResult) -> None:
+        """Raises CorruptMessageError for a fetched batch that fails its
+        checks (check_crcs)."""
+        if not self._check_crcs:
+            return
+        for batch in result.batches:
+            try:
+                # Stored batches of compacted topics may have gaps.
+                codec.validate_batch(batch, max_size_bytes=len(batch), compacted=True)
+            except codec.BatchFormatError as bad:
+                raise errors.error_for(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"fetched batch of {tp.topic}-{tp.partition} is corrupt: {bad}",
+                ) from None
+
     @staticmethod
     def _iter_buffered(st: PartitionState, min_offset: int) -> Iterator[codec.RecordFields]:
         # Plain tuples, not codec.Records: drain unpacks each one into a
         # ConsumerRecord, and a named tuple per record costs as much to make
         # as decoding the record does.
-        while st.batches:
-            batch = st.batches.popleft()
-            if codec.read_header(batch).is_control:
-                continue
-            yield from codec.iter_record_fields(batch, min_offset=min_offset)
+        # Batches fetched ahead are appended while this runs; each starts
+        # after the last one begun (a store may answer a fetch with a batch
+        # that begins before the fetch offset: its head is skipped).
+        batches = st.batches
+        while batches:
+            batch = batches.popleft()
+            st.buffered_bytes -= len(batch)
+            header = codec.read_header(batch)
+            if not header.is_control:
+                yield from codec.iter_record_fields(batch, min_offset=min_offset)
+            min_offset = max(min_offset, header.base_offset + header.last_offset_delta + 1)
 
     # ------------------------------------------------------------ handing out
 
@@ -616,6 +657,15 @@ class Fetcher:
             return answers
 
         return client.call("ListOffsets", attempt, timeout_ms=budget_ms)
+
+
+def _note_answer(st: PartitionState,
+                 result: partition_store_pb2.PartitionFetchResult) -> None:
+    """What every answer without an error tells of a partition's log."""
+    st.attempts = 0
+    st.high_watermark = result.high_watermark
+    st.last_stable_offset = result.last_stable_offset
+    st.log_start_offset = result.log_start_offset
 
 
 def _monotonic_ms() -> int:

@@ -47,7 +47,11 @@ class PartitionState:
     # Fetched and not yet handed out: batches, and the iterator over them.
     batches: deque[bytes] = field(default_factory=deque)
     records: Iterator[codec.RecordFields] | None = None
+    # The offset after the last buffered batch: where a fetch ahead starts.
     next_fetch_offset: int = -1
+    # Bytes of the buffered batches the iterator has not begun: the fetcher
+    # fetches ahead while fewer than one fetch's worth are left.
+    buffered_bytes: int = 0
     retry_at_s: float = 0.0
     attempts: int = 0
 
@@ -55,10 +59,17 @@ class PartitionState:
     def has_buffered(self) -> bool:
         return self.records is not None
 
+    @property
+    def fetch_offset(self) -> int | None:
+        """Where the partition's next fetch starts: after what is buffered,
+        else at the position (None: no position yet)."""
+        return self.next_fetch_offset if self.records is not None else self.position
+
     def clear_buffer(self) -> None:
         self.batches.clear()
         self.records = None
         self.next_fetch_offset = -1
+        self.buffered_bytes = 0
 
     def finish_buffer(self) -> None:
         """Every buffered record was handed out: the position moves past

@@ -4,12 +4,13 @@
 parallel (one Fetch in flight per node, long-polling up to fetch_max_wait_ms),
 keeps what it fetched as encoded batches, and decodes records only as it hands
 them out, at most max_poll_records per call; the rest stays buffered for the
-next poll. A partition is fetched again once its buffer is empty, from its
-position; after the buffer is used up the position moves to the store's
-`next_fetch_offset`, past batches the store filtered out (aborted
-transactions, control batches), so a read_committed consumer never stalls on
-them. Fetches stay in flight between polls, so poll(timeout=0) picks up their
-answers later.
+next poll. A partition is fetched again from where its buffer ends once less
+than max_partition_fetch_bytes of it is left unread (ahead, so the next
+records arrive while these are handed out; `_fetcher`); after the buffer is
+used up the position moves to the store's `next_fetch_offset`, past batches
+the store filtered out (aborted transactions, control batches), so a
+read_committed consumer never stalls on them. Fetches stay in flight between
+polls, so poll(timeout=0) picks up their answers later.
 
 In a group (`subscribe`), a background thread heartbeats to the group's
 coordinator (`_group.HeartbeatThread`), which assigns the partitions; the

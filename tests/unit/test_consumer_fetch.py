@@ -4,9 +4,11 @@ Goal: poll() hands out records in offset order from the position on,
 skipping records of a first batch that starts before it; moves past batches
 the store filtered out (aborted transactions, control batches) using
 next_fetch_offset, also when nothing at all is returned; keeps what it did not
-hand out for the next poll (max_poll_records); drops an answer for a
-partition whose position moved by seek() meanwhile; survives a failing fetch;
-refuses corrupt batches.
+hand out for the next poll (max_poll_records); fetches the next records
+ahead while some are still buffered, at most about two fetches' worth, and
+leaves the errors of such a fetch to the fetch from the position; drops an
+answer for a partition whose position moved by seek() meanwhile; survives a
+failing fetch; refuses corrupt batches.
 
 Method: tests/support/inprocess_cluster.InProcessCluster, the real store (and
 coordinators) in this process: data appended through the store's produce
@@ -16,6 +18,7 @@ failures and corrupted replies injected by its fault layer.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -23,7 +26,7 @@ import pytest
 
 from oncelog import Consumer, ConsumerRecord, Producer, TopicPartition, errors
 from oncelog import records as codec
-from oncelog.v1 import partition_store_pb2
+from oncelog.v1 import errors_pb2, partition_store_pb2
 from tests.support.inprocess_cluster import InProcessCluster
 
 TP = TopicPartition("t", 0)
@@ -115,6 +118,109 @@ def test_small_fetch_sizes_still_make_progress(store: InProcessCluster) -> None:
     with consumer_for(store, max_partition_fetch_bytes=1, fetch_max_bytes=1) as consumer:
         got = drain(consumer, polls=100)
     assert [r.value for r in got if r.value != b"x" * 500] == [b"%d" % i for i in range(10)]
+
+
+# Fetching ahead: one record of RECORD_BYTES per batch, and fetches of
+# FETCH_BYTES, so that one answer holds a few batches (five, with their
+# headers).
+RECORD_BYTES = 1000
+FETCH_BYTES = 5500
+
+
+def append_numbered(store: InProcessCluster, count: int) -> None:
+    """`count` batches of one RECORD_BYTES record each, the value ending
+    in the record's offset."""
+    for i in range(count):
+        store.append_raw("t", 0, batch(b"%0*d" % (RECORD_BYTES, i)))
+
+
+def one_at_a_time(store: InProcessCluster, **kwargs: int | str) -> Consumer:
+    """A consumer handing out one record per poll, fetching FETCH_BYTES."""
+    return consumer_for(store, max_poll_records=1, max_partition_fetch_bytes=FETCH_BYTES,
+                        **kwargs)
+
+
+def poll_slowly(consumer: Consumer, count: int) -> Iterator[list[ConsumerRecord]]:
+    """Each poll's records until `count` came out, pausing after each poll
+    so that a fetch it sent reaches the store and is answered."""
+    seen = 0
+    while seen < count:
+        got = consumer.poll(timeout=5)
+        assert got, "records were fetched and must come out"
+        time.sleep(0.02)
+        seen += len(got)
+        yield got
+
+
+def fetch_offsets(store: InProcessCluster) -> list[int]:
+    return [p.fetch_offset for request in store.calls_named("Fetch")
+            for p in request.partitions]
+
+
+def test_the_next_records_are_fetched_ahead_while_some_are_buffered(
+        store: InProcessCluster) -> None:
+    append_numbered(store, 30)
+    with one_at_a_time(store) as consumer:
+        values: list[bytes | None] = []
+        ahead_seen = False
+        for got in poll_slowly(consumer, 30):
+            values.extend(r.value for r in got)
+            # A fetch that starts past the position was sent while records
+            # before it were still buffered.
+            ahead_seen = ahead_seen or max(fetch_offsets(store)) > consumer.position(TP)
+    assert values == [b"%0*d" % (RECORD_BYTES, i) for i in range(30)]
+    assert ahead_seen, fetch_offsets(store)
+
+
+def test_fetching_ahead_stops_at_about_two_fetches_worth(store: InProcessCluster) -> None:
+    append_numbered(store, 60)
+    with one_at_a_time(store) as consumer:
+        for _ in poll_slowly(consumer, 10):
+            pass
+        position = consumer.position(TP)
+    # Buffered at most: what is left of one answer (under FETCH_BYTES) plus
+    # the answer fetched ahead (a batch may take it over FETCH_BYTES).
+    furthest_records = 2 * FETCH_BYTES // RECORD_BYTES + 1
+    assert position == 10
+    assert max(fetch_offsets(store)) <= position + furthest_records, fetch_offsets(store)
+
+
+def test_an_error_of_a_fetch_ahead_is_left_to_the_fetch_from_the_position(
+        store: InProcessCluster) -> None:
+    # An out-of-range answer to a fetch ahead must not reset the position
+    # (auto_offset_reset="none" would raise): the buffered records are
+    # handed out, and the fetch is sent again after a backoff.
+    append_numbered(store, 12)
+    refused: list[int] = []
+
+    def refuse_ahead(reply: partition_store_pb2.FetchResponse
+                     ) -> partition_store_pb2.FetchResponse:
+        if not refused and store.fetch_calls >= 2:
+            refused.append(store.fetch_calls)
+            for result in reply.results:
+                del result.batches[:]
+                result.error.code = errors_pb2.OFFSET_OUT_OF_RANGE
+                result.error.message = "injected"
+        return reply
+
+    store.fetch_reply = refuse_ahead
+    with one_at_a_time(store, auto_offset_reset="none", retry_backoff_ms=10) as consumer:
+        consumer.seek(TP, 0)
+        # One record at a time, slowly: the answer to the fetch ahead (the
+        # second fetch) arrives while records are still buffered.
+        values = [r.value for got in poll_slowly(consumer, 12) for r in got]
+    assert refused == [2]
+    assert values == [b"%0*d" % (RECORD_BYTES, i) for i in range(12)]
+
+
+def test_seek_drops_what_was_fetched_ahead(store: InProcessCluster) -> None:
+    append_numbered(store, 12)
+    with one_at_a_time(store) as consumer:
+        for _ in poll_slowly(consumer, 3):
+            pass
+        consumer.seek(TP, 1)
+        offsets = [r.offset for r in drain(consumer)]
+    assert offsets == list(range(1, 12))
 
 
 def test_seek_discards_data_fetched_for_the_old_position(store: InProcessCluster) -> None:
