@@ -26,8 +26,8 @@ yet is dropped; one already running on the worker thread (a blocking call
 cannot be interrupted) runs to its end and the client is in the state that
 call leaves. Cancelling `send_and_wait()` while it waits for the
 acknowledgement leaves the record queued (a record cannot be taken back, as
-in Kafka). Records a cancelled getone()/getmany() fetched are not lost: the
-consumer seeks back to them before its next call.
+in Kafka). Records a cancelled getone(), getmany() or getmany_columns()
+fetched are not lost: the consumer seeks back to them before its next call.
 
 aiokafka names supported:
 
@@ -41,7 +41,9 @@ aiokafka names supported:
 * AIOConsumer (AIOKafkaConsumer): `AIOConsumer(*topics, ...)`, `start()`,
   `stop()`, `async with`, `async for`, `getone(*partitions)`,
   `getmany(*partitions, timeout_ms=0, max_records=None)` (→ {TopicPartition:
-  [ConsumerRecord]}), `subscribe(topics)`, `subscription()`, `unsubscribe()`,
+  [ConsumerRecord]}), `getmany_columns(...)` (the same by the column: →
+  [PartitionRecords], as Consumer.poll_columns; aiokafka has no such call),
+  `subscribe(topics)`, `subscription()`, `unsubscribe()`,
   `assign(partitions)`, `assignment()`, `seek(tp, offset)`,
   `seek_to_beginning(*partitions)`, `seek_to_end(*partitions)`,
   `seek_to_committed(*partitions)`, `position(tp)`, `committed(tp)`,
@@ -105,6 +107,7 @@ from oncelog.types import (
     HangingTransaction,
     NewTopic,
     OffsetAndTimestamp,
+    PartitionRecords,
     ProducerState,
     RecordMetadata,
     ThrottleTime,
@@ -120,6 +123,8 @@ from oncelog.wire.records import Header
 log = logging.getLogger("oncelog.aio")
 
 T = TypeVar("T")
+# What one poll hands out: ConsumerRecords, or PartitionRecords by the column.
+_Out = TypeVar("_Out", ConsumerRecord, PartitionRecords)
 
 # getone() and getmany() wait in polls of at most this long each, so that a
 # cancelled or stopped consumer's worker thread is free again within it.
@@ -144,6 +149,17 @@ class _Worker:
     def shutdown(self) -> None:
         # A call still running ends by itself; nothing waits for it here.
         self._executor.shutdown(wait=False)
+
+
+def _first_offsets(records: Sequence[ConsumerRecord] | Sequence[PartitionRecords],
+                   ) -> dict[TopicPartition, int]:
+    """The first offset of each partition among a poll's records."""
+    first: dict[TopicPartition, int] = {}
+    for r in records:
+        offset = r.offsets[0] if isinstance(r, PartitionRecords) else r.offset
+        tp = TopicPartition(r.topic, r.partition)
+        first[tp] = min(first.get(tp, offset), offset)
+    return first
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -338,7 +354,7 @@ class _PollCall:
     def __init__(self) -> None:
         self.abandoned = False
         # Set once the poll returned, unless its awaiter gave up first.
-        self.records: list[ConsumerRecord] | None = None
+        self.records: Sequence[ConsumerRecord] | Sequence[PartitionRecords] | None = None
 
 
 class AIOConsumer:
@@ -357,9 +373,10 @@ class AIOConsumer:
         # Guards what the worker thread and the event loop both touch: the
         # rewinds, the deferred error, the queued changes and the views.
         self._lock = threading.Lock()
-        # Records polled for an awaiter that was cancelled: the next call on
-        # the worker thread seeks back to them first.
-        self._rewinds: list[list[ConsumerRecord]] = []
+        # The first offset of each partition in the records polled for an
+        # awaiter that was cancelled: the next call on the worker thread
+        # seeks back to them first.
+        self._rewinds: list[dict[TopicPartition, int]] = []
         # The error of a queued plain method (seek, assign, ...), raised by
         # the next call that is awaited.
         self._deferred: BaseException | None = None
@@ -451,14 +468,14 @@ class AIOConsumer:
 
         return job
 
-    def _take_pending(self) -> tuple[list[list[ConsumerRecord]], BaseException | None]:
+    def _take_pending(self) -> tuple[list[dict[TopicPartition, int]], BaseException | None]:
         """The rewinds and the deferred error a job must see first. Caller
         holds the lock."""
         rewinds, self._rewinds = self._rewinds, []
         deferred, self._deferred = self._deferred, None
         return rewinds, deferred
 
-    def _run_job(self, pending: tuple[list[list[ConsumerRecord]], BaseException | None],
+    def _run_job(self, pending: tuple[list[dict[TopicPartition, int]], BaseException | None],
                  fn: Callable[[], T]) -> T:
         rewinds, deferred = pending
         try:
@@ -509,14 +526,13 @@ class AIOConsumer:
             self._assignment = frozenset(self._consumer.assignment())
             self._subscription = frozenset(self._consumer.subscription())
 
-    def _apply_rewinds(self, rewinds: list[list[ConsumerRecord]]) -> None:
+    def _apply_rewinds(self, rewinds: list[dict[TopicPartition, int]]) -> None:
         """Worker thread: seeks each partition back to the first record a
         cancelled poll fetched for it, so that none of them is skipped."""
         first: dict[TopicPartition, int] = {}
-        for records in rewinds:
-            for r in records:
-                tp = TopicPartition(r.topic, r.partition)
-                first[tp] = min(first.get(tp, r.offset), r.offset)
+        for offsets in rewinds:
+            for tp, offset in offsets.items():
+                first[tp] = min(first.get(tp, offset), offset)
         if not first:
             return
         assigned = self._consumer.assignment()
@@ -524,25 +540,25 @@ class AIOConsumer:
             if tp in assigned:  # a partition revoked meanwhile has a new owner
                 self._consumer.seek(tp, offset)
 
-    async def _poll(self, method: str, timeout_s: float, max_records: int | None,
-                    partitions: frozenset[TopicPartition] | None) -> list[ConsumerRecord]:
-        """One poll on the worker thread. If the awaiter is cancelled, the
-        records that poll fetched are given back (see _apply_rewinds)."""
+    async def _poll(self, method: str, fetch: Callable[[], list[_Out]]) -> list[_Out]:
+        """One poll (`fetch`: the threaded consumer's) on the worker thread.
+        If the awaiter is cancelled, the records that poll fetched are given
+        back (see _apply_rewinds)."""
         self._check(method)
         call = _PollCall()
 
-        def poll() -> list[ConsumerRecord]:
-            records = self._consumer._poll(timeout_s, max_records, partitions)
+        def poll() -> list[_Out]:
+            records = fetch()
             with self._lock:
                 abandoned = call.abandoned
                 if not abandoned:
                     call.records = records
             if abandoned:
-                self._apply_rewinds([records])
+                self._apply_rewinds([_first_offsets(records)])
                 return []
             return records
 
-        def job() -> list[ConsumerRecord]:
+        def job() -> list[_Out]:
             with self._lock:
                 if call.abandoned:
                     # Never started: the rewinds and a deferred error wait
@@ -561,14 +577,15 @@ class AIOConsumer:
             with self._lock:
                 call.abandoned = True
                 if call.records:
-                    self._rewinds.append(call.records)
+                    self._rewinds.append(_first_offsets(call.records))
             raise
 
     async def _next_record(self, partitions: frozenset[TopicPartition] | None
                            ) -> ConsumerRecord | None:
         """The next record, waiting as long as it takes; None once stopped."""
         while not self._stopped:
-            records = await self._poll("getone", POLL_CHUNK_S, 1, partitions)
+            records = await self._poll(
+                "getone", lambda: self._consumer._poll(POLL_CHUNK_S, 1, partitions))
             if records:
                 return records[0]
         return None
@@ -589,23 +606,43 @@ class AIOConsumer:
         """Records (of `partitions`, if given; at most `max_records`, default
         max_poll_records) by partition, as soon as there are some, or {}
         after `timeout_ms`."""
-        if type(timeout_ms) is not int or timeout_ms < 0:
-            raise ValueError(f"timeout_ms must be an int >= 0, got {timeout_ms!r}")
-        if max_records is not None and (type(max_records) is not int or max_records < 1):
-            raise ValueError(f"max_records must be an int >= 1 or None, got {max_records!r}")
         only = _partition_set(partitions)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
-        while True:
-            left_s = deadline - loop.time()
-            records = await self._poll("getmany", max(0.0, min(left_s, POLL_CHUNK_S)),
-                                       max_records, only)
-            if records or left_s <= POLL_CHUNK_S or self._stopped:
-                break
+        records = await self._poll_until(
+            "getmany", timeout_ms, max_records,
+            lambda timeout_s: self._consumer._poll(timeout_s, max_records, only))
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
         for r in records:
             out.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
         return out
+
+    async def getmany_columns(self, *partitions: TopicPartition, timeout_ms: int = 0,
+                              max_records: int | None = None) -> list[PartitionRecords]:
+        """getmany() by the column (Consumer.poll_columns): the same records,
+        waiting and positions, as one PartitionRecords per partition that
+        has records. Raises IllegalStateError for a consumer with a key or
+        value deserializer."""
+        only = _partition_set(partitions)
+        return await self._poll_until(
+            "getmany_columns", timeout_ms, max_records,
+            lambda timeout_s: self._consumer._poll_columns(timeout_s, max_records, only))
+
+    async def _poll_until(self, method: str, timeout_ms: int, max_records: int | None,
+                          poll: Callable[[float], list[_Out]]) -> list[_Out]:
+        """`poll(timeout_s)`'s records as soon as there are some, or [] after
+        timeout_ms: polls of at most POLL_CHUNK_S each, so that stop() is
+        never kept waiting for long."""
+        if type(timeout_ms) is not int or timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be an int >= 0, got {timeout_ms!r}")
+        if max_records is not None and (type(max_records) is not int or max_records < 1):
+            raise ValueError(f"max_records must be an int >= 1 or None, got {max_records!r}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while True:
+            left_s = deadline - loop.time()
+            chunk_s = max(0.0, min(left_s, POLL_CHUNK_S))
+            records = await self._poll(method, functools.partial(poll, chunk_s))
+            if records or left_s <= POLL_CHUNK_S or self._stopped:
+                return records
 
     # ------------------------------------------------------------ assignment
 

@@ -763,11 +763,17 @@ class Consumer:
 
         Keys and values are bytes as stored: a consumer with a key or value
         deserializer raises IllegalStateError (use poll())."""
+        return self._poll_columns(timeout)
+
+    def _poll_columns(self, timeout: float, max_records: int | None = None,
+                      partitions: frozenset[TopicPartition] | None = None,
+                      ) -> list[PartitionRecords]:
+        """poll_columns() with _poll()'s limits (AIOConsumer.getmany_columns)."""
         if self._fetcher.deserializes:
             raise errors.IllegalStateError(
                 "poll_columns() hands out keys and values as stored, and this consumer has a "
                 "key_deserializer or a value_deserializer: use poll()")
-        return self._poll_with(self._fetcher.drain_columns, timeout)
+        return self._poll_with(self._fetcher.drain_columns, timeout, max_records, partitions)
 
     def _poll(self, timeout: float, max_records: int | None = None,
               partitions: frozenset[TopicPartition] | None = None) -> list[ConsumerRecord]:

@@ -7,7 +7,9 @@ acknowledgement leaves the producer whole (the record is still delivered
 and its transaction commits); a cancelled `getone()` loses no record, also
 when its poll had already fetched one; `async for` reads records in order
 and ends when the consumer is stopped; `getmany()` groups records by
-partition and honours `max_records` and a partition filter; the plain
+partition and honours `max_records` and a partition filter, and
+`getmany_columns()` hands out the same by the column (a cancelled one loses
+no record; a consumer with deserializers refuses it); the plain
 methods (`seek`, `assign`) take effect in order with the awaited calls, and
 an error the threaded consumer raises for one of them comes out of the next
 awaited call; `producer.transaction()` commits, or aborts when its block
@@ -268,6 +270,48 @@ def test_getmany_groups_by_partition_with_max_records_and_a_filter(
             assert list(got) == [t0] and [r.offset for r in got[t0]] == [0, 1, 2, 3]
             with pytest.raises(ValueError, match="max_records"):
                 await consumer.getmany(max_records=0)
+
+    run(scenario())
+
+
+def test_getmany_columns_hands_out_columns_and_a_cancelled_one_loses_none(
+        cluster: LocalCluster) -> None:
+    topic = new_topic(cluster, partitions=2)
+    t0, t1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+
+    async def scenario() -> None:
+        await produce(cluster.bootstrap, topic, [b"a-%d" % i for i in range(6)], partition=0)
+        await produce(cluster.bootstrap, topic, [b"b-%d" % i for i in range(6)], partition=1)
+        async with AIOConsumer(bootstrap=cluster.bootstrap) as consumer:
+            consumer.assign([t0, t1])
+            only_t1: list[bytes | None] = []
+            while len(only_t1) < 6:
+                got = await consumer.getmany_columns(t1, timeout_ms=5_000, max_records=4)
+                assert {(p.topic, p.partition) for p in got} <= {(topic, 1)}, got
+                assert sum(len(p.offsets) for p in got) <= 4, got
+                only_t1 += [value for part in got for value in part.values]
+            assert only_t1 == [b"b-%d" % i for i in range(6)]
+            assert await consumer.position(t0) == 0  # nothing of t0 handed out
+            # Cancelled after its poll fetched records of t0: the loop is
+            # blocked on purpose until the worker thread has them.
+            fetching = asyncio.ensure_future(
+                consumer.getmany_columns(timeout_ms=5_000, max_records=3))
+            await asyncio.sleep(0)
+            time.sleep(1.0)
+            fetching.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await fetching
+            offsets: list[int] = []
+            while got := await consumer.getmany_columns(timeout_ms=2_000):
+                offsets += [offset for part in got for offset in part.offsets]
+            assert offsets == list(range(6))
+            with pytest.raises(ValueError, match="max_records"):
+                await consumer.getmany_columns(max_records=0)
+        async with AIOConsumer(bootstrap=cluster.bootstrap,
+                               value_deserializer=bytes.decode) as decoding:
+            decoding.assign([t0])
+            with pytest.raises(errors.IllegalStateError, match="deserializer"):
+                await decoding.getmany_columns(timeout_ms=1_000)
 
     run(scenario())
 
