@@ -249,14 +249,23 @@ def test_async_for_reads_in_order_and_ends_when_stopped(cluster: LocalCluster) -
     run(scenario())
 
 
+def two_partitions(cluster: LocalCluster) -> tuple[str, TopicPartition, TopicPartition]:
+    topic = new_topic(cluster, partitions=2)
+    return topic, TopicPartition(topic, 0), TopicPartition(topic, 1)
+
+
+async def fill_two_partitions(cluster: LocalCluster, topic: str) -> None:
+    """Six records in each partition: a-0..a-5 in 0, b-0..b-5 in 1."""
+    await produce(cluster.bootstrap, topic, [b"a-%d" % i for i in range(6)], partition=0)
+    await produce(cluster.bootstrap, topic, [b"b-%d" % i for i in range(6)], partition=1)
+
+
 def test_getmany_groups_by_partition_with_max_records_and_a_filter(
         cluster: LocalCluster) -> None:
-    topic = new_topic(cluster, partitions=2)
-    t0, t1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    topic, t0, t1 = two_partitions(cluster)
 
     async def scenario() -> None:
-        await produce(cluster.bootstrap, topic, [b"a-%d" % i for i in range(6)], partition=0)
-        await produce(cluster.bootstrap, topic, [b"b-%d" % i for i in range(6)], partition=1)
+        await fill_two_partitions(cluster, topic)
         async with AIOConsumer(bootstrap=cluster.bootstrap) as consumer:
             consumer.assign([t0, t1])
             only_t1: list[ConsumerRecord] = []
@@ -276,12 +285,10 @@ def test_getmany_groups_by_partition_with_max_records_and_a_filter(
 
 def test_getmany_columns_hands_out_columns_and_a_cancelled_one_loses_none(
         cluster: LocalCluster) -> None:
-    topic = new_topic(cluster, partitions=2)
-    t0, t1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    topic, t0, t1 = two_partitions(cluster)
 
     async def scenario() -> None:
-        await produce(cluster.bootstrap, topic, [b"a-%d" % i for i in range(6)], partition=0)
-        await produce(cluster.bootstrap, topic, [b"b-%d" % i for i in range(6)], partition=1)
+        await fill_two_partitions(cluster, topic)
         async with AIOConsumer(bootstrap=cluster.bootstrap) as consumer:
             consumer.assign([t0, t1])
             only_t1: list[bytes | None] = []
