@@ -120,11 +120,11 @@ from oncelog_local.pki import (
     LocalPki,
     LocalTokenProvider,
 )
+from oncelog_local.ports import PortBook
 from oncelog_local.processes import (
     ChildProcess,
     PortTakenError,
     Spawner,
-    free_port,
     kill_process,
     signal_process,
     terminate_process,
@@ -247,29 +247,6 @@ class TokenSecurityConfig(TypedDict):
     sasl_oauth_token_provider: TokenProvider
 
 
-def _check_fixed_ports(
-    ports: Mapping[tuple[str, int], tuple[int, int]], counts: Mapping[str, int],
-) -> dict[tuple[str, int], tuple[int, int]]:
-    """LocalCluster's `ports`, checked: existing services, ports in
-    1..65535, no port twice."""
-    seen: dict[int, tuple[str, int]] = {}
-    for (kind, index), pair in ports.items():
-        if kind not in counts or not 0 <= index < counts[kind]:
-            raise ValueError(f"ports names {kind} {index}, which this cluster does not have "
-                             f"(it has {dict(counts)})")
-        if len(pair) != 2:
-            raise ValueError(f"ports: {kind} {index} got {pair!r}; expected (grpc_port, "
-                             "metrics_port)")
-        for port in pair:
-            if type(port) is not int or not 0 < port < 65536:
-                raise ValueError(f"ports: {kind} {index} got port {port!r}; expected 1..65535")
-            if port in seen:
-                raise ValueError(f"ports: port {port} is given to both {seen[port][0]} "
-                                 f"{seen[port][1]} and {kind} {index}")
-            seen[port] = (kind, index)
-    return dict(ports)
-
-
 def _service_available(kind: str) -> bool:
     """Whether `python -m oncelog_server.<kind>` can run, found on disk: a
     spec of the top-level name imports nothing, while one of a submodule
@@ -383,29 +360,18 @@ class LocalCluster:
         self._admin_credentials: grpc.ChannelCredentials | None = None
         self._transaction_state_partitions = transaction_state_partitions
         self._consumer_offsets_partitions = consumer_offsets_partitions
-        self._ports_given: set[int] = set()
         self._addresses_final = False
-        self._fixed_ports = _check_fixed_ports(ports or {}, {
-            "partition_store": partition_stores, "coordinator": coordinators,
+        counts = {
+            "partition_store": partition_stores,
+            "coordinator": coordinators,
             "group_coordinator": group_coordinators,
-        })
-        # No picked port may equal a fixed one.
-        self._ports_given.update(p for pair in self._fixed_ports.values() for p in pair)
+        }
         # A data dir's earlier run left its ports: taken again, as picks (a
         # port another process holds now gets a fresh pick at start). A
         # temporary dir and namespaces (fixed ports per namespace) keep none.
-        self._kept_ports: dict[tuple[str, int], KeptPorts] = {}
-        if self._temporary_dir is None and network is None:
-            fixed = {port for pair in self._fixed_ports.values() for port in pair}
-            self._kept_ports = {
-                service: kept for service, kept in load_kept_ports(self.data_dir).ports.items()
-                # A service whose kept port is now fixed for another picks anew.
-                if service in self._fixed_ports or not fixed & {
-                    kept.grpc_port, kept.metrics_port, kept.token_port, kept.kafka_port}}
-            self._ports_given.update(
-                port for kept in self._kept_ports.values()
-                for port in (kept.grpc_port, kept.metrics_port, kept.token_port,
-                             kept.kafka_port) if port)
+        keeps_ports = self._temporary_dir is None and network is None
+        self._port_book = PortBook(ports or {}, counts,
+                                   load_kept_ports(self.data_dir).ports if keeps_ports else {})
         self.network: NamespaceNetwork | None = None
         if network is not None:
             from oncelog_local.netns import NamespaceNetwork
@@ -418,18 +384,13 @@ class LocalCluster:
             net = self.network
             self.etcd = EtcdCluster(
                 self.data_dir, etcd_members, log_dir=self.data_dir / "logs",
-                pick_port=self._pick_port,
+                pick_port=self._port_book.pick,
                 hosts=None if net is None else [net.add(ETCD, i) for i in range(etcd_members)],
                 child_args=None if net is None else lambda i: net.child_args(ETCD, i),
                 reach=None if net is None else net.reach)
             # Ports kept from an earlier run of this data dir are not picked
-            # by _pick_port: no service may get them.
-            self._ports_given.update(self.etcd.ports)
-        counts = {
-            "partition_store": partition_stores,
-            "coordinator": coordinators,
-            "group_coordinator": group_coordinators,
-        }
+            # by the port book: no service may get them.
+            self._port_book.reserve(self.etcd.ports)
         # Services that this version does not ship yet are left out of the
         # layout (clients then see "no group coordinator" errors, not hangs).
         self.missing_kinds = {
@@ -455,42 +416,24 @@ class LocalCluster:
                 raise
 
     def _new_process(self, kind: str, node_id: int) -> ServiceProcess:
-        """A service's address and ports: fixed ones (`ports`), free
-        loopback ports, or its own address in a network namespace."""
+        """A service's address and ports: the port book's on loopback
+        (ports.py), or its own address in a network namespace."""
+        token = self.security
+        kafka = self.kafka_listener and kind == "partition_store"
         if self.network is not None:
             host = self.network.add(kind, node_id)
-            grpc_port, metrics_port = NAMESPACED_PORTS[GRPC], NAMESPACED_PORTS[METRICS]
-            token_port, kafka_port = NAMESPACED_PORTS[TOKEN_GRPC], NAMESPACED_PORTS[KAFKA]
+            ports = KeptPorts(NAMESPACED_PORTS[GRPC], NAMESPACED_PORTS[METRICS],
+                              NAMESPACED_PORTS[TOKEN_GRPC] if token else 0,
+                              NAMESPACED_PORTS[KAFKA] if kafka else 0)
         else:
             host = "127.0.0.1"
-            kept = self._kept_ports.get((kind, node_id), KeptPorts(0, 0))
-            grpc_port, metrics_port = self._fixed_ports.get((kind, node_id)) or (
-                kept.grpc_port or self._pick_port(), kept.metrics_port or self._pick_port())
-            token_port = kafka_port = 0
-            if self.security:
-                token_port = kept.token_port or self._pick_port()
-            if self.kafka_listener and kind == "partition_store":
-                kafka_port = kept.kafka_port or self._pick_port()
+            ports = self._port_book.service_ports(kind, node_id, token=token, kafka=kafka)
         return ServiceProcess(
-            kind=kind, node_id=node_id, address=f"{host}:{grpc_port}",
-            metrics_port=metrics_port, data_dir=self.data_dir / f"{kind}-{node_id}",
+            kind=kind, node_id=node_id, address=f"{host}:{ports.grpc_port}",
+            metrics_port=ports.metrics_port, data_dir=self.data_dir / f"{kind}-{node_id}",
             log_path=self.data_dir / "logs" / f"{kind}-{node_id}.log", argv=[],
-            token_port=token_port if self.security else 0,
-            kafka_port=kafka_port if self.kafka_listener and kind == "partition_store" else 0,
-            host=host,
+            token_port=ports.token_port, kafka_port=ports.kafka_port, host=host,
         )
-
-    def _pick_port(self) -> int:
-        """A free loopback port not handed to a process of this cluster before:
-        free_port can return a number twice, and two of our own processes on
-        one port would fail each other."""
-        for _ in range(100):
-            port = free_port()
-            if port not in self._ports_given:
-                self._ports_given.add(port)
-                return port
-        raise RuntimeError(f"free_port kept returning ports this cluster was given already "
-                           f"({sorted(self._ports_given)})")
 
     def _build_argv(self) -> None:
         """Every process's command line. Each names the whole layout (every
@@ -726,7 +669,7 @@ class LocalCluster:
                     return
                 except PortTakenError as exc:
                     # A fixed port is the caller's choice: not replaced.
-                    if self._addresses_final or (exc.kind, exc.node_id) in self._fixed_ports:
+                    if self._addresses_final or self._port_book.is_fixed(exc.kind, exc.node_id):
                         raise
                     if retry == START_PORT_RETRIES:
                         raise RuntimeError(
@@ -776,17 +719,17 @@ class LocalCluster:
         """Gives `proc` a fresh port for the one that was taken and starts
         what must start again (see start)."""
         if taken.purpose == METRICS:
-            proc.metrics_port = self._pick_port()
+            proc.metrics_port = self._port_book.pick()
             self._build_argv()
             self._spawn(proc)
             return
         # An address in the layout: every process is told the new one.
         if taken.purpose == TOKEN_GRPC:
-            proc.token_port = self._pick_port()
+            proc.token_port = self._port_book.pick()
         elif taken.purpose == KAFKA:
-            proc.kafka_port = self._pick_port()
+            proc.kafka_port = self._port_book.pick()
         else:
-            proc.address = f"127.0.0.1:{self._pick_port()}"
+            proc.address = f"127.0.0.1:{self._port_book.pick()}"
         self._build_argv()
         for other in self._all():
             self.kill(other.kind, other.node_id)

@@ -1,8 +1,8 @@
 """Child processes of a local cluster: free ports, one spawning thread,
 signals, and the one error for a port another process holds.
 
-Shared by LocalCluster (cluster.py) and its etcd members (etcd.py), so that
-neither imports the other's process helpers.
+Shared by LocalCluster (cluster.py, and its port book, ports.py) and its
+etcd members (etcd.py), so that neither imports the other's process helpers.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from oncelog import Admin, Producer
 from oncelog.testing import LocalCluster, PortTakenError
 from oncelog_local import cluster as local_cluster
+from oncelog_local import ports as local_ports
 from tests.support.reading import read_all
 
 # LocalCluster picks ports in layout order, gRPC address then metrics port:
@@ -78,14 +79,14 @@ def impostor_port() -> Iterator[int]:
 
 def hand_out(monkeypatch: pytest.MonkeyPatch, taken: dict[int, int]) -> None:
     """free_port returns taken[n] on its n-th call, a really free port otherwise."""
-    real_free_port = local_cluster.free_port
+    real_free_port = local_ports.free_port
     picks = itertools.count()
 
     def free_port() -> int:
         return taken.get(next(picks)) or real_free_port()
 
-    # LocalCluster's own module picks its ports (oncelog_local.cluster).
-    monkeypatch.setattr(local_cluster, "free_port", free_port)
+    # LocalCluster's port book picks its ports (oncelog_local.ports).
+    monkeypatch.setattr(local_ports, "free_port", free_port)
 
 
 @contextmanager
