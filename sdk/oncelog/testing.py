@@ -17,14 +17,17 @@ from oncelog_local.cluster import (
     ETCD,
     KINDS,
     STOP_TIMEOUT_S,
-    ClientSecurityConfig,
     LocalCluster,
     PartitionPlacement,
     ServiceProcess,
-    TokenSecurityConfig,
     wait_for_markers,
 )
-from oncelog_local.pki import SECURITY_DIR, SERVICE_COMMON_NAME
+from oncelog_local.pki import (
+    SECURITY_DIR,
+    SERVICE_COMMON_NAME,
+    ClientSecurityConfig,
+    TokenSecurityConfig,
+)
 from oncelog_local.processes import PortTakenError, free_port
 
 __all__ = [

@@ -85,7 +85,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 
@@ -98,7 +98,6 @@ except ModuleNotFoundError as exc:
         "install: pip install 'oncelog[server]'", name=exc.name) from exc
 
 from oncelog import errors
-from oncelog._security import TokenProvider
 from oncelog.admin import Admin
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
 from oncelog.wire.placement import store_of_coordinator, store_of_group_coordinator
@@ -114,11 +113,10 @@ from oncelog.wire.process import (
 from oncelog.wire.vocabulary import ServiceKind
 from oncelog_local.layout import KeptLayout, KeptPorts, load_kept_ports, save_kept_ports
 from oncelog_local.pki import (
-    PRINCIPAL_MAPPING_RULES,
     SECURITY_DIR,
-    SUPER_USERS,
+    ClientSecurityConfig,
     LocalPki,
-    LocalTokenProvider,
+    TokenSecurityConfig,
 )
 from oncelog_local.ports import PortBook
 from oncelog_local.processes import (
@@ -167,11 +165,6 @@ NETWORKS = ("namespaces",)
 NAMESPACED_PORTS = {GRPC: 7000, METRICS: 7001, TOKEN_GRPC: 7002, KAFKA: 9092}
 # The kind name of the clients' namespace in cut() (not a service).
 CLIENT = "client"
-
-# A secured cluster (security=True): how often its services re-read ACLs
-# and TLS files (the rest is pki.py's).
-SECURE_ACL_REFRESH_INTERVAL_MS = 200
-SECURE_TLS_RELOAD_INTERVAL_MS = 1000
 
 
 # Coordinator states of a transaction that is decided and whose markers are
@@ -224,27 +217,6 @@ class PartitionPlacement(NamedTuple):
     def preferred(self) -> bool:
         """Led by its preferred (first) replica."""
         return self.leader == self.replicas[0]
-
-
-class ClientSecurityConfig(TypedDict):
-    """LocalCluster.client_config's answer: the SDK's keyword arguments for
-    TLS with a client certificate (typed, so that `**config` is checked
-    against Producer's, Consumer's and Admin's parameters)."""
-
-    security_protocol: str
-    ssl_cafile: str
-    ssl_certfile: str
-    ssl_keyfile: str
-
-
-class TokenSecurityConfig(TypedDict):
-    """LocalCluster.token_config's answer: the SDK's keyword arguments for
-    TLS without a client certificate and a bearer token."""
-
-    security_protocol: str
-    ssl_cafile: str
-    sasl_mechanism: str
-    sasl_oauth_token_provider: TokenProvider
 
 
 def _service_available(kind: str) -> bool:
@@ -357,7 +329,6 @@ class LocalCluster:
         self.security = security
         self.kafka_listener = kafka_listener
         self._pki = LocalPki(self.data_dir / SECURITY_DIR) if security else None
-        self._admin_credentials: grpc.ChannelCredentials | None = None
         self._transaction_state_partitions = transaction_state_partitions
         self._consumer_offsets_partitions = consumer_offsets_partitions
         self._addresses_final = False
@@ -475,23 +446,10 @@ class LocalCluster:
                             proc.argv += [flag, str(self._hosts[hosted].index(proc.node_id))]
                     if proc.kafka_port:
                         proc.argv += ["--kafka-listen", proc.kafka_address]
-                proc.argv += self._security_args(proc)
+                if self._pki is not None:
+                    proc.argv += self._pki.service_args(proc.kind, proc.node_id,
+                                                        proc.token_address)
                 proc.argv += self._extra_args.get(kind, [])
-
-    def _security_args(self, proc: ServiceProcess) -> list[str]:
-        if self._pki is None:
-            return []
-        cert_file, key_file = self._pki.service_files(proc.kind, proc.node_id)
-        return [
-            "--token-listen", proc.token_address,
-            "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file),
-            "--tls-ca-file", str(self._pki.ca_file), "--tls-client-auth", "requested",
-            "--tls-reload-interval-ms", str(SECURE_TLS_RELOAD_INTERVAL_MS),
-            "--ssl-principal-mapping-rules", PRINCIPAL_MAPPING_RULES,
-            "--oauth-issuers", str(self._pki.issuers_file),
-            "--authorizer", "acl", "--super-users", ";".join(SUPER_USERS),
-            "--acl-refresh-interval-ms", str(SECURE_ACL_REFRESH_INTERVAL_MS),
-        ]
 
     # -------------------------------------------------------------- security
 
@@ -511,10 +469,7 @@ class LocalCluster:
         as `User:<name>` over TLS with a client certificate (made on first
         use): `Producer(bootstrap=cluster.bootstrap, **cluster.client_config("alice"))`.
         `"admin"` is a super user; anyone else may do what the ACLs allow."""
-        pki = self._secured()
-        cert_file, key_file = pki.client_files(name)
-        return {"security_protocol": "SSL", "ssl_cafile": str(pki.ca_file),
-                "ssl_certfile": str(cert_file), "ssl_keyfile": str(key_file)}
+        return self._secured().client_config(name)
 
     def token(self, name: str, ttl_s: float = 300) -> str:
         """A bearer token (JWT, ES256) for `User:<name>` from the cluster's
@@ -527,10 +482,7 @@ class LocalCluster:
         `Producer(bootstrap=cluster.token_bootstrap, **cluster.token_config("bob"))`.
         The provider makes a fresh token (valid `ttl_s`) whenever the client
         asks for one."""
-        pki = self._secured()
-        return {"security_protocol": "SASL_SSL", "ssl_cafile": str(pki.ca_file),
-                "sasl_mechanism": "OAUTHBEARER",
-                "sasl_oauth_token_provider": LocalTokenProvider(pki, name, ttl_s)}
+        return self._secured().token_config(name, ttl_s)
 
     def _channel(self, address: str) -> grpc.Channel:
         """A channel to one of the cluster's services, as `User:admin` over
@@ -540,12 +492,8 @@ class LocalCluster:
             return grpc.insecure_channel(self.network.reach(address), options=PROBE_OPTIONS)
         if self._pki is None:
             return grpc.insecure_channel(address, options=PROBE_OPTIONS)
-        if self._admin_credentials is None:
-            cert_file, key_file = self._pki.client_files("admin")
-            self._admin_credentials = grpc.ssl_channel_credentials(
-                root_certificates=self._pki.ca_file.read_bytes(),
-                private_key=key_file.read_bytes(), certificate_chain=cert_file.read_bytes())
-        return grpc.secure_channel(address, self._admin_credentials, options=PROBE_OPTIONS)
+        return grpc.secure_channel(address, self._pki.admin_credentials(),
+                                   options=PROBE_OPTIONS)
 
     # ------------------------------------------------------------------ info
 

@@ -1,6 +1,10 @@
 """The certificate authority, certificates and bearer-token issuer of a
 secured LocalCluster (`LocalCluster(security=True)`), as files in one
-directory of its data dir, made on first use and kept for the next run.
+directory of its data dir, made on first use and kept for the next run;
+and what the cluster hands out from them: its services' security flags,
+the SDK's keyword arguments for a client, and the admin credentials of the
+cluster's own calls. Kept apart from cluster.py, which only passes these on,
+so that what "secured" means for a local cluster reads in one place.
 """
 
 from __future__ import annotations
@@ -9,7 +13,11 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+import grpc
+
+from oncelog._security import TokenProvider
 
 # A secured cluster (security=True): what its services are started with.
 SECURITY_DIR = "security"
@@ -17,9 +25,33 @@ SERVICE_COMMON_NAME = "oncelog-service"
 SUPER_USERS = ("User:admin", f"User:{SERVICE_COMMON_NAME}")
 PRINCIPAL_MAPPING_RULES = "RULE:^CN=([^,]+)$/$1/,DEFAULT"
 TOKEN_ISSUER = "oncelog-local"
+# How often a secured cluster's services re-read ACLs and TLS files.
+SECURE_ACL_REFRESH_INTERVAL_MS = 200
+SECURE_TLS_RELOAD_INTERVAL_MS = 1000
 # Characters a client name may not have: it becomes a certificate's CN,
 # which the mapping rule above reads up to the first comma.
 _NAME_FORBIDDEN = set(',+="\\<>;#/')
+
+
+class ClientSecurityConfig(TypedDict):
+    """LocalCluster.client_config's answer: the SDK's keyword arguments for
+    TLS with a client certificate (typed, so that `**config` is checked
+    against Producer's, Consumer's and Admin's parameters)."""
+
+    security_protocol: str
+    ssl_cafile: str
+    ssl_certfile: str
+    ssl_keyfile: str
+
+
+class TokenSecurityConfig(TypedDict):
+    """LocalCluster.token_config's answer: the SDK's keyword arguments for
+    TLS without a client certificate and a bearer token."""
+
+    security_protocol: str
+    ssl_cafile: str
+    sasl_mechanism: str
+    sasl_oauth_token_provider: TokenProvider
 
 
 class LocalTokenProvider:
@@ -37,8 +69,9 @@ class LocalTokenProvider:
 
 class LocalPki:
     """The certificate authority, certificates and token issuer of a secured
-    LocalCluster, as files in one directory (made on first use, kept after).
-    Uses `cryptography` and PyJWT, which the server extra installs."""
+    LocalCluster, as files in one directory (made on first use, kept after),
+    and the flags and client settings made from them. Uses `cryptography`
+    and PyJWT, which the server extra installs."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -50,6 +83,8 @@ class LocalPki:
         self.issuer_key_file = directory / "issuer.key"
         self.issuer_public_file = directory / "issuer.pub.pem"
         self.issuers_file = directory / "oauth-issuers.json"
+        # The admin's TLS credentials, read once (admin_credentials).
+        self._admin_credentials: grpc.ChannelCredentials | None = None
         with self._lock:
             if not (self.ca_file.exists() and self.ca_key_file.exists()):
                 self._make_ca()
@@ -191,3 +226,46 @@ class LocalPki:
         now = int(time.time())
         claims = {"iss": TOKEN_ISSUER, "sub": name, "iat": now, "exp": now + int(ttl_s)}
         return jwt.encode(claims, self.issuer_key_file.read_bytes(), algorithm="ES256")
+
+    def service_args(self, kind: str, node_id: int, token_address: str) -> list[str]:
+        """A service's security flags: TLS with its certificate and client
+        certificates verified, principals from the certificate's CN, tokens
+        of this issuer trusted on its token listener (`token_address`), the
+        ACL authorizer with the super users."""
+        cert_file, key_file = self.service_files(kind, node_id)
+        return [
+            "--token-listen", token_address,
+            "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file),
+            "--tls-ca-file", str(self.ca_file), "--tls-client-auth", "requested",
+            "--tls-reload-interval-ms", str(SECURE_TLS_RELOAD_INTERVAL_MS),
+            "--ssl-principal-mapping-rules", PRINCIPAL_MAPPING_RULES,
+            "--oauth-issuers", str(self.issuers_file),
+            "--authorizer", "acl", "--super-users", ";".join(SUPER_USERS),
+            "--acl-refresh-interval-ms", str(SECURE_ACL_REFRESH_INTERVAL_MS),
+        ]
+
+    def client_config(self, name: str) -> ClientSecurityConfig:
+        """The SDK's keyword arguments for `User:<name>` over TLS with a
+        client certificate (made on first use)."""
+        cert_file, key_file = self.client_files(name)
+        return {"security_protocol": "SSL", "ssl_cafile": str(self.ca_file),
+                "ssl_certfile": str(cert_file), "ssl_keyfile": str(key_file)}
+
+    def token_config(self, name: str, ttl_s: float) -> TokenSecurityConfig:
+        """The SDK's keyword arguments for `User:<name>` with a bearer token
+        (a fresh one, valid `ttl_s`, whenever the client asks) and no client
+        certificate."""
+        return {"security_protocol": "SASL_SSL", "ssl_cafile": str(self.ca_file),
+                "sasl_mechanism": "OAUTHBEARER",
+                "sasl_oauth_token_provider": LocalTokenProvider(self, name, ttl_s)}
+
+    def admin_credentials(self) -> grpc.ChannelCredentials:
+        """TLS credentials of `User:admin` (a super user), for the cluster's
+        own health checks and Metadata polls; read once, as every channel of
+        the cluster uses them."""
+        if self._admin_credentials is None:
+            cert_file, key_file = self.client_files("admin")
+            self._admin_credentials = grpc.ssl_channel_credentials(
+                root_certificates=self.ca_file.read_bytes(),
+                private_key=key_file.read_bytes(), certificate_chain=cert_file.read_bytes())
+        return self._admin_credentials
