@@ -19,7 +19,6 @@ from oncelog_local.cluster import (
     STOP_TIMEOUT_S,
     LocalCluster,
     PartitionPlacement,
-    ServiceProcess,
     wait_for_markers,
 )
 from oncelog_local.pki import (
@@ -28,7 +27,7 @@ from oncelog_local.pki import (
     ClientSecurityConfig,
     TokenSecurityConfig,
 )
-from oncelog_local.processes import PortTakenError, free_port
+from oncelog_local.processes import PortTakenError, ServiceProcess, free_port
 
 __all__ = [
     "CLIENT",

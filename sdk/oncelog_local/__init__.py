@@ -1,7 +1,8 @@
 """A whole oncelog cluster on one machine, each service its own OS process:
 `LocalCluster` (cluster.py), with what it needs to run one — its children
 (processes.py), the ports its services get (ports.py), the ports kept
-across runs of a data dir (layout.py), etcd members (etcd.py), a certificate authority for a secured
+across runs of a data dir (layout.py), the services' command lines
+(argv.py), etcd members (etcd.py), a certificate authority for a secured
 cluster (pki.py), network namespaces for real partitions (netns.py), and the
 wrapper every child starts under (child.py).
 

@@ -82,7 +82,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -111,6 +110,7 @@ from oncelog.wire.process import (
     process_health_service,
 )
 from oncelog.wire.vocabulary import ServiceKind
+from oncelog_local.argv import SERVER_PACKAGE, CommandLines
 from oncelog_local.layout import KeptLayout, KeptPorts, load_kept_ports, save_kept_ports
 from oncelog_local.pki import (
     SECURITY_DIR,
@@ -120,8 +120,8 @@ from oncelog_local.pki import (
 )
 from oncelog_local.ports import PortBook
 from oncelog_local.processes import (
-    ChildProcess,
     PortTakenError,
+    ServiceProcess,
     Spawner,
     kill_process,
     signal_process,
@@ -133,9 +133,6 @@ if TYPE_CHECKING:
     from oncelog_local.netns import NamespaceNetwork
 
 KINDS = tuple(kind.value for kind in ServiceKind)
-# The installed name of the services (services/ in the source tree): each
-# process runs `python -m oncelog_server.<kind>`.
-SERVER_PACKAGE = "oncelog_server"
 # The kind name of etcd members in kill/restart/... (not a service: not in KINDS).
 ETCD = "etcd"
 # The comma-separated etcd endpoints every service gets in its environment
@@ -231,31 +228,6 @@ def _service_available(kind: str) -> bool:
                for location in spec.submodule_search_locations)
 
 
-@dataclass
-class ServiceProcess(ChildProcess):
-    kind: str
-    node_id: int
-    address: str
-    metrics_port: int
-    data_dir: Path
-    log_path: Path
-    argv: list[str]
-    # The token listener's port on a secured cluster (0: none).
-    token_port: int = 0
-    # A store's Kafka listener's port (LocalCluster(kafka_listener=True); 0: none).
-    kafka_port: int = 0
-    # Where its listeners listen (its own address with network="namespaces").
-    host: str = "127.0.0.1"
-
-    @property
-    def token_address(self) -> str:
-        return f"{self.host}:{self.token_port}"
-
-    @property
-    def kafka_address(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
-
-
 def _check_no_coordinator_args(extra_args: Mapping[str, Sequence[str]]) -> None:
     """With the coordinators in the stores: flags for coordinator processes,
     which are not started, would be dropped silently and leave the
@@ -324,13 +296,14 @@ class LocalCluster:
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
-        self._extra_args = extra_args or {}
         self._env = {**os.environ, **(env or {})}
         self.security = security
         self.kafka_listener = kafka_listener
         self._pki = LocalPki(self.data_dir / SECURITY_DIR) if security else None
-        self._transaction_state_partitions = transaction_state_partitions
-        self._consumer_offsets_partitions = consumer_offsets_partitions
+        self._command_lines = CommandLines(
+            hosts=self._hosts, transaction_state_partitions=transaction_state_partitions,
+            consumer_offsets_partitions=consumer_offsets_partitions, pki=self._pki,
+            kafka_listener=kafka_listener, extra_args=extra_args or {})
         self._addresses_final = False
         counts = {
             "partition_store": partition_stores,
@@ -376,7 +349,7 @@ class LocalCluster:
         for kind in KINDS:
             count = 0 if kind in self.missing_kinds else counts[kind]
             self.processes[kind] = [self._new_process(kind, i) for i in range(count)]
-        self._build_argv()
+        self._command_lines.assign(self.processes)
         if start:
             try:
                 self.start()
@@ -405,51 +378,6 @@ class LocalCluster:
             log_path=self.data_dir / "logs" / f"{kind}-{node_id}.log", argv=[],
             token_port=ports.token_port, kafka_port=ports.kafka_port, host=host,
         )
-
-    def _build_argv(self) -> None:
-        """Every process's command line. Each names the whole layout (every
-        process's gRPC address), so a changed address changes them all."""
-        stores = self.processes["partition_store"]
-        coordinators, group_coordinators = (
-            self.processes[kind] or [stores[store] for store in self._hosts[kind]]
-            for kind in ("coordinator", "group_coordinator"))
-        layout_args = [
-            "--stores", ",".join(p.address for p in stores),
-            "--coordinators", ",".join(p.address for p in coordinators),
-            "--group-coordinators", ",".join(p.address for p in group_coordinators),
-            "--transaction-state-partitions", str(self._transaction_state_partitions),
-            "--consumer-offsets-partitions", str(self._consumer_offsets_partitions),
-        ]
-        if self._pki is not None:
-            for flag, procs in (("--token-stores", stores),
-                                ("--token-coordinators", coordinators),
-                                ("--token-group-coordinators", group_coordinators)):
-                layout_args += [flag, ",".join(p.token_address for p in procs)]
-        store_args: list[str] = []
-        if self.kafka_listener:
-            store_args = ["--kafka-stores", ",".join(
-                p.kafka_address for p in self.processes["partition_store"])]
-        for kind, procs in self.processes.items():
-            for proc in procs:
-                proc.argv = [
-                    sys.executable, "-m", f"{SERVER_PACKAGE}.{kind}",
-                    "--node-id", str(proc.node_id),
-                    "--listen", proc.address,
-                    "--metrics-port", str(proc.metrics_port),
-                    *layout_args,
-                ]
-                if kind == "partition_store":
-                    proc.argv += ["--data-dir", str(proc.data_dir), *store_args]
-                    for hosted, flag in (("coordinator", "--transaction-coordinator"),
-                                              ("group_coordinator", "--group-coordinator")):
-                        if proc.node_id in self._hosts[hosted]:
-                            proc.argv += [flag, str(self._hosts[hosted].index(proc.node_id))]
-                    if proc.kafka_port:
-                        proc.argv += ["--kafka-listen", proc.kafka_address]
-                if self._pki is not None:
-                    proc.argv += self._pki.service_args(proc.kind, proc.node_id,
-                                                        proc.token_address)
-                proc.argv += self._extra_args.get(kind, [])
 
     # -------------------------------------------------------------- security
 
@@ -645,7 +573,7 @@ class LocalCluster:
         proc = self._new_process("partition_store", len(procs))
         node_id = proc.node_id
         procs.append(proc)
-        self._build_argv()
+        self._command_lines.assign(self.processes)
         self._spawn(proc)
         self._save_layout()
         if wait:
@@ -668,7 +596,7 @@ class LocalCluster:
         what must start again (see start)."""
         if taken.purpose == METRICS:
             proc.metrics_port = self._port_book.pick()
-            self._build_argv()
+            self._command_lines.assign(self.processes)
             self._spawn(proc)
             return
         # An address in the layout: every process is told the new one.
@@ -678,7 +606,7 @@ class LocalCluster:
             proc.kafka_port = self._port_book.pick()
         else:
             proc.address = f"127.0.0.1:{self._port_book.pick()}"
-        self._build_argv()
+        self._command_lines.assign(self.processes)
         for other in self._all():
             self.kill(other.kind, other.node_id)
         for other in self._all():

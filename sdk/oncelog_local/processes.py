@@ -1,5 +1,6 @@
 """Child processes of a local cluster: free ports, one spawning thread,
-signals, and the one error for a port another process holds.
+signals, the one error for a port another process holds, and the record of
+each service process (ServiceProcess).
 
 Shared by LocalCluster (cluster.py, and its port book, ports.py) and its
 etcd members (etcd.py), so that neither imports the other's process helpers.
@@ -14,6 +15,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from oncelog.wire.process import PortInUse
 
@@ -124,3 +126,31 @@ class ChildProcess:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class ServiceProcess(ChildProcess):
+    """One service of a local cluster: where it listens, its data and log,
+    and the command line it starts with (kept across restarts)."""
+
+    kind: str
+    node_id: int
+    address: str
+    metrics_port: int
+    data_dir: Path
+    log_path: Path
+    argv: list[str]
+    # The token listener's port on a secured cluster (0: none).
+    token_port: int = 0
+    # A store's Kafka listener's port (LocalCluster(kafka_listener=True); 0: none).
+    kafka_port: int = 0
+    # Where its listeners listen (its own address with network="namespaces").
+    host: str = "127.0.0.1"
+
+    @property
+    def token_address(self) -> str:
+        return f"{self.host}:{self.token_port}"
+
+    @property
+    def kafka_address(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
