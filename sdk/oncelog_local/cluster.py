@@ -88,14 +88,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 
-try:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-except ModuleNotFoundError as exc:
-    # The SDK alone (`pip install oncelog`) has no services to run.
-    raise ModuleNotFoundError(
-        "oncelog.testing runs the oncelog services, which the SDK alone does not "
-        "install: pip install 'oncelog[server]'", name=exc.name) from exc
-
 from oncelog import errors
 from oncelog.admin import Admin
 from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
@@ -106,8 +98,6 @@ from oncelog.wire.process import (
     METRICS,
     TOKEN_GRPC,
     PortInUse,
-    find_ports_in_use,
-    process_health_service,
 )
 from oncelog.wire.vocabulary import ServiceKind
 from oncelog_local.argv import SERVER_PACKAGE, CommandLines
@@ -124,9 +114,11 @@ from oncelog_local.processes import (
     ServiceProcess,
     Spawner,
     kill_process,
+    log_tail,
     signal_process,
     terminate_process,
 )
+from oncelog_local.readiness import wait_all_ready
 
 if TYPE_CHECKING:
     from oncelog_local.etcd import EtcdCluster
@@ -539,7 +531,7 @@ class LocalCluster:
                 self._spawn(proc)
             for retry in range(START_PORT_RETRIES + 1):
                 try:
-                    self._wait_all_ready(self._all(), READY_TIMEOUT_S)
+                    wait_all_ready(self._all(), READY_TIMEOUT_S, self._channel)
                     self._addresses_final = True
                     self._save_layout()
                     return
@@ -643,77 +635,12 @@ class LocalCluster:
         if kind == ETCD:
             self._etcd_cluster(index).wait_ready(timeout_s, members=[index])
             return
-        self._wait_all_ready([self._proc(kind, index)], timeout_s)
-
-    def _wait_all_ready(self, procs: list[ServiceProcess], timeout_s: float) -> None:
-        """wait_ready for several processes at once, so that one that exits is
-        noticed at once even while another is still waiting for it (a
-        coordinator loads its state from the stores)."""
-        deadline = time.monotonic() + timeout_s
-        channels = [self._channel(proc.address) for proc in procs]
-        try:
-            pending = {
-                id(proc): (proc, health_pb2_grpc.HealthStub(channel))
-                for proc, channel in zip(procs, channels, strict=True)
-            }
-            while pending:
-                for key, (proc, stub) in list(pending.items()):
-                    self._raise_if_exited(proc)
-                    assert proc.process is not None  # alive, so started
-                    own_name = process_health_service(proc.process.pid)
-                    try:
-                        resp = stub.Check(health_pb2.HealthCheckRequest(service=own_name),
-                                          timeout=1.0)
-                        if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                            del pending[key]
-                    except grpc.RpcError:
-                        pass
-                if pending and time.monotonic() > deadline:
-                    proc = next(iter(pending.values()))[0]
-                    raise TimeoutError(
-                        f"{proc.kind} {proc.node_id} at {proc.address} not ready after "
-                        f"{timeout_s}s; see {proc.log_path}:\n"
-                        f"{self.log_tail(proc.kind, proc.node_id)}"
-                    )
-                if pending:
-                    time.sleep(0.05)
-        finally:
-            for channel in channels:
-                channel.close()
-
-    def _raise_if_exited(self, proc: ServiceProcess) -> None:
-        """Raises if the process is no longer running: PortTakenError when the
-        output of its latest start says one of its ports is in use."""
-        if proc.alive():
-            return
-        see = f"see {proc.log_path}:\n{self.log_tail(proc.kind, proc.node_id)}"
-        with open(proc.log_path, "rb") as log_file:
-            log_file.seek(proc.log_offset)
-            output = log_file.read().decode(errors="replace")
-        own = {(GRPC, proc.address), (METRICS, f"{proc.host}:{proc.metrics_port}")}
-        if proc.token_port:
-            own.add((TOKEN_GRPC, proc.token_address))
-        if proc.kafka_port:
-            own.add((KAFKA, proc.kafka_address))
-        for taken in find_ports_in_use(output):
-            if (taken.purpose, taken.address) in own:
-                raise PortTakenError(
-                    f"{proc.kind} {proc.node_id} cannot listen for {taken.purpose} on "
-                    f"{taken.address}: another process holds port {taken.port}; {see}",
-                    kind=proc.kind, node_id=proc.node_id, taken=taken,
-                )
-        raise RuntimeError(
-            f"{proc.kind} {proc.node_id} exited with "
-            f"{proc.process and proc.process.returncode}; {see}"
-        )
+        wait_all_ready([self._proc(kind, index)], timeout_s, self._channel)
 
     def log_tail(self, kind: str, index: int = 0, lines: int = 30) -> str:
         if kind == ETCD:
             return self._etcd_cluster(index).log_tail(index, lines)
-        path = self._proc(kind, index).log_path
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self._proc(kind, index).log_path, lines)
 
     def kill(self, kind: str, index: int = 0) -> None:
         """SIGKILL: no drain, no snapshot — a crash."""

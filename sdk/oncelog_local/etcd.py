@@ -63,6 +63,8 @@ from oncelog_local.processes import (
     Spawner,
     free_port,
     kill_process,
+    latest_output,
+    log_tail,
     signal_process,
     terminate_process,
 )
@@ -239,10 +241,7 @@ class EtcdCluster:
         return self._member(index).pid
 
     def log_tail(self, index: int, lines: int = 30) -> str:
-        path = self._member(index).log_path
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self._member(index).log_path, lines)
 
     # ----------------------------------------------------------- lifecycle
 
@@ -370,9 +369,7 @@ class EtcdCluster:
         if member.alive():
             return
         see = f"see {member.log_path}:\n{self.log_tail(member.index)}"
-        with open(member.log_path, "rb") as log_file:
-            log_file.seek(member.log_offset)
-            output = log_file.read().decode(errors="replace")
+        output = latest_output(member.log_path, member.log_offset)
         if _PORT_TAKEN in output:
             taken = _held_port(member)
             raise PortTakenError(

@@ -1,6 +1,6 @@
 """Child processes of a local cluster: free ports, one spawning thread,
-signals, the one error for a port another process holds, and the record of
-each service process (ServiceProcess).
+signals, their logs, the one error for a port another process holds, and
+the record of each service process (ServiceProcess).
 
 Shared by LocalCluster (cluster.py, and its port book, ports.py) and its
 etcd members (etcd.py), so that neither imports the other's process helpers.
@@ -18,6 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oncelog.wire.process import PortInUse
+
+
+def log_tail(log_path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a child's log ("" when there is none yet)."""
+    if not log_path.exists():
+        return ""
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def latest_output(log_path: Path, log_offset: int) -> str:
+    """What a child wrote to its log since its latest start began at
+    `log_offset` (the log is appended to across restarts)."""
+    with open(log_path, "rb") as log_file:
+        log_file.seek(log_offset)
+        return log_file.read().decode(errors="replace")
 
 
 def free_port() -> int:
