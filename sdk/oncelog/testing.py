@@ -18,9 +18,9 @@ from oncelog_local.cluster import (
     KINDS,
     STOP_TIMEOUT_S,
     LocalCluster,
-    PartitionPlacement,
     wait_for_markers,
 )
+from oncelog_local.partitions import PartitionPlacement
 from oncelog_local.pki import (
     SECURITY_DIR,
     SERVICE_COMMON_NAME,

@@ -2,10 +2,10 @@
 `LocalCluster` (cluster.py), with what it needs to run one — its children
 (processes.py), the ports its services get (ports.py), the ports kept
 across runs of a data dir (layout.py), the services' command lines
-(argv.py), the wait until they serve (readiness.py), etcd members
-(etcd.py), a certificate authority for a secured cluster (pki.py), network
-namespaces for real partitions (netns.py), and the wrapper every child
-starts under (child.py).
+(argv.py), the wait until they serve (readiness.py), who holds each
+partition (partitions.py), etcd members (etcd.py), a certificate authority
+for a secured cluster (pki.py), network namespaces for real partitions
+(netns.py), and the wrapper every child starts under (child.py).
 
 It is the test-and-demo half of the project, kept out of the client's import
 graph: `import oncelog` (Producer, Consumer, Admin) never imports it. Users

@@ -84,13 +84,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from oncelog import errors
 from oncelog.admin import Admin
-from oncelog.v1 import partition_store_pb2, partition_store_pb2_grpc
 from oncelog.wire.placement import store_of_coordinator, store_of_group_coordinator
 from oncelog.wire.process import (
     GRPC,
@@ -102,6 +101,7 @@ from oncelog.wire.process import (
 from oncelog.wire.vocabulary import ServiceKind
 from oncelog_local.argv import SERVER_PACKAGE, CommandLines
 from oncelog_local.layout import KeptLayout, KeptPorts, load_kept_ports, save_kept_ports
+from oncelog_local.partitions import PartitionPlacement, read_placements
 from oncelog_local.pki import (
     SECURITY_DIR,
     ClientSecurityConfig,
@@ -186,26 +186,6 @@ def wait_for_markers(bootstrap: str, deadline_s: float = 60.0, **config: Any) ->
                 raise TimeoutError(f"markers still on their way after {deadline_s} s: "
                                      f"{[(t.transactional_id, t.state) for t in pending]}")
             time.sleep(0.05)
-
-
-class PartitionPlacement(NamedTuple):
-    """Who holds a partition of a replicated cluster, as a store's Metadata
-    says it (LocalCluster.partition_states)."""
-
-    leader: int              # store node id; -1: offline
-    leader_epoch: int
-    replicas: tuple[int, ...]  # the first is the preferred leader
-    isr: tuple[int, ...]
-
-    @property
-    def in_sync(self) -> bool:
-        """Led, and every replica in the in-sync replica set."""
-        return self.leader >= 0 and set(self.isr) == set(self.replicas)
-
-    @property
-    def preferred(self) -> bool:
-        """Led by its preferred (first) replica."""
-        return self.leader == self.replicas[0]
 
 
 def _service_available(kind: str) -> bool:
@@ -715,24 +695,10 @@ class LocalCluster:
         the metadata every 100 ms, so the answer is at most that old. {} when
         no store answers or a topic is unknown."""
         indexes = range(len(self.processes["partition_store"])) if stores is None else stores
-        request = partition_store_pb2.MetadataRequest(topics=list(topics),
-                                                      include_internal=True)
-        for index in indexes:
-            if not self.alive("partition_store", index):
-                continue
-            with self._channel(self.address("partition_store", index)) as channel:
-                try:
-                    reply = partition_store_pb2_grpc.PartitionStoreStub(channel).Metadata(
-                        request, timeout=timeout_s)
-                except grpc.RpcError:
-                    continue
-            if any(t.error.code for t in reply.topics):
-                continue
-            return {(t.name, p.partition): PartitionPlacement(
-                        p.leader_node_id, p.leader_epoch, tuple(p.replica_node_ids),
-                        tuple(p.isr_node_ids))
-                    for t in reply.topics for p in t.partitions}
-        return {}
+        # A generator: each store is checked to run when its turn comes.
+        running = (self.address("partition_store", index) for index in indexes
+                   if self.alive("partition_store", index))
+        return read_placements(running, self._channel, topics, timeout_s)
 
     def wait_in_sync(self, topics: Sequence[str] = (), *, preferred: bool = False,
                      timeout_s: float = 60.0) -> float:
