@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -223,7 +223,7 @@ class Fetcher:
             # worth is buffered per partition.
             offset = st.fetch_offset
             if (offset is None or now_s < st.retry_at_s
-                    or st.buffered_bytes >= self._max_partition_fetch_bytes):
+                    or st.unread_bytes() >= self._max_partition_fetch_bytes):
                 continue
             address = md.leader_address(tp.topic, tp.partition) if md is not None else None
             if address is None:
@@ -360,9 +360,8 @@ class Fetcher:
         if result.batches:
             self._check_batches(tp, result)
             st.batches.extend(result.batches)
-            st.buffered_bytes = sum(map(len, result.batches))
             st.next_fetch_offset = result.next_fetch_offset
-            st.records = self._iter_buffered(st, position)
+            st.records = codec.iter_buffered_fields(st.batches, position)
         elif result.next_fetch_offset > position:
             # Nothing to hand out, but the store skipped filtered batches.
             st.position = result.next_fetch_offset
@@ -383,7 +382,6 @@ class Fetcher:
         _note_answer(st, result)
         self._check_batches(tp, result)
         st.batches.extend(result.batches)
-        st.buffered_bytes += sum(map(len, result.batches))
         st.next_fetch_offset = max(st.next_fetch_offset, result.next_fetch_offset)
         return False
 
@@ -402,23 +400,6 @@ class Fetcher:
                     ErrorCode.CORRUPT_MESSAGE,
                     f"fetched batch of {tp.topic}-{tp.partition} is corrupt: {bad}",
                 ) from None
-
-    @staticmethod
-    def _iter_buffered(st: PartitionState, min_offset: int) -> Iterator[codec.RecordFields]:
-        # Plain tuples, not codec.Records: drain unpacks each one into a
-        # ConsumerRecord, and a named tuple per record costs as much to make
-        # as decoding the record does.
-        # Batches fetched ahead are appended while this runs; each starts
-        # after the last one begun (a store may answer a fetch with a batch
-        # that begins before the fetch offset: its head is skipped).
-        batches = st.batches
-        while batches:
-            batch = batches.popleft()
-            st.buffered_bytes -= len(batch)
-            header = codec.read_header(batch)
-            if not header.is_control:
-                yield from codec.iter_record_fields(batch, min_offset=min_offset)
-            min_offset = max(min_offset, header.base_offset + header.last_offset_delta + 1)
 
     # ------------------------------------------------------------ handing out
 

@@ -49,9 +49,6 @@ class PartitionState:
     records: Iterator[codec.RecordFields] | None = None
     # The offset after the last buffered batch: where a fetch ahead starts.
     next_fetch_offset: int = -1
-    # Bytes of the buffered batches the iterator has not begun: the fetcher
-    # fetches ahead while fewer than one fetch's worth are left.
-    buffered_bytes: int = 0
     retry_at_s: float = 0.0
     attempts: int = 0
 
@@ -65,11 +62,15 @@ class PartitionState:
         else at the position (None: no position yet)."""
         return self.next_fetch_offset if self.records is not None else self.position
 
+    def unread_bytes(self) -> int:
+        """Bytes of the buffered batches not begun yet: the fetcher fetches
+        ahead while fewer than one fetch's worth are left."""
+        return sum(map(len, self.batches))
+
     def clear_buffer(self) -> None:
         self.batches.clear()
         self.records = None
         self.next_fetch_offset = -1
-        self.buffered_bytes = 0
 
     def finish_buffer(self) -> None:
         """Every buffered record was handed out: the position moves past

@@ -3,11 +3,14 @@
 Method: encode batches whose records all take the fast path (a value, no
 headers; with and without keys), rebuild the same batch from
 records._encode_record (the general form) and compare byte for byte; then
-round-trip mixed batches through iter_records, and hand records out as
-columns (take_columns, the consumer's poll_columns).
+round-trip mixed batches through iter_records, hand records out as
+columns (take_columns, the consumer's poll_columns), and read a consumer's
+buffer of batches (iter_buffered_fields) with each offset once.
 """
 
 from __future__ import annotations
+
+import collections
 
 from oncelog.wire import records
 
@@ -75,3 +78,25 @@ def test_take_columns_hands_out_the_fields_up_to_its_limit() -> None:
     assert first[4][1] == (("h", b"x"), ("n", None))
     empty, ran_out = records.take_columns(fields, 3)
     assert ran_out and empty == ([], [], [], [], [])
+
+
+def _numbered(base_offset: int, count: int) -> bytes:
+    return records.encode_batch([(None, b"%d" % (base_offset + i), None, 1) for i in range(count)],
+                                base_offset=base_offset)
+
+
+def test_a_buffer_of_batches_reads_each_offset_once_in_order() -> None:
+    # A consumer's buffer: batches leave the queue as they are begun, one
+    # appended meanwhile (fetched ahead) is read too, a control batch gives
+    # nothing, and a batch that begins before the end of the last one
+    # begun (overlapping it) is read from after that end.
+    marker = records.encode_control_batch(marker=1, coordinator_epoch=0, producer_id=5,
+                                          producer_epoch=0, timestamp_ms=1, base_offset=6)
+    buffer = collections.deque([_numbered(0, 4), _numbered(2, 4), marker])
+    reader = records.iter_buffered_fields(buffer, min_offset=1)
+    first = [next(reader)[0] for _ in range(3)]
+    assert len(buffer) == 2  # the second batch is not begun yet
+    buffer.append(_numbered(7, 2))
+    rest = [fields[0] for fields in reader]
+    assert first + rest == [1, 2, 3, 4, 5, 7, 8]
+    assert not buffer

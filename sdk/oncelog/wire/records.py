@@ -74,6 +74,7 @@ named tuple per record costs about as much as parsing the record.
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -796,6 +797,24 @@ def _skip_below(data: bytes, pos: int, count: int, base: int,
 # item i of each list is record i.
 RecordColumns = tuple[list[int], list[int], list[bytes | None], list[bytes | None],
                       list[tuple[Header, ...]]]
+
+
+def iter_buffered_fields(batches: deque[bytes], min_offset: int = 0) -> Iterator[RecordFields]:
+    """The records of a queue of fetched batches (a consumer's buffer), as
+    iter_record_fields yields them, from `min_offset` on; control batches
+    give none. Each batch leaves the queue as its first record is read, so
+    batches appended meanwhile (fetched ahead) are read too, and each starts
+    after the last one begun (a store may answer a fetch with a batch that
+    begins before the fetch offset: its head is skipped).
+
+    Here, beside iter_record_fields, so that where this module is compiled
+    the consumer's per-record step from one record to the next is too."""
+    while batches:
+        batch = batches.popleft()
+        header = read_header(batch)
+        if not header.attributes & ATTR_CONTROL:
+            yield from iter_record_fields(batch, min_offset=min_offset)
+        min_offset = max(min_offset, header.base_offset + header.last_offset_delta + 1)
 
 
 def take_columns(records: Iterator[RecordFields], limit: int) -> tuple[RecordColumns, bool]:
