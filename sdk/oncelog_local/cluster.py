@@ -68,7 +68,10 @@ prefers to lead (store_of_group_coordinator); `coordinators` and
 `group_coordinators` are not used. Killing that store kills its
 coordinators with it. Their flags then go in `extra_args["partition_store"]`;
 `extra_args` for either coordinator kind is refused (ValueError), as there is
-no such process to give them to.
+no such process to give them to. `coordinators_in_stores=("coordinator",)`
+(or `("group_coordinator",)`) places that kind alone in the stores and runs
+the other as processes of their own, as Helm's `coordinator.inStores` and
+`groupCoordinator.inStores` may be set apart.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -90,7 +93,12 @@ import grpc
 
 from oncelog import errors
 from oncelog.admin import Admin
-from oncelog.wire.placement import store_of_coordinator, store_of_group_coordinator
+from oncelog.wire.placement import (
+    owner_of_state_partition,
+    state_partition,
+    store_of_coordinator,
+    store_of_group_coordinator,
+)
 from oncelog.wire.process import (
     GRPC,
     KAFKA,
@@ -99,7 +107,7 @@ from oncelog.wire.process import (
     PortInUse,
 )
 from oncelog.wire.vocabulary import ServiceKind
-from oncelog_local.argv import SERVER_PACKAGE, CommandLines
+from oncelog_local.argv import HOSTED_FLAGS, SERVER_PACKAGE, CommandLines
 from oncelog_local.layout import KeptLayout, KeptPorts, load_kept_ports, save_kept_ports
 from oncelog_local.partitions import PartitionPlacement, read_placements
 from oncelog_local.pki import (
@@ -125,6 +133,8 @@ if TYPE_CHECKING:
     from oncelog_local.netns import NamespaceNetwork
 
 KINDS = tuple(kind.value for kind in ServiceKind)
+# The coordinator kinds a partition store can run (coordinators_in_stores).
+HOSTED_KINDS = tuple(kind for kind, _flag in HOSTED_FLAGS)
 # The kind name of etcd members in kill/restart/... (not a service: not in KINDS).
 ETCD = "etcd"
 # The comma-separated etcd endpoints every service gets in its environment
@@ -200,15 +210,32 @@ def _service_available(kind: str) -> bool:
                for location in spec.submodule_search_locations)
 
 
-def _check_no_coordinator_args(extra_args: Mapping[str, Sequence[str]]) -> None:
-    """With the coordinators in the stores: flags for coordinator processes,
+def _hosted_kinds(coordinators_in_stores: bool | Iterable[str]) -> frozenset[str]:
+    """The coordinator kinds the stores run (LocalCluster's
+    `coordinators_in_stores`): True both, False none, or the kinds named."""
+    if isinstance(coordinators_in_stores, bool):
+        return frozenset(HOSTED_KINDS) if coordinators_in_stores else frozenset()
+    if isinstance(coordinators_in_stores, str):
+        raise TypeError(f"coordinators_in_stores={coordinators_in_stores!r}: give True, False "
+                        f"or a collection of kinds, such as ({coordinators_in_stores!r},)")
+    kinds = frozenset(coordinators_in_stores)
+    unknown = sorted(kinds - set(HOSTED_KINDS))
+    if unknown:
+        raise ValueError(f"coordinators_in_stores names {', '.join(map(repr, unknown))}; "
+                         f"the kinds a store can run are {' and '.join(map(repr, HOSTED_KINDS))}")
+    return kinds
+
+
+def _check_no_coordinator_args(extra_args: Mapping[str, Sequence[str]],
+                               hosted: frozenset[str]) -> None:
+    """With coordinators in the stores: flags for coordinator processes,
     which are not started, would be dropped silently and leave the
     coordinators unconfigured."""
-    named = sorted(kind for kind in ("coordinator", "group_coordinator") if extra_args.get(kind))
+    named = sorted(kind for kind in hosted if extra_args.get(kind))
     if named:
         raise ValueError(
             f"extra_args names {' and '.join(map(repr, named))}, whose processes "
-            "coordinators_in_stores=True does not start: each store runs those "
+            "coordinators_in_stores does not start: each store runs those "
             "coordinators, so their flags go in extra_args['partition_store']")
 
 
@@ -238,18 +265,24 @@ class LocalCluster:
         security: bool = False,
         kafka_listener: bool = False,
         network: str | None = None,
-        coordinators_in_stores: bool = False,
+        coordinators_in_stores: bool | Iterable[str] = False,
     ) -> None:
-        if coordinators_in_stores:
-            _check_no_coordinator_args(extra_args or {})
-            coordinators = group_coordinators = 0
+        hosted = _hosted_kinds(coordinators_in_stores)
+        _check_no_coordinator_args(extra_args or {}, hosted)
+        if "coordinator" in hosted:
+            coordinators = 0
+        if "group_coordinator" in hosted:
+            group_coordinators = 0
         # The store that runs each coordinator, by kind (empty: they run as
         # processes of their own).
         self._hosts: dict[str, list[int]] = {
             kind: [place(c, partition_stores) for c in range(partition_stores)]
-            if coordinators_in_stores else []
+            if kind in hosted else []
             for kind, place in (("coordinator", store_of_coordinator),
                                 ("group_coordinator", store_of_group_coordinator))}
+        # The partitions of each coordinator kind's state topic.
+        self._state_partitions = {"coordinator": transaction_state_partitions,
+                                  "group_coordinator": consumer_offsets_partitions}
         if partition_stores < 1:
             raise ValueError("a cluster needs at least one partition store")
         if etcd_members not in (0, 1, 3):
@@ -436,6 +469,21 @@ class LocalCluster:
             return self._etcd_cluster(index).endpoints[index]
         return self._proc(kind, index).address
 
+    def store_running(self, kind: str, key: str) -> int:
+        """The partition store whose process runs the coordinator of `key`:
+        a transactional id for kind "coordinator", a group id for
+        "group_coordinator", when that kind runs in the stores
+        (coordinators_in_stores). It is the store to kill to take that
+        coordinator down."""
+        hosts = self._hosts.get(kind)
+        if hosts is None:
+            raise ValueError(f"unknown coordinator kind {kind!r}; expected one of {HOSTED_KINDS}")
+        if not hosts:
+            raise ValueError(f"the {kind.replace('_', ' ')}s run as processes of their own "
+                             f"(coordinators_in_stores does not name {kind!r})")
+        partition = state_partition(key, self._state_partitions[kind])
+        return hosts[owner_of_state_partition(partition, len(hosts))]
+
     def metrics_url(self, kind: str, index: int = 0) -> str:
         proc = self._proc(kind, index)
         address = f"{proc.host}:{proc.metrics_port}"
@@ -462,7 +510,7 @@ class LocalCluster:
             where = (f"partition store {hosts[index]}" if 0 <= index < len(hosts)
                      else "a partition store")
             raise ValueError(f"{kind.replace('_', ' ')} {index} is no process of its own: it "
-                             f"runs in {where} (coordinators_in_stores=True)")
+                             f"runs in {where} (coordinators_in_stores)")
         if not 0 <= index < len(procs):
             raise ValueError(f"{kind} {index} does not exist; the cluster has {len(procs)}")
         return procs[index]

@@ -10,6 +10,10 @@ runs against this placement too (test_client_contract.py); the flag's
 misuses are refused before the store starts, for this flag and for
 `--group-coordinator` (whose calls test_group_coordinator_in_store.py
 checks), and each kind's placement rule matches the layout's.
+LocalCluster places one kind in the stores and the other in processes of
+its own when asked (`coordinators_in_stores=("coordinator",)`), names the
+store that runs a key's coordinator, and refuses names that are no
+coordinator kind.
 
 Method: LocalCluster with real processes; which calls crossed gRPC is read
 from the services' RPC interceptor counters on the store's metrics port
@@ -196,6 +200,30 @@ def test_local_cluster_refuses_flags_for_coordinator_processes_it_does_not_start
                      extra_args={process: ["--min-session-timeout-ms", "500"]})
     LocalCluster(tmp_path, coordinators_in_stores=True, start=False,
                  extra_args={"partition_store": ["--min-session-timeout-ms", "500"]})
+
+
+@pytest.mark.parametrize("hosted", ["coordinator", "group_coordinator"])
+def test_one_kind_in_the_stores_and_the_other_as_processes(hosted: str, tmp_path: Path) -> None:
+    other = "group_coordinator" if hosted == "coordinator" else "coordinator"
+    cluster = LocalCluster(tmp_path, partition_stores=3, coordinators_in_stores=(hosted,),
+                           start=False, extra_args={other: ["--min-session-timeout-ms", "500"]})
+    assert cluster.processes[hosted] == [] and len(cluster.processes[other]) == 1
+    stores = {cluster.store_running(hosted, f"id-{i}") for i in range(40)}
+    assert stores == {0, 1, 2}  # one coordinator in every store
+    with pytest.raises(ValueError, match=f"run as processes of their own .*{other!r}"):
+        cluster.store_running(other, "id-0")
+    with pytest.raises(ValueError, match=f"extra_args names '{hosted}'"):
+        LocalCluster(tmp_path, coordinators_in_stores=(hosted,), start=False,
+                     extra_args={hosted: ["--min-session-timeout-ms", "500"]})
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    (("transaction_coordinator",), ValueError), (("partition_store",), ValueError),
+    ("coordinator", TypeError)])
+def test_coordinators_in_stores_names_only_coordinator_kinds(
+        value: object, error: type[Exception], tmp_path: Path) -> None:
+    with pytest.raises(error, match="coordinators_in_stores"):
+        LocalCluster(tmp_path, coordinators_in_stores=value, start=False)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.flag)

@@ -35,8 +35,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncelog import Admin, Consumer, ConsumerRecord, GroupMetadata, Producer, TopicPartition, errors
 from oncelog.testing import LocalCluster
-from oncelog.wire.placement import store_of_group_coordinator
-from services.common.metadata.cluster import ClusterLayout
 from tests.support.secure_clients import admin_of, allow, grant
 from tests.support.store_metrics import rpc_requests, store_metric
 
@@ -159,24 +157,13 @@ def read_back(cluster: LocalCluster, topic: str) -> list[bytes]:
     return values
 
 
-def host_of_group(group_id: str, stores: int, consumer_offsets_partitions: int) -> int:
-    """The store that runs `group_id`'s coordinator in a LocalCluster with
-    coordinators_in_stores=True."""
-    layout = ClusterLayout(stores=tuple(f"s{i}:1" for i in range(stores)),
-                           group_coordinators=tuple(f"g{i}:1" for i in range(stores)),
-                           consumer_offsets_partitions=consumer_offsets_partitions)
-    coordinator = layout.group_coordinator_for_partition(
-        layout.consumer_offsets_partition(group_id))
-    return store_of_group_coordinator(coordinator, stores)
-
-
 def test_kill_9_of_the_store_that_runs_the_group_coordinator_loses_no_committed_offset(
         tmp_path: Path, topic_name: str) -> None:
     stores, group = 2, "sdk-group"
-    host = host_of_group(group, stores, consumer_offsets_partitions=4)
     with LocalCluster(tmp_path / "cluster", partition_stores=stores,
                       coordinators_in_stores=True, consumer_offsets_partitions=4,
                       extra_args={"partition_store": STORE_ARGS}) as cluster:
+        host = cluster.store_running("group_coordinator", group)
         with Admin(bootstrap=cluster.bootstrap) as admin:
             admin.create_topic(topic_name, partitions=PARTITIONS)
         with Producer(bootstrap=cluster.bootstrap) as producer:

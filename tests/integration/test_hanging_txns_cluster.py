@@ -55,8 +55,8 @@ from oncelog.v1 import coordinator_pb2_grpc as co_grpc
 from oncelog.v1 import partition_store_pb2 as ps
 from oncelog.v1 import partition_store_pb2_grpc as ps_grpc
 from oncelog.v1 import records_pb2
+from oncelog.wire.placement import stable_hash
 from oncelog.wire.records import encode_batch, iter_records, read_header
-from services.common.metadata.cluster import stable_hash
 from tests.support.polling import retrying, wait_until
 
 TIMEOUT_MS = 5_000           # the producers' transaction timeout

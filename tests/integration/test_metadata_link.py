@@ -25,7 +25,8 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from oncelog.wire.errors import ErrorCode
-from services.common.metadata.cluster import ClusterLayout, stable_hash
+from oncelog.wire.placement import stable_hash
+from services.common.metadata.cluster import ClusterLayout
 from services.common.metadata.store import METADATA_TXN_OPS_MAX, MemoryMetadataStore
 from services.partition_store.api import NewPartitions, TopicSpec
 from services.partition_store.core.replicas import (

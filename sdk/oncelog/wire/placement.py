@@ -23,6 +23,18 @@ def stable_hash(key: str) -> int:
     return zlib.crc32(key.encode())
 
 
+def state_partition(key: str, partition_count: int) -> int:
+    """The partition of a coordinator's state topic that holds `key` (a
+    transactional id in `__transaction_state`, a group id in
+    `__consumer_offsets`)."""
+    return stable_hash(key) % partition_count
+
+
+def owner_of_state_partition(partition: int, coordinator_count: int) -> int:
+    """The coordinator (of either kind) that owns a partition of its state topic."""
+    return partition % coordinator_count
+
+
 def preferred_store(topic: str, partition: int, store_count: int) -> int:
     """The store index that holds (or prefers to lead) a partition."""
     return (stable_hash(topic) + partition) % store_count

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from oncelog.wire.placement import (
     CONSUMER_OFFSETS_TOPIC,
     TRANSACTION_STATE_TOPIC,
+    owner_of_state_partition,
     preferred_store,
-    stable_hash,
+    state_partition,
 )
 
 from ..security.acl_records import ACLS_TOPIC, ACLS_TOPIC_PARTITIONS
@@ -79,21 +80,21 @@ class ClusterLayout:
         return preferred_store(topic, partition, len(self.stores))
 
     def transaction_state_partition(self, transactional_id: str) -> int:
-        return stable_hash(transactional_id) % self.transaction_state_partitions
+        return state_partition(transactional_id, self.transaction_state_partitions)
 
     def consumer_offsets_partition(self, group_id: str) -> int:
-        return stable_hash(group_id) % self.consumer_offsets_partitions
+        return state_partition(group_id, self.consumer_offsets_partitions)
 
     def coordinator_for_partition(self, partition: int) -> int:
         """The transaction coordinator node that owns a __transaction_state partition."""
         if not self.coordinators:
             raise ValueError("the cluster has no transaction coordinator")
-        return partition % len(self.coordinators)
+        return owner_of_state_partition(partition, len(self.coordinators))
 
     def group_coordinator_for_partition(self, partition: int) -> int:
         if not self.group_coordinators:
             raise ValueError("the cluster has no group coordinator")
-        return partition % len(self.group_coordinators)
+        return owner_of_state_partition(partition, len(self.group_coordinators))
 
     def internal_topics(self) -> dict[str, int]:
         """Internal topics and their partition counts, created on first start."""

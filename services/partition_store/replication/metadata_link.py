@@ -37,9 +37,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from oncelog.wire.errors import ErrorCode
+from oncelog.wire.placement import stable_hash
 
 from ...common.kernel.errors import ServiceError
-from ...common.metadata.cluster import ClusterLayout, stable_hash
+from ...common.metadata.cluster import ClusterLayout
 from ...common.metadata.store import (
     METADATA_TXN_OPS_MAX,
     Compare,
