@@ -3,16 +3,21 @@
 Goal: a Kafka client's transactional read-process-write pipeline keeps the
 same promise as our SDK's: every input record appears in the output
 exactly once and the group's offsets are committed exactly once, while a
-partition store and the transaction coordinator are killed with kill -9 on
-a replicated cluster (3 stores, RF 3, etcd). And a Kafka client and our
-SDK share transactions: what one commits the other reads under
-read_committed, what one aborts the other never sees.
+partition store, the transaction coordinator and the group coordinator
+are killed with kill -9 on a replicated cluster (3 stores, RF 3, etcd).
+And a Kafka client and our SDK share transactions: what one commits the
+other reads under read_committed, what one aborts the other never sees.
+Both hold with the coordinators as processes of their own, and with
+either kind alone in the stores' processes (a mixed placement, which the
+Helm chart allows).
 
 Method: a LocalCluster with 3 stores and etcd, every store with a Kafka
-listener. The pipeline is tests/support/kafka_copier.py (confluent-kafka
-only) run as its own process; the test kills a store and the coordinator
-under it and restarts them, starting the copier again when it ends with a
-fatal error (a new instance fences the old one, as a supervisor would).
+listener, once per placement. The pipeline is
+tests/support/kafka_copier.py (confluent-kafka only) run as its own
+process; the test kills a store and each coordinator under it (its
+process, or the store that runs it) and restarts them, starting the
+copier again when it ends with a fatal error (a new instance fences the
+old one, as a supervisor would).
 The output is read back under read_committed by a separate librdkafka
 consumer and compared with the input, value by value; the group's
 committed offsets with the input's end offsets. No assertion depends on
@@ -47,13 +52,44 @@ DEADLINE_S = 240.0
 READ_DEADLINE_S = 90.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+# Where the coordinators run: each kind as processes of its own, or one
+# kind in the stores and the other alone (Helm's coordinator.inStores and
+# groupCoordinator.inStores set apart); both in the stores is
+# test_group_coordinator_in_store.py's.
+PLACEMENTS = {"alone": (), "transaction-coordinator-in-stores": ("coordinator",),
+              "group-coordinator-in-stores": ("group_coordinator",)}
+
+
+@pytest.fixture(scope="module", params=list(PLACEMENTS))
+def cluster(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    in_stores = PLACEMENTS[request.param]
+    group_args = ["--initial-rebalance-delay-ms", "300"]
     with LocalCluster(tmp_path_factory.mktemp("kafka-eos") / "cluster", partition_stores=3,
-                      etcd_members=1, kafka_listener=True,
-                      extra_args={"group_coordinator": ["--initial-rebalance-delay-ms",
-                                                        "300"]}) as c:
+                      etcd_members=1, kafka_listener=True, coordinators_in_stores=in_stores,
+                      extra_args={"partition_store" if "group_coordinator" in in_stores
+                                  else "group_coordinator": group_args}) as c:
         yield c
+
+
+def host_store(cluster: LocalCluster, kind: str, key: str) -> int | None:
+    """The store whose process runs the coordinator of `key`; None when
+    that kind runs as processes of its own."""
+    try:
+        return cluster.store_running(kind, key)
+    except ValueError:
+        return None
+
+
+def kill_coordinator(cluster: LocalCluster, kind: str, key: str) -> None:
+    """kill -9 of the coordinator of `key` (its process, or the store whose
+    process runs it), and a restart a second later: a coordinator in a
+    store is that store's, and serves again only once it is back."""
+    store = host_store(cluster, kind, key)
+    kind, index = (kind, 0) if store is None else ("partition_store", store)
+    cluster.kill(kind, index)
+    time.sleep(1)
+    cluster.restart(kind, index)
 
 
 def create_topics(cluster: LocalCluster, *names: str) -> None:
@@ -177,12 +213,17 @@ def test_librdkafka_read_process_write_under_kill_9_is_exactly_once(
     # transaction coordinator.
     progress = Progress(cluster, group, source)
     progress.wait_for(RECORDS // 5)
-    cluster.kill("partition_store", 1)
+    # A store that runs neither coordinator of the copier: the copier goes
+    # on while it is down (its partitions fail over).
+    hosts = {host_store(cluster, "coordinator", f"{group}-txn"),
+             host_store(cluster, "group_coordinator", group)}
+    down = next(store for store in (1, 2, 0) if store not in hosts)
+    cluster.kill("partition_store", down)
     progress.wait_for(RECORDS * 2 // 5)
-    cluster.restart("partition_store", 1)
-    cluster.kill("coordinator", 0)
-    time.sleep(1)
-    cluster.restart("coordinator", 0)
+    cluster.restart("partition_store", down)
+    kill_coordinator(cluster, "coordinator", f"{group}-txn")
+    progress.wait_for(RECORDS * 3 // 5)
+    kill_coordinator(cluster, "group_coordinator", group)
     progress.close()
     worker.join(DEADLINE_S + 30)
     assert not worker.is_alive(), "the copier did not finish"
