@@ -371,6 +371,7 @@ class Fetcher:
                     result: partition_store_pb2.PartitionFetchResult) -> bool:
         """Appends the answer of a fetch ahead to the partition's buffer;
         True when metadata should be refreshed.
+
         An error is left for the fetch from the position to meet and act on
         (an offset out of range there is the application's concern, not
         one of records it has not reached): until then the partition only
