@@ -423,22 +423,16 @@ class Fetcher:
         tps = self._drain_order()
         if self.deserializes:
             return self._drain_deserialized(tps, max_records, only)
-        new_tuple = tuple.__new__
         for tp, st in tps:
             if st.records is None or (only is not None and tp not in only):
                 continue
-            topic, partition = tp.topic, tp.partition
-            append = out.append
-            for offset, timestamp_ms, key, value, headers in st.records:
-                # ConsumerRecord(...), made as codec.iter_records makes Records.
-                append(new_tuple(ConsumerRecord, (
-                    topic, partition, offset, key, value, headers, timestamp_ms,
-                )))
-                st.position = offset + 1
-                if len(out) >= max_records:
-                    break
-            else:
-                st.finish_buffer()
+            taken, ran_out = codec.take_records(st.records, max_records - len(out),
+                                                tp.topic, tp.partition, ConsumerRecord)
+            if taken:
+                st.position = taken[-1].offset + 1
+                out += taken
+            if ran_out:
+                st.finish_buffer()  # after the position: it may move it further
             if len(out) >= max_records:
                 break
         return out

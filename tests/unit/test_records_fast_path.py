@@ -3,8 +3,9 @@
 Method: encode batches whose records all take the fast path (a value, no
 headers; with and without keys), rebuild the same batch from
 records._encode_record (the general form) and compare byte for byte; then
-round-trip mixed batches through iter_records, hand records out as
-columns (take_columns, the consumer's poll_columns), and read a consumer's
+round-trip mixed batches through iter_records, hand records out as the
+consumer's records (take_records, poll) and as columns (take_columns,
+poll_columns), and read a consumer's
 buffer of batches (iter_buffered_fields) with each offset once.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 
+from oncelog.types import ConsumerRecord
 from oncelog.wire import records
 
 
@@ -53,18 +55,42 @@ def test_mixed_batches_round_trip() -> None:
     ]
 
 
+# Five records at offsets 100-104, with and without keys, values and headers.
+_HAND_OUT_ROWS: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None,
+                          int]] = [
+    (b"k", b"v", None, 5),
+    (None, None, None, 6),
+    (b"k2", b"v2", [("h", b"x"), ("n", None)], 4),
+    (None, b"plain", None, 9),
+    (b"k5", b"", None, 7),
+]
+
+
+def test_take_records_makes_the_consumers_records_up_to_its_limit() -> None:
+    # The consumer's hand-out (poll): record i is what iter_record_fields
+    # yields as record i, with its topic and partition, in the named tuple's
+    # field order; the limit stops it mid-batch, and the rest comes from
+    # the same iterator next time.
+    batch = records.with_base_offset(records.encode_batch(_HAND_OUT_ROWS), 100)
+    want = [ConsumerRecord("t", 3, offset, key, value, headers, timestamp_ms)
+            for offset, timestamp_ms, key, value, headers
+            in records.iter_record_fields(batch, min_offset=101)]
+    fields = records.iter_record_fields(batch, min_offset=101)
+    first, ran_out = records.take_records(fields, 3, "t", 3, ConsumerRecord)
+    assert not ran_out
+    second, ran_out = records.take_records(fields, 3, "t", 3, ConsumerRecord)
+    assert ran_out
+    assert first + second == want
+    assert all(type(r) is ConsumerRecord for r in first + second)
+    assert first[1].key == b"k2" and first[1].headers == (("h", b"x"), ("n", None))
+    assert records.take_records(fields, 3, "t", 3, ConsumerRecord) == ([], True)
+
+
 def test_take_columns_hands_out_the_fields_up_to_its_limit() -> None:
     # The consumer's columnar hand-out: item i of each column is record i of
     # what iter_record_fields yields; the limit stops it mid-batch, and the
     # rest comes from the same iterator next time.
-    rows = [
-        (b"k", b"v", None, 5),
-        (None, None, None, 6),
-        (b"k2", b"v2", [("h", b"x"), ("n", None)], 4),
-        (None, b"plain", None, 9),
-        (b"k5", b"", None, 7),
-    ]
-    batch = records.with_base_offset(records.encode_batch(rows), 100)
+    batch = records.with_base_offset(records.encode_batch(_HAND_OUT_ROWS), 100)
     want = list(records.iter_record_fields(batch, min_offset=101))
     fields = records.iter_record_fields(batch, min_offset=101)
     first, ran_out = records.take_columns(fields, 3)

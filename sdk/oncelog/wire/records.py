@@ -78,7 +78,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import crc32c as _crc32c
 
@@ -644,6 +644,8 @@ def iter_records(batch: bytes | memoryview, *, min_offset: int = 0) -> Iterator[
 
 
 RecordFields = tuple[int, int, bytes | None, bytes | None, tuple[Header, ...]]
+# What take_records makes: the consumer's record type (a named tuple).
+_Record = TypeVar("_Record", bound=tuple[Any, ...])
 
 
 def iter_record_fields(batch: bytes | memoryview, *, min_offset: int = 0) -> Iterator[RecordFields]:
@@ -815,6 +817,25 @@ def iter_buffered_fields(batches: deque[bytes], min_offset: int = 0) -> Iterator
         if not header.attributes & ATTR_CONTROL:
             yield from iter_record_fields(batch, min_offset=min_offset)
         min_offset = max(min_offset, header.base_offset + header.last_offset_delta + 1)
+
+
+def take_records(records: Iterator[RecordFields], limit: int, topic: str, partition: int,
+                 record_type: type[_Record]) -> tuple[list[_Record], bool]:
+    """Up to `limit` (>= 1) of `records` as `record_type` tuples of (topic,
+    partition, offset, key, value, headers, timestamp_ms) (the consumer's
+    ConsumerRecord), and whether `records` ran out before the limit.
+
+    The consumer's hand-out (Consumer.poll): here, so that where this module
+    is compiled the per-record loop is too. Each tuple is made as a named
+    tuple's own constructor would make it, without its per-call overhead."""
+    out: list[_Record] = []
+    new_tuple = tuple.__new__
+    for offset, timestamp_ms, key, value, headers in records:
+        out.append(new_tuple(record_type,
+                             (topic, partition, offset, key, value, headers, timestamp_ms)))
+        if len(out) >= limit:
+            return out, False
+    return out, True
 
 
 def take_columns(records: Iterator[RecordFields], limit: int) -> tuple[RecordColumns, bool]:
