@@ -10,7 +10,7 @@ costing a loopback round trip through both processes' gRPC stacks.
 `InProcess` is what one process answers itself: the addresses it is known
 by and, per full gRPC method name, the servicer's handler (the same function
 its request streams run for every message). A caller that holds one asks it
-first (`handler`); for any other address, or a method this process does not
+first (`local_call`); for any other address, or a method this process does not
 serve, it goes over gRPC as before. A method name our protos do not define
 is refused on both sides (ValueError): misspelt, it would not fail, only
 go over gRPC.
@@ -47,6 +47,8 @@ from ..kernel.errors import ServiceError
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], Awaitable[Any]]
+# A request this process answers itself: call(request, timeout_s).
+LocalCall = Callable[[Any, float], Awaitable[Any]]
 
 
 class InProcess:
@@ -89,6 +91,19 @@ class InProcess:
             # here, or asyncio logs "Task exception was never retrieved" for
             # each (a store that loses leadership under load fails thousands).
             task.exception()
+
+
+def local_call(local: InProcess | None, address: str, method: str) -> LocalCall | None:
+    """`method` at `address` as a call this process answers itself, or None
+    when the request goes over gRPC: the caller has no InProcess, the
+    address is another process's, or this process does not serve the
+    method. Every client that may call its own process asks here first."""
+    if local is None:
+        return None
+    handler = local.handler(address, method)
+    if handler is None:
+        return None
+    return functools.partial(local.call, handler)
 
 
 @functools.cache

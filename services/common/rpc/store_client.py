@@ -26,7 +26,7 @@ from ..kernel.errors import ServiceError
 from ..metadata.cluster import ClusterLayout
 from .channels import ChannelPool
 from .leaders import LeaderDirectory
-from .local_calls import InProcess
+from .local_calls import InProcess, local_call
 from .stream_client import StreamMethod
 
 # A single RPC to a store should not take longer than this; the caller retries.
@@ -104,10 +104,10 @@ class StoreClient:
         our error, and forgets the leader if it moved."""
         try:
             leader = await self._leaders.leader(topic, partition)
-            handler = None if self._local is None else self._local.handler(
-                self._leaders.address(leader), f"/{SERVICE_NAME}/{method}")
-            if handler is not None and self._local is not None:
-                return await self._local.call(handler, request, timeout_s)
+            here = local_call(self._local, self._leaders.address(leader),
+                              f"/{SERVICE_NAME}/{method}")
+            if here is not None:
+                return await here(request, timeout_s)
             return await getattr(self._leaders.stub(leader), method)(request, timeout=timeout_s)
         except ServiceError as exc:
             self._leaders.forget_on(topic, partition, exc.code)

@@ -33,7 +33,7 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 
 from ..kernel.errors import ServiceError
-from .local_calls import InProcess
+from .local_calls import InProcess, local_call
 
 
 class _Request(Protocol):
@@ -161,11 +161,10 @@ class StreamMethod(Generic[Request, Answer]):
         Raises ServiceError with the server's code when the request failed
         as a whole (its status, or the answer's `error`), or with the
         transport's code (NETWORK_EXCEPTION, REQUEST_TIMED_OUT, ...)."""
-        if self._local is not None:
-            handler = self._local.handler(address, self._stream_method)
-            if handler is not None:
-                local_answer: Answer = await self._local.call(handler, request, timeout_s)
-                return local_answer
+        here = local_call(self._local, address, self._stream_method)
+        if here is not None:
+            local_answer: Answer = await here(request, timeout_s)
+            return local_answer
         try:
             if address in self._unary_only:
                 answer = await self._unary(channel, request, timeout_s)

@@ -32,7 +32,7 @@ from oncelog.wire.status import error_from_rpc
 from ...common.kernel.errors import ServiceError
 from ...common.metadata.cluster import ClusterLayout
 from ...common.rpc.channels import ChannelPool
-from ...common.rpc.local_calls import InProcess
+from ...common.rpc.local_calls import InProcess, local_call
 
 Response = TypeVar("Response", bound=Message)
 
@@ -92,14 +92,13 @@ class CoordinatorClient:
         """One unary call; ServiceError with the coordinator's code when it
         refuses the call as a whole, COORDINATOR_NOT_AVAILABLE when it cannot
         be reached."""
-        if self._local is not None:
-            handler = self._local.handler(address, f"/{service}/{method}")
-            if handler is not None:
-                try:
-                    local_response: Response = await self._local.call(handler, request, timeout_s)
-                except ServiceError as exc:
-                    raise ServiceError(exc.code, f"{method} at {address}: {exc.message}") from exc
-                return local_response
+        here = local_call(self._local, address, f"/{service}/{method}")
+        if here is not None:
+            try:
+                local_response: Response = await here(request, timeout_s)
+            except ServiceError as exc:
+                raise ServiceError(exc.code, f"{method} at {address}: {exc.message}") from exc
+            return local_response
         channel = self._channels.get(address)
         stub: Any = channel.unary_unary(
             f"/{service}/{method}", request_serializer=type(request).SerializeToString,
