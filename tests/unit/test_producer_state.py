@@ -535,6 +535,25 @@ def test_marker_replay_ends_the_transaction(marker_type: int) -> None:
     assert state.first_unstable_offset is None
 
 
+
+def test_a_table_from_a_snapshot_keeps_ended_transactions_holding_the_lso() -> None:
+    """A snapshot taken while a marker was above the HW: the table rebuilt
+    from it (a restart, whose HW starts at the log start) still holds the
+    LSO at the transaction's first offset until the HW passes the marker,
+    as the table that took the snapshot did."""
+    state = _history([B(seq=0, count=2, txn=True), B(seq=2, txn=True)])  # offsets 0-1, 2
+    state.replay(dataclasses.replace(M(epoch=1, coord=3).header(), base_offset=3),
+                 3, 9_000, control=(MARKER_COMMIT, 3))
+    state.on_high_watermark(3)
+    assert state.unreplicated() == ((3, 0),)
+    rebuilt = ProducerStateManager(TP, state.entries(), state.unreplicated())
+    assert rebuilt.open_txn_count == 0
+    assert rebuilt.first_unstable_offset == 0
+    rebuilt.on_high_watermark(3)
+    assert rebuilt.first_unstable_offset == 0
+    rebuilt.on_high_watermark(4)
+    assert rebuilt.first_unstable_offset is None and rebuilt.unreplicated() == ()
+
 def test_version_1_marker_keeps_the_epoch_the_batches_and_its_timestamp() -> None:
     """A version-1 marker at the data's epoch ends the transaction but leaves
     the producer's epoch and cached batches (its sequences go on); its

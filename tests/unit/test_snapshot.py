@@ -1,9 +1,10 @@
 """Producer-state snapshots: encode/decode and refusal of damaged bytes.
 
-Goal: a snapshot round-trips exactly (open transactions, coordinator epochs
-and last markers with their timestamps included), version-1 and version-2
-snapshots (written before transactions, and before markers kept their
-timestamps) still load, and anything but an intact snapshot of a known
+Goal: a snapshot round-trips exactly (open transactions, coordinator epochs,
+last markers with their timestamps, and the ended transactions whose marker
+the HW had not passed included), snapshots of versions 1 to 3 (written
+before transactions, before markers kept their timestamps, and before the
+ended transactions were kept) still load, and anything but an intact snapshot of a known
 version (flipped bit, bad CRC, truncation, unknown version, garbage payload)
 raises SnapshotError, so recovery falls back instead of loading a wrong
 producer table.
@@ -61,7 +62,20 @@ def test_round_trip() -> None:
 
 def test_round_trip_empty() -> None:
     snap = decode_snapshot(encode_snapshot(0, []))
-    assert snap.offset == 0 and snap.producers == ()
+    assert snap.offset == 0 and snap.producers == () and snap.unreplicated == ()
+
+
+def test_round_trip_keeps_transactions_whose_marker_is_not_replicated() -> None:
+    snap = decode_snapshot(encode_snapshot(1234, ENTRIES, ((50, 42), (60, 55))))
+    assert snap.unreplicated == ((50, 42), (60, 55))
+    assert list(snap.producers) == ENTRIES
+
+
+def test_version_3_snapshots_still_load_with_no_unreplicated_transactions() -> None:
+    payload = b'{"offset": 10, "producers": [[7, 3, 5004, 9000, 2, -1, [], -1, [3, 1, 9, 77]]]}'
+    snap = decode_snapshot(_reseal(payload, 3))
+    assert snap.offset == 10 and snap.unreplicated == ()
+    assert snap.producers[0].last_marker == MarkerMetadata(3, 1, 9, 77)
 
 
 def _reseal(payload: bytes, version: int = SNAPSHOT_VERSION) -> bytes:
@@ -85,6 +99,10 @@ def _reseal(payload: bytes, version: int = SNAPSHOT_VERSION) -> bytes:
         ("wrong version, valid crc", lambda d: _reseal(d[5:], SNAPSHOT_VERSION + 1)),
         ("not json, valid crc", lambda d: _reseal(b"\x00not json")),
         ("missing field, valid crc", lambda d: _reseal(b'{"offset": 3}')),
+        ("unreplicated pair of the wrong shape, valid crc", lambda d: _reseal(
+            b'{"offset": 3, "producers": [], "unreplicated": [[1, 2, 3]]}')),
+        ("no unreplicated list, valid crc", lambda d: _reseal(
+            b'{"offset": 3, "producers": []}')),
         ("wrong shape, valid crc", lambda d: _reseal(b'{"offset": 3, "producers": [[1, 2]]}')),
         ("string where a number belongs", lambda d: _reseal(
             b'{"offset": "3", "producers": []}')),

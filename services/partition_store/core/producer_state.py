@@ -545,8 +545,12 @@ class ProducerStateManager:
     __slots__ = ("_first_unstable", "_open", "_producers", "_unreplicated", "topic_partition")
 
     def __init__(
-        self, topic_partition: str, producers: Iterable[ProducerEntry] | None = None
+        self, topic_partition: str, producers: Iterable[ProducerEntry] | None = None,
+        unreplicated: Iterable[tuple[int, int]] = (),
     ) -> None:
+        """`producers` and `unreplicated` come from a snapshot (the
+        transactions ended by markers its replica's HW had not passed:
+        `unreplicated()`)."""
         self.topic_partition = topic_partition
         self._producers: dict[int, ProducerEntry] = {
             e.producer_id: e for e in producers or ()
@@ -558,8 +562,10 @@ class ProducerStateManager:
         }
         # Ended transactions whose marker is not durable yet, in marker order:
         # (marker offset, first offset).
-        self._unreplicated: list[tuple[int, int]] = []
-        self._first_unstable: int | None = min(self._open.values(), default=None)
+        self._unreplicated: list[tuple[int, int]] = sorted(unreplicated)
+        self._first_unstable: int | None = min(
+            (*self._open.values(), *(first for _m, first in self._unreplicated)),
+            default=None)
 
     def get(self, producer_id: int) -> ProducerEntry | None:
         return self._producers.get(producer_id)
@@ -655,6 +661,13 @@ class ProducerStateManager:
                 (*self._open.values(), *(first for _m, first in self._unreplicated)),
                 default=None,
             )
+
+    def unreplicated(self) -> tuple[tuple[int, int], ...]:
+        """The ended transactions whose marker the HW has not passed yet,
+        (marker offset, first offset), in marker order: a snapshot keeps
+        them, or a replica restarting from it would let their records below
+        its LSO before their marker is replicated."""
+        return tuple(self._unreplicated)
 
     @property
     def first_unstable_offset(self) -> int | None:

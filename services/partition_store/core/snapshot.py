@@ -16,7 +16,14 @@ Versions:
   started and its last marker (epoch, type, offset). Still read (the
   marker's timestamp unknown).
 * 3 — version 2 with the last marker's timestamp (a version-1 marker's
-  decision timestamp, which the marker rules compare). Written now.
+  decision timestamp, which the marker rules compare). Still read (no
+  unreplicated transactions).
+* 4 — version 3 plus the transactions ended by a marker that the
+  replica's HW had not passed yet (marker offset, first offset). They hold
+  the LSO until the HW passes their markers. A replica that restarts
+  from the snapshot starts with its HW at its log start, so without them it
+  would let such a transaction's records below its LSO before its marker is
+  replicated. Written now.
 
 The aborted-transaction index is not in the snapshot: each entry is its own
 key, written in the same RocksDB write as its ABORT marker (storage/keys.py),
@@ -36,9 +43,9 @@ from .producer_state import (
     ProducerEntry,
 )
 
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 # Versions decode_snapshot reads.
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 class SnapshotError(CorruptValueError):
@@ -49,11 +56,15 @@ class SnapshotError(CorruptValueError):
 class ProducerSnapshot:
     offset: int
     producers: tuple[ProducerEntry, ...]
+    # (marker offset, first offset): ProducerStateManager.unreplicated().
+    unreplicated: tuple[tuple[int, int], ...] = ()
 
 
-def encode_snapshot(offset: int, producers: list[ProducerEntry]) -> bytes:
+def encode_snapshot(offset: int, producers: list[ProducerEntry],
+                    unreplicated: tuple[tuple[int, int], ...] = ()) -> bytes:
     payload = {
         "offset": offset,
+        "unreplicated": [list(pair) for pair in unreplicated],
         "producers": [
             [
                 e.producer_id, e.producer_epoch, e.last_timestamp_ms, e.last_append_time_ms,
@@ -86,6 +97,9 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot:
     try:
         doc = json.loads(payload)
         offset = _int(doc["offset"])
+        unreplicated = tuple(
+            (_int(marker_offset), _int(first_offset))
+            for marker_offset, first_offset in (doc["unreplicated"] if version >= 4 else ()))
         producers = []
         for row in doc["producers"]:
             txn_start_ms: object = -1
@@ -112,7 +126,8 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot:
         raise SnapshotError(f"producer-state snapshot does not parse: {exc}") from exc
     if offset < 0:
         raise SnapshotError(f"producer-state snapshot has a negative offset {offset}")
-    return ProducerSnapshot(offset=offset, producers=tuple(producers))
+    return ProducerSnapshot(offset=offset, producers=tuple(producers),
+                            unreplicated=unreplicated)
 
 
 def _marker(value: object, *, with_timestamp: bool) -> MarkerMetadata | None:

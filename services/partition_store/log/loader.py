@@ -94,7 +94,8 @@ def recover_partition(
         snapshot = candidate
         break
 
-    producers = ProducerStateManager(tp, snapshot.producers if snapshot else ())
+    producers = ProducerStateManager(tp, snapshot.producers if snapshot else (),
+                                     snapshot.unreplicated if snapshot else ())
     replay_from = max(snapshot.offset if snapshot else log_start, log_start)
     running_max_ts = None
     time_prefix = keys.partition_prefix(keys.TIME_INDEX, tid, partition)

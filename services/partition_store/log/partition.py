@@ -795,7 +795,8 @@ class PartitionRuntime:
         tid, p = self.topic.topic_id, self.partition
         group = WriteGroup()
         group.put(
-            keys.snapshot_key(tid, p, offset), encode_snapshot(offset, self.producers.entries())
+            keys.snapshot_key(tid, p, offset),
+            encode_snapshot(offset, self.producers.entries(), self.producers.unreplicated()),
         )
         offsets = sorted({*self.snapshot_offsets, offset})
         for old in offsets[:-SNAPSHOTS_KEPT]:
