@@ -186,7 +186,11 @@ class TxnCoordinatorRuntime:
         producer_ids: ProducerIdManager,
         now_ms: Callable[[], int],
         config: TxnConfig,
+        follow_leaders: bool = False,
     ) -> None:
+        """`follow_leaders`: this coordinator runs in a store's process and
+        owns the partitions that store leads (its `follow`), not the
+        layout's."""
         self._layout = layout
         self._node_id = node_id
         self._markers = markers
@@ -197,15 +201,17 @@ class TxnCoordinatorRuntime:
             CoordinatorRuntime(
                 topic=TRANSACTION_STATE_TOPIC, node_id=node_id, kind="coordinator",
                 partitions=(p for p in range(layout.transaction_state_partitions)
-                            if layout.coordinator_for_partition(p) == node_id),
+                            if follow_leaders or layout.coordinator_for_partition(p) == node_id),
                 log=_TxnStateLog(txn_log),
                 new_partition=lambda p: TxnPartition(p, TxnPartitionState()),
                 new_shard=TxnPartitionState, replay=_replay,
                 others_write=False, on_loaded=self._resume_markers,
                 on_unloaded=self._stop_markers,
                 copy_shard=_copy_state, replay_entry=_replay, on_batch=metrics.observe_batch,
+                follow_leaders=follow_leaders,
             )
         self.partitions = self._runtime.partitions
+        self.follow = self._runtime.follow
 
     # ------------------------------------------------------------- lifecycle
 
@@ -875,6 +881,8 @@ class TxnCoordinatorRuntime:
         statuses = dict.fromkeys(metrics.PARTITION_STATUSES, 0)
         markers_pending = 0
         for owned in self.partitions.values():
+            if not self._runtime.assigned(owned.partition):
+                continue
             status = "fenced" if owned.fenced else "loaded" if owned.loaded else "loading"
             statuses[status] += 1
             if status != "loaded":

@@ -218,7 +218,11 @@ def _batch_view(raw: bytes) -> LogBatch[BatchView]:
 class GroupCoordinatorRuntime:
     def __init__(self, *, layout: ClusterLayout, node_id: int, store: OffsetsStore,
                  now_ms: Callable[[], int], config: GroupConfig,
-                 on_rebalance: Callable[[str], None] | None = None) -> None:
+                 on_rebalance: Callable[[str], None] | None = None,
+                 follow_leaders: bool = False) -> None:
+        """`follow_leaders`: this coordinator runs in a store's process and
+        owns the partitions that store leads (its `follow`), not the
+        layout's."""
         self._layout = layout
         self._node_id = node_id
         self._now_ms = now_ms
@@ -229,7 +233,7 @@ class GroupCoordinatorRuntime:
         ] = CoordinatorRuntime(
             topic=CONSUMER_OFFSETS_TOPIC, node_id=node_id, kind="group coordinator",
             partitions=(p for p in range(layout.consumer_offsets_partitions)
-                        if layout.group_coordinator_for_partition(p) == node_id),
+                        if follow_leaders or layout.group_coordinator_for_partition(p) == node_id),
             log=_OffsetsLog(store, now_ms),
             new_partition=lambda p: GroupPartition(p, OffsetsPartitionState()),
             new_shard=OffsetsPartitionState, replay=OffsetsPartitionState.replay,
@@ -238,8 +242,10 @@ class GroupCoordinatorRuntime:
             # for them.
             others_write=True, tail_wait_ms=config.tail_wait_ms,
             on_loaded=self._start_sessions, on_unloaded=self._drop_parked_calls,
+            follow_leaders=follow_leaders,
         )
         self.partitions = self._runtime.partitions
+        self.follow = self._runtime.follow
         self._counts = PartitionCounts(store, now_ms, config.metadata_max_age_ms)
 
     # ------------------------------------------------------------- lifecycle

@@ -16,6 +16,12 @@ fails exactly its changes and rolls the pending state back (the changes
 queued behind it, planned on that state, are told to plan again); a batch
 whose outcome is unknown reloads the partition; a check of the log end waits
 for the changes in flight instead of taking them for another coordinator.
+Following leadership (a coordinator in every store): nothing is owned until
+the store leads the partition; leading it loads it with a newer coordinator
+epoch, which fences the previous owner; losing it lets it go at once (its
+pending changes fail, requests answer NOT_COORDINATOR); leading it again,
+or at a new leader epoch, loads it afresh; the same epoch again changes
+nothing.
 
 Method: a toy shard (a dict of key -> value, plus the coordinator epoch) on
 an in-memory log with the stores' conditional-append semantics and hooks
@@ -113,14 +119,15 @@ def copy_shard(shard: ToyShard) -> ToyShard:
 
 
 def toy_runtime(log: ToyLog, *, node_id: int = 0, others_write: bool = False,
-                group_commit: bool = False, max_batch_bytes: int = 1 << 20) -> ToyRuntime:
+                group_commit: bool = False, max_batch_bytes: int = 1 << 20,
+                follow_leaders: bool = False) -> ToyRuntime:
     return CoordinatorRuntime(
         topic="__toy", node_id=node_id, kind="toy coordinator", partitions=[PARTITION],
         log=log, new_partition=lambda p: OwnedPartition(p, ToyShard()), new_shard=ToyShard,
         replay=ToyShard.replay, others_write=others_write, tail_wait_ms=10,
         copy_shard=copy_shard if group_commit else None,
         replay_entry=ToyShard.replay if group_commit else None,
-        max_batch_bytes=max_batch_bytes,
+        max_batch_bytes=max_batch_bytes, follow_leaders=follow_leaders,
     )
 
 
@@ -645,5 +652,104 @@ def test_stopping_fails_the_changes_still_pending() -> None:
         assert outcome(c1) is ErrorCode.COORDINATOR_NOT_AVAILABLE
         assert outcome(c2) is ErrorCode.COORDINATOR_NOT_AVAILABLE
         assert owned.pending_state is None
+
+    run(main)
+
+
+# ------------------------------------------------------ following leaders
+
+
+def test_a_coordinator_that_follows_leadership_owns_what_its_store_leads() -> None:
+    async def main() -> None:
+        log = ToyLog()
+        here = toy_runtime(log, follow_leaders=True)
+        there = toy_runtime(log, node_id=1, follow_leaders=True)
+        here.start()
+        there.start()
+        with pytest.raises(ServiceError) as err:
+            here.owned(PARTITION, "key b'k'")
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        assert log.records == []  # nothing loads before its store leads
+        assert not here.assigned(PARTITION)
+
+        here.follow(PARTITION, leads=True, leader_epoch=3)
+        assert here.assigned(PARTITION)
+        owned_here = await loaded(here)
+        assert owned_here.loaded and owned_here.my_epoch == 0
+        await write(here, b"k", b"1")
+        # The same leader epoch again: nothing to do (no reload).
+        here.follow(PARTITION, leads=True, leader_epoch=3)
+        assert here.partitions[PARTITION] is owned_here and owned_here.loaded
+
+        # Leadership moves: this one lets go at once, the other takes over
+        # with a newer coordinator epoch and the records so far.
+        here.follow(PARTITION, leads=False, leader_epoch=4)
+        assert not here.assigned(PARTITION)
+        with pytest.raises(ServiceError) as err:
+            await write(here, b"k", b"stale")
+        assert err.value.code is ErrorCode.NOT_COORDINATOR
+        there.follow(PARTITION, leads=True, leader_epoch=4)
+        owned_there = await loaded(there)
+        assert owned_there.my_epoch == 1 and owned_there.state.values == {b"k": b"1"}
+        await write(there, b"k", b"2")
+
+        # And back, at a newer leader epoch: a fresh load, another claim.
+        there.follow(PARTITION, leads=False, leader_epoch=5)
+        here.follow(PARTITION, leads=True, leader_epoch=5)
+        owned_again = await loaded(here)
+        assert owned_again is not owned_here
+        assert owned_again.my_epoch == 2 and owned_again.state.values == {b"k": b"2"}
+        assert (b"k", b"stale") not in log.records
+        await here.stop()
+        await there.stop()
+
+    run(main)
+
+
+def test_a_new_leader_epoch_with_the_same_leader_loads_afresh() -> None:
+    """Another store may have led the partition, and written to it, between
+    two states this store saw itself lead in: its memory may be behind."""
+    async def main() -> None:
+        log = ToyLog()
+        here = toy_runtime(log, follow_leaders=True)
+        here.start()
+        here.follow(PARTITION, leads=True, leader_epoch=1)
+        first = await loaded(here)
+        # Written by an owner this store never heard of (it led at epoch 2).
+        log.records.append((b"k", b"theirs"))
+        here.follow(PARTITION, leads=True, leader_epoch=3)
+        second = await loaded(here)
+        assert second is not first and first.fenced
+        assert second.state.values == {b"k": b"theirs"}
+        await here.stop()
+
+    run(main)
+
+
+def test_letting_go_fails_the_changes_pending_and_a_layout_runtime_ignores_follow() -> None:
+    async def main() -> None:
+        log = GatedLog()
+        rt = toy_runtime(log, group_commit=True, follow_leaders=True)
+        rt.start()
+        rt.follow(PARTITION, leads=True, leader_epoch=1)
+        owned = await loaded(rt)
+        log.gated = True
+        in_flight = await submit_increment(rt, b"n")
+        await until(lambda: len(log.appends) == 1)
+        queued = await submit_increment(rt, b"n")
+        rt.follow(PARTITION, leads=False, leader_epoch=2)
+        log.gates.put_nowait("land")
+        await asyncio.wait([in_flight, queued])
+        assert outcome(in_flight) is ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert outcome(queued) is ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert owned.fenced and not owned.loaded
+        await rt.stop()
+
+        static = toy_runtime(ToyLog())
+        static.start()
+        owned = await loaded(static)
+        static.follow(PARTITION, leads=False, leader_epoch=9)
+        assert static.partitions[PARTITION] is owned and owned.loaded
+        await static.stop()
 
     run(main)

@@ -9,7 +9,11 @@ What the runtime does for every coordinator:
 * **Ownership.** It owns the partitions the layout gives this node, loads
   each in the background (the store may still be starting; retried with
   backoff), and answers NOT_COORDINATOR for a partition it does not own or
-  lost, COORDINATOR_LOAD_IN_PROGRESS for one it is loading.
+  lost, COORDINATOR_LOAD_IN_PROGRESS for one it is loading. Or, for a
+  coordinator that runs in every store's process, the partitions its store
+  leads (`follow_leaders`): the store tells it (`follow`) when it starts or
+  stops leading one, and ownership moves with leadership, as Kafka's
+  coordinators move with their partitions' leaders.
 * **Load = replay, then claim.** Loading replays the partition from the
   start into a fresh shard, then claims it by appending a coordinator-epoch
   record one above the last (`services/common/shards/coordinator_epoch.py`). A reload
@@ -260,6 +264,7 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         replay_entry: Callable[[S, LogEntry], None] | None = None,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         on_batch: Callable[[int, int, float], None] | None = None,
+        follow_leaders: bool = False,
     ) -> None:
         """`kind` names this coordinator in errors ("coordinator", "group
         coordinator"); `replay` applies one record to a shard; `on_loaded`
@@ -272,7 +277,10 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         record into a pending shard), changes may be `submit`ted for group
         commit; only for a log nobody else writes (a moved log end there is
         another coordinator, never something to catch up with and retry).
-        `on_batch(changes, records, seconds)` observes each batch appended."""
+        `on_batch(changes, records, seconds)` observes each batch appended.
+
+        With `follow_leaders`, `partitions` are every partition of the
+        topic, none owned until `follow` says this process's store leads it."""
         invariant((copy_shard is None) == (replay_entry is None),
                   "group commit needs both copy_shard and replay_entry")
         invariant(copy_shard is None or not others_write,
@@ -291,7 +299,15 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
         self._replay_entry = replay_entry
         self._max_batch_bytes = max_batch_bytes
         self._on_batch = on_batch
+        self._new_partition = new_partition
         self.partitions: dict[int, P] = {p: new_partition(p) for p in partitions}
+        self.follow_leaders = follow_leaders
+        # Following leaders: the leader epoch at which each partition was
+        # taken over (a new one means another store may have led it since).
+        self._taken_at_epoch: dict[int, int] = {}
+        if follow_leaders:
+            for owned in self.partitions.values():
+                owned.fenced = True  # not ours until its store leads it
         self.tasks = TaskGroup()
         self.stopping = False
 
@@ -308,6 +324,44 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self.tasks.spawn(coro)
+
+    def follow(self, partition: int, *, leads: bool, leader_epoch: int) -> None:
+        """Following leaders: this process's store leads `partition` at
+        `leader_epoch`, or does not lead it. A partition its store now leads
+        is taken over: a fresh load, whose coordinator-epoch claim fences
+        the previous owner (the store that led it before, if still alive,
+        can no longer append to it anyway). One it stopped leading is let go
+        at once: its requests answer NOT_COORDINATOR, and the client finds
+        the new owner. A new leader epoch with this store still leading is
+        taken over afresh too: another store may have led the partition in
+        between, and written to it."""
+        if not self.follow_leaders or partition not in self.partitions or self.stopping:
+            return
+        current = self.partitions[partition]
+        if leads and not current.fenced and self._taken_at_epoch.get(partition) == leader_epoch:
+            return
+        if not current.fenced:
+            log.info("%s-%d: %s; %s %d lets it go", self.topic, partition,
+                     f"this store leads it anew at leader epoch {leader_epoch}" if leads
+                     else "this store no longer leads it", self.kind, self.node_id)
+            current.fenced = True
+            current.loaded = False
+            self._drop_pending(current, f"{self.topic}-{partition} moved with its leadership")
+            self._on_unloaded(current)
+        if leads:
+            fresh = self._new_partition(partition)
+            self.partitions[partition] = fresh
+            self._taken_at_epoch[partition] = leader_epoch
+            self.spawn(self._load_until_done(fresh))
+        else:
+            self._taken_at_epoch.pop(partition, None)
+
+    def assigned(self, partition: int) -> bool:
+        """Whether the partition is this coordinator's to own: the layout's
+        (every partition it holds), or, following leaders, one its store
+        leads. What its metrics count: a partition another store leads is
+        not "fenced" here, only not this coordinator's."""
+        return not self.follow_leaders or partition in self._taken_at_epoch
 
     async def _load_until_done(self, owned: P) -> None:
         backoff_s = 0.05
@@ -359,6 +413,8 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
                 raise
             self._apply(owned, written)
             owned.my_epoch = owned.state.coordinator_epoch
+        if owned.fenced:
+            return  # let go while it loaded (follow)
         owned.loaded = True
         log.info("loaded %s-%d: coordinator epoch %d", self.topic, owned.partition,
                  owned.my_epoch)
