@@ -94,6 +94,8 @@ import grpc
 from oncelog import errors
 from oncelog.admin import Admin
 from oncelog.wire.placement import (
+    CONSUMER_OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
     owner_of_state_partition,
     state_partition,
     store_of_coordinator,
@@ -474,7 +476,10 @@ class LocalCluster:
         a transactional id for kind "coordinator", a group id for
         "group_coordinator", when that kind runs in the stores
         (coordinators_in_stores). It is the store to kill to take that
-        coordinator down."""
+        coordinator down. With etcd, that is the store that leads the key's
+        state partition now: a coordinator in every store owns what its store
+        leads, and moves with leadership (docs/coordinator.md); ValueError
+        while no store leads it."""
         hosts = self._hosts.get(kind)
         if hosts is None:
             raise ValueError(f"unknown coordinator kind {kind!r}; expected one of {HOSTED_KINDS}")
@@ -482,7 +487,13 @@ class LocalCluster:
             raise ValueError(f"the {kind.replace('_', ' ')}s run as processes of their own "
                              f"(coordinators_in_stores does not name {kind!r})")
         partition = state_partition(key, self._state_partitions[kind])
-        return hosts[owner_of_state_partition(partition, len(hosts))]
+        if self.etcd is None:
+            return hosts[owner_of_state_partition(partition, len(hosts))]
+        topic = TRANSACTION_STATE_TOPIC if kind == "coordinator" else CONSUMER_OFFSETS_TOPIC
+        placement = self.partition_states([topic]).get((topic, partition))
+        if placement is None or placement.leader < 0:
+            raise ValueError(f"{topic}-{partition}, which holds {key!r}, has no leader now")
+        return placement.leader
 
     def metrics_url(self, kind: str, index: int = 0) -> str:
         proc = self._proc(kind, index)

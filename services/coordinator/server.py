@@ -11,7 +11,7 @@ import grpc
 
 from oncelog.v1 import coordinator_pb2_grpc
 
-from ..common.metadata.cluster import ClusterLayout
+from ..common.metadata.cluster import ClusterLayout, LeaderOf
 from ..common.metadata.topic_counts import PartitionCounts
 from ..common.rpc import server_base
 from ..common.rpc.local_calls import InProcess
@@ -76,10 +76,15 @@ class WiredCoordinator:
 def wire(layout: ClusterLayout, node_id: int, *, config: TxnConfig,
          producer_id_block_size: int = DEFAULT_BLOCK_SIZE,
          now_ms: Callable[[], int] = wall_clock_ms,
-         local: InProcess | None = None) -> WiredCoordinator:
+         local: InProcess | None = None,
+         leader_of: LeaderOf | None = None) -> WiredCoordinator:
     """The coordinator's parts, connected as every deployment connects them.
     `local`: the partition store whose process this coordinator runs in
-    (--transaction-coordinator), asked without gRPC."""
+    (--transaction-coordinator), asked without gRPC; `leader_of`: that
+    store's view of who leads each partition. With both, and a coordinator
+    in every store, it owns the `__transaction_state` partitions its store
+    leads (ClusterLayout.coordinators_follow_leaders); the store calls its
+    `follow`. Otherwise it owns the layout's, and asks a store who leads."""
     store = StoreClient(layout, local=local)
     producer_ids = ProducerIdManager(
         StoreProducerIdLog(store), node_id=node_id, block_size=producer_id_block_size
@@ -88,10 +93,12 @@ def wire(layout: ClusterLayout, node_id: int, *, config: TxnConfig,
     transactions = TxnCoordinatorRuntime(
         layout=layout, node_id=node_id, txn_log=StoreTxnLog(store), markers=markers,
         producer_ids=producer_ids, now_ms=now_ms, config=config,
+        follow_leaders=leader_of is not None and layout.coordinators_follow_leaders,
     )
     servicer = TransactionCoordinatorServicer(
         layout=layout, producer_ids=producer_ids, transactions=transactions,
         topics=PartitionCounts(store, now_ms, max_age_ms=TOPIC_COUNTS_MAX_AGE_MS),
+        leader_of=leader_of or store.current_leader,
     )
     return WiredCoordinator(transactions, servicer, markers, store)
 

@@ -15,7 +15,7 @@ import grpc
 from oncelog.v1 import group_coordinator_pb2_grpc
 
 from ..common.kernel.errors import ServiceError
-from ..common.metadata.cluster import ClusterLayout
+from ..common.metadata.cluster import ClusterLayout, LeaderOf
 from ..common.rpc import server_base
 from ..common.rpc.local_calls import InProcess
 from ..common.rpc.store_client import StoreClient
@@ -95,14 +95,19 @@ class WiredGroupCoordinator:
 def wire(layout: ClusterLayout, node_id: int, *, config: GroupConfig,
          lag_refresh_interval_ms: int | None = DEFAULT_LAG_REFRESH_INTERVAL_MS,
          now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-         local: InProcess | None = None) -> WiredGroupCoordinator:
+         local: InProcess | None = None,
+         leader_of: LeaderOf | None = None) -> WiredGroupCoordinator:
     """The group coordinator's parts, connected as every deployment connects them.
     `local`: the partition store whose process this coordinator runs in
-    (--group-coordinator), asked without gRPC."""
+    (--group-coordinator), asked without gRPC; `leader_of`: that store's
+    view of who leads each partition (see the transaction coordinator's
+    `wire`: with a group coordinator in every store, each owns the
+    `__consumer_offsets` partitions its store leads)."""
     store = StoreClient(layout, local=local)
     runtime = GroupCoordinatorRuntime(
         layout=layout, node_id=node_id, store=store, now_ms=now_ms, config=config,
         on_rebalance=lambda group_id: metrics.REBALANCES.labels(group_id).inc(),
+        follow_leaders=leader_of is not None and layout.group_coordinators_follow_leaders,
     )
     return WiredGroupCoordinator(runtime, GroupCoordinatorServicer(runtime), store,
                                  lag_refresh_interval_ms)

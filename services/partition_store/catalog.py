@@ -29,6 +29,7 @@ from oncelog.wire.errors import ErrorCode
 
 from ..common.kernel.errors import ServiceError
 from ..common.kernel.invariants import invariant
+from ..common.metadata.cluster import INTERNAL_PREFIX
 from .api import ControllerLink, NewPartitions, TopicLookup, TopicOutcome, TopicSpec
 from .core.codec import CorruptValueError, decode_offset, encode_offset
 from .core.outcomes import Rejection
@@ -187,6 +188,16 @@ class Catalog:
             self._writer.submit(group)
         if self.config.replicated:
             self._recheck_rejoin(part)
+        self._tell_leadership(part)
+
+    def _tell_leadership(self, part: PartitionRuntime) -> None:
+        """Internal topics only: their partitions' leaders are where the
+        coordinators that follow leadership run (StoreHooks.on_leadership)."""
+        if self._hooks.on_leadership is not None and part.topic.name.startswith(
+                INTERNAL_PREFIX):
+            self._hooks.on_leadership(part.topic.name, part.partition,
+                                      not part.closed and part.is_leader,
+                                      part.state.leader_epoch)
 
     def _recheck_rejoin(self, part: PartitionRuntime) -> None:
         """As leader, on a new state (or a metadata change that may have
@@ -209,6 +220,7 @@ class Catalog:
         forgets it and deletes its data."""
         del self.partitions[(part.topic.name, part.partition)]
         part.close()
+        self._tell_leadership(part)
         part.fail_acks(ServiceError(
             ErrorCode.NOT_LEADER_OR_FOLLOWER,
             f"{part.topic_partition} moved away from store node {self.config.node_id}"))

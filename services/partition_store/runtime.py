@@ -207,6 +207,12 @@ class StoreRuntime:
         self.report_damage = shared.report_damage
         self.clock_ms = shared.clock_ms
 
+    async def leader_of(self, topic: str, partition: int) -> int:
+        """The store node that leads a partition in this store's view (-1:
+        none now): where coordinators that follow leadership are
+        (ClusterLayout.coordinator_now)."""
+        return self.partition_state(topic, partition).leader
+
     async def start(self) -> None:
         """Loads the catalog and recovers every local partition, then starts
         the writer and the housekeeping task. A database written in the

@@ -358,12 +358,12 @@ def wire(
     verifier = txn_verifier if txn_verifier is not None else GrpcTxnVerifier(config.layout)
     resolver = txn_resolver if txn_resolver is not None else GrpcTxnResolver(config.layout)
     if not config.replicated:
-        return Wired(StoreRuntime(
+        return _leaders_to_links(Wired(StoreRuntime(
             store, config,
             controller=controller if controller is not None else GrpcControllerLink(
                 config.layout),
             txn_verifier=verifier, txn_resolver=resolver, clock_ms=clock_ms,
-        ))
+        )), verifier, resolver)
     if metadata is None:
         raise ValueError("a replicated store needs its metadata store")
     link = MetadataLink(
@@ -384,7 +384,19 @@ def wire(
         leaders if leaders is not None else GrpcLeaderLink(link.store_addresses),
         address=address or config.layout.stores[config.node_id], listeners=listeners,
     )
-    return Wired(runtime, manager, link)
+    return _leaders_to_links(Wired(runtime, manager, link), verifier, resolver)
+
+
+def _leaders_to_links(wired: Wired, verifier: TxnVerifier, resolver: TxnResolver) -> Wired:
+    """The gRPC links to the transaction coordinators learn who leads each
+    partition from this store's runtime (made after them, with them):
+    where a coordinator runs in every store, the one to ask is in the
+    store that leads the transactional id's `__transaction_state`
+    partition (ClusterLayout.coordinator_now)."""
+    for coordinator_link in (verifier, resolver):
+        if isinstance(coordinator_link, (GrpcTxnVerifier, GrpcTxnResolver)):
+            coordinator_link.leader_of = wired.runtime.leader_of
+    return wired
 
 
 async def main_async(argv: Sequence[str] | None = None) -> None:
@@ -477,7 +489,7 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         # the default, never needs them (rpc/hosting.py).
         from .rpc.hosting import host
         hosted = host(args, layout, local, coordinator_id=coordinator_id,
-                      group_coordinator_id=group_coordinator_id)
+                      group_coordinator_id=group_coordinator_id, leader_of=runtime.leader_of)
 
     kafka: KafkaListener | None = None
 
@@ -502,7 +514,10 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
             # Recovery read damaged data: the next start decides (damage.py).
             record_and_stop(data_dir, config.node_id, exc)
         if hosted is not None:
-            await hosted.start()
+            # From here on, each change of leadership reaches them; start
+            # then tells them what this store leads already.
+            runtime.hooks.on_leadership = hosted.follow
+            await hosted.start(partial(_led_here, runtime))
         if kafka_address is not None:
             kafka = kafka_listener(args, runtime, security, kafka_address, quotas=quotas,
                                    local=local)
@@ -543,6 +558,12 @@ async def main_async(argv: Sequence[str] | None = None) -> None:
         await close()
 
 
+def _led_here(runtime: StoreRuntime, topic: str, partition: int) -> tuple[bool, int]:
+    """Whether this store leads a partition now, and at which leader epoch."""
+    part = runtime.led_partition(topic, partition)
+    return (part is not None, part.state.leader_epoch if part is not None else -1)
+
+
 async def _sole_copies(metadata: MetadataStore, *, root: str, node_id: int) -> list[str]:
     """sole_in_sync_replica_of, retried while the metadata store is out of
     reach (a whole cluster starting), up to START_METADATA_WAIT_MS."""
@@ -579,7 +600,8 @@ def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: Se
     broker = KafkaBroker(
         runtime=runtime, node_id=node_id,
         cluster_id=cluster_id_for(runtime.layout, args.metadata_root),
-        addresses=addresses, coordinators=CoordinatorClient(runtime.layout, local=local),
+        addresses=addresses,
+        coordinators=CoordinatorClient(runtime.layout, runtime.leader_of, local=local),
         handlers=HANDLERS, guard=security.guard(), quotas=quotas)
     return KafkaListener(broker, args.kafka_listen, ListenerSecurity(
         tls=security.tls_files, sasl_oauthbearer=bool(settings.authentication.issuers),

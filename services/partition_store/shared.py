@@ -60,6 +60,12 @@ class StoreHooks:
         # The same for the stores' Kafka listeners (--kafka-listen).
         self.kafka_store_addresses: Callable[[], Mapping[int, str]] = (
             lambda: dict(enumerate(layout.kafka_stores)))
+        # Called with (topic, partition, leads, leader epoch) when this store
+        # starts or stops leading a partition of an internal topic, or leads
+        # it at a new epoch: the coordinators in this store's process that
+        # follow leadership take their state partitions over or let them go
+        # (rpc/hosting.py).
+        self.on_leadership: Callable[[str, int, bool, int], None] | None = None
         # Replicated clusters: starts replica moves (the metadata link's).
         self.reassigner: Callable[
             [Mapping[tuple[str, int], Sequence[int]]],

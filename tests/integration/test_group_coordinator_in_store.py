@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncelog import Admin, Consumer, ConsumerRecord, GroupMetadata, Producer, TopicPartition, errors
 from oncelog.testing import LocalCluster
+from tests.support.reading import poll_records
 from tests.support.secure_clients import admin_of, allow, grant
 from tests.support.store_metrics import rpc_requests, store_metric
 
@@ -175,11 +176,7 @@ def test_kill_9_of_the_store_that_runs_the_group_coordinator_loses_no_committed_
                             auto_offset_reset="earliest")
         try:
             consumer.subscribe([topic_name])
-            deadline = time.monotonic() + DEADLINE_S
-            read = 0
-            while read < RECORDS:
-                assert time.monotonic() < deadline, f"read {read} of {RECORDS} records"
-                read += len(consumer.poll(timeout=0.5))
+            poll_records(consumer, RECORDS, deadline_s=DEADLINE_S)
             # The group lives in that store's process.
             assert store_metric(cluster, "oncelog_group_members", host, group=group) == 1
             first.init_transactions()

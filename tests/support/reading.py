@@ -8,7 +8,19 @@ from typing import Any
 from oncelog import Consumer, ConsumerRecord, TopicPartition
 from oncelog.testing import wait_for_markers
 
-__all__ = ["read_all", "wait_for_markers"]
+__all__ = ["poll_records", "read_all", "wait_for_markers"]
+
+
+def poll_records(consumer: Consumer, count: int, *, deadline_s: float = 60.0) -> int:
+    """Polls a subscribed consumer until it has handed out `count` records
+    (the group has joined and read them); returns how many it did. Fails
+    the test after deadline_s instead of hanging it."""
+    deadline = time.monotonic() + deadline_s
+    read = 0
+    while read < count:
+        assert time.monotonic() < deadline, f"read {read} of {count} records"
+        read += len(consumer.poll(timeout=0.5))
+    return read
 
 
 def read_all(bootstrap: str, topic: str, partitions: int, *, expected: int | None = None,

@@ -3,12 +3,18 @@
 Placement is a pure function of the layout, so every process (and every
 client, through Metadata) computes the same answer without a lock service. On
 Kubernetes the addresses are StatefulSet DNS names, so the layout is fixed by
-the chart's values; locally, LocalCluster picks the ports.
+the chart's values; locally, LocalCluster picks the ports. One exception:
+where every store runs a coordinator of a kind, a state partition's
+coordinator is the one in the store that leads it now (`coordinator_now`),
+so it moves with leadership, as Kafka's does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+
+from oncelog.wire.errors import ErrorCode
 
 # Re-exported: the services name these from here.
 from oncelog.wire.placement import (
@@ -19,10 +25,16 @@ from oncelog.wire.placement import (
     state_partition,
 )
 
+from ..kernel.errors import ServiceError
 from ..security.acl_records import ACLS_TOPIC, ACLS_TOPIC_PARTITIONS
 
 PRODUCER_IDS_TOPIC = "__producer_ids"
 INTERNAL_PREFIX = "__"
+
+# The store node that leads a partition as a process sees it (-1: none
+# now): where coordinators that follow leadership are (see
+# ClusterLayout.coordinators_follow_leaders).
+LeaderOf = Callable[[str, int], Awaitable[int]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,7 +98,9 @@ class ClusterLayout:
         return state_partition(group_id, self.consumer_offsets_partitions)
 
     def coordinator_for_partition(self, partition: int) -> int:
-        """The transaction coordinator node that owns a __transaction_state partition."""
+        """The transaction coordinator node that owns a __transaction_state
+        partition by the layout (coordinators that follow leadership: while
+        its preferred leader leads it; see `coordinator_now`)."""
         if not self.coordinators:
             raise ValueError("the cluster has no transaction coordinator")
         return owner_of_state_partition(partition, len(self.coordinators))
@@ -95,6 +109,55 @@ class ClusterLayout:
         if not self.group_coordinators:
             raise ValueError("the cluster has no group coordinator")
         return owner_of_state_partition(partition, len(self.group_coordinators))
+
+    @property
+    def coordinators_follow_leaders(self) -> bool:
+        """Every store runs a transaction coordinator (their addresses are
+        the stores'): then each owns the `__transaction_state` partitions
+        its store leads, and a partition's coordinator moves with its
+        leadership, as Kafka's does (docs/coordinator.md, "The coordinator
+        in a store")."""
+        return _one_per_store(self.coordinators, self.stores)
+
+    @property
+    def group_coordinators_follow_leaders(self) -> bool:
+        """The same for the group coordinators and `__consumer_offsets`."""
+        return _one_per_store(self.group_coordinators, self.stores)
+
+    async def coordinator_now(self, partition: int, leader_of: LeaderOf) -> int:
+        """The transaction coordinator node that serves a
+        `__transaction_state` partition now: the layout's, or, when the
+        coordinators follow leadership, the one in the store that leads the
+        partition (COORDINATOR_NOT_AVAILABLE while none does)."""
+        if not self.coordinators_follow_leaders:
+            return self.coordinator_for_partition(partition)
+        return self._hosted_by(self.coordinators, TRANSACTION_STATE_TOPIC, partition,
+                               await leader_of(TRANSACTION_STATE_TOPIC, partition))
+
+    async def group_coordinator_now(self, partition: int, leader_of: LeaderOf) -> int:
+        """The same for a `__consumer_offsets` partition's group coordinator."""
+        if not self.group_coordinators_follow_leaders:
+            return self.group_coordinator_for_partition(partition)
+        return self._hosted_by(self.group_coordinators, CONSUMER_OFFSETS_TOPIC, partition,
+                               await leader_of(CONSUMER_OFFSETS_TOPIC, partition))
+
+    def coordinator_in_store(self, addresses: Sequence[str], store: int) -> int | None:
+        """The coordinator node (of the kind whose `addresses` these are)
+        that store node `store` runs, when the coordinators follow
+        leadership; None when it runs none."""
+        if not 0 <= store < len(self.stores) or self.stores[store] not in addresses:
+            return None
+        return addresses.index(self.stores[store])
+
+    def _hosted_by(self, addresses: Sequence[str], topic: str, partition: int,
+                   leader: int) -> int:
+        node = self.coordinator_in_store(addresses, leader) if leader >= 0 else None
+        if node is None:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"{topic}-{partition} has no leader that runs its coordinator right now "
+                f"(leader: store node {leader}); retry")
+        return node
 
     def internal_topics(self) -> dict[str, int]:
         """Internal topics and their partition counts, created on first start."""
@@ -106,6 +169,10 @@ class ClusterLayout:
             # only by services started with --authorizer acl.
             ACLS_TOPIC: ACLS_TOPIC_PARTITIONS,
         }
+
+
+def _one_per_store(coordinators: Sequence[str], stores: Sequence[str]) -> bool:
+    return len(coordinators) == len(stores) > 0 and set(coordinators) == set(stores)
 
 
 def split_addresses(value: str) -> tuple[str, ...]:

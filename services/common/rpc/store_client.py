@@ -232,6 +232,18 @@ class StoreClient:
             return {}
         return await self._leaders.partition_counts(list(topics))
 
+    async def current_leader(self, topic: str, partition: int) -> int:
+        """The partition's leader as a store tells it now (not the cached
+        one; -1: none right now): for answers that clients act on, such as
+        where a coordinator that follows leadership is."""
+        self._leaders.forget(topic, partition)
+        try:
+            return await self._leaders.leader(topic, partition)
+        except ServiceError as exc:
+            if exc.code is ErrorCode.LEADER_NOT_AVAILABLE:
+                return -1
+            raise
+
     async def read_to_end(self, topic: str, partition: int, from_offset: int = 0) -> ReadResult:
         """Reads everything from an offset up to the high watermark at the time of the call."""
         entries: list[LogEntry] = []

@@ -15,7 +15,7 @@ from oncelog.wire.records import MAX_PRODUCER_EPOCH
 
 from ...common.kernel import limits
 from ...common.kernel.errors import ServiceError, check_id_length
-from ...common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout
+from ...common.metadata.cluster import CONSUMER_OFFSETS_TOPIC, ClusterLayout, LeaderOf
 from ...common.metadata.topic_counts import PartitionCounts
 from ...common.rpc.local_calls import InProcess
 from ...common.rpc.request_streams import Refused, answer_each
@@ -98,8 +98,12 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
     results."""
 
     def __init__(self, *, layout: ClusterLayout, producer_ids: ProducerIdManager,
-                 transactions: TxnCoordinatorRuntime, topics: PartitionCounts) -> None:
+                 transactions: TxnCoordinatorRuntime, topics: PartitionCounts,
+                 leader_of: LeaderOf) -> None:
+        """`leader_of`: who leads a partition now, for FindCoordinator's
+        answer where coordinators follow leadership (ClusterLayout)."""
         self._layout = layout
+        self._leader_of = leader_of
         self._producer_ids = producer_ids
         self._txns = transactions
         self._topics = topics
@@ -146,7 +150,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                     "the cluster has no transaction coordinator",
                 )
             partition = self._layout.transaction_state_partition(request.key)
-            node_id = self._layout.coordinator_for_partition(partition)
+            node_id = await self._layout.coordinator_now(partition, self._leader_of)
             address = self._layout.coordinator_addresses(
                 token=without_client_certificate(context))[node_id]
         else:
@@ -155,7 +159,7 @@ class TransactionCoordinatorServicer(pb_grpc.TransactionCoordinatorServicer):
                     ErrorCode.COORDINATOR_NOT_AVAILABLE, "the cluster has no group coordinator"
                 )
             partition = self._layout.consumer_offsets_partition(request.key)
-            node_id = self._layout.group_coordinator_for_partition(partition)
+            node_id = await self._layout.group_coordinator_now(partition, self._leader_of)
             address = self._layout.group_coordinator_addresses(
                 token=without_client_certificate(context))[node_id]
         return pb.FindCoordinatorResponse(node_id=node_id, address=address, partition=partition)

@@ -9,10 +9,12 @@ forwarded call carries the store's own identity (its client certificate,
 which the coordinators trust for ClusterAction), as the store's other calls
 to the coordinators do.
 
-Which coordinator owns a key is the layout's answer, the same one the
-stores' transaction verification and the SDK's FindCoordinator use: the
-coordinator of the key's `__transaction_state` (or `__consumer_offsets`)
-partition. A coordinator that cannot be reached is
+Which coordinator owns a key is the answer the stores' transaction
+verification and the SDK's FindCoordinator use too: the coordinator of the
+key's `__transaction_state` (or `__consumer_offsets`) partition, by the
+layout, or, where a coordinator runs in every store, the one in the store
+that leads that partition now (ClusterLayout.coordinator_now, with this
+store's view). A coordinator that cannot be reached is
 COORDINATOR_NOT_AVAILABLE (retriable: the client looks the coordinator up
 again and retries), as Kafka's clients expect of a coordinator that moved.
 """
@@ -30,7 +32,7 @@ from oncelog.wire.errors import ErrorCode
 from oncelog.wire.status import error_from_rpc
 
 from ...common.kernel.errors import ServiceError
-from ...common.metadata.cluster import ClusterLayout
+from ...common.metadata.cluster import ClusterLayout, LeaderOf
 from ...common.rpc.channels import ChannelPool
 from ...common.rpc.local_calls import InProcess, local_call
 
@@ -52,28 +54,31 @@ class CoordinatorClient:
     """`local`: the coordinator this process runs, if any
     (services/common/rpc/local_calls.py), answers its calls without gRPC."""
 
-    def __init__(self, layout: ClusterLayout, *, local: InProcess | None = None) -> None:
+    def __init__(self, layout: ClusterLayout, leader_of: LeaderOf, *,
+                 local: InProcess | None = None) -> None:
         self._layout = layout
+        self._leader_of = leader_of
         self._local = local
         self._channels = ChannelPool()
 
     # ------------------------------------------------------------------ routing
 
-    def transaction_coordinator(self, transactional_id: str) -> tuple[int, str]:
+    async def transaction_coordinator(self, transactional_id: str) -> tuple[int, str]:
         layout = self._layout
         if not layout.coordinators:
             raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                "the cluster has no transaction coordinator (--coordinators)")
-        node = layout.coordinator_for_partition(
-            layout.transaction_state_partition(transactional_id))
+        node = await layout.coordinator_now(
+            layout.transaction_state_partition(transactional_id), self._leader_of)
         return node, layout.coordinators[node]
 
-    def group_coordinator(self, group_id: str) -> tuple[int, str]:
+    async def group_coordinator(self, group_id: str) -> tuple[int, str]:
         layout = self._layout
         if not layout.group_coordinators:
             raise ServiceError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                "the cluster has no group coordinator (--group-coordinators)")
-        node = layout.group_coordinator_for_partition(layout.consumer_offsets_partition(group_id))
+        node = await layout.group_coordinator_now(
+            layout.consumer_offsets_partition(group_id), self._leader_of)
         return node, layout.group_coordinators[node]
 
     @property
@@ -116,14 +121,14 @@ class CoordinatorClient:
     async def transaction(self, transactional_id: str, method: str, request: Message,
                           response_type: type[Response], *,
                           timeout_s: float = DEFAULT_TIMEOUT_S) -> Response:
-        _node, address = self.transaction_coordinator(transactional_id)
+        _node, address = await self.transaction_coordinator(transactional_id)
         return await self.call(address, TRANSACTION_COORDINATOR, method, request,
                                response_type, timeout_s=timeout_s)
 
     async def group(self, group_id: str, method: str, request: Message,
                     response_type: type[Response], *,
                     timeout_s: float = DEFAULT_TIMEOUT_S) -> Response:
-        _node, address = self.group_coordinator(group_id)
+        _node, address = await self.group_coordinator(group_id)
         return await self.call(address, GROUP_COORDINATOR, method, request, response_type,
                                timeout_s=timeout_s)
 

@@ -9,7 +9,10 @@ The questions go over one AddPartitionsToTxnStream per coordinator
 its answer.
 
 Placement comes from the shared ClusterLayout: the coordinator node of
-`layout.transaction_state_partition(transactional_id)`. A coordinator that
+`layout.transaction_state_partition(transactional_id)`, or, when a
+coordinator runs in every store, the one in the store that leads that
+partition now (`leader_of`, this store's view; ClusterLayout.coordinator_now).
+A coordinator that
 cannot be reached, or answers with a request-level error, makes every
 partition of the question fail with a retriable code (COORDINATOR_NOT_AVAILABLE
 for transport failures; the coordinator's own code, such as NOT_COORDINATOR or
@@ -18,7 +21,8 @@ COORDINATOR_LOAD_IN_PROGRESS, otherwise), so the producer retries its batch.
 GrpcTxnResolver asks every coordinator of the layout about a transaction
 the store has held open past its timeout (ResolveTransaction, unary: rare),
 and keeps the answers of the `__transaction_state` partitions each one owns
-by the layout; whatever does not answer is left out (transactions/resolver.py).
+(by the layout, or by leadership as above); whatever does not answer is left
+out (transactions/resolver.py).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from oncelog.wire.errors import ErrorCode
 
 from ...common.kernel.errors import ServiceError
 from ...common.kernel.txn_fate import TxnFate
-from ...common.metadata.cluster import ClusterLayout
+from ...common.metadata.cluster import ClusterLayout, LeaderOf
 from ...common.rpc.channels import ChannelPool
 from ...common.rpc.local_calls import InProcess
 from ...common.rpc.stream_client import StreamMethod
@@ -54,10 +58,16 @@ ADD_PARTITIONS_TO_TXN_STREAM = "/oncelog.v1.TransactionCoordinator/AddPartitions
 _TRANSPORT_CODES = {ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT}
 
 
+async def no_leader(_topic: str, _partition: int) -> int:
+    """Until the store's runtime is wired (server.wire sets `leader_of`)."""
+    return -1
+
+
 class GrpcTxnVerifier:
     def __init__(self, layout: ClusterLayout, *, timeout_ms: int = 5_000,
-                 local: InProcess | None = None) -> None:
+                 local: InProcess | None = None, leader_of: LeaderOf = no_leader) -> None:
         self._layout = layout
+        self.leader_of = leader_of
         self._timeout_s = timeout_ms / 1000
         self._channels = ChannelPool()
         # `local`: the coordinator this process runs, if any, is asked without gRPC.
@@ -78,9 +88,8 @@ class GrpcTxnVerifier:
                 "the cluster layout names no transaction coordinator (--coordinators), so "
                 f"transactional id {transactional_id!r} cannot be verified",
             )
-        node = layout.coordinator_for_partition(
-            layout.transaction_state_partition(transactional_id)
-        )
+        node = await layout.coordinator_now(
+            layout.transaction_state_partition(transactional_id), self.leader_of)
         address = layout.coordinators[node]
         request = coordinator_pb2.AddPartitionsToTxnRequest(
             transactional_id=transactional_id, producer_id=producer_id,
@@ -121,8 +130,10 @@ class GrpcTxnVerifier:
 
 
 class GrpcTxnResolver:
-    def __init__(self, layout: ClusterLayout, *, timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
+    def __init__(self, layout: ClusterLayout, *, timeout_s: float = RESOLVE_TIMEOUT_S,
+                 leader_of: LeaderOf = no_leader) -> None:
         self._layout = layout
+        self.leader_of = leader_of
         self._timeout_s = timeout_s
         self._channels = ChannelPool()
 
@@ -141,9 +152,14 @@ class GrpcTxnResolver:
                 partition = result.transaction_state_partition
                 # Only what the layout gives that coordinator counts: an
                 # answer for another's partition is not an answer for it.
-                owner = (self._layout.coordinator_for_partition(partition)
-                         if 0 <= partition < self._layout.transaction_state_partitions else -1)
-                if owner != node or result.error.code != 0:
+                if result.error.code != 0 or not (
+                        0 <= partition < self._layout.transaction_state_partitions):
+                    continue
+                try:
+                    owner = await self._layout.coordinator_now(partition, self.leader_of)
+                except ServiceError:
+                    continue  # no owner now: no answer for it
+                if owner != node:
                     continue
                 try:
                     fate = TxnFate(result.fate)
