@@ -379,6 +379,7 @@ def wire(
     runtime.hooks.token_store_addresses = link.token_store_addresses
     runtime.hooks.kafka_store_addresses = link.kafka_store_addresses
     runtime.hooks.reassigner = link.alter_reassignments
+    runtime.hooks.live_stores = lambda: link.view.live_stores.keys()
     manager = ReplicaFetcherManager(
         runtime, link,
         leaders if leaders is not None else GrpcLeaderLink(link.store_addresses),
@@ -601,7 +602,8 @@ def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: Se
         runtime=runtime, node_id=node_id,
         cluster_id=cluster_id_for(runtime.layout, args.metadata_root),
         addresses=addresses,
-        coordinators=CoordinatorClient(runtime.layout, runtime.leader_of, local=local),
+        coordinators=CoordinatorClient(runtime.layout, runtime.leader_of, local=local,
+                                       live_stores=runtime.hooks.live_stores),
         handlers=HANDLERS, guard=security.guard(), quotas=quotas)
     return KafkaListener(broker, args.kafka_listen, ListenerSecurity(
         tls=security.tls_files, sasl_oauthbearer=bool(settings.authentication.issuers),

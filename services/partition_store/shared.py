@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from oncelog.wire.errors import ErrorCode
@@ -66,6 +66,9 @@ class StoreHooks:
         # follow leadership take their state partitions over or let them go
         # (rpc/hosting.py).
         self.on_leadership: Callable[[str, int, bool, int], None] | None = None
+        # Replicated clusters: the stores whose lease is alive, by node id
+        # (the metadata link's); None: every store counts as alive.
+        self.live_stores: Callable[[], Collection[int]] | None = None
         # Replicated clusters: starts replica moves (the metadata link's).
         self.reassigner: Callable[
             [Mapping[tuple[str, int], Sequence[int]]],

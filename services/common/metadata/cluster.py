@@ -11,7 +11,7 @@ so it moves with leadership, as Kafka's does.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from oncelog.wire.errors import ErrorCode
@@ -141,6 +141,22 @@ class ClusterLayout:
         return self._hosted_by(self.group_coordinators, CONSUMER_OFFSETS_TOPIC, partition,
                                await leader_of(CONSUMER_OFFSETS_TOPIC, partition))
 
+    def coordinators_to_ask(self, live_stores: Collection[int] | None) -> list[int]:
+        """The transaction coordinator nodes that a question for all of
+        them (a listing) goes to: every one; or, where they follow
+        leadership and `live_stores` (the stores whose lease is alive) is
+        known, those in live stores, as Kafka's metadata names only live
+        brokers. A dead store's partitions are led by live ones once its
+        lease has ended, and listed there. Every one when none is live in
+        this view (a process starting, or cut off from the metadata store)."""
+        return _in_live_stores(self.coordinators, self.stores, live_stores,
+                               self.coordinators_follow_leaders)
+
+    def group_coordinators_to_ask(self, live_stores: Collection[int] | None) -> list[int]:
+        """The same for the group coordinators."""
+        return _in_live_stores(self.group_coordinators, self.stores, live_stores,
+                               self.group_coordinators_follow_leaders)
+
     def coordinator_in_store(self, addresses: Sequence[str], store: int) -> int | None:
         """The coordinator node (of the kind whose `addresses` these are)
         that store node `store` runs, when the coordinators follow
@@ -169,6 +185,15 @@ class ClusterLayout:
             # only by services started with --authorizer acl.
             ACLS_TOPIC: ACLS_TOPIC_PARTITIONS,
         }
+
+
+def _in_live_stores(coordinators: Sequence[str], stores: Sequence[str],
+                    live_stores: Collection[int] | None, follow: bool) -> list[int]:
+    every = list(range(len(coordinators)))
+    if not follow or live_stores is None:
+        return every
+    live = [c for c in every if stores.index(coordinators[c]) in live_stores]
+    return live or every
 
 
 def _one_per_store(coordinators: Sequence[str], stores: Sequence[str]) -> bool:

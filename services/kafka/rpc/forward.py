@@ -22,7 +22,7 @@ again and retries), as Kafka's clients expect of a coordinator that moved.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -55,9 +55,14 @@ class CoordinatorClient:
     (services/common/rpc/local_calls.py), answers its calls without gRPC."""
 
     def __init__(self, layout: ClusterLayout, leader_of: LeaderOf, *,
-                 local: InProcess | None = None) -> None:
+                 local: InProcess | None = None,
+                 live_stores: Callable[[], Collection[int]] | None = None) -> None:
+        """`leader_of` and `live_stores`: this store's view of who leads
+        each partition and which stores are alive, for coordinators that
+        follow leadership (ClusterLayout.coordinator_now, coordinators_to_ask)."""
         self._layout = layout
         self._leader_of = leader_of
+        self._live_stores = live_stores
         self._local = local
         self._channels = ChannelPool()
 
@@ -83,11 +88,15 @@ class CoordinatorClient:
 
     @property
     def transaction_coordinators(self) -> Sequence[str]:
-        return self._layout.coordinators
+        """The addresses a listing asks (ClusterLayout.coordinators_to_ask)."""
+        live = self._live_stores() if self._live_stores is not None else None
+        return [self._layout.coordinators[c] for c in self._layout.coordinators_to_ask(live)]
 
     @property
     def group_coordinators(self) -> Sequence[str]:
-        return self._layout.group_coordinators
+        live = self._live_stores() if self._live_stores is not None else None
+        return [self._layout.group_coordinators[c]
+                for c in self._layout.group_coordinators_to_ask(live)]
 
     # ------------------------------------------------------------------- calls
 

@@ -110,13 +110,19 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
             list(request.topics), include_internal=request.include_internal
         )
         token = without_client_certificate(context)
+        # Where coordinators follow leadership, those of dead stores are
+        # left out (ClusterLayout.coordinators_to_ask): a client that asks
+        # every coordinator (Admin.list_transactions) does not wait for one.
+        live = self._runtime.hooks.live_stores() if self._runtime.hooks.live_stores else None
         stores = self._runtime.hooks.store_addresses()
         if token:
             stores = {**stores, **self._runtime.hooks.token_store_addresses()}
         response = pb.MetadataResponse(
             stores=[records_pb2.Node(node_id=i, address=a) for i, a in sorted(stores.items())],
-            coordinators=self._coordinators[token],
-            group_coordinators=self._group_coordinators[token],
+            coordinators=[self._coordinators[token][c]
+                          for c in self._runtime.layout.coordinators_to_ask(live)],
+            group_coordinators=[self._group_coordinators[token][c]
+                                for c in self._runtime.layout.group_coordinators_to_ask(live)],
             controller_node_id=self._runtime.catalog_node_id,
         )
         for lookup in lookups:
