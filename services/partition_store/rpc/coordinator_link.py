@@ -150,8 +150,9 @@ class GrpcTxnResolver:
         for node, response in zip(nodes, asked, strict=True):
             for result in response.results if response is not None else ():
                 partition = result.transaction_state_partition
-                # Only what the layout gives that coordinator counts: an
-                # answer for another's partition is not an answer for it.
+                # Only a partition that coordinator owns counts (by the
+                # layout, or by leadership): an answer for another's
+                # partition is not an answer for it.
                 if result.error.code != 0 or not (
                         0 <= partition < self._layout.transaction_state_partitions):
                     continue
