@@ -202,6 +202,11 @@ def test_a_late_batch_after_the_abort_is_refused_or_its_pin_healed(tmp_path: Pat
                     v2.send(topic, value=b"aborted-2", partition=0).result(timeout=60)
                     v2_pid, v2_epoch = v2.producer_id, v2.producer_epoch
                     v2.abort_transaction()
+                # The abort returns once decided; the store learns the new
+                # epoch from the ABORT marker, which follows. Before it
+                # lands, a late batch still belongs to the open transaction
+                # (and is aborted with it).
+                assert _wait_released(store, topic) == ["committed-1"]
                 late = _produce(store, topic, "late-v2", v2_pid, v2_epoch, 1, "late-2")
                 assert ErrorCode.from_wire(late.error.code) is ErrorCode.PRODUCER_FENCED
                 values, lso, high_watermark = _partition(store, topic)
