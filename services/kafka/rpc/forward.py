@@ -89,14 +89,16 @@ class CoordinatorClient:
     @property
     def transaction_coordinators(self) -> Sequence[str]:
         """The addresses a listing asks (ClusterLayout.coordinators_to_ask)."""
-        live = self._live_stores() if self._live_stores is not None else None
-        return [self._layout.coordinators[c] for c in self._layout.coordinators_to_ask(live)]
+        return [self._layout.coordinators[c]
+                for c in self._layout.coordinators_to_ask(self._live())]
 
     @property
     def group_coordinators(self) -> Sequence[str]:
-        live = self._live_stores() if self._live_stores is not None else None
         return [self._layout.group_coordinators[c]
-                for c in self._layout.group_coordinators_to_ask(live)]
+                for c in self._layout.group_coordinators_to_ask(self._live())]
+
+    def _live(self) -> Collection[int] | None:
+        return self._live_stores() if self._live_stores is not None else None
 
     # ------------------------------------------------------------------- calls
 

@@ -45,8 +45,7 @@ log = logging.getLogger("oncelog.partition_store")
 class HostedCoordinators:
     transaction: WiredCoordinator | None
     group: WiredGroupCoordinator | None
-    transaction_state_partitions: int
-    consumer_offsets_partitions: int
+    layout: ClusterLayout
 
     @property
     def service_names(self) -> list[str]:
@@ -79,8 +78,8 @@ class HostedCoordinators:
             await self.transaction.start()
         if self.group is not None:
             await self.group.start()
-        for topic, count in ((TRANSACTION_STATE_TOPIC, self.transaction_state_partitions),
-                             (CONSUMER_OFFSETS_TOPIC, self.consumer_offsets_partitions)):
+        for topic, count in ((TRANSACTION_STATE_TOPIC, self.layout.transaction_state_partitions),
+                             (CONSUMER_OFFSETS_TOPIC, self.layout.consumer_offsets_partitions)):
             for partition in range(count):
                 self.follow(topic, partition, *led(topic, partition))
 
@@ -116,5 +115,4 @@ def host(args: argparse.Namespace, layout: ClusterLayout, local: InProcess, *,
         group.export_metrics()
         group.servicer.serve_in_process(local)
         log.info("group coordinator %d runs in this store's process", group_coordinator_id)
-    return HostedCoordinators(transaction, group, layout.transaction_state_partitions,
-                              layout.consumer_offsets_partitions)
+    return HostedCoordinators(transaction, group, layout)
