@@ -713,7 +713,7 @@ class TxnCoordinatorRuntime:
         return plan.committed, plan.producer_id, plan.producer_epoch
 
     def list_transactions(self) -> list[txn.TxnMetadata]:
-        return [md for owned in self._runtime.serving()
+        return [md for owned in self._runtime.serving_whole("ListTransactions")
                 for md in owned.state.transactions.values()]
 
     def describe(self, transactional_id: str) -> tuple[txn.TxnMetadata | None, int]:

@@ -682,7 +682,7 @@ class GroupCoordinatorRuntime:
 
     def list_groups(self) -> list[GroupListing]:
         out = []
-        for owned in self._runtime.serving():
+        for owned in self._runtime.serving_whole("ListGroups"):
             for group_id in sorted(owned.state.known_groups()):
                 out.append(_listing(group_id, owned.state.groups.get(group_id)))
         return out

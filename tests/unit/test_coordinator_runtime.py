@@ -753,3 +753,49 @@ def test_letting_go_fails_the_changes_pending_and_a_layout_runtime_ignores_follo
         await static.stop()
 
     run(main)
+
+
+class HeldLog(ToyLog):
+    """A ToyLog whose reads wait until `opened` is set: a load that has not
+    finished."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = asyncio.Event()
+
+    async def read(self, partition: int, from_offset: int, *,
+                   max_wait_ms: int = 0) -> LogRead[LogEntry]:
+        await self.opened.wait()
+        return await super().read(partition, from_offset, max_wait_ms=max_wait_ms)
+
+
+def test_a_listing_while_a_partition_loads_is_refused_not_silently_partial() -> None:
+    """Kafka's ListTransactions and ListGroups answer COORDINATOR_LOAD_IN_PROGRESS
+    while a partition loads; a listing without that partition's entries would
+    look whole to a caller looking for hanging transactions."""
+    async def main() -> None:
+        log = HeldLog()
+        rt = toy_runtime(log)
+        rt.start()
+        await asyncio.sleep(0.01)
+        assert rt.loading() == [PARTITION]
+        assert list(rt.serving()) == []  # what a listing used to walk: nothing
+        with pytest.raises(ServiceError) as err:
+            rt.serving_whole("ListTransactions")
+        assert err.value.code is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        assert "ListTransactions" in str(err.value) and f"{PARTITION}" in str(err.value)
+
+        log.opened.set()
+        owned = await loaded(rt)
+        assert rt.loading() == []
+        assert rt.serving_whole("ListTransactions") == [owned]
+        await rt.stop()
+
+        # Following leadership, a partition its store does not lead is not
+        # this coordinator's: it is not loading, and the listing is whole.
+        follower = toy_runtime(ToyLog(), follow_leaders=True)
+        follower.start()
+        assert follower.loading() == [] and follower.serving_whole("ListGroups") == []
+        await follower.stop()
+
+    run(main)

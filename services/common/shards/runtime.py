@@ -713,6 +713,26 @@ class CoordinatorRuntime(Generic[P, S, R, W]):
                 f"{self.topic}-{owned.partition} is loading",
             )
 
+    def loading(self) -> list[int]:
+        """The partitions this coordinator owns and has not loaded yet (a
+        start, a takeover, or a reload after an uncertain write)."""
+        return sorted(p for p, owned in self.partitions.items()
+                      if not owned.fenced and not owned.loaded)
+
+    def serving_whole(self, what: str) -> list[P]:
+        """serving(), for a listing (`what`) that must be whole, as Kafka's
+        ListTransactions and ListGroups are: COORDINATOR_LOAD_IN_PROGRESS
+        (retriable) while any partition it owns is loading, instead of a
+        listing that silently leaves that partition's entries out."""
+        loading = self.loading()
+        if loading:
+            raise ServiceError(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                f"{what}: {self.topic} partition(s) {', '.join(map(str, loading))} "
+                f"of {self.kind} {self.node_id} are loading",
+            )
+        return list(self.serving())
+
     def serving(self) -> Iterator[P]:
         """The partitions loaded and not fenced: what information requests
         and timers walk. Lazy, so a walk that awaits skips a partition
