@@ -603,7 +603,7 @@ def kafka_listener(args: argparse.Namespace, runtime: StoreRuntime, security: Se
         cluster_id=cluster_id_for(runtime.layout, args.metadata_root),
         addresses=addresses,
         coordinators=CoordinatorClient(runtime.layout, runtime.leader_of, local=local,
-                                       live_stores=runtime.hooks.live_stores),
+                                       live_stores=runtime.hooks.live),
         handlers=HANDLERS, guard=security.guard(), quotas=quotas)
     return KafkaListener(broker, args.kafka_listen, ListenerSecurity(
         tls=security.tls_files, sasl_oauthbearer=bool(settings.authentication.issuers),

@@ -74,6 +74,11 @@ class StoreHooks:
             [Mapping[tuple[str, int], Sequence[int]]],
             Awaitable[dict[tuple[str, int], ServiceError | None]]] | None = None
 
+    def live(self) -> Collection[int] | None:
+        """The stores whose lease is alive (live_stores), or None where
+        this store does not know (unreplicated: every store counts)."""
+        return self.live_stores() if self.live_stores is not None else None
+
 
 class StoreShared:
     def __init__(self, store: KeyValueStore, config: StoreConfig, *,

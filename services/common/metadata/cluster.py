@@ -149,13 +149,13 @@ class ClusterLayout:
         brokers. A dead store's partitions are led by live ones once its
         lease has ended, and listed there. Every one when none is live in
         this view (a process starting, or cut off from the metadata store)."""
-        return _in_live_stores(self.coordinators, self.stores, live_stores,
-                               self.coordinators_follow_leaders)
+        return self._in_live_stores(self.coordinators, live_stores,
+                                    self.coordinators_follow_leaders)
 
     def group_coordinators_to_ask(self, live_stores: Collection[int] | None) -> list[int]:
         """The same for the group coordinators."""
-        return _in_live_stores(self.group_coordinators, self.stores, live_stores,
-                               self.group_coordinators_follow_leaders)
+        return self._in_live_stores(self.group_coordinators, live_stores,
+                                    self.group_coordinators_follow_leaders)
 
     def coordinator_in_store(self, addresses: Sequence[str], store: int) -> int | None:
         """The coordinator node (of the kind whose `addresses` these are)
@@ -164,6 +164,15 @@ class ClusterLayout:
         if not 0 <= store < len(self.stores) or self.stores[store] not in addresses:
             return None
         return addresses.index(self.stores[store])
+
+    def _in_live_stores(self, addresses: Sequence[str], live_stores: Collection[int] | None,
+                        follow: bool) -> list[int]:
+        every = list(range(len(addresses)))
+        if not follow or live_stores is None:
+            return every
+        live = sorted(node for store in live_stores
+                      if (node := self.coordinator_in_store(addresses, store)) is not None)
+        return live or every
 
     def _hosted_by(self, addresses: Sequence[str], topic: str, partition: int,
                    leader: int) -> int:
@@ -185,15 +194,6 @@ class ClusterLayout:
             # only by services started with --authorizer acl.
             ACLS_TOPIC: ACLS_TOPIC_PARTITIONS,
         }
-
-
-def _in_live_stores(coordinators: Sequence[str], stores: Sequence[str],
-                    live_stores: Collection[int] | None, follow: bool) -> list[int]:
-    every = list(range(len(coordinators)))
-    if not follow or live_stores is None:
-        return every
-    live = [c for c in every if stores.index(coordinators[c]) in live_stores]
-    return live or every
 
 
 def _one_per_store(coordinators: Sequence[str], stores: Sequence[str]) -> bool:

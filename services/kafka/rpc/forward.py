@@ -56,7 +56,7 @@ class CoordinatorClient:
 
     def __init__(self, layout: ClusterLayout, leader_of: LeaderOf, *,
                  local: InProcess | None = None,
-                 live_stores: Callable[[], Collection[int]] | None = None) -> None:
+                 live_stores: Callable[[], Collection[int] | None] | None = None) -> None:
         """`leader_of` and `live_stores`: this store's view of who leads
         each partition and which stores are alive, for coordinators that
         follow leadership (ClusterLayout.coordinator_now, coordinators_to_ask)."""
@@ -98,7 +98,7 @@ class CoordinatorClient:
                 for c in self._layout.group_coordinators_to_ask(self._live())]
 
     def _live(self) -> Collection[int] | None:
-        return self._live_stores() if self._live_stores is not None else None
+        return None if self._live_stores is None else self._live_stores()
 
     # ------------------------------------------------------------------- calls
 

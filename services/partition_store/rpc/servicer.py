@@ -113,7 +113,7 @@ class PartitionStoreServicer(partition_store_pb2_grpc.PartitionStoreServicer):
         # Where coordinators follow leadership, those of dead stores are
         # left out (ClusterLayout.coordinators_to_ask): a client that asks
         # every coordinator (Admin.list_transactions) does not wait for one.
-        live = self._runtime.hooks.live_stores() if self._runtime.hooks.live_stores else None
+        live = self._runtime.hooks.live()
         stores = self._runtime.hooks.store_addresses()
         if token:
             stores = {**stores, **self._runtime.hooks.token_store_addresses()}
