@@ -48,6 +48,15 @@ def error_from_status(
     return error_proto(ErrorCode.UNKNOWN_SERVER_ERROR, f"{code}: {details}")
 
 
+def carries_error(exc: grpc.RpcError) -> bool:
+    """Whether a failed call's status holds a server's Error (in its
+    details): our services put one in every failure they answer with, so a
+    status without one was made by the transport, a proxy or a crash."""
+    metadata: Iterable[Any] | None = (
+        exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None)
+    return any(key == STATUS_DETAILS_KEY for key, _ in metadata or ())
+
+
 def error_from_rpc(exc: grpc.RpcError) -> errors_pb2.Error:
     """Our Error from a failed call (see error_from_status)."""
     code = exc.code() if hasattr(exc, "code") else None

@@ -30,7 +30,7 @@ import grpc
 
 from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
-from oncelog.wire.status import error_from_rpc
+from oncelog.wire.status import carries_error, error_from_rpc
 
 from ..kernel.errors import ServiceError
 from .local_calls import InProcess, local_call
@@ -122,7 +122,7 @@ class RequestStream(Generic[Request, Answer]):
                     waiting.set_result(answer)
             failure = ServiceError(ErrorCode.NETWORK_EXCEPTION, "the server ended the stream")
         except grpc.RpcError as exc:
-            failure = exc
+            failure = _cut_by_transport(exc) or exc
         except asyncio.CancelledError:
             failure = ServiceError(ErrorCode.NETWORK_EXCEPTION, "the stream was closed")
         self.ended = True
@@ -132,6 +132,20 @@ class RequestStream(Generic[Request, Answer]):
                 waiting.set_exception(failure)
         with contextlib.suppress(Exception):
             self._call.cancel()
+
+
+def _cut_by_transport(exc: grpc.RpcError) -> ServiceError | None:
+    """A stream that ended with INTERNAL and no Error of a server's in its
+    status was cut under the call, not answered: gRPC's core reports
+    "Internal error from Core" when the server's process goes away while the
+    stream is open (a coordinator stopping during a rolling restart). That
+    is a lost connection, retriable, as Kafka's clients take a broken
+    connection; read as a server's INTERNAL it was UNKNOWN_SERVER_ERROR,
+    which the producer whose write was being verified could not retry."""
+    if exc.code() is grpc.StatusCode.INTERNAL and not carries_error(exc):
+        return ServiceError(ErrorCode.NETWORK_EXCEPTION,
+                            f"the stream was cut: {exc.details()}; retry")
+    return None
 
 
 def _serialize(request: _Request) -> bytes:
