@@ -15,7 +15,9 @@ on a request timeout, so that every other request on it fails too (outcome
 unknown: the sender retries them with the same sequence numbers, which the
 store deduplicates) and the next request opens a fresh stream. A stream that
 ends for any other reason (the store stopped, the connection broke) fails
-its unanswered requests with the error it ended with. A service that does
+its unanswered requests with the error it ended with; one that the
+transport cut (INTERNAL without a server's Error: the store's process went
+away under it) with the retriable NETWORK_EXCEPTION. A service that does
 not serve the stream (UNIMPLEMENTED: an older version) is sent unary calls
 from then on.
 """
@@ -35,6 +37,7 @@ import grpc
 
 from oncelog.wire import errors
 from oncelog.wire.errors import ErrorCode, OncelogError
+from oncelog.wire.status import cut_by_transport
 
 # Ends a stream's request iterator: the client's half-close.
 _CLOSE: Any = object()
@@ -140,6 +143,13 @@ class _Stream:
                 reason = errors.error_for(
                     ErrorCode.NETWORK_EXCEPTION,
                     f"the service at {self.address} does not serve {self._method}")
+            elif cut_by_transport(exc):
+                # The store's process went away under the open stream:
+                # a lost connection, retried (outcome unknown; the store
+                # deduplicates the retries).
+                reason = errors.error_for(
+                    ErrorCode.NETWORK_EXCEPTION,
+                    f"the stream to {self.address} was cut: {exc.details()}")
             else:
                 reason = self._translate(exc, self.address)
         except Exception as exc:  # noqa: BLE001 - a broken stream, whatever broke it

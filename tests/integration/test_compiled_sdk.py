@@ -45,6 +45,7 @@ SELECTION = {
         "tests/unit/test_partitioner.py",
         "tests/unit/test_sequencing.py",
         "tests/unit/test_request_streams.py",
+        "tests/unit/test_sdk_stream_endings.py",
         "tests/unit/test_producer_send_many.py",
         "tests/unit/test_producer_sender.py",
         "tests/unit/test_producer_transactions.py",

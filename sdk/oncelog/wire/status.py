@@ -57,6 +57,20 @@ def carries_error(exc: grpc.RpcError) -> bool:
     return any(key == STATUS_DETAILS_KEY for key, _ in metadata or ())
 
 
+def cut_by_transport(exc: grpc.RpcError) -> bool:
+    """Whether a request stream that ended with `exc` was cut under its
+    requests rather than ended by a server: INTERNAL without an Error of a
+    server's in its status. gRPC's core ends a stream with "Internal error
+    from Core" when the server's process goes away while the stream is open
+    (a service stopping during a rolling restart), and our services put an
+    Error in every failure they answer with. Both stream clients (the
+    services' and the SDK's) take it as a lost connection, retriable, as
+    Kafka's clients take a broken connection; read as a server's INTERNAL it
+    would be UNKNOWN_SERVER_ERROR, which a producer cannot retry."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return code == grpc.StatusCode.INTERNAL and not carries_error(exc)
+
+
 def error_from_rpc(exc: grpc.RpcError) -> errors_pb2.Error:
     """Our Error from a failed call (see error_from_status)."""
     code = exc.code() if hasattr(exc, "code") else None

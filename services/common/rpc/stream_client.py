@@ -30,7 +30,7 @@ import grpc
 
 from oncelog.v1 import errors_pb2
 from oncelog.wire.errors import ErrorCode
-from oncelog.wire.status import carries_error, error_from_rpc
+from oncelog.wire.status import cut_by_transport, error_from_rpc
 
 from ..kernel.errors import ServiceError
 from .local_calls import InProcess, local_call
@@ -135,14 +135,12 @@ class RequestStream(Generic[Request, Answer]):
 
 
 def _cut_by_transport(exc: grpc.RpcError) -> ServiceError | None:
-    """A stream that ended with INTERNAL and no Error of a server's in its
-    status was cut under the call, not answered: gRPC's core reports
-    "Internal error from Core" when the server's process goes away while the
-    stream is open (a coordinator stopping during a rolling restart). That
-    is a lost connection, retriable, as Kafka's clients take a broken
-    connection; read as a server's INTERNAL it was UNKNOWN_SERVER_ERROR,
-    which the producer whose write was being verified could not retry."""
-    if exc.code() is grpc.StatusCode.INTERNAL and not carries_error(exc):
+    """NETWORK_EXCEPTION for a stream the transport cut (wire/status.py's
+    cut_by_transport says how that shows): a coordinator stopping during a
+    rolling restart cut a store's verification stream, and read as the
+    server's INTERNAL (UNKNOWN_SERVER_ERROR) the producer whose write was
+    being verified could not retry."""
+    if cut_by_transport(exc):
         return ServiceError(ErrorCode.NETWORK_EXCEPTION,
                             f"the stream was cut: {exc.details()}; retry")
     return None
