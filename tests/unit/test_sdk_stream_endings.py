@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -80,11 +81,9 @@ def outcome_of(ending: Ended) -> OncelogError:
         delivered.append(outcome)
         done.set()
 
-    class Stub:
-        def ProduceStream(self, requests: Iterator[Any]) -> EndingCall:  # noqa: N802
-            return EndingCall(requests, ending)
-
-    streams = RequestStreams("ProduceStream", lambda _address: Stub(),
+    # The client's stub: opening the stream gives the call that ends.
+    stub = SimpleNamespace(ProduceStream=lambda requests: EndingCall(requests, ending))
+    streams = RequestStreams("ProduceStream", lambda _address: stub,
                              lambda exc, _address: translate_rpc_error(exc), deliver)
     streams.send("store:1", ps.ProduceRequest(), token=None, timeout_s=5.0)
     assert done.wait(5.0), "the request's outcome was never delivered"
