@@ -21,7 +21,10 @@ client on the classic one was faster still (0.46 against 0.54 ms per
 acknowledged send), but in the default test run it got no answer from a
 TLS listener (every secured cluster's readiness check timed out), and a
 producer at an address where nothing listens waited out its whole budget
-instead of failing fast (docs/performance.md).
+instead of failing fast. On the classic TCP a connection makes progress
+only while a thread polls for it: grpc.aio's poller always does, the sync
+stack's threads only inside a call, and gRPC's backup poller every 5 s
+(docs/performance.md).
 
 gRPC reads the choice once, from the environment, when `grpc` is imported
 (GRPC_EXPERIMENTS; an "experiment" only in gRPC's naming: the classic
