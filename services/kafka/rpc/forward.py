@@ -55,11 +55,12 @@ class CoordinatorClient:
     (services/common/rpc/local_calls.py), answers its calls without gRPC."""
 
     def __init__(self, layout: ClusterLayout, leader_of: LeaderOf, *,
-                 local: InProcess | None = None,
-                 live_stores: Callable[[], Collection[int] | None] | None = None) -> None:
+                 live_stores: Callable[[], Collection[int] | None],
+                 local: InProcess | None = None) -> None:
         """`leader_of` and `live_stores`: this store's view of who leads
-        each partition and which stores are alive, for coordinators that
-        follow leadership (ClusterLayout.coordinator_now, coordinators_to_ask)."""
+        each partition and which stores are alive (None: not known, as
+        StoreHooks.live answers), for coordinators that follow leadership
+        (ClusterLayout.coordinator_now, coordinators_to_ask)."""
         self._layout = layout
         self._leader_of = leader_of
         self._live_stores = live_stores
@@ -90,15 +91,12 @@ class CoordinatorClient:
     def transaction_coordinators(self) -> Sequence[str]:
         """The addresses a listing asks (ClusterLayout.coordinators_to_ask)."""
         return [self._layout.coordinators[c]
-                for c in self._layout.coordinators_to_ask(self._live())]
+                for c in self._layout.coordinators_to_ask(self._live_stores())]
 
     @property
     def group_coordinators(self) -> Sequence[str]:
         return [self._layout.group_coordinators[c]
-                for c in self._layout.group_coordinators_to_ask(self._live())]
-
-    def _live(self) -> Collection[int] | None:
-        return None if self._live_stores is None else self._live_stores()
+                for c in self._layout.group_coordinators_to_ask(self._live_stores())]
 
     # ------------------------------------------------------------------- calls
 
