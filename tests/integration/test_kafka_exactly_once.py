@@ -9,7 +9,7 @@ And a Kafka client and our SDK share transactions: what one commits the
 other reads under read_committed, what one aborts the other never sees.
 Both hold with the coordinators as processes of their own, and with
 either kind alone in the stores' processes (a mixed placement, which the
-Helm chart allows).
+Helm chart allows; the kill -9 run in a mixed placement is a slow test).
 
 Method: a LocalCluster with 3 stores and etcd, every store with a Kafka
 listener, once per placement. The pipeline is
@@ -200,6 +200,13 @@ class Copier:
         raise AssertionError(f"the copier did not finish: {self.reports}")
 
 
+# The kill -9 run takes about half a minute per placement: the default run
+# has the default placement (each kind alone), the slow tests
+# (scripts/test-slow.sh) the two mixed ones too, to keep the default run
+# within its time budget on two cores.
+@pytest.mark.parametrize("cluster", [
+    pytest.param(name, marks=[] if name == "alone" else [pytest.mark.slow])
+    for name in PLACEMENTS], indirect=True)
 def test_librdkafka_read_process_write_under_kill_9_is_exactly_once(
         cluster: LocalCluster) -> None:
     source, target, group = "eos-in", "eos-out", "eos-copier"

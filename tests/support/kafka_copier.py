@@ -8,7 +8,9 @@ Kafka-protocol tests, which kill -9 the servers under it:
 
 It handles errors as librdkafka's own transactional example does: an
 abortable error aborts the transaction and rewinds the consumer to the
-group's committed offsets; a retriable commit is retried; a fatal error
+group's committed offsets; a retriable commit is retried, and so is its
+look at the group's committed offsets while the group coordinator fails
+over; a fatal error
 ends the process with status 3 (the test starts a new one, whose
 init_transactions fences this one). It exits 0 once the group's committed
 offsets cover EXPECTED input records, printing how many transactions it
@@ -29,6 +31,13 @@ STALL_S = 120.0
 # Records per transaction unless the caller says otherwise.
 POLL_RECORDS = 200
 FATAL_EXIT = 3
+# What consumer.committed() raises while the group coordinator fails over
+# (not flagged retriable by librdkafka, which raises them from this call).
+COORDINATOR_MOVING = frozenset({ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                ck.KafkaError.NOT_COORDINATOR,
+                                ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                ck.KafkaError._TIMED_OUT, ck.KafkaError._TRANSPORT})
+RETRY_BACKOFF_S = 0.2
 STALLED_EXIT = 4
 
 
@@ -36,6 +45,12 @@ def committed_total(consumer: ck.Consumer, topic: str, partitions: int) -> int:
     offsets = consumer.committed([ck.TopicPartition(topic, p) for p in range(partitions)],
                                  timeout=30)
     return sum(max(tp.offset, 0) for tp in offsets)
+
+
+def coordinator_moving(error: ck.KafkaError) -> bool:
+    """The group coordinator is down or moving (killed, failing over): a
+    question to it is asked again, not a reason to stop."""
+    return error.retriable() or error.code() in COORDINATOR_MOVING
 
 
 def rewind(consumer: ck.Consumer) -> None:
@@ -65,7 +80,16 @@ def main(argv: list[str]) -> int:
     last_progress = time.monotonic()
     try:
         while True:
-            if committed_total(consumer, source, partitions) >= expected:
+            try:
+                done = committed_total(consumer, source, partitions)
+            except ck.KafkaException as exc:
+                if not coordinator_moving(exc.args[0]):
+                    raise
+                # Kafka's answer while the group's coordinator fails over:
+                # ask again, as librdkafka does for its own offset fetches.
+                time.sleep(RETRY_BACKOFF_S)
+                continue
+            if done >= expected:
                 print(json.dumps({"committed": committed_txns, "aborted": aborted_txns}))
                 return 0
             if time.monotonic() - last_progress > STALL_S:
