@@ -485,16 +485,29 @@ def peer_latency(bootstrap: str, samples: int) -> pipeline.LatencyRun:
             txn_s.append(t2 - t0)
             first_send_s.append(t1 - t0)
             commit_s.append(t2 - t1)
+    check.raise_if_failed()
+    send_s = peer_send_latencies(bootstrap, samples, warm_up=warm_up)
+    return latency_run(txn_s, send_s, first_send_s, commit_s)
+
+
+def peer_send_latencies(bootstrap: str, samples: int, *, warm_up: int = 20) -> list[float]:
+    """Seconds of each of `samples` back-to-back acknowledged one-record
+    sends (idempotent, linger 0) to pipeline.OUTPUT, which exists, after
+    `warm_up` more."""
+    from confluent_kafka import Producer
+
+    value = pipeline.value_of(0, SMALL_BYTES)
+    check = DeliveryCheck()
     send_s: list[float] = []
     producer = Producer({**producer_config(bootstrap, linger_ms=0), "on_delivery": check})
     for i in range(warm_up + samples):
         t0 = time.perf_counter()
         producer.produce(pipeline.OUTPUT, value=value, partition=i % PARTITIONS)
-        producer.flush(30)
+        producer.flush(30)  # until acknowledged, as send().result()
         if i >= warm_up:
             send_s.append(time.perf_counter() - t0)
     check.raise_if_failed()
-    return latency_run(txn_s, send_s, first_send_s, commit_s)
+    return send_s
 
 
 def latency_run(txn_s: list[float], send_s: list[float], first_send_s: list[float],

@@ -96,25 +96,31 @@ def run_sdk(bootstrap: str, topic: str, *, value_bytes: int, partitions: int,
     return sent, latencies_ms
 
 
+def init_producer_id(store: ps_grpc.PartitionStoreStub) -> int:
+    """A producer id from the cluster's transaction coordinator, asked as
+    the SDK asks it (InitProducerId without a transactional id)."""
+    meta = store.Metadata(ps.MetadataRequest())
+    coord = co_grpc.TransactionCoordinatorStub(grpc.insecure_channel(meta.coordinators[0].address))
+    # The coordinator answers UNAVAILABLE while it cannot reach the store yet.
+    for _ in range(100):
+        try:
+            producer_id: int = coord.InitProducerId(co.InitProducerIdRequest(),
+                                                    timeout=10).producer_id
+            return producer_id
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            time.sleep(0.1)
+    raise RuntimeError("no producer id from the coordinator")
+
+
 def run_raw(bootstrap: str, topic: str, *, value_bytes: int, partitions: int,
             duration_s: float, records_per_batch: int) -> tuple[int, list[float]]:
     """Pre-encoded idempotent batches, 5 in flight per partition, no SDK."""
     channel = grpc.insecure_channel(bootstrap, options=[
         ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
     store = ps_grpc.PartitionStoreStub(channel)
-    meta = store.Metadata(ps.MetadataRequest())
-    coord = co_grpc.TransactionCoordinatorStub(grpc.insecure_channel(meta.coordinators[0].address))
-    # The coordinator answers UNAVAILABLE while it cannot reach the store yet.
-    for _ in range(100):
-        try:
-            producer_id = coord.InitProducerId(co.InitProducerIdRequest(), timeout=10).producer_id
-            break
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            time.sleep(0.1)
-    else:
-        raise RuntimeError("no producer id from the coordinator")
+    producer_id = init_producer_id(store)
     value = b"v" * value_bytes
     now_ms = int(time.time() * 1000)
     rows = [(None, value, None, now_ms)] * records_per_batch
