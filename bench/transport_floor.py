@@ -15,7 +15,9 @@ latency shape), after 20 to warm up:
 * `bare-stream`: pre-encoded idempotent batches sent as ProduceRequests on a
   ProduceStream, the caller's thread reading each answer: gRPC's sync stack
   with none of the SDK's threads (gRPC's own thread still drains the
-  request iterator: one hand-over each way fewer than the SDK's);
+  request iterator: one thread hand-over per send, where the SDK's path has
+  four: to its sender, to gRPC, from the stream's reader to the sender, to
+  the future's waiter);
 * `bare-unary`: the same requests as blocking unary Produce calls;
 * `aio-stream`: the same requests on a grpc.aio ProduceStream whose event
   loop runs on a thread of its own, the caller handing each request over
