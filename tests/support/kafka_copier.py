@@ -80,6 +80,9 @@ def main(argv: list[str]) -> int:
     last_progress = time.monotonic()
     try:
         while True:
+            if time.monotonic() - last_progress > STALL_S:
+                print(json.dumps({"stalled": True, "committed": committed_txns}))
+                return STALLED_EXIT
             try:
                 done = committed_total(consumer, source, partitions)
             except ck.KafkaException as exc:
@@ -92,9 +95,6 @@ def main(argv: list[str]) -> int:
             if done >= expected:
                 print(json.dumps({"committed": committed_txns, "aborted": aborted_txns}))
                 return 0
-            if time.monotonic() - last_progress > STALL_S:
-                print(json.dumps({"stalled": True, "committed": committed_txns}))
-                return STALLED_EXIT
             messages = [m for m in consumer.consume(per_txn, timeout=1.0)
                         if m.error() is None]
             if not messages:
