@@ -17,14 +17,15 @@ transaction 6–10 % less, and the stores' produce rate stayed within the
 noise (at 1,000 partitions a loss of a few per cent is not excluded).
 
 Only the services: the SDK (gRPC's sync stack) stays on gRPC's default. A
-client on the classic one was faster still (0.46 against 0.54 ms per
-acknowledged send), but in the default test run it got no answer from a
-TLS listener (every secured cluster's readiness check timed out), and a
-producer at an address where nothing listens waited out its whole budget
-instead of failing fast. On the classic TCP a connection makes progress
-only while a thread polls for it: grpc.aio's poller always does, the sync
-stack's threads only inside a call, and gRPC's backup poller every 5 s
-(docs/performance.md).
+client on the classic one was faster in one A/B (0.46 against 0.54 ms per
+acknowledged send) and no faster in three later runs of
+bench/transport_floor.py (0.48–0.50 against 0.49–0.52 ms); and in the
+default test run it got no answer from a TLS listener (every secured
+cluster's readiness check timed out), and a producer at an address where
+nothing listens waited out its whole budget instead of failing fast. On the
+classic TCP a connection makes progress only while a thread polls for it:
+grpc.aio's poller always does, the sync stack's threads only inside a call,
+and gRPC's backup poller every 5 s (docs/performance.md).
 
 gRPC reads the choice once, from the environment, when `grpc` is imported
 (GRPC_EXPERIMENTS; an "experiment" only in gRPC's naming: the classic
