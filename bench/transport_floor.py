@@ -149,12 +149,14 @@ class BareSends:
                 raise RuntimeError(f"send {i} was refused: {error.message}")
             if i >= WARM_UP:
                 times_s.append(elapsed_s)
-        self._channel.close()
         return times_s
 
     def unary(self) -> list[float]:
-        return self._timed(lambda request: self._stub.Produce(request,
-                                                              timeout=REQUEST_TIMEOUT_S))
+        try:
+            return self._timed(lambda request: self._stub.Produce(request,
+                                                                  timeout=REQUEST_TIMEOUT_S))
+        finally:
+            self._channel.close()
 
     def on_stream(self) -> list[float]:
         outgoing: queue.Queue[Any] = queue.Queue()
@@ -175,6 +177,7 @@ class BareSends:
         finally:
             outgoing.put(None)
             call.cancel()
+            self._channel.close()
 
     def on_aio_stream(self) -> list[float]:
         loop = asyncio.new_event_loop()
@@ -218,6 +221,7 @@ class BareSends:
             asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=REQUEST_TIMEOUT_S)
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
+            self._channel.close()
 
 
 # --- the parent: rounds, the peer and the table ---------------------------------------
