@@ -14,7 +14,9 @@ oncelog/_request_streams.py.
 
 `StreamMethod` keeps one stream per server address for one method, and
 falls back to the unary method for a server that does not serve the stream
-(UNIMPLEMENTED: an older version, during a rolling upgrade). Given the
+(UNIMPLEMENTED: an older version, during a rolling upgrade), and asks a
+request once more by the unary method when its stream was cut before any
+answer (gRPC can report that refusal as a cut). Given the
 process's `InProcess` (local_calls.py), it answers a request to this
 process's own address with the servicer's handler, without gRPC.
 """
@@ -70,6 +72,11 @@ class RequestStream(Generic[Request, Answer]):
         # grpc.aio takes one write at a time on a call.
         self._write_lock = asyncio.Lock()
         self.ended = False
+        # Whether any answer came back on it, and whether the transport cut
+        # it (StreamMethod asks a stream cut before its first answer again
+        # by a unary call).
+        self.answered = False
+        self.cut = False
         # Why the stream ended, once it has.
         self.failure: BaseException = ServiceError(ErrorCode.NETWORK_EXCEPTION,
                                                    "the stream ended; retry")
@@ -117,12 +124,15 @@ class RequestStream(Generic[Request, Answer]):
                 answer = await self._call.read()
                 if not isinstance(answer, self._answer_type):  # grpc.aio.EOF
                     break
+                self.answered = True
                 waiting = self._pending.get(answer.request_id)
                 if waiting is not None and not waiting.done():
                     waiting.set_result(answer)
             failure = ServiceError(ErrorCode.NETWORK_EXCEPTION, "the server ended the stream")
         except grpc.RpcError as exc:
-            failure = _cut_by_transport(exc) or exc
+            cut = _cut_by_transport(exc)
+            self.cut = cut is not None
+            failure = cut or exc
         except asyncio.CancelledError:
             failure = ServiceError(ErrorCode.NETWORK_EXCEPTION, "the stream was closed")
         self.ended = True
@@ -181,19 +191,42 @@ class StreamMethod(Generic[Request, Answer]):
             if address in self._unary_only:
                 answer = await self._unary(channel, request, timeout_s)
             else:
-                try:
-                    answer = await self._stream(address, channel).ask(request, timeout_s)
-                except grpc.RpcError as exc:
-                    if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
-                        raise
-                    self._unary_only.add(address)
-                    answer = await self._unary(channel, request, timeout_s)
+                answer = await self._on_stream(address, channel, request, timeout_s)
         except grpc.RpcError as exc:
             error = error_from_rpc(exc)
             raise ServiceError(ErrorCode.from_wire(error.code), error.message) from exc
         if answer.error.code != 0:
             raise ServiceError(ErrorCode.from_wire(answer.error.code), answer.error.message)
         return answer
+
+    async def _on_stream(self, address: str, channel: grpc.aio.Channel, request: Request,
+                         timeout_s: float) -> Answer:
+        """The answer on the address's stream, or by a unary call where the
+        stream cannot say: a server that does not serve it, or a stream cut
+        before its first answer."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        stream = self._stream(address, channel)
+        try:
+            return await stream.ask(request, timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._unary_only.add(address)
+        except ServiceError:
+            # A write to a stream the server has already ended fails, and
+            # grpc.aio then reports INTERNAL "Internal error from Core" in
+            # place of the server's own status: an older server's
+            # UNIMPLEMENTED reads like a server going away. On a stream that
+            # never answered, one unary call tells the two apart: an older
+            # server answers it, one going away refuses it too (UNAVAILABLE,
+            # as retriable as the cut). The stream is tried again next time.
+            if not stream.cut or stream.answered:
+                raise
+        remaining_s = deadline_s - loop.time()
+        if remaining_s <= 0:
+            raise ServiceError(ErrorCode.REQUEST_TIMED_OUT, f"no answer within {timeout_s} s")
+        return await self._unary(channel, request, remaining_s)
 
     def _stream(self, address: str, channel: grpc.aio.Channel) -> RequestStream[Request, Answer]:
         """The open stream to `address` (a new one when the last ended, or
