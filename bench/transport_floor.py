@@ -201,9 +201,17 @@ class BareSends:
 
         channel, call, reader = asyncio.run_coroutine_threadsafe(open_stream(), loop).result()
 
+        # grpc.aio takes one write at a time on a call, and an answer can
+        # come back before its write has completed: the next write waits.
+        write_lock = asyncio.Lock()
+
+        async def write(request: Any) -> None:
+            async with write_lock:
+                await call.write(request)
+
         def hand_over(request: Any, answer: Future[Any]) -> None:
             waiting[request.request_id] = answer
-            asyncio.ensure_future(call.write(request))
+            asyncio.ensure_future(write(request))
 
         def send_one(request: Any) -> Any:
             answer: Future[Any] = Future()
@@ -211,7 +219,8 @@ class BareSends:
             return answer.result(timeout=REQUEST_TIMEOUT_S)
 
         async def close() -> None:
-            await call.done_writing()
+            async with write_lock:
+                await call.done_writing()
             await reader
             await channel.close()
 
