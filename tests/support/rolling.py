@@ -436,7 +436,11 @@ class OutputReader(_Worker):
 # librdkafka's own codes for a connection that broke (a broker that went
 # away): it reconnects and sends again by itself, so they are retriable,
 # though only errors from a request carry librdkafka's retriable flag.
-LIBRDKAFKA_TRANSIENT = frozenset({ck.KafkaError._TRANSPORT})
+# _ALL_BROKERS_DOWN is the same event when every connection it holds is
+# down at once: it connects only to the brokers it needs, so a kill -9 of
+# one store can take all of them (the soak's kill -9 rounds met it, with
+# only one store away at a time), and it reconnects as after _TRANSPORT.
+LIBRDKAFKA_TRANSIENT = frozenset({ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN})
 
 
 def _librdkafka_kind(error: ck.KafkaError) -> str:
